@@ -1,0 +1,1 @@
+/* opts.c - placeholder; filled in by its owner. */

@@ -1,0 +1,37 @@
+/* fsutil.h - small file helpers shared by every module: whole-file reads and writes,
+ * directory creation, and human-readable sizes. */
+#ifndef CONCH_CORE_FSUTIL_H
+#define CONCH_CORE_FSUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "core/error.h"
+
+/*
+ * conch_write_file - write @len bytes of @data to @path (O_WRONLY|O_CLOEXEC, no create,
+ * no truncate: meant for /proc and cgroup control files). Returns 0 or -errno with @err.
+ */
+int conch_write_file(const char *path, const char *data, size_t len, struct conch_err *err);
+
+/*
+ * conch_read_file - read at most @max bytes of @path into a new NUL-terminated buffer
+ * (*@ret_buf, caller frees) and its length (*@ret_len, may be NULL).
+ */
+int conch_read_file(const char *path, size_t max, char **ret_buf, size_t *ret_len,
+                    struct conch_err *err);
+
+/* conch_mkdir_p - create @path and missing parents with @mode; existing dirs are fine. */
+int conch_mkdir_p(const char *path, mode_t mode, struct conch_err *err);
+
+/*
+ * conch_parse_size - parse "512", "64k", "10M", "2G" (binary multiples) into *@ret.
+ * Returns 0, or -EINVAL with @err naming @what.
+ */
+int conch_parse_size(const char *s, const char *what, uint64_t *ret, struct conch_err *err);
+
+/* conch_write_all - write all of @buf to @fd, retrying on EINTR and short writes. */
+int conch_write_all(int fd, const void *buf, size_t len);
+
+#endif

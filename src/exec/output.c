@@ -1,0 +1,1 @@
+/* output.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* run.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* landlock.c - placeholder; filled in by its owner. */

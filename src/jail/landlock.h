@@ -1,0 +1,20 @@
+/* landlock.h - Landlock as a second fence behind the mount namespace: inside the finished
+ * sandbox root, writes are allowed only beneath the writable mounts. */
+#ifndef CONCH_JAIL_LANDLOCK_H
+#define CONCH_JAIL_LANDLOCK_H
+
+#include "core/error.h"
+
+/* conch_landlock_abi - the kernel's Landlock ABI version, or 0 when unavailable. */
+int conch_landlock_abi(void);
+
+/*
+ * conch_landlock_apply_child - restrict the calling process (and its future children):
+ * read/execute everywhere under "/", write/create/remove only beneath each path in the
+ * NULL-terminated @writable (e.g. "/workspace", "/tmp", "/home/agent", "/dev"). Paths that
+ * do not exist are skipped. Requires no_new_privs. Async-signal-safe: no allocation.
+ * Returns 0 when applied, 1 when the kernel has no Landlock (nothing done), or -errno.
+ */
+int conch_landlock_apply_child(const char *const *writable);
+
+#endif

@@ -1,0 +1,1 @@
+/* mounts-child.c - placeholder; filled in by its owner. */

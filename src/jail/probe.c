@@ -1,0 +1,1 @@
+/* probe.c - placeholder; filled in by its owner. */

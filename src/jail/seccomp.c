@@ -1,0 +1,1 @@
+/* seccomp.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* spawn.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* spec.c - placeholder; filled in by its owner. */

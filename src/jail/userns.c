@@ -1,0 +1,1 @@
+/* userns.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* warden-child.c - placeholder; filled in by its owner. */

@@ -1,0 +1,1 @@
+/* changes.c - placeholder; filled in by its owner. */

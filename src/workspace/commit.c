@@ -1,0 +1,1 @@
+/* commit.c - placeholder; filled in by its owner. */
