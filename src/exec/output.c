@@ -1,1 +1,258 @@
-/* output.c - placeholder; filled in by its owner. */
+/* output.c - one output stream of a command: the first max/2 bytes and the last
+ * max - max/2 bytes kept in memory, the whole stream spilled to a file once it outgrows
+ * memory, up to a cap. Buffers are allocated once at init; append never allocates. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "exec/output.h"
+
+static size_t head_cap(const struct conch_output *o)
+{
+    return o->max_bytes / 2;
+}
+
+static size_t tail_cap(const struct conch_output *o)
+{
+    return o->max_bytes - o->max_bytes / 2;
+}
+
+int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes,
+                      uint64_t spill_max, const char *spill_dir, struct conch_err *err)
+{
+    memset(o, 0, sizeof(*o));
+    o->spill_fd = -1; /* first, so done() is safe whatever fails below */
+
+    if (!name || !*name || strchr(name, '/'))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "output name '%s' is invalid",
+                              name ? name : "(null)");
+    if (strlen(name) >= sizeof(o->name))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG, "output name '%s' is too long",
+                              name);
+    if (!spill_dir)
+        spill_dir = "";
+    if (strlen(spill_dir) >= sizeof(o->spill_dir))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "spill directory '%s' is too long", spill_dir);
+    /* The file name must fit in spill_path too; check now rather than at the first spill. */
+    if (*spill_dir &&
+        strlen(spill_dir) + strlen("/conch--XXXXXX.log") + strlen(name) >= sizeof(o->spill_path))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "spill file name in '%s' is too long", spill_dir);
+
+    strcpy(o->name, name);
+    strcpy(o->spill_dir, spill_dir);
+    o->max_bytes = max_bytes;
+    /* No directory means no spill file: the same as a spill cap of zero, so the notice
+     * in the text says plainly that the rest was not kept. */
+    o->spill_max = *spill_dir ? spill_max : 0;
+
+    if (head_cap(o) > 0) {
+        o->head = malloc(head_cap(o));
+        if (!o->head)
+            return conch_err_set(err, ENOMEM, "output '%s': allocating %zu bytes", name,
+                                 head_cap(o));
+    }
+    if (tail_cap(o) > 0) {
+        o->tail = malloc(tail_cap(o));
+        if (!o->tail) {
+            free(o->head);
+            o->head = NULL;
+            return conch_err_set(err, ENOMEM, "output '%s': allocating %zu bytes", name,
+                                 tail_cap(o));
+        }
+    }
+    return 0;
+}
+
+/* keep - record @len bytes in the head, then the rest in the tail ring. */
+static void keep(struct conch_output *o, const char *p, size_t len)
+{
+    size_t hcap = head_cap(o), tcap = tail_cap(o);
+
+    if (o->head_len < hcap) {
+        size_t n = hcap - o->head_len < len ? hcap - o->head_len : len;
+        memcpy(o->head + o->head_len, p, n);
+        o->head_len += n;
+        p += n;
+        len -= n;
+    }
+    if (len == 0 || tcap == 0)
+        return;
+    if (len >= tcap) {
+        /* Only the last tcap bytes survive: copy them straight, ring restarts at 0. */
+        memcpy(o->tail, p + len - tcap, tcap);
+        o->tail_len = tcap;
+        o->tail_pos = 0;
+        return;
+    }
+    size_t first = tcap - o->tail_pos < len ? tcap - o->tail_pos : len;
+    memcpy(o->tail + o->tail_pos, p, first);
+    memcpy(o->tail, p + first, len - first);
+    o->tail_pos = (o->tail_pos + len) % tcap;
+    o->tail_len = o->tail_len + len > tcap ? tcap : o->tail_len + len;
+}
+
+/* tail_parts - the tail in stream order as at most two slices of the ring. */
+static void tail_parts(const struct conch_output *o, const char **a, size_t *alen, const char **b,
+                       size_t *blen)
+{
+    if (o->tail_len < tail_cap(o)) {
+        /* Not wrapped yet: writes started at index 0 and never went round. */
+        *a = o->tail;
+        *alen = o->tail_len;
+        *b = NULL;
+        *blen = 0;
+        return;
+    }
+    *a = o->tail + o->tail_pos;
+    *alen = o->tail_len - o->tail_pos;
+    *b = o->tail;
+    *blen = o->tail_pos;
+}
+
+static int spill_fail(struct conch_output *o, int code, const char *what, struct conch_err *err)
+{
+    o->spill_err = code;
+    return conch_err_set(err, code, "output '%s': %s spill file '%s': %s", o->name, what,
+                         o->spill_path[0] ? o->spill_path : o->spill_dir, strerror(code));
+}
+
+/* spill_write - write up to the spill cap; marks spill_full when bytes had to be dropped. */
+static int spill_write(struct conch_output *o, const void *p, size_t len, struct conch_err *err)
+{
+    if (len == 0 || o->spill_full)
+        return 0;
+    uint64_t room = o->spill_max - o->spilled;
+    size_t n = len;
+    if ((uint64_t)n > room) {
+        n = (size_t)room;
+        o->spill_full = true;
+    }
+    if (n == 0)
+        return 0;
+    int r = conch_write_all(o->spill_fd, p, n);
+    if (r < 0)
+        return spill_fail(o, -r, "writing", err);
+    o->spilled += n;
+    return 0;
+}
+
+/* spill_open - create the spill file and write what memory holds: the whole stream so far,
+ * since memory holds everything until total first exceeds max_bytes. */
+static int spill_open(struct conch_output *o, struct conch_err *err)
+{
+    char path[sizeof(o->spill_path)];
+    int n = snprintf(path, sizeof(path), "%s/conch-%s-XXXXXX.log", o->spill_dir, o->name);
+    if (n < 0 || (size_t)n >= sizeof(path))
+        return spill_fail(o, ENAMETOOLONG, "creating", err);
+    /* mkostemps creates with O_EXCL and mode 0600: no clobbering, no other readers. */
+    int fd = mkostemps(path, strlen(".log"), O_CLOEXEC);
+    if (fd < 0)
+        return spill_fail(o, errno, "creating", err);
+    o->spill_fd = fd;
+    memcpy(o->spill_path, path, sizeof(path));
+
+    const char *a, *b;
+    size_t alen, blen;
+    tail_parts(o, &a, &alen, &b, &blen);
+    int r = spill_write(o, o->head, o->head_len, err);
+    if (r >= 0)
+        r = spill_write(o, a, alen, err);
+    if (r >= 0)
+        r = spill_write(o, b, blen, err);
+    return r;
+}
+
+int conch_output_append(struct conch_output *o, const void *buf, size_t len, struct conch_err *err)
+{
+    int r = 0;
+
+    if (len == 0)
+        return o->spill_full ? 1 : 0;
+    if (!o->spill_full && !o->spill_err && o->total + len > o->max_bytes) {
+        if (o->spill_max == 0)
+            o->spill_full = true; /* nowhere to spill: the excess is dropped */
+        else if (!o->spill_path[0])
+            r = spill_open(o, err);
+        if (r >= 0 && !o->spill_err)
+            r = spill_write(o, buf, len, err);
+    }
+    keep(o, buf, len);
+    o->total += len;
+    if (r < 0)
+        return r;
+    return o->spill_full ? 1 : 0;
+}
+
+bool conch_output_truncated(const struct conch_output *o)
+{
+    return o->total > o->max_bytes;
+}
+
+int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len)
+{
+    char notice[sizeof(o->spill_path) + 160] = "";
+    size_t nlen = 0;
+
+    if (conch_output_truncated(o)) {
+        uint64_t omitted = o->total - o->head_len - o->tail_len;
+        int n;
+        if (o->spill_err)
+            n = snprintf(notice, sizeof(notice),
+                         "\n[... %" PRIu64 " bytes omitted; the spill file could not be "
+                         "written (%s) ...]\n",
+                         omitted, strerror(o->spill_err));
+        else if (o->spill_full)
+            n = snprintf(notice, sizeof(notice),
+                         "\n[... %" PRIu64 " bytes omitted; spill limit of %" PRIu64
+                         " bytes reached, the rest was not kept ...]\n",
+                         omitted, o->spill_max);
+        else
+            n = snprintf(notice, sizeof(notice),
+                         "\n[... %" PRIu64 " bytes omitted; full output in %s ...]\n", omitted,
+                         o->spill_path);
+        nlen = n < 0 ? 0 : (size_t)n >= sizeof(notice) ? sizeof(notice) - 1 : (size_t)n;
+    }
+
+    const char *a, *b;
+    size_t alen, blen;
+    tail_parts(o, &a, &alen, &b, &blen);
+    size_t len = o->head_len + nlen + alen + blen;
+    char *s = malloc(len + 1);
+    if (!s)
+        return -ENOMEM;
+    char *p = s;
+    /* memcpy with a NULL source is undefined even for 0 bytes: max_bytes may be 0. */
+    if (o->head_len)
+        p = mempcpy(p, o->head, o->head_len);
+    p = mempcpy(p, notice, nlen);
+    if (alen)
+        p = mempcpy(p, a, alen);
+    if (blen)
+        p = mempcpy(p, b, blen);
+    *p = '\0';
+    *ret = s;
+    if (ret_len)
+        *ret_len = len;
+    return 0;
+}
+
+void conch_output_done(struct conch_output *o)
+{
+    /* spill_path guards the close: a zeroed struct has spill_fd 0, which is not ours. */
+    if (o->spill_fd >= 0 && o->spill_path[0])
+        close(o->spill_fd);
+    o->spill_fd = -1;
+    free(o->head);
+    o->head = NULL;
+    free(o->tail);
+    o->tail = NULL;
+    o->head_len = o->tail_len = o->tail_pos = 0;
+}

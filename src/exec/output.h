@@ -9,53 +9,69 @@
 
 #include "core/error.h"
 
+/* Caller-allocated; all fields are owned by the module: read them, don't write them. */
 struct conch_output {
     /* configuration */
     size_t max_bytes;    /* bytes kept in memory: head = max/2, tail = max - head */
     uint64_t spill_max;  /* bytes written to the spill file at most */
-    char spill_dir[256]; /* where to create the spill file */
+    char spill_dir[256]; /* where to create the spill file; "" = never spill */
     char name[32];       /* "stdout" / "stderr", used in the spill file's name */
     /* state */
-    uint64_t total;      /* bytes seen */
-    char *head;          /* owned, max_bytes/2 capacity */
+    uint64_t total; /* bytes seen */
+    char *head;     /* owned, max_bytes/2 capacity (NULL when 0) */
     size_t head_len;
-    char *tail;          /* owned ring buffer, max_bytes - max_bytes/2 capacity */
-    size_t tail_len, tail_pos;
-    int spill_fd;        /* -1 until the output first exceeds max_bytes */
-    char spill_path[512];/* set when spill_fd was opened */
-    uint64_t spilled;    /* bytes written to the spill file */
-    bool spill_full;     /* spill_max reached: later bytes are counted, not stored */
+    char *tail; /* owned ring buffer, max_bytes - max_bytes/2 capacity (NULL when 0) */
+    size_t tail_len, tail_pos; /* tail_pos: next write index (the oldest byte once full) */
+    int spill_fd;              /* -1 until the output first exceeds max_bytes */
+    char spill_path[512];      /* set when spill_fd was opened; "" otherwise */
+    uint64_t spilled;          /* bytes written to the spill file */
+    bool spill_full;           /* spill_max reached: later bytes are counted, not stored */
+    int spill_err;             /* errno of a failed spill open/write; spilling then stops */
 };
 
 /*
  * conch_output_init - set up @o (caller-allocated) to keep @max_bytes in memory and spill
- * up to @spill_max bytes to a file created in @spill_dir (mode 0600) once the output
- * exceeds @max_bytes. The spill file holds the whole stream from its first byte.
+ * up to @spill_max bytes to a file created in @spill_dir (mode 0600, O_CLOEXEC, named
+ * "<spill_dir>/conch-<name>-XXXXXX.log") once the output exceeds @max_bytes. The spill
+ * file holds the whole stream from its first byte. @max_bytes may be 0 (nothing kept in
+ * memory, every byte spills). A NULL or empty @spill_dir, or a @spill_max of 0, means no
+ * spill file: output past @max_bytes is counted and dropped, as if the spill cap were hit.
+ * @name must be short and contain no '/'. Both buffers are allocated here, once.
+ * Returns 0, or -EINVAL/-ENAMETOOLONG/-ENOMEM with @err filled; on failure @o is still
+ * safe to pass to conch_output_done().
  */
 int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes,
                       uint64_t spill_max, const char *spill_dir, struct conch_err *err);
 
 /*
- * conch_output_append - account for @len bytes of @buf. Returns 0, 1 when the spill cap
- * has now been exceeded (the caller decides whether to stop the command), or -errno
- * (spill write failure, with @err).
+ * conch_output_append - account for @len bytes of @buf (borrowed; may contain NULs).
+ * Returns 0; 1 when the spill cap has been exceeded by this or an earlier call (bytes past
+ * the cap are counted but not stored; the caller decides whether to stop the command); or
+ * -errno with @err filled when the spill file could not be created or written. After such
+ * a failure spilling stops for good (the file would have a gap) and later calls return 0
+ * while still keeping the head and tail in memory.
  */
-int conch_output_append(struct conch_output *o, const void *buf, size_t len,
-                        struct conch_err *err);
+int conch_output_append(struct conch_output *o, const void *buf, size_t len, struct conch_err *err);
 
 /* conch_output_truncated - true when more was seen than is kept in memory. */
 bool conch_output_truncated(const struct conch_output *o);
 
 /*
  * conch_output_text - the kept text: everything when not truncated; otherwise the head,
- * a line "[... N bytes omitted; full output in PATH ...]" (or "... not kept: spill limit
- * reached" when the spill cap was hit), and the tail. Returns a new NUL-terminated string
- * (*@ret, caller frees) and its length (*@ret_len, may be NULL); NULs in the output are
- * kept in the byte count. Returns 0 or -ENOMEM.
+ * "\n[... N bytes omitted; full output in PATH ...]\n" (or "...; spill limit of M bytes
+ * reached, the rest was not kept ...]" when the spill cap was hit, or "...; the spill file
+ * could not be written (CAUSE) ...]" after a spill failure), and the tail (the last
+ * max_bytes - max_bytes/2 bytes, in order). Returns a new NUL-terminated string (*@ret,
+ * caller frees) and its length (*@ret_len, may be NULL); NULs in the output are kept in
+ * the byte count. Returns 0 or -ENOMEM.
  */
 int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len);
 
-/* conch_output_done - close the spill file (it stays on disk) and free buffers. */
+/*
+ * conch_output_done - close the spill file (it stays on disk) and free buffers. Safe to
+ * call twice, after a failed init, and on a zeroed struct (fd 0 is never closed unless
+ * init opened it as the spill file).
+ */
 void conch_output_done(struct conch_output *o);
 
 #endif
