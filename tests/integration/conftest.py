@@ -1,0 +1,282 @@
+# conftest.py - shared fixtures for conch's integration tests: they run the real `conch`
+# binary ($CONCH_BIN, default build/conch) the way a user would, in temp workspaces, and
+# check from the host that nothing got out.
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONCH_BIN = os.environ.get("CONCH_BIN") or str(REPO / "build" / "conch")
+IS_ROOT = os.geteuid() == 0
+
+# The PATH the spec promises inside the sandbox.
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "root_only: needs conch to be run by host root")
+    config.addinivalue_line("markers", "user_only: needs conch to be run by an unprivileged user")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("root_only") and not IS_ROOT:
+        pytest.skip("root_only: this test checks root mode (uid mapping onto 100000+); run as root")
+    if item.get_closest_marker("user_only") and IS_ROOT:
+        pytest.skip("user_only: this test checks unprivileged mode; run via tests/integration/as_user.sh")
+
+
+def pytest_report_header(config):
+    return [f"conch binary: {CONCH_BIN}", f"running as uid {os.geteuid()} ({'root' if IS_ROOT else 'unprivileged'} mode)"]
+
+
+class Result:
+    """One finished `conch` invocation: rc, raw stdout/stderr, parsed JSON (or None), wall time."""
+
+    def __init__(self, argv, rc, stdout, stderr, elapsed, want_json):
+        self.argv = argv
+        self.rc = rc
+        self.raw_stdout = stdout
+        self.raw_stderr = stderr
+        self.elapsed = elapsed
+        self.j = None
+        if want_json:
+            try:
+                self.j = json.loads(stdout.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                pytest.fail(
+                    f"conch --json did not print one JSON object ({e})\n{self.describe()}", pytrace=False
+                )
+            if not isinstance(self.j, dict):
+                pytest.fail(f"conch --json printed a non-object\n{self.describe()}", pytrace=False)
+
+    # Convenience accessors on the JSON result.
+    @property
+    def out(self):
+        return self.j["stdout"]
+
+    @property
+    def err(self):
+        return self.j["stderr"]
+
+    @property
+    def kind(self):
+        e = self.j.get("error")
+        return e.get("kind") if e else None
+
+    @property
+    def stderr(self):
+        """conch's own stderr (warnings, text-mode summary)."""
+        return self.raw_stderr.decode("utf-8", "replace")
+
+    @property
+    def stdout(self):
+        return self.raw_stdout.decode("utf-8", "replace")
+
+    def changes(self):
+        """{path: change dict} from the JSON result."""
+        return {c["path"]: c for c in self.j["changes"]}
+
+    def describe(self):
+        def cut(b):
+            s = b.decode("utf-8", "replace")
+            return s if len(s) < 4000 else s[:2000] + f"\n[... {len(s) - 4000} chars ...]\n" + s[-2000:]
+
+        return (
+            f"argv: {self.argv}\nrc: {self.rc}  elapsed: {self.elapsed:.2f}s\n"
+            f"--- conch stdout:\n{cut(self.raw_stdout)}\n--- conch stderr:\n{cut(self.raw_stderr)}"
+        )
+
+    def __repr__(self):
+        return f"<Result rc={self.rc} {self.describe()}>"
+
+
+def conch(args, *, input=None, timeout=60, cwd=None, env=None, pass_fds=(), want_json=False):
+    """Run `conch ARGS...` and return a Result. The whole process group is killed if it
+    outlives `timeout` (then the test fails: conch must end on its own)."""
+    argv = [CONCH_BIN, *map(str, args)]
+    if not os.path.exists(CONCH_BIN):
+        pytest.fail(f"conch binary not found at {CONCH_BIN} (set CONCH_BIN)", pytrace=False)
+    full_env = dict(os.environ) if env is None else env
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=full_env,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+    try:
+        out, err = p.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        pytest.fail(
+            f"conch did not finish within {timeout}s: {argv}\nstdout: {out[-2000:]!r}\nstderr: {err[-2000:]!r}",
+            pytrace=False,
+        )
+    return Result(argv, p.returncode, out, err, time.monotonic() - t0, want_json)
+
+
+@pytest.fixture
+def conch_bin():
+    if not os.path.exists(CONCH_BIN):
+        pytest.fail(f"conch binary not found at {CONCH_BIN} (set CONCH_BIN)", pytrace=False)
+    return CONCH_BIN
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """An empty host workspace directory."""
+    d = tmp_path / "ws"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def run(ws):
+    """run(args, **kw) -> Result: `conch run --json --workspace <ws> ARGS...` with cwd=ws.
+    args holds the options and then "--" and the command. Use workspace=... to override."""
+
+    def _run(args, *, workspace=None, json_mode=True, cwd=None, **kw):
+        w = ws if workspace is None else workspace
+        pre = ["run"] + (["--json"] if json_mode else []) + (["--workspace", str(w)] if w is not False else [])
+        return conch(pre + list(args), cwd=cwd if cwd is not None else (w if w else None), want_json=json_mode, **kw)
+
+    return _run
+
+
+@pytest.fixture
+def sh(run):
+    """sh(script, *opts, **kw) -> Result: runs `bash -c SCRIPT` in the sandbox."""
+
+    def _sh(script, *opts, **kw):
+        return run([*opts, "--", "bash", "-c", script], **kw)
+
+    return _sh
+
+
+@pytest.fixture
+def py(run):
+    """py(code, *opts, **kw) -> Result: runs `python3 -c CODE` in the sandbox. If the code
+    prints a JSON value as its last stdout line, it is in result.val."""
+
+    def _py(code, *opts, **kw):
+        r = run([*opts, "--", "python3", "-c", code], **kw)
+        r.val = None
+        lines = r.j["stdout"].strip().splitlines()
+        if lines:
+            try:
+                r.val = json.loads(lines[-1])
+            except json.JSONDecodeError:
+                pass
+        return r
+
+    return _py
+
+
+# ---- host-side helpers -------------------------------------------------------------------
+
+
+def tree_state(root):
+    """A comparable snapshot of a directory tree: {relpath: (type, mode, uid, gid, payload)}
+    where payload is a sha256 of a file's bytes, a symlink's target, or None for a dir.
+    Never follows symlinks."""
+    root = str(root)
+    state = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                state[rel] = ("l", 0, st.st_uid, st.st_gid, os.readlink(p))
+            elif stat.S_ISDIR(st.st_mode):
+                state[rel] = ("d", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, None)
+            elif stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    h = hashlib.sha256(f.read()).hexdigest()
+                state[rel] = ("f", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, h)
+            else:
+                state[rel] = ("o", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_rdev)
+    st = os.lstat(root)
+    state["."] = ("d", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, None)
+    return state
+
+
+def tree_checksum(root):
+    return hashlib.sha256(json.dumps(sorted(tree_state(root).items())).encode()).hexdigest()
+
+
+def host_pids_matching(marker):
+    """Host pids whose command line contains `marker` (like `pgrep -f`), excluding ours."""
+    me = os.getpid()
+    found = []
+    m = marker.encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if m in cmd:
+            found.append(int(d))
+    return found
+
+
+def proc_comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def proc_argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return None
+
+
+def proc_status(pid):
+    """/proc/<pid>/status as a dict, or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return None
+
+
+def is_zombie(pid):
+    s = proc_status(pid)
+    return s is None or s.get("State", "").startswith("Z")
+
+
+def wait_no_pids(marker, timeout=3.0):
+    """Wait until no live host process matches `marker`; return what is still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in host_pids_matching(marker) if not is_zombie(p)]
+        if not left or time.monotonic() > deadline:
+            return [(p, proc_argv(p)) for p in left]
+        time.sleep(0.05)
+
+
+def unique_marker(tag="m"):
+    return f"conchit-{tag}-{os.getpid()}-{time.monotonic_ns()}"

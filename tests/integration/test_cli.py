@@ -1,0 +1,146 @@
+# test_cli.py - the command line itself: usage errors are exit 2 with a message, setup
+# errors 125 with a clear cause, `conch doctor` reports, and --rootfs runs a foreign root.
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import conch
+
+
+def usage_error(r, *needles):
+    assert r.rc == 2, r.describe()
+    assert r.stderr.strip(), f"no message on stderr\n{r.describe()}"
+    for n in needles:
+        assert n in r.stderr, f"{n!r} not in stderr\n{r.describe()}"
+
+
+def test_unknown_option(ws):
+    usage_error(conch(["run", "--bogus-option", "--", "true"], cwd=ws), "--bogus-option")
+
+
+def test_unknown_command():
+    usage_error(conch(["frobnicate"]), "frobnicate")
+
+
+def test_no_subcommand():
+    r = conch([])
+    assert r.rc == 2 and "usage" in r.stderr.lower(), r.describe()
+
+
+def test_missing_command(ws):
+    usage_error(conch(["run"], cwd=ws))
+    usage_error(conch(["run", "--json", "--"], cwd=ws))
+
+
+@pytest.mark.parametrize(
+    "opt,val",
+    [
+        ("--timeout", "abc"),
+        ("--timeout", "-1"),
+        ("--memory", "12Q"),
+        ("--pids", "many"),
+        ("--mode", "bogus"),
+        ("--max-output", "x1"),
+        ("--cpu", "fast"),
+        ("--env", "NOEQUALS"),
+    ],
+)
+def test_bad_option_values(ws, opt, val):
+    usage_error(conch(["run", opt, val, "--", "true"], cwd=ws), opt)
+
+
+def test_option_missing_argument(ws):
+    usage_error(conch(["run", "--timeout"], cwd=ws))
+
+
+def test_run_help():
+    r = conch(["run", "--help"])
+    assert r.rc == 0, r.describe()
+    for opt in ("--workspace", "--mode", "--commit", "--timeout", "--json", "--memory"):
+        assert opt in r.stdout, opt
+
+
+def test_workspace_nonexistent(tmp_path):
+    missing = tmp_path / "does-not-exist"
+    r = conch(["run", "--workspace", missing, "--", "true"], cwd=tmp_path)
+    assert r.rc in (2, 125), r.describe()
+    assert str(missing) in r.stderr, r.describe()
+    assert "No such file or directory" in r.stderr or "does not exist" in r.stderr or "not a directory" in r.stderr
+
+
+def test_workspace_nonexistent_json(tmp_path):
+    missing = tmp_path / "nope"
+    r = conch(["run", "--json", "--workspace", missing, "--", "true"], cwd=tmp_path)
+    assert r.rc in (2, 125), r.describe()
+    if r.rc == 125:
+        # the sandbox could not be built: still one JSON object, kind infrastructure
+        j = json.loads(r.stdout)
+        assert j["error"]["kind"] == "infrastructure" and str(missing) in j["error"]["message"], j
+    else:
+        assert str(missing) in r.stderr
+
+
+def test_workspace_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = conch(["run", "--workspace", f, "--", "true"], cwd=tmp_path)
+    assert r.rc in (2, 125), r.describe()
+    assert str(f) in r.stderr, r.describe()
+
+
+def test_doctor():
+    r = conch(["doctor"])
+    assert r.rc == 0, r.describe()
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    assert len(lines) >= 5, r.describe()
+    text = r.stdout.lower()
+    for feature in ("seccomp", "landlock", "overlay", "namespace"):
+        assert feature in text, f"doctor does not mention {feature}\n{r.stdout}"
+
+
+def test_doctor_json():
+    r = conch(["doctor", "--json"])
+    assert r.rc == 0, r.describe()
+    json.loads(r.stdout)
+
+
+@pytest.fixture
+def busybox_root(tmp_path):
+    bb = shutil.which("busybox") or "/bin/busybox"
+    if not os.path.exists(bb):
+        pytest.skip("busybox not installed")
+    root = tmp_path / "bbroot"
+    (root / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    shutil.copy2(bb, root / "bin" / "busybox")
+    for tool in ("sh", "ls", "cat", "echo", "id", "touch"):
+        os.symlink("busybox", root / "bin" / tool)
+    (root / "etc" / "rootfs-marker").write_text("busybox-root\n")
+    return root
+
+
+def test_rootfs_busybox(busybox_root, run):
+    r = run(["--rootfs", busybox_root, "--", "/bin/sh", "-c", "echo hi; ls /; cat /etc/rootfs-marker"])
+    assert r.rc == 0, r.describe()
+    lines = r.out.splitlines()
+    assert lines[0] == "hi", r.describe()
+    listing = set(" ".join(lines[1:-1]).split())
+    assert {"bin", "etc", "workspace"} <= listing, r.describe()
+    assert "usr" not in listing or not os.path.exists(busybox_root / "usr"), r.describe()
+    assert lines[-1] == "busybox-root"
+
+
+def test_rootfs_is_read_only_and_workspace_writable(busybox_root, run, ws):
+    r = run(["--rootfs", busybox_root, "--", "/bin/sh", "-c",
+             "touch /bin/x; echo rc1=$?; echo w > /workspace/w; echo rc2=$?"])
+    assert "rc1=1" in r.out and "rc2=0" in r.out, r.describe()
+    assert not (busybox_root / "bin" / "x").exists()
+    assert [c["path"] for c in r.j["changes"]] == ["w"], r.describe()
+
+
+def test_rootfs_nonexistent(tmp_path, ws):
+    r = conch(["run", "--rootfs", tmp_path / "nope", "--", "/bin/true"], cwd=ws)
+    assert r.rc in (2, 125), r.describe()
+    assert str(tmp_path / "nope") in r.stderr, r.describe()

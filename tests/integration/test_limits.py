@@ -1,0 +1,154 @@
+# test_limits.py - resource limits under abuse: fork bombs, memory hogs, output floods and
+# disk fillers must end with a classified result, leave nothing running and leave the host
+# (its disk, its ability to fork) unaffected.
+import os
+import shutil
+import subprocess
+
+from conftest import unique_marker, wait_no_pids
+
+
+def host_can_fork():
+    return subprocess.run(["true"], timeout=10).returncode == 0
+
+
+def test_fork_bomb_contained(sh):
+    marker = unique_marker("bomb")
+    # the marker sits in the script text, so every bash of the bomb carries it in its argv
+    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--pids", "64", "--timeout", "20", timeout=60)
+    assert r.elapsed < 30, r.describe()
+    assert r.rc != 0, r.describe()
+    assert r.kind in ("limit", "timeout"), r.describe()
+    assert wait_no_pids(marker) == []
+    assert host_can_fork()
+
+
+def test_fork_loop_stops_at_pids_limit(py):
+    marker = unique_marker("forks")
+    code = f"""
+import os, sys, time
+# {marker}
+n = 0
+try:
+    while n < 1000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+    print("forked", n, flush=True)
+except OSError as e:
+    print("fork failed", n, e.errno, flush=True)
+time.sleep(60)
+"""
+    r = py(code, "--pids", "64", "--timeout", "10", timeout=40)
+    assert r.elapsed < 25, r.describe()
+    assert "forked 1000" not in r.out, r.describe()
+    if r.out.startswith("fork failed"):
+        n, err = map(int, r.out.split()[2:4])
+        assert n < 64 and err == 11, r.describe()  # EAGAIN
+    assert r.kind in ("limit", "timeout"), r.describe()
+    assert wait_no_pids(marker) == []
+
+
+def test_memory_hog_killed(py):
+    code = """
+chunks = []
+for i in range(64):
+    chunks.append(b"x" * (16 << 20))  # 1 GiB in 16 MiB pieces, every page written
+print("allocated 1G", flush=True)
+"""
+    r = py(code, "--memory", "64M", "--timeout", "30", timeout=60)
+    assert "allocated 1G" not in r.out, r.describe()
+    assert r.kind == "limit", r.describe()
+    assert r.rc == 137 and r.j["exit_code"] == 137 and r.j["signal"] == 9, r.describe()
+    assert r.j["timed_out"] is False, r.describe()
+
+
+def test_moderate_memory_under_limit_works(py):
+    r = py("b = b'x' * (32 << 20); print(len(b))", "--memory", "256M", timeout=60)
+    assert r.rc == 0 and r.out == f"{32 << 20}\n", r.describe()
+
+
+def _check_flood(r, stream, cap):
+    assert r.elapsed < 30, r.describe()
+    assert r.kind == "limit", r.describe()
+    assert r.rc != 0, r.describe()
+    assert r.j[f"{stream}_truncated"] is True, r.describe()
+    text = r.j[stream]
+    assert len(text.encode()) <= (1 << 20) + 4096, f"{stream} not capped: {len(text)} bytes"
+    spill = r.j[f"{stream}_spill"]
+    assert spill, r.describe()
+    assert os.path.exists(spill), f"spill file {spill} missing"
+    assert os.path.getsize(spill) <= cap, f"spill file {os.path.getsize(spill)} > {cap}"
+
+
+def test_stdout_flood_capped(sh):
+    r = sh("yes | head -c 3G; echo done", "--max-spill", "16M", "--timeout", "60", timeout=90)
+    _check_flood(r, "stdout", 16 << 20)
+    assert "done" not in r.out[-100:]
+    os.unlink(r.j["stdout_spill"])
+
+
+def test_stderr_flood_capped(sh):
+    r = sh("cat /dev/zero >&2", "--max-spill", "16M", "--timeout", "60", timeout=90)
+    _check_flood(r, "stderr", 16 << 20)
+    os.unlink(r.j["stderr_spill"])
+
+
+def test_max_output_head_tail_and_spill(sh):
+    # 100000 numbered lines (588895 bytes): keep 1000, spill everything.
+    r = sh("seq 1 100000", "--max-output", "1000", timeout=60)
+    assert r.rc == 0 and r.j["error"] is None, r.describe()
+    full = "".join(f"{i}\n" for i in range(1, 100001))
+    assert r.j["stdout_bytes"] == len(full), r.describe()
+    assert r.j["stdout_truncated"] is True
+    out = r.out
+    assert out.startswith("1\n2\n3\n"), out[:100]
+    assert out.endswith("99999\n100000\n"), out[-100:]
+    assert "bytes omitted" in out, out
+    assert len(out.encode()) < 1000 + 400, len(out)
+    spill = r.j["stdout_spill"]
+    assert spill and os.path.exists(spill), r.describe()
+    with open(spill) as f:
+        assert f.read() == full
+    os.unlink(spill)
+    assert r.j["stderr_truncated"] is False and r.j["stderr_spill"] is None
+
+
+def _free(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_workspace_disk_filler(sh, ws):
+    before = {p: _free(p) for p in ("/", "/tmp", str(ws))}
+    r = sh("dd if=/dev/zero of=/workspace/big bs=1M count=200 2>&1; echo dd=$?; stat -c %s /workspace/big",
+           "--disk", "32M", "--timeout", "60", timeout=90)
+    assert r.kind in ("limit", "command") or "No space left on device" in r.out, r.describe()
+    if r.kind != "limit":
+        assert "No space left on device" in r.out, r.describe()
+        assert "dd=1" in r.out, r.describe()
+        size = int(r.out.strip().splitlines()[-1])
+        assert size <= 33 << 20, r.describe()
+    assert not (ws / "big").exists()
+    for p, b in before.items():
+        assert b - _free(p) < 64 << 20, f"host free space on {p} dropped by {(b - _free(p)) >> 20} MiB"
+
+
+def test_tmp_filler(sh):
+    before = _free("/tmp")
+    r = sh("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1; echo dd=$?; stat -c %s /tmp/big",
+           "--tmp-size", "32M", "--timeout", "60", timeout=90)
+    assert r.kind in ("limit", "command"), r.describe()
+    if r.kind == "command":
+        assert "No space left on device" in r.out and "dd=1" in r.out, r.describe()
+        assert int(r.out.strip().splitlines()[-1]) <= 32 << 20, r.describe()
+    assert before - _free("/tmp") < 64 << 20
+    shutil.disk_usage("/")  # host still answers
+
+
+def test_home_size_limit(sh):
+    r = sh("dd if=/dev/zero of=$HOME/big bs=1M count=100 2>&1; echo dd=$?", "--home-size", "16M", timeout=60)
+    assert r.kind in ("limit", "command"), r.describe()
+    if r.kind == "command":
+        assert "No space left on device" in r.out and "dd=1" in r.out, r.describe()
