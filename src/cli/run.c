@@ -1,9 +1,410 @@
-/* run.c - `conch run`: placeholder. */
+/* run.c - `conch run`: one command in a fresh sandbox over a copy-on-write view of a
+ * directory, then a report of what it changed. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "cli/cli.h"
+#include "cli/opts.h"
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "exec/run.h"
+
+static const char usage_text[] =
+    "usage: conch run [options] -- CMD [ARGS...]\n"
+    "\n"
+    "Run CMD in a fresh sandbox with the workspace at /workspace, then report what changed.\n"
+    "\n"
+    "  --workspace DIR     host directory mounted at /workspace (default: current directory)\n"
+    "  --mode MODE         overlay (default; host untouched unless --commit) | ro | rw\n"
+    "  --commit            apply the workspace changes to DIR when the command exited\n"
+    "  --rootfs DIR        use DIR as the (read-only) root filesystem\n"
+    "  --as-root           run as root of the namespace instead of uid 1000 'agent'\n"
+    "  --env K=V           add an environment variable (repeatable)\n"
+    "  --cwd DIR           working directory (a host path under the workspace, or /workspace/...)\n"
+    "  --timeout S         stop the command after S seconds (SIGTERM, then SIGKILL)\n"
+    "  --grace S           seconds between SIGTERM and SIGKILL (default 2)\n"
+    "  --max-output BYTES  bytes of each stream kept and printed (default 1M)\n"
+    "  --max-spill BYTES   bytes of each stream kept in its spill file (default 64M)\n"
+    "  --memory BYTES      memory limit        --pids N   process limit\n"
+    "  --cpu CPUS          CPU limit (e.g. 0.5; needs a cgroup)\n"
+    "  --tmp-size BYTES    size of /tmp (default 256M)\n"
+    "  --home-size BYTES   size of /home/agent (default 64M)\n"
+    "  --disk BYTES        what the command may write to the workspace (default 1G)\n"
+    "  --json              print one JSON object instead of live output and a summary\n"
+    "  -q, --quiet         no change summary\n"
+    "\n"
+    "Exit status: the command's own; 124 timeout; 125 sandbox error; 2 usage error;\n"
+    "128+N when the command was killed by signal N.\n";
+
+enum {
+    OPT_WORKSPACE = 256,
+    OPT_MODE,
+    OPT_COMMIT,
+    OPT_ROOTFS,
+    OPT_AS_ROOT,
+    OPT_ENV,
+    OPT_CWD,
+    OPT_TIMEOUT,
+    OPT_GRACE,
+    OPT_MAX_OUTPUT,
+    OPT_MAX_SPILL,
+    OPT_MEMORY,
+    OPT_PIDS,
+    OPT_CPU,
+    OPT_TMP_SIZE,
+    OPT_HOME_SIZE,
+    OPT_DISK,
+    OPT_JSON,
+};
+
+static const struct option long_opts[] = {
+    {"workspace", required_argument, NULL, OPT_WORKSPACE},
+    {"mode", required_argument, NULL, OPT_MODE},
+    {"commit", no_argument, NULL, OPT_COMMIT},
+    {"rootfs", required_argument, NULL, OPT_ROOTFS},
+    {"as-root", no_argument, NULL, OPT_AS_ROOT},
+    {"env", required_argument, NULL, OPT_ENV},
+    {"cwd", required_argument, NULL, OPT_CWD},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"grace", required_argument, NULL, OPT_GRACE},
+    {"max-output", required_argument, NULL, OPT_MAX_OUTPUT},
+    {"max-spill", required_argument, NULL, OPT_MAX_SPILL},
+    {"memory", required_argument, NULL, OPT_MEMORY},
+    {"pids", required_argument, NULL, OPT_PIDS},
+    {"cpu", required_argument, NULL, OPT_CPU},
+    {"tmp-size", required_argument, NULL, OPT_TMP_SIZE},
+    {"home-size", required_argument, NULL, OPT_HOME_SIZE},
+    {"disk", required_argument, NULL, OPT_DISK},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"quiet", no_argument, NULL, 'q'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+struct run_cli {
+    struct conch_run_opts run;
+    const char *workspace_arg;
+    const char *cwd_arg;
+    const char *rootfs_arg;
+    char workspace[PATH_MAX];
+    char rootfs[PATH_MAX];
+    char cwd_inside[PATH_MAX + 16];
+    char spill_dir[PATH_MAX];
+    char **env;
+    size_t n_env;
+    bool json;
+    bool quiet;
+};
+
+/* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
+static const char *map_cwd(struct run_cli *c, const char *host_or_inside, bool explicit_arg)
+{
+    if (!strncmp(host_or_inside, "/workspace", 10) &&
+        (host_or_inside[10] == '\0' || host_or_inside[10] == '/') && explicit_arg)
+        return host_or_inside;
+    char real[PATH_MAX];
+    if (realpath(host_or_inside, real)) {
+        size_t wl = strlen(c->workspace);
+        if (!strncmp(real, c->workspace, wl) && (real[wl] == '\0' || real[wl] == '/')) {
+            snprintf(c->cwd_inside, sizeof(c->cwd_inside), "/workspace%s", real + wl);
+            return c->cwd_inside;
+        }
+    }
+    fprintf(stderr, "conch: warning: '%s' is not under the workspace '%s'; using /workspace\n",
+            host_or_inside, c->workspace);
+    return "/workspace";
+}
+
+static void default_spill_dir(char *buf, size_t size)
+{
+    const char *state = getenv("XDG_STATE_HOME");
+    const char *home = getenv("HOME");
+    if (geteuid() == 0)
+        snprintf(buf, size, "/var/lib/conch/spill");
+    else if (state && *state)
+        snprintf(buf, size, "%s/conch/spill", state);
+    else if (home && *home)
+        snprintf(buf, size, "%s/.local/state/conch/spill", home);
+    else
+        snprintf(buf, size, "/tmp/conch-%u/spill", (unsigned)getuid());
+}
+
+static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err)
+{
+    int r = 0, opt;
+    uint64_t v;
+    c->env = calloc((size_t)argc + 1, sizeof(char *));
+    if (!c->env)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "+qh", long_opts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_WORKSPACE:
+            c->workspace_arg = optarg;
+            break;
+        case OPT_MODE:
+            r = conch_ws_mode_parse(optarg, &c->run.jail.ws_mode, err);
+            break;
+        case OPT_COMMIT:
+            c->run.commit = true;
+            break;
+        case OPT_ROOTFS:
+            c->rootfs_arg = optarg;
+            break;
+        case OPT_AS_ROOT:
+            c->run.jail.as_root = true;
+            break;
+        case OPT_ENV:
+            c->env[c->n_env++] = optarg;
+            break;
+        case OPT_CWD:
+            c->cwd_arg = optarg;
+            break;
+        case OPT_TIMEOUT:
+            r = conch_cli_parse_seconds(optarg, "--timeout", &c->run.timeout_ms, err);
+            break;
+        case OPT_GRACE:
+            r = conch_cli_parse_seconds(optarg, "--grace", &c->run.grace_ms, err);
+            break;
+        case OPT_MAX_OUTPUT:
+            r = conch_parse_size(optarg, "--max-output", &v, err);
+            c->run.max_output = (size_t)v;
+            break;
+        case OPT_MAX_SPILL:
+            r = conch_parse_size(optarg, "--max-spill", &c->run.max_spill, err);
+            break;
+        case OPT_MEMORY:
+            r = conch_parse_size(optarg, "--memory", &c->run.jail.limits.memory_bytes, err);
+            break;
+        case OPT_PIDS:
+            r = conch_cli_parse_count(optarg, "--pids", &c->run.jail.limits.pids_max, err);
+            break;
+        case OPT_CPU: {
+            uint64_t ms;
+            r = conch_cli_parse_seconds(optarg, "--cpu", &ms, err);
+            if (r == 0 && ms == 0)
+                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--cpu: must be above 0");
+            c->run.jail.limits.cpu_millicpus = ms;
+            break;
+        }
+        case OPT_TMP_SIZE:
+            r = conch_parse_size(optarg, "--tmp-size", &c->run.jail.tmp_bytes, err);
+            break;
+        case OPT_HOME_SIZE:
+            r = conch_parse_size(optarg, "--home-size", &c->run.jail.home_bytes, err);
+            break;
+        case OPT_DISK:
+            r = conch_parse_size(optarg, "--disk", &c->run.jail.disk_bytes, err);
+            break;
+        case OPT_JSON:
+            c->json = true;
+            break;
+        case 'q':
+            c->quiet = true;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            exit(0);
+        default:
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unknown or incomplete option '%s'",
+                                  argv[optind - 1]);
+        }
+        if (r < 0)
+            return r;
+    }
+    if (optind >= argc)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "no command given (usage: conch run [options] -- CMD [ARGS...])");
+    c->run.argv = argv + optind;
+    c->run.env_extra = c->env;
+
+    const char *ws = c->workspace_arg ? c->workspace_arg : ".";
+    if (!realpath(ws, c->workspace))
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--workspace '%s': %s", ws,
+                              strerror(errno));
+    struct stat st;
+    if (stat(c->workspace, &st) < 0 || !S_ISDIR(st.st_mode))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR, "--workspace '%s': not a directory",
+                              ws);
+    c->run.jail.workspace = c->workspace;
+    if (c->rootfs_arg) {
+        if (!realpath(c->rootfs_arg, c->rootfs))
+            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--rootfs '%s': %s", c->rootfs_arg,
+                                  strerror(errno));
+        c->run.jail.rootfs = c->rootfs;
+    }
+    if (c->run.commit && c->run.jail.ws_mode != CONCH_WS_OVERLAY)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "--commit needs --mode overlay (ro changes nothing, rw writes "
+                              "through at once)");
+    if (c->cwd_arg) {
+        c->run.cwd = map_cwd(c, c->cwd_arg, true);
+    } else {
+        char here[PATH_MAX];
+        if (getcwd(here, sizeof(here)))
+            c->run.cwd = map_cwd(c, here, false);
+    }
+    default_spill_dir(c->spill_dir, sizeof(c->spill_dir));
+    if ((r = conch_mkdir_p(c->spill_dir, 0700, err)) < 0)
+        return conch_err_wrap(err, "spill directory");
+    c->run.spill_dir = c->spill_dir;
+    c->run.stream = !c->json;
+    return 0;
+}
+
+static char change_letter(enum conch_change_kind k)
+{
+    switch (k) {
+    case CONCH_CHANGE_ADDED:
+        return 'A';
+    case CONCH_CHANGE_MODIFIED:
+        return 'M';
+    case CONCH_CHANGE_DELETED:
+        return 'D';
+    case CONCH_CHANGE_TYPE:
+        return 'T';
+    }
+    return '?';
+}
+
+static json_t *output_json(const struct conch_output *o)
+{
+    _cleanup_free_ char *text = NULL;
+    size_t len = 0;
+    if (conch_output_text(o, &text, &len) < 0)
+        return json_null();
+    json_t *j = conch_cli_json_text(text, len);
+    return j ? j : json_null();
+}
+
+static void print_json(const struct run_cli *c, const struct conch_run_result *res,
+                       const struct conch_err *infra)
+{
+    json_t *o = json_object();
+    bool ran = !infra;
+    json_object_set_new(o, "exit_code", json_integer(ran ? res->exit_code
+                                                          : infra->kind == CONCH_ERR_USAGE
+                                                                ? CONCH_EXIT_USAGE
+                                                                : CONCH_EXIT_INFRA));
+    json_object_set_new(o, "signal", res->signal ? json_integer(res->signal) : json_null());
+    json_object_set_new(o, "timed_out", json_boolean(res->timed_out));
+    json_object_set_new(o, "duration_ms", json_integer((json_int_t)res->duration_ms));
+    const struct conch_output *outs[2] = {&res->out, &res->err};
+    static const char *const names[2] = {"stdout", "stderr"};
+    for (int i = 0; i < 2; i++) {
+        char key[32];
+        json_object_set_new(o, names[i], output_json(outs[i]));
+        snprintf(key, sizeof(key), "%s_bytes", names[i]);
+        json_object_set_new(o, key, json_integer((json_int_t)outs[i]->total));
+        snprintf(key, sizeof(key), "%s_truncated", names[i]);
+        json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
+        snprintf(key, sizeof(key), "%s_spill", names[i]);
+        json_object_set_new(o, key,
+                            outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
+    }
+    json_t *changes = json_array();
+    for (size_t i = 0; i < res->changes.n; i++) {
+        const struct conch_ws_change *ch = &res->changes.items[i];
+        json_t *e = json_object();
+        json_object_set_new(e, "path", conch_cli_json_text(ch->path, strlen(ch->path)));
+        json_object_set_new(e, "kind", json_string(conch_ws_change_kind_name(ch->kind)));
+        char t[2] = {ch->type, 0};
+        json_object_set_new(e, "type", json_string(t));
+        json_object_set_new(e, "size", json_integer((json_int_t)ch->size));
+        char mode[8];
+        snprintf(mode, sizeof(mode), "%04o",
+                 (unsigned)(ch->kind == CONCH_CHANGE_DELETED ? ch->old_mode : ch->new_mode));
+        json_object_set_new(e, "mode", json_string(mode));
+        if (ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED)
+            json_object_set_new(e, "binary", json_boolean(ch->binary));
+        json_array_append_new(changes, e);
+    }
+    json_object_set_new(o, "changes", changes);
+    json_object_set_new(o, "committed", json_boolean(res->committed));
+    json_t *usage = json_object();
+    json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
+    json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));
+    json_object_set_new(o, "usage", usage);
+    if (infra || res->error_kind != CONCH_ERR_NONE) {
+        json_t *e = json_object();
+        json_object_set_new(e, "kind", json_string(conch_err_kind_name(infra ? infra->kind
+                                                                             : res->error_kind)));
+        const char *msg = infra ? infra->msg : res->error_msg;
+        json_object_set_new(e, "message", conch_cli_json_text(msg, strlen(msg)));
+        json_object_set_new(o, "error", e);
+    } else {
+        json_object_set_new(o, "error", json_null());
+    }
+    char *s = json_dumps(o, JSON_COMPACT);
+    if (s) {
+        puts(s);
+        free(s);
+    }
+    json_decref(o);
+    (void)c;
+}
+
+static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
+{
+    if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
+        fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
+                res->error_msg);
+    if (c->quiet || !res->has_changes)
+        return;
+    if (res->changes.n == 0) {
+        fprintf(stderr, "conch: no changes in /workspace\n");
+        return;
+    }
+    fprintf(stderr, "conch: %zu change%s in /workspace:\n", res->changes.n,
+            res->changes.n == 1 ? "" : "s");
+    for (size_t i = 0; i < res->changes.n; i++)
+        fprintf(stderr, "  %c %s%s\n", change_letter(res->changes.items[i].kind),
+                res->changes.items[i].path, res->changes.items[i].type == 'd' ? "/" : "");
+    if (res->committed)
+        fprintf(stderr, "conch: changes committed to %s\n", c->workspace);
+    else if (c->run.commit)
+        fprintf(stderr, "conch: changes NOT committed: the command did not exit normally\n");
+    else
+        fprintf(stderr, "conch: changes discarded (run with --commit to apply them)\n");
+}
 
 int conch_cli_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return 0;
+    struct run_cli c;
+    memset(&c, 0, sizeof(c));
+    conch_run_opts_init(&c.run);
+    struct conch_err err = {0};
+    struct conch_run_result res;
+    memset(&res, 0, sizeof(res));
+    res.out.spill_fd = res.err.spill_fd = -1;
+    int status;
+
+    int r = parse(&c, argc, argv, &err);
+    if (r >= 0)
+        r = conch_exec_run(&c.run, &res, &err);
+    if (r < 0) {
+        status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
+        if (c.json)
+            print_json(&c, &res, &err);
+        else
+            fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
+    } else {
+        status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
+        if (c.json)
+            print_json(&c, &res, NULL);
+        else
+            print_summary(&c, &res);
+    }
+    conch_run_result_done(&res);
+    free(c.env);
+    return status;
 }

@@ -49,7 +49,18 @@ int conch_err_wrap(struct conch_err *e, const char *fmt, ...)
     va_end(ap);
     char old[sizeof(e->msg)];
     memcpy(old, e->msg, sizeof(old));
-    snprintf(e->msg, sizeof(e->msg), "%s: %s", prefix, old);
+    /* Keep the cause (the end) readable when the whole does not fit: truncate the tail. */
+    size_t plen = strnlen(prefix, sizeof(prefix));
+    if (plen + 2 >= sizeof(e->msg))
+        plen = sizeof(e->msg) - 3;
+    memcpy(e->msg, prefix, plen);
+    memcpy(e->msg + plen, ": ", 2);
+    size_t rest = sizeof(e->msg) - plen - 3;
+    size_t olen = strnlen(old, sizeof(old));
+    if (olen > rest)
+        olen = rest;
+    memcpy(e->msg + plen + 2, old, olen);
+    e->msg[plen + 2 + olen] = '\0';
     return -e->code;
 }
 

@@ -1,1 +1,418 @@
-/* run.c - placeholder; filled in by its owner. */
+/* run.c - one command in a fresh sandbox: start the jail, pump its output through the
+ * capture buffers, enforce the deadline, classify how it ended, read (and maybe commit)
+ * the workspace changes, tear everything down. */
+#include "exec/run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+
+void conch_run_opts_init(struct conch_run_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    conch_jail_spec_init(&o->jail);
+    o->grace_ms = 2000;
+    o->max_output = 1 << 20;
+    o->max_spill = 64ULL << 20;
+    o->stdin_fd = 0;
+}
+
+void conch_run_result_done(struct conch_run_result *res)
+{
+    conch_output_done(&res->out);
+    conch_output_done(&res->err);
+    conch_ws_changes_done(&res->changes);
+}
+
+void conch_exec_env_free(char **env)
+{
+    if (!env)
+        return;
+    for (char **e = env; *e; e++)
+        free(*e);
+    free(env);
+}
+
+char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err)
+{
+    static const char *const base[] = {
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME=/home/agent",
+        "SHELL=/bin/bash",
+        "LANG=C.UTF-8",
+        "TERM=dumb",
+        "NO_COLOR=1",
+        "PAGER=cat",
+        "GIT_PAGER=cat",
+        NULL,
+    };
+    size_t n = 0, cap = ARRAY_SIZE(base) + 2;
+    for (char *const *e = extra; e && *e; e++)
+        cap++;
+    char **env = calloc(cap + 1, sizeof(char *));
+    if (!env) {
+        conch_err_set(err, ENOMEM, "out of memory");
+        return NULL;
+    }
+    const char *user = as_root ? "root" : "agent";
+    char buf[64];
+    snprintf(buf, sizeof(buf), "USER=%s", user);
+    env[n++] = strdup(buf);
+    snprintf(buf, sizeof(buf), "LOGNAME=%s", user);
+    env[n++] = strdup(buf);
+    for (int i = 0; base[i]; i++)
+        env[n++] = strdup(base[i]);
+    for (char *const *e = extra; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq || eq == *e) {
+            conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--env '%s': expected KEY=VALUE", *e);
+            conch_exec_env_free(env);
+            return NULL;
+        }
+        size_t klen = (size_t)(eq - *e) + 1;
+        size_t i;
+        for (i = 0; i < n; i++)
+            if (env[i] && !strncmp(env[i], *e, klen))
+                break;
+        if (i < n) {
+            free(env[i]);
+            env[i] = strdup(*e);
+        } else {
+            env[n++] = strdup(*e);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!env[i]) {
+            conch_err_set(err, ENOMEM, "out of memory");
+            conch_exec_env_free(env);
+            return NULL;
+        }
+    }
+    return env;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Copy the part of @buf that falls within the first @limit bytes of the stream to @fd. */
+static void stream_head(int fd, const struct conch_output *o, const char *buf, size_t len,
+                        uint64_t before)
+{
+    size_t head_cap = o->max_bytes / 2;
+    if (!conch_output_truncated(o)) {
+        conch_write_all(fd, buf, len);
+        return;
+    }
+    if (before < head_cap) {
+        size_t n = head_cap - before < len ? head_cap - (size_t)before : len;
+        conch_write_all(fd, buf, n);
+    }
+}
+
+/* After the command: print the omission notice and the tail that were not streamed. */
+static void stream_rest(int fd, const struct conch_output *o)
+{
+    if (!conch_output_truncated(o))
+        return;
+    _cleanup_free_ char *text = NULL;
+    size_t len = 0;
+    if (conch_output_text(o, &text, &len) < 0)
+        return;
+    size_t head = o->max_bytes / 2;
+    if (len > head)
+        conch_write_all(fd, text + head, len - head);
+}
+
+static bool fs_full(const char *path, int fd)
+{
+    struct statvfs sv;
+    int r = fd >= 0 ? fstatvfs(fd, &sv) : statvfs(path, &sv);
+    if (r < 0 || sv.f_blocks == 0)
+        return false;
+    /* Full within a few pages: tmpfs rounds, and the last write may not fit a page. */
+    return sv.f_bavail * sv.f_frsize < 64 * 1024;
+}
+
+struct pump {
+    int fd;
+    int echo_fd;
+    struct conch_output *o;
+};
+
+int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
+                   struct conch_err *err)
+{
+    int r;
+    _cleanup_close_ int devnull = -1;
+    _cleanup_close_ int upper = -1;
+    memset(res, 0, sizeof(*res));
+    res->out.spill_fd = res->err.spill_fd = -1;
+    const char *spill_dir = o->spill_dir ? o->spill_dir : "/tmp";
+    if ((r = conch_output_init(&res->out, "stdout", o->max_output, o->max_spill, spill_dir,
+                               err)) < 0 ||
+        (r = conch_output_init(&res->err, "stderr", o->max_output, o->max_spill, spill_dir,
+                               err)) < 0)
+        return r;
+    char **env = conch_exec_env_build(o->env_extra, o->jail.as_root, err);
+    if (!env)
+        return -(err->code ? err->code : EINVAL);
+
+    uint64_t start = now_ms();
+    struct conch_jail jail;
+    r = conch_jail_start(&o->jail, &jail, err);
+    if (r < 0) {
+        conch_exec_env_free(env);
+        return r;
+    }
+
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    int sigfd = -1;
+    sigset_t mask, oldmask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGPIPE);
+    sigprocmask(SIG_BLOCK, &mask, &oldmask);
+    sigdelset(&mask, SIGPIPE);
+
+    if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
+        r = conch_err_set(err, errno, "pipe: %s", strerror(errno));
+        goto out;
+    }
+    sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sigfd < 0) {
+        r = conch_err_set(err, errno, "signalfd: %s", strerror(errno));
+        goto out;
+    }
+    int stdin_fd = o->stdin_fd;
+    if (fcntl(stdin_fd, F_GETFD) < 0) {
+        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        stdin_fd = devnull;
+    }
+    struct conch_jail_cmd cmd = {
+        .argv = o->argv,
+        .envp = env,
+        .cwd = o->cwd ? o->cwd : (o->jail.workspace ? "/workspace" : "/"),
+        .stdin_fd = stdin_fd,
+        .stdout_fd = out_pipe[1],
+        .stderr_fd = err_pipe[1],
+    };
+    r = conch_jail_exec(&jail, &cmd, err);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    out_pipe[1] = err_pipe[1] = -1;
+    if (r < 0) {
+        if (err->kind == CONCH_ERR_COMMAND) {
+            /* Like a shell: a program that cannot be executed is the command's failure. */
+            res->exit_code = err->code == ENOENT ? 127 : 126;
+            res->error_kind = CONCH_ERR_COMMAND;
+            snprintf(res->error_msg, sizeof(res->error_msg), "%s", err->msg);
+            conch_err_clear(err);
+            r = 0;
+        }
+        goto out;
+    }
+
+    struct pump pumps[2] = {{out_pipe[0], o->stream ? 1 : -1, &res->out},
+                            {err_pipe[0], o->stream ? 2 : -1, &res->err}};
+    uint64_t deadline = o->timeout_ms ? start + o->timeout_ms : 0;
+    uint64_t kill_at = 0;
+    bool exited = false, over_spill = false;
+    int interrupts = 0;
+    struct conch_jail_exit ex = {0};
+    char buf[65536];
+    while (!exited || pumps[0].fd >= 0 || pumps[1].fd >= 0) {
+        struct pollfd pfd[4] = {
+            {.fd = pumps[0].fd, .events = POLLIN},
+            {.fd = pumps[1].fd, .events = POLLIN},
+            {.fd = exited ? -1 : jail.ctl_fd, .events = POLLIN},
+            {.fd = sigfd, .events = POLLIN},
+        };
+        int timeout = -1;
+        uint64_t now = now_ms();
+        uint64_t next = kill_at ? kill_at : (res->timed_out ? 0 : deadline);
+        if (next && !exited)
+            timeout = next > now ? (int)(next - now) : 0;
+        int n = poll(pfd, 4, timeout);
+        if (n < 0 && errno != EINTR) {
+            r = conch_err_set(err, errno, "poll: %s", strerror(errno));
+            goto out;
+        }
+        now = now_ms();
+        if (!exited && deadline && !res->timed_out && now >= deadline) {
+            res->timed_out = true;
+            conch_jail_signal(&jail, SIGTERM, true, NULL);
+            kill_at = now + o->grace_ms;
+        }
+        if (!exited && kill_at && now >= kill_at) {
+            conch_jail_signal(&jail, SIGKILL, true, NULL);
+            kill_at = 0;
+        }
+        if (n <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t got = read(pumps[i].fd, buf, sizeof(buf));
+            if (got < 0 && (errno == EINTR || errno == EAGAIN))
+                continue;
+            if (got <= 0) {
+                close(pumps[i].fd);
+                pumps[i].fd = -1;
+                continue;
+            }
+            uint64_t before = pumps[i].o->total;
+            int a = conch_output_append(pumps[i].o, buf, (size_t)got, err);
+            if (a < 0)
+                goto out;
+            if (pumps[i].echo_fd >= 0)
+                stream_head(pumps[i].echo_fd, pumps[i].o, buf, (size_t)got, before);
+            if (a == 1 && !over_spill) {
+                /* Past the spill cap the command is stopped: an agent's output flood must
+                 * not fill the host's disk, and nobody reads gigabytes of it. */
+                over_spill = true;
+                conch_jail_signal(&jail, SIGKILL, true, NULL);
+            }
+        }
+        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)) {
+            r = conch_jail_wait(&jail, &ex, err);
+            if (r < 0)
+                goto out;
+            exited = true;
+        }
+        if (pfd[3].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
+                if (exited)
+                    continue;
+                /* First interrupt: pass it on, as a terminal would to its foreground job.
+                 * A second one: stop everything. */
+                interrupts++;
+                conch_jail_signal(&jail, interrupts > 1 ? SIGKILL : (int)si.ssi_signo, true,
+                                  NULL);
+            }
+        }
+    }
+    res->duration_ms = now_ms() - start;
+    if (WIFEXITED(ex.status)) {
+        res->exit_code = WEXITSTATUS(ex.status);
+    } else if (WIFSIGNALED(ex.status)) {
+        res->signal = WTERMSIG(ex.status);
+        res->exit_code = 128 + res->signal;
+    }
+    res->cpu_ms = (uint64_t)(ex.usage.ru_utime.tv_sec + ex.usage.ru_stime.tv_sec) * 1000 +
+                  (uint64_t)(ex.usage.ru_utime.tv_usec + ex.usage.ru_stime.tv_usec) / 1000;
+    res->max_rss_kb = (uint64_t)ex.usage.ru_maxrss;
+
+    /* How did it end? The first matching reason wins. */
+    struct conch_cgroup_stats cgs = {0};
+    if (jail.has_cgroup)
+        conch_cgroup_stats(&jail.cg, &cgs, NULL);
+    if (o->jail.workspace && o->jail.ws_mode == CONCH_WS_OVERLAY) {
+        upper = conch_jail_upper_open(&jail, err);
+        if (upper < 0) {
+            r = upper;
+            goto out;
+        }
+    }
+    char tmp_path[64];
+    snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", jail.warden_pid);
+    bool failed = res->exit_code != 0;
+    if (res->timed_out) {
+        res->error_kind = CONCH_ERR_TIMEOUT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "timed out after %.3g s (SIGTERM to every process, SIGKILL after %.3g s)",
+                 (double)o->timeout_ms / 1000, (double)o->grace_ms / 1000);
+    } else if (over_spill) {
+        res->error_kind = CONCH_ERR_LIMIT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "output limit: more than %llu bytes on one stream (--max-spill); the command "
+                 "was killed",
+                 (unsigned long long)o->max_spill);
+    } else if (cgs.oom_killed) {
+        res->error_kind = CONCH_ERR_LIMIT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "memory limit: the command was killed for using more than %llu bytes",
+                 (unsigned long long)o->jail.limits.memory_bytes);
+    } else if (failed && cgs.pids_limit_hit) {
+        res->error_kind = CONCH_ERR_LIMIT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "process limit: the command hit the limit of %llu processes",
+                 (unsigned long long)o->jail.limits.pids_max);
+    } else if (failed && upper >= 0 && fs_full(NULL, upper)) {
+        res->error_kind = CONCH_ERR_LIMIT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "disk limit: the workspace's writable layer (%llu bytes, --disk) is full",
+                 (unsigned long long)o->jail.disk_bytes);
+    } else if (failed && fs_full(tmp_path, -1)) {
+        res->error_kind = CONCH_ERR_LIMIT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "disk limit: /tmp (%llu bytes, --tmp-size) is full",
+                 (unsigned long long)o->jail.tmp_bytes);
+    } else if (failed) {
+        res->error_kind = CONCH_ERR_COMMAND;
+        if (res->signal)
+            snprintf(res->error_msg, sizeof(res->error_msg), "killed by signal %d (%s)",
+                     res->signal, strsignal(res->signal));
+        else
+            snprintf(res->error_msg, sizeof(res->error_msg), "exited with status %d",
+                     res->exit_code);
+    }
+
+    if (upper >= 0) {
+        r = conch_ws_changes_scan(upper, jail.host_ws_fd, &res->changes, err);
+        if (r < 0) {
+            conch_err_wrap(err, "read workspace changes");
+            goto out;
+        }
+        res->has_changes = true;
+        bool ended_normally = !res->timed_out && !res->signal &&
+                              res->error_kind != CONCH_ERR_LIMIT;
+        if (o->commit && ended_normally && res->changes.n > 0) {
+            struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
+            r = conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, err);
+            if (r < 0) {
+                conch_err_wrap(err, "commit workspace changes");
+                goto out;
+            }
+            res->committed = true;
+        }
+    }
+    if (o->stream) {
+        stream_rest(1, &res->out);
+        stream_rest(2, &res->err);
+    }
+    r = 0;
+
+out:
+    for (int i = 0; i < 2; i++) {
+        if (out_pipe[i] >= 0)
+            close(out_pipe[i]);
+        if (err_pipe[i] >= 0)
+            close(err_pipe[i]);
+    }
+    if (sigfd >= 0)
+        close(sigfd);
+    conch_jail_destroy(&jail);
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    conch_exec_env_free(env);
+    return r;
+}

@@ -1,1 +1,332 @@
-/* mounts-child.c - placeholder; filled in by its owner. */
+/* mounts-child.c - the sandbox's root filesystem, built by the warden between clone() and
+ * serving commands: a tmpfs root, read-only binds of the host's system dirs, a curated
+ * /etc, own /proc with sensitive paths masked, a minimal /dev, size-limited /tmp and home,
+ * and /workspace as overlay, ro or rw bind. Runs in the child: no allocation. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
+#include "jail/jail-internal.h"
+
+#define OLDROOT "/oldroot"
+#define UPPER_MNT "/.conch-upper"
+
+static int fail(struct conch_err *err, const char *what, const char *path, int e)
+{
+    const char *hint = "";
+    if (e == EPERM || e == EACCES)
+        hint = " (the kernel refused it: see 'conch doctor')";
+    return conch_err_set(err, e, "%s '%s': %s%s", what, path, strerror(e), hint);
+}
+
+static int do_mount(const char *src, const char *dst, const char *type, unsigned long flags,
+                    const char *data, struct conch_err *err)
+{
+    if (mount(src, dst, type, flags, data) < 0) {
+        char what[64];
+        snprintf(what, sizeof(what), "mount %s on", type ? type : "bind");
+        return fail(err, what, dst, errno);
+    }
+    return 0;
+}
+
+static int make_dir(const char *path, mode_t mode, struct conch_err *err)
+{
+    if (mkdir(path, mode) < 0 && errno != EEXIST)
+        return fail(err, "mkdir", path, errno);
+    return 0;
+}
+
+static int make_file(const char *path, struct conch_err *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0444);
+    if (fd < 0 && errno != EEXIST)
+        return fail(err, "create", path, errno);
+    if (fd >= 0)
+        close(fd);
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, mode_t mode, struct conch_err *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd < 0)
+        return fail(err, "create", path, errno);
+    int r = conch_write_all(fd, text, strlen(text));
+    close(fd);
+    if (r < 0)
+        return fail(err, "write", path, -r);
+    return 0;
+}
+
+/* The flags of a locked mount (nosuid, nodev, noexec, ...) may not be cleared from inside
+ * a user namespace, so a read-only remount must carry over whatever the source has. */
+static unsigned long locked_flags(const char *path)
+{
+    struct statvfs sv;
+    unsigned long f = 0;
+    if (statvfs(path, &sv) < 0)
+        return 0;
+    if (sv.f_flag & ST_NOSUID)
+        f |= MS_NOSUID;
+    if (sv.f_flag & ST_NODEV)
+        f |= MS_NODEV;
+    if (sv.f_flag & ST_NOEXEC)
+        f |= MS_NOEXEC;
+    if (sv.f_flag & ST_NOATIME)
+        f |= MS_NOATIME;
+    if (sv.f_flag & ST_NODIRATIME)
+        f |= MS_NODIRATIME;
+    if (sv.f_flag & ST_RELATIME)
+        f |= MS_RELATIME;
+    return f;
+}
+
+static int bind_mount(const char *src, const char *dst, bool is_dir, bool rw, unsigned long extra,
+                      struct conch_err *err)
+{
+    int r = is_dir ? make_dir(dst, 0755, err) : make_file(dst, err);
+    if (r < 0)
+        return r;
+    r = do_mount(src, dst, NULL, MS_BIND | MS_REC, NULL, err);
+    if (r < 0)
+        return conch_err_wrap(err, "bind '%s'", src);
+    unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | extra | locked_flags(dst);
+    if (!rw)
+        flags |= MS_RDONLY;
+    if (mount(NULL, dst, NULL, flags, NULL) < 0)
+        return fail(err, rw ? "remount nosuid" : "remount read-only", dst, errno);
+    return 0;
+}
+
+static int setup_proc(struct conch_err *err)
+{
+    int r = make_dir("/proc", 0555, err);
+    if (r < 0)
+        return r;
+    r = do_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, err);
+    if (r < 0)
+        return r;
+    /* Masked as Docker and crun do: kernel memory, the sysrq trigger and timing/keys
+     * files leak host state or act on the host. */
+    static const char *const masked_files[] = {
+        "/proc/kcore",         "/proc/sysrq-trigger", "/proc/timer_list", "/proc/keys",
+        "/proc/latency_stats", "/proc/sched_debug",   "/proc/kallsyms",   "/proc/kmsg"};
+    for (size_t i = 0; i < sizeof(masked_files) / sizeof(masked_files[0]); i++) {
+        if (access(masked_files[i], F_OK) < 0)
+            continue;
+        if (mount(OLDROOT "/dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0)
+            return fail(err, "mask", masked_files[i], errno);
+    }
+    static const char *const masked_dirs[] = {"/proc/acpi", "/proc/scsi"};
+    for (size_t i = 0; i < sizeof(masked_dirs) / sizeof(masked_dirs[0]); i++) {
+        if (access(masked_dirs[i], F_OK) < 0)
+            continue;
+        r = do_mount("tmpfs", masked_dirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0",
+                     err);
+        if (r < 0)
+            return r;
+    }
+    static const char *const ro_dirs[] = {"/proc/sys", "/proc/bus", "/proc/irq", "/proc/fs"};
+    for (size_t i = 0; i < sizeof(ro_dirs) / sizeof(ro_dirs[0]); i++) {
+        if (access(ro_dirs[i], F_OK) < 0)
+            continue;
+        r = do_mount(ro_dirs[i], ro_dirs[i], NULL, MS_BIND | MS_REC, NULL, err);
+        if (r < 0)
+            return r;
+        if (mount(NULL, ro_dirs[i], NULL,
+                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+            return fail(err, "remount read-only", ro_dirs[i], errno);
+    }
+    return 0;
+}
+
+static int setup_dev(struct conch_err *err)
+{
+    int r = make_dir("/dev", 0755, err);
+    if (r < 0)
+        return r;
+    r = do_mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m", err);
+    if (r < 0)
+        return r;
+    static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    for (size_t i = 0; i < sizeof(nodes) / sizeof(nodes[0]); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), OLDROOT "/dev/%s", nodes[i]);
+        snprintf(dst, sizeof(dst), "/dev/%s", nodes[i]);
+        r = make_file(dst, err);
+        if (r < 0)
+            return r;
+        /* Device nodes cannot be created in a user namespace: bind the host's. */
+        r = do_mount(src, dst, NULL, MS_BIND, NULL, err);
+        if (r < 0)
+            return r;
+        if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, NULL) < 0)
+            return fail(err, "remount nosuid", dst, errno);
+    }
+    r = make_dir("/dev/pts", 0755, err);
+    if (r < 0)
+        return r;
+    r = do_mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                 "newinstance,ptmxmode=0666,mode=620", err);
+    if (r < 0)
+        return r;
+    if (symlink("pts/ptmx", "/dev/ptmx") < 0)
+        return fail(err, "symlink", "/dev/ptmx", errno);
+    r = make_dir("/dev/shm", 01777, err);
+    if (r < 0)
+        return r;
+    r = do_mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m", err);
+    if (r < 0)
+        return r;
+    static const char *const links[][2] = {{"/proc/self/fd", "/dev/fd"},
+                                           {"/proc/self/fd/0", "/dev/stdin"},
+                                           {"/proc/self/fd/1", "/dev/stdout"},
+                                           {"/proc/self/fd/2", "/dev/stderr"}};
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++)
+        if (symlink(links[i][0], links[i][1]) < 0)
+            return fail(err, "symlink", links[i][1], errno);
+    return 0;
+}
+
+static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+{
+    int r = make_dir("/workspace", 0755, err);
+    if (r < 0)
+        return r;
+    if (plan->ws_mode != CONCH_WS_OVERLAY)
+        return bind_mount(plan->ws_lower, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
+
+    struct stat lower;
+    if (stat(plan->ws_lower, &lower) < 0)
+        return fail(err, "stat workspace", plan->ws_lower, errno);
+    r = make_dir(UPPER_MNT, 0700, err);
+    if (r < 0)
+        return r;
+    char opts[128];
+    snprintf(opts, sizeof(opts), "mode=0755,size=%llu", (unsigned long long)plan->disk_bytes);
+    r = do_mount("tmpfs", UPPER_MNT, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    if (r < 0)
+        return conch_err_wrap(err, "workspace upper");
+    r = make_dir(UPPER_MNT "/upper", 0755, err);
+    if (r >= 0)
+        r = make_dir(UPPER_MNT "/work", 0700, err);
+    if (r < 0)
+        return r;
+    /* The overlay's root takes the upper dir's owner and mode: make them the lower's, so
+     * the workspace root looks the same inside as on the host (owned by agent). */
+    uid_t uid = lower.st_uid == 65534 ? plan->cmd_uid : lower.st_uid;
+    gid_t gid = lower.st_gid == 65534 ? plan->cmd_gid : lower.st_gid;
+    if (chown(UPPER_MNT "/upper", uid, gid) < 0)
+        return fail(err, "chown workspace upper", UPPER_MNT "/upper", errno);
+    if (chmod(UPPER_MNT "/upper", lower.st_mode & 07777) < 0)
+        return fail(err, "chmod workspace upper", UPPER_MNT "/upper", errno);
+    char ovl[PATH_MAX + 128];
+    int n =
+        snprintf(ovl, sizeof(ovl),
+                 "lowerdir=%s,upperdir=" UPPER_MNT "/upper,workdir=" UPPER_MNT "/work,userxattr",
+                 plan->ws_lower);
+    if (n < 0 || (size_t)n >= sizeof(ovl))
+        return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
+    if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
+        int e = errno;
+        return conch_err_set(err, e,
+                             "mount overlay on '/workspace' (lower '%s'): %s (overlayfs in a "
+                             "user namespace needs Linux >= 5.11: see 'conch doctor', or use "
+                             "--mode ro|rw)",
+                             plan->ws_lower, strerror(e));
+    }
+    int fd = open(UPPER_MNT "/upper", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(err, "open", UPPER_MNT "/upper", errno);
+    /* Detach the upper from the tree: commands cannot reach it; the overlay and our fd
+     * keep it alive, and the host reads it through /proc/<warden>/fd. */
+    if (umount2(UPPER_MNT, MNT_DETACH) < 0 || rmdir(UPPER_MNT) < 0) {
+        close(fd);
+        return fail(err, "hide workspace upper", UPPER_MNT, errno);
+    }
+    *ret_upper_fd = fd;
+    return 0;
+}
+
+static int setup_etc(const struct jail_plan *plan, struct conch_err *err)
+{
+    int r;
+    if ((r = write_text("/etc/passwd", plan->passwd, 0644, err)) < 0 ||
+        (r = write_text("/etc/group", plan->group, 0644, err)) < 0 ||
+        (r = write_text("/etc/hostname", "conch\n", 0644, err)) < 0 ||
+        (r = write_text("/etc/hosts", "127.0.0.1\tlocalhost conch\n::1\tlocalhost\n", 0644, err)) <
+            0 ||
+        (r = write_text("/etc/resolv.conf", "# no network in this sandbox\n", 0644, err)) < 0)
+        return r;
+    return 0;
+}
+
+int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+{
+    int r;
+    *ret_upper_fd = -1;
+    /* Nothing we mount may propagate back to the host, nor host mounts in. */
+    if ((r = do_mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL, err)) < 0)
+        return r;
+    /* The new root: a tmpfs mounted on /tmp, then pivot_root into it with the old root
+     * kept at /oldroot until every bind is made (the bubblewrap way). */
+    if ((r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m", err)) <
+        0)
+        return conch_err_wrap(err, "sandbox root");
+    if ((r = make_dir("/tmp" OLDROOT, 0700, err)) < 0)
+        return r;
+    if (syscall(SYS_pivot_root, "/tmp", "/tmp" OLDROOT) < 0)
+        return fail(err, "pivot_root to", "/tmp", errno);
+    if (chdir("/") < 0)
+        return fail(err, "chdir", "/", errno);
+
+    if (plan->curated_etc && (r = make_dir("/etc", 0755, err)) < 0)
+        return r;
+    for (int i = 0; i < plan->n_binds; i++) {
+        const struct jail_bind *b = &plan->binds[i];
+        if ((r = bind_mount(b->src, b->dst, b->is_dir, b->rw, 0, err)) < 0)
+            return r;
+    }
+    for (int i = 0; i < plan->n_links; i++)
+        if (symlink(plan->links[i].target, plan->links[i].path) < 0 && errno != EEXIST)
+            return fail(err, "symlink", plan->links[i].path, errno);
+    if (plan->curated_etc && (r = setup_etc(plan, err)) < 0)
+        return r;
+    if ((r = setup_proc(err)) < 0 || (r = setup_dev(err)) < 0)
+        return r;
+
+    char opts[96];
+    if ((r = make_dir("/tmp", 01777, err)) < 0)
+        return r;
+    snprintf(opts, sizeof(opts), "mode=1777,size=%llu", (unsigned long long)plan->tmp_bytes);
+    if ((r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
+        return r;
+    if ((r = make_dir("/home", 0755, err)) < 0 || (r = make_dir("/home/agent", 0700, err)) < 0)
+        return r;
+    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,uid=%u,gid=%u",
+             (unsigned long long)plan->home_bytes, plan->cmd_uid, plan->cmd_gid);
+    if ((r = do_mount("tmpfs", "/home/agent", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
+        return r;
+    if ((r = make_dir("/run", 0755, err)) < 0 || (r = make_dir("/var", 0755, err)) < 0)
+        return r;
+    if (symlink("/tmp", "/var/tmp") < 0 && errno != EEXIST)
+        return fail(err, "symlink", "/var/tmp", errno);
+    if (plan->has_workspace && (r = setup_workspace(plan, ret_upper_fd, err)) < 0)
+        return r;
+
+    if (umount2(OLDROOT, MNT_DETACH) < 0)
+        return fail(err, "detach old root", OLDROOT, errno);
+    if (rmdir(OLDROOT) < 0)
+        return fail(err, "rmdir", OLDROOT, errno);
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+        return fail(err, "remount read-only", "/", errno);
+    return 0;
+}

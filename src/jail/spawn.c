@@ -1,1 +1,420 @@
-/* spawn.c - placeholder; filled in by its owner. */
+/* spawn.c - the parent side of a sandbox: prepare the plan, clone the warden into new
+ * namespaces, write its id maps, put it in a cgroup, and drive it over the control socket. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "jail/jail-internal.h"
+#include "jail/spec-internal.h"
+
+#define STAGE_ROOT "/run/conch/stage"
+
+int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds)
+{
+    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        memset(&u, 0, sizeof(u));
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    return n == (ssize_t)sizeof(*m) ? 0 : -EPROTO;
+}
+
+int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds)
+{
+    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    *ret_nfds = 0;
+    if (n < 0)
+        return -errno;
+    if (n == 0)
+        return 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int *in = (int *)CMSG_DATA(c);
+        for (int i = 0; i < cnt; i++) {
+            if (*ret_nfds < max_fds)
+                fds[(*ret_nfds)++] = in[i];
+            else
+                close(in[i]);
+        }
+    }
+    if (n != (ssize_t)sizeof(*m))
+        return -EPROTO;
+    return 1;
+}
+
+/* Host root: the workspace is attached, idmapped, in a staging dir that only exists in
+ * conch's own private mount namespace (the clone child inherits a copy of it). */
+static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *spec,
+                           struct conch_err *err)
+{
+    static bool have_private_ns;
+    int r;
+    if (!have_private_ns) {
+        if ((r = conch_mkdir_p(STAGE_ROOT, 0711, err)) < 0)
+            return r;
+        if (unshare(CLONE_NEWNS) < 0)
+            return conch_err_set(err, errno, "unshare a private mount namespace for staging: %s",
+                                 strerror(errno));
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            return conch_err_set(err, errno, "make mounts private: %s", strerror(errno));
+        if (mount("tmpfs", STAGE_ROOT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "mode=0711,size=64k") < 0)
+            return conch_err_set(err, errno, "mount staging tmpfs on '%s': %s", STAGE_ROOT,
+                                 strerror(errno));
+        have_private_ns = true;
+    }
+    snprintf(j->stage_dir, sizeof(j->stage_dir), STAGE_ROOT "/%s", j->name);
+    if (mkdir(j->stage_dir, 0700) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", j->stage_dir, strerror(errno));
+    _cleanup_close_ int tree = jail_idmapped_tree(spec->workspace, j->ws_owner_uid, j->ws_owner_gid,
+                                                  spec->ws_mode == CONCH_WS_RO, err);
+    if (tree < 0)
+        return tree;
+    if ((r = jail_stage_attach(tree, j->stage_dir, err)) < 0)
+        return r;
+    j->mounted_stage = true;
+    return 0;
+}
+
+static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
+                      struct jail_plan *plan, struct conch_err *err)
+{
+    int r;
+    plan->root_mode = j->root_mode;
+    if (j->root_mode) {
+        plan->warden_uid = plan->warden_gid = 0;
+        plan->can_setgroups = true;
+    } else {
+        plan->warden_uid = spec->as_root ? 0 : CONCH_AGENT_UID;
+        plan->warden_gid = spec->as_root ? 0 : CONCH_AGENT_GID;
+    }
+    plan->cmd_uid = spec->as_root ? 0 : CONCH_AGENT_UID;
+    plan->cmd_gid = spec->as_root ? 0 : CONCH_AGENT_GID;
+    /* Root of the namespace keeps what a container's root usually keeps; the mount family,
+     * module loading, raw I/O, time and the like stay out of reach. */
+    if (spec->as_root)
+        plan->keep_caps = (1ULL << 0) | (1ULL << 1) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) |
+                          (1ULL << 6) | (1ULL << 7) | (1ULL << 8) | (1ULL << 10) | (1ULL << 18) |
+                          (1ULL << 29) | (1ULL << 31);
+    snprintf(plan->passwd, sizeof(plan->passwd),
+             "root:x:0:0:root:/root:/bin/bash\n"
+             "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"
+             "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+             CONCH_AGENT_UID, CONCH_AGENT_GID);
+    snprintf(plan->group, sizeof(plan->group),
+             "root:x:0:\ntty:x:5:\nagent:x:%d:\nnogroup:x:65534:\n", CONCH_AGENT_GID);
+    if ((r = jail_plan_rootfs(plan, spec->rootfs, err)) < 0)
+        return r;
+    plan->tmp_bytes = spec->tmp_bytes;
+    plan->home_bytes = spec->home_bytes;
+    plan->disk_bytes = spec->disk_bytes;
+    plan->seccomp = &j->seccomp;
+    if (spec->workspace) {
+        plan->has_workspace = true;
+        plan->ws_mode = spec->ws_mode;
+        snprintf(plan->ws_lower, sizeof(plan->ws_lower), "/oldroot%s",
+                 j->root_mode ? j->stage_dir : spec->workspace);
+    }
+    if (!j->has_cgroup) {
+        /* No cgroup: rlimits are the fallback. RLIMIT_NPROC is counted per user namespace
+         * (Linux >= 5.14), so it bounds the sandbox's processes, not the caller's. */
+        plan->set_rlimit_nproc = true;
+        plan->rlimit_nproc = spec->limits.pids_max ? spec->limits.pids_max : 8192;
+        if (spec->limits.memory_bytes) {
+            plan->set_rlimit_as = true;
+            plan->rlimit_as = spec->limits.memory_bytes;
+        }
+    }
+    return 0;
+}
+
+int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+                     struct conch_err *err)
+{
+    int r;
+    _cleanup_free_ struct jail_plan *plan = NULL;
+    memset(j, 0, sizeof(*j));
+    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = -1;
+    j->root_mode = geteuid() == 0;
+    j->as_root = spec->as_root;
+    if (spec->name)
+        snprintf(j->name, sizeof(j->name), "%s", spec->name);
+    else
+        snprintf(j->name, sizeof(j->name), "run-%d", (int)getpid());
+
+    if (spec->workspace) {
+        j->host_ws_fd = open(spec->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (j->host_ws_fd < 0)
+            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s",
+                                  spec->workspace, strerror(errno));
+        struct stat st;
+        if (fstat(j->host_ws_fd, &st) < 0)
+            return conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
+        j->ws_owner_uid = st.st_uid;
+        j->ws_owner_gid = st.st_gid;
+    }
+
+    struct conch_seccomp_opts sopts = {.as_root = spec->as_root};
+    if ((r = conch_seccomp_prog_build(&sopts, &j->seccomp, err)) < 0)
+        goto fail;
+
+    const struct conch_cgroup_limits *lim = &spec->limits;
+    if (lim->memory_bytes || lim->pids_max || lim->cpu_millicpus) {
+        struct conch_err cg_err = {0};
+        r = conch_cgroup_create(&j->cg, j->name, lim, &cg_err);
+        if (r == 0) {
+            j->has_cgroup = true;
+        } else if (lim->cpu_millicpus) {
+            /* There is no rlimit for a CPU share: refuse rather than run unlimited. */
+            *err = cg_err;
+            conch_err_wrap(err, "--cpu needs a cgroup");
+            goto fail;
+        } else if (r != -EOPNOTSUPP) {
+            *err = cg_err;
+            goto fail;
+        }
+    }
+
+    if (spec->workspace && j->root_mode && (r = stage_workspace(j, spec, err)) < 0)
+        goto fail;
+
+    plan = calloc(1, sizeof(*plan));
+    if (!plan) {
+        r = conch_err_set(err, ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((r = build_plan(j, spec, plan, err)) < 0)
+        goto fail;
+    plan->unshare_cgroup = j->has_cgroup;
+
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        r = conch_err_set(err, errno, "socketpair: %s", strerror(errno));
+        goto fail;
+    }
+    plan->ctl_fd = sv[1];
+    uid_t outer_uid = getuid();
+    gid_t outer_gid = getgid();
+    long pid = syscall(SYS_clone,
+                       CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
+                           CLONE_NEWUTS | SIGCHLD,
+                       NULL, NULL, NULL, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        jail_warden_main(plan);
+    }
+    int clone_errno = errno;
+    close(sv[1]);
+    j->ctl_fd = sv[0];
+    if (pid < 0) {
+        const char *hint = clone_errno == EPERM || clone_errno == ENOSPC
+                               ? " (unprivileged user namespaces may be disabled or restricted: "
+                                 "run 'conch doctor' for the fix)"
+                               : "";
+        r = conch_err_set(err, clone_errno,
+                          "create namespaces (user, mount, pid, net, ipc, uts): %s%s",
+                          strerror(clone_errno), hint);
+        goto fail;
+    }
+    j->warden_pid = (pid_t)pid;
+
+    if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, spec->as_root, outer_uid, outer_gid,
+                                err)) < 0)
+        goto fail;
+    if (j->has_cgroup && (r = conch_cgroup_attach(&j->cg, j->warden_pid, err)) < 0)
+        goto fail;
+    struct jail_msg m = {.type = JMSG_SETUP_OK};
+    if ((r = jail_send(j->ctl_fd, &m, NULL, 0)) < 0) {
+        conch_err_set(err, -r, "start the warden: %s", strerror(-r));
+        goto fail;
+    }
+    int nfds = 0;
+    r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+    if (r <= 0) {
+        r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
+        goto fail;
+    }
+    if (m.type == JMSG_SETUP_ERR) {
+        *err = m.err;
+        err->kind = CONCH_ERR_INFRASTRUCTURE;
+        r = -(err->code ? err->code : EIO);
+        conch_err_wrap(err, "build sandbox");
+        goto fail;
+    }
+    j->upper_fd_nr = m.a;
+    return 0;
+
+fail:
+    conch_jail_destroy(j);
+    return r < 0 ? r : -EIO;
+}
+
+/* Pack argv, envp and cwd into a sealed memfd for the warden. */
+static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
+{
+    struct jail_cmd_blob hdr = {0};
+    size_t size = sizeof(hdr);
+    for (char *const *a = cmd->argv; *a; a++, hdr.argc++)
+        size += strlen(*a) + 1;
+    for (char *const *e = cmd->envp; e && *e; e++, hdr.envc++)
+        size += strlen(*e) + 1;
+    const char *cwd = cmd->cwd ? cmd->cwd : "/";
+    size += strlen(cwd) + 1;
+    if (hdr.argc == 0)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "no command given");
+    if (size > (64U << 20))
+        return conch_err_setk(err, CONCH_ERR_USAGE, E2BIG,
+                              "command line and environment too large (%zu bytes)", size);
+    hdr.size = (uint32_t)size;
+    _cleanup_close_ int fd = memfd_create("conch-cmd", MFD_CLOEXEC);
+    if (fd < 0)
+        return conch_err_set(err, errno, "memfd_create: %s", strerror(errno));
+    _cleanup_free_ char *buf = malloc(size);
+    if (!buf)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    char *p = buf;
+    memcpy(p, &hdr, sizeof(hdr));
+    p += sizeof(hdr);
+    for (char *const *a = cmd->argv; *a; a++)
+        p = stpcpy(p, *a) + 1;
+    for (char *const *e = cmd->envp; e && *e; e++)
+        p = stpcpy(p, *e) + 1;
+    p = stpcpy(p, cwd) + 1;
+    if (conch_write_all(fd, buf, size) < 0)
+        return conch_err_set(err, errno, "write command: %s", strerror(errno));
+    return TAKE_FD(fd);
+}
+
+int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err)
+{
+    _cleanup_close_ int blob = pack_command(cmd, err);
+    if (blob < 0)
+        return blob;
+    int fds[4] = {cmd->stdin_fd, cmd->stdout_fd, cmd->stderr_fd, blob};
+    struct jail_msg m = {.type = JMSG_RUN};
+    int r = jail_send(j->ctl_fd, &m, fds, 4);
+    if (r < 0)
+        return conch_err_set(err, -r, "send command to the warden: %s", strerror(-r));
+    int nfds;
+    r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+    if (r <= 0)
+        return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died starting the command");
+    if (m.type == JMSG_STARTED)
+        return m.a;
+    if (m.type == JMSG_RUN_ERR) {
+        *err = m.err;
+        return -(err->code ? err->code : EIO);
+    }
+    return conch_err_set(err, EPROTO, "unexpected warden message %u", m.type);
+}
+
+int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .b = all};
+    int r = jail_send(j->ctl_fd, &m, NULL, 0);
+    if (r < 0)
+        return conch_err_set(err, -r, "signal the warden: %s", strerror(-r));
+    return 0;
+}
+
+int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct conch_err *err)
+{
+    struct jail_msg m;
+    int nfds;
+    for (;;) {
+        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+        if (r <= 0)
+            return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died");
+        if (m.type == JMSG_EXITED) {
+            ret->status = m.a;
+            ret->usage = m.usage;
+            return 0;
+        }
+    }
+}
+
+int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
+{
+    if (j->upper_fd_nr < 0)
+        return conch_err_set(err, ENOENT, "this sandbox has no overlay workspace");
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", j->warden_pid, j->upper_fd_nr);
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return conch_err_set(err, errno, "open the workspace upper dir (%s): %s", path,
+                             strerror(errno));
+    return fd;
+}
+
+void conch_jail_destroy(struct conch_jail *j)
+{
+    if (j->warden_pid > 0) {
+        struct jail_msg m = {.type = JMSG_SHUTDOWN};
+        if (j->ctl_fd >= 0)
+            jail_send(j->ctl_fd, &m, NULL, 0);
+        /* The warden is PID 1 of its namespace: SIGKILL to it kills every process inside. */
+        kill(j->warden_pid, SIGKILL);
+        while (waitpid(j->warden_pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        j->warden_pid = 0;
+    }
+    if (j->ctl_fd >= 0)
+        close(j->ctl_fd);
+    j->ctl_fd = -1;
+    if (j->host_ws_fd >= 0)
+        close(j->host_ws_fd);
+    j->host_ws_fd = -1;
+    if (j->has_cgroup) {
+        struct conch_err ignored = {0};
+        conch_cgroup_destroy(&j->cg, &ignored);
+        j->has_cgroup = false;
+    }
+    if (j->mounted_stage) {
+        umount2(j->stage_dir, MNT_DETACH);
+        rmdir(j->stage_dir);
+        j->mounted_stage = false;
+    }
+    conch_seccomp_prog_done(&j->seccomp);
+}

@@ -1,1 +1,133 @@
-/* userns.c - placeholder; filled in by its owner. */
+/* userns.c - identity plumbing on the parent side: the uid/gid maps of a new sandbox, and
+ * the idmapped mount that makes a root-owned workspace appear owned by agent inside. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "jail/jail-internal.h"
+
+int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,
+                       struct conch_err *err)
+{
+    char path[64], map[128];
+    int r;
+    if (root_mode) {
+        /* Host root: the whole 0..65535 range of the sandbox lands on unprivileged host
+         * ids, so no sandbox process is ever host uid 0. */
+        snprintf(map, sizeof(map), "0 %u %u\n", CONCH_HOST_ID_BASE, CONCH_HOST_ID_COUNT);
+        snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
+        if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+            return conch_err_wrap(err, "write uid map");
+        snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
+        if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+            return conch_err_wrap(err, "write gid map");
+        return 0;
+    }
+    /* An ordinary user may map only its own ids, and must deny setgroups first. */
+    snprintf(path, sizeof(path), "/proc/%d/setgroups", pid);
+    if ((r = conch_write_file(path, "deny", 4, err)) < 0)
+        return conch_err_wrap(err, "deny setgroups");
+    snprintf(map, sizeof(map), "%u %u 1\n", as_root ? 0 : CONCH_AGENT_UID, outer_uid);
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
+    if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+        return conch_err_wrap(err, "write uid map");
+    snprintf(map, sizeof(map), "%u %u 1\n", as_root ? 0 : CONCH_AGENT_GID, outer_gid);
+    snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
+    if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+        return conch_err_wrap(err, "write gid map");
+    return 0;
+}
+
+/* A user namespace whose only mapping sends @inner_uid/@inner_gid to the host ids of the
+ * sandbox's agent: used as the idmapping of the workspace mount. Returns an fd. */
+static int idmap_userns(uid_t inner_uid, gid_t inner_gid, struct conch_err *err)
+{
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) < 0)
+        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(sync[0]);
+        close(sync[1]);
+        return conch_err_set(err, errno, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        char c = unshare(CLONE_NEWUSER) < 0 ? 'E' : 'K';
+        if (write(sync[1], &c, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(sync[1]);
+    char c = 0;
+    ssize_t n = read(sync[0], &c, 1);
+    close(sync[0]);
+    int fd = -1;
+    if (n != 1 || c != 'K') {
+        conch_err_set(err, EPERM,
+                      "create the user namespace of the workspace idmapping: "
+                      "unshare(CLONE_NEWUSER) failed");
+        goto out;
+    }
+    char path[64], map[96];
+    snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, CONCH_HOST_ID_BASE + CONCH_AGENT_UID);
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
+    if (conch_write_file(path, map, strlen(map), err) < 0)
+        goto out;
+    snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, CONCH_HOST_ID_BASE + CONCH_AGENT_GID);
+    snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
+    if (conch_write_file(path, map, strlen(map), err) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "/proc/%d/ns/user", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        conch_err_set(err, errno, "open '%s': %s", path, strerror(errno));
+out:
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
+}
+
+int jail_idmapped_tree(const char *path, uid_t owner_uid, gid_t owner_gid, bool read_only,
+                       struct conch_err *err)
+{
+    _cleanup_close_ int userns = idmap_userns(owner_uid, owner_gid, err);
+    if (userns < 0)
+        return userns;
+    _cleanup_close_ int tree =
+        (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0)
+        return conch_err_set(err, errno, "open_tree '%s': %s (needs Linux >= 5.2)", path,
+                             strerror(errno));
+    struct mount_attr attr = {
+        .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                    (read_only ? MOUNT_ATTR_RDONLY : 0),
+        .userns_fd = (uint64_t)userns,
+    };
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+        int e = errno;
+        return conch_err_set(err, e,
+                             "idmap the workspace mount '%s': %s (idmapped mounts need Linux "
+                             ">= 5.12 and a filesystem that supports them: see 'conch doctor')",
+                             path, strerror(e));
+    }
+    return TAKE_FD(tree);
+}
+
+int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err)
+{
+    if (syscall(SYS_move_mount, tree_fd, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        return conch_err_set(err, errno, "attach the workspace mount at '%s': %s", dir,
+                             strerror(errno));
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* run.h - running one command in a fresh sandbox from start to report: the jail, stdio
+ * capture with caps and spill, timeout with grace, limits classification, and the
+ * workspace changes (and their commit). What `conch run` is built on. */
+#ifndef CONCH_EXEC_RUN_H
+#define CONCH_EXEC_RUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "exec/output.h"
+#include "jail/jail.h"
+#include "workspace/workspace.h"
+
+struct conch_run_opts {
+    struct conch_jail_spec jail;  /* the sandbox */
+    char *const *argv;            /* the command; borrowed */
+    char *const *env_extra;       /* "K=V" strings added to the clean environment; borrowed */
+    const char *cwd;              /* inside the sandbox; NULL: /workspace */
+    uint64_t timeout_ms;          /* 0: none */
+    uint64_t grace_ms;            /* between SIGTERM and SIGKILL on timeout */
+    size_t max_output;            /* bytes of each stream kept in memory */
+    uint64_t max_spill;           /* bytes of each stream kept in its spill file */
+    const char *spill_dir;        /* where spill files go */
+    bool commit;                  /* apply workspace changes when the command exited */
+    bool stream;                  /* copy output live to our stdout/stderr (head only) */
+    int stdin_fd;                 /* passed to the command; borrowed */
+};
+
+/* conch_run_opts_init - defaults: 1 MiB kept per stream, 64 MiB spill, 2 s grace. */
+void conch_run_opts_init(struct conch_run_opts *o);
+
+struct conch_run_result {
+    int exit_code;                /* shell style: N, or 128+signal */
+    int signal;                   /* 0 when it exited */
+    bool timed_out;
+    uint64_t duration_ms;
+    struct conch_output out, err; /* owned */
+    struct conch_ws_changes changes; /* owned */
+    bool has_changes;             /* overlay mode: changes were read */
+    bool committed;
+    uint64_t cpu_ms;
+    uint64_t max_rss_kb;
+    enum conch_err_kind error_kind; /* CONCH_ERR_NONE when the command succeeded */
+    char error_msg[512];
+};
+
+/*
+ * conch_exec_run - run @o->argv in a new sandbox and fill *@res (caller calls
+ * conch_run_result_done, also after a failure). Returns 0 when the command ran (whatever
+ * its exit status: see res->error_kind), or -errno with @err when the sandbox could not be
+ * built or driven (kind infrastructure) or the request was invalid (kind usage).
+ */
+int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
+                   struct conch_err *err);
+
+/* conch_run_result_done - free what @res owns; safe on a zeroed result. */
+void conch_run_result_done(struct conch_run_result *res);
+
+/*
+ * conch_exec_env_build - the clean environment of a command: PATH, HOME, USER, LOGNAME,
+ * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, then @extra ("K=V",
+ * later entries override earlier ones). Returns a new NULL-terminated array of new strings
+ * (free with conch_exec_env_free), or NULL on a malformed entry / out of memory (@err).
+ */
+char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err);
+void conch_exec_env_free(char **env);
+
+#endif

@@ -1,0 +1,110 @@
+/* jail-internal.h - what the parent prepares for the warden (the plan), and the messages
+ * they exchange over the control socket. Shared by spawn.c and the *-child.c files. */
+#ifndef CONCH_JAIL_INTERNAL_H
+#define CONCH_JAIL_INTERNAL_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "core/error.h"
+#include "jail/jail.h"
+
+#define JAIL_MAX_BINDS 48
+#define JAIL_MAX_LINKS 8
+
+/* A read-only bind of a host path (as seen before pivot, under /oldroot) at @dst. */
+struct jail_bind {
+    char src[PATH_MAX];
+    char dst[128];
+    bool is_dir;
+    bool rw;
+};
+
+struct jail_link {
+    char path[128];
+    char target[128];
+};
+
+/* Everything the child needs, prepared by the parent so the child never allocates. */
+struct jail_plan {
+    int ctl_fd;                     /* child's end of the control socket */
+    bool root_mode;
+    /* identity */
+    uid_t warden_uid;               /* inside */
+    gid_t warden_gid;
+    uid_t cmd_uid;
+    gid_t cmd_gid;
+    bool can_setgroups;
+    uint64_t keep_caps;             /* capabilities the command keeps (bitmask) */
+    /* root filesystem */
+    struct jail_bind binds[JAIL_MAX_BINDS];
+    int n_binds;
+    struct jail_link links[JAIL_MAX_LINKS];
+    int n_links;
+    bool curated_etc;               /* write passwd/group/hosts/hostname into /etc */
+    char passwd[512];
+    char group[256];
+    /* workspace */
+    bool has_workspace;
+    enum conch_ws_mode ws_mode;
+    char ws_lower[PATH_MAX];        /* path of the lower dir, before pivot_root */
+    uint64_t tmp_bytes, home_bytes, disk_bytes;
+    bool unshare_cgroup;
+    /* command fences */
+    const struct conch_seccomp_prog *seccomp;
+    bool set_rlimit_nproc;
+    rlim_t rlimit_nproc;
+    bool set_rlimit_as;
+    rlim_t rlimit_as;
+};
+
+enum jail_msg_type {
+    JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1 */
+    JMSG_SETUP_ERR,    /* warden → parent: err */
+    JMSG_RUN,          /* parent → warden: fds [stdin, stdout, stderr, blob memfd] */
+    JMSG_STARTED,      /* warden → parent: a = pid inside */
+    JMSG_RUN_ERR,      /* warden → parent: err (the command could not start) */
+    JMSG_EXITED,       /* warden → parent: a = wait status, usage */
+    JMSG_SIGNAL,       /* parent → warden: a = signal, b = 1 for every process */
+    JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
+};
+
+struct jail_msg {
+    uint32_t type;
+    int32_t a;
+    int32_t b;
+    struct rusage usage;
+    struct conch_err err;
+};
+
+/* The command blob in a memfd: header then argv strings, env strings, cwd, NUL-separated. */
+struct jail_cmd_blob {
+    uint32_t argc;
+    uint32_t envc;
+    uint32_t size; /* total bytes including this header */
+};
+
+/* jail_warden_main - the child after clone(): set up, then serve the control socket.
+ * Never returns. */
+__attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
+
+/* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
+ * *@ret_upper_fd is the upper dir (or -1). Returns 0 or -errno with @err. No allocation. */
+int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd,
+                            struct conch_err *err);
+
+/* jail_send / jail_recv - one message over the control socket, with up to @nfds fds. */
+int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds);
+int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds);
+
+/* Parent-side helpers in userns.c. */
+int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,
+                       struct conch_err *err);
+int jail_idmapped_tree(const char *path, uid_t owner_uid, gid_t owner_gid, bool read_only,
+                       struct conch_err *err);
+int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
+
+#endif

@@ -1,0 +1,111 @@
+/* jail.h - the sandbox as a library: build a set of namespaces and a root filesystem held
+ * by a warden process (PID 1 inside), run commands in it, tear it down.
+ *
+ * Lifecycle: conch_jail_start() → conch_jail_exec() → conch_jail_wait() [→ changes/commit
+ * through conch_jail_upper_open()] → conch_jail_destroy(). The warden fences each command
+ * (identity, capabilities, no_new_privs, Landlock, seccomp, rlimits) before execve. */
+#ifndef CONCH_JAIL_JAIL_H
+#define CONCH_JAIL_JAIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "core/error.h"
+#include "jail/cgroup.h"
+#include "jail/seccomp.h"
+#include "workspace/workspace.h"
+
+#define CONCH_AGENT_UID 1000
+#define CONCH_AGENT_GID 1000
+/* When conch runs as host root, sandbox ids 0..65535 map onto this host range. */
+#define CONCH_HOST_ID_BASE 100000
+#define CONCH_HOST_ID_COUNT 65536
+
+/* What a sandbox is made of. Strings are borrowed for the duration of conch_jail_start. */
+struct conch_jail_spec {
+    const char *rootfs;      /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
+    const char *workspace;   /* absolute host dir mounted at /workspace; NULL: none */
+    enum conch_ws_mode ws_mode;
+    bool as_root;            /* commands run as uid 0 of the namespace */
+    uint64_t tmp_bytes;      /* size of /tmp */
+    uint64_t home_bytes;     /* size of /home/agent */
+    uint64_t disk_bytes;     /* size of the overlay upper (what may be written) */
+    struct conch_cgroup_limits limits; /* enforced by a cgroup when one can be had */
+    const char *name;        /* unique name (cgroup, staging); NULL: derived from the pid */
+};
+
+/* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
+void conch_jail_spec_init(struct conch_jail_spec *spec);
+
+/* A running sandbox. Caller-allocated; conch_jail_start fills it. */
+struct conch_jail {
+    pid_t warden_pid;        /* host pid of the warden (PID 1 inside) */
+    int ctl_fd;              /* SOCK_SEQPACKET to the warden; owned */
+    int host_ws_fd;          /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
+    int upper_fd_nr;         /* fd number of the upper dir in the warden, -1 if none */
+    bool root_mode;          /* conch runs as host root: id range + idmapped workspace */
+    bool as_root;
+    bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
+    bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
+    char stage_dir[256];
+    char name[64];
+    uid_t ws_owner_uid;      /* host owner of the workspace root */
+    gid_t ws_owner_gid;
+    struct conch_cgroup cg;
+    struct conch_seccomp_prog seccomp;
+};
+
+/*
+ * conch_jail_start - build a sandbox per @spec and leave its warden waiting for commands.
+ * Fails closed: if the kernel refuses any step (user namespace, a mount, the cgroup when
+ * limits were asked and none can be had...), returns -errno with @err of kind
+ * infrastructure naming the step, the errno and the fix; nothing runs unsandboxed.
+ * On success @j owns the warden; release it with conch_jail_destroy.
+ */
+int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+                     struct conch_err *err);
+
+/* One command to run in a jail. Strings and fds are borrowed. */
+struct conch_jail_cmd {
+    char *const *argv;       /* argv[0] is looked up in PATH of @envp when it has no '/' */
+    char *const *envp;       /* the whole environment; nothing else is inherited */
+    const char *cwd;         /* inside the sandbox; NULL: /workspace or / */
+    int stdin_fd, stdout_fd, stderr_fd;
+};
+
+/*
+ * conch_jail_exec - start @cmd in @j. Returns the command's pid inside the sandbox (> 0),
+ * or -errno with @err (e.g. the program was not found: ENOENT, kind command).
+ */
+int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd,
+                    struct conch_err *err);
+
+/* conch_jail_signal - send @sig to the command (@all=false) or to every process in the
+ * sandbox but the warden (@all=true). */
+int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err *err);
+
+struct conch_jail_exit {
+    int status;              /* wait status of the command */
+    struct rusage usage;     /* of the command and every descendant reaped */
+};
+
+/*
+ * conch_jail_wait - block until the command started by conch_jail_exec has exited and every
+ * other process in the sandbox has been killed and reaped. Fills *@ret.
+ * Returns 0, or -errno when the warden died or broke the protocol.
+ */
+int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct conch_err *err);
+
+/*
+ * conch_jail_upper_open - open the overlay upper dir of @j (host side, through the
+ * warden's fd). Returns a new O_RDONLY|O_DIRECTORY fd (caller closes) or -errno.
+ */
+int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err);
+
+/* conch_jail_destroy - stop the warden (everything inside dies), remove the cgroup and
+ * staging, close fds. Safe on a zeroed/failed jail. */
+void conch_jail_destroy(struct conch_jail *j);
+
+#endif
