@@ -317,8 +317,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
                       strerror(errno));
         goto setup_failed;
     }
-    /* Commands must not read our fds through /proc/1/fd. */
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* Commands cannot read our fds through /proc/1/fd: they lack capabilities we hold, so
+     * the kernel's ptrace access check refuses them. We stay dumpable so that an
+     * unprivileged parent (same uid, owner of our user namespace) can open our upper dir. */
     if (plan->unshare_cgroup && unshare(CLONE_NEWCGROUP) < 0) {
         conch_err_set(&err, errno, "unshare cgroup namespace: %s", strerror(errno));
         goto setup_failed;
