@@ -12,8 +12,13 @@ int conch_landlock_abi(void);
  * conch_landlock_apply_child - restrict the calling process (and its future children):
  * read/execute everywhere under "/", write/create/remove only beneath each path in the
  * NULL-terminated @writable (e.g. "/workspace", "/tmp", "/home/agent", "/dev"). Paths that
- * do not exist are skipped. Requires no_new_privs. Async-signal-safe: no allocation.
- * Returns 0 when applied, 1 when the kernel has no Landlock (nothing done), or -errno.
+ * do not exist are skipped; a path that is a file (e.g. "/dev/null") gets file rights only;
+ * any other failure to open a path fails closed with -errno. Every filesystem right the
+ * kernel's ABI knows is handled (REFER, TRUNCATE, IOCTL_DEV included), and rights are
+ * checked when a file is opened, so fds inherited across the call keep working. Network
+ * and scoping rights are left to the namespaces. Requires no_new_privs. Async-signal-safe:
+ * no allocation. Returns 0 when applied, 1 when the kernel has no Landlock (nothing done),
+ * or -errno.
  */
 int conch_landlock_apply_child(const char *const *writable);
 

@@ -193,6 +193,11 @@ int conch_seccomp_prog_build(const struct conch_seccomp_opts *opts, struct conch
     /* A filter only reasons about the native syscall table; i386 (int 0x80) and x32 calls
      * would reach the same kernel code under different numbers, so they die. */
     int r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+    /* libseccomp refuses KILL_PROCESS when it cannot confirm kernel support (kernels before
+     * 4.14, or valgrind, which does not emulate seccomp()); killing the thread still stops
+     * the call. */
+    if (r == -EINVAL)
+        r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_THREAD);
     if (r < 0)
         return conch_err_set(err, -r, "seccomp: set bad-arch action: %s", strerror(-r));
     r = build_rules(ctx, err);
