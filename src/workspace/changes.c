@@ -1,1 +1,555 @@
-/* changes.c - placeholder; filled in by its owner. */
+/* changes.c - what a command changed in its workspace: walks the overlay's upper dir and
+ * compares each entry with the host (lower) dir, decoding whiteouts and opaque dirs. Also
+ * the module's small name tables. */
+#include "workspace/workspace.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "workspace/ws-internal.h"
+
+#define CMP_CHUNK (64 * 1024)
+
+int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err)
+{
+    static const struct {
+        const char *name;
+        enum conch_ws_mode mode;
+    } table[] = {
+        {"overlay", CONCH_WS_OVERLAY},
+        {"ro", CONCH_WS_RO},
+        {"rw", CONCH_WS_RW},
+    };
+    for (size_t i = 0; s && i < ARRAY_SIZE(table); i++) {
+        if (strcmp(s, table[i].name) == 0) {
+            *ret = table[i].mode;
+            return 0;
+        }
+    }
+    return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                          "invalid workspace mode '%s' (expected overlay, ro or rw)",
+                          s ? s : "(null)");
+}
+
+const char *conch_ws_mode_name(enum conch_ws_mode mode)
+{
+    switch (mode) {
+    case CONCH_WS_OVERLAY:
+        return "overlay";
+    case CONCH_WS_RO:
+        return "ro";
+    case CONCH_WS_RW:
+        return "rw";
+    }
+    return "unknown";
+}
+
+const char *conch_ws_change_kind_name(enum conch_change_kind kind)
+{
+    switch (kind) {
+    case CONCH_CHANGE_ADDED:
+        return "added";
+    case CONCH_CHANGE_MODIFIED:
+        return "modified";
+    case CONCH_CHANGE_DELETED:
+        return "deleted";
+    case CONCH_CHANGE_TYPE:
+        return "type_changed";
+    }
+    return "unknown";
+}
+
+void conch_ws_changes_done(struct conch_ws_changes *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->n; i++)
+        free(c->items[i].path);
+    free(c->items);
+    c->items = NULL;
+    c->n = 0;
+}
+
+struct scan {
+    int upper_fd, lower_fd;
+    struct conch_ws_changes out;
+    size_t cap;
+    char *buf_a, *buf_b; /* CMP_CHUNK each, for content comparison */
+    struct conch_err *err;
+};
+
+/* A directory's entry names, sorted so that opaque dirs can look names up. */
+struct names {
+    char **v;
+    size_t n;
+};
+
+static void names_done(struct names *ns)
+{
+    for (size_t i = 0; i < ns->n; i++)
+        free(ns->v[i]);
+    free(ns->v);
+    ns->v = NULL;
+    ns->n = 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool names_has(const struct names *ns, const char *name)
+{
+    return ns->n && bsearch(&name, ns->v, ns->n, sizeof(*ns->v), cmp_str);
+}
+
+/* Reads the names in @dfd (borrowed; its offset moves) into @ret, sorted. */
+static int read_names(int dfd, struct names *ret)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    _cleanup_closedir_ DIR *d = fdopendir(fd);
+    if (!d) {
+        int r = -errno;
+        close(fd);
+        return r;
+    }
+    struct names ns = {0};
+    size_t cap = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno) {
+                int r = -errno;
+                names_done(&ns);
+                return r;
+            }
+            break;
+        }
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        if (ns.n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            char **v = realloc(ns.v, ncap * sizeof(*v));
+            if (!v) {
+                names_done(&ns);
+                return -ENOMEM;
+            }
+            ns.v = v;
+            cap = ncap;
+        }
+        ns.v[ns.n] = strdup(de->d_name);
+        if (!ns.v[ns.n]) {
+            names_done(&ns);
+            return -ENOMEM;
+        }
+        ns.n++;
+    }
+    if (ns.n)
+        qsort(ns.v, ns.n, sizeof(*ns.v), cmp_str);
+    *ret = ns;
+    return 0;
+}
+
+static char *join(const char *dir, const char *name)
+{
+    char *p = NULL;
+    if (asprintf(&p, "%s%s%s", dir, *dir ? "/" : "", name) < 0)
+        return NULL;
+    return p;
+}
+
+/* Appends @c to the result; takes ownership of c->path even on failure. */
+static int emit(struct scan *s, struct conch_ws_change c)
+{
+    if (s->out.n == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 32;
+        struct conch_ws_change *v = realloc(s->out.items, ncap * sizeof(*v));
+        if (!v) {
+            free(c.path);
+            return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+        }
+        s->out.items = v;
+        s->cap = ncap;
+    }
+    s->out.items[s->out.n++] = c;
+    return 0;
+}
+
+static int fail(struct scan *s, int rc, const char *path, const char *what)
+{
+    return conch_err_set(s->err, -rc, "scan workspace: %s '%s': %s", what, *path ? path : ".",
+                         strerror(-rc));
+}
+
+static ssize_t read_full(int fd, char *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
+/* Opens a regular file for reading without following a symlink or blocking on a FIFO
+ * that replaced it since we looked. */
+static int open_reg(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int r = fstat(fd, &st) < 0 ? -errno : 0;
+    if (r == 0 && !S_ISREG(st.st_mode))
+        r = -EAGAIN; /* replaced under us: let the caller report it, not hang */
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+    return fd;
+}
+
+/* 1 if @name in @dfd holds a NUL in its first CONCH_WS__BINARY_PROBE bytes. */
+static int looks_binary(struct scan *s, int dfd, const char *name)
+{
+    _cleanup_close_ int fd = open_reg(dfd, name);
+    if (fd < 0)
+        return fd;
+    ssize_t n = read_full(fd, s->buf_a, CONCH_WS__BINARY_PROBE);
+    if (n < 0)
+        return (int)n;
+    return memchr(s->buf_a, 0, (size_t)n) != NULL;
+}
+
+/* 1 if the two regular files differ in content, 0 if identical. */
+static int contents_differ(struct scan *s, int ufd, int lfd, const char *name)
+{
+    _cleanup_close_ int a = open_reg(ufd, name);
+    if (a < 0)
+        return a;
+    _cleanup_close_ int b = open_reg(lfd, name);
+    if (b < 0)
+        return b;
+    for (;;) {
+        ssize_t na = read_full(a, s->buf_a, CMP_CHUNK);
+        if (na < 0)
+            return (int)na;
+        ssize_t nb = read_full(b, s->buf_b, CMP_CHUNK);
+        if (nb < 0)
+            return (int)nb;
+        if (na != nb || memcmp(s->buf_a, s->buf_b, (size_t)na) != 0)
+            return 1;
+        if (na < CMP_CHUNK)
+            return 0;
+    }
+}
+
+static bool fd_xattr_is_y(int fd, const char *key)
+{
+    char v[4];
+    ssize_t n = fgetxattr(fd, key, v, sizeof(v));
+    return n == 1 && v[0] == 'y';
+}
+
+/* With `userxattr` overlayfs uses the user.overlay.* namespace, otherwise trusted.*.
+ * Only "y" means opaque: since Linux 6.7 "x" marks a dir holding xattr whiteouts. */
+static bool dir_is_opaque(int dfd)
+{
+    return fd_xattr_is_y(dfd, "user.overlay.opaque") ||
+           fd_xattr_is_y(dfd, "trusted.overlay.opaque");
+}
+
+/* Whiteouts are 0/0 character devices, or (on layers that can't hold devices) empty
+ * regular files carrying an overlay.whiteout xattr of any value. */
+static int is_whiteout(int dfd, const char *name, const struct stat *st)
+{
+    if (S_ISCHR(st->st_mode) && st->st_rdev == makedev(0, 0))
+        return 1;
+    if (!S_ISREG(st->st_mode) || st->st_size != 0)
+        return 0;
+    /* An O_PATH fd needs no read permission; its /proc link reaches the inode itself. */
+    _cleanup_close_ int fd = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    return getxattr(proc, "user.overlay.whiteout", NULL, 0) >= 0 ||
+           getxattr(proc, "trusted.overlay.whiteout", NULL, 0) >= 0;
+}
+
+/* Fills the "new" side of @c from the upper entry @name / @st. */
+static int describe_new(struct scan *s, int ufd, const char *name, const struct stat *st,
+                        struct conch_ws_change *c)
+{
+    c->type = conch_ws__type(st->st_mode);
+    c->new_mode = st->st_mode & 07777;
+    if (c->type == 'f') {
+        c->size = (uint64_t)st->st_size;
+        int r = looks_binary(s, ufd, name);
+        if (r < 0)
+            return r;
+        c->binary = r;
+    }
+    return 0;
+}
+
+/* A subdir to descend into once the current dir's fds are closed. */
+struct sub {
+    char *name;
+    bool lower_dir;    /* the lower has a dir at this path too */
+    bool opaque_above; /* this dir or an ancestor is opaque */
+};
+
+/* Compares upper entry @name (@ust) with the lower (@lst, or none if !@have_l) and emits
+ * the change, if any. Sets *@descend when the upper entry is a dir to walk. */
+static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, const char *name,
+                         const struct stat *ust, bool have_l, const struct stat *lst,
+                         struct sub *descend)
+{
+    struct conch_ws_change c = {0};
+    int r = 0;
+
+    if (S_ISDIR(ust->st_mode))
+        descend->lower_dir = have_l && S_ISDIR(lst->st_mode);
+
+    if (!have_l || (ust->st_mode & S_IFMT) != (lst->st_mode & S_IFMT)) {
+        c.kind = have_l ? CONCH_CHANGE_TYPE : CONCH_CHANGE_ADDED;
+        c.old_mode = have_l ? lst->st_mode & 07777 : 0;
+        r = describe_new(s, ufd, name, ust, &c);
+        if (r < 0)
+            return fail(s, r, path, "read");
+        c.content_changed = have_l;
+        c.mode_changed = have_l && c.old_mode != c.new_mode;
+    } else {
+        c.kind = CONCH_CHANGE_MODIFIED;
+        c.type = conch_ws__type(ust->st_mode);
+        c.old_mode = lst->st_mode & 07777;
+        c.new_mode = ust->st_mode & 07777;
+        switch (c.type) {
+        case 'f':
+            c.size = (uint64_t)ust->st_size;
+            if (ust->st_size != lst->st_size) {
+                c.content_changed = true;
+            } else {
+                r = contents_differ(s, ufd, lfd, name);
+                if (r < 0)
+                    return fail(s, r, path, "compare");
+                c.content_changed = r;
+            }
+            c.mode_changed = c.old_mode != c.new_mode;
+            if (c.content_changed || c.mode_changed) {
+                r = looks_binary(s, ufd, name);
+                if (r < 0)
+                    return fail(s, r, path, "read");
+                c.binary = r;
+            }
+            break;
+        case 'l': {
+            /* A symlink's own mode is meaningless on Linux; only the target counts. */
+            _cleanup_free_ char *ut = NULL;
+            _cleanup_free_ char *lt = NULL;
+            r = conch_ws__read_link(ufd, name, &ut);
+            if (r >= 0)
+                r = conch_ws__read_link(lfd, name, &lt);
+            if (r < 0)
+                return fail(s, r, path, "readlink");
+            c.content_changed = strcmp(ut, lt) != 0;
+            break;
+        }
+        case 'd':
+            c.mode_changed = c.old_mode != c.new_mode;
+            break;
+        default:
+            c.content_changed =
+                (S_ISCHR(ust->st_mode) || S_ISBLK(ust->st_mode)) && ust->st_rdev != lst->st_rdev;
+            c.mode_changed = c.old_mode != c.new_mode;
+            break;
+        }
+        if (!c.content_changed && !c.mode_changed)
+            return 0;
+    }
+    c.path = join(path, name);
+    if (!c.path)
+        return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+    return emit(s, c);
+}
+
+static int emit_deleted(struct scan *s, const char *path, const char *name, const struct stat *lst)
+{
+    struct conch_ws_change c = {
+        .kind = CONCH_CHANGE_DELETED,
+        .type = conch_ws__type(lst->st_mode),
+        .old_mode = lst->st_mode & 07777,
+    };
+    c.path = join(path, name);
+    if (!c.path)
+        return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+    return emit(s, c);
+}
+
+static void subs_done(struct sub *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+}
+
+/*
+ * Scans the upper dir at @path. @lower_dir: the lower has a dir at @path whose entries
+ * the upper's are compared with. @opaque_above: an ancestor is opaque, so overlayfs never
+ * merged the lower below it and this dir is effectively opaque too. Fds are closed before
+ * descending, so the walk holds a bounded number of fds whatever the depth (the depth
+ * itself is bounded by PATH_MAX through openat2).
+ */
+static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaque_above)
+{
+    struct sub *subs = NULL;
+    size_t nsubs = 0;
+    int r = 0;
+
+    {
+        _cleanup_close_ int ufd =
+            conch_ws__openat2(s->upper_fd, path, O_RDONLY | O_DIRECTORY, false);
+        if (ufd < 0)
+            return fail(s, ufd, path, "open upper dir");
+        bool opaque = opaque_above || dir_is_opaque(ufd);
+        _cleanup_close_ int lfd = -1;
+        if (lower_dir) {
+            lfd = conch_ws__openat2(s->lower_fd, path, O_RDONLY | O_DIRECTORY, false);
+            if (lfd < 0)
+                return fail(s, lfd, path, "open host dir");
+        }
+        struct names un = {0};
+        r = read_names(ufd, &un);
+        if (r < 0)
+            return fail(s, r, path, "read upper dir");
+        subs = calloc(un.n ? un.n : 1, sizeof(*subs));
+        if (!subs) {
+            names_done(&un);
+            return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+        }
+
+        for (size_t i = 0; i < un.n && r >= 0; i++) {
+            const char *name = un.v[i];
+            struct stat ust, lst;
+            if (fstatat(ufd, name, &ust, AT_SYMLINK_NOFOLLOW) < 0) {
+                r = fail(s, -errno, path, "stat upper entry in");
+                break;
+            }
+            bool have_l = false;
+            if (lfd >= 0) {
+                if (fstatat(lfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
+                    have_l = true;
+                } else if (errno != ENOENT) {
+                    r = fail(s, -errno, path, "stat host entry in");
+                    break;
+                }
+            }
+            r = is_whiteout(ufd, name, &ust);
+            if (r < 0) {
+                r = fail(s, r, path, "read upper entry in");
+                break;
+            }
+            if (r == 1) {
+                /* A whiteout over nothing (the lower changed, or an opaque dir's leftover)
+                 * deletes nothing. A deleted dir is reported once, not per entry. */
+                r = have_l ? emit_deleted(s, path, name, &lst) : 0;
+                continue;
+            }
+            struct sub d = {0};
+            r = compare_entry(s, ufd, lfd, path, name, &ust, have_l, &lst, &d);
+            if (r >= 0 && S_ISDIR(ust.st_mode)) {
+                d.opaque_above = opaque;
+                d.name = strdup(name);
+                if (!d.name)
+                    r = conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+                else
+                    subs[nsubs++] = d;
+            }
+        }
+
+        /* What an opaque dir hides is deleted; report each hidden top entry once. */
+        if (r >= 0 && opaque && lfd >= 0) {
+            struct names ln = {0};
+            r = read_names(lfd, &ln);
+            if (r < 0)
+                r = fail(s, r, path, "read host dir");
+            for (size_t i = 0; r >= 0 && i < ln.n; i++) {
+                if (names_has(&un, ln.v[i]))
+                    continue;
+                struct stat lst;
+                if (fstatat(lfd, ln.v[i], &lst, AT_SYMLINK_NOFOLLOW) < 0) {
+                    if (errno == ENOENT)
+                        continue;
+                    r = fail(s, -errno, path, "stat host entry in");
+                    break;
+                }
+                r = emit_deleted(s, path, ln.v[i], &lst);
+            }
+            names_done(&ln);
+        }
+        names_done(&un);
+    }
+
+    for (size_t i = 0; r >= 0 && i < nsubs; i++) {
+        _cleanup_free_ char *child = join(path, subs[i].name);
+        if (!child) {
+            r = conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+            break;
+        }
+        r = scan_dir(s, child, subs[i].lower_dir, subs[i].opaque_above);
+    }
+    subs_done(subs, nsubs);
+    return r;
+}
+
+static int cmp_change(const void *a, const void *b)
+{
+    return strcmp(((const struct conch_ws_change *)a)->path,
+                  ((const struct conch_ws_change *)b)->path);
+}
+
+int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *ret,
+                          struct conch_err *err)
+{
+    struct scan s = {
+        .upper_fd = upper_fd,
+        .lower_fd = lower_fd,
+        .err = err,
+    };
+    s.buf_a = malloc(CMP_CHUNK);
+    s.buf_b = malloc(CMP_CHUNK);
+    int r = 0;
+    if (!s.buf_a || !s.buf_b)
+        r = conch_err_set(err, ENOMEM, "scan workspace: out of memory");
+    if (r >= 0)
+        r = scan_dir(&s, "", true, false);
+    free(s.buf_a);
+    free(s.buf_b);
+    if (r < 0) {
+        conch_ws_changes_done(&s.out);
+        return r;
+    }
+    if (s.out.n)
+        qsort(s.out.items, s.out.n, sizeof(*s.out.items), cmp_change);
+    *ret = s.out;
+    return 0;
+}
