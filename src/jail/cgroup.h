@@ -10,9 +10,9 @@
 #include "core/error.h"
 
 struct conch_cgroup_limits {
-    uint64_t memory_bytes; /* 0 = unlimited; swap is limited to the same total */
-    uint64_t pids_max;     /* 0 = unlimited */
-    uint64_t cpu_millicpus;/* 1000 = one CPU; 0 = unlimited */
+    uint64_t memory_bytes;  /* 0 = unlimited; swap is limited to the same total */
+    uint64_t pids_max;      /* 0 = unlimited */
+    uint64_t cpu_millicpus; /* 1000 = one CPU; 0 = unlimited */
 };
 
 /* One sandbox's cgroup(s). Embedded by the caller; zero-initialise, then _create. */
@@ -26,30 +26,44 @@ struct conch_cgroup {
 };
 
 /*
- * conch_cgroup_create - create a cgroup named @name (unique per sandbox) with @limits.
- * Returns 0 when created, -EOPNOTSUPP (with @err explaining why: not root and no
- * delegated v2 subtree) when no cgroup can be had here, or another -errno.
+ * conch_cgroup_create - create a cgroup named @name (unique per sandbox; no '/') with
+ * @limits (NULL = no limits). Zeroes @cg first. Where it goes:
+ *  - /sys/fs/cgroup is cgroup2: as root /sys/fs/cgroup/conch/conch-<name>; otherwise a
+ *    child of our own cgroup, or a sibling of it, whichever is delegated (writable) and
+ *    can enable the controllers ("no internal processes" forbids the child while we
+ *    live in our own cgroup).
+ *  - else, as root, v1: /sys/fs/cgroup/{memory,pids}/conch/<name> whenever those
+ *    hierarchies exist (so stats and destroy work even unlimited), and
+ *    /sys/fs/cgroup/cpu/conch/<name> only when a cpu limit is set.
+ * A leftover directory of the same name is emptied and recreated. Returns 0 when
+ * created; -EOPNOTSUPP (with @err explaining why: not root and no delegated v2 subtree,
+ * or a limited controller is not available) when the limits cannot be had here, so the
+ * caller can fall back to rlimits; or another -errno.
  */
 int conch_cgroup_create(struct conch_cgroup *cg, const char *name,
                         const struct conch_cgroup_limits *limits, struct conch_err *err);
 
-/* conch_cgroup_attach - move process @pid into @cg. */
+/* conch_cgroup_attach - move process @pid into @cg (every v1 hierarchy in use). Attach
+ * before the process forks: only @pid itself moves, and v1 memory charges taken before
+ * the move stay with the old cgroup. */
 int conch_cgroup_attach(struct conch_cgroup *cg, pid_t pid, struct conch_err *err);
 
 /* Counters read after the command, to classify a kill. */
 struct conch_cgroup_stats {
-    bool oom_killed;       /* the memory limit was hit and the OOM killer ran */
-    bool pids_limit_hit;   /* fork failed because of pids_max at least once */
-    uint64_t memory_peak;  /* bytes, 0 if unknown */
+    bool oom_killed;      /* the memory limit was hit and the OOM killer ran */
+    bool pids_limit_hit;  /* fork failed because of pids_max at least once */
+    uint64_t memory_peak; /* bytes, 0 if unknown */
 };
 
-/* conch_cgroup_stats - read @cg's counters into @ret. */
+/* conch_cgroup_stats - read @cg's counters into @ret. Counters a kernel lacks read as 0. */
 int conch_cgroup_stats(struct conch_cgroup *cg, struct conch_cgroup_stats *ret,
                        struct conch_err *err);
 
 /*
  * conch_cgroup_destroy - kill anything left in @cg and remove its directories. Safe on an
- * inactive cgroup. Returns 0 or -errno (the directories may then remain; `conch gc`).
+ * inactive cgroup and idempotent. Kills with cgroup.kill (v2, Linux 5.14+) or by SIGKILLing
+ * cgroup.procs until empty; the caller still reaps its own children. Returns 0 or -errno
+ * (the directories may then remain; `conch gc`).
  */
 int conch_cgroup_destroy(struct conch_cgroup *cg, struct conch_err *err);
 

@@ -148,13 +148,14 @@ static int write_proc(const char *path, const char *data)
 
 /* unshare a user namespace (plus @flags) and map ourselves to root in it, the way an
  * unprivileged conch does: setgroups must be denied before an unprivileged gid_map. */
-static int enter_userns(int flags, char *detail, size_t len)
+static int enter_userns(int flags, const char *flag_name, char *detail, size_t len)
 {
     uid_t uid = getuid();
     gid_t gid = getgid();
     if (unshare(CLONE_NEWUSER | flags) < 0) {
         int e = errno;
-        text(detail, len, "unshare(CLONE_NEWUSER%s): %s", flags ? "|..." : "", strerror(e));
+        text(detail, len, "unshare(CLONE_NEWUSER%s%s): %s", flags ? "|" : "", flag_name,
+             strerror(e));
         return -e;
     }
     char map[64];
@@ -181,7 +182,7 @@ static int enter_userns(int flags, char *detail, size_t len)
 /* A private mount namespace with a fresh tmpfs on /tmp, inside a user namespace. */
 static int enter_mountns_tmpfs(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWNS, detail, len);
+    int r = enter_userns(CLONE_NEWNS, "CLONE_NEWNS", detail, len);
     if (r < 0)
         return r;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
@@ -199,7 +200,7 @@ static int enter_mountns_tmpfs(char *detail, size_t len)
 
 static int child_userns(char *detail, size_t len)
 {
-    int r = enter_userns(0, detail, len);
+    int r = enter_userns(0, "", detail, len);
     if (r < 0)
         return r;
     if (getuid() != 0) {
@@ -265,7 +266,7 @@ static int child_overlay(char *detail, size_t len)
 
 static int child_pidns(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWPID, detail, len);
+    int r = enter_userns(CLONE_NEWPID, "CLONE_NEWPID", detail, len);
     if (r < 0)
         return r;
     pid_t pid = fork();
@@ -289,7 +290,7 @@ static int child_pidns(char *detail, size_t len)
 
 static int child_netns(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWNET, detail, len);
+    int r = enter_userns(CLONE_NEWNET, "CLONE_NEWNET", detail, len);
     if (r < 0)
         return r;
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -359,33 +360,67 @@ static int child_seccomp(char *detail, size_t len)
 
 /* ---- the probes ---- */
 
-static void userns_fixes(char *fix, size_t len)
+/* Fixes for a user namespace that cannot be created or used; @rc is the probe's -errno. */
+static void userns_fixes(char *fix, size_t len, int rc)
 {
     long restrict_aa = read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
     long clone = read_sysctl("/proc/sys/kernel/unprivileged_userns_clone");
     long max = read_sysctl("/proc/sys/user/max_user_namespaces");
-    if (max == 0)
+    bool added = false;
+    /* ENOSPC: the per-namespace count is exhausted; nested sandboxes often set it to 0
+     * or 1 for their children. */
+    if (max == 0) {
         add_fix(fix, len, "sysctl -w user.max_user_namespaces=15000");
-    if (clone == 0)
+        added = true;
+    } else if (rc == -ENOSPC) {
+        add_fix(fix, len,
+                "no user namespace can be created from here: an enclosing container or "
+                "sandbox forbids nesting them (e.g. bwrap --disable-userns), or "
+                "user.max_user_namespaces=%ld is used up; run conch outside it or raise the "
+                "limit",
+                max);
+        added = true;
+    }
+    if (clone == 0) {
         add_fix(fix, len, "sysctl -w kernel.unprivileged_userns_clone=1");
-    if (restrict_aa == 1)
+        added = true;
+    }
+    if (restrict_aa == 1) {
         add_fix(fix, len,
                 "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or install an "
                 "AppArmor profile for conch that allows 'userns,'");
-    if (!fix[0])
+        added = true;
+    }
+    if (!added)
         add_fix(fix, len,
                 "enable user namespaces (CONFIG_USER_NS); in a container, allow unshare and "
                 "mount (e.g. docker --security-opt seccomp=unconfined --security-opt "
                 "apparmor=unconfined)");
 }
 
+/* Fixes for a probe that needs a user namespace plus @what: when the user namespace part
+ * failed, point there instead of at the feature itself. */
+static void ns_fixes(char *fix, size_t len, int rc, const char *detail, const char *specific)
+{
+    /* EINVAL from a combined unshare means the other namespace type is missing. */
+    bool userns = (!strncmp(detail, "unshare(CLONE_NEWUSER", 21) && rc != -EINVAL) ||
+                  strstr(detail, "_map") || strstr(detail, "setgroups");
+    bool apparmor =
+        read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == 1 && rc == -EPERM;
+    if (userns || apparmor)
+        userns_fixes(fix, len, rc);
+    if (!userns && specific)
+        add_fix(fix, len, "%s", specific);
+}
+
 static void probe_userns(struct conch_probe_result *r)
 {
     r->name = "user namespaces";
     r->required = true;
-    if (in_child(child_userns, r->detail, sizeof(r->detail)) < 0) {
+    int rc = in_child(child_userns, r->detail, sizeof(r->detail));
+    if (rc < 0) {
         r->state = CONCH_PROBE_MISSING;
-        userns_fixes(r->fix, sizeof(r->fix));
+        userns_fixes(r->fix, sizeof(r->fix), rc);
         return;
     }
     r->state = CONCH_PROBE_OK;
@@ -396,16 +431,37 @@ static void probe_userns(struct conch_probe_result *r)
     }
 }
 
-static void probe_mountns(struct conch_probe_result *r)
+/* The mount, pid and network namespace probes: all run inside a user namespace, as an
+ * unprivileged conch does. */
+static void probe_ns(struct conch_probe_result *r, const char *name, child_fn fn,
+                     const char *specific_fix)
 {
-    r->name = "mount namespace";
+    r->name = name;
     r->required = true;
-    if (in_child(child_mountns, r->detail, sizeof(r->detail)) < 0) {
-        r->state = CONCH_PROBE_MISSING;
-        userns_fixes(r->fix, sizeof(r->fix));
+    int rc = in_child(fn, r->detail, sizeof(r->detail));
+    if (rc == 0) {
+        r->state = CONCH_PROBE_OK;
         return;
     }
-    r->state = CONCH_PROBE_OK;
+    r->state = CONCH_PROBE_MISSING;
+    ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, specific_fix);
+}
+
+static void probe_mountns(struct conch_probe_result *r)
+{
+    probe_ns(r, "mount namespace", child_mountns,
+             "mount(2) is blocked: in a container, allow it (e.g. docker --security-opt "
+             "seccomp=unconfined --security-opt apparmor=unconfined)");
+}
+
+static void probe_pidns(struct conch_probe_result *r)
+{
+    probe_ns(r, "pid namespace", child_pidns, "enable CONFIG_PID_NS in the kernel");
+}
+
+static void probe_netns(struct conch_probe_result *r)
+{
+    probe_ns(r, "network namespace", child_netns, "enable CONFIG_NET_NS in the kernel");
 }
 
 static void probe_overlay(struct conch_probe_result *r)
@@ -414,48 +470,25 @@ static void probe_overlay(struct conch_probe_result *r)
     /* Only the default 'overlay' workspace mode needs it; 'ro' and 'rw' work without. */
     r->required = false;
     int rc = in_child(child_overlay, r->detail, sizeof(r->detail));
-    size_t n = strlen(r->detail);
-    text(r->detail + n, sizeof(r->detail) - n, " [needed for the 'overlay' workspace mode]");
     if (rc == 0) {
         r->state = CONCH_PROBE_OK;
-        return;
-    }
-    r->state = CONCH_PROBE_MISSING;
-    struct utsname u;
-    add_fix(r->fix, sizeof(r->fix),
-            "overlayfs in a user namespace needs Linux 5.11+ with CONFIG_OVERLAY_FS (this "
-            "kernel: %s)",
-            uname(&u) == 0 ? u.release : "unknown");
-    if (strstr(r->detail, "unshare") || strstr(r->detail, "_map") || strstr(r->detail, "tmpfs") ||
-        strstr(r->detail, "private"))
-        userns_fixes(r->fix, sizeof(r->fix));
-    add_fix(r->fix, sizeof(r->fix), "or use workspace mode 'ro' or 'rw' instead of 'overlay'");
-}
-
-static void probe_pidns(struct conch_probe_result *r)
-{
-    r->name = "pid namespace";
-    r->required = true;
-    if (in_child(child_pidns, r->detail, sizeof(r->detail)) < 0) {
+    } else {
         r->state = CONCH_PROBE_MISSING;
-        add_fix(r->fix, sizeof(r->fix), "enable CONFIG_PID_NS in the kernel");
-        userns_fixes(r->fix, sizeof(r->fix));
-        return;
+        struct utsname u;
+        char specific[200];
+        text(specific, sizeof(specific),
+             "overlayfs in a user namespace needs Linux 5.11+ with CONFIG_OVERLAY_FS (this "
+             "kernel: %s)",
+             uname(&u) == 0 ? u.release : "unknown");
+        /* Failing before the overlay mount means the namespace part is the problem. */
+        bool before = !strstr(r->detail, "overlay");
+        ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, before ? NULL : specific);
+        if (before && !r->fix[0])
+            add_fix(r->fix, sizeof(r->fix), "see 'mount namespace' above");
+        add_fix(r->fix, sizeof(r->fix), "or use workspace mode 'ro' or 'rw' instead of 'overlay'");
     }
-    r->state = CONCH_PROBE_OK;
-}
-
-static void probe_netns(struct conch_probe_result *r)
-{
-    r->name = "network namespace";
-    r->required = true;
-    if (in_child(child_netns, r->detail, sizeof(r->detail)) < 0) {
-        r->state = CONCH_PROBE_MISSING;
-        add_fix(r->fix, sizeof(r->fix), "enable CONFIG_NET_NS in the kernel");
-        userns_fixes(r->fix, sizeof(r->fix));
-        return;
-    }
-    r->state = CONCH_PROBE_OK;
+    size_t n = strlen(r->detail);
+    text(r->detail + n, sizeof(r->detail) - n, "; needed for the 'overlay' workspace mode");
 }
 
 static void probe_seccomp(struct conch_probe_result *r)
@@ -520,7 +553,9 @@ static void probe_cgroups(struct conch_probe_result *r)
     }
     if (rc < 0 && !no_cpu) {
         r->state = CONCH_PROBE_MISSING;
-        text(r->detail, sizeof(r->detail), "%s", err.msg);
+        /* Drop the "create cgroup 'probe-N': " context; the name means nothing here. */
+        const char *why = strstr(err.msg, "': ");
+        text(r->detail, sizeof(r->detail), "%s", why ? why + 3 : err.msg);
         add_fix(r->fix, sizeof(r->fix),
                 "run conch as root, or start it in a leaf cgroup of a delegated cgroup v2 "
                 "subtree (e.g. a systemd unit with Delegate=yes); meanwhile conch falls back "
