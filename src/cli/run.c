@@ -366,9 +366,28 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
     }
     fprintf(stderr, "conch: %zu change%s in /workspace:\n", res->changes.n,
             res->changes.n == 1 ? "" : "s");
-    for (size_t i = 0; i < res->changes.n; i++)
-        fprintf(stderr, "  %c %s%s\n", change_letter(res->changes.items[i].kind),
-                res->changes.items[i].path, res->changes.items[i].type == 'd' ? "/" : "");
+    for (size_t i = 0; i < res->changes.n; i++) {
+        const struct conch_ws_change *ch = &res->changes.items[i];
+        /* An added tree is one line: the agent cares that .git/ appeared, not about each
+         * object in it (--json lists every entry). */
+        size_t inside = 0;
+        if (ch->kind == CONCH_CHANGE_ADDED && ch->type == 'd') {
+            size_t len = strlen(ch->path);
+            while (i + inside + 1 < res->changes.n) {
+                const char *p = res->changes.items[i + inside + 1].path;
+                if (strncmp(p, ch->path, len) || p[len] != '/')
+                    break;
+                inside++;
+            }
+        }
+        if (inside)
+            fprintf(stderr, "  %c %s/ (%zu entr%s)\n", change_letter(ch->kind), ch->path, inside,
+                    inside == 1 ? "y" : "ies");
+        else
+            fprintf(stderr, "  %c %s%s\n", change_letter(ch->kind), ch->path,
+                    ch->type == 'd' ? "/" : "");
+        i += inside;
+    }
     if (res->committed)
         fprintf(stderr, "conch: changes committed to %s\n", c->workspace);
     else if (c->run.commit)
