@@ -132,7 +132,8 @@ static void expect_child_ok(int fences, void (*fn)(const struct child_ctx *),
               status, msg);
 }
 
-/* ---- scratch directories ---- */
+/* ---- scratch directories ----
+ * Made in the test body after any cr_skip: Criterion does not run .fini for a skipped test. */
 
 static char dir_a[64], dir_b[64];
 
@@ -253,20 +254,21 @@ static void denied_syscalls(const struct child_ctx *c)
     EXPECT_OK(mknodat(AT_FDCWD, path, S_IFSOCK | 0600, 0));
 }
 
-Test(seccomp, denies_the_deny_list, .init = make_dirs, .fini = remove_dirs, .timeout = 30)
+Test(seccomp, denies_the_deny_list, .fini = remove_dirs, .timeout = 30)
 {
     if (RUNNING_ON_VALGRIND)
         cr_skip("valgrind emulates clone and refuses namespace flags itself");
+    make_dirs();
     struct child_ctx c = {.dir = dir_a};
     expect_child_ok(FENCE_SECCOMP, denied_syscalls, &c);
 }
 
 /* The same expectations must fail without the filter: the arguments are not what fails. */
-Test(seccomp, deny_list_test_detects_missing_filter, .init = make_dirs, .fini = remove_dirs,
-     .timeout = 30)
+Test(seccomp, deny_list_test_detects_missing_filter, .fini = remove_dirs, .timeout = 30)
 {
     if (RUNNING_ON_VALGRIND)
         cr_skip("valgrind emulates clone and refuses namespace flags itself");
+    make_dirs();
     struct child_ctx c = {.dir = dir_a};
     char msg[512];
     int status = run_child(FENCE_NONE, denied_syscalls, &c, msg, sizeof(msg));
@@ -361,8 +363,9 @@ static void ordinary_things(const struct child_ctx *c)
     EXPECT_ERRNO(syscall(SYS_ptrace, PTRACE_PEEKDATA, 0x7fffffff, 0, &word), ESRCH);
 }
 
-Test(seccomp, ordinary_calls_still_work, .init = make_dirs, .fini = remove_dirs, .timeout = 30)
+Test(seccomp, ordinary_calls_still_work, .fini = remove_dirs, .timeout = 30)
 {
+    make_dirs();
     struct child_ctx c = {.dir = dir_a};
     expect_child_ok(FENCE_SECCOMP, ordinary_things, &c);
 }
@@ -489,9 +492,10 @@ Test(landlock, abi_is_reported)
     cr_log_info("Landlock ABI %d", abi);
 }
 
-Test(landlock, writes_only_beneath_writable, .init = make_dirs, .fini = remove_dirs, .timeout = 30)
+Test(landlock, writes_only_beneath_writable, .fini = remove_dirs, .timeout = 30)
 {
     skip_without_landlock();
+    make_dirs();
     prepare_other_dir();
     /* a missing path is skipped; a non-directory path gets file rights only */
     const char *const writable[] = {"/nonexistent-conch", dir_a, "/dev/null", NULL};
@@ -500,8 +504,9 @@ Test(landlock, writes_only_beneath_writable, .init = make_dirs, .fini = remove_d
 }
 
 /* Without the fence the same checks fail at the first denied write: they do test Landlock. */
-Test(landlock, checks_detect_missing_fence, .init = make_dirs, .fini = remove_dirs, .timeout = 30)
+Test(landlock, checks_detect_missing_fence, .fini = remove_dirs, .timeout = 30)
 {
+    make_dirs();
     prepare_other_dir();
     struct child_ctx c = {.dir = dir_a, .other_dir = dir_b};
     char msg[512];
@@ -515,10 +520,10 @@ static void nothing_writable(const struct child_ctx *c)
     write_file(c->dir, "denied", EACCES);
 }
 
-Test(landlock, null_list_makes_everything_read_only, .init = make_dirs, .fini = remove_dirs,
-     .timeout = 30)
+Test(landlock, null_list_makes_everything_read_only, .fini = remove_dirs, .timeout = 30)
 {
     skip_without_landlock();
+    make_dirs();
     struct child_ctx c = {.writable = NULL, .dir = dir_a};
     expect_child_ok(FENCE_LANDLOCK, nothing_writable, &c);
 }
@@ -532,9 +537,10 @@ static void both_fences(const struct child_ctx *c)
 
 /* The warden's order: Landlock first (its syscalls are not in the seccomp deny list anyway),
  * then seccomp. */
-Test(fences, landlock_then_seccomp, .init = make_dirs, .fini = remove_dirs, .timeout = 30)
+Test(fences, landlock_then_seccomp, .fini = remove_dirs, .timeout = 30)
 {
     skip_without_landlock();
+    make_dirs();
     const char *const writable[] = {dir_a, NULL};
     struct child_ctx c = {.writable = writable, .dir = dir_a, .other_dir = dir_b};
     expect_child_ok(FENCE_LANDLOCK | FENCE_SECCOMP, both_fences, &c);
