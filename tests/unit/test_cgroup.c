@@ -16,18 +16,26 @@
 #include "jail/cgroup.h"
 #include "jail/probe.h"
 
+/* The cgroup under test; .fini removes it even when an assertion aborted the test. */
+static struct conch_cgroup cg;
+
+static void destroy_cg(void)
+{
+    (void)conch_cgroup_destroy(&cg, NULL);
+}
+
 /* Create a cgroup or skip the test with the reason (not root, no cgroup here). */
-static void create_or_skip(struct conch_cgroup *cg, const char *name,
+static void create_or_skip(struct conch_cgroup *cgp, const char *name,
                            const struct conch_cgroup_limits *lim)
 {
     struct conch_err err = {0};
-    int r = conch_cgroup_create(cg, name, lim, &err);
+    int r = conch_cgroup_create(cgp, name, lim, &err);
     if (r == -EOPNOTSUPP) {
         cr_log_warn("skipping: %s", err.msg);
         cr_skip_test("no usable cgroup here: %s", err.msg);
     }
     cr_assert_eq(r, 0, "create: %s", err.msg);
-    cr_assert(cg->active);
+    cr_assert(cgp->active);
 }
 
 static void unique_name(char *buf, size_t len, const char *what)
@@ -116,9 +124,8 @@ static int wait_status(pid_t pid)
     return st;
 }
 
-Test(cgroup, memory_limit_oom_kills_child_and_is_reported, .timeout = 60)
+Test(cgroup, memory_limit_oom_kills_child_and_is_reported, .timeout = 60, .fini = destroy_cg)
 {
-    struct conch_cgroup cg = {0};
     struct conch_cgroup_limits lim = {.memory_bytes = 32u << 20, .pids_max = 16};
     char name[64];
     unique_name(name, sizeof(name), "mem");
@@ -160,9 +167,8 @@ Test(cgroup, memory_limit_oom_kills_child_and_is_reported, .timeout = 60)
     cr_assert_not(cg.active);
 }
 
-Test(cgroup, pids_limit_stops_forks_and_is_reported, .timeout = 60)
+Test(cgroup, pids_limit_stops_forks_and_is_reported, .timeout = 60, .fini = destroy_cg)
 {
-    struct conch_cgroup cg = {0};
     struct conch_cgroup_limits lim = {.pids_max = 16};
     char name[64];
     unique_name(name, sizeof(name), "pids");
@@ -195,9 +201,8 @@ static int child_sleep(void)
     return 95; /* only reached if a stray signal woke us; destroy must SIGKILL us */
 }
 
-Test(cgroup, destroy_kills_leftover_processes, .timeout = 60)
+Test(cgroup, destroy_kills_leftover_processes, .timeout = 60, .fini = destroy_cg)
 {
-    struct conch_cgroup cg = {0};
     struct conch_cgroup_limits lim = {.pids_max = 8, .cpu_millicpus = 500};
     char name[64];
     unique_name(name, sizeof(name), "kill");
@@ -226,13 +231,13 @@ Test(cgroup, destroy_kills_leftover_processes, .timeout = 60)
 
 Test(cgroup, invalid_names_are_refused)
 {
-    struct conch_cgroup cg = {0};
+    struct conch_cgroup other = {0};
     struct conch_err err = {0};
-    cr_assert_eq(conch_cgroup_create(&cg, "../escape", NULL, &err), -EINVAL);
-    cr_assert_eq(conch_cgroup_create(&cg, "", NULL, &err), -EINVAL);
-    cr_assert_not(cg.active);
-    cr_assert_eq(conch_cgroup_attach(&cg, getpid(), &err), -EINVAL);
-    cr_assert_eq(conch_cgroup_destroy(&cg, &err), 0, "destroy of an inactive cgroup is a no-op");
+    cr_assert_eq(conch_cgroup_create(&other, "../escape", NULL, &err), -EINVAL);
+    cr_assert_eq(conch_cgroup_create(&other, "", NULL, &err), -EINVAL);
+    cr_assert_not(other.active);
+    cr_assert_eq(conch_cgroup_attach(&other, getpid(), &err), -EINVAL);
+    cr_assert_eq(conch_cgroup_destroy(&other, &err), 0, "destroy of an inactive cgroup is a no-op");
 }
 
 Test(probe, runs_every_probe_and_userns_works_here, .timeout = 60)
