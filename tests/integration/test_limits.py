@@ -122,7 +122,7 @@ def _free(path):
 
 def test_workspace_disk_filler(sh, ws):
     before = {p: _free(p) for p in ("/", "/tmp", str(ws))}
-    r = sh("dd if=/dev/zero of=/workspace/big bs=1M count=200 2>&1; echo dd=$?; stat -c %s /workspace/big",
+    r = sh("dd if=/dev/zero of=/workspace/big bs=1M count=200 2>&1; s=$?; echo dd=$s; stat -c %s /workspace/big; exit $s",
            "--disk", "32M", "--timeout", "60", timeout=90)
     assert r.kind in ("limit", "command") or "No space left on device" in r.out, r.describe()
     if r.kind != "limit":
@@ -137,7 +137,7 @@ def test_workspace_disk_filler(sh, ws):
 
 def test_tmp_filler(sh):
     before = _free("/tmp")
-    r = sh("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1; echo dd=$?; stat -c %s /tmp/big",
+    r = sh("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1; s=$?; echo dd=$s; stat -c %s /tmp/big; exit $s",
            "--tmp-size", "32M", "--timeout", "60", timeout=90)
     assert r.kind in ("limit", "command"), r.describe()
     if r.kind == "command":
@@ -148,7 +148,7 @@ def test_tmp_filler(sh):
 
 
 def test_home_size_limit(sh):
-    r = sh("dd if=/dev/zero of=$HOME/big bs=1M count=100 2>&1; echo dd=$?", "--home-size", "16M", timeout=60)
+    r = sh("dd if=/dev/zero of=$HOME/big bs=1M count=100 2>&1; s=$?; echo dd=$s; exit $s", "--home-size", "16M", timeout=60)
     assert r.kind in ("limit", "command"), r.describe()
     if r.kind == "command":
         assert "No space left on device" in r.out and "dd=1" in r.out, r.describe()

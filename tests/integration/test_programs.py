@@ -46,7 +46,7 @@ def test_gcc_hello(sh):
 
 def test_long_pipeline(sh):
     r = sh(
-        "seq 1 100000 | sort -rn | sort -n | uniq | awk '{s+=$1} END {print s}' "
+        "seq 1 100000 | sort -rn | sort -n | uniq | awk '{s+=$1} END {printf \"%.0f\\n\", s}' "
         "| sed 's/^/sum=/' | tr a-z A-Z | grep -E '^SUM=' | cat | head -1 | tail -1"
     )
     assert r.rc == 0 and r.out == "SUM=5000050000\n", r.describe()

@@ -88,7 +88,7 @@ def check_changes(r):
     assert ch["new.txt"]["size"] == 4
     assert ch["run.sh"]["mode"] == "0755"
     assert ch["new.txt"]["mode"] == "0644"
-    assert ch["bin.dat"]["size"] == 12 + 4096
+    assert ch["bin.dat"]["size"] == 11 + 4096
     assert ch["f2d/x"]["size"] == 7
 
 
