@@ -9,8 +9,7 @@
 
 #include "core/cleanup.h"
 
-int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret,
-                            struct conch_err *err)
+int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret, struct conch_err *err)
 {
     char *end = NULL;
     errno = 0;

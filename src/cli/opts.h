@@ -7,8 +7,7 @@
 #include "core/error.h"
 
 /* conch_cli_parse_seconds - "1", "0.5", "2.25" → milliseconds in *@ret. */
-int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret,
-                            struct conch_err *err);
+int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret, struct conch_err *err);
 
 /* conch_cli_parse_count - a positive integer → *@ret. */
 int conch_cli_parse_count(const char *s, const char *what, uint64_t *ret, struct conch_err *err);

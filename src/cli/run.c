@@ -153,6 +153,8 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
             break;
         case OPT_MODE:
             r = conch_ws_mode_parse(optarg, &c->run.jail.ws_mode, err);
+            if (r < 0)
+                conch_err_wrap(err, "--mode");
             break;
         case OPT_COMMIT:
             c->run.commit = true;
@@ -291,10 +293,10 @@ static void print_json(const struct run_cli *c, const struct conch_run_result *r
 {
     json_t *o = json_object();
     bool ran = !infra;
-    json_object_set_new(o, "exit_code", json_integer(ran ? res->exit_code
-                                                          : infra->kind == CONCH_ERR_USAGE
-                                                                ? CONCH_EXIT_USAGE
-                                                                : CONCH_EXIT_INFRA));
+    json_object_set_new(o, "exit_code",
+                        json_integer(ran                              ? res->exit_code
+                                     : infra->kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE
+                                                                      : CONCH_EXIT_INFRA));
     json_object_set_new(o, "signal", res->signal ? json_integer(res->signal) : json_null());
     json_object_set_new(o, "timed_out", json_boolean(res->timed_out));
     json_object_set_new(o, "duration_ms", json_integer((json_int_t)res->duration_ms));
@@ -308,8 +310,8 @@ static void print_json(const struct run_cli *c, const struct conch_run_result *r
         snprintf(key, sizeof(key), "%s_truncated", names[i]);
         json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
         snprintf(key, sizeof(key), "%s_spill", names[i]);
-        json_object_set_new(o, key,
-                            outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
+        json_object_set_new(
+            o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
     }
     json_t *changes = json_array();
     for (size_t i = 0; i < res->changes.n; i++) {
@@ -336,8 +338,8 @@ static void print_json(const struct run_cli *c, const struct conch_run_result *r
     json_object_set_new(o, "usage", usage);
     if (infra || res->error_kind != CONCH_ERR_NONE) {
         json_t *e = json_object();
-        json_object_set_new(e, "kind", json_string(conch_err_kind_name(infra ? infra->kind
-                                                                             : res->error_kind)));
+        json_object_set_new(
+            e, "kind", json_string(conch_err_kind_name(infra ? infra->kind : res->error_kind)));
         const char *msg = infra ? infra->msg : res->error_msg;
         json_object_set_new(e, "message", conch_cli_json_text(msg, strlen(msg)));
         json_object_set_new(o, "error", e);
@@ -414,8 +416,8 @@ int conch_cli_run(int argc, char **argv)
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
         if (c.json)
             print_json(&c, &res, &err);
-        else
-            fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
+        /* Also on stderr in JSON mode: a person running the command should see why. */
+        fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
     } else {
         status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
         if (c.json)

@@ -165,10 +165,10 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     memset(res, 0, sizeof(*res));
     res->out.spill_fd = res->err.spill_fd = -1;
     const char *spill_dir = o->spill_dir ? o->spill_dir : "/tmp";
-    if ((r = conch_output_init(&res->out, "stdout", o->max_output, o->max_spill, spill_dir,
-                               err)) < 0 ||
-        (r = conch_output_init(&res->err, "stderr", o->max_output, o->max_spill, spill_dir,
-                               err)) < 0)
+    if ((r = conch_output_init(&res->out, "stdout", o->max_output, o->max_spill, spill_dir, err)) <
+            0 ||
+        (r = conch_output_init(&res->err, "stderr", o->max_output, o->max_spill, spill_dir, err)) <
+            0)
         return r;
     char **env = conch_exec_env_build(o->env_extra, o->jail.as_root, err);
     if (!env)
@@ -306,8 +306,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                 /* First interrupt: pass it on, as a terminal would to its foreground job.
                  * A second one: stop everything. */
                 interrupts++;
-                conch_jail_signal(&jail, interrupts > 1 ? SIGKILL : (int)si.ssi_signo, true,
-                                  NULL);
+                conch_jail_signal(&jail, interrupts > 1 ? SIGKILL : (int)si.ssi_signo, true, NULL);
             }
         }
     }
@@ -384,8 +383,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
             goto out;
         }
         res->has_changes = true;
-        bool ended_normally = !res->timed_out && !res->signal &&
-                              res->error_kind != CONCH_ERR_LIMIT;
+        bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
         if (o->commit && ended_normally && res->changes.n > 0) {
             struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
             r = conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, err);

@@ -13,31 +13,31 @@
 #include "workspace/workspace.h"
 
 struct conch_run_opts {
-    struct conch_jail_spec jail;  /* the sandbox */
-    char *const *argv;            /* the command; borrowed */
-    char *const *env_extra;       /* "K=V" strings added to the clean environment; borrowed */
-    const char *cwd;              /* inside the sandbox; NULL: /workspace */
-    uint64_t timeout_ms;          /* 0: none */
-    uint64_t grace_ms;            /* between SIGTERM and SIGKILL on timeout */
-    size_t max_output;            /* bytes of each stream kept in memory */
-    uint64_t max_spill;           /* bytes of each stream kept in its spill file */
-    const char *spill_dir;        /* where spill files go */
-    bool commit;                  /* apply workspace changes when the command exited */
-    bool stream;                  /* copy output live to our stdout/stderr (head only) */
-    int stdin_fd;                 /* passed to the command; borrowed */
+    struct conch_jail_spec jail; /* the sandbox */
+    char *const *argv;           /* the command; borrowed */
+    char *const *env_extra;      /* "K=V" strings added to the clean environment; borrowed */
+    const char *cwd;             /* inside the sandbox; NULL: /workspace */
+    uint64_t timeout_ms;         /* 0: none */
+    uint64_t grace_ms;           /* between SIGTERM and SIGKILL on timeout */
+    size_t max_output;           /* bytes of each stream kept in memory */
+    uint64_t max_spill;          /* bytes of each stream kept in its spill file */
+    const char *spill_dir;       /* where spill files go */
+    bool commit;                 /* apply workspace changes when the command exited */
+    bool stream;                 /* copy output live to our stdout/stderr (head only) */
+    int stdin_fd;                /* passed to the command; borrowed */
 };
 
 /* conch_run_opts_init - defaults: 1 MiB kept per stream, 64 MiB spill, 2 s grace. */
 void conch_run_opts_init(struct conch_run_opts *o);
 
 struct conch_run_result {
-    int exit_code;                /* shell style: N, or 128+signal */
-    int signal;                   /* 0 when it exited */
+    int exit_code; /* shell style: N, or 128+signal */
+    int signal;    /* 0 when it exited */
     bool timed_out;
     uint64_t duration_ms;
-    struct conch_output out, err; /* owned */
+    struct conch_output out, err;    /* owned */
     struct conch_ws_changes changes; /* owned */
-    bool has_changes;             /* overlay mode: changes were read */
+    bool has_changes;                /* overlay mode: changes were read */
     bool committed;
     uint64_t cpu_ms;
     uint64_t max_rss_kb;

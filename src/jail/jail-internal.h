@@ -30,27 +30,27 @@ struct jail_link {
 
 /* Everything the child needs, prepared by the parent so the child never allocates. */
 struct jail_plan {
-    int ctl_fd;                     /* child's end of the control socket */
+    int ctl_fd; /* child's end of the control socket */
     bool root_mode;
     /* identity */
-    uid_t warden_uid;               /* inside */
+    uid_t warden_uid; /* inside */
     gid_t warden_gid;
     uid_t cmd_uid;
     gid_t cmd_gid;
     bool can_setgroups;
-    uint64_t keep_caps;             /* capabilities the command keeps (bitmask) */
+    uint64_t keep_caps; /* capabilities the command keeps (bitmask) */
     /* root filesystem */
     struct jail_bind binds[JAIL_MAX_BINDS];
     int n_binds;
     struct jail_link links[JAIL_MAX_LINKS];
     int n_links;
-    bool curated_etc;               /* write passwd/group/hosts/hostname into /etc */
+    bool curated_etc; /* write passwd/group/hosts/hostname into /etc */
     char passwd[512];
     char group[256];
     /* workspace */
     bool has_workspace;
     enum conch_ws_mode ws_mode;
-    char ws_lower[PATH_MAX];        /* path of the lower dir, before pivot_root */
+    char ws_lower[PATH_MAX]; /* path of the lower dir, before pivot_root */
     uint64_t tmp_bytes, home_bytes, disk_bytes;
     bool unshare_cgroup;
     /* command fences */
@@ -93,8 +93,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
 
 /* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
  * *@ret_upper_fd is the upper dir (or -1). Returns 0 or -errno with @err. No allocation. */
-int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd,
-                            struct conch_err *err);
+int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err);
 
 /* jail_send / jail_recv - one message over the control socket, with up to @nfds fds. */
 int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds);
@@ -103,8 +102,8 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds);
 /* Parent-side helpers in userns.c. */
 int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,
                        struct conch_err *err);
-int jail_idmapped_tree(const char *path, uid_t owner_uid, gid_t owner_gid, bool read_only,
-                       struct conch_err *err);
+int jail_idmapped_tree(const char *path, bool whole_range, uid_t owner_uid, gid_t owner_gid,
+                       bool read_only, struct conch_err *err);
 int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

@@ -25,15 +25,15 @@
 
 /* What a sandbox is made of. Strings are borrowed for the duration of conch_jail_start. */
 struct conch_jail_spec {
-    const char *rootfs;      /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
-    const char *workspace;   /* absolute host dir mounted at /workspace; NULL: none */
+    const char *rootfs;    /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
+    const char *workspace; /* absolute host dir mounted at /workspace; NULL: none */
     enum conch_ws_mode ws_mode;
-    bool as_root;            /* commands run as uid 0 of the namespace */
-    uint64_t tmp_bytes;      /* size of /tmp */
-    uint64_t home_bytes;     /* size of /home/agent */
-    uint64_t disk_bytes;     /* size of the overlay upper (what may be written) */
+    bool as_root;                      /* commands run as uid 0 of the namespace */
+    uint64_t tmp_bytes;                /* size of /tmp */
+    uint64_t home_bytes;               /* size of /home/agent */
+    uint64_t disk_bytes;               /* size of the overlay upper (what may be written) */
     struct conch_cgroup_limits limits; /* enforced by a cgroup when one can be had */
-    const char *name;        /* unique name (cgroup, staging); NULL: derived from the pid */
+    const char *name; /* unique name (cgroup, staging); NULL: derived from the pid */
 };
 
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
@@ -41,17 +41,19 @@ void conch_jail_spec_init(struct conch_jail_spec *spec);
 
 /* A running sandbox. Caller-allocated; conch_jail_start fills it. */
 struct conch_jail {
-    pid_t warden_pid;        /* host pid of the warden (PID 1 inside) */
-    int ctl_fd;              /* SOCK_SEQPACKET to the warden; owned */
-    int host_ws_fd;          /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
-    int upper_fd_nr;         /* fd number of the upper dir in the warden, -1 if none */
-    bool root_mode;          /* conch runs as host root: id range + idmapped workspace */
+    pid_t warden_pid; /* host pid of the warden (PID 1 inside) */
+    int ctl_fd;       /* SOCK_SEQPACKET to the warden; owned */
+    int host_ws_fd;   /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
+    int upper_fd_nr;  /* fd number of the upper dir in the warden, -1 if none */
+    bool root_mode;   /* conch runs as host root: id range + idmapped workspace */
     bool as_root;
     bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
     bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
+    bool mounted_root_stage; /* a staging dir for --rootfs exists */
     char stage_dir[256];
+    char root_stage_dir[256];
     char name[64];
-    uid_t ws_owner_uid;      /* host owner of the workspace root */
+    uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;
@@ -69,9 +71,9 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
 
 /* One command to run in a jail. Strings and fds are borrowed. */
 struct conch_jail_cmd {
-    char *const *argv;       /* argv[0] is looked up in PATH of @envp when it has no '/' */
-    char *const *envp;       /* the whole environment; nothing else is inherited */
-    const char *cwd;         /* inside the sandbox; NULL: /workspace or / */
+    char *const *argv; /* argv[0] is looked up in PATH of @envp when it has no '/' */
+    char *const *envp; /* the whole environment; nothing else is inherited */
+    const char *cwd;   /* inside the sandbox; NULL: /workspace or / */
     int stdin_fd, stdout_fd, stderr_fd;
 };
 
@@ -79,16 +81,15 @@ struct conch_jail_cmd {
  * conch_jail_exec - start @cmd in @j. Returns the command's pid inside the sandbox (> 0),
  * or -errno with @err (e.g. the program was not found: ENOENT, kind command).
  */
-int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd,
-                    struct conch_err *err);
+int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err);
 
 /* conch_jail_signal - send @sig to the command (@all=false) or to every process in the
  * sandbox but the warden (@all=true). */
 int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err *err);
 
 struct conch_jail_exit {
-    int status;              /* wait status of the command */
-    struct rusage usage;     /* of the command and every descendant reaped */
+    int status;          /* wait status of the command */
+    struct rusage usage; /* of the command and every descendant reaped */
 };
 
 /*

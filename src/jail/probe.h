@@ -8,11 +8,11 @@
 enum conch_probe_state { CONCH_PROBE_OK, CONCH_PROBE_MISSING, CONCH_PROBE_PARTIAL };
 
 struct conch_probe_result {
-    const char *name;          /* "user namespaces", "overlay in a user namespace", ... */
+    const char *name; /* "user namespaces", "overlay in a user namespace", ... */
     enum conch_probe_state state;
-    bool required;             /* conch refuses to run without it */
-    char detail[256];          /* what was seen: "ABI 6", "EPERM", ... */
-    char fix[512];             /* how to fix it when not OK; empty otherwise */
+    bool required;    /* conch refuses to run without it */
+    char detail[256]; /* what was seen: "ABI 6", "EPERM", ... */
+    char fix[512];    /* how to fix it when not OK; empty otherwise */
 };
 
 /*

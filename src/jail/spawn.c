@@ -84,37 +84,69 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds)
     return 1;
 }
 
-/* Host root: the workspace is attached, idmapped, in a staging dir that only exists in
- * conch's own private mount namespace (the clone child inherits a copy of it). */
-static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *spec,
-                           struct conch_err *err)
+/* Host root: sandbox processes are unprivileged host ids, which may not traverse the
+ * directories above the workspace or --rootfs (a 0700 home or temp dir). So both are cloned
+ * with open_tree() while we are still root and attached in a staging dir that only exists
+ * in conch's own private mount namespace (the clone child inherits a copy of it). */
+static int stage_prepare(struct conch_err *err)
 {
     static bool have_private_ns;
     int r;
-    if (!have_private_ns) {
-        if ((r = conch_mkdir_p(STAGE_ROOT, 0711, err)) < 0)
-            return r;
-        if (unshare(CLONE_NEWNS) < 0)
-            return conch_err_set(err, errno, "unshare a private mount namespace for staging: %s",
-                                 strerror(errno));
-        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-            return conch_err_set(err, errno, "make mounts private: %s", strerror(errno));
-        if (mount("tmpfs", STAGE_ROOT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "mode=0711,size=64k") < 0)
-            return conch_err_set(err, errno, "mount staging tmpfs on '%s': %s", STAGE_ROOT,
-                                 strerror(errno));
-        have_private_ns = true;
-    }
-    snprintf(j->stage_dir, sizeof(j->stage_dir), STAGE_ROOT "/%s", j->name);
-    if (mkdir(j->stage_dir, 0700) < 0 && errno != EEXIST)
-        return conch_err_set(err, errno, "mkdir '%s': %s", j->stage_dir, strerror(errno));
-    _cleanup_close_ int tree = jail_idmapped_tree(spec->workspace, j->ws_owner_uid, j->ws_owner_gid,
-                                                  spec->ws_mode == CONCH_WS_RO, err);
+    if (have_private_ns)
+        return 0;
+    if ((r = conch_mkdir_p(STAGE_ROOT, 0711, err)) < 0)
+        return r;
+    if (unshare(CLONE_NEWNS) < 0)
+        return conch_err_set(err, errno, "unshare a private mount namespace for staging: %s",
+                             strerror(errno));
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return conch_err_set(err, errno, "make mounts private: %s", strerror(errno));
+    if (mount("tmpfs", STAGE_ROOT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0711,size=64k") < 0)
+        return conch_err_set(err, errno, "mount staging tmpfs on '%s': %s", STAGE_ROOT,
+                             strerror(errno));
+    have_private_ns = true;
+    return 0;
+}
+
+static int stage_tree(int tree, char *dir, size_t dir_size, const char *name, struct conch_err *err)
+{
+    snprintf(dir, dir_size, STAGE_ROOT "/%s", name);
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", dir, strerror(errno));
+    return jail_stage_attach(tree, dir, err);
+}
+
+static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *spec,
+                           struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    _cleanup_close_ int tree =
+        jail_idmapped_tree(spec->workspace, false, j->ws_owner_uid, j->ws_owner_gid,
+                           spec->ws_mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
-    if ((r = jail_stage_attach(tree, j->stage_dir, err)) < 0)
+    if ((r = stage_tree(tree, j->stage_dir, sizeof(j->stage_dir), j->name, err)) < 0)
         return r;
     j->mounted_stage = true;
+    return 0;
+}
+
+static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, true, 0, 0, true, err);
+    if (tree < 0)
+        return conch_err_wrap(err, "--rootfs");
+    char name[80];
+    snprintf(name, sizeof(name), "%s-rootfs", j->name);
+    if ((r = stage_tree(tree, j->root_stage_dir, sizeof(j->root_stage_dir), name, err)) < 0)
+        return r;
+    j->mounted_root_stage = true;
     return 0;
 }
 
@@ -145,7 +177,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
              CONCH_AGENT_UID, CONCH_AGENT_GID);
     snprintf(plan->group, sizeof(plan->group),
              "root:x:0:\ntty:x:5:\nagent:x:%d:\nnogroup:x:65534:\n", CONCH_AGENT_GID);
-    if ((r = jail_plan_rootfs(plan, spec->rootfs, err)) < 0)
+    if ((r = jail_plan_rootfs(plan, spec->rootfs, j->mounted_root_stage ? j->root_stage_dir : NULL,
+                              err)) < 0)
         return r;
     plan->tmp_bytes = spec->tmp_bytes;
     plan->home_bytes = spec->home_bytes;
@@ -218,6 +251,8 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
     }
 
     if (spec->workspace && j->root_mode && (r = stage_workspace(j, spec, err)) < 0)
+        goto fail;
+    if (spec->rootfs && j->root_mode && (r = stage_rootfs(j, spec->rootfs, err)) < 0)
         goto fail;
 
     plan = calloc(1, sizeof(*plan));
@@ -415,6 +450,11 @@ void conch_jail_destroy(struct conch_jail *j)
         umount2(j->stage_dir, MNT_DETACH);
         rmdir(j->stage_dir);
         j->mounted_stage = false;
+    }
+    if (j->mounted_root_stage) {
+        umount2(j->root_stage_dir, MNT_DETACH);
+        rmdir(j->root_stage_dir);
+        j->mounted_root_stage = false;
     }
     conch_seccomp_prog_done(&j->seccomp);
 }

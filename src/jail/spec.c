@@ -46,10 +46,12 @@ static int add_link(struct jail_plan *plan, const char *path, const char *target
 
 /* Bind @host at the same place, or recreate it as a symlink when it is one (merged /usr
  * layouts make /bin a symlink to usr/bin). Missing paths are skipped. */
-static int mirror(struct jail_plan *plan, const char *root, const char *name, struct conch_err *err)
+static int mirror(struct jail_plan *plan, const char *root, const char *src_root, const char *name,
+                  struct conch_err *err)
 {
-    char host[PATH_MAX], dst[128];
+    char host[PATH_MAX], src[PATH_MAX], dst[128];
     snprintf(host, sizeof(host), "%s/%s", root, name);
+    snprintf(src, sizeof(src), "%s/%s", src_root, name);
     snprintf(dst, sizeof(dst), "/%s", name);
     struct stat st;
     if (lstat(host, &st) < 0)
@@ -62,7 +64,7 @@ static int mirror(struct jail_plan *plan, const char *root, const char *name, st
         target[n] = '\0';
         return add_link(plan, dst, target, err);
     }
-    return add_bind(plan, host, dst, S_ISDIR(st.st_mode), err);
+    return add_bind(plan, src, dst, S_ISDIR(st.st_mode), err);
 }
 
 /* The host's /etc, curated: what programs need to run (dynamic loader config, certs,
@@ -105,14 +107,15 @@ static const char *const etc_entries[] = {
     NULL,
 };
 
-int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, struct conch_err *err)
+int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *rootfs_src,
+                     struct conch_err *err)
 {
     int r;
     if (!rootfs) {
         static const char *const system_dirs[] = {"usr",   "bin",   "sbin",   "lib",
                                                   "lib32", "lib64", "libx32", NULL};
         for (int i = 0; system_dirs[i]; i++)
-            if ((r = mirror(plan, "", system_dirs[i], err)) < 0)
+            if ((r = mirror(plan, "", "", system_dirs[i], err)) < 0)
                 return r;
         for (int i = 0; etc_entries[i]; i++) {
             char host[128];
@@ -141,7 +144,7 @@ int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, struct conch_er
             skip = skip || !strcmp(de->d_name, skipped[i]);
         if (skip)
             continue;
-        if ((r = mirror(plan, rootfs, de->d_name, err)) < 0)
+        if ((r = mirror(plan, rootfs, rootfs_src ? rootfs_src : rootfs, de->d_name, err)) < 0)
             return r;
     }
     plan->curated_etc = false;

@@ -48,9 +48,11 @@ int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid,
     return 0;
 }
 
-/* A user namespace whose only mapping sends @inner_uid/@inner_gid to the host ids of the
- * sandbox's agent: used as the idmapping of the workspace mount. Returns an fd. */
-static int idmap_userns(uid_t inner_uid, gid_t inner_gid, struct conch_err *err)
+/* A user namespace used as the idmapping of a mount. With @whole_range it maps like the
+ * sandbox (0..65535 onto the host range: a root-owned --rootfs looks root-owned inside);
+ * otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to the host
+ * ids of the sandbox's agent. Returns an fd. */
+static int idmap_userns(bool whole_range, uid_t inner_uid, gid_t inner_gid, struct conch_err *err)
 {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
@@ -80,11 +82,15 @@ static int idmap_userns(uid_t inner_uid, gid_t inner_gid, struct conch_err *err)
         goto out;
     }
     char path[64], map[96];
-    snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, CONCH_HOST_ID_BASE + CONCH_AGENT_UID);
+    if (whole_range)
+        snprintf(map, sizeof(map), "0 %u %u\n", CONCH_HOST_ID_BASE, CONCH_HOST_ID_COUNT);
+    else
+        snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, CONCH_HOST_ID_BASE + CONCH_AGENT_UID);
     snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
     if (conch_write_file(path, map, strlen(map), err) < 0)
         goto out;
-    snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, CONCH_HOST_ID_BASE + CONCH_AGENT_GID);
+    if (!whole_range)
+        snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, CONCH_HOST_ID_BASE + CONCH_AGENT_GID);
     snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
     if (conch_write_file(path, map, strlen(map), err) < 0)
         goto out;
@@ -98,14 +104,15 @@ out:
     return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
 }
 
-int jail_idmapped_tree(const char *path, uid_t owner_uid, gid_t owner_gid, bool read_only,
-                       struct conch_err *err)
+int jail_idmapped_tree(const char *path, bool whole_range, uid_t owner_uid, gid_t owner_gid,
+                       bool read_only, struct conch_err *err)
 {
-    _cleanup_close_ int userns = idmap_userns(owner_uid, owner_gid, err);
+    _cleanup_close_ int userns = idmap_userns(whole_range, owner_uid, owner_gid, err);
     if (userns < 0)
         return userns;
     _cleanup_close_ int tree =
-        (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (whole_range ? AT_RECURSIVE : 0));
     if (tree < 0)
         return conch_err_set(err, errno, "open_tree '%s': %s (needs Linux >= 5.2)", path,
                              strerror(errno));
@@ -114,7 +121,8 @@ int jail_idmapped_tree(const char *path, uid_t owner_uid, gid_t owner_gid, bool 
                     (read_only ? MOUNT_ATTR_RDONLY : 0),
         .userns_fd = (uint64_t)userns,
     };
-    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | (whole_range ? AT_RECURSIVE : 0),
+                &attr, sizeof(attr)) < 0) {
         int e = errno;
         return conch_err_set(err, e,
                              "idmap the workspace mount '%s': %s (idmapped mounts need Linux "
