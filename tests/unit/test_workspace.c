@@ -19,6 +19,7 @@
 
 #include "core/cleanup.h"
 #include "workspace/workspace.h"
+#include "workspace/ws-internal.h"
 
 /* ---- building trees ---------------------------------------------------------------- */
 
@@ -43,6 +44,8 @@ static void teardown_dirs(void)
     char cmd[256];
     /* The overlay test mounts a tmpfs below base in its private mount namespace. */
     snprintf(cmd, sizeof(cmd), "%s/tmpfs", base);
+    umount2(cmd, MNT_DETACH);
+    snprintf(cmd, sizeof(cmd), "%s/lower/mnt", base);
     umount2(cmd, MNT_DETACH);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
     if (base[0] && system(cmd) != 0)
@@ -710,6 +713,76 @@ Test(workspace, commit_delete_tree_keeps_symlink_targets)
     cr_assert_str_eq(slurp(at(outside, "tdir/inner")), "keep me too\n");
 }
 
+/* ---- path resolution ---------------------------------------------------------------- */
+
+/* openat2 and the component walk used when openat2 is missing must agree. */
+Test(workspace, resolution_fallback_matches_openat2)
+{
+    mkd(lower, "d", 0755);
+    mkd(lower, "d/sub", 0755);
+    put(lower, "d/file", "f\n", 0644);
+    lnk(lower, "link", outside);
+    lnk(lower, "d/uplink", "..");
+    mkd(lower, "mnt", 0755);
+    mkd(lower, "mnt/under", 0755);
+    _cleanup_close_ int root = open_dir(lower);
+    static const struct {
+        const char *path;
+        int flags;
+        int want; /* 0: success */
+    } cases[] = {
+        {"", O_PATH | O_DIRECTORY, 0},
+        {"d", O_PATH | O_DIRECTORY, 0},
+        {"d/sub", O_RDONLY | O_DIRECTORY, 0},
+        {"d/file", O_RDONLY, 0},
+        {"link", O_PATH | O_DIRECTORY, -ELOOP},
+        {"link", O_RDONLY | O_DIRECTORY, -ELOOP},
+        {"link/x", O_PATH | O_DIRECTORY, -ELOOP},
+        {"d/uplink/d", O_PATH | O_DIRECTORY, -ELOOP},
+        {"d/file/x", O_PATH, -ENOTDIR},
+        {"d/missing/x", O_PATH, -ENOENT},
+    };
+    for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+        for (int walk = 0; walk < 2; walk++) {
+            int fd = walk ? conch_ws__openat2_walk(root, cases[i].path, cases[i].flags, false)
+                          : conch_ws__openat2(root, cases[i].path, cases[i].flags, false);
+            if (cases[i].want == 0) {
+                cr_assert_geq(fd, 0, "%s '%s': %s", walk ? "walk" : "openat2", cases[i].path,
+                              strerror(-fd));
+                struct stat a, b;
+                cr_assert_eq(fstat(fd, &a), 0);
+                cr_assert_eq(lstat(at(lower, cases[i].path), &b), 0);
+                cr_assert(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+                cr_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+                close(fd);
+            } else {
+                cr_assert_eq(fd, cases[i].want, "%s '%s': got %d", walk ? "walk" : "openat2",
+                             cases[i].path, fd);
+            }
+        }
+    }
+    cr_assert_eq(conch_ws__openat2_walk(root, "d/../..", O_PATH, false), -EINVAL);
+    cr_assert_eq(conch_ws__openat2_walk(root, "..", O_PATH, false), -EINVAL);
+    cr_assert_eq(conch_ws__openat2(root, "d/../..", O_PATH, false), -EXDEV);
+
+    /* A mount below the root is refused with no_xdev, on both paths. */
+    if (unshare(CLONE_NEWNS) < 0)
+        cr_skip_test("unshare(CLONE_NEWNS): %s", strerror(errno));
+    cr_assert_eq(mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL), 0);
+    cr_assert_eq(mount("tmpfs", at(lower, "mnt"), "tmpfs", 0, "mode=0755"), 0);
+    mkd(lower, "mnt/inside", 0755);
+    /* An fd opened before unshare() still sees the old namespace's mounts. */
+    close(root);
+    root = open_dir(lower);
+    int fd = conch_ws__openat2(root, "mnt/inside", O_PATH | O_DIRECTORY, true);
+    cr_assert_eq(fd, -EXDEV, "openat2 crossed a mount: %d", fd);
+    fd = conch_ws__openat2_walk(root, "mnt/inside", O_PATH | O_DIRECTORY, true);
+    cr_assert_eq(fd, -EXDEV, "walk crossed a mount: %d", fd);
+    fd = conch_ws__openat2_walk(root, "mnt", O_PATH | O_DIRECTORY, true);
+    cr_assert_eq(fd, -EXDEV, "walk opened a mount point: %d", fd);
+    umount2(at(lower, "mnt"), MNT_DETACH);
+}
+
 /* ---- a real overlay ---------------------------------------------------------------- */
 
 static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -731,7 +804,7 @@ Test(workspace, real_overlay_round_trip)
      * mounted in it go away with the test. */
     if (unshare(CLONE_NEWNS) < 0)
         cr_skip_test("unshare(CLONE_NEWNS): %s", strerror(errno));
-    cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0);
+    cr_assert_eq(mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL), 0);
     snprintf(layer, sizeof(layer), "%s/tmpfs", base);
     snprintf(work, sizeof(work), "%s/work", layer);
     snprintf(merged, sizeof(merged), "%s/merged", base);
