@@ -106,7 +106,9 @@ int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct co
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err);
 
 /* conch_jail_destroy - stop the warden (everything inside dies), remove the cgroup and
- * staging, close fds. Safe on a zeroed/failed jail. */
+ * staging, close fds. Safe on a zeroed/failed jail. Without a cgroup it does not wait for
+ * the kernel to finish tearing the namespaces down: the warden may remain a zombie child
+ * of the caller until the caller reaps it (waitpid(-1) on SIGCHLD) or exits. */
 void conch_jail_destroy(struct conch_jail *j);
 
 #endif

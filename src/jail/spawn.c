@@ -429,9 +429,11 @@ void conch_jail_destroy(struct conch_jail *j)
         struct jail_msg m = {.type = JMSG_SHUTDOWN};
         if (j->ctl_fd >= 0)
             jail_send(j->ctl_fd, &m, NULL, 0);
-        /* The warden is PID 1 of its namespace: SIGKILL to it kills every process inside. */
+        /* The warden is PID 1 of its namespace: SIGKILL to it kills every process inside.
+         * Tearing the namespaces down takes the kernel a millisecond or more; only a cgroup
+         * (which cannot be removed while the warden is in it) needs us to wait for that. */
         kill(j->warden_pid, SIGKILL);
-        while (waitpid(j->warden_pid, NULL, 0) < 0 && errno == EINTR)
+        while (waitpid(j->warden_pid, NULL, j->has_cgroup ? 0 : WNOHANG) < 0 && errno == EINTR)
             ;
         j->warden_pid = 0;
     }
