@@ -140,14 +140,22 @@ static void stream_rest(int fd, const struct conch_output *o)
         conch_write_all(fd, text + head, len - head);
 }
 
-static bool fs_full(const char *path, int fd)
+/* Full within a few pages: tmpfs rounds, and the last write may not fit a page. */
+static bool nearly_full(const struct statvfs *sv)
+{
+    return sv->f_blocks > 0 && sv->f_bavail * sv->f_frsize < 64 * 1024;
+}
+
+static bool fd_fs_full(int fd)
 {
     struct statvfs sv;
-    int r = fd >= 0 ? fstatvfs(fd, &sv) : statvfs(path, &sv);
-    if (r < 0 || sv.f_blocks == 0)
-        return false;
-    /* Full within a few pages: tmpfs rounds, and the last write may not fit a page. */
-    return sv.f_bavail * sv.f_frsize < 64 * 1024;
+    return fstatvfs(fd, &sv) == 0 && nearly_full(&sv);
+}
+
+static bool path_fs_full(const char *path)
+{
+    struct statvfs sv;
+    return statvfs(path, &sv) == 0 && nearly_full(&sv);
 }
 
 struct pump {
@@ -356,12 +364,12 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         snprintf(res->error_msg, sizeof(res->error_msg),
                  "process limit: the command hit the limit of %llu processes",
                  (unsigned long long)o->jail.limits.pids_max);
-    } else if (failed && upper >= 0 && fs_full(NULL, upper)) {
+    } else if (failed && upper >= 0 && fd_fs_full(upper)) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
                  "disk limit: the workspace's writable layer (%llu bytes, --disk) is full",
                  (unsigned long long)o->jail.disk_bytes);
-    } else if (failed && fs_full(tmp_path, -1)) {
+    } else if (failed && path_fs_full(tmp_path)) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
                  "disk limit: /tmp (%llu bytes, --tmp-size) is full",
