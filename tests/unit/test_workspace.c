@@ -310,6 +310,19 @@ Test(workspace, mode_names_round_trip)
     conch_ws_changes_done(&zero);
 }
 
+Test(workspace, scan_errors_leave_output_alone)
+{
+    struct conch_ws_changes c = {.items = (void *)&c, .n = 42};
+    struct conch_err err = {0};
+    _cleanup_close_ int l = open_dir(lower);
+    cr_assert_eq(conch_ws_changes_scan(-1, l, &c, &err), -EBADF);
+    cr_assert_eq(err.code, EBADF);
+    cr_assert_neq(err.msg[0], '\0');
+    cr_assert_eq(c.n, 42, "output written on failure");
+    /* An empty change list is a no-op. */
+    cr_assert_eq(commit(&(struct conch_ws_changes){0}, NULL, &err), 0);
+}
+
 /* ---- scan, hand-built layers ------------------------------------------------------- */
 
 /* A lower tree and an upper that changes it in every basic way. */
@@ -705,7 +718,7 @@ Test(workspace, commit_delete_tree_keeps_symlink_targets)
     expect(&c, "top-link", CONCH_CHANGE_DELETED, 'l');
     cr_assert_eq(c.n, 2);
     struct conch_err err = {0};
-    cr_assert_eq(commit(&c, &default_owner, &err), 0, "%s", err.msg);
+    cr_assert_eq(commit(&c, NULL, &err), 0, "%s", err.msg);
     conch_ws_changes_done(&c);
     cr_assert(!exists(at(lower, "d")));
     cr_assert(!exists(at(lower, "top-link")));
@@ -763,7 +776,9 @@ Test(workspace, resolution_fallback_matches_openat2)
     }
     cr_assert_eq(conch_ws__openat2_walk(root, "d/../..", O_PATH, false), -EINVAL);
     cr_assert_eq(conch_ws__openat2_walk(root, "..", O_PATH, false), -EINVAL);
-    cr_assert_eq(conch_ws__openat2(root, "d/../..", O_PATH, false), -EXDEV);
+    /* EXDEV from openat2; EINVAL from the walk when openat2 is missing (valgrind). */
+    int esc = conch_ws__openat2(root, "d/../..", O_PATH, false);
+    cr_assert(esc == -EXDEV || esc == -EINVAL, "escape gave %d", esc);
 
     /* A mount below the root is refused with no_xdev, on both paths. */
     if (unshare(CLONE_NEWNS) < 0)
