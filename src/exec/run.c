@@ -20,6 +20,8 @@
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 
+#define SAMPLE_MS 20
+
 void conch_run_opts_init(struct conch_run_opts *o)
 {
     memset(o, 0, sizeof(*o));
@@ -245,6 +247,11 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     uint64_t kill_at = 0;
     bool exited = false, over_spill = false;
     int interrupts = 0;
+    /* Without a cgroup, memory and the process count are sampled from the sandbox's /proc:
+     * a memory hog is killed like an OOM kill, a full process table is noted. */
+    bool sample = !jail.has_cgroup && (o->jail.limits.memory_bytes || o->jail.limits.pids_max);
+    uint64_t next_sample = 0;
+    bool sampled_oom = false, sampled_pids = false;
     struct conch_jail_exit ex = {0};
     char buf[65536];
     while (!exited || pumps[0].fd >= 0 || pumps[1].fd >= 0) {
@@ -259,6 +266,8 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         uint64_t next = kill_at ? kill_at : (res->timed_out ? 0 : deadline);
         if (next && !exited)
             timeout = next > now ? (int)(next - now) : 0;
+        if (sample && !exited && (timeout < 0 || timeout > SAMPLE_MS))
+            timeout = SAMPLE_MS;
         int n = poll(pfd, 4, timeout);
         if (n < 0 && errno != EINTR) {
             r = conch_err_set(err, errno, "poll: %s", strerror(errno));
@@ -273,6 +282,20 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         if (!exited && kill_at && now >= kill_at) {
             conch_jail_signal(&jail, SIGKILL, true, NULL);
             kill_at = 0;
+        }
+        if (sample && !exited && now >= next_sample) {
+            next_sample = now + SAMPLE_MS;
+            struct conch_jail_usage u;
+            if (conch_jail_usage(&jail, &u) == 0) {
+                uint64_t pids_max = o->jail.limits.pids_max;
+                if (pids_max && u.processes + 1 >= pids_max)
+                    sampled_pids = true;
+                if (o->jail.limits.memory_bytes && u.rss_bytes > o->jail.limits.memory_bytes &&
+                    !sampled_oom) {
+                    sampled_oom = true;
+                    conch_jail_signal(&jail, SIGKILL, true, NULL);
+                }
+            }
         }
         if (n <= 0)
             continue;
@@ -343,37 +366,43 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     char tmp_path[64];
     snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", jail.warden_pid);
     bool failed = res->exit_code != 0;
-    if (res->timed_out) {
-        res->error_kind = CONCH_ERR_TIMEOUT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "timed out after %.3g s (SIGTERM to every process, SIGKILL after %.3g s)",
-                 (double)o->timeout_ms / 1000, (double)o->grace_ms / 1000);
-    } else if (over_spill) {
+    bool oom = cgs.oom_killed || sampled_oom;
+    bool pids_hit = cgs.pids_limit_hit || sampled_pids;
+    const char *after_timeout = res->timed_out ? " (then the deadline passed)" : "";
+    /* A limit is the cause, a timeout often only its symptom (a fork bomb retries until
+     * the deadline): limits are reported first. */
+    if (over_spill) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
                  "output limit: more than %llu bytes on one stream (--max-spill); the command "
                  "was killed",
                  (unsigned long long)o->max_spill);
-    } else if (cgs.oom_killed) {
+    } else if (oom) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
-                 "memory limit: the command was killed for using more than %llu bytes",
-                 (unsigned long long)o->jail.limits.memory_bytes);
-    } else if (failed && cgs.pids_limit_hit) {
+                 "memory limit: the command was killed for using more than %llu bytes%s",
+                 (unsigned long long)o->jail.limits.memory_bytes,
+                 jail.has_cgroup ? "" : " (resident memory sampled every 20 ms: no cgroup)");
+    } else if (failed && pids_hit) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
-                 "process limit: the command hit the limit of %llu processes",
-                 (unsigned long long)o->jail.limits.pids_max);
+                 "process limit: the command hit the limit of %llu processes%s",
+                 (unsigned long long)o->jail.limits.pids_max, after_timeout);
     } else if (failed && upper >= 0 && fd_fs_full(upper)) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
-                 "disk limit: the workspace's writable layer (%llu bytes, --disk) is full",
-                 (unsigned long long)o->jail.disk_bytes);
+                 "disk limit: the workspace's writable layer (%llu bytes, --disk) is full%s",
+                 (unsigned long long)o->jail.disk_bytes, after_timeout);
     } else if (failed && path_fs_full(tmp_path)) {
         res->error_kind = CONCH_ERR_LIMIT;
         snprintf(res->error_msg, sizeof(res->error_msg),
-                 "disk limit: /tmp (%llu bytes, --tmp-size) is full",
-                 (unsigned long long)o->jail.tmp_bytes);
+                 "disk limit: /tmp (%llu bytes, --tmp-size) is full%s",
+                 (unsigned long long)o->jail.tmp_bytes, after_timeout);
+    } else if (res->timed_out) {
+        res->error_kind = CONCH_ERR_TIMEOUT;
+        snprintf(res->error_msg, sizeof(res->error_msg),
+                 "timed out after %.3g s (SIGTERM to every process, SIGKILL after %.3g s)",
+                 (double)o->timeout_ms / 1000, (double)o->grace_ms / 1000);
     } else if (failed) {
         res->error_kind = CONCH_ERR_COMMAND;
         if (res->signal)

@@ -105,6 +105,19 @@ int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct co
  */
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err);
 
+/* What the sandbox's processes use right now (the warden excluded). */
+struct conch_jail_usage {
+    uint64_t processes;
+    uint64_t rss_bytes; /* sum of resident sets: shared pages count once per process */
+};
+
+/*
+ * conch_jail_usage - sample @j's processes through the sandbox's own /proc. Used to
+ * enforce memory and detect the process limit when no cgroup can be had. Cost grows with
+ * the number of processes. Returns 0 or -errno.
+ */
+int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
+
 /* conch_jail_destroy - stop the warden (everything inside dies), remove the cgroup and
  * staging, close fds. Safe on a zeroed/failed jail. Without a cgroup it does not wait for
  * the kernel to finish tearing the namespaces down: the warden may remain a zombie child

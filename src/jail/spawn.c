@@ -1,5 +1,6 @@
 /* spawn.c - the parent side of a sandbox: prepare the plan, clone the warden into new
  * namespaces, write its id maps, put it in a cgroup, and drive it over the control socket. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -195,9 +196,13 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
          * (Linux >= 5.14), so it bounds the sandbox's processes, not the caller's. */
         plan->set_rlimit_nproc = true;
         plan->rlimit_nproc = spec->limits.pids_max ? spec->limits.pids_max : 8192;
+        /* Memory is then watched by the caller (conch_jail_usage); RLIMIT_AS is only a
+         * backstop against an allocation burst between two samples. It limits address
+         * space, not memory, so it is set well above the limit. */
         if (spec->limits.memory_bytes) {
             plan->set_rlimit_as = true;
-            plan->rlimit_as = spec->limits.memory_bytes;
+            uint64_t m = spec->limits.memory_bytes;
+            plan->rlimit_as = m * 4 > m + (512ULL << 20) ? m * 4 : m + (512ULL << 20);
         }
     }
     return 0;
@@ -459,4 +464,30 @@ void conch_jail_destroy(struct conch_jail *j)
         j->mounted_root_stage = false;
     }
     conch_seccomp_prog_done(&j->seccomp);
+}
+
+int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret)
+{
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/%d/root/proc", j->warden_pid);
+    _cleanup_closedir_ DIR *d = opendir(path);
+    if (!d)
+        return -errno;
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t rss = 0, n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9' || !strcmp(de->d_name, "1"))
+            continue;
+        n++;
+        char statm[384];
+        snprintf(statm, sizeof(statm), "%s/%s/statm", path, de->d_name);
+        _cleanup_fclose_ FILE *f = fopen(statm, "re");
+        unsigned long long size, resident;
+        if (f && fscanf(f, "%llu %llu", &size, &resident) == 2)
+            rss += resident * (uint64_t)page;
+    }
+    ret->processes = n;
+    ret->rss_bytes = rss;
+    return 0;
 }
