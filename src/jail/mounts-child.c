@@ -310,8 +310,8 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
             return r;
     }
     if (plan->curated_etc) {
-        struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
-                                              MOUNT_ATTR_NODEV};
+        struct mount_attr attr = {.attr_set =
+                                      MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
         if (syscall(SYS_mount_setattr, AT_FDCWD, "/etc", AT_RECURSIVE, &attr, sizeof(attr)) < 0)
             return fail(err, "make read-only", "/etc", errno);
     }
