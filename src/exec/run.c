@@ -276,11 +276,11 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         now = now_ms();
         if (!exited && deadline && !res->timed_out && now >= deadline) {
             res->timed_out = true;
-            conch_jail_signal(&jail, SIGTERM, true, NULL);
+            conch_jail_signal(&jail, 0, SIGTERM, NULL);
             kill_at = now + o->grace_ms;
         }
         if (!exited && kill_at && now >= kill_at) {
-            conch_jail_signal(&jail, SIGKILL, true, NULL);
+            conch_jail_signal(&jail, 0, SIGKILL, NULL);
             kill_at = 0;
         }
         if (sample && !exited && now >= next_sample) {
@@ -293,7 +293,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                 if (o->jail.limits.memory_bytes && u.rss_bytes > o->jail.limits.memory_bytes &&
                     !sampled_oom) {
                     sampled_oom = true;
-                    conch_jail_signal(&jail, SIGKILL, true, NULL);
+                    conch_jail_signal(&jail, 0, SIGKILL, NULL);
                 }
             }
         }
@@ -320,7 +320,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                 /* Past the spill cap the command is stopped: an agent's output flood must
                  * not fill the host's disk, and nobody reads gigabytes of it. */
                 over_spill = true;
-                conch_jail_signal(&jail, SIGKILL, true, NULL);
+                conch_jail_signal(&jail, 0, SIGKILL, NULL);
             }
         }
         if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)) {

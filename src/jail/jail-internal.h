@@ -59,23 +59,30 @@ struct jail_plan {
     rlim_t rlimit_nproc;
     bool set_rlimit_as;
     rlim_t rlimit_as;
+    /* file requests: run in a fenced worker with the request and response fds */
+    conch_jail_file_fn file_handler;
+    /* workspace upper on disk (persistent) instead of a tmpfs */
+    bool upper_on_disk;
+    char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
 };
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1 */
     JMSG_SETUP_ERR,    /* warden → parent: err */
-    JMSG_RUN,          /* parent → warden: fds [stdin, stdout, stderr, blob memfd] */
-    JMSG_STARTED,      /* warden → parent: a = pid inside */
-    JMSG_RUN_ERR,      /* warden → parent: err (the command could not start) */
-    JMSG_EXITED,       /* warden → parent: a = wait status, usage */
-    JMSG_SIGNAL,       /* parent → warden: a = signal, b = 1 for every process */
+    JMSG_RUN,          /* parent → warden: id; fds [stdin, stdout, stderr, blob memfd] */
+    JMSG_STARTED,      /* shepherd → parent: id, a = pid inside */
+    JMSG_RUN_ERR,      /* warden or shepherd → parent: id, err (could not start) */
+    JMSG_EXITED,       /* shepherd → parent: id, a = wait status, usage */
+    JMSG_SIGNAL,       /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
+    JMSG_FILE,         /* parent → warden: id; fds [request memfd, response pipe] */
 };
 
 struct jail_msg {
     uint32_t type;
     int32_t a;
     int32_t b;
+    int64_t id; /* the command (or file request) this message is about */
     struct rusage usage;
     struct conch_err err;
 };

@@ -23,6 +23,14 @@
 #define CONCH_HOST_ID_BASE 100000
 #define CONCH_HOST_ID_COUNT 65536
 
+/*
+ * A file request handler, run inside the sandbox by a worker forked from the warden after
+ * every fence of a command is applied (identity, capabilities, no_new_privs, Landlock,
+ * seccomp). It reads the request from @req_fd and writes its answer to @resp_fd; the
+ * worker exits with its return value. See conch_jail_file().
+ */
+typedef int (*conch_jail_file_fn)(int req_fd, int resp_fd);
+
 /* What a sandbox is made of. Strings are borrowed for the duration of conch_jail_start. */
 struct conch_jail_spec {
     const char *rootfs;    /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
@@ -34,6 +42,10 @@ struct conch_jail_spec {
     uint64_t disk_bytes;               /* size of the overlay upper (what may be written) */
     struct conch_cgroup_limits limits; /* enforced by a cgroup when one can be had */
     const char *name; /* unique name (cgroup, staging); NULL: derived from the pid */
+    /* Host dir holding the overlay's upper/ and work/, kept after the sandbox (for changes
+     * and commit); NULL: a tmpfs of disk_bytes that lives as long as the warden. */
+    const char *upper_dir;
+    conch_jail_file_fn file_handler; /* NULL: conch_jail_file() is refused */
 };
 
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
@@ -57,6 +69,7 @@ struct conch_jail {
     gid_t ws_owner_gid;
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;
+    int64_t last_id; /* of conch_jail_exec's last command */
 };
 
 /*
@@ -69,7 +82,8 @@ struct conch_jail {
 int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
                      struct conch_err *err);
 
-/* One command to run in a jail. Strings and fds are borrowed. */
+/* One command to run in a jail. Strings and fds are borrowed. Without a workspace,
+ * /workspace is an empty tmpfs. */
 struct conch_jail_cmd {
     char *const *argv; /* argv[0] is looked up in PATH of @envp when it has no '/' */
     char *const *envp; /* the whole environment; nothing else is inherited */
@@ -78,14 +92,57 @@ struct conch_jail_cmd {
 };
 
 /*
- * conch_jail_exec - start @cmd in @j. Returns the command's pid inside the sandbox (> 0),
- * or -errno with @err (e.g. the program was not found: ENOENT, kind command).
+ * conch_jail_exec - start @cmd in @j and wait until it runs. Returns the command's pid
+ * inside the sandbox (> 0), or -errno with @err (e.g. the program was not found: ENOENT,
+ * kind command). Each command is watched by its own shepherd, a subreaper: when the
+ * command exits, every process it left (double-forked ones included) is killed before its
+ * exit is reported. Several commands may run at once (see conch_jail_exec_async).
  */
 int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err);
 
-/* conch_jail_signal - send @sig to the command (@all=false) or to every process in the
- * sandbox but the warden (@all=true). */
-int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err *err);
+/*
+ * conch_jail_exec_async - send @cmd as command @id without waiting: its start (or start
+ * failure) and its exit arrive as events on @j->ctl_fd (conch_jail_read_event).
+ */
+int conch_jail_exec_async(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
+                          struct conch_err *err);
+
+/* conch_jail_signal - send @sig to every process of command @id (0: the last command
+ * started by conch_jail_exec). */
+int conch_jail_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err);
+
+enum conch_jail_event_type {
+    CONCH_JAIL_STARTED = 1,
+    CONCH_JAIL_START_FAILED,
+    CONCH_JAIL_EXITED,
+};
+
+/* What the warden or a shepherd reports about a command (or a refused file request). */
+struct conch_jail_event {
+    enum conch_jail_event_type type;
+    int64_t id;
+    pid_t pid;            /* STARTED: pid inside the sandbox */
+    int status;           /* EXITED: wait status */
+    struct rusage usage;  /* EXITED: of the command and its descendants */
+    struct conch_err err; /* START_FAILED */
+};
+
+/*
+ * conch_jail_read_event - read one event from @j->ctl_fd (blocks: poll the fd first from an
+ * event loop). Returns 1 with *@ret filled, 0 when the warden is gone, or -errno.
+ */
+int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret,
+                          struct conch_err *err);
+
+/*
+ * conch_jail_file - send file request @id: the warden forks a worker that applies every
+ * fence of a command, then calls the spec's file_handler with @req_fd (the request) and
+ * @resp_fd (where the answer goes). Both fds are borrowed: the caller closes its copies and
+ * reads the answer from the other end of @resp_fd until EOF. If the warden cannot start the
+ * worker, a START_FAILED event with @id arrives instead.
+ */
+int conch_jail_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                    struct conch_err *err);
 
 struct conch_jail_exit {
     int status;          /* wait status of the command */

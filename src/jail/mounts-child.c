@@ -202,38 +202,52 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
     int r = make_dir("/workspace", 0755, err);
     if (r < 0)
         return r;
+    if (!plan->has_workspace) {
+        char opts[128];
+        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,uid=%u,gid=%u",
+                 (unsigned long long)plan->disk_bytes, plan->cmd_uid, plan->cmd_gid);
+        return do_mount("tmpfs", "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    }
     if (plan->ws_mode != CONCH_WS_OVERLAY)
         return bind_mount(plan->ws_lower, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
 
     struct stat lower;
     if (stat(plan->ws_lower, &lower) < 0)
         return fail(err, "stat workspace", plan->ws_lower, errno);
-    r = make_dir(UPPER_MNT, 0700, err);
-    if (r < 0)
+    /* The upper: a directory kept on the host (the daemon: changes outlive the sandbox), or a
+     * size-limited tmpfs that only this sandbox sees. */
+    const char *base = plan->upper_on_disk ? plan->upper_dir : UPPER_MNT;
+    char upper[PATH_MAX + 16], work[PATH_MAX + 16];
+    snprintf(upper, sizeof(upper), "%s/upper", base);
+    snprintf(work, sizeof(work), "%s/work", base);
+    if (!plan->upper_on_disk) {
+        r = make_dir(UPPER_MNT, 0700, err);
+        if (r < 0)
+            return r;
+        char opts[128];
+        snprintf(opts, sizeof(opts), "mode=0755,size=%llu", (unsigned long long)plan->disk_bytes);
+        r = do_mount("tmpfs", UPPER_MNT, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+        if (r < 0)
+            return conch_err_wrap(err, "workspace upper");
+    }
+    bool fresh_upper = mkdir(upper, 0755) == 0;
+    if (!fresh_upper && errno != EEXIST)
+        return fail(err, "mkdir", upper, errno);
+    if ((r = make_dir(work, 0700, err)) < 0)
         return r;
-    char opts[128];
-    snprintf(opts, sizeof(opts), "mode=0755,size=%llu", (unsigned long long)plan->disk_bytes);
-    r = do_mount("tmpfs", UPPER_MNT, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
-    if (r < 0)
-        return conch_err_wrap(err, "workspace upper");
-    r = make_dir(UPPER_MNT "/upper", 0755, err);
-    if (r >= 0)
-        r = make_dir(UPPER_MNT "/work", 0700, err);
-    if (r < 0)
-        return r;
-    /* The overlay's root takes the upper dir's owner and mode: make them the lower's, so
-     * the workspace root looks the same inside as on the host (owned by agent). */
-    uid_t uid = lower.st_uid == 65534 ? plan->cmd_uid : lower.st_uid;
-    gid_t gid = lower.st_gid == 65534 ? plan->cmd_gid : lower.st_gid;
-    if (chown(UPPER_MNT "/upper", uid, gid) < 0)
-        return fail(err, "chown workspace upper", UPPER_MNT "/upper", errno);
-    if (chmod(UPPER_MNT "/upper", lower.st_mode & 07777) < 0)
-        return fail(err, "chmod workspace upper", UPPER_MNT "/upper", errno);
-    char ovl[PATH_MAX + 128];
-    int n =
-        snprintf(ovl, sizeof(ovl),
-                 "lowerdir=%s,upperdir=" UPPER_MNT "/upper,workdir=" UPPER_MNT "/work,userxattr",
-                 plan->ws_lower);
+    if (fresh_upper) {
+        /* The overlay's root takes the upper dir's owner and mode: make them the lower's, so
+         * the workspace root looks the same inside as on the host (owned by agent). */
+        uid_t uid = lower.st_uid == 65534 ? plan->cmd_uid : lower.st_uid;
+        gid_t gid = lower.st_gid == 65534 ? plan->cmd_gid : lower.st_gid;
+        if (chown(upper, uid, gid) < 0)
+            return fail(err, "chown workspace upper", upper, errno);
+        if (chmod(upper, lower.st_mode & 07777) < 0)
+            return fail(err, "chmod workspace upper", upper, errno);
+    }
+    char ovl[3 * PATH_MAX + 128];
+    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
+                     plan->ws_lower, upper, work);
     if (n < 0 || (size_t)n >= sizeof(ovl))
         return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
     if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
@@ -244,12 +258,12 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
                              "--mode ro|rw)",
                              plan->ws_lower, strerror(e));
     }
-    int fd = open(UPPER_MNT "/upper", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        return fail(err, "open", UPPER_MNT "/upper", errno);
-    /* Detach the upper from the tree: commands cannot reach it; the overlay and our fd
+        return fail(err, "open", upper, errno);
+    /* Detach the tmpfs upper from the tree: commands cannot reach it; the overlay and our fd
      * keep it alive, and the host reads it through /proc/<warden>/fd. */
-    if (umount2(UPPER_MNT, MNT_DETACH) < 0 || rmdir(UPPER_MNT) < 0) {
+    if (!plan->upper_on_disk && (umount2(UPPER_MNT, MNT_DETACH) < 0 || rmdir(UPPER_MNT) < 0)) {
         close(fd);
         return fail(err, "hide workspace upper", UPPER_MNT, errno);
     }
@@ -337,7 +351,7 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
         return r;
     if (symlink("/tmp", "/var/tmp") < 0 && errno != EEXIST)
         return fail(err, "symlink", "/var/tmp", errno);
-    if (plan->has_workspace && (r = setup_workspace(plan, ret_upper_fd, err)) < 0)
+    if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0)
         return r;
 
     if (umount2(OLDROOT, MNT_DETACH) < 0)

@@ -185,6 +185,11 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->home_bytes = spec->home_bytes;
     plan->disk_bytes = spec->disk_bytes;
     plan->seccomp = &j->seccomp;
+    plan->file_handler = spec->file_handler;
+    if (spec->upper_dir) {
+        plan->upper_on_disk = true;
+        snprintf(plan->upper_dir, sizeof(plan->upper_dir), "/oldroot%s", spec->upper_dir);
+    }
     if (spec->workspace) {
         plan->has_workspace = true;
         plan->ws_mode = spec->ws_mode;
@@ -259,6 +264,14 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     if (spec->rootfs && j->root_mode && (r = stage_rootfs(j, spec->rootfs, err)) < 0)
         goto fail;
+    if (spec->upper_dir && j->root_mode &&
+        chown(spec->upper_dir, CONCH_HOST_ID_BASE, CONCH_HOST_ID_BASE) < 0) {
+        /* The warden is root of the namespace = host CONCH_HOST_ID_BASE: it creates upper/
+         * and work/ in here. */
+        r = conch_err_set(err, errno, "chown '%s' to the sandbox's root: %s", spec->upper_dir,
+                          strerror(errno));
+        goto fail;
+    }
 
     plan = calloc(1, sizeof(*plan));
     if (!plan) {
@@ -367,32 +380,79 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
     return TAKE_FD(fd);
 }
 
-int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err)
+int conch_jail_exec_async(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
+                          struct conch_err *err)
 {
     _cleanup_close_ int blob = pack_command(cmd, err);
     if (blob < 0)
         return blob;
     int fds[4] = {cmd->stdin_fd, cmd->stdout_fd, cmd->stderr_fd, blob};
-    struct jail_msg m = {.type = JMSG_RUN};
+    struct jail_msg m = {.type = JMSG_RUN, .id = id};
     int r = jail_send(j->ctl_fd, &m, fds, 4);
     if (r < 0)
         return conch_err_set(err, -r, "send command to the warden: %s", strerror(-r));
-    int nfds;
-    r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
-    if (r <= 0)
-        return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died starting the command");
-    if (m.type == JMSG_STARTED)
-        return m.a;
-    if (m.type == JMSG_RUN_ERR) {
-        *err = m.err;
-        return -(err->code ? err->code : EIO);
-    }
-    return conch_err_set(err, EPROTO, "unexpected warden message %u", m.type);
+    return 0;
 }
 
-int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err *err)
+int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, struct conch_err *err)
 {
-    struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .b = all};
+    struct jail_msg m;
+    int nfds;
+    for (;;) {
+        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+        if (r == 0)
+            return 0;
+        if (r < 0)
+            return conch_err_set(err, -r, "read from the warden: %s", strerror(-r));
+        memset(ret, 0, sizeof(*ret));
+        ret->id = m.id;
+        switch (m.type) {
+        case JMSG_STARTED:
+            ret->type = CONCH_JAIL_STARTED;
+            ret->pid = m.a;
+            return 1;
+        case JMSG_RUN_ERR:
+            ret->type = CONCH_JAIL_START_FAILED;
+            ret->err = m.err;
+            return 1;
+        case JMSG_EXITED:
+            ret->type = CONCH_JAIL_EXITED;
+            ret->status = m.a;
+            ret->usage = m.usage;
+            return 1;
+        default:
+            continue; /* nothing else is addressed to the parent after setup */
+        }
+    }
+}
+
+int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err)
+{
+    int64_t id = ++j->last_id;
+    int r = conch_jail_exec_async(j, id, cmd, err);
+    if (r < 0)
+        return r;
+    struct conch_jail_event ev;
+    for (;;) {
+        r = conch_jail_read_event(j, &ev, err);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            return conch_err_set(err, EPIPE, "the warden died starting the command");
+        if (ev.id != id)
+            continue;
+        if (ev.type == CONCH_JAIL_STARTED)
+            return ev.pid;
+        if (ev.type == CONCH_JAIL_START_FAILED) {
+            *err = ev.err;
+            return -(err->code ? err->code : EIO);
+        }
+    }
+}
+
+int conch_jail_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .id = id ? id : j->last_id};
     int r = jail_send(j->ctl_fd, &m, NULL, 0);
     if (r < 0)
         return conch_err_set(err, -r, "signal the warden: %s", strerror(-r));
@@ -401,18 +461,30 @@ int conch_jail_signal(struct conch_jail *j, int sig, bool all, struct conch_err 
 
 int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct conch_err *err)
 {
-    struct jail_msg m;
-    int nfds;
+    struct conch_jail_event ev;
     for (;;) {
-        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
-        if (r <= 0)
-            return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died");
-        if (m.type == JMSG_EXITED) {
-            ret->status = m.a;
-            ret->usage = m.usage;
+        int r = conch_jail_read_event(j, &ev, err);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            return conch_err_set(err, EPIPE, "the warden died");
+        if (ev.type == CONCH_JAIL_EXITED && ev.id == j->last_id) {
+            ret->status = ev.status;
+            ret->usage = ev.usage;
             return 0;
         }
     }
+}
+
+int conch_jail_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                    struct conch_err *err)
+{
+    int fds[2] = {req_fd, resp_fd};
+    struct jail_msg m = {.type = JMSG_FILE, .id = id};
+    int r = jail_send(j->ctl_fd, &m, fds, 2);
+    if (r < 0)
+        return conch_err_set(err, -r, "send file request to the warden: %s", strerror(-r));
+    return 0;
 }
 
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)

@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -109,6 +110,64 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
     errno = saved;
 }
 
+/* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
+ * no_new_privs, Landlock, seccomp. On failure returns -errno with *@step naming what failed.
+ * Run after the fds are in place: Landlock checks rights at open time. */
+static int fence_self(const struct jail_plan *plan, const char **step)
+{
+    *step = "set resource limits";
+    struct rlimit rl = {0, 0};
+    if (setrlimit(RLIMIT_CORE, &rl) < 0)
+        return -errno;
+    if (plan->set_rlimit_nproc) {
+        rl.rlim_cur = rl.rlim_max = plan->rlimit_nproc;
+        if (setrlimit(RLIMIT_NPROC, &rl) < 0)
+            return -errno;
+    }
+    if (plan->set_rlimit_as) {
+        rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
+        if (setrlimit(RLIMIT_AS, &rl) < 0)
+            return -errno;
+    }
+    *step = "drop capabilities from the bounding set";
+    int r = drop_bounding_caps(plan->keep_caps);
+    if (r < 0)
+        return r;
+    *step = "switch to the command's identity";
+    if (plan->can_setgroups && setgroups(0, NULL) < 0)
+        return -errno;
+    if (setresgid(plan->cmd_gid, plan->cmd_gid, plan->cmd_gid) < 0)
+        return -errno;
+    if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) < 0)
+        return -errno;
+    if (setresuid(plan->cmd_uid, plan->cmd_uid, plan->cmd_uid) < 0)
+        return -errno;
+    *step = "drop capabilities";
+    if ((r = drop_caps(plan->keep_caps)) < 0)
+        return r;
+    *step = "set no_new_privs";
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -errno;
+    *step = "apply Landlock";
+    static const char *const writable[] = {"/workspace", "/tmp", "/home/agent", "/dev",
+                                           "/proc",      "/run", NULL};
+    if ((r = conch_landlock_apply_child(writable)) < 0)
+        return r;
+    *step = "install seccomp filter";
+    if (plan->seccomp && (r = conch_seccomp_install_child(plan->seccomp)) < 0)
+        return r;
+    return 0;
+}
+
+static void reset_signals(void)
+{
+    for (int sig = 1; sig < NSIG; sig++)
+        signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 /* The command child: everything between fork() and execve(). On failure, reports through
  * @report_fd (CLOEXEC, so a successful exec closes it) and exits 127. */
 __attribute__((noreturn)) static void command_child(const struct jail_plan *plan, int fds[4],
@@ -175,71 +234,16 @@ __attribute__((noreturn)) static void command_child(const struct jail_plan *plan
     }
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         goto fail_errno;
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-
-    step = "set resource limits";
-    struct rlimit rl = {0, 0};
-    if (setrlimit(RLIMIT_CORE, &rl) < 0)
-        goto fail_errno;
-    if (plan->set_rlimit_nproc) {
-        rl.rlim_cur = rl.rlim_max = plan->rlimit_nproc;
-        if (setrlimit(RLIMIT_NPROC, &rl) < 0)
-            goto fail_errno;
-    }
-    if (plan->set_rlimit_as) {
-        rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
-        if (setrlimit(RLIMIT_AS, &rl) < 0)
-            goto fail_errno;
-    }
-
-    step = "drop capabilities from the bounding set";
-    int r = drop_bounding_caps(plan->keep_caps);
+    reset_signals();
+    int r = fence_self(plan, &step);
     if (r < 0) {
         errno = -r;
         goto fail_errno;
     }
-    step = "switch to the command's identity";
-    if (plan->can_setgroups && setgroups(0, NULL) < 0)
-        goto fail_errno;
-    if (setresgid(plan->cmd_gid, plan->cmd_gid, plan->cmd_gid) < 0)
-        goto fail_errno;
-    if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) < 0)
-        goto fail_errno;
-    if (setresuid(plan->cmd_uid, plan->cmd_uid, plan->cmd_uid) < 0)
-        goto fail_errno;
-    step = "drop capabilities";
-    r = drop_caps(plan->keep_caps);
-    if (r < 0) {
-        errno = -r;
-        goto fail_errno;
-    }
-    step = "set no_new_privs";
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-        goto fail_errno;
-    step = "chdir";
     if (chdir(cwd) < 0) {
         conch_err_setk(&err, CONCH_ERR_USAGE, errno, "chdir '%s' inside the sandbox: %s", cwd,
                        strerror(errno));
         goto report;
-    }
-    step = "apply Landlock";
-    static const char *const writable[] = {"/workspace", "/tmp", "/home/agent", "/dev",
-                                           "/proc",      "/run", NULL};
-    r = conch_landlock_apply_child(writable);
-    if (r < 0) {
-        errno = -r;
-        goto fail_errno;
-    }
-    step = "install seccomp filter";
-    if (plan->seccomp) {
-        r = conch_seccomp_install_child(plan->seccomp);
-        if (r < 0) {
-            errno = -r;
-            goto fail_errno;
-        }
     }
     exec_in_path(argv[0], argv, envp, path);
     conch_err_setk(&err, CONCH_ERR_COMMAND, errno, "execute '%s': %s", argv[0], strerror(errno));
@@ -256,38 +260,173 @@ report:
     _exit(127);
 }
 
-/* Start a command; returns its pid or -errno with @err filled. */
-static pid_t start_command(const struct jail_plan *plan, int fds[4], struct conch_err *err)
+#define MAX_TREE 8192
+
+/* Send @sig to every descendant of @root (not @root itself), found through
+ * /proc/<pid>/task/<tid>/children. Returns how many were signalled. No allocation. */
+static int signal_descendants(pid_t root, int sig)
 {
+    static pid_t stack[MAX_TREE];
+    int top = 0, count = 0;
+    stack[top++] = root;
+    while (top > 0) {
+        pid_t pid = stack[--top];
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", pid);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+            continue;
+        char dents[4096];
+        long n;
+        while ((n = syscall(SYS_getdents64, dfd, dents, sizeof(dents))) > 0) {
+            for (long off = 0; off < n;) {
+                struct {
+                    uint64_t ino;
+                    int64_t off;
+                    unsigned short reclen;
+                    unsigned char type;
+                    char name[];
+                } *de = (void *)(dents + off);
+                off += de->reclen;
+                if (de->name[0] < '0' || de->name[0] > '9')
+                    continue;
+                char cpath[96];
+                snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", pid, de->name);
+                int cfd = open(cpath, O_RDONLY | O_CLOEXEC);
+                if (cfd < 0)
+                    continue;
+                char buf[4096];
+                ssize_t len = read(cfd, buf, sizeof(buf) - 1);
+                close(cfd);
+                if (len <= 0)
+                    continue;
+                buf[len] = '\0';
+                for (char *q = buf; *q;) {
+                    char *endp;
+                    long child = strtol(q, &endp, 10);
+                    if (endp == q)
+                        break;
+                    q = endp;
+                    while (*q == ' ')
+                        q++;
+                    if (child <= 0)
+                        continue;
+                    kill((pid_t)child, sig);
+                    count++;
+                    if (top < MAX_TREE)
+                        stack[top++] = (pid_t)child;
+                }
+            }
+        }
+        close(dfd);
+    }
+    return count;
+}
+
+/* The shepherd of one command: a subreaper, so everything the command forks — double-forked
+ * daemons included — stays its descendant. It starts the command, reports it started, waits
+ * for it, kills and reaps whatever it left, then reports the exit. */
+__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int64_t id, int fds[4])
+{
+    int ctl = plan->ctl_fd;
+    struct jail_msg m;
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) < 0)
-        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
+        _exit(1);
+    pid_t cmd = fork();
+    if (cmd == 0) {
         close(pipefd[0]);
-        close(pipefd[1]);
-        return conch_err_set(err, e, "fork command: %s", strerror(e));
-    }
-    if (pid == 0) {
-        close(pipefd[0]);
-        close(plan->ctl_fd);
         command_child(plan, fds, pipefd[1]);
     }
     close(pipefd[1]);
-    struct jail_msg m;
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    memset(&m, 0, sizeof(m));
+    m.id = id;
+    if (cmd < 0) {
+        m.type = JMSG_RUN_ERR;
+        conch_err_set(&m.err, errno, "fork command: %s", strerror(errno));
+        jail_send(ctl, &m, NULL, 0);
+        _exit(1);
+    }
     ssize_t n;
     do
         n = read(pipefd[0], &m, sizeof(m));
     while (n < 0 && errno == EINTR);
     close(pipefd[0]);
+    m.id = id;
     if (n == (ssize_t)sizeof(m)) {
-        *err = m.err;
-        waitpid(pid, NULL, 0);
-        return -(err->code ? err->code : EIO);
+        m.type = JMSG_RUN_ERR;
+        waitpid(cmd, NULL, 0);
+        jail_send(ctl, &m, NULL, 0);
+        _exit(1);
     }
-    return pid;
+    memset(&m, 0, sizeof(m));
+    m.type = JMSG_STARTED;
+    m.id = id;
+    m.a = cmd;
+    jail_send(ctl, &m, NULL, 0);
+
+    int status = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof(ru));
+    for (;;) {
+        int st;
+        struct rusage r1;
+        pid_t pid = wait4(-1, &st, 0, &r1);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        if (pid == cmd) {
+            status = st;
+            ru = r1;
+            /* The command is done: nothing it started may outlive it. */
+            while (signal_descendants(getpid(), SIGKILL) > 0) {
+                while (waitpid(-1, NULL, WNOHANG) > 0)
+                    ;
+            }
+        }
+    }
+    memset(&m, 0, sizeof(m));
+    m.type = JMSG_EXITED;
+    m.id = id;
+    m.a = status;
+    m.usage = ru;
+    jail_send(ctl, &m, NULL, 0);
+    _exit(0);
 }
+
+/* A file worker: fenced like a command, then the caller's handler does the request. */
+__attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int fds[2])
+{
+    if (dup3(fds[0], 3, O_CLOEXEC) < 0 || dup3(fds[1], 4, O_CLOEXEC) < 0)
+        _exit(120);
+    if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
+        _exit(120);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        if (devnull > 2)
+            close(devnull);
+    }
+    reset_signals();
+    const char *step;
+    if (fence_self(plan, &step) < 0 || chdir("/workspace") < 0)
+        _exit(121);
+    _exit(plan->file_handler(3, 4) & 0x7f);
+}
+
+#define MAX_COMMANDS 1024
+
+struct slot {
+    int64_t id;
+    pid_t shepherd;
+};
 
 /* Kill every process of the sandbox but us, and reap them all. */
 static void kill_all_and_reap(void)
@@ -299,6 +438,7 @@ static void kill_all_and_reap(void)
 
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 {
+    static struct slot slots[MAX_COMMANDS];
     struct jail_msg m;
     struct conch_err err = {0};
     int upper_fd = -1;
@@ -347,7 +487,6 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     if (sfd < 0)
         _exit(1);
 
-    pid_t cmd = 0;
     for (;;) {
         struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         if (poll(pfd, 2, -1) < 0) {
@@ -359,21 +498,12 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof(si)) > 0)
                 ;
-            int status;
-            struct rusage ru;
             pid_t pid;
-            while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0) {
-                if (pid != cmd)
-                    continue;
-                /* The command is done: nothing it started may outlive it. */
-                kill_all_and_reap();
-                memset(&m, 0, sizeof(m));
-                m.type = JMSG_EXITED;
-                m.a = status;
-                m.usage = ru;
-                cmd = 0;
-                if (jail_send(ctl, &m, NULL, 0) < 0)
-                    _exit(1);
+            /* Shepherds, file workers, and orphans of shepherds that died: reap them all. */
+            while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
+                for (int i = 0; i < MAX_COMMANDS; i++)
+                    if (slots[i].shepherd == pid)
+                        slots[i].shepherd = 0;
             }
         }
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
@@ -381,33 +511,52 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         int r = jail_recv(ctl, &m, fds, 4, &nfds);
         if (r <= 0)
             _exit(0); /* parent gone: everything in the namespace dies with us */
+        struct jail_msg reply = {.type = JMSG_RUN_ERR, .id = m.id};
         switch (m.type) {
         case JMSG_RUN: {
-            struct jail_msg reply = {0};
-            if (nfds != 4 || cmd > 0) {
+            int free_slot = -1;
+            for (int i = 0; i < MAX_COMMANDS && free_slot < 0; i++)
+                if (slots[i].shepherd == 0)
+                    free_slot = i;
+            pid_t pid = -1;
+            if (nfds != 4)
                 conch_err_set(&reply.err, EINVAL, "warden: bad run request");
-                reply.type = JMSG_RUN_ERR;
-            } else {
-                pid_t pid = start_command(plan, fds, &reply.err);
-                if (pid > 0) {
-                    cmd = pid;
-                    reply.type = JMSG_STARTED;
-                    reply.a = pid;
-                } else {
-                    reply.type = JMSG_RUN_ERR;
-                }
-            }
+            else if (free_slot < 0)
+                conch_err_setk(&reply.err, CONCH_ERR_LIMIT, EAGAIN,
+                               "too many commands running in this sandbox (%d)", MAX_COMMANDS);
+            else if ((pid = fork()) == 0)
+                shepherd(plan, m.id, fds);
+            else if (pid < 0)
+                conch_err_set(&reply.err, errno, "fork shepherd: %s", strerror(errno));
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
-            if (jail_send(ctl, &reply, NULL, 0) < 0)
+            if (pid > 0) {
+                slots[free_slot].id = m.id;
+                slots[free_slot].shepherd = pid;
+            } else if (jail_send(ctl, &reply, NULL, 0) < 0) {
+                _exit(1);
+            }
+            break;
+        }
+        case JMSG_FILE: {
+            pid_t pid = -1;
+            if (nfds != 2 || !plan->file_handler)
+                conch_err_set(&reply.err, EINVAL, "warden: file requests are not enabled");
+            else if ((pid = fork()) == 0)
+                file_worker(plan, fds);
+            else if (pid < 0)
+                conch_err_set(&reply.err, errno, "fork file worker: %s", strerror(errno));
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            /* On success the answer (or EOF) comes through the response pipe. */
+            if (pid <= 0 && jail_send(ctl, &reply, NULL, 0) < 0)
                 _exit(1);
             break;
         }
         case JMSG_SIGNAL:
-            if (m.b)
-                kill(-1, m.a);
-            else if (cmd > 0)
-                kill(cmd, m.a);
+            for (int i = 0; i < MAX_COMMANDS; i++)
+                if (slots[i].shepherd > 0 && slots[i].id == m.id)
+                    signal_descendants(slots[i].shepherd, m.a);
             break;
         case JMSG_SHUTDOWN:
         default:
