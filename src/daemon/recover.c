@@ -1,0 +1,592 @@
+/* recover.c - reaping what a SIGKILLed daemon left running (wardens checked against their
+ * recorded start time so a reused pid is never killed) and garbage-collecting unreferenced
+ * sandbox directories, spill files and cgroups with fd-relative, no-follow removal. */
+#include "daemon/recover.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "jail/cgroup.h"
+
+#define CGROUP_ROOT "/sys/fs/cgroup"
+#define WAIT_GONE_MS 2000
+/* Directories held open at once while removing a tree; deeper levels are hoisted. */
+#define RM_MAX_DEPTH 48
+
+static const char *const v1_controllers[] = {"memory", "pids", "cpu"};
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fail(struct conch_recover_report *rep, int *first, struct conch_err *err,
+                 const struct conch_err *e)
+{
+    rep->failures++;
+    if (*first == 0) {
+        *first = -(e->code ? e->code : EIO);
+        if (err)
+            *err = *e;
+    }
+}
+
+/* ---- processes ---- */
+
+/* State letter and start time of @pid from /proc/<pid>/stat; -errno when it is gone. */
+static int read_stat(pid_t pid, char *ret_state, unsigned long long *ret_start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return n < 0 ? -errno : -ESRCH;
+    buf[n] = '\0';
+    /* comm (field 2) may hold spaces and parentheses: fields resume after the last ')'. */
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return -EBADMSG;
+    p += 2;
+    char *save = NULL;
+    int field = 3;
+    for (char *tok = strtok_r(p, " ", &save); tok; tok = strtok_r(NULL, " ", &save), field++) {
+        if (field == 3)
+            *ret_state = tok[0];
+        if (field == 22) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long v = strtoull(tok, &end, 10);
+            if (errno || end == tok)
+                return -EBADMSG;
+            *ret_start = v;
+            return 0;
+        }
+    }
+    return -EBADMSG;
+}
+
+unsigned long long conch_recover_starttime(pid_t pid)
+{
+    char state = 0;
+    unsigned long long start = 0;
+    if (pid <= 0 || read_stat(pid, &state, &start) < 0)
+        return 0;
+    /* A zombie runs nothing; in a PID namespace's init it also means every other process
+     * of the namespace is already dead (the kernel reaps them before init turns zombie). */
+    if (state == 'Z' || state == 'X')
+        return 0;
+    return start;
+}
+
+/* SIGKILL the warden @pid if it is still the process started at @start. Returns 1 when
+ * killed, 0 when there was nothing (left) to kill, or -errno with @err. */
+static int kill_warden(const char *id, pid_t pid, unsigned long long start, struct conch_err *err)
+{
+    /* Never signal init, ourselves, or a process group (pid <= 0) whatever the record says. */
+    if (pid <= 1 || pid == getpid() || start == 0)
+        return 0;
+    if (conch_recover_starttime(pid) != start)
+        return 0;
+    if (kill(pid, SIGKILL) < 0) {
+        if (errno == ESRCH)
+            return 0;
+        return conch_err_set(err, errno, "sandbox '%s': kill warden %d: %s", id, (int)pid,
+                             strerror(errno));
+    }
+    for (int waited = 0; waited < WAIT_GONE_MS; waited += 10) {
+        if (conch_recover_starttime(pid) != start)
+            return 1;
+        sleep_ms(10);
+    }
+    return conch_err_set(err, ETIMEDOUT,
+                         "sandbox '%s': warden %d still alive %d ms after SIGKILL (stuck in "
+                         "the kernel?)",
+                         id, (int)pid, WAIT_GONE_MS);
+}
+
+/* ---- cgroups ---- */
+
+/* An id usable as a path component (it comes from the database). */
+static bool id_ok(const char *id)
+{
+    return id[0] && !strchr(id, '/') && strcmp(id, ".") && strcmp(id, "..");
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* Kill what is left in sandbox @id's cgroups and remove them; *@ret_removed counts the
+ * directories that existed and are gone. */
+static int remove_cgroups(const char *id, unsigned *ret_removed, struct conch_err *err)
+{
+    struct conch_cgroup v1 = {.active = true, .v2 = false};
+    struct conch_cgroup v2 = {.active = true, .v2 = true};
+    char *v1_paths[] = {v1.path_mem, v1.path_pids, v1.path_cpu};
+    unsigned before = 0, after = 0;
+
+    for (size_t i = 0; i < ARRAY_SIZE(v1_controllers); i++) {
+        snprintf(v1_paths[i], sizeof(v1.path_mem), CGROUP_ROOT "/%s/conch/%s", v1_controllers[i],
+                 id);
+        if (exists(v1_paths[i]))
+            before++;
+        else
+            v1_paths[i][0] = '\0';
+    }
+    snprintf(v2.path_v2, sizeof(v2.path_v2), CGROUP_ROOT "/conch/conch-%s", id);
+    if (exists(v2.path_v2))
+        before++;
+    else
+        v2.path_v2[0] = '\0';
+    if (!before)
+        return 0;
+
+    int r = conch_cgroup_destroy(&v2, err);
+    if (r >= 0)
+        r = conch_cgroup_destroy(&v1, err);
+    const char *all[] = {v1.path_mem, v1.path_pids, v1.path_cpu, v2.path_v2};
+    for (size_t i = 0; i < ARRAY_SIZE(all); i++)
+        if (all[i][0] && exists(all[i]))
+            after++;
+    *ret_removed += before - after;
+    if (r < 0)
+        return conch_err_wrap(err, "sandbox '%s'", id);
+    return 0;
+}
+
+int conch_recover_reap(struct conch_state *st, struct conch_recover_report *ret,
+                       struct conch_err *err)
+{
+    struct conch_recover_report scratch = {0};
+    struct conch_recover_report *rep = ret ? ret : &scratch;
+    struct conch_state_sandbox *list = NULL;
+    size_t n = 0;
+    int r = conch_state_sandbox_list(st, &list, &n, err);
+    if (r < 0)
+        return conch_err_wrap(err, "reap orphaned sandboxes");
+
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct conch_state_sandbox *sb = &list[i];
+        if (strcmp(sb->state, "running"))
+            continue;
+        struct conch_err e = {0};
+        r = kill_warden(sb->id, sb->warden_pid, sb->warden_starttime, &e);
+        if (r > 0)
+            rep->wardens_killed++;
+        else if (r < 0)
+            fail(rep, &first, err, &e);
+        if (id_ok(sb->id) && remove_cgroups(sb->id, &rep->cgroups_removed, &e) < 0)
+            fail(rep, &first, err, &e);
+        /* Stopped even if something survived: this daemon cannot drive that sandbox any
+         * more, and the failure is reported; its upper dir is what still matters. */
+        if (conch_state_sandbox_mark_stopped(st, sb->id, now_s(), &e) < 0)
+            fail(rep, &first, err, &e);
+        else
+            rep->sandboxes_stopped++;
+    }
+    conch_state_sandbox_free_list(list, n);
+    if (first < 0)
+        return conch_err_wrap(err, "reap orphaned sandboxes");
+    return 0;
+}
+
+/* ---- recursive removal ---- */
+
+struct rm {
+    int top_fd;   /* the tree's root, where too-deep subtrees are hoisted */
+    dev_t dev;    /* the tree's filesystem: never cross into another mount */
+    bool hoisted; /* something was moved to top_fd during this pass */
+    unsigned long seq;
+    int r; /* first failure */
+    struct conch_err *err;
+    const char *root; /* for messages */
+};
+
+static void rm_fail(struct rm *c, int code, const char *what, const char *name)
+{
+    if (c->r == 0)
+        c->r = conch_err_set(c->err, code, "remove '%s': %s '%s': %s", c->root, what, name,
+                             strerror(code));
+}
+
+/* Open the directory @name of @dfd (whose lstat is @st) without following symlinks;
+ * make it readable and writable for us if we own it. Returns an fd or -errno. */
+static int open_dir(int dfd, const char *name, const struct stat *st)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES && st->st_uid == geteuid()) {
+        /* A sandbox may leave a mode-000 directory; as its owner we may fix that. */
+        if (fchmodat(dfd, name, 0700, AT_SYMLINK_NOFOLLOW) < 0) {
+            /* the open below reports the cause */
+        }
+        fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (fd < 0)
+        return -errno;
+    struct stat now;
+    if (fstat(fd, &now) < 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
+        close(fd);
+        return -ESTALE; /* replaced between lstat and open */
+    }
+    if ((now.st_mode & S_IRWXU) != S_IRWXU && now.st_uid == geteuid())
+        (void)fchmod(fd, (now.st_mode & 07777) | S_IRWXU);
+    return fd;
+}
+
+/* Move subtree @name of @dfd to a fresh name in the top directory. */
+static bool hoist(struct rm *c, int dfd, const char *name)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        char tmp[64];
+        snprintf(tmp, sizeof(tmp), ".conch-gc-%lu", c->seq++);
+        if (renameat2(dfd, name, c->top_fd, tmp, RENAME_NOREPLACE) == 0) {
+            c->hoisted = true;
+            return true;
+        }
+        if (errno != EEXIST) {
+            rm_fail(c, errno, "move deep directory", name);
+            return false;
+        }
+    }
+    rm_fail(c, EEXIST, "move deep directory", name);
+    return false;
+}
+
+/* Remove entry @name of @dfd (at @depth below the top). Returns true if it is gone. */
+static bool rm_entry(struct rm *c, int dfd, const char *name, unsigned depth);
+
+/* Remove everything in the directory @fd (taken over and closed). */
+static void rm_children(struct rm *c, int fd, unsigned depth)
+{
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        rm_fail(c, errno, "read directory at depth", "?");
+        close(fd);
+        return;
+    }
+    /* Repeat while a pass removed something: whether readdir still returns entries that
+     * follow a removed one is unspecified. A pass without progress ends it. */
+    for (bool progress = true; progress;) {
+        progress = false;
+        rewinddir(d);
+        struct dirent *de;
+        errno = 0;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                continue;
+            if (rm_entry(c, dirfd(d), de->d_name, depth + 1))
+                progress = true;
+            errno = 0;
+        }
+        if (errno) {
+            rm_fail(c, errno, "read directory", "");
+            break;
+        }
+    }
+    closedir(d);
+}
+
+static bool rm_entry(struct rm *c, int dfd, const char *name, unsigned depth)
+{
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno == ENOENT)
+            return true;
+        rm_fail(c, errno, "stat", name);
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT)
+            return true;
+        rm_fail(c, errno, "unlink", name);
+        return false;
+    }
+    if (st.st_dev != c->dev) {
+        rm_fail(c, EXDEV, "directory is a mount point, not crossing into", name);
+        return false;
+    }
+    /* An empty directory needs no descent. */
+    if (unlinkat(dfd, name, AT_REMOVEDIR) == 0)
+        return true;
+    if (depth >= RM_MAX_DEPTH)
+        return hoist(c, dfd, name);
+    int fd = open_dir(dfd, name, &st);
+    if (fd < 0) {
+        rm_fail(c, -fd, "open directory", name);
+        return false;
+    }
+    rm_children(c, fd, depth);
+    if (unlinkat(dfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+        return true;
+    rm_fail(c, errno, "rmdir", name);
+    return false;
+}
+
+/*
+ * Remove @name of @dfd and everything beneath it without following a symlink or leaving
+ * its filesystem. At most RM_MAX_DEPTH directories are open at once: a deeper subtree is
+ * renamed up into the top directory and removed in a further pass, so a sandbox cannot
+ * exhaust our fds or stack with a very deep tree. @what names the tree in errors.
+ */
+static int rm_tree_at(int dfd, const char *name, const char *what, struct conch_err *err)
+{
+    struct rm c = {.top_fd = -1, .err = err, .root = what};
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT
+                   ? 0
+                   : conch_err_set(err, errno, "remove '%s': %s", what, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlinkat(dfd, name, 0) < 0 && errno != ENOENT)
+            return conch_err_set(err, errno, "remove '%s': %s", what, strerror(errno));
+        return 0;
+    }
+    c.dev = st.st_dev;
+    c.top_fd = open_dir(dfd, name, &st);
+    if (c.top_fd < 0)
+        return conch_err_set(err, -c.top_fd, "remove '%s': open: %s", what, strerror(-c.top_fd));
+    do {
+        c.hoisted = false;
+        /* rm_children closes what it is given; top_fd stays open for hoisting. */
+        int fd = fcntl(c.top_fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+            rm_fail(&c, errno, "dup", what);
+            break;
+        }
+        rm_children(&c, fd, 0);
+    } while (c.hoisted && c.r == 0);
+    close(c.top_fd);
+    if (unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && c.r == 0)
+        rm_fail(&c, errno, "rmdir", what);
+    return c.r;
+}
+
+/* ---- gc ---- */
+
+static bool older_than(const struct stat *st, double now, double age)
+{
+    double mtime = (double)st->st_mtim.tv_sec + (double)st->st_mtim.tv_nsec / 1e9;
+    return now - mtime >= age;
+}
+
+static bool is_dot(const char *name)
+{
+    return !strcmp(name, ".") || !strcmp(name, "..");
+}
+
+static int open_dir_path(const char *path, struct conch_err *err)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT)
+        return conch_err_set(err, errno, "gc: open '%s': %s", path, strerror(errno));
+    return fd < 0 ? -ENOENT : fd;
+}
+
+static void gc_sandboxes(int state_fd, const char *state_dir, const struct conch_state_sandbox *sbs,
+                         size_t n, struct conch_recover_report *rep, int *first,
+                         struct conch_err *err)
+{
+    int fd = openat(state_fd, "sandboxes", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) {
+            struct conch_err e = {0};
+            conch_err_set(&e, errno, "gc: open '%s/sandboxes': %s", state_dir, strerror(errno));
+            fail(rep, first, err, &e);
+        }
+        return;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    double now = now_s();
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (is_dot(de->d_name))
+            continue;
+        bool referenced = false;
+        for (size_t i = 0; i < n && !referenced; i++)
+            referenced = !strcmp(sbs[i].id, de->d_name);
+        struct stat st;
+        if (referenced || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+            !older_than(&st, now, CONCH_RECOVER_GC_GRACE_S))
+            continue;
+        char what[4352];
+        snprintf(what, sizeof(what), "%s/sandboxes/%s", state_dir, de->d_name);
+        struct conch_err e = {0};
+        if (rm_tree_at(dirfd(d), de->d_name, what, &e) < 0)
+            fail(rep, first, err, &e);
+        else
+            rep->dirs_removed++;
+    }
+    closedir(d);
+}
+
+/* Whether a job names @name in a spill directory (or something inside it). Conservative:
+ * any ".../spill/<name>" path counts, whichever state directory it is in. */
+static bool spill_referenced(const char *name, const struct conch_state_job *jobs, size_t n)
+{
+    char needle[300];
+    int len = snprintf(needle, sizeof(needle), "/spill/%s", name);
+    if (len < 0 || (size_t)len >= sizeof(needle))
+        return true;
+    for (size_t i = 0; i < n; i++) {
+        const char *paths[] = {jobs[i].stdout_spill, jobs[i].stderr_spill};
+        for (size_t k = 0; k < ARRAY_SIZE(paths); k++) {
+            for (const char *p = paths[k]; (p = strstr(p, needle)); p++)
+                if (p[len] == '\0' || p[len] == '/')
+                    return true;
+        }
+    }
+    return false;
+}
+
+static void gc_spill(int state_fd, const char *state_dir, const struct conch_state_job *jobs,
+                     size_t n, struct conch_recover_report *rep, int *first, struct conch_err *err)
+{
+    int fd = openat(state_fd, "spill", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) {
+            struct conch_err e = {0};
+            conch_err_set(&e, errno, "gc: open '%s/spill': %s", state_dir, strerror(errno));
+            fail(rep, first, err, &e);
+        }
+        return;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    double now = now_s();
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        struct stat st;
+        if (is_dot(de->d_name) || spill_referenced(de->d_name, jobs, n) ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+            !older_than(&st, now, CONCH_RECOVER_SPILL_TTL_S))
+            continue;
+        char what[4352];
+        snprintf(what, sizeof(what), "%s/spill/%s", state_dir, de->d_name);
+        struct conch_err e = {0};
+        if (rm_tree_at(dirfd(d), de->d_name, what, &e) < 0)
+            fail(rep, first, err, &e);
+        else
+            rep->spills_removed++;
+    }
+    closedir(d);
+}
+
+/* rmdir the empty cgroups of @parent that no running sandbox owns; @prefix is what
+ * precedes the sandbox id in a cgroup's name. */
+static void gc_cgroup_dir(const char *parent, const char *prefix,
+                          const struct conch_state_sandbox *sbs, size_t n,
+                          struct conch_recover_report *rep, int *first, struct conch_err *err)
+{
+    struct conch_err e = {0};
+    int fd = open_dir_path(parent, &e);
+    if (fd < 0) {
+        if (fd != -ENOENT)
+            fail(rep, first, err, &e);
+        return;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    size_t plen = strlen(prefix);
+    double now = now_s();
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (is_dot(de->d_name) || de->d_type != DT_DIR || strncmp(de->d_name, prefix, plen))
+            continue;
+        const char *id = de->d_name + plen;
+        bool running = false;
+        for (size_t i = 0; i < n && !running; i++)
+            running = !strcmp(sbs[i].state, "running") && !strcmp(sbs[i].id, id);
+        struct stat st;
+        if (running || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+            !older_than(&st, now, CONCH_RECOVER_GC_GRACE_S))
+            continue;
+        /* rmdir of a cgroup fails with EBUSY while it has processes or children: such a
+         * cgroup is in use, not garbage. */
+        if (unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR) == 0) {
+            rep->cgroups_removed++;
+        } else if (errno != EBUSY && errno != ENOTEMPTY && errno != ENOENT) {
+            conch_err_set(&e, errno, "gc: rmdir cgroup '%s/%s': %s", parent, de->d_name,
+                          strerror(errno));
+            fail(rep, first, err, &e);
+        }
+    }
+    closedir(d);
+}
+
+int conch_recover_gc(struct conch_state *st, const char *state_dir,
+                     struct conch_recover_report *ret, struct conch_err *err)
+{
+    struct conch_recover_report scratch = {0};
+    struct conch_recover_report *rep = ret ? ret : &scratch;
+    struct conch_state_sandbox *sbs = NULL;
+    size_t nsb = 0;
+    struct conch_state_job *jobs = NULL;
+    size_t njobs = 0;
+    int r = conch_state_sandbox_list(st, &sbs, &nsb, err);
+    if (r < 0)
+        return conch_err_wrap(err, "gc");
+    r = conch_state_job_list(st, NULL, &jobs, &njobs, err);
+    if (r < 0) {
+        conch_state_sandbox_free_list(sbs, nsb);
+        return conch_err_wrap(err, "gc");
+    }
+
+    int first = 0;
+    struct conch_err e = {0};
+    int state_fd = open_dir_path(state_dir, &e);
+    if (state_fd >= 0) {
+        gc_sandboxes(state_fd, state_dir, sbs, nsb, rep, &first, err);
+        gc_spill(state_fd, state_dir, jobs, njobs, rep, &first, err);
+        close(state_fd);
+    } else if (state_fd != -ENOENT) {
+        fail(rep, &first, err, &e);
+    }
+
+    for (size_t i = 0; i < ARRAY_SIZE(v1_controllers); i++) {
+        char parent[256];
+        snprintf(parent, sizeof(parent), CGROUP_ROOT "/%s/conch", v1_controllers[i]);
+        gc_cgroup_dir(parent, "", sbs, nsb, rep, &first, err);
+    }
+    gc_cgroup_dir(CGROUP_ROOT "/conch", "conch-", sbs, nsb, rep, &first, err);
+
+    conch_state_sandbox_free_list(sbs, nsb);
+    conch_state_job_free_list(jobs, njobs);
+    if (first < 0)
+        return conch_err_wrap(err, "gc");
+    return 0;
+}
