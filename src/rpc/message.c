@@ -1,0 +1,251 @@
+/* message.c - building JSON-RPC responses and errors with conch's error codes, serialising
+ * them as lines, and reading params. */
+#include "rpc/rpc.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cleanup.h"
+
+static const struct {
+    int code;
+    const char *name;
+} codes[] = {
+    {CONCH_RPC_PARSE_ERROR, "parse_error"},
+    {CONCH_RPC_INVALID_REQUEST, "invalid_request"},
+    {CONCH_RPC_INVALID_REQUEST, "message_too_large"},
+    {CONCH_RPC_METHOD_NOT_FOUND, "method_not_found"},
+    {CONCH_RPC_INVALID_PARAMS, "invalid_params"},
+    {CONCH_RPC_INTERNAL_ERROR, "internal_error"},
+    {CONCH_RPC_INFRASTRUCTURE, "infrastructure"},
+    {CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found"},
+    {CONCH_RPC_JOB_NOT_FOUND, "job_not_found"},
+    {CONCH_RPC_LIMIT, "limit"},
+    {CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped"},
+    {CONCH_RPC_FILE_NOT_FOUND, "file_not_found"},
+    {CONCH_RPC_PERMISSION_DENIED, "permission_denied"},
+    {CONCH_RPC_IS_DIRECTORY, "is_directory"},
+    {CONCH_RPC_INVALID_PATH, "invalid_path"},
+    {CONCH_RPC_NOT_A_DIRECTORY, "not_a_directory"},
+    {CONCH_RPC_STRING_NOT_FOUND, "string_not_found"},
+    {CONCH_RPC_AMBIGUOUS_MATCH, "ambiguous_match"},
+    {CONCH_RPC_TOO_LARGE, "too_large"},
+};
+
+int conch_rpc_code_for(const char *data_code)
+{
+    if (data_code)
+        for (size_t i = 0; i < ARRAY_SIZE(codes); i++)
+            if (strcmp(codes[i].name, data_code) == 0)
+                return codes[i].code;
+    return CONCH_RPC_INTERNAL_ERROR;
+}
+
+static const char *default_data_code(int code)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(codes); i++)
+        if (codes[i].code == code)
+            return codes[i].name;
+    return "internal_error";
+}
+
+static const char *kind_for(int code)
+{
+    switch (code) {
+    case CONCH_RPC_INFRASTRUCTURE:
+        return "infrastructure";
+    case CONCH_RPC_LIMIT:
+        return "limit";
+    case CONCH_RPC_INTERNAL_ERROR:
+        return "internal";
+    default:
+        return "usage";
+    }
+}
+
+/* Length of the valid UTF-8 sequence at @s (at most @n bytes), or 0 if invalid. As strict as
+ * jansson: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+/* A JSON string of @s; messages often quote paths and command output, which need not be UTF-8,
+ * and jansson refuses such strings outright, which would lose the whole error. */
+static json_t *text(const char *s)
+{
+    size_t n = strlen(s);
+    json_t *j = json_stringn(s, n);
+    if (j)
+        return j;
+    _cleanup_free_ char *copy = malloc(n + 1);
+    if (!copy)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq(p + i, n - i);
+        if (k == 0) {
+            copy[i++] = '?';
+        } else {
+            memcpy(copy + i, p + i, k);
+            i += k;
+        }
+    }
+    return json_stringn(copy, n);
+}
+
+/* json_object_set_new that also tolerates a NULL @obj; returns false on failure (an allocation
+ * of @val or inside @obj failed); @val is always consumed. */
+static bool set(json_t *obj, const char *key, json_t *val)
+{
+    if (!obj || !val) {
+        json_decref(val);
+        return false;
+    }
+    return json_object_set_new(obj, key, val) == 0;
+}
+
+static json_t *envelope(json_t *id)
+{
+    json_t *msg = json_object();
+    bool ok = set(msg, "jsonrpc", json_string("2.0"));
+    ok = set(msg, "id", id ? json_deep_copy(id) : json_null()) && ok;
+    if (!ok) {
+        json_decref(msg);
+        return NULL;
+    }
+    return msg;
+}
+
+json_t *conch_rpc_result(json_t *id, json_t *result)
+{
+    json_t *msg = envelope(id);
+    if (!set(msg, "result", result ? result : json_null())) {
+        json_decref(msg);
+        return NULL;
+    }
+    return msg;
+}
+
+json_t *conch_rpc_error(json_t *id, int code, const char *data_code, const char *message,
+                        json_t *data_extra)
+{
+    if (code == 0)
+        code = conch_rpc_code_for(data_code);
+    if (!data_code)
+        data_code = default_data_code(code);
+
+    json_t *data = json_object();
+    bool ok = set(data, "kind", json_string(kind_for(code)));
+    if (ok && json_is_object(data_extra))
+        ok = json_object_update(data, data_extra) == 0;
+    json_decref(data_extra);
+    /* data.code is what clients branch on: an extra "code" must not shadow it. */
+    ok = set(data, "code", text(data_code)) && ok;
+    if (!ok) {
+        json_decref(data);
+        return NULL;
+    }
+
+    json_t *err = json_object();
+    ok = set(err, "code", json_integer(code));
+    ok = set(err, "message", text(message ? message : "error")) && ok;
+    ok = set(err, "data", data) && ok;
+    if (!ok) {
+        json_decref(err);
+        return NULL;
+    }
+    json_t *msg = envelope(id);
+    if (!set(msg, "error", err)) {
+        json_decref(msg);
+        return NULL;
+    }
+    return msg;
+}
+
+char *conch_rpc_dumps(json_t *msg)
+{
+    if (!msg)
+        return NULL;
+    /* No JSON_ENSURE_ASCII: UTF-8 goes out as is. Control characters (so '\n') are always
+     * escaped by jansson, which keeps one message on one line. */
+    _cleanup_free_ char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!s)
+        return NULL;
+    size_t n = strlen(s);
+    char *line = realloc(s, n + 2);
+    if (!line)
+        return NULL;
+    s = NULL;
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    return line;
+}
+
+static json_t *member(json_t *params, const char *key)
+{
+    return json_is_object(params) && key ? json_object_get(params, key) : NULL;
+}
+
+const char *conch_rpc_str(json_t *params, const char *key, const char *def)
+{
+    json_t *v = member(params, key);
+    return json_is_string(v) ? json_string_value(v) : def;
+}
+
+const char *conch_rpc_strn(json_t *params, const char *key, size_t *ret_len)
+{
+    json_t *v = member(params, key);
+    if (!json_is_string(v))
+        return NULL;
+    if (ret_len)
+        *ret_len = json_string_length(v);
+    return json_string_value(v);
+}
+
+long long conch_rpc_int(json_t *params, const char *key, long long def)
+{
+    json_t *v = member(params, key);
+    return json_is_integer(v) ? (long long)json_integer_value(v) : def;
+}
+
+double conch_rpc_num(json_t *params, const char *key, double def)
+{
+    json_t *v = member(params, key);
+    return json_is_number(v) ? json_number_value(v) : def;
+}
+
+bool conch_rpc_bool(json_t *params, const char *key, bool def)
+{
+    json_t *v = member(params, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}

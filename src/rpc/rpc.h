@@ -1,0 +1,276 @@
+/* rpc.h - conch's JSON-RPC 2.0 layer: newline framing with a size cap, building responses and
+ * errors (the codes of docs/PROTOCOL.md), and dispatching requests and batches through a method
+ * table whose handlers may reply at once or later. The only code in conch that speaks JSON-RPC.
+ *
+ * Everything here is single-threaded: call it from the daemon's event loop only. */
+#ifndef CONCH_RPC_RPC_H
+#define CONCH_RPC_RPC_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/error.h"
+
+/* Standard JSON-RPC 2.0 codes. */
+#define CONCH_RPC_PARSE_ERROR -32700      /* parse_error */
+#define CONCH_RPC_INVALID_REQUEST -32600  /* invalid_request, message_too_large */
+#define CONCH_RPC_METHOD_NOT_FOUND -32601 /* method_not_found */
+#define CONCH_RPC_INVALID_PARAMS -32602   /* invalid_params */
+#define CONCH_RPC_INTERNAL_ERROR -32603   /* internal_error */
+
+/* conch's application codes (docs/PROTOCOL.md "Errors"); the comment is the data.code. */
+#define CONCH_RPC_INFRASTRUCTURE -32001    /* infrastructure */
+#define CONCH_RPC_SANDBOX_NOT_FOUND -32002 /* sandbox_not_found */
+#define CONCH_RPC_JOB_NOT_FOUND -32003     /* job_not_found */
+#define CONCH_RPC_LIMIT -32004             /* limit */
+#define CONCH_RPC_SANDBOX_STOPPED -32005   /* sandbox_stopped */
+#define CONCH_RPC_FILE_NOT_FOUND -32010    /* file_not_found */
+#define CONCH_RPC_PERMISSION_DENIED -32011 /* permission_denied */
+#define CONCH_RPC_IS_DIRECTORY -32012      /* is_directory */
+#define CONCH_RPC_INVALID_PATH -32013      /* invalid_path */
+#define CONCH_RPC_NOT_A_DIRECTORY -32014   /* not_a_directory */
+#define CONCH_RPC_STRING_NOT_FOUND -32015  /* string_not_found */
+#define CONCH_RPC_AMBIGUOUS_MATCH -32016   /* ambiguous_match */
+#define CONCH_RPC_TOO_LARGE -32017         /* too_large */
+
+/* ---- Framing ---------------------------------------------------------------------------- */
+
+/*
+ * struct conch_rpc_framer - splits a byte stream into lines. Caller-allocated; the fields are
+ * private. Memory stays bounded: at most @max_message + 2 bytes are ever buffered.
+ */
+struct conch_rpc_framer {
+    char *buf;       /* the start of a line split across feeds */
+    size_t len;      /* bytes in buf */
+    size_t cap;      /* bytes allocated for buf */
+    size_t max;      /* the longest line accepted, without its "\r\n" */
+    bool discarding; /* skipping the rest of an oversize line up to its newline */
+};
+
+/*
+ * conch_rpc_framer_init - prepare @f for lines of at most @max_message bytes (not counting a
+ * trailing "\r\n" or "\n"). Allocates nothing; pair with conch_rpc_framer_done().
+ */
+void conch_rpc_framer_init(struct conch_rpc_framer *f, size_t max_message);
+
+/* conch_rpc_framer_done - free @f's buffer; a partial line is dropped. @f may be reused after
+ * conch_rpc_framer_init(). */
+void conch_rpc_framer_done(struct conch_rpc_framer *f);
+
+/*
+ * conch_rpc_framer_feed - consume @len bytes of @buf (borrowed; any split of the stream).
+ * For each complete line, with one trailing '\r' stripped, calls @on_line(@ctx, line, len);
+ * empty lines are skipped. @line is NOT NUL-terminated and is valid only during the call.
+ * A line longer than the maximum calls @on_oversize(@ctx) exactly once, as soon as it is
+ * known (possibly before its newline arrives), and is then discarded up to its newline without
+ * being buffered. A partial line at the end of @buf is kept for the next feed.
+ * The callbacks must not feed or done @f themselves (to stop, set a flag and act after feed
+ * returns). Returns 0, or -ENOMEM if a partial line could not be buffered: that line is then
+ * discarded like an oversize one (without calling @on_oversize) and the rest of @buf is
+ * dropped; the caller should close the connection.
+ */
+int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t len,
+                          void (*on_line)(void *ctx, const char *line, size_t len),
+                          void (*on_oversize)(void *ctx), void *ctx);
+
+/* conch_rpc_framer_pending - bytes of a partial line currently buffered. */
+size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f);
+
+/* ---- Messages --------------------------------------------------------------------------- */
+
+/*
+ * conch_rpc_result - a new response {"jsonrpc":"2.0","id":@id,"result":@result}.
+ * @id is borrowed and copied; NULL means JSON null. Takes ownership of @result (NULL means
+ * JSON null). Returns a new reference, or NULL if out of memory.
+ */
+json_t *conch_rpc_result(json_t *id, json_t *result);
+
+/*
+ * conch_rpc_error - a new error response
+ * {"jsonrpc":"2.0","id":@id,"error":{"code":@code,"message":@message,"data":{...}}}.
+ * @id is borrowed and copied; NULL means JSON null. @code 0 means conch_rpc_code_for(@data_code);
+ * @data_code NULL means the default string for @code ("invalid_request" for -32600, ...).
+ * data is {"code": @data_code, "kind": K} where K is "infrastructure" for -32001, "limit" for
+ * -32004, "internal" for -32603 and "usage" otherwise; then the members of @data_extra (a JSON
+ * object or NULL; taken over) are merged in, so a caller may add fields ("param", "limit")
+ * or override "kind" — never "code". @message must be UTF-8; invalid bytes are replaced by
+ * '?', and NULL means "error". Returns a new reference, or NULL if out of memory.
+ */
+json_t *conch_rpc_error(json_t *id, int code, const char *data_code, const char *message,
+                        json_t *data_extra);
+
+/*
+ * conch_rpc_code_for - the numeric code of a data.code string ("file_not_found" -> -32010;
+ * "message_too_large" -> -32600). Unknown strings and NULL give CONCH_RPC_INTERNAL_ERROR.
+ */
+int conch_rpc_code_for(const char *data_code);
+
+/*
+ * conch_rpc_dumps - serialise @msg (borrowed) as one line: compact JSON, UTF-8 kept as is (not
+ * \u-escaped), then '\n'. The line never contains another '\n'. Returns a new string to free(),
+ * or NULL if out of memory or @msg is NULL.
+ */
+char *conch_rpc_dumps(json_t *msg);
+
+/* ---- Sinks: where responses go ---------------------------------------------------------- */
+
+/*
+ * struct conch_rpc_sink - one client's response channel: a send function and its context,
+ * refcounted. Lifecycle:
+ *   - conch_rpc_sink_new() returns it holding one reference, the owner's (the connection).
+ *   - conch_rpc_dispatch() gives every call it creates its own reference, so calls completed
+ *     later (async) still find the sink.
+ *   - When the client goes away the owner calls conch_rpc_sink_close(): @send is never called
+ *     again, and the owner's reference is dropped, so the owner may free send_ctx right away.
+ *     Calls still outstanding keep the sink alive; their replies are freed silently; the last
+ *     one frees the sink. Handlers doing long work can poll conch_rpc_call_cancelled().
+ */
+struct conch_rpc_sink;
+
+/*
+ * conch_rpc_sink_new - a new sink calling @send(@send_ctx, msg) for each outgoing message;
+ * @send takes ownership of msg (one response, or an array for a batch). Returns NULL if out of
+ * memory.
+ */
+struct conch_rpc_sink *conch_rpc_sink_new(void (*send)(void *send_ctx, json_t *msg),
+                                          void *send_ctx);
+
+/* conch_rpc_sink_close - stop sending and drop the owner's reference (see above). Call it
+ * exactly once per sink; NULL is ignored. */
+void conch_rpc_sink_close(struct conch_rpc_sink *sink);
+
+/*
+ * conch_rpc_sink_send - send @msg (taken over) through @sink now, e.g. the message_too_large
+ * error or a notification; freed silently once the sink is closed.
+ */
+void conch_rpc_sink_send(struct conch_rpc_sink *sink, json_t *msg);
+
+/*
+ * conch_rpc_sink_ref / conch_rpc_sink_unref - take / drop a reference for sending later
+ * (e.g. notifications after the call that asked for them was answered). Sending through a
+ * closed sink drops the message. NULL is passed through / ignored.
+ */
+struct conch_rpc_sink *conch_rpc_sink_ref(struct conch_rpc_sink *sink);
+void conch_rpc_sink_unref(struct conch_rpc_sink *sink);
+
+/* ---- Dispatch --------------------------------------------------------------------------- */
+
+enum conch_rpc_type {
+    CONCH_RPC_STRING,
+    CONCH_RPC_INT,    /* a JSON integer; 3.0 is refused */
+    CONCH_RPC_NUMBER, /* a JSON integer or real */
+    CONCH_RPC_BOOL,
+    CONCH_RPC_OBJECT,
+    CONCH_RPC_ARRAY,
+    CONCH_RPC_ANY, /* any value, null included */
+};
+
+/* One named parameter. An optional param given as null counts as absent. */
+struct conch_rpc_param {
+    const char *name;
+    enum conch_rpc_type type;
+    bool required;
+};
+
+/* A call in progress: created by conch_rpc_dispatch(), completed once by its handler. */
+struct conch_rpc_call;
+
+/*
+ * struct conch_rpc_method - one entry of a method table; a table ends with a NULL @name.
+ * @params ends with a NULL name; NULL means "takes no params". Keys not listed are refused.
+ * @handler receives params (borrowed, valid until it returns: json_incref to keep it; always
+ * an object, {} when absent) and the table's ctx, and must complete @call exactly once, before
+ * returning or later, with conch_rpc_call_reply() or conch_rpc_call_fail*().
+ */
+struct conch_rpc_method {
+    const char *name;
+    const struct conch_rpc_param *params;
+    void (*handler)(struct conch_rpc_call *call, json_t *params, void *ctx);
+};
+
+/*
+ * conch_rpc_dispatch - handle one line (@line, @len borrowed; need not be NUL-terminated).
+ * Parsing: not JSON, not UTF-8, or an integer out of range -> -32700 (id null); a duplicate
+ * key, or a value that is neither object nor array -> -32600 (id null). A request object needs
+ * "jsonrpc":"2.0", a string "method", an "id" that is a string, an integer or null (absent =
+ * notification) and "params" absent, null or an object (an array -> -32602 "params must be an
+ * object"). Then: unknown method -> -32601; params not matching the table -> -32602 with
+ * data.param naming the param; otherwise the handler runs with @ctx.
+ * Notifications never get a response, not even an error (but an object that is not a valid
+ * request at all does, with id null, as JSON-RPC 2.0 specifies).
+ * A batch (array): [] -> one -32600 error; otherwise each element is handled as above and ONE
+ * array holding every response is sent once the last outstanding call of the batch completes;
+ * nothing is sent if the batch held only notifications.
+ * Responses go to @sink (borrowed; each call takes its own reference). Handlers may complete
+ * during this call, in which case responses are sent before it returns.
+ */
+void conch_rpc_dispatch(const struct conch_rpc_method *table, const char *line, size_t len,
+                        void *ctx, struct conch_rpc_sink *sink);
+
+/*
+ * conch_rpc_call_reply - complete @call with @result (taken over; must not be NULL: use
+ * json_null() for a null result; NULL, e.g. from a failed allocation, sends internal_error).
+ * The response is dropped for a notification or a closed sink. Frees @call.
+ */
+void conch_rpc_call_reply(struct conch_rpc_call *call, json_t *result);
+
+/*
+ * conch_rpc_call_fail - complete @call with an error built as conch_rpc_error(id, @code,
+ * @data_code, @message, @data_extra) (@data_extra taken over, may be NULL). Frees @call.
+ */
+void conch_rpc_call_fail(struct conch_rpc_call *call, int code, const char *data_code,
+                         const char *message, json_t *data_extra);
+
+/* conch_rpc_call_failf - conch_rpc_call_fail with a printf-formatted message. */
+void conch_rpc_call_failf(struct conch_rpc_call *call, int code, const char *data_code,
+                          json_t *data_extra, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/*
+ * conch_rpc_call_fail_param - complete @call with -32602 invalid_params, data.param = @param
+ * (a value out of range, say), and a printf-formatted message. Frees @call.
+ */
+void conch_rpc_call_fail_param(struct conch_rpc_call *call, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/*
+ * conch_rpc_call_fail_err - complete @call with @err (borrowed): message @err->msg, data.kind
+ * from @err->kind ("infrastructure", "usage", "limit", ...). @code 0 means
+ * conch_rpc_code_for(@data_code) if @data_code is given, else from the kind: infrastructure
+ * (or unset) -> -32001, usage -> -32602, limit -> -32004, others -> -32603. Frees @call.
+ */
+void conch_rpc_call_fail_err(struct conch_rpc_call *call, int code, const char *data_code,
+                             const struct conch_err *err);
+
+/* conch_rpc_call_id - the request's id (borrowed, valid until the call completes; a JSON
+ * string, integer or null), or NULL for a notification. */
+json_t *conch_rpc_call_id(const struct conch_rpc_call *call);
+
+/* conch_rpc_call_cancelled - true once the call's sink was closed: nobody will read the
+ * response, so a long operation may stop early (it must still complete the call). */
+bool conch_rpc_call_cancelled(const struct conch_rpc_call *call);
+
+/* ---- Reading params (after the table's checks) ----------------------------------------- */
+
+/*
+ * conch_rpc_str - the string member @key of @params, or @def if absent, null or not a string.
+ * Borrowed from @params. The C string stops at an embedded NUL (JSON allows "\u0000"): where
+ * that matters (paths), use conch_rpc_strn and compare lengths.
+ */
+const char *conch_rpc_str(json_t *params, const char *key, const char *def);
+
+/* conch_rpc_strn - like conch_rpc_str with @def NULL; stores the full length (embedded NULs
+ * counted) in *@ret_len when a string is returned. */
+const char *conch_rpc_strn(json_t *params, const char *key, size_t *ret_len);
+
+/* conch_rpc_int - the integer member @key, or @def if absent, null or not an integer. */
+long long conch_rpc_int(json_t *params, const char *key, long long def);
+
+/* conch_rpc_num - the number member @key (integer or real), or @def. */
+double conch_rpc_num(json_t *params, const char *key, double def);
+
+/* conch_rpc_bool - the boolean member @key, or @def. */
+bool conch_rpc_bool(json_t *params, const char *key, bool def);
+
+#endif
