@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 
 enum conch_ws_mode {
@@ -94,5 +96,65 @@ struct conch_ws_commit_opts {
  */
 int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *changes,
                     const struct conch_ws_commit_opts *opts, struct conch_err *err);
+
+/*
+ * conch_ws_changes_select - the changes of @all (borrowed) at the given @paths and beneath
+ * them (a listed directory includes everything beneath it), in @all's order, deep-copied
+ * into *@ret (caller calls conch_ws_changes_done). @paths is a NULL-terminated array
+ * (NULL = all of @all). A path may be relative ("src/a.c") or absolute under the
+ * workspace ("/workspace/src/a.c"); "." and ".." are resolved lexically, "/workspace"
+ * itself selects everything. Errors (kind usage): -EINVAL for an empty path, one outside
+ * /workspace or escaping it with ".."; -ENOENT for a path that matches no change (a file
+ * inside a deleted directory matches nothing: the directory is the change). Only the
+ * listed changes are returned, not their added parent directories, which a commit of a
+ * file inside a new directory also needs.
+ */
+int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *paths,
+                            struct conch_ws_changes *ret, struct conch_err *err);
+
+/*
+ * conch_ws_diff - unified diffs of @changes (from conch_ws_changes_scan on the same fds,
+ * borrowed) between the host dir @lower_fd and the upper dir @upper_fd (both borrowed).
+ * @paths: NULL for every change, else as in conch_ws_changes_select (same errors).
+ * Sets *@ret to a new object {"diff": str, "files": [{"path", "kind", "binary", "diff"}]}
+ * with one file per selected change, in order. A file's diff is in `diff -u` format with
+ * "a/"/"b/" prefixes and 3 lines of context ("/dev/null" for an added or deleted side);
+ * a binary file (NUL in the first 8 KiB of either side) gets "Binary files a/p and b/p
+ * differ"; a file over @max_bytes_per_file bytes (0 = no limit) gets "[diff omitted: file
+ * larger than N bytes]"; a symlink is diffed as the text "target\n"; a permission change
+ * adds "old mode 100644" / "new mode 100755" lines first; a type change is a deletion
+ * then an addition; directories and special files have an empty diff. The top-level
+ * "diff" concatenates the non-empty file diffs, each preceded by a git section header
+ * "diff --git a/p b/p". Ill-formed UTF-8 (in content or paths) becomes U+FFFD. Nothing is
+ * followed through a symlink. Returns 0 or -errno with @err.
+ */
+int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
+                  char *const *paths, size_t max_bytes_per_file, json_t **ret,
+                  struct conch_err *err);
+
+/*
+ * conch_ws_upper_remove - take @changes (borrowed; any order) out of the overlay upper dir
+ * @upper_fd, so that the merged view shows the host dir @lower_fd (both borrowed) at
+ * those paths: after a discard (the host is unchanged) or after conch_ws_commit (the host
+ * now holds the changes). Only while the overlay is not mounted. Each listed path's upper
+ * entry is removed: file, symlink, whiteout, or a directory with everything beneath it
+ * (so list a directory only when all beneath it goes: conch_ws_changes_select does that;
+ * do not pass the added parent dirs of a partial commit). Unlisted entries, and the
+ * parent dirs holding them, stay. Where an opaque upper dir hides the host's entry at a
+ * listed path, the host's entry (tree) is copied into the upper dir with its mode, owner
+ * and times, since removing the upper entry would leave it hidden. Nothing is followed
+ * through a symlink. Afterwards conch_ws_changes_scan reports none of the listed paths
+ * and the others as before. Returns the first error (-errno with @err) after trying every
+ * path.
+ */
+int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
+                          struct conch_err *err);
+
+/*
+ * conch_ws_upper_clear - remove everything inside the upper dir @upper_fd (borrowed; the
+ * dir itself stays), discarding every change. Only while the overlay is not mounted.
+ * Returns 0 or -errno with @err.
+ */
+int conch_ws_upper_clear(int upper_fd, struct conch_err *err);
 
 #endif

@@ -1,0 +1,730 @@
+/* diff.c - unified diffs of a sandbox's changes (upper dir) against the host dir (lower),
+ * for review before a commit: a line diff (Myers' O(ND) algorithm in linear space) in the
+ * format of `diff -u` / git, with binary, symlink and mode changes described in git's words. */
+#include "workspace/workspace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "workspace/ws-internal.h"
+
+#define CONTEXT 3
+/* Far more lines than a few-MB file has; keeps every index comfortably in an int. */
+#define MAX_LINES (INT_MAX / 4)
+
+/* ---- growing strings --------------------------------------------------------------- */
+
+struct buf {
+    char *p;
+    size_t len, cap;
+    bool oom; /* sticky: checked once at the end */
+};
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+    if (b->oom || n == 0)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void buf_str(struct buf *b, const char *s)
+{
+    buf_add(b, s, strlen(s));
+}
+
+__attribute__((format(printf, 2, 3))) static void buf_fmt(struct buf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(tmp)) {
+        b->oom = true; /* only used for short, fixed-shape lines */
+        return;
+    }
+    buf_add(b, tmp, (size_t)n);
+}
+
+/* Length of the well-formed UTF-8 sequence at @s (at most @n bytes), or, if it is not
+ * one, the negated length of its maximal valid prefix (at least 1) to replace by one
+ * U+FFFD, as Unicode recommends (and Python's errors="replace" does). */
+static int utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    int need;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 1;
+    else if (c >= 0xe0 && c <= 0xef) {
+        need = 2;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 3;
+        if (c == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* beyond U+10FFFF */
+    } else {
+        return -1;
+    }
+    for (int k = 1; k <= need; k++) {
+        if ((size_t)k >= n || s[k] < lo || s[k] > hi)
+            return -k;
+        lo = 0x80;
+        hi = 0xbf;
+    }
+    return need + 1;
+}
+
+/* Appends @s with every ill-formed UTF-8 sequence replaced by U+FFFD: JSON strings must be
+ * UTF-8, and source files in Latin-1 or with stray bytes are common. */
+static void buf_utf8(struct buf *b, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t start = 0, i = 0;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int k = utf8_seq(u + i, n - i);
+        if (k > 0) {
+            i += (size_t)k;
+            continue;
+        }
+        buf_add(b, s + start, i - start);
+        buf_add(b, "\xef\xbf\xbd", 3);
+        i += (size_t)-k;
+        start = i;
+    }
+    buf_add(b, s + start, n - start);
+}
+
+/* ---- lines and their identities ---------------------------------------------------- */
+
+struct line {
+    const char *p;
+    size_t len; /* including the '\n', if any: "x" and "x\n" are different lines */
+};
+
+static int split_lines(const char *s, size_t n, struct line **ret, int *ret_n)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++)
+        count += s[i] == '\n';
+    if (n && s[n - 1] != '\n')
+        count++;
+    if (count > MAX_LINES)
+        return -EFBIG;
+    struct line *v = calloc(count ? count : 1, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    size_t k = 0, start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\n') {
+            v[k++] = (struct line){s + start, i + 1 - start};
+            start = i + 1;
+        }
+    }
+    if (start < n)
+        v[k++] = (struct line){s + start, n - start};
+    *ret = v;
+    *ret_n = (int)count;
+    return 0;
+}
+
+static uint64_t hash_line(const struct line *l)
+{
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (size_t i = 0; i < l->len; i++) {
+        h ^= (unsigned char)l->p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* Numbers the lines of both files so that equal lines get equal ids: the diff then
+ * compares ints instead of strings. */
+static int number_lines(const struct line *a, int na, const struct line *b, int nb, int *ida,
+                        int *idb)
+{
+    size_t cap = 16;
+    while (cap < 2 * ((size_t)na + (size_t)nb))
+        cap *= 2;
+    _cleanup_free_ const struct line **slot = calloc(cap, sizeof(*slot));
+    _cleanup_free_ int *slot_id = calloc(cap, sizeof(*slot_id));
+    if (!slot || !slot_id)
+        return -ENOMEM;
+    int next = 0;
+    for (int side = 0; side < 2; side++) {
+        const struct line *v = side ? b : a;
+        int *ids = side ? idb : ida;
+        int n = side ? nb : na;
+        for (int i = 0; i < n; i++) {
+            size_t h = (size_t)hash_line(&v[i]) & (cap - 1);
+            while (slot[h] &&
+                   (slot[h]->len != v[i].len || memcmp(slot[h]->p, v[i].p, v[i].len) != 0))
+                h = (h + 1) & (cap - 1);
+            if (!slot[h]) {
+                slot[h] = &v[i];
+                slot_id[h] = next++;
+            }
+            ids[i] = slot_id[h];
+        }
+    }
+    return 0;
+}
+
+/* ---- Myers' diff, linear-space variant (E. Myers, "An O(ND) Difference Algorithm and
+ * Its Variations", 1986, section 4b) --------------------------------------------------- */
+
+struct lcs {
+    const int *a, *b;
+    unsigned char *ca, *cb; /* out: line changed (deleted from a / inserted in b) */
+    int *fd, *bd;           /* furthest reaching x per diagonal k = x - y, offset */
+    int too_expensive;      /* give up on minimality past this many edit steps */
+};
+
+/* Finds a point (*xmid, *ymid) on an optimal (or, past too_expensive, a good) edit path
+ * from (xoff, yoff) to (xlim, ylim) by running the search from both ends until they meet. */
+static void middle_snake(struct lcs *s, int xoff, int xlim, int yoff, int ylim, int *xmid,
+                         int *ymid)
+{
+    int *fd = s->fd, *bd = s->bd;
+    const int *a = s->a, *b = s->b;
+    const int dmin = xoff - ylim, dmax = xlim - yoff;
+    const int fmid = xoff - yoff, bmid = xlim - ylim;
+    int fmin = fmid, fmax = fmid, bmin = bmid, bmax = bmid;
+    const bool odd = (fmid - bmid) & 1;
+
+    fd[fmid] = xoff;
+    bd[bmid] = xlim;
+    for (int c = 1;; c++) {
+        /* Widen the forward band by one diagonal each side (or narrow at the edges to
+         * keep the parity), with sentinels so the first step off an edge is well defined. */
+        if (fmin > dmin)
+            fd[--fmin - 1] = -1;
+        else
+            ++fmin;
+        if (fmax < dmax)
+            fd[++fmax + 1] = -1;
+        else
+            --fmax;
+        for (int d = fmax; d >= fmin; d -= 2) {
+            int tlo = fd[d - 1], thi = fd[d + 1];
+            int x = tlo >= thi ? tlo + 1 : thi;
+            int y = x - d;
+            while (x < xlim && y < ylim && a[x] == b[y])
+                x++, y++;
+            fd[d] = x;
+            if (odd && bmin <= d && d <= bmax && bd[d] <= x) {
+                *xmid = x;
+                *ymid = y;
+                return;
+            }
+        }
+        if (bmin > dmin)
+            bd[--bmin - 1] = INT_MAX;
+        else
+            ++bmin;
+        if (bmax < dmax)
+            bd[++bmax + 1] = INT_MAX;
+        else
+            --bmax;
+        for (int d = bmax; d >= bmin; d -= 2) {
+            int tlo = bd[d - 1], thi = bd[d + 1];
+            int x = tlo < thi ? tlo : thi - 1;
+            int y = x - d;
+            while (x > xoff && y > yoff && a[x - 1] == b[y - 1])
+                x--, y--;
+            bd[d] = x;
+            if (!odd && fmin <= d && d <= fmax && x <= fd[d]) {
+                *xmid = x;
+                *ymid = y;
+                return;
+            }
+        }
+        if (c < s->too_expensive)
+            continue;
+        /* Very different inputs would cost O(N*D): split at whichever search got
+         * furthest instead (as GNU diff does), trading minimality for bounded time. */
+        int fbest = -1, fxbest = xoff, bbest = INT_MAX, bxbest = xlim;
+        for (int d = fmax; d >= fmin; d -= 2) {
+            int x = fd[d] < xlim ? fd[d] : xlim;
+            int y = x - d;
+            if (y > ylim) {
+                x = ylim + d;
+                y = ylim;
+            }
+            if (x + y > fbest) {
+                fbest = x + y;
+                fxbest = x;
+            }
+        }
+        for (int d = bmax; d >= bmin; d -= 2) {
+            int x = bd[d] > xoff ? bd[d] : xoff;
+            int y = x - d;
+            if (y < yoff) {
+                x = yoff + d;
+                y = yoff;
+            }
+            if (x + y < bbest) {
+                bbest = x + y;
+                bxbest = x;
+            }
+        }
+        if ((xlim + ylim) - bbest < fbest - (xoff + yoff)) {
+            *xmid = fxbest;
+            *ymid = fbest - fxbest;
+        } else {
+            *xmid = bxbest;
+            *ymid = bbest - bxbest;
+        }
+        return;
+    }
+}
+
+static void mark_all(struct lcs *s, int xoff, int xlim, int yoff, int ylim)
+{
+    for (int x = xoff; x < xlim; x++)
+        s->ca[x] = 1;
+    for (int y = yoff; y < ylim; y++)
+        s->cb[y] = 1;
+}
+
+/* Marks the lines outside a longest common subsequence of a[xoff,xlim) and b[yoff,ylim).
+ * Recurses into the smaller half and loops on the larger, so the stack stays logarithmic
+ * even when the heuristic splits unevenly. */
+static void compare_seq(struct lcs *s, int xoff, int xlim, int yoff, int ylim)
+{
+    for (;;) {
+        while (xoff < xlim && yoff < ylim && s->a[xoff] == s->b[yoff])
+            xoff++, yoff++;
+        while (xlim > xoff && ylim > yoff && s->a[xlim - 1] == s->b[ylim - 1])
+            xlim--, ylim--;
+        if (xoff == xlim || yoff == ylim) {
+            mark_all(s, xoff, xlim, yoff, ylim);
+            return;
+        }
+        int xmid, ymid;
+        middle_snake(s, xoff, xlim, yoff, ylim, &xmid, &ymid);
+        if ((xmid == xoff && ymid == yoff) || (xmid == xlim && ymid == ylim) || xmid < xoff ||
+            xmid > xlim || ymid < yoff || ymid > ylim) {
+            mark_all(s, xoff, xlim, yoff, ylim); /* cannot happen; never loop forever */
+            return;
+        }
+        if ((xmid - xoff) + (ymid - yoff) < (xlim - xmid) + (ylim - ymid)) {
+            compare_seq(s, xoff, xmid, yoff, ymid);
+            xoff = xmid;
+            yoff = ymid;
+        } else {
+            compare_seq(s, xmid, xlim, ymid, ylim);
+            xlim = xmid;
+            ylim = ymid;
+        }
+    }
+}
+
+/* ---- unified output ---------------------------------------------------------------- */
+
+/* Lines a[a0,a1) replaced by b[b0,b1). */
+struct change {
+    int a0, a1, b0, b1;
+};
+
+static void put_line(struct buf *out, char prefix, const struct line *l)
+{
+    buf_add(out, &prefix, 1);
+    buf_utf8(out, l->p, l->len);
+    if (l->len == 0 || l->p[l->len - 1] != '\n')
+        buf_str(out, "\n\\ No newline at end of file\n");
+}
+
+static void put_range(struct buf *out, char sign, int start, int count)
+{
+    /* diff -u: an empty range names the line before it; a one-line range omits ",1". */
+    if (count == 0)
+        buf_fmt(out, " %c%d,0", sign, start);
+    else if (count == 1)
+        buf_fmt(out, " %c%d", sign, start + 1);
+    else
+        buf_fmt(out, " %c%d,%d", sign, start + 1, count);
+}
+
+static void put_hunks(struct buf *out, const struct line *a, int na, const struct line *b,
+                      const struct change *ch, size_t nch)
+{
+    size_t i = 0;
+    while (i < nch) {
+        size_t j = i;
+        /* Changes whose contexts touch or overlap share a hunk, as in diff -u. */
+        while (j + 1 < nch && ch[j + 1].a0 - ch[j].a1 <= 2 * CONTEXT)
+            j++;
+        int a_start = ch[i].a0 > CONTEXT ? ch[i].a0 - CONTEXT : 0;
+        int b_start = ch[i].b0 - (ch[i].a0 - a_start);
+        int a_end = ch[j].a1 + CONTEXT < na ? ch[j].a1 + CONTEXT : na;
+        int b_end = ch[j].b1 + (a_end - ch[j].a1);
+        buf_str(out, "@@");
+        put_range(out, '-', a_start, a_end - a_start);
+        put_range(out, '+', b_start, b_end - b_start);
+        buf_str(out, " @@\n");
+        int x = a_start;
+        for (size_t k = i; k <= j; k++) {
+            for (; x < ch[k].a0; x++)
+                put_line(out, ' ', &a[x]);
+            for (; x < ch[k].a1; x++)
+                put_line(out, '-', &a[x]);
+            for (int y = ch[k].b0; y < ch[k].b1; y++)
+                put_line(out, '+', &b[y]);
+        }
+        for (; x < a_end; x++)
+            put_line(out, ' ', &a[x]);
+        i = j + 1;
+    }
+}
+
+/* Appends the hunks turning text @sa into @sb (nothing if they are equal). */
+static int text_diff(struct buf *out, const char *sa, size_t la, const char *sb, size_t lb)
+{
+    _cleanup_free_ struct line *a = NULL;
+    _cleanup_free_ struct line *b = NULL;
+    int na = 0, nb = 0;
+    int r = split_lines(sa, la, &a, &na);
+    if (r >= 0)
+        r = split_lines(sb, lb, &b, &nb);
+    if (r < 0)
+        return r;
+    if (na + nb > MAX_LINES)
+        return -EFBIG;
+    size_t diags = (size_t)na + (size_t)nb + 3;
+    _cleanup_free_ int *ida = calloc((size_t)na + 1, sizeof(int));
+    _cleanup_free_ int *idb = calloc((size_t)nb + 1, sizeof(int));
+    _cleanup_free_ unsigned char *ca = calloc((size_t)na + 1, 1);
+    _cleanup_free_ unsigned char *cb = calloc((size_t)nb + 1, 1);
+    _cleanup_free_ int *fd = calloc(diags, sizeof(int));
+    _cleanup_free_ int *bd = calloc(diags, sizeof(int));
+    if (!ida || !idb || !ca || !cb || !fd || !bd)
+        return -ENOMEM;
+    r = number_lines(a, na, b, nb, ida, idb);
+    if (r < 0)
+        return r;
+
+    struct lcs s = {
+        .a = ida,
+        .b = idb,
+        .ca = ca,
+        .cb = cb,
+        .fd = fd + nb + 1, /* diagonals run from -nb-1 to na+1 */
+        .bd = bd + nb + 1,
+        .too_expensive = 1,
+    };
+    /* About sqrt(diags), at least 4096: minimal diffs for anything a person would read. */
+    for (size_t d = diags; d; d >>= 2)
+        s.too_expensive <<= 1;
+    if (s.too_expensive < 4096)
+        s.too_expensive = 4096;
+    compare_seq(&s, 0, na, 0, nb);
+
+    size_t nch = 0, cap = 0;
+    _cleanup_free_ struct change *ch = NULL;
+    for (int x = 0, y = 0; x < na || y < nb;) {
+        if ((x < na && ca[x]) || (y < nb && cb[y])) {
+            struct change c = {.a0 = x, .b0 = y};
+            while (x < na && ca[x])
+                x++;
+            while (y < nb && cb[y])
+                y++;
+            c.a1 = x;
+            c.b1 = y;
+            if (nch == cap) {
+                cap = cap ? cap * 2 : 16;
+                struct change *v = realloc(ch, cap * sizeof(*v));
+                if (!v)
+                    return -ENOMEM;
+                ch = v;
+            }
+            ch[nch++] = c;
+        } else {
+            x++, y++;
+        }
+    }
+    put_hunks(out, a, na, b, ch, nch);
+    return out->oom ? -ENOMEM : 0;
+}
+
+/* ---- reading both sides ------------------------------------------------------------ */
+
+/* One side of a changed path. */
+struct side {
+    bool present;
+    char type;   /* 'f', 'd', 'l', 'o' */
+    mode_t mode; /* full st_mode */
+    char *data;  /* files: content (or its first bytes if too_big); symlinks: "target\n" */
+    size_t len;
+    bool too_big;
+    bool binary;
+};
+
+static void side_done(struct side *s)
+{
+    free(s->data);
+    s->data = NULL;
+}
+
+static int read_fd(int fd, size_t want, char **ret, size_t *ret_len)
+{
+    size_t cap = want + 1, len = 0;
+    char *p = malloc(cap);
+    if (!p)
+        return -ENOMEM;
+    while (len < want) {
+        ssize_t n = read(fd, p + len, want - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int r = -errno;
+            free(p);
+            return r;
+        }
+        if (n == 0)
+            break; /* shrank since fstat: diff what is there */
+        len += (size_t)n;
+    }
+    p[len] = '\0';
+    *ret = p;
+    *ret_len = len;
+    return 0;
+}
+
+/* Reads @path beneath @dirfd without following any symlink. A missing path, or one
+ * whose parent is not a directory on this side, is absent (not an error). */
+static int load_side(int dirfd, const char *path, size_t max, struct side *ret)
+{
+    const char *slash = strrchr(path, '/');
+    _cleanup_free_ char *parent = slash ? strndup(path, (size_t)(slash - path)) : strdup("");
+    const char *name = slash ? slash + 1 : path;
+    if (!parent)
+        return -ENOMEM;
+    *ret = (struct side){0};
+    _cleanup_close_ int pfd = conch_ws__openat2(dirfd, parent, O_PATH | O_DIRECTORY, false);
+    if (pfd == -ENOENT || pfd == -ENOTDIR || pfd == -ELOOP)
+        return 0;
+    if (pfd < 0)
+        return pfd;
+    struct stat st;
+    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    ret->present = true;
+    ret->type = conch_ws__type(st.st_mode);
+    ret->mode = st.st_mode;
+    if (ret->type == 'l') {
+        _cleanup_free_ char *target = NULL;
+        int r = conch_ws__read_link(pfd, name, &target);
+        if (r < 0)
+            return r;
+        if (asprintf(&ret->data, "%s\n", target) < 0) {
+            ret->data = NULL;
+            return -ENOMEM;
+        }
+        ret->len = strlen(ret->data);
+        return 0;
+    }
+    if (ret->type != 'f')
+        return 0;
+    /* O_NONBLOCK: a FIFO swapped in since the fstatat must not hang the daemon. */
+    _cleanup_close_ int fd =
+        openat(pfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (!S_ISREG(st.st_mode))
+        return -ESTALE;
+    size_t size = (size_t)st.st_size;
+    ret->too_big = max && size > max;
+    int r = read_fd(fd, ret->too_big ? CONCH_WS__BINARY_PROBE : size, &ret->data, &ret->len);
+    if (r < 0)
+        return r;
+    size_t probe = ret->len < CONCH_WS__BINARY_PROBE ? ret->len : CONCH_WS__BINARY_PROBE;
+    ret->binary = memchr(ret->data, 0, probe) != NULL;
+    return 0;
+}
+
+/* ---- one file ---------------------------------------------------------------------- */
+
+/* Appends the content diff between @old and @new (either NULL for an added or deleted
+ * path; both files or symlinks). */
+static int content_diff(struct buf *out, const char *path, const struct side *old,
+                        const struct side *new, size_t max)
+{
+    struct buf a = {0}, b = {0};
+    buf_str(&a, "a/");
+    buf_utf8(&a, path, strlen(path));
+    buf_str(&b, "b/");
+    buf_utf8(&b, path, strlen(path));
+    const char *an = old ? a.p : "/dev/null";
+    const char *bn = new ? b.p : "/dev/null";
+    int r = 0;
+    if (a.oom || b.oom) {
+        r = -ENOMEM;
+    } else if ((old && old->binary) || (new &&new->binary)) {
+        buf_fmt(out, "Binary files %s and %s differ\n", an, bn);
+    } else if ((old && old->too_big) || (new &&new->too_big)) {
+        buf_fmt(out, "[diff omitted: file larger than %zu bytes]\n", max);
+    } else {
+        struct buf hunks = {0};
+        r = text_diff(&hunks, old ? old->data : "", old ? old->len : 0, new ? new->data : "",
+                      new ? new->len : 0);
+        /* An added or deleted empty file still gets its header; equal content nothing. */
+        if (r >= 0 && (hunks.len || !old || !new)) {
+            buf_str(out, "--- ");
+            buf_str(out, an);
+            buf_str(out, "\n+++ ");
+            buf_str(out, bn);
+            buf_str(out, "\n");
+            buf_add(out, hunks.p, hunks.len);
+        }
+        free(hunks.p);
+    }
+    free(a.p);
+    free(b.p);
+    return r;
+}
+
+static bool has_text(const struct side *s)
+{
+    return s->present && (s->type == 'f' || s->type == 'l');
+}
+
+/* The diff of one change, into @out (which may stay empty: directories, special files). */
+static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch, size_t max,
+                     struct buf *out, bool *ret_binary)
+{
+    struct side old = {0}, new = {0};
+    int r = 0;
+    if (ch->kind != CONCH_CHANGE_ADDED)
+        r = load_side(lower_fd, ch->path, max, &old);
+    if (r >= 0 && ch->kind != CONCH_CHANGE_DELETED) {
+        r = load_side(upper_fd, ch->path, max, &new);
+    }
+    if (r >= 0) {
+        *ret_binary = (old.present && old.binary) || (new.present &&new.binary);
+        if (old.present && new.present && old.type == new.type) {
+            /* A symlink's own mode means nothing on Linux; a dir's is not a diff line. */
+            if (old.type != 'l' && old.type != 'd' && old.mode != new.mode)
+                buf_fmt(out, "old mode %o\nnew mode %o\n", (unsigned)old.mode, (unsigned)new.mode);
+            if (has_text(&old))
+                r = content_diff(out, ch->path, &old, &new, max);
+        } else {
+            /* Added, deleted or of another type: git shows a deletion then an addition. */
+            if (has_text(&old))
+                r = content_diff(out, ch->path, &old, NULL, max);
+            if (r >= 0 && has_text(&new))
+                r = content_diff(out, ch->path, NULL, &new, max);
+        }
+    }
+    side_done(&old);
+    side_done(&new);
+    if (r >= 0 && out->oom)
+        r = -ENOMEM;
+    return r;
+}
+
+int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
+                  char *const *paths, size_t max_bytes_per_file, json_t **ret,
+                  struct conch_err *err)
+{
+    struct conch_ws_changes sel = {0};
+    const struct conch_ws_changes *use = changes;
+    if (paths) {
+        int r = conch_ws_changes_select(changes, paths, &sel, err);
+        if (r < 0)
+            return r;
+        use = &sel;
+    }
+
+    int r = 0;
+    struct buf all = {0};
+    json_t *files = json_array();
+    if (!files)
+        r = conch_err_set(err, ENOMEM, "diff: out of memory");
+    for (size_t i = 0; r >= 0 && i < use->n; i++) {
+        const struct conch_ws_change *ch = &use->items[i];
+        if (!ch->path || !conch_ws__path_ok(ch->path)) {
+            r = conch_err_set(err, EINVAL, "diff '%s': invalid path",
+                              ch->path ? ch->path : "(null)");
+            break;
+        }
+        struct buf one = {0};
+        bool binary = false;
+        r = file_diff(upper_fd, lower_fd, ch, max_bytes_per_file, &one, &binary);
+        if (r < 0) {
+            free(one.p);
+            r = conch_err_set(err, -r, "diff '%s': %s", ch->path,
+                              r == -ELOOP ? "a component is a symlink" : strerror(-r));
+            break;
+        }
+        struct buf p = {0};
+        buf_utf8(&p, ch->path, strlen(ch->path));
+        if (one.len) {
+            /* git's section header makes the concatenation a patch that says which file
+             * a mode-only change or binary note belongs to. */
+            buf_str(&all, "diff --git a/");
+            buf_add(&all, p.p, p.len);
+            buf_str(&all, " b/");
+            buf_add(&all, p.p, p.len);
+            buf_str(&all, "\n");
+            buf_add(&all, one.p, one.len);
+        }
+        json_t *f = p.oom || one.oom ? NULL
+                                     : json_pack("{s:s%,s:s,s:b,s:s%}", "path", p.p, p.len, "kind",
+                                                 conch_ws_change_kind_name(ch->kind), "binary",
+                                                 binary, "diff", one.p ? one.p : "", one.len);
+        free(p.p);
+        free(one.p);
+        if (!f || json_array_append_new(files, f) < 0 || all.oom)
+            r = conch_err_set(err, ENOMEM, "diff: out of memory");
+    }
+    json_t *obj = NULL;
+    if (r >= 0) {
+        obj = json_pack("{s:s%,s:o}", "diff", all.p ? all.p : "", all.len, "files", files);
+        files = NULL; /* "o" steals it, even on failure */
+        if (!obj)
+            r = conch_err_set(err, ENOMEM, "diff: out of memory");
+    }
+    json_decref(files);
+    free(all.p);
+    conch_ws_changes_done(&sel);
+    if (r < 0)
+        return r;
+    *ret = obj;
+    return 0;
+}
