@@ -1,0 +1,448 @@
+/* fs-write.c - the changing methods: fs.write, fs.edit, fs.delete and fs.upload. Files
+ * are replaced through a temporary file renamed over them, so a reader sees the old
+ * content or the new, never half of it. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "fs/fs-internal.h"
+
+/* Largest file fs.edit will produce. */
+#define MAX_EDIT_RESULT (64LL * 1024 * 1024)
+/* Entries in one fs.upload. */
+#define MAX_BATCH 1000
+/* Directory levels a recursive delete descends; deeper trees fail rather than exhaust fds. */
+#define MAX_DELETE_DEPTH 256
+
+static json_t *oom(struct conch_fs_error *ferr)
+{
+    conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "out of memory");
+    return NULL;
+}
+
+/* Open (O_PATH) the directory @parent, creating it and its missing ancestors (0755). */
+static int mkdir_parents(int root_fd, const char *parent)
+{
+    int prev = -1;
+    size_t i = 0;
+    for (;;) {
+        size_t end = i + strcspn(parent + i, "/");
+        _cleanup_free_ char *prefix = strndup(parent, end);
+        _cleanup_free_ char *comp = strndup(parent + i, end - i);
+        if (!prefix || !comp) {
+            if (prev >= 0)
+                close(prev);
+            return -ENOMEM;
+        }
+        int fd = conch_fs__open(root_fd, prefix, O_PATH | O_DIRECTORY, 0);
+        if (fd == -ENOENT) {
+            /* @prev was itself resolved beneath the root and @comp is one plain name, so
+             * mkdirat cannot land outside. EEXIST: someone else was faster. */
+            if (mkdirat(prev >= 0 ? prev : root_fd, comp, 0755) < 0 && errno != EEXIST)
+                fd = -errno;
+            else
+                fd = conch_fs__open(root_fd, prefix, O_PATH | O_DIRECTORY, 0);
+        }
+        if (prev >= 0)
+            close(prev);
+        if (fd < 0)
+            return fd;
+        prev = fd;
+        if (!parent[end])
+            return prev;
+        i = end + 1;
+    }
+}
+
+/* Open @rel's parent directory (O_PATH); *@ret_name points into @rel at the last name. */
+static int open_parent(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                       bool create, const char **ret_name, struct conch_fs_error *ferr)
+{
+    const char *slash = strrchr(rel, '/');
+    _cleanup_free_ char *parent = slash ? strndup(rel, (size_t)(slash - rel)) : strdup("");
+    if (!parent)
+        return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "out of memory");
+    int fd = conch_fs__open(ctx->root_fd, parent, O_PATH | O_DIRECTORY, 0);
+    if (fd == -ENOENT && create)
+        fd = mkdir_parents(ctx->root_fd, parent);
+    if (fd < 0)
+        return conch_fs__fail_errno(ferr, -fd, "open the directory of", given);
+    *ret_name = slash ? slash + 1 : rel;
+    return fd;
+}
+
+/* A final symlink: write through it in place (following it beneath the root). Not atomic,
+ * but replacing the link by a file would silently detach it from its target. */
+static int write_through(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                         const char *data, size_t len, bool *ret_created,
+                         struct conch_fs_error *ferr)
+{
+    const int flags = O_WRONLY | O_NOCTTY | O_NONBLOCK;
+    bool created = false;
+    int fd = conch_fs__open(ctx->root_fd, rel, flags | O_TRUNC, 0);
+    if (fd == -ENOENT) {
+        created = true;
+        fd = conch_fs__open(ctx->root_fd, rel, flags | O_CREAT | O_EXCL, 0644);
+    }
+    if (fd < 0)
+        return conch_fs__fail_errno(ferr, -fd, "write", given);
+    struct stat st;
+    int r = fstat(fd, &st) < 0 ? -errno : 0;
+    if (r == 0 && !S_ISREG(st.st_mode))
+        r = -EINVAL;
+    if (r == 0)
+        r = conch_write_all(fd, data, len);
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == -EINVAL)
+        return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
+    if (r < 0)
+        return conch_fs__fail_errno(ferr, -r, "write", given);
+    *ret_created = created;
+    return 0;
+}
+
+int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                         const char *data, size_t len, bool *ret_created,
+                         struct conch_fs_error *ferr)
+{
+    if (!*rel)
+        return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given);
+    const char *name;
+    _cleanup_close_ int pfd = open_parent(ctx, rel, given, true, &name, ferr);
+    if (pfd < 0)
+        return -1;
+
+    struct stat st;
+    mode_t mode = 0644;
+    bool exists = false;
+    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given);
+        if (S_ISLNK(st.st_mode))
+            return write_through(ctx, rel, given, data, len, ret_created, ferr);
+        if (!S_ISREG(st.st_mode))
+            return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
+        /* The rename only needs the directory writable; keep the file's own permission
+         * meaningful, as an in-place write would. */
+        if (faccessat(pfd, name, W_OK, AT_EACCESS) < 0)
+            return conch_fs__fail_errno(ferr, errno, "write", given);
+        mode = st.st_mode & 07777;
+        exists = true;
+    } else if (errno != ENOENT) {
+        return conch_fs__fail_errno(ferr, errno, "write", given);
+    }
+
+    char tmp[64];
+    int tfd = -1;
+    for (int tries = 0; tfd < 0 && tries < 16; tries++) {
+        uint64_t rnd;
+        if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+            rnd = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)tries;
+        snprintf(tmp, sizeof(tmp), ".conch-write-%016llx", (unsigned long long)rnd);
+        tfd = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (tfd < 0 && errno != EEXIST)
+            break;
+    }
+    if (tfd < 0)
+        return conch_fs__fail_errno(ferr, errno, "write", given);
+    int r = conch_write_all(tfd, data, len);
+    if (r == 0 && fchmod(tfd, mode) < 0)
+        r = -errno;
+    if (close(tfd) < 0 && r == 0)
+        r = -errno;
+    if (r == 0 && renameat(pfd, tmp, pfd, name) < 0)
+        r = -errno;
+    if (r < 0) {
+        unlinkat(pfd, tmp, 0);
+        return conch_fs__fail_errno(ferr, -r, "write", given);
+    }
+    *ret_created = !exists;
+    return 0;
+}
+
+json_t *conch_fs__write(const struct conch_fs__ctx *ctx, json_t *params,
+                        struct conch_fs_error *ferr)
+{
+    static const char *const keys[] = {"path", "content", "encoding", NULL};
+    const char *path, *content;
+    size_t plen, clen;
+    bool base64;
+    if (conch_fs__params_check(params, keys, ferr) < 0 ||
+        conch_fs__param_str(params, "path", true, &path, &plen, ferr) < 0 ||
+        conch_fs__param_str(params, "content", true, &content, &clen, ferr) < 0 ||
+        conch_fs__param_encoding(params, &base64, ferr) < 0)
+        return NULL;
+    _cleanup_free_ char *rel = NULL;
+    if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
+        return NULL;
+    _cleanup_free_ unsigned char *raw = NULL;
+    if (base64) {
+        int r = conch_fs__base64_decode(content, clen, &raw, &clen);
+        if (r == -ENOMEM)
+            return oom(ferr);
+        if (r < 0) {
+            conch_fs__fail_param(ferr, "content", "param 'content' is not valid base64");
+            return NULL;
+        }
+        content = (const char *)raw;
+    }
+    bool created;
+    if (conch_fs__write_file(ctx, rel, path, content, clen, &created, ferr) < 0)
+        return NULL;
+    json_t *res = json_pack("{s:I, s:b}", "bytes_written", (json_int_t)clen, "created", created);
+    return res ? res : oom(ferr);
+}
+
+json_t *conch_fs__edit(const struct conch_fs__ctx *ctx, json_t *params, struct conch_fs_error *ferr)
+{
+    static const char *const keys[] = {"path", "old_string", "new_string", "replace_all", NULL};
+    const char *path, *old, *new;
+    size_t plen, olen, nlen;
+    bool all;
+    if (conch_fs__params_check(params, keys, ferr) < 0 ||
+        conch_fs__param_str(params, "path", true, &path, &plen, ferr) < 0 ||
+        conch_fs__param_str(params, "old_string", true, &old, &olen, ferr) < 0 ||
+        conch_fs__param_str(params, "new_string", true, &new, &nlen, ferr) < 0 ||
+        conch_fs__param_bool(params, "replace_all", false, &all, ferr) < 0)
+        return NULL;
+    if (olen == 0) {
+        conch_fs__fail_param(ferr, "old_string", "param 'old_string' must not be empty");
+        return NULL;
+    }
+    _cleanup_free_ char *rel = NULL;
+    if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
+        return NULL;
+    _cleanup_free_ char *buf = NULL;
+    size_t len;
+    if (conch_fs__read_file(ctx, rel, path, &buf, &len, ferr) < 0)
+        return NULL;
+
+    long long n = 0;
+    for (const char *p = buf; (p = memmem(p, len - (size_t)(p - buf), old, olen)); p += olen)
+        n++;
+    if (n == 0) {
+        conch_fs__fail(ferr, CONCH_FS_STRING_NOT_FOUND, "old_string does not occur in '%s'", path);
+        return NULL;
+    }
+    if (n > 1 && !all) {
+        conch_fs__fail(ferr, CONCH_FS_AMBIGUOUS_MATCH,
+                       "old_string occurs %lld times in '%s': add context to make it unique, "
+                       "or set replace_all",
+                       n, path);
+        ferr->occurrences = n;
+        return NULL;
+    }
+    long long newlen = (long long)len + n * ((long long)nlen - (long long)olen);
+    if (newlen > MAX_EDIT_RESULT) {
+        conch_fs__fail(ferr, CONCH_FS_TOO_LARGE,
+                       "editing '%s' would make it %lld bytes, above the limit of %lld", path,
+                       newlen, MAX_EDIT_RESULT);
+        return NULL;
+    }
+    _cleanup_free_ char *out = malloc((size_t)newlen + 1);
+    if (!out)
+        return oom(ferr);
+    size_t o = 0;
+    const char *p = buf, *q;
+    while ((q = memmem(p, len - (size_t)(p - buf), old, olen))) {
+        memcpy(out + o, p, (size_t)(q - p));
+        o += (size_t)(q - p);
+        memcpy(out + o, new, nlen);
+        o += nlen;
+        p = q + olen;
+    }
+    memcpy(out + o, p, len - (size_t)(p - buf));
+    o += len - (size_t)(p - buf);
+    bool created;
+    if (conch_fs__write_file(ctx, rel, path, out, o, &created, ferr) < 0)
+        return NULL;
+    json_t *res = json_pack("{s:I}", "occurrences", (json_int_t)n);
+    return res ? res : oom(ferr);
+}
+
+/* Remove the directory @name in @pfd and everything beneath it, never following a
+ * symlink (each level is opened O_NOFOLLOW relative to its parent). On failure
+ * @failed gets the path (relative to @pfd) that could not be removed. */
+static int rm_tree(int pfd, const char *name, int depth, char **failed)
+{
+    if (depth > MAX_DELETE_DEPTH) {
+        *failed = strdup(name);
+        return -ENAMETOOLONG;
+    }
+    int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int r = -errno;
+        *failed = strdup(name);
+        return r;
+    }
+    _cleanup_closedir_ DIR *d = fdopendir(fd);
+    if (!d) {
+        int r = -errno;
+        close(fd);
+        *failed = strdup(name);
+        return r;
+    }
+    struct dirent *de;
+    int r = 0;
+    while (r == 0 && (errno = 0, de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        bool isdir = de->d_type == DT_DIR;
+        struct stat st;
+        if (de->d_type == DT_UNKNOWN &&
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            isdir = S_ISDIR(st.st_mode);
+        if (isdir) {
+            char *sub = NULL;
+            r = rm_tree(dirfd(d), de->d_name, depth + 1, &sub);
+            if (r < 0) {
+                if (!sub || asprintf(failed, "%s/%s", name, sub) < 0)
+                    *failed = NULL;
+                free(sub);
+            }
+        } else if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT) {
+            r = -errno;
+            if (asprintf(failed, "%s/%s", name, de->d_name) < 0)
+                *failed = NULL;
+        }
+    }
+    if (r == 0 && errno) {
+        r = -errno;
+        *failed = strdup(name);
+    }
+    if (r == 0 && unlinkat(pfd, name, AT_REMOVEDIR) < 0) {
+        r = -errno;
+        *failed = strdup(name);
+    }
+    return r;
+}
+
+json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
+                         struct conch_fs_error *ferr)
+{
+    static const char *const keys[] = {"path", "recursive", NULL};
+    const char *path;
+    size_t plen;
+    bool recursive;
+    if (conch_fs__params_check(params, keys, ferr) < 0 ||
+        conch_fs__param_str(params, "path", true, &path, &plen, ferr) < 0 ||
+        conch_fs__param_bool(params, "recursive", false, &recursive, ferr) < 0)
+        return NULL;
+    _cleanup_free_ char *rel = NULL;
+    if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
+        return NULL;
+    if (!*rel) {
+        conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "refusing to delete the workspace root '%s'",
+                       path);
+        return NULL;
+    }
+    const char *name;
+    _cleanup_close_ int pfd = open_parent(ctx, rel, path, false, &name, ferr);
+    if (pfd < 0)
+        return NULL;
+    struct stat st;
+    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        conch_fs__fail_errno(ferr, errno, "delete", path);
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        if (!recursive) {
+            conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY,
+                           "'%s' is a directory: set recursive to delete it", path);
+            return NULL;
+        }
+        _cleanup_free_ char *failed = NULL;
+        int r = rm_tree(pfd, name, 0, &failed);
+        if (r < 0) {
+            /* @failed is relative to the parent: put the parent's path back in front. */
+            const char *slash = strrchr(rel, '/');
+            _cleanup_free_ char *full = NULL;
+            if (failed &&
+                asprintf(&full, "%.*s%s", slash ? (int)(slash - rel + 1) : 0, rel, failed) < 0)
+                full = NULL;
+            _cleanup_free_ char *shown = full ? conch_fs__path_display(ctx, full) : NULL;
+            conch_fs__fail_errno(ferr, -r, "delete", shown ? shown : path);
+            return NULL;
+        }
+    } else if (unlinkat(pfd, name, 0) < 0) {
+        conch_fs__fail_errno(ferr, errno, "delete", path);
+        return NULL;
+    }
+    json_t *res = json_pack("{s:b}", "deleted", 1);
+    return res ? res : oom(ferr);
+}
+
+json_t *conch_fs__upload(const struct conch_fs__ctx *ctx, json_t *params,
+                         struct conch_fs_error *ferr)
+{
+    static const char *const keys[] = {"files", NULL};
+    if (conch_fs__params_check(params, keys, ferr) < 0)
+        return NULL;
+    json_t *files = json_object_get(params, "files");
+    const char *bad = "param 'files' must be an array of {\"path\": str, \"content\": base64}";
+    if (!json_is_array(files)) {
+        conch_fs__fail_param(ferr, "files", "%s", bad);
+        return NULL;
+    }
+    if (json_array_size(files) > MAX_BATCH) {
+        conch_fs__fail_param(ferr, "files", "param 'files' has more than %d entries", MAX_BATCH);
+        return NULL;
+    }
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f)
+    {
+        if (!json_is_object(f) || json_object_size(f) != 2 ||
+            !json_is_string(json_object_get(f, "path")) ||
+            !json_is_string(json_object_get(f, "content"))) {
+            conch_fs__fail_param(ferr, "files", "%s (entry %zu)", bad, i);
+            return NULL;
+        }
+    }
+
+    json_t *results = json_array();
+    json_array_foreach(files, i, f)
+    {
+        if (!results)
+            break;
+        json_t *jpath = json_object_get(f, "path");
+        json_t *jcontent = json_object_get(f, "content");
+        const char *path = json_string_value(jpath);
+        struct conch_fs_error e = {0};
+        _cleanup_free_ char *rel = NULL;
+        _cleanup_free_ unsigned char *raw = NULL;
+        size_t len;
+        bool created;
+        if (conch_fs__path_parse(ctx, path, json_string_length(jpath), false, &rel, &e) == 0) {
+            int r = conch_fs__base64_decode(json_string_value(jcontent),
+                                            json_string_length(jcontent), &raw, &len);
+            if (r < 0)
+                conch_fs__fail(&e, r == -ENOMEM ? CONCH_FS_IO_ERROR : CONCH_FS_INVALID_PARAMS,
+                               "content of '%s' is not valid base64", path);
+            else
+                conch_fs__write_file(ctx, rel, path, (const char *)raw, len, &created, &e);
+        }
+        json_t *entry = json_pack("{s:O}", "path", jpath);
+        if (entry && e.code != CONCH_FS_OK)
+            json_object_set_new(entry, "error",
+                                json_pack("{s:s, s:s}", "code", conch_fs_errcode_name(e.code),
+                                          "message", e.message));
+        if (!entry || json_array_append_new(results, entry) < 0) {
+            json_decref(results);
+            results = NULL;
+        }
+    }
+    json_t *res = results ? json_pack("{s:o}", "results", results) : NULL;
+    return res ? res : oom(ferr);
+}

@@ -1,0 +1,76 @@
+/* fs.h - the daemon's file operations (fs.read, fs.write, ... of docs/PROTOCOL.md), run by a
+ * worker inside the sandbox against the workspace's root directory fd. Nothing here ever
+ * resolves a path outside that directory. */
+#ifndef CONCH_FS_FS_H
+#define CONCH_FS_FS_H
+
+#include <jansson.h>
+
+/* Largest file fs.read / fs.download / fs.edit / fs.grep will load (the error's data.limit). */
+#define CONCH_FS_MAX_FILE (10LL * 1024 * 1024)
+/* Largest fs.glob max_results and fs.grep max_matches. */
+#define CONCH_FS_MAX_RESULTS 10000
+/* Deepest directory level fs.glob and fs.grep descend to, below their start directory. */
+#define CONCH_FS_MAX_DEPTH 64
+
+/* Mirrors the protocol's data.code strings (conch_fs_errcode_name). */
+enum conch_fs_errcode {
+    CONCH_FS_OK = 0,
+    CONCH_FS_FILE_NOT_FOUND,
+    CONCH_FS_PERMISSION_DENIED,
+    CONCH_FS_IS_DIRECTORY,
+    CONCH_FS_INVALID_PATH,
+    CONCH_FS_NOT_A_DIRECTORY,
+    CONCH_FS_STRING_NOT_FOUND,
+    CONCH_FS_AMBIGUOUS_MATCH,
+    CONCH_FS_TOO_LARGE,
+    CONCH_FS_INVALID_PARAMS,
+    CONCH_FS_IO_ERROR,
+};
+
+/* Caller-allocated, fixed size: a worker can write it to its parent over a pipe unchanged. */
+struct conch_fs_error {
+    enum conch_fs_errcode code;
+    char message[512];     /* for people; quotes the path as the caller gave it */
+    char param[64];        /* CONCH_FS_INVALID_PARAMS: the offending param ("files", ...) */
+    long long occurrences; /* CONCH_FS_AMBIGUOUS_MATCH / STRING_NOT_FOUND: the count */
+};
+
+/*
+ * conch_fs_errcode_name - "ok", "file_not_found", "permission_denied", "is_directory",
+ * "invalid_path", "not_a_directory", "string_not_found", "ambiguous_match", "too_large",
+ * "invalid_params", "io_error"; a static string ("io_error" for an unknown value).
+ */
+const char *conch_fs_errcode_name(enum conch_fs_errcode c);
+
+/*
+ * conch_fs_call - run @method ("read", "write", "edit", "ls", "glob", "grep", "delete",
+ * "upload", "download") with @params (a JSON object or NULL, borrowed) against the
+ * workspace whose root directory is @root_fd (borrowed, opened O_DIRECTORY) and whose
+ * absolute name inside the sandbox is @root_name (e.g. "/workspace").
+ *
+ * Params are PROTOCOL.md's fs.* params without "sandbox"; a JSON null counts as absent.
+ * An unknown method, an unknown key, a missing or mistyped value or one out of range is
+ * CONCH_FS_INVALID_PARAMS with @ferr->param naming it. Paths may be relative or start with
+ * @root_name; "" means the root only where a directory is the default (ls, glob, grep).
+ * Every path is resolved beneath @root_fd (openat2 RESOLVE_BENEATH, or an equivalent
+ * user-space walk where openat2 is missing): symlinks that stay inside are followed where
+ * a file is opened, any that lead out fail with CONCH_FS_INVALID_PATH. Walks (glob, grep,
+ * recursive delete) never follow symlinks and skip names starting with '.' unless a
+ * pattern component names them (bash globstar rules).
+ *
+ * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
+ * file + rename in the same directory, mode kept, new files 0644, new dirs 0755 less the
+ * umask); a final symlink is written through in place instead. grep match text is cut at
+ * 4096 bytes; grep skips files above CONCH_FS_MAX_FILE found while walking. upload and
+ * download take at most 1000 entries; download stops sending content past 64 MiB in all
+ * (later entries get too_large). Strings returned are valid UTF-8: invalid bytes in text
+ * become U+FFFD.
+ *
+ * Returns a new json_t result (caller decrefs), or NULL with @ferr filled (@ferr is reset
+ * on entry; on success its code is CONCH_FS_OK).
+ */
+json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, json_t *params,
+                      struct conch_fs_error *ferr);
+
+#endif
