@@ -310,6 +310,9 @@ def daemon_factory():
     yield make
     problems = []
     for d in made:
+        rc = d.proc.poll() if d.proc else None
+        if rc not in (None, 0) and not d.killed:
+            problems.append(f"conch serve (pid {d.proc.pid}) died during the test: exit status {rc}\n{d.log()}")
         exited, rc = d.stop()
         if not exited:
             problems.append(f"conch serve (pid {d.proc.pid}) ignored SIGTERM for 10 s\n{d.log()}")
@@ -356,5 +359,5 @@ def sandbox(rpc, ws):
     for i in ids:
         try:
             rpc.call("sandbox.destroy", {"id": i}, timeout=30)
-        except (RpcError, AssertionError):
+        except (RpcError, AssertionError, OSError):
             pass

@@ -327,13 +327,19 @@ class Daemon:
 
     def __init__(self, conch_bin, base=None, state_dir=None, extra_args=(), stdio=False):
         self.conch_bin = conch_bin
-        self.base = base or tempfile.mkdtemp(prefix=f"conchit-d{os.getpid()}-", dir="/tmp")
+        if base is None:
+            base = tempfile.mkdtemp(prefix=f"conchit-d{os.getpid()}-", dir="/tmp")
+            # traversable like /var/lib (the default state dir's parents); a 0700 parent
+            # has its own test (test_state_dir_under_private_parent)
+            os.chmod(base, 0o711)
+        self.base = base
         self.marker = os.path.basename(self.base)
         self.sock = os.path.join(self.base, "conch.sock")
         self.state_dir = state_dir or os.path.join(self.base, "state")
         self.extra_args = list(extra_args)
         self.stdio = stdio
         self.proc = None
+        self.killed = False  # set by kill9(): a death the test caused
         self.clients = []
         self.log_path = os.path.join(self.base, f"daemon-{int(time.time() * 1000)}.log")
 
@@ -347,6 +353,7 @@ class Daemon:
         return a + ["--state-dir", self.state_dir, *self.extra_args]
 
     def start(self, timeout=10.0):
+        self.killed = False
         self.log_path = os.path.join(self.base, f"daemon-{time.monotonic_ns()}.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -362,17 +369,25 @@ class Daemon:
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError(f"conch serve exited {self.proc.returncode} at start\n{self.log()}")
-            if os.path.exists(self.sock):
-                try:
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    s.connect(self.sock)
-                    s.close()
-                    return self
-                except OSError:
-                    pass
+            if os.path.exists(self.sock) and self._answers_ping():
+                return self
             if time.monotonic() > deadline:
                 raise AssertionError(f"conch serve did not listen on {self.sock} within {timeout}s\n{self.log()}")
             time.sleep(0.02)
+
+    def _answers_ping(self):
+        # a real ping from this very process: a stale socket left by a previous daemon may
+        # still accept connections if one of its children kept the listening fd
+        try:
+            c = Client.unix(self.sock, timeout=1)
+        except OSError:
+            return False
+        try:
+            return c.call("daemon.ping", {}, timeout=2).get("pid") == self.proc.pid
+        except (AssertionError, RpcError, OSError):
+            return False
+        finally:
+            c.close()
 
     def client(self):
         """A new connection (closed at stop())."""
@@ -401,6 +416,7 @@ class Daemon:
 
     def kill9(self):
         """SIGKILL the daemon itself (not its group): a crash."""
+        self.killed = True
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
         self.close_clients()
