@@ -19,6 +19,11 @@ def mount_count(pid):
         return sum(1 for _ in f)
 
 
+def mount_points(pid):
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return sorted(line.split()[4] for line in f)
+
+
 def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -57,13 +62,35 @@ def settle(fn, want, timeout=5.0):
         time.sleep(0.1)
 
 
+def stable(fn, hold=0.5, timeout=5.0):
+    """fn()'s value once it has not changed for `hold` seconds (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    v, since = fn(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        n = fn()
+        if n != v:
+            v, since = n, time.monotonic()
+        elif time.monotonic() - since >= hold:
+            break
+    return v
+
+
 def test_many_sandboxes_many_commands(daemon, tmp_path):
     pid = daemon.pid
     ctl = daemon.client()
     ctl.call("daemon.ping")
+    # warm up: the first workspace sandbox may set up lasting daemon state (its own mount
+    # namespace, a staging mount); leaks are what grows per sandbox after that
+    w = tmp_path / "warmup"
+    w.mkdir()
+    sb = ctl.call("sandbox.create", {"workspace": str(w)})["id"]
+    ctl.call("exec.run", {"sandbox": sb, "command": "true"})
+    ctl.call("sandbox.destroy", {"id": sb})
     base_mounts = mount_count(pid)
+    base_points = mount_points(pid)
     base_fds = fd_count(pid)
-    base_desc = len(descendants(pid))
+    base_desc = stable(lambda: len(descendants(pid)))  # the fresh-run pool refills in the background
 
     ids = []
     for i in range(N_SANDBOXES):
@@ -138,7 +165,11 @@ def test_many_sandboxes_many_commands(daemon, tmp_path):
     desc = settle(lambda: len(descendants(pid)), base_desc)
     assert desc == base_desc, f"daemon has {desc} descendants, {base_desc} before: {descendants(pid)}"
     mounts = settle(lambda: mount_count(pid), base_mounts)
-    assert mounts == base_mounts, f"daemon mountinfo has {mounts} lines, {base_mounts} before"
+    if mounts != base_mounts:
+        now = mount_points(pid)
+        extra = [m for m in now if m not in base_points]
+        gone = [m for m in base_points if m not in now]
+        raise AssertionError(f"daemon mountinfo has {mounts} lines, {base_mounts} before; new: {extra[:20]}; gone: {gone[:20]}")
     deadline = time.monotonic() + 5
     while abs(fd_count(pid) - base_fds) > 2 and time.monotonic() < deadline:
         time.sleep(0.1)
