@@ -424,26 +424,62 @@ static int text_diff(struct buf *out, const char *sa, size_t la, const char *sb,
         return r;
     if (na + nb > MAX_LINES)
         return -EFBIG;
-    size_t diags = (size_t)na + (size_t)nb + 3;
     _cleanup_free_ int *ida = calloc((size_t)na + 1, sizeof(int));
     _cleanup_free_ int *idb = calloc((size_t)nb + 1, sizeof(int));
     _cleanup_free_ unsigned char *ca = calloc((size_t)na + 1, 1);
     _cleanup_free_ unsigned char *cb = calloc((size_t)nb + 1, 1);
-    _cleanup_free_ int *fd = calloc(diags, sizeof(int));
-    _cleanup_free_ int *bd = calloc(diags, sizeof(int));
-    if (!ida || !idb || !ca || !cb || !fd || !bd)
+    if (!ida || !idb || !ca || !cb)
         return -ENOMEM;
     r = number_lines(a, na, b, nb, ida, idb);
     if (r < 0)
         return r;
 
+    /* A line with no equal in the other file is changed in any edit script: leaving it
+     * out of the search keeps the result minimal and makes rewritten files cheap. */
+    size_t nid = (size_t)na + (size_t)nb + 1;
+    _cleanup_free_ unsigned char *seen = calloc(nid, 1); /* bit 0: in a, bit 1: in b */
+    _cleanup_free_ int *ra = calloc((size_t)na + 1, sizeof(int));
+    _cleanup_free_ int *rb = calloc((size_t)nb + 1, sizeof(int));
+    _cleanup_free_ int *ma = calloc((size_t)na + 1, sizeof(int));
+    _cleanup_free_ int *mb = calloc((size_t)nb + 1, sizeof(int));
+    if (!seen || !ra || !rb || !ma || !mb)
+        return -ENOMEM;
+    for (int i = 0; i < na; i++)
+        seen[ida[i]] |= 1;
+    for (int i = 0; i < nb; i++)
+        seen[idb[i]] |= 2;
+    int rna = 0, rnb = 0;
+    for (int i = 0; i < na; i++) {
+        if (seen[ida[i]] & 2) {
+            ra[rna] = ida[i];
+            ma[rna++] = i;
+        } else {
+            ca[i] = 1;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        if (seen[idb[i]] & 1) {
+            rb[rnb] = idb[i];
+            mb[rnb++] = i;
+        } else {
+            cb[i] = 1;
+        }
+    }
+
+    size_t diags = (size_t)rna + (size_t)rnb + 3;
+    _cleanup_free_ unsigned char *rca = calloc((size_t)rna + 1, 1);
+    _cleanup_free_ unsigned char *rcb = calloc((size_t)rnb + 1, 1);
+    _cleanup_free_ int *fd = calloc(diags, sizeof(int));
+    _cleanup_free_ int *bd = calloc(diags, sizeof(int));
+    if (!rca || !rcb || !fd || !bd)
+        return -ENOMEM;
     struct lcs s = {
-        .a = ida,
-        .b = idb,
-        .ca = ca,
-        .cb = cb,
-        .fd = fd + nb + 1, /* diagonals run from -nb-1 to na+1 */
-        .bd = bd + nb + 1,
+        .a = ra,
+        .b = rb,
+        .ca = rca,
+        .cb = rcb,
+        .fd = fd + rnb + 1, /* diagonals run from -rnb-1 to rna+1 */
+        .bd = bd + rnb + 1,
         .too_expensive = 1,
     };
     /* About sqrt(diags), at least 4096: minimal diffs for anything a person would read. */
@@ -451,7 +487,11 @@ static int text_diff(struct buf *out, const char *sa, size_t la, const char *sb,
         s.too_expensive <<= 1;
     if (s.too_expensive < 4096)
         s.too_expensive = 4096;
-    compare_seq(&s, 0, na, 0, nb);
+    compare_seq(&s, 0, rna, 0, rnb);
+    for (int i = 0; i < rna; i++)
+        ca[ma[i]] |= rca[i];
+    for (int i = 0; i < rnb; i++)
+        cb[mb[i]] |= rcb[i];
 
     size_t nch = 0, cap = 0;
     _cleanup_free_ struct change *ch = NULL;
@@ -624,36 +664,70 @@ static bool has_text(const struct side *s)
     return s->present && (s->type == 'f' || s->type == 'l');
 }
 
-/* The diff of one change, into @out (which may stay empty: directories, special files). */
-static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch, size_t max,
-                     struct buf *out, bool *ret_binary)
+/* A git section header for @path, with @ext (extended header lines) after it. */
+static void put_section(struct buf *all, const struct buf *path, const char *ext)
 {
-    struct side old = {0}, new = {0};
+    buf_str(all, "diff --git a/");
+    buf_add(all, path->p, path->len);
+    buf_str(all, " b/");
+    buf_add(all, path->p, path->len);
+    buf_str(all, "\n");
+    buf_str(all, ext);
+}
+
+/* Appends the part @from..end of @out to @all as one git section. */
+static void add_section(struct buf *all, const struct buf *path, const char *ext,
+                        const struct buf *out, size_t from)
+{
+    if (out->len == from)
+        return;
+    put_section(all, path, ext);
+    buf_add(all, out->p + from, out->len - from);
+}
+
+/*
+ * The diff of one change into @out (which may stay empty: directories, special files),
+ * and the same as git sections into @all: a type change is two sections there, so that
+ * the whole diff is a patch `git apply` understands.
+ */
+static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch,
+                     const struct buf *path, size_t max, struct buf *out, struct buf *all,
+                     bool *ret_binary)
+{
+    struct side was = {0}, now = {0};
+    char ext[64];
     int r = 0;
     if (ch->kind != CONCH_CHANGE_ADDED)
-        r = load_side(lower_fd, ch->path, max, &old);
-    if (r >= 0 && ch->kind != CONCH_CHANGE_DELETED) {
-        r = load_side(upper_fd, ch->path, max, &new);
-    }
+        r = load_side(lower_fd, ch->path, max, &was);
+    if (r >= 0 && ch->kind != CONCH_CHANGE_DELETED)
+        r = load_side(upper_fd, ch->path, max, &now);
     if (r >= 0) {
-        *ret_binary = (old.present && old.binary) || (new.present &&new.binary);
-        if (old.present && new.present && old.type == new.type) {
+        *ret_binary = (was.present && was.binary) || (now.present && now.binary);
+        if (was.present && now.present && was.type == now.type) {
             /* A symlink's own mode means nothing on Linux; a dir's is not a diff line. */
-            if (old.type != 'l' && old.type != 'd' && old.mode != new.mode)
-                buf_fmt(out, "old mode %o\nnew mode %o\n", (unsigned)old.mode, (unsigned)new.mode);
-            if (has_text(&old))
-                r = content_diff(out, ch->path, &old, &new, max);
+            if (was.type != 'l' && was.type != 'd' && was.mode != now.mode)
+                buf_fmt(out, "old mode %o\nnew mode %o\n", (unsigned)was.mode, (unsigned)now.mode);
+            if (has_text(&was))
+                r = content_diff(out, ch->path, &was, &now, max);
+            add_section(all, path, "", out, 0);
         } else {
             /* Added, deleted or of another type: git shows a deletion then an addition. */
-            if (has_text(&old))
-                r = content_diff(out, ch->path, &old, NULL, max);
-            if (r >= 0 && has_text(&new))
-                r = content_diff(out, ch->path, NULL, &new, max);
+            if (has_text(&was)) {
+                r = content_diff(out, ch->path, &was, NULL, max);
+                snprintf(ext, sizeof(ext), "deleted file mode %o\n", (unsigned)was.mode);
+                add_section(all, path, ext, out, 0);
+            }
+            size_t from = out->len;
+            if (r >= 0 && has_text(&now)) {
+                r = content_diff(out, ch->path, NULL, &now, max);
+                snprintf(ext, sizeof(ext), "new file mode %o\n", (unsigned)now.mode);
+                add_section(all, path, ext, out, from);
+            }
         }
     }
-    side_done(&old);
-    side_done(&new);
-    if (r >= 0 && out->oom)
+    side_done(&was);
+    side_done(&now);
+    if (r >= 0 && (out->oom || all->oom))
         r = -ENOMEM;
     return r;
 }
@@ -662,8 +736,9 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
                   char *const *paths, size_t max_bytes_per_file, json_t **ret,
                   struct conch_err *err)
 {
+    static const struct conch_ws_changes none = {0};
     struct conch_ws_changes sel = {0};
-    const struct conch_ws_changes *use = changes;
+    const struct conch_ws_changes *use = changes ? changes : &none;
     if (paths) {
         int r = conch_ws_changes_select(changes, paths, &sel, err);
         if (r < 0)
@@ -683,26 +758,17 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
                               ch->path ? ch->path : "(null)");
             break;
         }
-        struct buf one = {0};
+        struct buf one = {0}, p = {0};
         bool binary = false;
-        r = file_diff(upper_fd, lower_fd, ch, max_bytes_per_file, &one, &binary);
+        buf_utf8(&p, ch->path, strlen(ch->path));
+        r = p.oom ? -ENOMEM
+                  : file_diff(upper_fd, lower_fd, ch, &p, max_bytes_per_file, &one, &all, &binary);
         if (r < 0) {
             free(one.p);
+            free(p.p);
             r = conch_err_set(err, -r, "diff '%s': %s", ch->path,
                               r == -ELOOP ? "a component is a symlink" : strerror(-r));
             break;
-        }
-        struct buf p = {0};
-        buf_utf8(&p, ch->path, strlen(ch->path));
-        if (one.len) {
-            /* git's section header makes the concatenation a patch that says which file
-             * a mode-only change or binary note belongs to. */
-            buf_str(&all, "diff --git a/");
-            buf_add(&all, p.p, p.len);
-            buf_str(&all, " b/");
-            buf_add(&all, p.p, p.len);
-            buf_str(&all, "\n");
-            buf_add(&all, one.p, one.len);
         }
         json_t *f = p.oom || one.oom ? NULL
                                      : json_pack("{s:s%,s:s,s:b,s:s%}", "path", p.p, p.len, "kind",
