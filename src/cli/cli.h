@@ -10,5 +10,10 @@
 
 int conch_cli_run(int argc, char **argv);
 int conch_cli_doctor(int argc, char **argv);
+int conch_cli_serve(int argc, char **argv);
+int conch_cli_gc(int argc, char **argv);
+int conch_cli_ps(int argc, char **argv);
+int conch_cli_exec(int argc, char **argv);
+int conch_cli_rm(int argc, char **argv);
 
 #endif

@@ -11,6 +11,11 @@ static void usage(FILE *f)
           "commands:\n"
           "  run [options] -- CMD [ARGS...]   run one command in a fresh sandbox\n"
           "  doctor                           show which kernel fences this machine allows\n"
+          "  serve [--socket P | --stdio]     run the daemon (JSON-RPC, docs/PROTOCOL.md)\n"
+          "  ps                               list the daemon's sandboxes\n"
+          "  exec ID -- CMD [ARGS...]         run a command in a daemon sandbox\n"
+          "  rm ID...                         destroy daemon sandboxes\n"
+          "  gc [--state-dir DIR]             remove what no sandbox references\n"
           "\n"
           "'conch run --help' lists the options of run.\n",
           f);
@@ -27,6 +32,16 @@ int main(int argc, char **argv)
         return conch_cli_run(argc - 1, argv + 1);
     if (!strcmp(verb, "doctor"))
         return conch_cli_doctor(argc - 1, argv + 1);
+    if (!strcmp(verb, "serve"))
+        return conch_cli_serve(argc - 1, argv + 1);
+    if (!strcmp(verb, "ps"))
+        return conch_cli_ps(argc - 1, argv + 1);
+    if (!strcmp(verb, "exec"))
+        return conch_cli_exec(argc - 1, argv + 1);
+    if (!strcmp(verb, "rm"))
+        return conch_cli_rm(argc - 1, argv + 1);
+    if (!strcmp(verb, "gc"))
+        return conch_cli_gc(argc - 1, argv + 1);
     if (!strcmp(verb, "-h") || !strcmp(verb, "--help") || !strcmp(verb, "help")) {
         usage(stdout);
         return 0;

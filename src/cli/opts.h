@@ -12,8 +12,4 @@ int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret, stru
 /* conch_cli_parse_count - a positive integer → *@ret. */
 int conch_cli_parse_count(const char *s, const char *what, uint64_t *ret, struct conch_err *err);
 
-/* conch_cli_json_text - @len bytes as a valid UTF-8 JSON string value: invalid sequences
- * become U+FFFD. Returns a new json_t* (as void* to keep jansson out of this header). */
-void *conch_cli_json_text(const char *buf, size_t len);
-
 #endif

@@ -15,6 +15,7 @@
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "exec/result.h"
 #include "exec/run.h"
 
 static const char usage_text[] =
@@ -278,81 +279,14 @@ static char change_letter(enum conch_change_kind k)
     return '?';
 }
 
-static json_t *output_json(const struct conch_output *o)
+static void print_json(const struct conch_run_result *res, const struct conch_err *infra)
 {
-    _cleanup_free_ char *text = NULL;
-    size_t len = 0;
-    if (conch_output_text(o, &text, &len) < 0)
-        return json_null();
-    json_t *j = conch_cli_json_text(text, len);
-    return j ? j : json_null();
-}
-
-static void print_json(const struct run_cli *c, const struct conch_run_result *res,
-                       const struct conch_err *infra)
-{
-    json_t *o = json_object();
-    bool ran = !infra;
-    json_object_set_new(o, "exit_code",
-                        json_integer(ran                              ? res->exit_code
-                                     : infra->kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE
-                                                                      : CONCH_EXIT_INFRA));
-    json_object_set_new(o, "signal", res->signal ? json_integer(res->signal) : json_null());
-    json_object_set_new(o, "timed_out", json_boolean(res->timed_out));
-    json_object_set_new(o, "duration_ms", json_integer((json_int_t)res->duration_ms));
-    const struct conch_output *outs[2] = {&res->out, &res->err};
-    static const char *const names[2] = {"stdout", "stderr"};
-    for (int i = 0; i < 2; i++) {
-        char key[32];
-        json_object_set_new(o, names[i], output_json(outs[i]));
-        snprintf(key, sizeof(key), "%s_bytes", names[i]);
-        json_object_set_new(o, key, json_integer((json_int_t)outs[i]->total));
-        snprintf(key, sizeof(key), "%s_truncated", names[i]);
-        json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
-        snprintf(key, sizeof(key), "%s_spill", names[i]);
-        json_object_set_new(
-            o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
-    }
-    json_t *changes = json_array();
-    for (size_t i = 0; i < res->changes.n; i++) {
-        const struct conch_ws_change *ch = &res->changes.items[i];
-        json_t *e = json_object();
-        json_object_set_new(e, "path", conch_cli_json_text(ch->path, strlen(ch->path)));
-        json_object_set_new(e, "kind", json_string(conch_ws_change_kind_name(ch->kind)));
-        char t[2] = {ch->type, 0};
-        json_object_set_new(e, "type", json_string(t));
-        json_object_set_new(e, "size", json_integer((json_int_t)ch->size));
-        char mode[8];
-        snprintf(mode, sizeof(mode), "%04o",
-                 (unsigned)(ch->kind == CONCH_CHANGE_DELETED ? ch->old_mode : ch->new_mode));
-        json_object_set_new(e, "mode", json_string(mode));
-        if (ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED)
-            json_object_set_new(e, "binary", json_boolean(ch->binary));
-        json_array_append_new(changes, e);
-    }
-    json_object_set_new(o, "changes", changes);
-    json_object_set_new(o, "committed", json_boolean(res->committed));
-    json_t *usage = json_object();
-    json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
-    json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));
-    json_object_set_new(o, "usage", usage);
-    if (infra || res->error_kind != CONCH_ERR_NONE) {
-        json_t *e = json_object();
-        json_object_set_new(
-            e, "kind", json_string(conch_err_kind_name(infra ? infra->kind : res->error_kind)));
-        const char *msg = infra ? infra->msg : res->error_msg;
-        json_object_set_new(e, "message", conch_cli_json_text(msg, strlen(msg)));
-        json_object_set_new(o, "error", e);
-    } else {
-        json_object_set_new(o, "error", json_null());
-    }
-    char *s = json_dumps(o, JSON_COMPACT);
-    if (s) {
-        puts(s);
-        free(s);
-    }
+    json_t *o = conch_run_result_json(res, infra);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (text)
+        puts(text);
+    free(text);
     json_decref(o);
-    (void)c;
 }
 
 static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
@@ -415,13 +349,13 @@ int conch_cli_run(int argc, char **argv)
     if (r < 0) {
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
         if (c.json)
-            print_json(&c, &res, &err);
+            print_json(&res, &err);
         /* Also on stderr in JSON mode: a person running the command should see why. */
         fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
     } else {
         status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
         if (c.json)
-            print_json(&c, &res, NULL);
+            print_json(&res, NULL);
         else
             print_summary(&c, &res);
     }

@@ -64,12 +64,15 @@ struct conch_jail {
     bool mounted_root_stage; /* a staging dir for --rootfs exists */
     char stage_dir[256];
     char root_stage_dir[256];
+    bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
+    char upper_stage_dir[256];
     char name[64];
     uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;
-    int64_t last_id; /* of conch_jail_exec's last command */
+    int64_t last_id;   /* of conch_jail_exec's last command */
+    bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
 };
 
 /*
@@ -81,6 +84,15 @@ struct conch_jail {
  */
 int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
                      struct conch_err *err);
+
+/*
+ * conch_jail_host_prepare - as host root, move the calling process into a private mount
+ * namespace with a staging tmpfs (where workspaces are attached as idmapped mounts for the
+ * sandboxes). conch_jail_start does it on first need; a long-lived caller (the daemon)
+ * calls it once at start so that its mount table does not change later. Single-threaded
+ * callers only. No-op for an ordinary user. Returns 0 or -errno with @err.
+ */
+int conch_jail_host_prepare(struct conch_err *err);
 
 /* One command to run in a jail. Strings and fds are borrowed. Without a workspace,
  * /workspace is an empty tmpfs. */

@@ -110,6 +110,11 @@ static int stage_prepare(struct conch_err *err)
     return 0;
 }
 
+int conch_jail_host_prepare(struct conch_err *err)
+{
+    return geteuid() == 0 ? stage_prepare(err) : 0;
+}
+
 static int stage_tree(int tree, char *dir, size_t dir_size, const char *name, struct conch_err *err)
 {
     snprintf(dir, dir_size, STAGE_ROOT "/%s", name);
@@ -151,6 +156,25 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
     return 0;
 }
 
+/* The on-disk upper dir may sit under directories the sandbox's host ids cannot traverse
+ * (a 0700 state dir): stage a bind of it like the workspace. */
+static int stage_upper(struct conch_jail *j, const char *upper_dir, struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    _cleanup_close_ int tree =
+        (int)syscall(SYS_open_tree, AT_FDCWD, upper_dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0)
+        return conch_err_set(err, errno, "open_tree '%s': %s", upper_dir, strerror(errno));
+    char name[80];
+    snprintf(name, sizeof(name), "%s-upper", j->name);
+    if ((r = stage_tree(tree, j->upper_stage_dir, sizeof(j->upper_stage_dir), name, err)) < 0)
+        return r;
+    j->mounted_upper_stage = true;
+    return 0;
+}
+
 static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
                       struct jail_plan *plan, struct conch_err *err)
 {
@@ -188,7 +212,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->file_handler = spec->file_handler;
     if (spec->upper_dir) {
         plan->upper_on_disk = true;
-        snprintf(plan->upper_dir, sizeof(plan->upper_dir), "/oldroot%s", spec->upper_dir);
+        snprintf(plan->upper_dir, sizeof(plan->upper_dir), "/oldroot%s",
+                 j->mounted_upper_stage ? j->upper_stage_dir : spec->upper_dir);
     }
     if (spec->workspace) {
         plan->has_workspace = true;
@@ -263,6 +288,8 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
     if (spec->workspace && j->root_mode && (r = stage_workspace(j, spec, err)) < 0)
         goto fail;
     if (spec->rootfs && j->root_mode && (r = stage_rootfs(j, spec->rootfs, err)) < 0)
+        goto fail;
+    if (spec->upper_dir && j->root_mode && (r = stage_upper(j, spec->upper_dir, err)) < 0)
         goto fail;
     if (spec->upper_dir && j->root_mode &&
         chown(spec->upper_dir, CONCH_HOST_ID_BASE, CONCH_HOST_ID_BASE) < 0) {
@@ -510,7 +537,8 @@ void conch_jail_destroy(struct conch_jail *j)
          * Tearing the namespaces down takes the kernel a millisecond or more; only a cgroup
          * (which cannot be removed while the warden is in it) needs us to wait for that. */
         kill(j->warden_pid, SIGKILL);
-        while (waitpid(j->warden_pid, NULL, j->has_cgroup ? 0 : WNOHANG) < 0 && errno == EINTR)
+        while (waitpid(j->warden_pid, NULL, j->has_cgroup || j->sync_destroy ? 0 : WNOHANG) < 0 &&
+               errno == EINTR)
             ;
         j->warden_pid = 0;
     }
@@ -529,6 +557,11 @@ void conch_jail_destroy(struct conch_jail *j)
         umount2(j->stage_dir, MNT_DETACH);
         rmdir(j->stage_dir);
         j->mounted_stage = false;
+    }
+    if (j->mounted_upper_stage) {
+        umount2(j->upper_stage_dir, MNT_DETACH);
+        rmdir(j->upper_stage_dir);
+        j->mounted_upper_stage = false;
     }
     if (j->mounted_root_stage) {
         umount2(j->root_stage_dir, MNT_DETACH);

@@ -159,6 +159,14 @@ static int fence_self(const struct jail_plan *plan, const char **step)
     return 0;
 }
 
+/* fork() without the parent's pthread_atfork handlers: the daemon's libuv registers one that
+ * closes and reopens its own pipe fds by number, and in the warden those numbers belong to
+ * other fds. */
+static pid_t raw_fork(void)
+{
+    return (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
+}
+
 static void reset_signals(void)
 {
     for (int sig = 1; sig < NSIG; sig++)
@@ -260,6 +268,11 @@ report:
     _exit(127);
 }
 
+/* The control socket, moved to fd 3 at start: every other fd inherited from the parent
+ * (the daemon's listening socket, its clients' connections, its stdio) is closed, so that
+ * no sandbox process keeps them open. */
+static int warden_ctl = -1;
+
 #define MAX_TREE 8192
 
 /* Send @sig to every descendant of @root (not @root itself), found through
@@ -328,14 +341,14 @@ static int signal_descendants(pid_t root, int sig)
  * for it, kills and reaps whatever it left, then reports the exit. */
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int64_t id, int fds[4])
 {
-    int ctl = plan->ctl_fd;
+    int ctl = warden_ctl;
     struct jail_msg m;
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) < 0)
         _exit(1);
-    pid_t cmd = fork();
+    pid_t cmd = raw_fork();
     if (cmd == 0) {
         close(pipefd[0]);
         command_child(plan, fds, pipefd[1]);
@@ -443,6 +456,20 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     struct conch_err err = {0};
     int upper_fd = -1;
     int ctl = plan->ctl_fd;
+    /* Handlers inherited from the parent (libuv's write to its own pipes) must never run
+     * here: their fds are closed below and the numbers reused. */
+    reset_signals();
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+        _exit(1);
+    if (ctl != 3) {
+        if (dup3(ctl, 3, O_CLOEXEC) < 0)
+            _exit(1);
+        ctl = 3;
+    }
+    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+        _exit(1);
+    warden_ctl = ctl;
 
     /* Wait until the parent wrote our id maps (and put us in the cgroup). */
     int fds[4];
@@ -524,7 +551,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             else if (free_slot < 0)
                 conch_err_setk(&reply.err, CONCH_ERR_LIMIT, EAGAIN,
                                "too many commands running in this sandbox (%d)", MAX_COMMANDS);
-            else if ((pid = fork()) == 0)
+            else if ((pid = raw_fork()) == 0)
                 shepherd(plan, m.id, fds);
             else if (pid < 0)
                 conch_err_set(&reply.err, errno, "fork shepherd: %s", strerror(errno));
@@ -542,7 +569,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             pid_t pid = -1;
             if (nfds != 2 || !plan->file_handler)
                 conch_err_set(&reply.err, EINVAL, "warden: file requests are not enabled");
-            else if ((pid = fork()) == 0)
+            else if ((pid = raw_fork()) == 0)
                 file_worker(plan, fds);
             else if (pid < 0)
                 conch_err_set(&reply.err, errno, "fork file worker: %s", strerror(errno));

@@ -1,0 +1,724 @@
+/* commands.c - exec.run (one command, answered when it ends) and jobs (background commands
+ * read incrementally): pipes into capture buffers, deadlines, results, notifications. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "daemon/daemon-internal.h"
+#include "exec/result.h"
+#include "exec/run.h"
+
+#define MAX_JOBS 4096
+
+static void run_try_finish(struct run *r);
+
+static void run_free(struct run *r)
+{
+    conch_output_done(&r->out_cap);
+    conch_output_done(&r->err_cap);
+    free(r->command);
+    json_decref(r->request_id);
+    if (r->notify)
+        conch_rpc_sink_unref(r->notify);
+    free(r);
+}
+
+static void on_run_handle_closed(uv_handle_t *h)
+{
+    struct run *r = h->data;
+    if (--r->handles == 0 && r->finished && !r->is_job)
+        run_free(r);
+}
+
+static void close_pipe(struct run *r, uv_pipe_t *p, bool *open)
+{
+    if (!*open)
+        return;
+    *open = false;
+    uv_read_stop((uv_stream_t *)p);
+    uv_close((uv_handle_t *)p, on_run_handle_closed);
+}
+
+static void stream_notify(struct run *r, const char *stream, const char *buf, size_t len)
+{
+    if (!r->stream || !r->notify)
+        return;
+    json_t *data = conch_json_text(buf, len);
+    json_t *params =
+        json_pack("{s:O,s:s,s:o}", "request_id", r->request_id, "stream", stream, "data", data);
+    client_notify(r->notify, "exec.output", params);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    static char slab[65536];
+    *buf = uv_buf_init(slab, sizeof(slab));
+}
+
+static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    struct run *r = s->data;
+    bool is_out = s == (uv_stream_t *)&r->out;
+    if (n < 0) {
+        close_pipe(r, is_out ? &r->out : &r->err, is_out ? &r->out_open : &r->err_open);
+        run_try_finish(r);
+        return;
+    }
+    if (n == 0)
+        return;
+    struct conch_err err = {0};
+    int a = conch_output_append(is_out ? &r->out_cap : &r->err_cap, buf->base, (size_t)n, &err);
+    stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
+    if (a == 1 && r->started && !r->exited) {
+        /* Past the spill cap: stop the command (as `conch run` does). */
+        conch_jail_signal(&r->sb->jail, r->id, SIGKILL, NULL);
+    }
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    struct run *r = t->data;
+    if (r->exited || !r->sb->jail_up)
+        return;
+    if (!r->timed_out) {
+        r->timed_out = true;
+        conch_jail_signal(&r->sb->jail, r->id, SIGTERM, NULL);
+        uv_timer_start(&r->timer, on_timer, r->grace_ms, 0);
+    } else {
+        conch_jail_signal(&r->sb->jail, r->id, SIGKILL, NULL);
+    }
+}
+
+/* The extra environment: the sandbox's, then the request's, as "K=V" strings. */
+static char **env_strings(json_t *a, json_t *b)
+{
+    size_t n = json_object_size(a) + json_object_size(b);
+    char **v = calloc(n + 1, sizeof(char *));
+    if (!v)
+        return NULL;
+    size_t i = 0;
+    json_t *objs[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const char *key;
+        json_t *val;
+        json_object_foreach(objs[k], key, val)
+        {
+            if (!json_is_string(val))
+                continue;
+            if (asprintf(&v[i], "%s=%s", key, json_string_value(val)) < 0)
+                v[i] = NULL;
+            else
+                i++;
+        }
+    }
+    return v;
+}
+
+static void free_strings(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+/* Start @command in @sb. Returns the run (registered in sb->runs) or NULL with @err. */
+static struct run *run_start(struct sandbox *sb, const char *command, json_t *params, bool is_job,
+                             struct conch_err *err)
+{
+    struct daemon *d = sb->d;
+    struct run *r = calloc(1, sizeof(*r));
+    if (!r) {
+        conch_err_set(err, ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->sb = sb;
+    r->is_job = is_job;
+    r->id = (int64_t)++d->next_id;
+    r->command = strdup(command);
+    DLIST_INIT(&r->waiters);
+    DLIST_INIT(&r->dlink);
+    r->out_cap.spill_fd = r->err_cap.spill_fd = -1;
+    long long max_output = conch_rpc_int(params, "max_output", 1 << 20);
+    if (max_output < 0)
+        max_output = 1 << 20;
+    /* Jobs keep every byte in their spill files (read back by offset); commands keep the
+     * head and tail in memory. */
+    if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,
+                          d->spill_dir, err) < 0 ||
+        conch_output_init(&r->err_cap, "stderr", is_job ? 0 : (size_t)max_output, 256ULL << 20,
+                          d->spill_dir, err) < 0) {
+        run_free(r);
+        return NULL;
+    }
+    double timeout = conch_rpc_num(params, "timeout", is_job ? 0 : 120);
+    double grace = conch_rpc_num(params, "grace", 2);
+    r->timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000) : 0;
+    r->grace_ms = grace >= 0 ? (uint64_t)(grace * 1000) : 2000;
+
+    const char *cwd_param = conch_rpc_str(params, "cwd", NULL);
+    char cwd[PATH_MAX + 16] = "/workspace";
+    if (cwd_param && cwd_param[0] == '/')
+        snprintf(cwd, sizeof(cwd), "%s", cwd_param);
+    else if (cwd_param && *cwd_param)
+        snprintf(cwd, sizeof(cwd), "/workspace/%s", cwd_param);
+
+    char **extra = env_strings(sb->env, json_object_get(params, "env"));
+    char **env = extra ? conch_exec_env_build(extra, sb->as_root, err) : NULL;
+    free_strings(extra);
+    if (!env) {
+        if (!err->code)
+            conch_err_set(err, ENOMEM, "out of memory");
+        run_free(r);
+        return NULL;
+    }
+    int out[2] = {-1, -1}, errp[2] = {-1, -1}, in = -1;
+    size_t stdin_len = 0;
+    const char *stdin_data = conch_rpc_strn(params, "stdin", &stdin_len);
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
+        conch_err_set(err, errno, "pipe: %s", strerror(errno));
+        goto fail;
+    }
+    if (stdin_data && stdin_len) {
+        /* A memfd holds any amount of stdin without blocking the loop on a pipe. */
+        in = memfd_create("conch-stdin", MFD_CLOEXEC);
+        if (in < 0 || conch_write_all(in, stdin_data, stdin_len) < 0 ||
+            lseek(in, 0, SEEK_SET) < 0) {
+            conch_err_set(err, errno, "stdin: %s", strerror(errno));
+            goto fail;
+        }
+    } else {
+        in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    char *argv[] = {"bash", "-c", (char *)command, NULL};
+    struct conch_jail_cmd cmd = {.argv = argv,
+                                 .envp = env,
+                                 .cwd = cwd,
+                                 .stdin_fd = in,
+                                 .stdout_fd = out[1],
+                                 .stderr_fd = errp[1]};
+    if (conch_jail_exec_async(&sb->jail, r->id, &cmd, err) < 0)
+        goto fail;
+    close(in);
+    close(out[1]);
+    close(errp[1]);
+    conch_exec_env_free(env);
+    uv_pipe_init(&d->loop, &r->out, 0);
+    uv_pipe_init(&d->loop, &r->err, 0);
+    r->out.data = r->err.data = r;
+    uv_pipe_open(&r->out, out[0]);
+    uv_pipe_open(&r->err, errp[0]);
+    r->out_open = r->err_open = true;
+    r->handles = 3;
+    uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
+    uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
+    uv_timer_init(&d->loop, &r->timer);
+    r->timer.data = r;
+    if (r->timeout_ms) {
+        uv_timer_start(&r->timer, on_timer, r->timeout_ms, 0);
+        r->timer_active = true;
+    }
+    r->start_ms = daemon_now_ms();
+    r->started_at = daemon_now();
+    dlist_add(&sb->runs, &r->link);
+    sb->commands++;
+    sandbox_touch(sb);
+    return r;
+fail:
+    for (int i = 0; i < 2; i++) {
+        if (out[i] >= 0)
+            close(out[i]);
+        if (errp[i] >= 0)
+            close(errp[i]);
+    }
+    if (in >= 0)
+        close(in);
+    conch_exec_env_free(env);
+    run_free(r);
+    return NULL;
+}
+
+/* The result of a finished command, as exec.run returns it. */
+static json_t *run_result(struct run *r)
+{
+    struct conch_run_result res;
+    memset(&res, 0, sizeof(res));
+    res.out = r->out_cap;
+    res.err = r->err_cap;
+    res.timed_out = r->timed_out;
+    res.duration_ms = r->end_ms - r->start_ms;
+    if (r->start_failed) {
+        res.exit_code = r->start_err.code == ENOENT ? 127 : 126;
+        res.error_kind = CONCH_ERR_COMMAND;
+        snprintf(res.error_msg, sizeof(res.error_msg), "%s", r->start_err.msg);
+    } else if (WIFEXITED(r->status)) {
+        res.exit_code = WEXITSTATUS(r->status);
+    } else if (WIFSIGNALED(r->status)) {
+        res.signal = WTERMSIG(r->status);
+        res.exit_code = 128 + res.signal;
+    }
+    res.cpu_ms = (uint64_t)(r->usage.ru_utime.tv_sec + r->usage.ru_stime.tv_sec) * 1000 +
+                 (uint64_t)(r->usage.ru_utime.tv_usec + r->usage.ru_stime.tv_usec) / 1000;
+    res.max_rss_kb = (uint64_t)r->usage.ru_maxrss;
+    struct conch_cgroup_stats cgs = {0};
+    if (r->sb->jail_up && r->sb->jail.has_cgroup)
+        conch_cgroup_stats(&r->sb->jail.cg, &cgs, NULL);
+    if (!r->start_failed) {
+        if (cgs.oom_killed) {
+            res.error_kind = CONCH_ERR_LIMIT;
+            snprintf(res.error_msg, sizeof(res.error_msg), "memory limit reached");
+        } else if (r->timed_out) {
+            res.error_kind = CONCH_ERR_TIMEOUT;
+            snprintf(res.error_msg, sizeof(res.error_msg),
+                     "timed out after %.3g s (SIGTERM, then SIGKILL after %.3g s)",
+                     (double)r->timeout_ms / 1000, (double)r->grace_ms / 1000);
+        } else if (res.exit_code != 0) {
+            res.error_kind = CONCH_ERR_COMMAND;
+            snprintf(res.error_msg, sizeof(res.error_msg), "exited with status %d", res.exit_code);
+        }
+    }
+    /* The workspace's changes so far (cost: the size of the upper dir). */
+    if (r->sb->upper_dir[0] && r->sb->jail_up) {
+        struct conch_err err = {0};
+        int upper = conch_jail_upper_open(&r->sb->jail, &err);
+        if (upper >= 0) {
+            conch_ws_changes_scan(upper, r->sb->jail.host_ws_fd, &res.changes, &err);
+            res.has_changes = true;
+            close(upper);
+        }
+    }
+    json_t *o = conch_run_result_json(&res, NULL);
+    char *text = conch_run_result_text(&res);
+    if (o && text)
+        json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
+    free(text);
+    json_object_del(o, "committed");
+    conch_ws_changes_done(&res.changes);
+    return o;
+}
+
+static void job_record_exit(struct run *r)
+{
+    int code = -1, sig = 0;
+    if (r->start_failed)
+        code = 127;
+    else if (WIFEXITED(r->status))
+        code = WEXITSTATUS(r->status);
+    else if (WIFSIGNALED(r->status))
+        sig = WTERMSIG(r->status), code = 128 + sig;
+    conch_state_job_set_exit(r->sb->d->state, r->job_id, code, sig, daemon_now(), NULL);
+}
+
+static json_t *job_status_json(struct run *r)
+{
+    bool running = !r->finished;
+    json_t *code = json_null(), *sig = json_null();
+    if (!running) {
+        if (r->start_failed)
+            code = json_integer(127);
+        else if (WIFEXITED(r->status))
+            code = json_integer(WEXITSTATUS(r->status));
+        else if (WIFSIGNALED(r->status)) {
+            sig = json_integer(WTERMSIG(r->status));
+            code = json_integer(128 + WTERMSIG(r->status));
+        }
+    }
+    return json_pack("{s:b,s:o,s:o}", "running", running, "exit_code", code, "signal", sig);
+}
+
+static void waiter_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void waiter_finish(struct job_wait *w)
+{
+    dlist_del(&w->link);
+    conch_rpc_call_reply(w->call, job_status_json(w->job));
+    uv_timer_stop(&w->timer);
+    w->timer.data = w;
+    uv_close((uv_handle_t *)&w->timer, waiter_closed);
+}
+
+static void run_try_finish(struct run *r)
+{
+    if (r->finished || !(r->exited || r->start_failed) || r->out_open || r->err_open)
+        return;
+    r->finished = true;
+    r->end_ms = daemon_now_ms();
+    if (r->timer_active)
+        uv_timer_stop(&r->timer);
+    uv_close((uv_handle_t *)&r->timer, on_run_handle_closed);
+    dlist_del(&r->link);
+    struct sandbox *sb = r->sb;
+    if (r->is_job) {
+        job_record_exit(r);
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &r->waiters)
+            waiter_finish(dlist_entry(pos, struct job_wait, link));
+        json_t *st = job_status_json(r);
+        json_object_set_new(st, "job_id", json_string(r->job_id));
+        json_object_set_new(st, "sandbox", json_string(sb->id));
+        json_object_del(st, "running");
+        client_notify(r->notify, "job.exited", st);
+        /* A finished job stays listed (its output readable) until its sandbox goes. */
+        dlist_add(&sb->runs, &r->link);
+        return;
+    }
+    if (r->call) {
+        conch_rpc_call_reply(r->call, run_result(r));
+        r->call = NULL;
+    }
+    if (sb->fresh)
+        sandbox_destroy(sb);
+}
+
+void run_on_event(struct run *r, const struct conch_jail_event *ev)
+{
+    switch (ev->type) {
+    case CONCH_JAIL_STARTED:
+        r->started = true;
+        break;
+    case CONCH_JAIL_START_FAILED:
+        r->start_failed = true;
+        r->start_err = ev->err;
+        run_try_finish(r);
+        break;
+    case CONCH_JAIL_EXITED:
+        r->exited = true;
+        r->status = ev->status;
+        r->usage = ev->usage;
+        run_try_finish(r);
+        break;
+    }
+}
+
+/* The sandbox is going away: fail the run now. Frees it once its handles are closed. */
+void run_abort(struct run *r, const char *why)
+{
+    dlist_del(&r->link);
+    dlist_del(&r->dlink);
+    close_pipe(r, &r->out, &r->out_open);
+    close_pipe(r, &r->err, &r->err_open);
+    if (!r->finished) {
+        if (r->timer_active)
+            uv_timer_stop(&r->timer);
+        if (r->handles > 0)
+            uv_close((uv_handle_t *)&r->timer, on_run_handle_closed);
+        if (r->call) {
+            conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                                 "the command was stopped: %s", why);
+            r->call = NULL;
+        }
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &r->waiters)
+            waiter_finish(dlist_entry(pos, struct job_wait, link));
+        if (r->is_job)
+            conch_state_job_set_exit(r->sb->d->state, r->job_id, -1, SIGKILL, daemon_now(), NULL);
+    }
+    r->finished = true;
+    r->is_job = false; /* freed with its handles now */
+    if (r->handles == 0)
+        run_free(r);
+}
+
+/* Checks of exec.run / job.start params beyond their JSON types. Returns false after
+ * failing @call. */
+static bool command_params_ok(struct conch_rpc_call *call, json_t *params)
+{
+    size_t len = 0;
+    const char *cmd = conch_rpc_strn(params, "command", &len);
+    if (cmd && strlen(cmd) != len) {
+        conch_rpc_call_fail_param(call, "command", "command contains a NUL byte");
+        return false;
+    }
+    const char *cwd = conch_rpc_strn(params, "cwd", &len);
+    if (cwd && strlen(cwd) != len) {
+        conch_rpc_call_fail(call, CONCH_RPC_INVALID_PATH, "invalid_path", "cwd contains a NUL byte",
+                            json_pack("{s:s}", "param", "cwd"));
+        return false;
+    }
+    static const char *const nonneg[] = {"timeout", "grace", "max_output"};
+    for (size_t i = 0; i < ARRAY_SIZE(nonneg); i++) {
+        json_t *v = json_object_get(params, nonneg[i]);
+        if (v && json_number_value(v) < 0) {
+            conch_rpc_call_fail_param(call, nonneg[i], "%s must not be negative", nonneg[i]);
+            return false;
+        }
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(params, "env"), k, v)
+    {
+        if (!json_is_string(v) || !*k || strchr(k, '=') ||
+            strlen(json_string_value(v)) != json_string_length(v)) {
+            conch_rpc_call_fail_param(call, "env",
+                                      "env must map names (no '=') to strings without NUL bytes");
+            return false;
+        }
+    }
+    return true;
+}
+
+static struct sandbox *running_sandbox(struct client *c, struct conch_rpc_call *call,
+                                       const char *id)
+{
+    struct sandbox *sb = sandbox_find(c->d, id ? id : "");
+    if (!sb) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id ? id : "");
+        return NULL;
+    }
+    if (sb->state != SB_RUNNING) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "sandbox '%s' is stopped (its processes are gone, e.g. after a "
+                             "daemon restart): only workspace.* and sandbox.destroy work on it",
+                             sb->id);
+        return NULL;
+    }
+    return sb;
+}
+
+void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct conch_err err = {0};
+    struct sandbox *sb = NULL;
+    if (!command_params_ok(call, params))
+        return;
+    const char *id = conch_rpc_str(params, "sandbox", NULL);
+    if (conch_rpc_bool(params, "fresh", false)) {
+        if (id) {
+            conch_rpc_call_fail_param(call, "fresh", "give either sandbox or fresh, not both");
+            return;
+        }
+        struct sandbox_spec spec;
+        json_t *sp = json_pack("{s:O?,s:O?}", "workspace", json_object_get(params, "workspace"),
+                               "mode", json_object_get(params, "mode"));
+        bool ok = daemon_spec_from_params(call, sp, &spec);
+        if (ok && !spec.workspace)
+            sb = pool_take(c->d);
+        if (ok && !sb && sandbox_create(c->d, &spec, &sb, &err) < 0) {
+            json_decref(sp);
+            conch_rpc_call_fail_err(
+                call, err.kind == CONCH_ERR_LIMIT ? CONCH_RPC_LIMIT : CONCH_RPC_INFRASTRUCTURE,
+                err.kind == CONCH_ERR_LIMIT ? "limit" : "infrastructure", &err);
+            return;
+        }
+        json_decref(sp);
+        if (!ok)
+            return;
+        sb->fresh = true;
+    } else {
+        if (!id) {
+            conch_rpc_call_fail_param(call, "sandbox", "sandbox is required (or fresh: true)");
+            return;
+        }
+        if (!(sb = running_sandbox(c, call, id)))
+            return;
+    }
+    struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, false, &err);
+    if (!r) {
+        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        if (sb->fresh)
+            sandbox_destroy(sb);
+        return;
+    }
+    r->call = call;
+    r->stream = conch_rpc_bool(params, "stream", false);
+    r->request_id = json_incref(conch_rpc_call_id(call));
+    if (r->stream && c->sink)
+        r->notify = conch_rpc_sink_ref(c->sink);
+}
+
+void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    if (!command_params_ok(call, params))
+        return;
+    struct sandbox *sb = running_sandbox(c, call, conch_rpc_str(params, "sandbox", NULL));
+    if (!sb)
+        return;
+    unsigned n = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->jobs) n++;
+    if (n >= MAX_JOBS) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "too many jobs (%d): destroy old sandboxes", MAX_JOBS);
+        return;
+    }
+    struct conch_err err = {0};
+    struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, true, &err);
+    if (!r) {
+        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        return;
+    }
+    daemon_make_id(c->d, "job", r->job_id, sizeof(r->job_id));
+    dlist_add(&c->d->jobs, &r->dlink);
+    if (c->sink)
+        r->notify = conch_rpc_sink_ref(c->sink);
+    struct conch_state_job rec;
+    memset(&rec, 0, sizeof(rec));
+    snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
+    snprintf(rec.sandbox_id, sizeof(rec.sandbox_id), "%s", sb->id);
+    rec.command = r->command;
+    rec.running = true;
+    rec.exit_code = -1;
+    rec.started_at = r->started_at;
+    conch_state_job_put(c->d->state, &rec, NULL);
+    conch_rpc_call_reply(call, json_pack("{s:s}", "job_id", r->job_id));
+}
+
+static struct run *find_job(struct client *c, struct conch_rpc_call *call, json_t *params)
+{
+    const char *id = conch_rpc_str(params, "job_id", "");
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->jobs)
+    {
+        struct run *r = dlist_entry(pos, struct run, dlink);
+        if (!strcmp(r->job_id, id))
+            return r;
+    }
+    conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "job_not_found", NULL, "no job '%s'", id);
+    return NULL;
+}
+
+/* Read up to @max bytes of a job's stream from @offset (its spill file holds every byte). */
+static json_t *read_stream(const struct conch_output *o, long long *offset, long long max)
+{
+    if (*offset < 0)
+        *offset = 0;
+    if (!o->spill_path[0] || (uint64_t)*offset >= o->spilled)
+        return json_string("");
+    _cleanup_close_ int fd = open(o->spill_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return json_string("");
+    uint64_t avail = o->spilled - (uint64_t)*offset;
+    size_t n = (size_t)((uint64_t)max < avail ? (uint64_t)max : avail);
+    _cleanup_free_ char *buf = malloc(n + 1);
+    if (!buf)
+        return json_string("");
+    ssize_t got = pread(fd, buf, n, *offset);
+    if (got < 0)
+        got = 0;
+    *offset += got;
+    json_t *s = conch_json_text(buf, (size_t)got);
+    return s ? s : json_string("");
+}
+
+void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct run *r = find_job(ctx, call, params);
+    if (!r)
+        return;
+    long long so = conch_rpc_int(params, "stdout_offset", 0);
+    long long eo = conch_rpc_int(params, "stderr_offset", 0);
+    long long max = conch_rpc_int(params, "max_bytes", 65536);
+    if (max <= 0 || max > (16 << 20))
+        max = 65536;
+    json_t *out = read_stream(&r->out_cap, &so, max);
+    json_t *err = read_stream(&r->err_cap, &eo, max);
+    json_t *st = job_status_json(r);
+    json_object_set_new(st, "stdout", out);
+    json_object_set_new(st, "stderr", err);
+    json_object_set_new(st, "stdout_offset", json_integer(so));
+    json_object_set_new(st, "stderr_offset", json_integer(eo));
+    json_object_del(st, "signal");
+    conch_rpc_call_reply(call, st);
+}
+
+static void on_wait_timeout(uv_timer_t *t)
+{
+    waiter_finish(t->data);
+}
+
+void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct run *r = find_job(c, call, params);
+    if (!r)
+        return;
+    double timeout = conch_rpc_num(params, "timeout", 30);
+    if (r->finished || timeout <= 0) {
+        conch_rpc_call_reply(call, job_status_json(r));
+        return;
+    }
+    struct job_wait *w = calloc(1, sizeof(*w));
+    if (!w) {
+        conch_rpc_call_fail(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+                            NULL);
+        return;
+    }
+    w->job = r;
+    w->call = call;
+    uv_timer_init(&c->d->loop, &w->timer);
+    w->timer.data = w;
+    uv_timer_start(&w->timer, on_wait_timeout, (uint64_t)(timeout * 1000), 0);
+    dlist_add(&r->waiters, &w->link);
+}
+
+void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct run *r = find_job(ctx, call, params);
+    if (!r)
+        return;
+    int sig = SIGTERM;
+    json_t *s = json_object_get(params, "signal");
+    if (json_is_integer(s))
+        sig = (int)json_integer_value(s);
+    else if (json_is_string(s)) {
+        const char *name = json_string_value(s);
+        if (!strncmp(name, "SIG", 3))
+            name += 3;
+        static const struct {
+            const char *n;
+            int s;
+        } sigs[] = {{"TERM", SIGTERM}, {"KILL", SIGKILL}, {"INT", SIGINT},
+                    {"HUP", SIGHUP},   {"QUIT", SIGQUIT}, {"USR1", SIGUSR1},
+                    {"USR2", SIGUSR2}, {"STOP", SIGSTOP}, {"CONT", SIGCONT}};
+        sig = 0;
+        for (size_t i = 0; i < ARRAY_SIZE(sigs); i++)
+            if (!strcmp(name, sigs[i].n))
+                sig = sigs[i].s;
+    } else if (s) {
+        sig = 0;
+    }
+    if (sig <= 0 || sig >= 65) {
+        conch_rpc_call_fail_param(call, "signal", "unknown signal");
+        return;
+    }
+    if (!r->finished && r->sb->jail_up)
+        conch_jail_signal(&r->sb->jail, r->id, sig, NULL);
+    conch_rpc_call_reply(call, json_pack("{s:b}", "killed", !r->finished));
+}
+
+void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    const char *sb = conch_rpc_str(params, "sandbox", NULL);
+    json_t *arr = json_array();
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->jobs)
+    {
+        struct run *r = dlist_entry(pos, struct run, dlink);
+        if (sb && strcmp(sb, r->sb->id))
+            continue;
+        json_t *o = job_status_json(r);
+        json_object_set_new(o, "job_id", json_string(r->job_id));
+        json_object_set_new(o, "sandbox", json_string(r->sb->id));
+        json_object_set_new(o, "command", conch_json_text(r->command, strlen(r->command)));
+        json_object_set_new(o, "started_at", json_real(r->started_at));
+        json_array_append_new(arr, o);
+    }
+    conch_rpc_call_reply(call, json_pack("{s:o}", "jobs", arr));
+}

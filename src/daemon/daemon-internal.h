@@ -1,0 +1,206 @@
+/* daemon-internal.h - the daemon's objects: clients, sandboxes, running commands and jobs.
+ * Shared by server.c, sandboxes.c, commands.c and files.c. Single-threaded: everything runs
+ * on the libuv loop, which also keeps fork() from the daemon safe. */
+#ifndef CONCH_DAEMON_INTERNAL_H
+#define CONCH_DAEMON_INTERNAL_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/daemon.h"
+#include "daemon/state.h"
+#include "exec/output.h"
+#include "jail/jail.h"
+#include "rpc/rpc.h"
+
+/* An intrusive doubly-linked list. */
+struct dlist {
+    struct dlist *prev, *next;
+};
+#define DLIST_INIT(l) ((l)->prev = (l)->next = (l))
+#define dlist_entry(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+#define dlist_for_each_safe(pos, tmp, head)                                                        \
+    for (pos = (head)->next, tmp = pos->next; pos != (head); pos = tmp, tmp = pos->next)
+void dlist_add(struct dlist *head, struct dlist *item);
+void dlist_del(struct dlist *item);
+bool dlist_empty(const struct dlist *head);
+
+struct daemon;
+
+struct client {
+    struct dlist link;
+    struct daemon *d;
+    uv_pipe_t in;  /* the socket, or stdin */
+    uv_pipe_t out; /* stdout (--stdio only) */
+    bool stdio;
+    bool closing;
+    struct conch_rpc_framer framer;
+    struct conch_rpc_sink *sink;
+    int refs; /* handles still open */
+};
+
+enum sandbox_state { SB_RUNNING, SB_STOPPED };
+
+struct sandbox {
+    struct dlist link;
+    struct daemon *d;
+    char id[64];
+    char name[128];
+    enum sandbox_state state;
+    bool pooled; /* waiting in the pool for a `fresh` request */
+    bool fresh;  /* destroy when its one command ends */
+    bool destroying;
+    struct conch_jail jail;
+    bool jail_up;
+    uv_poll_t *ctl_poll; /* owned; freed when its close completes */
+    uv_timer_t idle;
+    bool idle_active;
+    double idle_timeout;
+    /* the spec, kept to rebuild the sandbox (discard) */
+    char workspace[PATH_MAX]; /* "" for none */
+    enum conch_ws_mode mode;
+    char rootfs[PATH_MAX];
+    bool as_root;
+    struct conch_cgroup_limits limits;
+    uint64_t tmp_bytes;
+    json_t *env;              /* object of extra environment; owned */
+    char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
+    double created_at, last_used_at;
+    unsigned commands;
+    struct dlist runs;  /* struct run: exec.run and jobs */
+    struct dlist files; /* struct file_req in flight */
+};
+
+struct run {
+    struct dlist link;  /* in sandbox->runs */
+    struct dlist dlink; /* in daemon->jobs (jobs only) */
+    struct sandbox *sb;
+    int64_t id;
+    bool is_job;
+    char job_id[32];
+    char *command;
+    struct conch_rpc_call *call;   /* exec.run: answered when done */
+    struct conch_rpc_sink *notify; /* where exec.output / job.exited go (a reference) */
+    json_t *request_id;            /* of the exec.run, for exec.output notifications */
+    bool stream;
+    uv_pipe_t out, err;
+    bool out_open, err_open;
+    struct conch_output out_cap, err_cap;
+    bool started, exited, finished;
+    int status;
+    struct rusage usage;
+    uint64_t start_ms, end_ms;
+    uint64_t timeout_ms, grace_ms;
+    uv_timer_t timer;
+    bool timer_active;
+    bool timed_out;
+    bool start_failed;
+    struct conch_err start_err;
+    int handles;          /* libuv handles still open */
+    struct dlist waiters; /* struct job_wait */
+    double started_at;
+};
+
+struct job_wait {
+    struct dlist link;
+    struct run *job;
+    struct conch_rpc_call *call;
+    uv_timer_t timer;
+};
+
+struct file_req {
+    struct dlist link;
+    struct sandbox *sb;
+    struct conch_rpc_call *call;
+    uv_pipe_t pipe;
+    char *buf;
+    size_t len, cap;
+    bool closed;
+    int64_t id;
+};
+
+struct daemon {
+    uv_loop_t loop;
+    struct conch_daemon_opts opts;
+    char state_dir[PATH_MAX];
+    char socket_path[PATH_MAX];
+    char spill_dir[PATH_MAX + 16];
+    struct conch_state *state;
+    uv_pipe_t listener;
+    bool listening;
+    uv_signal_t sigchld, sigterm, sigint;
+    uv_timer_t pool_timer;
+    struct dlist clients;
+    struct dlist sandboxes;
+    struct dlist jobs;
+    unsigned n_sandboxes;
+    uint64_t next_id;
+    bool stopping;
+};
+
+/* server.c */
+double daemon_now(void);
+uint64_t daemon_now_ms(void);
+void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);
+void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params);
+
+/* sandboxes.c */
+struct sandbox_spec {
+    const char *workspace;
+    enum conch_ws_mode mode;
+    const char *rootfs;
+    bool as_root;
+    struct conch_cgroup_limits limits;
+    uint64_t tmp_bytes;
+    json_t *env; /* borrowed */
+    double idle_timeout;
+    const char *name;
+};
+int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
+                   struct conch_err *err);
+void sandbox_destroy(struct sandbox *sb);
+void sandbox_destroy_keep_record(struct sandbox *sb);
+bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
+                             struct sandbox_spec *spec);
+struct sandbox *sandbox_find(struct daemon *d, const char *id);
+void sandbox_touch(struct sandbox *sb);
+json_t *sandbox_json(const struct sandbox *sb);
+int sandbox_restart(struct sandbox *sb, struct conch_err *err);
+int sandbox_start(struct sandbox *sb, struct conch_err *err);
+void sandbox_stop(struct sandbox *sb, const char *why);
+void sandboxes_recover(struct daemon *d);
+void pool_fill(struct daemon *d);
+struct sandbox *pool_take(struct daemon *d);
+void sandbox_on_warden_event(struct sandbox *sb, const struct conch_jail_event *ev);
+void sandbox_warden_gone(struct sandbox *sb);
+
+/* commands.c */
+void run_on_event(struct run *r, const struct conch_jail_event *ev);
+void run_abort(struct run *r, const char *why);
+void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+/* files.c */
+int daemon_file_handler(int req_fd, int resp_fd);
+void file_req_abort(struct file_req *fr);
+void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+/* the ctx every handler receives */
+struct handler_ctx {
+    struct daemon *d;
+    struct client *c;
+    const char *method;
+};
+
+#endif

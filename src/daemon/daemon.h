@@ -1,0 +1,35 @@
+/* daemon.h - `conch serve`: long-lived sandboxes driven over JSON-RPC 2.0 (docs/PROTOCOL.md)
+ * on a unix socket or on stdin/stdout, with one libuv event loop. */
+#ifndef CONCH_DAEMON_DAEMON_H
+#define CONCH_DAEMON_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/error.h"
+
+struct conch_daemon_opts {
+    const char *socket_path; /* NULL: the default for this user (see conch_daemon_socket) */
+    bool stdio;              /* serve one client on stdin/stdout instead of a socket */
+    const char *state_dir;   /* NULL: /var/lib/conch (root) or $XDG_STATE_HOME/conch */
+    size_t max_message;      /* bytes per JSON-RPC line (default 16 MiB) */
+    unsigned pool_size;      /* pre-built default sandboxes for `fresh` (default 2) */
+    unsigned max_sandboxes;  /* default 256 */
+    double idle_timeout;     /* default idle timeout of a sandbox, seconds (default 3600) */
+};
+
+/* conch_daemon_opts_init - the defaults above. */
+void conch_daemon_opts_init(struct conch_daemon_opts *o);
+
+/* conch_daemon_socket - the default socket path of this user into @buf. */
+void conch_daemon_socket(char *buf, size_t size);
+
+/*
+ * conch_daemon_run - serve until SIGTERM/SIGINT (socket) or EOF on stdin (--stdio). On start
+ * it reaps what a previous daemon left (processes, cgroups) and lists its sandboxes as
+ * stopped. Returns 0 after a clean shutdown (every sandbox process killed), or -errno with
+ * @err when it could not start.
+ */
+int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err);
+
+#endif

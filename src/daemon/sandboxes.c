@@ -1,0 +1,437 @@
+/* sandboxes.c - the daemon's sandboxes: create (a jail with its upper dir on disk, recorded
+ * in the state database), find, touch (idle timeout), restart, destroy; the pool of
+ * pre-built sandboxes for `fresh` commands; and listing what a previous daemon left. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "daemon/daemon-internal.h"
+#include "daemon/recover.h"
+
+static void on_ctl_readable(uv_poll_t *h, int status, int events);
+
+struct sandbox *sandbox_find(struct daemon *d, const char *id)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (!strcmp(sb->id, id) && !sb->pooled && !sb->destroying)
+            return sb;
+    }
+    return NULL;
+}
+
+json_t *sandbox_json(const struct sandbox *sb)
+{
+    return json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i}", "id", sb->id, "name",
+                     sb->name[0] ? sb->name : NULL, "state",
+                     sb->state == SB_RUNNING ? "running" : "stopped", "workspace",
+                     sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
+                     "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
+                     sb->last_used_at, "commands", (int)sb->commands);
+}
+
+static void on_idle(uv_timer_t *t)
+{
+    struct sandbox *sb = t->data;
+    if (!dlist_empty(&sb->runs) || !dlist_empty(&sb->files)) {
+        sandbox_touch(sb); /* busy: not idle */
+        return;
+    }
+    log_info("sandbox %s idle for %.0f s: destroying it", sb->id, sb->idle_timeout);
+    sandbox_destroy(sb);
+}
+
+void sandbox_touch(struct sandbox *sb)
+{
+    sb->last_used_at = daemon_now();
+    if (sb->idle_active && sb->idle_timeout > 0)
+        uv_timer_start(&sb->idle, on_idle, (uint64_t)(sb->idle_timeout * 1000), 0);
+}
+
+int sandbox_start(struct sandbox *sb, struct conch_err *err)
+{
+    struct conch_jail_spec spec;
+    conch_jail_spec_init(&spec);
+    spec.workspace = sb->workspace[0] ? sb->workspace : NULL;
+    spec.ws_mode = sb->mode;
+    spec.rootfs = sb->rootfs[0] ? sb->rootfs : NULL;
+    spec.as_root = sb->as_root;
+    spec.limits = sb->limits;
+    if (sb->tmp_bytes)
+        spec.tmp_bytes = sb->tmp_bytes;
+    spec.name = sb->id;
+    spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
+    spec.file_handler = daemon_file_handler;
+    int r = conch_jail_start(&spec, &sb->jail, err);
+    if (r < 0)
+        return r;
+    sb->jail_up = true;
+    /* A handle of its own per warden: the previous one may still be closing (restart). */
+    sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
+    if (!sb->ctl_poll) {
+        conch_jail_destroy(&sb->jail);
+        sb->jail_up = false;
+        return conch_err_set(err, ENOMEM, "out of memory");
+    }
+    uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
+    sb->ctl_poll->data = sb;
+    uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
+    sb->state = SB_RUNNING;
+    return 0;
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* Stop the warden: every process of the sandbox dies; runs and file requests fail. */
+void sandbox_stop(struct sandbox *sb, const char *why)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs) run_abort(dlist_entry(pos, struct run, link), why);
+    dlist_for_each_safe(pos, tmp, &sb->files)
+        file_req_abort(dlist_entry(pos, struct file_req, link));
+    if (sb->ctl_poll) {
+        uv_poll_stop(sb->ctl_poll);
+        uv_close((uv_handle_t *)sb->ctl_poll, on_poll_closed);
+        sb->ctl_poll = NULL;
+    }
+    if (sb->jail_up) {
+        conch_jail_destroy(&sb->jail);
+        sb->jail_up = false;
+    }
+    sb->state = SB_STOPPED;
+}
+
+static void record(struct sandbox *sb)
+{
+    struct conch_state_sandbox rec;
+    memset(&rec, 0, sizeof(rec));
+    snprintf(rec.id, sizeof(rec.id), "%s", sb->id);
+    snprintf(rec.name, sizeof(rec.name), "%s", sb->name);
+    snprintf(rec.workspace, sizeof(rec.workspace), "%s", sb->workspace);
+    snprintf(rec.mode, sizeof(rec.mode), "%s", conch_ws_mode_name(sb->mode));
+    snprintf(rec.state, sizeof(rec.state), "%s", sb->state == SB_RUNNING ? "running" : "stopped");
+    snprintf(rec.upper_dir, sizeof(rec.upper_dir), "%s", sb->upper_dir);
+    json_t *spec = json_pack("{s:b,s:s?,s:O?}", "as_root", sb->as_root, "rootfs",
+                             sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env);
+    rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+    json_decref(spec);
+    rec.warden_pid = sb->jail_up ? sb->jail.warden_pid : 0;
+    rec.warden_starttime = sb->jail_up ? conch_recover_starttime(sb->jail.warden_pid) : 0;
+    rec.created_at = sb->created_at;
+    rec.last_used_at = sb->last_used_at;
+    struct conch_err err = {0};
+    if (conch_state_sandbox_put(sb->d->state, &rec, &err) < 0)
+        log_warn("record sandbox %s: %s", sb->id, err.msg);
+    free(rec.spec_json);
+}
+
+static void on_idle_closed(uv_handle_t *h)
+{
+    struct sandbox *sb = h->data;
+    json_decref(sb->env);
+    free(sb);
+}
+
+static struct sandbox *sandbox_alloc(struct daemon *d)
+{
+    struct sandbox *sb = calloc(1, sizeof(*sb));
+    if (!sb)
+        return NULL;
+    sb->d = d;
+    DLIST_INIT(&sb->runs);
+    DLIST_INIT(&sb->files);
+    uv_timer_init(&d->loop, &sb->idle);
+    sb->idle.data = sb;
+    sb->idle_active = true;
+    sb->created_at = sb->last_used_at = daemon_now();
+    sb->state = SB_STOPPED;
+    return sb;
+}
+
+static void sandbox_free(struct sandbox *sb)
+{
+    dlist_del(&sb->link);
+    sb->d->n_sandboxes--;
+    uv_timer_stop(&sb->idle);
+    uv_close((uv_handle_t *)&sb->idle, on_idle_closed);
+}
+
+/* Remove a directory tree without following symlinks. */
+static void remove_tree_at(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        DIR *dir = fdopendir(fd);
+        if (dir) {
+            struct dirent *de;
+            while ((de = readdir(dir))) {
+                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                    continue;
+                if (unlinkat(dirfd(dir), de->d_name, 0) < 0 && (errno == EISDIR || errno == EPERM))
+                    remove_tree_at(dirfd(dir), de->d_name);
+            }
+            closedir(dir);
+        } else {
+            close(fd);
+        }
+        unlinkat(dfd, name, AT_REMOVEDIR);
+    } else {
+        unlinkat(dfd, name, 0);
+    }
+}
+
+int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
+                   struct conch_err *err)
+{
+    if (d->n_sandboxes >= d->opts.max_sandboxes)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, EMFILE,
+                              "too many sandboxes (%u, --max-sandboxes): destroy some first",
+                              d->opts.max_sandboxes);
+    struct sandbox *sb = sandbox_alloc(d);
+    if (!sb)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    dlist_add(&d->sandboxes, &sb->link);
+    d->n_sandboxes++;
+    daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
+    if (spec->name)
+        snprintf(sb->name, sizeof(sb->name), "%s", spec->name);
+    if (spec->workspace)
+        snprintf(sb->workspace, sizeof(sb->workspace), "%s", spec->workspace);
+    sb->mode = spec->mode;
+    if (spec->rootfs)
+        snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", spec->rootfs);
+    sb->as_root = spec->as_root;
+    sb->limits = spec->limits;
+    sb->tmp_bytes = spec->tmp_bytes;
+    sb->env = spec->env ? json_deep_copy(spec->env) : json_object();
+    sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
+    int r;
+    if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
+        int n =
+            snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s/sandboxes/%s", d->state_dir, sb->id);
+        if (n < 0 || (size_t)n >= sizeof(sb->upper_dir)) {
+            r = conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+            goto fail;
+        }
+        if (mkdir(sb->upper_dir, 0700) < 0) {
+            r = conch_err_set(err, errno, "mkdir '%s': %s", sb->upper_dir, strerror(errno));
+            goto fail;
+        }
+    }
+    if ((r = sandbox_start(sb, err)) < 0)
+        goto fail;
+    record(sb);
+    sandbox_touch(sb);
+    *ret = sb;
+    return 0;
+fail:
+    if (sb->upper_dir[0]) {
+        char parent[PATH_MAX + 16];
+        snprintf(parent, sizeof(parent), "%s/sandboxes", d->state_dir);
+        int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd >= 0) {
+            remove_tree_at(pfd, sb->id);
+            close(pfd);
+        }
+    }
+    sandbox_free(sb);
+    return r;
+}
+
+int sandbox_restart(struct sandbox *sb, struct conch_err *err)
+{
+    sandbox_stop(sb, "the sandbox was restarted");
+    int r = sandbox_start(sb, err);
+    record(sb);
+    return r;
+}
+
+void sandbox_destroy_keep_record(struct sandbox *sb)
+{
+    if (sb->destroying)
+        return;
+    sb->destroying = true;
+    sandbox_stop(sb, "the daemon is shutting down");
+    if (!sb->pooled && !sb->fresh)
+        conch_state_sandbox_set_state(sb->d->state, sb->id, "stopped", NULL);
+    else
+        conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
+    sandbox_free(sb);
+}
+
+void sandbox_destroy(struct sandbox *sb)
+{
+    if (sb->destroying)
+        return;
+    sb->destroying = true;
+    sandbox_stop(sb, "the sandbox was destroyed");
+    if (sb->upper_dir[0]) {
+        char parent[PATH_MAX + 16];
+        snprintf(parent, sizeof(parent), "%s/sandboxes", sb->d->state_dir);
+        int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd >= 0) {
+            remove_tree_at(pfd, sb->id);
+            close(pfd);
+        }
+    }
+    /* Jobs go with their sandbox (ON DELETE CASCADE). */
+    conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
+    sandbox_free(sb);
+}
+
+void sandbox_warden_gone(struct sandbox *sb)
+{
+    log_warn("sandbox %s: its warden died", sb->id);
+    sandbox_stop(sb, "the sandbox's warden died");
+    conch_state_sandbox_set_state(sb->d->state, sb->id, "stopped", NULL);
+    if (sb->fresh || sb->pooled)
+        sandbox_destroy(sb);
+}
+
+static void on_ctl_readable(uv_poll_t *h, int status, int events)
+{
+    struct sandbox *sb = h->data;
+    if (status < 0 || (events & UV_DISCONNECT)) {
+        sandbox_warden_gone(sb);
+        return;
+    }
+    struct conch_jail_event ev;
+    struct conch_err err = {0};
+    int r = conch_jail_read_event(&sb->jail, &ev, &err);
+    if (r <= 0) {
+        sandbox_warden_gone(sb);
+        return;
+    }
+    sandbox_on_warden_event(sb, &ev);
+}
+
+void sandbox_on_warden_event(struct sandbox *sb, const struct conch_jail_event *ev)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs)
+    {
+        struct run *r = dlist_entry(pos, struct run, link);
+        if (r->id == ev->id) {
+            run_on_event(r, ev);
+            return;
+        }
+    }
+    dlist_for_each_safe(pos, tmp, &sb->files)
+    {
+        struct file_req *fr = dlist_entry(pos, struct file_req, link);
+        if (fr->id == ev->id && ev->type == CONCH_JAIL_START_FAILED) {
+            file_req_abort(fr);
+            return;
+        }
+    }
+}
+
+/* ---- the pool of default sandboxes for `fresh` ---- */
+
+static unsigned pool_count(struct daemon *d)
+{
+    unsigned n = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        if (dlist_entry(pos, struct sandbox, link)->pooled)
+            n++;
+    }
+    return n;
+}
+
+void pool_fill(struct daemon *d)
+{
+    if (d->stopping)
+        return;
+    while (pool_count(d) < d->opts.pool_size && d->n_sandboxes < d->opts.max_sandboxes) {
+        struct sandbox *sb = sandbox_alloc(d);
+        if (!sb)
+            return;
+        dlist_add(&d->sandboxes, &sb->link);
+        d->n_sandboxes++;
+        daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
+        sb->env = json_object();
+        sb->pooled = true;
+        sb->idle_timeout = 0;
+        struct conch_err err = {0};
+        if (sandbox_start(sb, &err) < 0) {
+            log_warn("pool: %s", err.msg);
+            sandbox_free(sb);
+            return;
+        }
+    }
+}
+
+static void pool_timer_cb(uv_timer_t *t)
+{
+    pool_fill(t->data);
+}
+
+struct sandbox *pool_take(struct daemon *d)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (sb->pooled && sb->state == SB_RUNNING) {
+            sb->pooled = false;
+            /* Refill after this request is answered, off the hot path. */
+            uv_timer_start(&d->pool_timer, pool_timer_cb, 0, 0);
+            return sb;
+        }
+    }
+    return NULL;
+}
+
+/* ---- what a previous daemon left ---- */
+
+void sandboxes_recover(struct daemon *d)
+{
+    struct conch_state_sandbox *list = NULL;
+    size_t n = 0;
+    struct conch_err err = {0};
+    if (conch_state_sandbox_list(d->state, &list, &n, &err) < 0) {
+        log_warn("list recorded sandboxes: %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct sandbox *sb = sandbox_alloc(d);
+        if (!sb)
+            break;
+        dlist_add(&d->sandboxes, &sb->link);
+        d->n_sandboxes++;
+        snprintf(sb->id, sizeof(sb->id), "%s", list[i].id);
+        snprintf(sb->name, sizeof(sb->name), "%s", list[i].name);
+        snprintf(sb->workspace, sizeof(sb->workspace), "%s", list[i].workspace);
+        conch_ws_mode_parse(list[i].mode[0] ? list[i].mode : "overlay", &sb->mode, NULL);
+        snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s", list[i].upper_dir);
+        sb->created_at = list[i].created_at;
+        sb->last_used_at = list[i].last_used_at;
+        json_t *spec = list[i].spec_json ? json_loads(list[i].spec_json, 0, NULL) : NULL;
+        sb->as_root = json_is_true(json_object_get(spec, "as_root"));
+        const char *rootfs = json_string_value(json_object_get(spec, "rootfs"));
+        if (rootfs)
+            snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
+        json_t *env = json_object_get(spec, "env");
+        sb->env = json_is_object(env) ? json_incref(env) : json_object();
+        json_decref(spec);
+        sb->state = SB_STOPPED;
+        sb->idle_timeout = 0; /* stopped: nothing to reclaim but the record */
+        conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
+    }
+    conch_state_sandbox_free_list(list, n);
+}

@@ -1,0 +1,699 @@
+/* server.c - the daemon's event loop: the listening socket (peer credentials checked) or
+ * stdio, one JSON-RPC client per connection, the method table, signals, start-up recovery
+ * and shutdown. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "daemon/daemon-internal.h"
+#include "daemon/recover.h"
+
+void dlist_add(struct dlist *head, struct dlist *item)
+{
+    item->prev = head->prev;
+    item->next = head;
+    head->prev->next = item;
+    head->prev = item;
+}
+
+void dlist_del(struct dlist *item)
+{
+    item->prev->next = item->next;
+    item->next->prev = item->prev;
+    item->prev = item->next = item;
+}
+
+bool dlist_empty(const struct dlist *head)
+{
+    return head->next == head;
+}
+
+double daemon_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+uint64_t daemon_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size)
+{
+    /* Unique across restarts too: time and pid in the high bits, a counter in the low. */
+    uint64_t x = ((uint64_t)time(NULL) << 20) ^ ((uint64_t)getpid() << 8) ^ ++d->next_id;
+    x *= 0x9e3779b97f4a7c15ULL;
+    snprintf(buf, size, "%s-%08llx", prefix, (unsigned long long)(x >> 32));
+}
+
+void conch_daemon_opts_init(struct conch_daemon_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->max_message = 16u << 20;
+    o->pool_size = 2;
+    o->max_sandboxes = 256;
+    o->idle_timeout = 3600;
+}
+
+void conch_daemon_socket(char *buf, size_t size)
+{
+    const char *rt = getenv("XDG_RUNTIME_DIR");
+    if (geteuid() == 0)
+        snprintf(buf, size, "/run/conch/conch.sock");
+    else if (rt && *rt)
+        snprintf(buf, size, "%s/conch/conch.sock", rt);
+    else
+        snprintf(buf, size, "/tmp/conch-%u/conch.sock", (unsigned)getuid());
+}
+
+/* ---- clients ---- */
+
+static void client_send(void *ctx, json_t *msg);
+
+static void client_free_if_done(struct client *c)
+{
+    if (c->refs > 0)
+        return;
+    conch_rpc_framer_done(&c->framer);
+    bool stdio = c->stdio;
+    struct daemon *d = c->d;
+    free(c);
+    if (stdio && !d->stopping) {
+        /* --stdio: the one client is gone, so is the daemon's reason to live. */
+        d->stopping = true;
+        uv_stop(&d->loop);
+    }
+}
+
+static void on_client_handle_closed(uv_handle_t *h)
+{
+    struct client *c = h->data;
+    c->refs--;
+    client_free_if_done(c);
+}
+
+static void client_close(struct client *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    dlist_del(&c->link);
+    /* Calls still running keep the sink; their late replies are dropped. */
+    conch_rpc_sink_close(c->sink);
+    c->sink = NULL;
+    uv_close((uv_handle_t *)&c->in, on_client_handle_closed);
+    if (c->stdio)
+        uv_close((uv_handle_t *)&c->out, on_client_handle_closed);
+}
+
+struct write_req {
+    uv_write_t req;
+    char *data;
+};
+
+static void on_written(uv_write_t *req, int status)
+{
+    struct write_req *w = (struct write_req *)req;
+    free(w->data);
+    free(w);
+    (void)status;
+}
+
+static void client_send(void *ctx, json_t *msg)
+{
+    struct client *c = ctx;
+    char *line = conch_rpc_dumps(msg);
+    json_decref(msg);
+    if (!line || c->closing) {
+        free(line);
+        return;
+    }
+    struct write_req *w = calloc(1, sizeof(*w));
+    if (!w) {
+        free(line);
+        return;
+    }
+    w->data = line;
+    uv_buf_t buf = uv_buf_init(line, (unsigned)strlen(line));
+    uv_stream_t *s = (uv_stream_t *)(c->stdio ? &c->out : &c->in);
+    if (uv_write(&w->req, s, &buf, 1, on_written) < 0) {
+        free(line);
+        free(w);
+    }
+}
+
+void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params)
+{
+    if (!sink) {
+        json_decref(params);
+        return;
+    }
+    json_t *msg = json_pack("{s:s,s:s,s:o}", "jsonrpc", "2.0", "method", method, "params", params);
+    if (msg)
+        conch_rpc_sink_send(sink, msg);
+}
+
+extern const struct conch_rpc_method daemon_methods[];
+
+static void on_line(void *ctx, const char *line, size_t len)
+{
+    struct client *c = ctx;
+    if (c->closing)
+        return;
+    conch_rpc_dispatch(daemon_methods, line, len, c, c->sink);
+}
+
+static void on_oversize(void *ctx)
+{
+    struct client *c = ctx;
+    char msg[128];
+    snprintf(msg, sizeof(msg), "message larger than %zu bytes (--max-message)",
+             c->d->opts.max_message);
+    json_t *err =
+        conch_rpc_error(json_null(), CONCH_RPC_INVALID_REQUEST, "message_too_large", msg, NULL);
+    if (err)
+        conch_rpc_sink_send(c->sink, err);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    static char slab[65536];
+    (void)suggested;
+    *buf = uv_buf_init(slab, sizeof(slab));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    struct client *c = s->data;
+    if (n < 0) {
+        client_close(c);
+        return;
+    }
+    if (n > 0)
+        conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_line, on_oversize, c);
+}
+
+static struct client *client_new(struct daemon *d)
+{
+    struct client *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->d = d;
+    conch_rpc_framer_init(&c->framer, d->opts.max_message);
+    c->sink = conch_rpc_sink_new(client_send, c);
+    dlist_add(&d->clients, &c->link);
+    return c;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct daemon *d = server->data;
+    if (status < 0)
+        return;
+    struct client *c = client_new(d);
+    if (!c)
+        return;
+    uv_pipe_init(&d->loop, &c->in, 0);
+    c->in.data = c;
+    c->refs = 1;
+    if (uv_accept(server, (uv_stream_t *)&c->in) < 0) {
+        client_close(c);
+        return;
+    }
+    /* Only our own uid, or root, may drive sandboxes that run as us. */
+    uv_os_fd_t fd;
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (uv_fileno((uv_handle_t *)&c->in, &fd) < 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
+        (cred.uid != geteuid() && cred.uid != 0)) {
+        log_warn("refused a connection from uid %u", (unsigned)cred.uid);
+        client_close(c);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->in, on_alloc, on_read);
+}
+
+/* ---- methods ---- */
+
+static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    (void)params;
+    int n = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        n += !sb->pooled && !sb->fresh;
+    }
+    conch_rpc_call_reply(
+        call, json_pack("{s:s,s:i,s:i}", "version", "0.1.0", "pid", (int)getpid(), "sandboxes", n));
+}
+
+static uint64_t num_bytes(json_t *params, const char *key)
+{
+    json_t *v = json_object_get(params, key);
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
+}
+
+/* Fill @spec from sandbox.create (or exec.run fresh) params. Returns false after failing
+ * @call. */
+static bool spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
+{
+    memset(spec, 0, sizeof(*spec));
+    spec->workspace = conch_rpc_str(params, "workspace", NULL);
+    spec->rootfs = conch_rpc_str(params, "rootfs", NULL);
+    spec->name = conch_rpc_str(params, "name", NULL);
+    const char *mode = conch_rpc_str(params, "mode", "overlay");
+    struct conch_err err = {0};
+    if (conch_ws_mode_parse(mode, &spec->mode, &err) < 0) {
+        conch_rpc_call_fail_param(call, "mode", "%s", err.msg);
+        return false;
+    }
+    const char *paths[2] = {spec->workspace, spec->rootfs};
+    const char *names[2] = {"workspace", "rootfs"};
+    for (int i = 0; i < 2; i++) {
+        if (!paths[i])
+            continue;
+        struct stat st;
+        if (paths[i][0] != '/' || strlen(paths[i]) >= PATH_MAX ||
+            strlen(paths[i]) != json_string_length(json_object_get(params, names[i]))) {
+            conch_rpc_call_fail_param(call, names[i], "%s must be an absolute host path", names[i]);
+            return false;
+        }
+        if (stat(paths[i], &st) < 0 || !S_ISDIR(st.st_mode)) {
+            conch_rpc_call_fail_param(call, names[i], "%s '%s': not a directory", names[i],
+                                      paths[i]);
+            return false;
+        }
+    }
+    spec->as_root = conch_rpc_bool(params, "as_root", false);
+    spec->env = json_object_get(params, "env");
+    const char *k;
+    json_t *v;
+    json_object_foreach(spec->env, k, v)
+    {
+        if (!json_is_string(v) || !*k || strchr(k, '=')) {
+            conch_rpc_call_fail_param(call, "env", "env must map names to strings");
+            return false;
+        }
+    }
+    spec->limits.memory_bytes = num_bytes(params, "memory");
+    spec->limits.pids_max = num_bytes(params, "pids");
+    double cpu = conch_rpc_num(params, "cpu", 0);
+    if (cpu < 0) {
+        conch_rpc_call_fail_param(call, "cpu", "cpu must be positive");
+        return false;
+    }
+    spec->limits.cpu_millicpus = (uint64_t)(cpu * 1000);
+    spec->tmp_bytes = num_bytes(params, "tmp_size");
+    spec->idle_timeout = conch_rpc_num(params, "idle_timeout", -1);
+    return true;
+}
+
+bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
+{
+    return spec_from_params(call, params, spec);
+}
+
+static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct sandbox_spec spec;
+    if (!spec_from_params(call, params, &spec))
+        return;
+    struct sandbox *sb;
+    struct conch_err err = {0};
+    int r = sandbox_create(c->d, &spec, &sb, &err);
+    if (r == -EMFILE) {
+        conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
+        return;
+    }
+    if (r < 0) {
+        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        return;
+    }
+    conch_rpc_call_reply(call, sandbox_json(sb));
+}
+
+static struct sandbox *find_or_fail(struct client *c, struct conch_rpc_call *call, json_t *params,
+                                    const char *key)
+{
+    const char *id = conch_rpc_str(params, key, "");
+    struct sandbox *sb = sandbox_find(c->d, id);
+    if (!sb)
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id);
+    return sb;
+}
+
+static void handle_sandbox_get(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = find_or_fail(ctx, call, params, "id");
+    if (sb)
+        conch_rpc_call_reply(call, sandbox_json(sb));
+}
+
+static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    (void)params;
+    json_t *arr = json_array();
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (!sb->pooled && !sb->fresh)
+            json_array_append_new(arr, sandbox_json(sb));
+    }
+    conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
+}
+
+static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = find_or_fail(ctx, call, params, "id");
+    if (!sb)
+        return;
+    sandbox_destroy(sb);
+    conch_rpc_call_reply(call, json_pack("{s:b}", "destroyed", 1));
+}
+
+#define FS_HANDLER(fn, m)                                                                          \
+    static void fn(struct conch_rpc_call *call, json_t *params, void *ctx)                         \
+    {                                                                                              \
+        json_object_set_new(params, "__method", json_string(m));                                   \
+        handle_fs(call, params, ctx);                                                              \
+    }
+FS_HANDLER(handle_fs_read, "read")
+FS_HANDLER(handle_fs_write, "write")
+FS_HANDLER(handle_fs_edit, "edit")
+FS_HANDLER(handle_fs_ls, "ls")
+FS_HANDLER(handle_fs_glob, "glob")
+FS_HANDLER(handle_fs_grep, "grep")
+FS_HANDLER(handle_fs_delete, "delete")
+FS_HANDLER(handle_fs_upload, "upload")
+FS_HANDLER(handle_fs_download, "download")
+
+#define S CONCH_RPC_STRING
+#define I CONCH_RPC_INT
+#define N CONCH_RPC_NUMBER
+#define B CONCH_RPC_BOOL
+#define O CONCH_RPC_OBJECT
+#define A CONCH_RPC_ARRAY
+
+#define SANDBOX_SPEC_PARAMS                                                                        \
+    {"workspace", S, false}, {"mode", S, false}, {"rootfs", S, false}, {"as_root", B, false},      \
+        {"env", O, false}, {"memory", I, false}, {"pids", I, false}, {"cpu", N, false},            \
+        {"tmp_size", I, false}, {"idle_timeout", N, false},                                        \
+    {                                                                                              \
+        "name", S, false                                                                           \
+    }
+
+static const struct conch_rpc_param p_none[] = {{NULL, 0, false}};
+static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, {NULL, 0, false}};
+static const struct conch_rpc_param p_id[] = {{"id", S, true}, {NULL, 0, false}};
+static const struct conch_rpc_param p_exec[] = {
+    {"sandbox", S, false}, {"fresh", B, false}, {"workspace", S, false},  {"mode", S, false},
+    {"command", S, true},  {"cwd", S, false},   {"env", O, false},        {"stdin", S, false},
+    {"timeout", N, false}, {"grace", N, false}, {"max_output", I, false}, {"stream", B, false},
+    {NULL, 0, false}};
+static const struct conch_rpc_param p_job_start[] = {
+    {"sandbox", S, true}, {"command", S, true},     {"cwd", S, false}, {"env", O, false},
+    {"stdin", S, false},  {"max_output", I, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_job_output[] = {{"job_id", S, true},
+                                                      {"stdout_offset", I, false},
+                                                      {"stderr_offset", I, false},
+                                                      {"max_bytes", I, false},
+                                                      {NULL, 0, false}};
+static const struct conch_rpc_param p_job_wait[] = {
+    {"job_id", S, true}, {"timeout", N, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_job_kill[] = {
+    {"job_id", S, true}, {"signal", CONCH_RPC_ANY, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_job_list[] = {{"sandbox", S, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_read[] = {{"sandbox", S, true},   {"path", S, true},
+                                                   {"offset", I, false},   {"limit", I, false},
+                                                   {"encoding", S, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_write[] = {{"sandbox", S, true},
+                                                    {"path", S, true},
+                                                    {"content", S, true},
+                                                    {"encoding", S, false},
+                                                    {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_edit[] = {
+    {"sandbox", S, true},    {"path", S, true},         {"old_string", S, true},
+    {"new_string", S, true}, {"replace_all", B, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_ls[] = {
+    {"sandbox", S, true}, {"path", S, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_glob[] = {{"sandbox", S, true},
+                                                   {"pattern", S, true},
+                                                   {"path", S, false},
+                                                   {"max_results", I, false},
+                                                   {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_grep[] = {
+    {"sandbox", S, true},       {"pattern", S, true},
+    {"path", S, false},         {"glob", S, false},
+    {"fixed_string", B, false}, {"ignore_case", B, false},
+    {"max_matches", I, false},  {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_delete[] = {
+    {"sandbox", S, true}, {"path", S, true}, {"recursive", B, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_upload[] = {
+    {"sandbox", S, true}, {"files", A, true}, {NULL, 0, false}};
+static const struct conch_rpc_param p_fs_download[] = {
+    {"sandbox", S, true}, {"paths", A, true}, {NULL, 0, false}};
+static const struct conch_rpc_param p_ws[] = {
+    {"sandbox", S, true}, {"paths", A, false}, {NULL, 0, false}};
+static const struct conch_rpc_param p_ws_changes[] = {{"sandbox", S, true}, {NULL, 0, false}};
+
+const struct conch_rpc_method daemon_methods[] = {
+    {"daemon.ping", p_none, handle_ping},
+    {"sandbox.create", p_create, handle_sandbox_create},
+    {"sandbox.list", p_none, handle_sandbox_list},
+    {"sandbox.get", p_id, handle_sandbox_get},
+    {"sandbox.destroy", p_id, handle_sandbox_destroy},
+    {"exec.run", p_exec, handle_exec_run},
+    {"job.start", p_job_start, handle_job_start},
+    {"job.output", p_job_output, handle_job_output},
+    {"job.wait", p_job_wait, handle_job_wait},
+    {"job.kill", p_job_kill, handle_job_kill},
+    {"job.list", p_job_list, handle_job_list},
+    {"fs.read", p_fs_read, handle_fs_read},
+    {"fs.write", p_fs_write, handle_fs_write},
+    {"fs.edit", p_fs_edit, handle_fs_edit},
+    {"fs.ls", p_fs_ls, handle_fs_ls},
+    {"fs.glob", p_fs_glob, handle_fs_glob},
+    {"fs.grep", p_fs_grep, handle_fs_grep},
+    {"fs.delete", p_fs_delete, handle_fs_delete},
+    {"fs.upload", p_fs_upload, handle_fs_upload},
+    {"fs.download", p_fs_download, handle_fs_download},
+    {"workspace.changes", p_ws_changes, handle_workspace_changes},
+    {"workspace.diff", p_ws, handle_workspace_diff},
+    {"workspace.commit", p_ws, handle_workspace_commit},
+    {"workspace.discard", p_ws, handle_workspace_discard},
+    {NULL, NULL, NULL},
+};
+
+/* ---- signals and lifecycle ---- */
+
+static void on_sigchld(uv_signal_t *h, int sig)
+{
+    (void)h;
+    (void)sig;
+    /* Wardens whose destroy did not wait for the kernel's namespace teardown. */
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+}
+
+static void on_stop_signal(uv_signal_t *h, int sig)
+{
+    struct daemon *d = h->data;
+    log_info("signal %d: shutting down", sig);
+    d->stopping = true;
+    uv_stop(&d->loop);
+}
+
+static void on_pool_timer(uv_timer_t *t)
+{
+    pool_fill(t->data);
+}
+
+static int listen_socket(struct daemon *d, struct conch_err *err)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", d->socket_path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        int r = conch_mkdir_p(dir, 0700, err);
+        if (r < 0)
+            return conch_err_wrap(err, "socket directory");
+    }
+    /* A socket left by a dead daemon is replaced; a live one is not. */
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(d->socket_path) >= sizeof(sa.sun_path)) {
+        close(probe);
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG, "socket path too long: '%s'",
+                              d->socket_path);
+    }
+    strcpy(sa.sun_path, d->socket_path);
+    if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        close(probe);
+        return conch_err_set(err, EADDRINUSE, "another daemon is serving '%s'", d->socket_path);
+    }
+    if (probe >= 0)
+        close(probe);
+    unlink(d->socket_path);
+    uv_pipe_init(&d->loop, &d->listener, 0);
+    d->listener.data = d;
+    mode_t old = umask(0177);
+    int r = uv_pipe_bind(&d->listener, d->socket_path);
+    umask(old);
+    if (r == 0)
+        r = chmod(d->socket_path, 0600) < 0 ? -errno : 0;
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+    if (r < 0) {
+        uv_close((uv_handle_t *)&d->listener, NULL);
+        return conch_err_set(err, -r, "listen on '%s': %s", d->socket_path, uv_strerror(r));
+    }
+    d->listening = true;
+    return 0;
+}
+
+static int serve_stdio(struct daemon *d, struct conch_err *err)
+{
+    struct client *c = client_new(d);
+    if (!c)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    c->stdio = true;
+    uv_pipe_init(&d->loop, &c->in, 0);
+    uv_pipe_init(&d->loop, &c->out, 0);
+    c->in.data = c->out.data = c;
+    c->refs = 2;
+    int r = uv_pipe_open(&c->in, 0);
+    if (r == 0)
+        r = uv_pipe_open(&c->out, 1);
+    if (r < 0) {
+        client_close(c);
+        return conch_err_set(err, -r, "serve on stdin/stdout: %s (they must be pipes or sockets)",
+                             uv_strerror(r));
+    }
+    uv_read_start((uv_stream_t *)&c->in, on_alloc, on_read);
+    return 0;
+}
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
+{
+    struct daemon *d = calloc(1, sizeof(*d));
+    if (!d)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    int r;
+    d->opts = *o;
+    DLIST_INIT(&d->clients);
+    DLIST_INIT(&d->sandboxes);
+    DLIST_INIT(&d->jobs);
+    if (o->state_dir)
+        snprintf(d->state_dir, sizeof(d->state_dir), "%s", o->state_dir);
+    else if ((r = conch_state_default_dir(d->state_dir, sizeof(d->state_dir), err)) < 0)
+        goto out_free;
+    if (o->socket_path)
+        snprintf(d->socket_path, sizeof(d->socket_path), "%s", o->socket_path);
+    else
+        conch_daemon_socket(d->socket_path, sizeof(d->socket_path));
+    /* 0711: sandboxes (unprivileged host ids when we are root) must reach their upper dirs. */
+    char path[PATH_MAX + 32];
+    if ((r = conch_mkdir_p(d->state_dir, 0711, err)) < 0)
+        goto out_free;
+    chmod(d->state_dir, 0711);
+    snprintf(path, sizeof(path), "%s/sandboxes", d->state_dir);
+    if ((r = conch_mkdir_p(path, 0711, err)) < 0)
+        goto out_free;
+    snprintf(d->spill_dir, sizeof(d->spill_dir), "%s/spill", d->state_dir);
+    if ((r = conch_mkdir_p(d->spill_dir, 0700, err)) < 0)
+        goto out_free;
+    snprintf(path, sizeof(path), "%s/state.db", d->state_dir);
+    if ((r = conch_state_open(path, &d->state, err)) < 0)
+        goto out_free;
+
+    if ((r = conch_jail_host_prepare(err)) < 0)
+        goto out_state;
+    if ((r = uv_loop_init(&d->loop)) < 0) {
+        r = conch_err_set(err, -r, "uv_loop_init: %s", uv_strerror(r));
+        goto out_state;
+    }
+    struct conch_recover_report report;
+    memset(&report, 0, sizeof(report));
+    struct conch_err rerr = {0};
+    if (conch_recover_reap(d->state, &report, &rerr) < 0)
+        log_warn("recovery: %s", rerr.msg);
+    sandboxes_recover(d);
+
+    signal(SIGPIPE, SIG_IGN);
+    uv_signal_init(&d->loop, &d->sigchld);
+    uv_signal_start(&d->sigchld, on_sigchld, SIGCHLD);
+    uv_signal_init(&d->loop, &d->sigterm);
+    uv_signal_init(&d->loop, &d->sigint);
+    d->sigterm.data = d->sigint.data = d;
+    uv_signal_start(&d->sigterm, on_stop_signal, SIGTERM);
+    uv_signal_start(&d->sigint, on_stop_signal, SIGINT);
+    uv_timer_init(&d->loop, &d->pool_timer);
+    d->pool_timer.data = d;
+
+    r = o->stdio ? serve_stdio(d, err) : listen_socket(d, err);
+    if (r < 0)
+        goto out_loop;
+    if (!o->stdio)
+        log_info("serving on %s", d->socket_path);
+    if (d->opts.pool_size)
+        uv_timer_start(&d->pool_timer, on_pool_timer, 0, 0);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    r = 0;
+
+out_loop:
+    d->stopping = true;
+    {
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &d->clients)
+            client_close(dlist_entry(pos, struct client, link));
+        dlist_for_each_safe(pos, tmp, &d->sandboxes)
+        {
+            struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+            /* Shutting down kills every sandbox process; the records stay (stopped). */
+            sandbox_destroy_keep_record(sb);
+        }
+    }
+    if (d->listening)
+        unlink(d->socket_path);
+    uv_walk(&d->loop, close_walk, NULL);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&d->loop);
+out_state:
+    conch_state_close(d->state);
+out_free:
+    free(d);
+    return r;
+}

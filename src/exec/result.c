@@ -1,0 +1,174 @@
+/* result.c - the JSON form of a command's result (what `conch run --json` prints and what
+ * the daemon's exec.run returns) and its text form for a model. */
+#include "exec/result.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cleanup.h"
+
+/* Length of the valid UTF-8 sequence at @p (at most @n bytes), or 0 when invalid. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t len;
+    unsigned min;
+    unsigned cp;
+    if ((p[0] & 0xe0) == 0xc0) {
+        len = 2, min = 0x80, cp = p[0] & 0x1f;
+    } else if ((p[0] & 0xf0) == 0xe0) {
+        len = 3, min = 0x800, cp = p[0] & 0x0f;
+    } else if ((p[0] & 0xf8) == 0xf0) {
+        len = 4, min = 0x10000, cp = p[0] & 0x07;
+    } else {
+        return 0;
+    }
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+json_t *conch_json_text(const char *buf, size_t len)
+{
+    _cleanup_free_ char *clean = malloc(len * 3 + 1);
+    if (!clean)
+        return NULL;
+    size_t o = 0;
+    const unsigned char *p = (const unsigned char *)buf;
+    for (size_t i = 0; i < len;) {
+        size_t s = utf8_seq(p + i, len - i);
+        if (s == 0) {
+            memcpy(clean + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(clean + o, p + i, s);
+            o += s;
+            i += s;
+        }
+    }
+    return json_stringn(clean, o);
+}
+
+json_t *conch_ws_changes_json(const struct conch_ws_changes *changes)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < changes->n; i++) {
+        const struct conch_ws_change *ch = &changes->items[i];
+        json_t *e = json_object();
+        json_object_set_new(e, "path", conch_json_text(ch->path, strlen(ch->path)));
+        json_object_set_new(e, "kind", json_string(conch_ws_change_kind_name(ch->kind)));
+        char t[2] = {ch->type, 0};
+        json_object_set_new(e, "type", json_string(t));
+        json_object_set_new(e, "size", json_integer((json_int_t)ch->size));
+        char mode[8];
+        snprintf(mode, sizeof(mode), "%04o",
+                 (unsigned)(ch->kind == CONCH_CHANGE_DELETED ? ch->old_mode : ch->new_mode));
+        json_object_set_new(e, "mode", json_string(mode));
+        if (ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED)
+            json_object_set_new(e, "binary", json_boolean(ch->binary));
+        json_array_append_new(arr, e);
+    }
+    return arr;
+}
+
+static json_t *output_json(const struct conch_output *o)
+{
+    _cleanup_free_ char *text = NULL;
+    size_t len = 0;
+    if (conch_output_text(o, &text, &len) < 0)
+        return json_null();
+    json_t *j = conch_json_text(text, len);
+    return j ? j : json_null();
+}
+
+json_t *conch_run_result_json(const struct conch_run_result *res, const struct conch_err *infra)
+{
+    json_t *o = json_object();
+    bool ran = !infra;
+    /* When the sandbox could not be built, exit_code is conch's own status (2 or 125). */
+    json_object_set_new(o, "exit_code",
+                        json_integer(ran                              ? res->exit_code
+                                     : infra->kind == CONCH_ERR_USAGE ? 2
+                                                                      : 125));
+    json_object_set_new(o, "signal", res->signal ? json_integer(res->signal) : json_null());
+    json_object_set_new(o, "timed_out", json_boolean(res->timed_out));
+    json_object_set_new(o, "duration_ms", json_integer((json_int_t)res->duration_ms));
+    const struct conch_output *outs[2] = {&res->out, &res->err};
+    static const char *const names[2] = {"stdout", "stderr"};
+    for (int i = 0; i < 2; i++) {
+        char key[32];
+        json_object_set_new(o, names[i], output_json(outs[i]));
+        snprintf(key, sizeof(key), "%s_bytes", names[i]);
+        json_object_set_new(o, key, json_integer((json_int_t)outs[i]->total));
+        snprintf(key, sizeof(key), "%s_truncated", names[i]);
+        json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
+        snprintf(key, sizeof(key), "%s_spill", names[i]);
+        json_object_set_new(
+            o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
+    }
+    json_object_set_new(o, "changes", conch_ws_changes_json(&res->changes));
+    json_object_set_new(o, "committed", json_boolean(res->committed));
+    json_t *usage = json_object();
+    json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
+    json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));
+    json_object_set_new(o, "usage", usage);
+    if (infra || res->error_kind != CONCH_ERR_NONE) {
+        json_t *e = json_object();
+        json_object_set_new(
+            e, "kind", json_string(conch_err_kind_name(infra ? infra->kind : res->error_kind)));
+        const char *msg = infra ? infra->msg : res->error_msg;
+        json_object_set_new(e, "message", conch_json_text(msg, strlen(msg)));
+        json_object_set_new(o, "error", e);
+    } else {
+        json_object_set_new(o, "error", json_null());
+    }
+    return o;
+}
+
+char *conch_run_result_text(const struct conch_run_result *res)
+{
+    _cleanup_free_ char *out = NULL, *err = NULL;
+    size_t out_len = 0, err_len = 0;
+    if (conch_output_text(&res->out, &out, &out_len) < 0 ||
+        conch_output_text(&res->err, &err, &err_len) < 0)
+        return NULL;
+    char last[160];
+    if (res->timed_out)
+        snprintf(last, sizeof(last), "[timed out; exit code: %d]", res->exit_code);
+    else if (res->signal)
+        snprintf(last, sizeof(last), "[killed by signal %d; exit code: %d]", res->signal,
+                 res->exit_code);
+    else
+        snprintf(last, sizeof(last), "[exit code: %d]", res->exit_code);
+    const char *why = res->error_kind == CONCH_ERR_LIMIT ? res->error_msg : "";
+    size_t size = out_len + err_len + strlen(why) + sizeof(last) + 8;
+    char *text = malloc(size);
+    if (!text)
+        return NULL;
+    size_t n = 0;
+    memcpy(text + n, out, out_len);
+    n += out_len;
+    if (err_len) {
+        if (n && text[n - 1] != '\n')
+            text[n++] = '\n';
+        memcpy(text + n, err, err_len);
+        n += err_len;
+    }
+    if (n && text[n - 1] != '\n')
+        text[n++] = '\n';
+    if (*why)
+        n += (size_t)snprintf(text + n, size - n, "[%s]\n", why);
+    n += (size_t)snprintf(text + n, size - n, "%s", last);
+    text[n] = '\0';
+    return text;
+}
