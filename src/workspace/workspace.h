@@ -124,9 +124,11 @@ int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *pat
  * larger than N bytes]"; a symlink is diffed as the text "target\n"; a permission change
  * adds "old mode 100644" / "new mode 100755" lines first; a type change is a deletion
  * then an addition; directories and special files have an empty diff. The top-level
- * "diff" concatenates the non-empty file diffs, each preceded by a git section header
- * "diff --git a/p b/p". Ill-formed UTF-8 (in content or paths) becomes U+FFFD. Nothing is
- * followed through a symlink. Returns 0 or -errno with @err.
+ * "diff" is the non-empty file diffs as git sections: each (a type change: each half) is
+ * preceded by "diff --git a/p b/p" and, for an added or deleted file, "new file mode M" /
+ * "deleted file mode M", so that `git apply` takes it (binary files and symlinks aside).
+ * Ill-formed UTF-8 (in content or paths) becomes U+FFFD. Nothing is followed through a
+ * symlink. Returns 0 or -errno with @err.
  */
 int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
                   char *const *paths, size_t max_bytes_per_file, json_t **ret,

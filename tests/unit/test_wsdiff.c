@@ -726,3 +726,27 @@ Test(wsdiff, upper_clear)
     _cleanup_free_ char *k = slurp(at(lower, "keep.txt"));
     cr_assert_str_eq(k, "keep\n", "the host is untouched");
 }
+
+/* A change list naming a path through a symlink (planted in the upper dir) must neither
+ * read nor delete what the symlink points at. */
+Test(wsdiff, symlinks_in_paths_are_not_followed)
+{
+    put(scratch, "secret", "root:x:0:0\n");
+    lnk(upper, "evil", scratch);
+    const char *paths[] = {"evil/secret", NULL};
+    struct conch_ws_changes c = make_changes(paths);
+    _cleanup_close_ int u = open_dir(upper);
+    _cleanup_close_ int l = open_dir(lower);
+    struct conch_err err = {0};
+    json_t *res = NULL;
+    cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, &res, &err), 0, "%s", err.msg);
+    char *s = json_dumps(res, 0);
+    cr_assert_null(strstr(s, "root:"), "read through a symlink: %s", s);
+    free(s);
+    json_decref(res);
+    cr_assert_lt(conch_ws_upper_remove(u, l, &c, &err), 0);
+    cr_assert_not_null(strstr(err.msg, "evil/secret"), "%s", err.msg);
+    _cleanup_free_ char *still = slurp(at(scratch, "secret"));
+    cr_assert_str_eq(still, "root:x:0:0\n", "deleted through a symlink");
+    conch_ws_changes_done(&c);
+}
