@@ -11,6 +11,8 @@
 
 /* Size of the prefix probed for a NUL to call a file binary (git's rule). */
 #define CONCH_FS__BINARY_PROBE 8192
+/* Entries in one fs.upload / fs.download. */
+#define CONCH_FS__MAX_BATCH 1000
 
 struct conch_fs__ctx {
     int root_fd;           /* borrowed */

@@ -14,8 +14,6 @@
 
 /* Entries fs.ls returns at most; a bigger directory is too_large. */
 #define MAX_LS_ENTRIES 100000
-/* Entries in one fs.download / fs.upload. */
-#define MAX_BATCH 1000
 /* Raw bytes one fs.download returns in all. */
 #define MAX_DOWNLOAD_TOTAL (64LL * 1024 * 1024)
 
@@ -226,8 +224,9 @@ json_t *conch_fs__download(const struct conch_fs__ctx *ctx, json_t *params,
         conch_fs__fail_param(ferr, "paths", "param 'paths' must be an array of strings");
         return NULL;
     }
-    if (json_array_size(paths) > MAX_BATCH) {
-        conch_fs__fail_param(ferr, "paths", "param 'paths' has more than %d entries", MAX_BATCH);
+    if (json_array_size(paths) > CONCH_FS__MAX_BATCH) {
+        conch_fs__fail_param(ferr, "paths", "param 'paths' has more than %d entries",
+                             CONCH_FS__MAX_BATCH);
         return NULL;
     }
     size_t i;

@@ -19,8 +19,6 @@
 
 /* Largest file fs.edit will produce. */
 #define MAX_EDIT_RESULT (64LL * 1024 * 1024)
-/* Entries in one fs.upload. */
-#define MAX_BATCH 1000
 /* Directory levels a recursive delete descends; deeper trees fail rather than exhaust fds. */
 #define MAX_DELETE_DEPTH 256
 
@@ -395,8 +393,9 @@ json_t *conch_fs__upload(const struct conch_fs__ctx *ctx, json_t *params,
         conch_fs__fail_param(ferr, "files", "%s", bad);
         return NULL;
     }
-    if (json_array_size(files) > MAX_BATCH) {
-        conch_fs__fail_param(ferr, "files", "param 'files' has more than %d entries", MAX_BATCH);
+    if (json_array_size(files) > CONCH_FS__MAX_BATCH) {
+        conch_fs__fail_param(ferr, "files", "param 'files' has more than %d entries",
+                             CONCH_FS__MAX_BATCH);
         return NULL;
     }
     size_t i;

@@ -61,11 +61,18 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
  *
  * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
  * file + rename in the same directory, mode kept, new files 0644, new dirs 0755 less the
- * umask); a final symlink is written through in place instead. grep match text is cut at
- * 4096 bytes; grep skips files above CONCH_FS_MAX_FILE found while walking. upload and
- * download take at most 1000 entries; download stops sending content past 64 MiB in all
- * (later entries get too_large). Strings returned are valid UTF-8: invalid bytes in text
- * become U+FFFD.
+ * umask); a final symlink is written through in place instead, and an existing file the
+ * caller may not write is permission_denied even in a writable directory. Deleting the
+ * root is invalid_path. ls fails with too_large past 100000 entries. glob returns files
+ * and directories; a trailing "**" matches everything beneath (not the directory itself);
+ * "{a,b}" alternatives are expanded; an absolute pattern (under @root_name) ignores
+ * "path"; ".." in a pattern is invalid_params. grep's "glob" filter matches the file name,
+ * or with a '/' the path relative to the start directory; grep match text is cut at 4096
+ * bytes; grep skips files above CONCH_FS_MAX_FILE found while walking (a named one is
+ * too_large). upload and download take at most 1000 entries; download stops sending
+ * content past 64 MiB in all (later entries get too_large); per-entry errors carry the
+ * same codes, invalid base64 being "invalid_params". Strings returned are valid UTF-8:
+ * invalid bytes in text become U+FFFD.
  *
  * Returns a new json_t result (caller decrefs), or NULL with @ferr filled (@ferr is reset
  * on entry; on success its code is CONCH_FS_OK).

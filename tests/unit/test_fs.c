@@ -285,6 +285,48 @@ static void symlink_escapes(void)
               CONCH_FS_INVALID_PATH);
     call_fail("grep", json_pack("{s:s, s:s}", "pattern", "root", "path", "abs"),
               CONCH_FS_INVALID_PATH);
+    call_fail(
+        "edit",
+        json_pack("{s:s, s:s, s:s}", "path", "abs", "old_string", "root", "new_string", "toor"),
+        CONCH_FS_INVALID_PATH);
+    json_t *d = call_ok("download", json_pack("{s:[s]}", "paths", "sub/rel"));
+    cr_assert_str_eq(
+        str(json_object_get(json_array_get(json_object_get(d, "files"), 0), "error"), "code"),
+        "invalid_path");
+    json_decref(d);
+
+    /* Writing through a symlink (dangling or not) that leads out creates nothing there. */
+    char outside[64];
+    strcpy(outside, "/tmp/conch-test-fs-out-XXXXXX");
+    cr_assert_not_null(mkdtemp(outside));
+    char target[128];
+    snprintf(target, sizeof(target), "%s/new.txt", outside);
+    link_(target, "dang");
+    snprintf(target, sizeof(target), "../%s/new.txt", outside + 5);
+    link_(target, "dang2");
+    call_fail("write", json_pack("{s:s, s:s}", "path", "dang", "content", "x"),
+              CONCH_FS_INVALID_PATH);
+    call_fail("write", json_pack("{s:s, s:s}", "path", "dang2", "content", "x"),
+              CONCH_FS_INVALID_PATH);
+    call_fail("write", json_pack("{s:s, s:s}", "path", "abs", "content", "x"),
+              CONCH_FS_INVALID_PATH);
+    snprintf(target, sizeof(target), "%s/new.txt", outside);
+    struct stat st;
+    cr_assert_neq(lstat(target, &st), 0, "nothing was created outside");
+    cr_assert_eq(rmdir(outside), 0);
+
+    /* a symlinked directory inside is a fine parent */
+    json_t *w =
+        call_ok("write", json_pack("{s:s, s:s}", "path", "dirlink/new.txt", "content", "n"));
+    cr_assert(flag(w, "created"));
+    json_decref(w);
+    cr_assert(exists("sub/new.txt"));
+    /* deleting a symlink that leads out removes the link only */
+    json_t *del = call_ok("delete", json_pack("{s:s}", "path", "abs"));
+    json_decref(del);
+    cr_assert(!exists("abs"));
+    cr_assert_eq(stat("/etc/passwd", &st), 0);
+
     const char *good[] = {"sub/ok", "sub/ok2", "dirlink/real.txt", "dirlink/ok"};
     for (size_t i = 0; i < ARRAY_SIZE(good); i++) {
         json_t *r = call_ok("read", json_pack("{s:s}", "path", good[i]));
@@ -362,11 +404,12 @@ Test(fs, read_text_lines)
 
 Test(fs, read_invalid_utf8_replaced)
 {
-    put("bad.txt", "ok \xff\xfe end \xc3\xa9 \xe2\x82\n", 18);
+    static const char bad[] = "ok \xff\xfe end \xc3\xa9 \xe2\x82\n";
+    put("bad.txt", bad, sizeof(bad) - 1);
     json_t *r = call_ok("read", json_pack("{s:s}", "path", "bad.txt"));
     cr_assert_str_eq(str(r, "content"),
                      "ok \xEF\xBF\xBD\xEF\xBF\xBD end \xc3\xa9 \xEF\xBF\xBD\xEF\xBF\xBD\n");
-    cr_assert_eq(num(r, "size"), 18);
+    cr_assert_eq(num(r, "size"), 16);
     json_decref(r);
     /* an overlong '/' and a surrogate are invalid too */
     put("bad2.txt", "\xc0\xaf\xed\xa0\x80", 5);
@@ -787,6 +830,9 @@ Test(fs, grep_regex_and_fixed)
                      "/workspace/src/main.py:3:print(foo)|/workspace/src/x/y.c:1:int foo;");
     cr_assert(!t);
     cr_assert_str_eq(grep_(json_pack("{s:s}", "pattern", "^ba"), NULL), "/workspace/a.txt:2:bar");
+    /* '^' after a first match: the next search starts mid-buffer, at a line start */
+    cr_assert_str_eq(grep_(json_pack("{s:s, s:s}", "pattern", "^fo", "path", "a.txt"), NULL),
+                     "/workspace/a.txt:1:foo|/workspace/a.txt:3:fooo baz");
     cr_assert_str_eq(grep_(json_pack("{s:s}", "pattern", "z$"), NULL),
                      "/workspace/a.txt:3:fooo baz");
     cr_assert_str_eq(grep_(json_pack("{s:s, s:b}", "pattern", "a.b", "fixed_string", 1), NULL),
