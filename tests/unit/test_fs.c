@@ -489,6 +489,10 @@ Test(fs, permission_denied)
               CONCH_FS_PERMISSION_DENIED);
     call_fail("delete", json_pack("{s:s}", "path", "ro/f.txt"), CONCH_FS_PERMISSION_DENIED);
     cr_assert(exists("ro/f.txt"));
+    call_fail("delete", json_pack("{s:s, s:b}", "path", "ro", "recursive", 1),
+              CONCH_FS_PERMISSION_DENIED);
+    cr_assert(strstr(ferr.message, "'/workspace/ro/f.txt'"), "names the entry: %s", ferr.message);
+    cr_assert(exists("ro/f.txt"));
 }
 
 /* ---- write ---- */
