@@ -316,7 +316,18 @@ static void job_record_exit(struct run *r)
         code = WEXITSTATUS(r->status);
     else if (WIFSIGNALED(r->status))
         sig = WTERMSIG(r->status), code = 128 + sig;
-    conch_state_job_set_exit(r->sb->d->state, r->job_id, code, sig, daemon_now(), NULL);
+    struct conch_state_job rec;
+    memset(&rec, 0, sizeof(rec));
+    snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
+    snprintf(rec.sandbox_id, sizeof(rec.sandbox_id), "%s", r->sb->id);
+    rec.command = r->command;
+    rec.exit_code = code;
+    rec.signal = sig;
+    rec.started_at = r->started_at;
+    rec.ended_at = daemon_now();
+    snprintf(rec.stdout_spill, sizeof(rec.stdout_spill), "%s", r->out_cap.spill_path);
+    snprintf(rec.stderr_spill, sizeof(rec.stderr_spill), "%s", r->err_cap.spill_path);
+    conch_state_job_put(r->sb->d->state, &rec, NULL);
 }
 
 static json_t *job_status_json(struct run *r)

@@ -385,6 +385,54 @@ static json_t *paths_json(const struct conch_ws_changes *ch)
     return arr;
 }
 
+static int cmp_change(const void *a, const void *b)
+{
+    return strcmp(((const struct conch_ws_change *)a)->path,
+                  ((const struct conch_ws_change *)b)->path);
+}
+
+static bool has_path(const struct conch_ws_changes *ch, const char *path, size_t len)
+{
+    for (size_t i = 0; i < ch->n; i++)
+        if (strlen(ch->items[i].path) == len && !strncmp(ch->items[i].path, path, len))
+            return true;
+    return false;
+}
+
+/* A commit of "new/f" needs the added directory "new" on the host first: add to @sel every
+ * added (or turned-into-a-directory) ancestor of its entries, from @all. */
+static int add_new_parents(const struct conch_ws_changes *all, struct conch_ws_changes *sel)
+{
+    size_t n0 = sel->n;
+    for (size_t i = 0; i < n0; i++) {
+        const char *path = sel->items[i].path;
+        for (const char *slash = strchr(path, '/'); slash; slash = strchr(slash + 1, '/')) {
+            size_t len = (size_t)(slash - path);
+            if (has_path(sel, path, len))
+                continue;
+            for (size_t k = 0; k < all->n; k++) {
+                const struct conch_ws_change *a = &all->items[k];
+                if (strlen(a->path) != len || strncmp(a->path, path, len) || a->type != 'd' ||
+                    (a->kind != CONCH_CHANGE_ADDED && a->kind != CONCH_CHANGE_TYPE))
+                    continue;
+                struct conch_ws_change *items =
+                    realloc(sel->items, (sel->n + 1) * sizeof(*sel->items));
+                if (!items)
+                    return -ENOMEM;
+                sel->items = items;
+                sel->items[sel->n] = *a;
+                sel->items[sel->n].path = strndup(path, len);
+                if (!sel->items[sel->n].path)
+                    return -ENOMEM;
+                sel->n++;
+                break;
+            }
+        }
+    }
+    qsort(sel->items, sel->n, sizeof(*sel->items), cmp_change);
+    return 0;
+}
+
 void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     bool ok;
@@ -399,14 +447,21 @@ void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *
         conch_rpc_call_reply(call, json_pack("{s:[]}", "committed"));
         return;
     }
-    struct conch_ws_changes all = {0}, sel = {0};
+    struct conch_ws_changes all = {0}, sel = {0}, todo = {0};
     struct conch_err err = {0};
     int r = conch_ws_changes_scan(fds.upper, fds.lower, &all, &err);
     if (r >= 0)
         r = conch_ws_changes_select(&all, paths, &sel, &err);
+    /* What is applied: the selection and the new directories it needs. What is then taken
+     * out of a stopped sandbox's upper dir: the selection only (a listed directory goes
+     * with its whole tree, uncommitted siblings included). */
+    if (r >= 0)
+        r = conch_ws_changes_select(&sel, NULL, &todo, &err);
+    if (r >= 0 && paths && (r = add_new_parents(&all, &todo)) < 0)
+        conch_err_set(&err, -r, "out of memory");
     if (r >= 0) {
         struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-        r = conch_ws_commit(fds.upper, fds.lower, &sel, &opts, &err);
+        r = conch_ws_commit(fds.upper, fds.lower, &todo, &opts, &err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
      * the host's and no longer show as changes. A stopped one has no overlay mounted, so
@@ -417,10 +472,11 @@ void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *
     if (r < 0) {
         fail_ws(call, &err);
     } else {
-        conch_rpc_call_reply(call, json_pack("{s:o}", "committed", paths_json(&sel)));
+        conch_rpc_call_reply(call, json_pack("{s:o}", "committed", paths_json(&todo)));
     }
     conch_ws_changes_done(&all);
     conch_ws_changes_done(&sel);
+    conch_ws_changes_done(&todo);
 }
 
 void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)

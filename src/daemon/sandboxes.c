@@ -266,7 +266,7 @@ void sandbox_destroy_keep_record(struct sandbox *sb)
     sb->destroying = true;
     sandbox_stop(sb, "the daemon is shutting down");
     if (!sb->pooled && !sb->fresh)
-        conch_state_sandbox_set_state(sb->d->state, sb->id, "stopped", NULL);
+        conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
     else
         conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
     sandbox_free(sb);
@@ -296,7 +296,7 @@ void sandbox_warden_gone(struct sandbox *sb)
 {
     log_warn("sandbox %s: its warden died", sb->id);
     sandbox_stop(sb, "the sandbox's warden died");
-    conch_state_sandbox_set_state(sb->d->state, sb->id, "stopped", NULL);
+    conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
     if (sb->fresh || sb->pooled)
         sandbox_destroy(sb);
 }

@@ -206,8 +206,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         client_close(c);
         return;
     }
-    if (n > 0)
-        conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_line, on_oversize, c);
+    if (n > 0 &&
+        conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_line, on_oversize, c) < 0)
+        client_close(c); /* out of memory buffering a partial line */
 }
 
 static struct client *client_new(struct daemon *d)
