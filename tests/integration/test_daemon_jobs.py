@@ -175,3 +175,19 @@ def test_job_errors(rpc, sandbox):
     expect_error(lambda: rpc.call("job.start", {"sandbox": "sb-nope", "command": "true"}), -32002, "sandbox_not_found")
     e = expect_error(lambda: rpc.call("job.start", {"sandbox": sb}), -32602, "invalid_params")
     assert e.data.get("param") == "command", e
+
+
+def test_job_kill_right_after_start(rpc, sandbox):
+    # a kill that arrives while the job is still being spawned must not be lost
+    sb = sandbox()
+    m = unique_marker("jkr")
+    lost = []
+    for i in range(30):
+        job = rpc.call("job.start", {"sandbox": sb, "command": f"exec -a {m}-{i} sleep 1000"})["job_id"]
+        assert rpc.call("job.kill", {"job_id": job, "signal": "KILL"}) == {"killed": True}
+        w = rpc.call("job.wait", {"job_id": job, "timeout": 5}, timeout=15)
+        if w["running"]:
+            lost.append((i, job, w))
+            rpc.call("job.kill", {"job_id": job, "signal": "KILL"})
+    assert lost == [], f"job.kill answered killed:true but the job kept running: {lost}"
+    assert wait_gone(m) == []
