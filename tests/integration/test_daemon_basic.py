@@ -40,7 +40,7 @@ def test_ping(daemon, rpc):
     assert rpc.call("daemon.ping")["pid"] == daemon.pid
 
 
-def test_sandbox_lifecycle(rpc, ws):
+def test_sandbox_lifecycle(daemon, rpc, ws):
     (ws / "hello.txt").write_text("hello from host\n")
     (ws / "sub").mkdir()
     (ws / "sub" / "x").write_text("x\n")
@@ -75,6 +75,9 @@ def test_sandbox_lifecycle(rpc, ws):
     expect_error(lambda: run(rpc, sb["id"], "true"), -32002, "sandbox_not_found")
     assert rpc.call("sandbox.list", {})["sandboxes"] == []
     assert rpc.call("daemon.ping")["sandboxes"] == n0
+    # its upper dir and the rest of its state are gone from the state dir
+    left = [os.path.join(dp, n) for dp, dns, fns in os.walk(daemon.state_dir) for n in dns + fns if sb["id"] in n]
+    assert left == [], f"destroyed sandbox left state behind: {left}"
     # the host workspace is untouched
     assert sorted(os.listdir(ws)) == ["hello.txt", "sub"]
 
