@@ -269,13 +269,16 @@ def test_delete(rpc, ws, fsb):
     assert sh(rpc, sb, "ls a.txt 2>/dev/null || echo gone") == "gone\n"
     assert (ws / "a.txt").exists(), "overlay delete reached the host"
     expect_error(lambda: call("fs.delete", path="a.txt"), -32010, "file_not_found")
-    with pytest.raises(RpcError):
-        call("fs.delete", path="sub")  # a non-empty directory without recursive
+    expect_error(lambda: call("fs.delete", path="sub"), -32012, "is_directory")  # no recursive
     assert sh(rpc, sb, "ls sub/b.py") == "sub/b.py\n"
     assert call("fs.delete", path="sub", recursive=True) == {"deleted": True}
     expect_error(lambda: call("fs.ls", path="sub"), -32010, "file_not_found")
     for bad in ("../x", "/etc/passwd", "/workspace/..", "a\x00b", ""):
         expect_error(lambda: call("fs.delete", path=bad, recursive=True), -32013, "invalid_path")
+    # the workspace root itself cannot be deleted
+    with pytest.raises(RpcError):
+        call("fs.delete", path="/workspace", recursive=True)
+    assert sh(rpc, sb, "ls -d /workspace") == "/workspace\n"
     # deleting a symlink deletes the link, not its target
     call("fs.write", path="t.txt", content="target\n")
     sh(rpc, sb, "ln -s t.txt l")
