@@ -356,3 +356,17 @@ def test_daemon_sockets_not_inherited_by_sandboxes(daemon, rpc, ws):
             if t.startswith("socket:[") and t[8:-1] in inodes:
                 leaks.append((p, fd, t))
     assert leaks == [], f"sandbox-side processes hold the daemon's sockets (pid, fd, socket): {leaks}"
+
+
+@pytest.mark.root_only
+def test_state_dir_under_private_parent(daemon_factory, ws):
+    # as root, a state dir below a 0700 directory (say /root/.local/state) must work: the
+    # sandbox's mapped users cannot search it, so conch may not rely on them reaching it
+    d = daemon_factory(start=False)
+    os.chmod(d.base, 0o700)
+    d.start()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command": "echo hi > f; cat f"})
+    assert r["stdout"] == "hi\n", r
+    assert [x["path"] for x in c.call("workspace.changes", {"sandbox": sb})["changes"]] == ["f"]
