@@ -20,6 +20,7 @@
 #define MAX_JOBS 4096
 
 static void run_try_finish(struct run *r);
+static void run_signal(struct run *r, int sig);
 
 static void run_free(struct run *r)
 {
@@ -80,10 +81,24 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     struct conch_err err = {0};
     int a = conch_output_append(is_out ? &r->out_cap : &r->err_cap, buf->base, (size_t)n, &err);
     stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
-    if (a == 1 && r->started && !r->exited) {
+    if (a == 1 && !r->exited) {
         /* Past the spill cap: stop the command (as `conch run` does). */
-        conch_jail_signal(&r->sb->jail, r->id, SIGKILL, NULL);
+        run_signal(r, SIGKILL);
     }
+}
+
+/* Signal every process of @r; before the command runs (its shepherd has not forked it yet)
+ * the signal is kept and sent when it starts. */
+static void run_signal(struct run *r, int sig)
+{
+    if (!r->sb->jail_up || r->exited)
+        return;
+    if (!r->started) {
+        if (r->pending_signal != SIGKILL)
+            r->pending_signal = sig;
+        return;
+    }
+    conch_jail_signal(&r->sb->jail, r->id, sig, NULL);
 }
 
 static void on_timer(uv_timer_t *t)
@@ -93,10 +108,10 @@ static void on_timer(uv_timer_t *t)
         return;
     if (!r->timed_out) {
         r->timed_out = true;
-        conch_jail_signal(&r->sb->jail, r->id, SIGTERM, NULL);
+        run_signal(r, SIGTERM);
         uv_timer_start(&r->timer, on_timer, r->grace_ms, 0);
     } else {
-        conch_jail_signal(&r->sb->jail, r->id, SIGKILL, NULL);
+        run_signal(r, SIGKILL);
     }
 }
 
@@ -399,6 +414,9 @@ void run_on_event(struct run *r, const struct conch_jail_event *ev)
     switch (ev->type) {
     case CONCH_JAIL_STARTED:
         r->started = true;
+        if (r->pending_signal && r->sb->jail_up)
+            conch_jail_signal(&r->sb->jail, r->id, r->pending_signal, NULL);
+        r->pending_signal = 0;
         break;
     case CONCH_JAIL_START_FAILED:
         r->start_failed = true;
@@ -708,8 +726,8 @@ void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
         conch_rpc_call_fail_param(call, "signal", "unknown signal");
         return;
     }
-    if (!r->finished && r->sb->jail_up)
-        conch_jail_signal(&r->sb->jail, r->id, sig, NULL);
+    if (!r->finished)
+        run_signal(r, sig);
     conch_rpc_call_reply(call, json_pack("{s:b}", "killed", !r->finished));
 }
 

@@ -97,6 +97,7 @@ struct run {
     uv_timer_t timer;
     bool timer_active;
     bool timed_out;
+    int pending_signal; /* asked before the command was running: sent once it is */
     bool start_failed;
     struct conch_err start_err;
     int handles;          /* libuv handles still open */

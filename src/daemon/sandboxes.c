@@ -173,6 +173,13 @@ static void sandbox_free(struct sandbox *sb)
 static void remove_tree_at(int dfd, const char *name)
 {
     int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES) {
+        /* overlayfs leaves work/work at mode 000; as its owner we may open it up. */
+        struct stat st;
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+            fchmodat(dfd, name, 0700, 0) == 0)
+            fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
     if (fd >= 0) {
         DIR *dir = fdopendir(fd);
         if (dir) {
