@@ -562,10 +562,12 @@ def bench_throughput(b, shared_sb):
 
 def versions():
     try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no",
-                                "--", "src"], capture_output=True, text=True, timeout=10).stdout
+        # safe.directory: as another user than the checkout's owner, git refuses otherwise.
+        git = ["git", "-c", f"safe.directory={ROOT}", "-C", ROOT]
+        commit = subprocess.run(git + ["rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "unknown"
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", "src"],
+                               capture_output=True, text=True, timeout=10).stdout
         if dirty.strip():
             commit += " (src/ has uncommitted changes)"
     except (OSError, subprocess.SubprocessError):
@@ -603,7 +605,8 @@ def main():
         print(f"kernel {platform.release()}, {os.cpu_count()} CPUs, load average "
               f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, uid {os.getuid()}, {bw}, "
               f"python {platform.python_version()}")
-        print(f"conch {commit}: {CONCH} (daemon pid {dpid}, default pool)")
+        built = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(CONCH).st_mtime))
+        print(f"conch {commit}: {CONCH} (built {built}; daemon pid {dpid}, default pool)")
         print(f"N={N} per latency row, {SECONDS:g} s per throughput cell, {N_SANDBOXES} "
               f"sandboxes for memory{'  [BENCH_QUICK]' if QUICK else ''}")
         print()
