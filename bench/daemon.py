@@ -483,10 +483,10 @@ def bench_fresh(b, c):
     return res, pname
 
 
-def throughput(b, make_worker, k):
-    """k threads, each with what make_worker(i) returns (a no-arg callable), looping for
-    SECONDS. Returns commands per second."""
-    workers = [make_worker(i) for i in range(k)]
+def throughput(b, workers, seconds):
+    """One thread per callable in @workers, each calling it in a loop for @seconds.
+    Returns (commands, elapsed seconds)."""
+    k = len(workers)
     counts = [0] * k
     errors = []
     start = threading.Barrier(k + 1)
@@ -506,56 +506,64 @@ def throughput(b, make_worker, k):
         t.start()
     start.wait()
     t0 = time.perf_counter()
-    time.sleep(SECONDS)
+    time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join(RPC_TIMEOUT)
     elapsed = time.perf_counter() - t0
     if errors:
-        b.fail(f"throughput worker failed: {errors[0]}")
-    return sum(counts) / elapsed
+        b.fail(f"throughput worker failed: {errors[0]!r}")
+    return sum(counts), elapsed
 
 
 def bench_throughput(b, shared_sb):
+    """Per client count, the three variants take turns in slices of at most 1 s until each
+    has run SECONDS, so a change in machine load hits them alike."""
     bash = shutil.which("bash")
-    clients, sandboxes = [], []
     admin = Client(b.sock_path)
-
-    def own_sandbox(i):
-        c = Client(b.sock_path)
-        clients.append(c)
-        ws = make_workspace(b.tmp)
-        sb = admin.call("sandbox.create", {"workspace": ws})["id"]
-        sandboxes.append(sb)
-        return lambda: c.call("exec.run", {"sandbox": sb, "command": "true"})
-
-    def shared(i):
-        c = Client(b.sock_path)
-        clients.append(c)
-        return lambda: c.call("exec.run", {"sandbox": shared_sb, "command": "true"})
-
-    def plain(i):
-        return lambda: subprocess.run([bash, "-c", "true"], check=True, timeout=30)
-
+    slices = max(1, round(SECONDS))
     rows = []
     for k in (1, 2, 8):
-        r_own = throughput(b, own_sandbox, k)
-        r_shared = throughput(b, shared, k)
-        r_plain = throughput(b, plain, k)
-        rows.append((k, r_own, r_shared, r_plain))
+        clients, sandboxes = [], []
+
+        def connect():
+            c = Client(b.sock_path)
+            clients.append(c)
+            return c
+
+        def own_worker():
+            c = connect()
+            sb = admin.call("sandbox.create", {"workspace": make_workspace(b.tmp)})["id"]
+            sandboxes.append(sb)
+            return lambda: c.call("exec.run", {"sandbox": sb, "command": "true"})
+
+        def shared_worker():
+            c = connect()
+            return lambda: c.call("exec.run", {"sandbox": shared_sb, "command": "true"})
+
+        def plain_worker():
+            return lambda: subprocess.run([bash, "-c", "true"], check=True, timeout=30)
+
+        variants = [[own_worker() for _ in range(k)], [shared_worker() for _ in range(k)],
+                    [plain_worker() for _ in range(k)]]
+        totals = [[0, 0.0] for _ in variants]
+        for _ in range(slices):
+            for v, workers in enumerate(variants):
+                n, el = throughput(b, workers, SECONDS / slices)
+                totals[v][0] += n
+                totals[v][1] += el
+        rows.append((k, *[n / el for n, el in totals]))
         for c in clients:
             c.close()
-        clients.clear()
         for sb in sandboxes:
             admin.call("sandbox.destroy", {"id": sb})
-        sandboxes.clear()
     admin.close()
-    print(f"throughput: `true` in a loop for {SECONDS:g} s per cell, one connection per client "
-          f"(commands/s)")
+    print(f"throughput: `true` in a loop, {SECONDS:g} s per cell (in {slices} turns), one "
+          f"connection per client (commands/s)")
     print(f"  {'clients':>7} {'own sandbox each':>17} {'one shared':>11} {'bash -c true':>13}"
-          f" {'own/bash':>9}")
-    for k, o, s, p in rows:
-        print(f"  {k:>7} {o:>17.1f} {s:>11.1f} {p:>13.1f} {o / p:>8.2f}x")
+          f" {'own/bash':>9} {'shared/bash':>12}")
+    for k, o, s_, p in rows:
+        print(f"  {k:>7} {o:>17.1f} {s_:>11.1f} {p:>13.1f} {o / p:>8.2f}x {s_ / p:>11.2f}x")
     print()
     return rows
 
