@@ -411,8 +411,8 @@ def bench_memory(b, c, dpid):
     print()
     print("  outside the daemon (not part of the goal):")
     kids = (m1["kids"] - m0["kids"]) / n
-    print(f"  sandbox processes per sandbox: {kids:.1f} processes; RSS {fmt(per('kids_rss', m0, m1))}"
-          f", Private {fmt(per('kids_private', m0, m1))}, Pss {fmt(per('kids_pss', m0, m1))}")
+    print(f"  sandbox processes per sandbox: {kids:.1f} processes; "
+          f"RSS {fmt(per('kids_rss', m0, m1))}, Private {fmt(per('kids_private', m0, m1))}, Pss {fmt(per('kids_pss', m0, m1))}")
     if m0["pss"] is not None and m1["kids_pss"] is not None and m0["kids_pss"] is not None:
         tot = (m1["pss"] + m1["kids_pss"] - m0["pss"] - m0["kids_pss"]) / n
         print(f"  daemon + sandbox processes together, Pss per sandbox: {tot:.1f} KiB")
@@ -479,7 +479,8 @@ def bench_fresh(b, c):
                     ("bwrap ... /bin/true (subprocess)", bw, 0),
                     ("sandbox.create+destroy (no ws)", create_destroy, 0)], N)
     print_latency(f"latency: fresh sandboxes, {N} runs per row (+{WARMUP} warm-up), "
-                  f"alternating blocks of {BLOCK}", res, "bwrap ... /bin/true (subprocess)", "bwrap")
+                  f"alternating blocks of {BLOCK}", res, "bwrap ... /bin/true (subprocess)",
+                  "bwrap")
     return res, pname
 
 
