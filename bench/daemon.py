@@ -412,7 +412,8 @@ def bench_memory(b, c, dpid):
     print("  outside the daemon (not part of the goal):")
     kids = (m1["kids"] - m0["kids"]) / n
     print(f"  sandbox processes per sandbox: {kids:.1f} processes; "
-          f"RSS {fmt(per('kids_rss', m0, m1))}, Private {fmt(per('kids_private', m0, m1))}, Pss {fmt(per('kids_pss', m0, m1))}")
+          f"RSS {fmt(per('kids_rss', m0, m1))}, Private {fmt(per('kids_private', m0, m1))}, "
+          f"Pss {fmt(per('kids_pss', m0, m1))}")
     if m0["pss"] is not None and m1["kids_pss"] is not None and m0["kids_pss"] is not None:
         tot = (m1["pss"] + m1["kids_pss"] - m0["pss"] - m0["kids_pss"]) / n
         print(f"  daemon + sandbox processes together, Pss per sandbox: {tot:.1f} KiB")
