@@ -215,7 +215,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     } else {
         in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    char *argv[] = {"bash", "-c", (char *)command, NULL};
+    char *argv[] = {"/bin/bash", "-c", (char *)command, NULL};
     struct conch_jail_cmd cmd = {.argv = argv,
                                  .envp = env,
                                  .cwd = cwd,

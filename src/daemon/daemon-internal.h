@@ -50,11 +50,13 @@ struct sandbox {
     char id[64];
     char name[128];
     enum sandbox_state state;
-    bool pooled; /* waiting in the pool for a `fresh` request */
-    bool fresh;  /* destroy when its one command ends */
+    bool pooled;   /* waiting in the pool for a `fresh` request */
+    bool fresh;    /* destroy when its one command ends */
+    bool recorded; /* in the state database (pool sandboxes are not) */
     bool destroying;
     struct conch_jail jail;
     bool jail_up;
+    bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
     uv_timer_t idle;
     bool idle_active;

@@ -58,7 +58,14 @@ void sandbox_touch(struct sandbox *sb)
         uv_timer_start(&sb->idle, on_idle, (uint64_t)(sb->idle_timeout * 1000), 0);
 }
 
+static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err);
+
 int sandbox_start(struct sandbox *sb, struct conch_err *err)
+{
+    return sandbox_spawn(sb, false, err);
+}
+
+static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
 {
     struct conch_jail_spec spec;
     conch_jail_spec_init(&spec);
@@ -72,10 +79,14 @@ int sandbox_start(struct sandbox *sb, struct conch_err *err)
     spec.name = sb->id;
     spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
     spec.file_handler = daemon_file_handler;
-    int r = conch_jail_start(&spec, &sb->jail, err);
+    /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
+     * while the loop serves requests, and the outcome arrives on the control socket. */
+    int r =
+        async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
     if (r < 0)
         return r;
     sb->jail_up = true;
+    sb->starting = async;
     /* A handle of its own per warden: the previous one may still be closing (restart). */
     sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
     if (!sb->ctl_poll) {
@@ -86,7 +97,7 @@ int sandbox_start(struct sandbox *sb, struct conch_err *err)
     uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
-    sb->state = SB_RUNNING;
+    sb->state = async ? SB_STOPPED : SB_RUNNING;
     return 0;
 }
 
@@ -135,6 +146,8 @@ static void record(struct sandbox *sb)
     struct conch_err err = {0};
     if (conch_state_sandbox_put(sb->d->state, &rec, &err) < 0)
         log_warn("record sandbox %s: %s", sb->id, err.msg);
+    else
+        sb->recorded = true;
     free(rec.spec_json);
 }
 
@@ -272,9 +285,9 @@ void sandbox_destroy_keep_record(struct sandbox *sb)
         return;
     sb->destroying = true;
     sandbox_stop(sb, "the daemon is shutting down");
-    if (!sb->pooled && !sb->fresh)
+    if (sb->recorded && !sb->fresh)
         conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
-    else
+    else if (sb->recorded)
         conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
     sandbox_free(sb);
 }
@@ -295,7 +308,8 @@ void sandbox_destroy(struct sandbox *sb)
         }
     }
     /* Jobs go with their sandbox (ON DELETE CASCADE). */
-    conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
+    if (sb->recorded)
+        conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
     sandbox_free(sb);
 }
 
@@ -303,7 +317,8 @@ void sandbox_warden_gone(struct sandbox *sb)
 {
     log_warn("sandbox %s: its warden died", sb->id);
     sandbox_stop(sb, "the sandbox's warden died");
-    conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
+    if (sb->recorded)
+        conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
     if (sb->fresh || sb->pooled)
         sandbox_destroy(sb);
 }
@@ -311,6 +326,18 @@ void sandbox_warden_gone(struct sandbox *sb)
 static void on_ctl_readable(uv_poll_t *h, int status, int events)
 {
     struct sandbox *sb = h->data;
+    if (sb->starting) {
+        struct conch_err err = {0};
+        sb->starting = false;
+        if (status < 0 || conch_jail_await_setup(&sb->jail, &err) < 0) {
+            log_warn("pool: %s", err.msg);
+            sb->jail_up = false; /* await_setup destroyed it */
+            sandbox_destroy(sb);
+            return;
+        }
+        sb->state = SB_RUNNING;
+        return;
+    }
     if (status < 0 || (events & UV_DISCONNECT)) {
         sandbox_warden_gone(sb);
         return;
@@ -375,7 +402,7 @@ void pool_fill(struct daemon *d)
         sb->pooled = true;
         sb->idle_timeout = 0;
         struct conch_err err = {0};
-        if (sandbox_start(sb, &err) < 0) {
+        if (sandbox_spawn(sb, true, &err) < 0) {
             log_warn("pool: %s", err.msg);
             sandbox_free(sb);
             return;
@@ -394,7 +421,7 @@ struct sandbox *pool_take(struct daemon *d)
     dlist_for_each_safe(pos, tmp, &d->sandboxes)
     {
         struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
-        if (sb->pooled && sb->state == SB_RUNNING) {
+        if (sb->pooled && sb->state == SB_RUNNING && !sb->starting) {
             sb->pooled = false;
             /* Refill after this request is answered, off the hot path. */
             uv_timer_start(&d->pool_timer, pool_timer_cb, 0, 0);
@@ -437,6 +464,7 @@ void sandboxes_recover(struct daemon *d)
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
         json_decref(spec);
         sb->state = SB_STOPPED;
+        sb->recorded = true;
         sb->idle_timeout = 0; /* stopped: nothing to reclaim but the record */
         conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
     }

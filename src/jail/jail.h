@@ -86,6 +86,16 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
                      struct conch_err *err);
 
 /*
+ * conch_jail_spawn / conch_jail_await_setup - conch_jail_start in two halves, for an event
+ * loop: spawn clones the warden and lets it build the sandbox; when @j->ctl_fd becomes
+ * readable, await_setup collects the outcome (it blocks until then). Either destroys @j on
+ * failure, as conch_jail_start does.
+ */
+int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
+                     struct conch_err *err);
+int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err);
+
+/*
  * conch_jail_host_prepare - as host root, move the calling process into a private mount
  * namespace with a staging tmpfs (where workspaces are attached as idmapped mounts for the
  * sandboxes). conch_jail_start does it on first need; a long-lived caller (the daemon)

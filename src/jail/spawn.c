@@ -238,7 +238,27 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     return 0;
 }
 
-int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+/* The seccomp program depends only on the mode, and compiling it with libseccomp costs a
+ * few hundred microseconds: a long-lived caller compiles it once per mode and copies it. */
+static int seccomp_prog_for(bool as_root, struct conch_seccomp_prog *ret, struct conch_err *err)
+{
+    static struct conch_seccomp_prog cache[2];
+    struct conch_seccomp_prog *c = &cache[as_root];
+    if (!c->insns) {
+        struct conch_seccomp_opts sopts = {.as_root = as_root};
+        int r = conch_seccomp_prog_build(&sopts, c, err);
+        if (r < 0)
+            return r;
+    }
+    ret->insns = malloc(c->len * sizeof(*c->insns));
+    if (!ret->insns)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    memcpy(ret->insns, c->insns, c->len * sizeof(*c->insns));
+    ret->len = c->len;
+    return 0;
+}
+
+int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
                      struct conch_err *err)
 {
     int r;
@@ -264,8 +284,7 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
         j->ws_owner_gid = st.st_gid;
     }
 
-    struct conch_seccomp_opts sopts = {.as_root = spec->as_root};
-    if ((r = conch_seccomp_prog_build(&sopts, &j->seccomp, err)) < 0)
+    if ((r = seccomp_prog_for(spec->as_root, &j->seccomp, err)) < 0)
         goto fail;
 
     const struct conch_cgroup_limits *lim = &spec->limits;
@@ -350,8 +369,18 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
         conch_err_set(err, -r, "start the warden: %s", strerror(-r));
         goto fail;
     }
+    return 0;
+
+fail:
+    conch_jail_destroy(j);
+    return r < 0 ? r : -EIO;
+}
+
+int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
+{
+    struct jail_msg m;
     int nfds = 0;
-    r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
         goto fail;
@@ -363,12 +392,23 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
         conch_err_wrap(err, "build sandbox");
         goto fail;
     }
+    if (m.type != JMSG_SETUP_OK) {
+        r = conch_err_set(err, EPROTO, "unexpected warden message %u during setup", m.type);
+        goto fail;
+    }
     j->upper_fd_nr = m.a;
     return 0;
 
 fail:
     conch_jail_destroy(j);
-    return r < 0 ? r : -EIO;
+    return r;
+}
+
+int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+                     struct conch_err *err)
+{
+    int r = conch_jail_spawn(spec, j, err);
+    return r < 0 ? r : conch_jail_await_setup(j, err);
 }
 
 /* Pack argv, envp and cwd into a sealed memfd for the warden. */
