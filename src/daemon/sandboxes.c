@@ -292,10 +292,16 @@ void sandbox_destroy_keep_record(struct sandbox *sb)
     sandbox_free(sb);
 }
 
+static void pool_timer_cb(uv_timer_t *t);
+
 void sandbox_destroy(struct sandbox *sb)
 {
     if (sb->destroying)
         return;
+    /* A `fresh` sandbox came from the pool: refill it now that the command was answered,
+     * not while the command runs (building a sandbox takes the loop a millisecond). */
+    if (sb->fresh && !sb->d->stopping)
+        uv_timer_start(&sb->d->pool_timer, pool_timer_cb, 0, 0);
     sb->destroying = true;
     sandbox_stop(sb, "the sandbox was destroyed");
     if (sb->upper_dir[0]) {
@@ -423,8 +429,6 @@ struct sandbox *pool_take(struct daemon *d)
         struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
         if (sb->pooled && sb->state == SB_RUNNING && !sb->starting) {
             sb->pooled = false;
-            /* Refill after this request is answered, off the hot path. */
-            uv_timer_start(&d->pool_timer, pool_timer_cb, 0, 0);
             return sb;
         }
     }

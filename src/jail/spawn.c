@@ -337,9 +337,10 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
     uid_t outer_uid = getuid();
     gid_t outer_gid = getgid();
     long pid = syscall(SYS_clone,
-                       CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
-                           CLONE_NEWUTS | SIGCHLD,
-                       NULL, NULL, NULL, 0);
+                       /* Only what must be given at clone: the child unshares the mount,
+                        * network, ipc and uts namespaces itself (they cost a millisecond of
+                        * kernel time, better spent in the child than in a daemon's loop). */
+                       CLONE_NEWUSER | CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         close(sv[0]);
         jail_warden_main(plan);

@@ -487,6 +487,11 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     /* Commands cannot read our fds through /proc/1/fd: they lack capabilities we hold, so
      * the kernel's ptrace access check refuses them. We stay dumpable so that an
      * unprivileged parent (same uid, owner of our user namespace) can open our upper dir. */
+    if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0) {
+        conch_err_set(&err, errno, "create mount, network, ipc and uts namespaces: %s",
+                      strerror(errno));
+        goto setup_failed;
+    }
     if (plan->unshare_cgroup && unshare(CLONE_NEWCGROUP) < 0) {
         conch_err_set(&err, errno, "unshare cgroup namespace: %s", strerror(errno));
         goto setup_failed;
