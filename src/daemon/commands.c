@@ -509,25 +509,6 @@ void run_warmup(struct sandbox *sb)
         sb->commands = 0; /* not the user's */
 }
 
-static struct sandbox *running_sandbox(struct client *c, struct conch_rpc_call *call,
-                                       const char *id)
-{
-    struct sandbox *sb = sandbox_find(c->d, id ? id : "");
-    if (!sb) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id ? id : "");
-        return NULL;
-    }
-    if (sb->state != SB_RUNNING) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
-                             "sandbox '%s' is stopped (its processes are gone, e.g. after a "
-                             "daemon restart): only workspace.* and sandbox.destroy work on it",
-                             sb->id);
-        return NULL;
-    }
-    return sb;
-}
-
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
@@ -563,7 +544,7 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
             conch_rpc_call_fail_param(call, "sandbox", "sandbox is required (or fresh: true)");
             return;
         }
-        if (!(sb = running_sandbox(c, call, id)))
+        if (!(sb = sandbox_find_running(c->d, call, id)))
             return;
     }
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, false, &err);
@@ -585,7 +566,7 @@ void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
     struct client *c = ctx;
     if (!command_params_ok(call, params))
         return;
-    struct sandbox *sb = running_sandbox(c, call, conch_rpc_str(params, "sandbox", NULL));
+    struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
     if (!sb)
         return;
     unsigned n = 0;

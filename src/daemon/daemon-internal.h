@@ -169,6 +169,9 @@ void sandbox_destroy_keep_record(struct sandbox *sb);
 bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                              struct sandbox_spec *spec);
 struct sandbox *sandbox_find(struct daemon *d, const char *id);
+/* sandbox_find_running - the running sandbox @id, or NULL after failing @call with
+ * sandbox_not_found or sandbox_stopped. */
+struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *call, const char *id);
 void sandbox_touch(struct sandbox *sb);
 json_t *sandbox_json(const struct sandbox *sb);
 int sandbox_restart(struct sandbox *sb, struct conch_err *err);

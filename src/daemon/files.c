@@ -171,29 +171,10 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         file_req_done(fr);
 }
 
-static struct sandbox *running_sandbox(struct client *c, struct conch_rpc_call *call,
-                                       const char *id)
-{
-    struct sandbox *sb = sandbox_find(c->d, id ? id : "");
-    if (!sb) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id ? id : "");
-        return NULL;
-    }
-    if (sb->state != SB_RUNNING) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
-                             "sandbox '%s' is stopped: only workspace.* and sandbox.destroy "
-                             "work on it",
-                             sb->id);
-        return NULL;
-    }
-    return sb;
-}
-
 void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
-    struct sandbox *sb = running_sandbox(c, call, conch_rpc_str(params, "sandbox", NULL));
+    struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
     if (!sb)
         return;
     sandbox_touch(sb);
@@ -433,95 +414,106 @@ static int add_new_parents(const struct conch_ws_changes *all, struct conch_ws_c
     return 0;
 }
 
+/* What workspace.commit and workspace.discard start from. */
+struct ws_sel {
+    struct ws_fds fds;
+    char **paths;                /* the "paths" param (borrowed strings), NULL for all */
+    struct conch_ws_changes all; /* every change */
+    struct conch_ws_changes sel; /* the changes at @paths */
+};
+
+static void ws_sel_done(struct ws_sel *w)
+{
+    ws_close(&w->fds);
+    free(w->paths);
+    conch_ws_changes_done(&w->all);
+    conch_ws_changes_done(&w->sel);
+}
+
+/* Open the sandbox of @params, scan its changes and select those at "paths". Returns the
+ * sandbox, or NULL once @call is answered: with an error, or with {@key: []} when the
+ * sandbox has no overlay workspace. */
+static struct sandbox *ws_select(struct conch_rpc_call *call, json_t *params, void *ctx,
+                                 const char *key, struct ws_sel *w)
+{
+    memset(w, 0, sizeof(*w));
+    w->fds.upper = w->fds.lower = -1;
+    bool ok;
+    w->paths = paths_param(call, params, &ok);
+    if (!ok)
+        return NULL;
+    struct sandbox *sb = ws_open(ctx, call, params, &w->fds);
+    if (sb && w->fds.upper < 0) {
+        conch_rpc_call_reply(call, json_pack("{s:[]}", key));
+        sb = NULL;
+    }
+    struct conch_err err = {0};
+    if (sb && (conch_ws_changes_scan(w->fds.upper, w->fds.lower, &w->all, &err) < 0 ||
+               conch_ws_changes_select(&w->all, w->paths, &w->sel, &err) < 0)) {
+        fail_ws(call, &err);
+        sb = NULL;
+    }
+    if (!sb)
+        ws_sel_done(w);
+    return sb;
+}
+
 void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
-    bool ok;
-    _cleanup_free_ char **paths = paths_param(call, params, &ok);
-    if (!ok)
-        return;
-    struct ws_fds fds;
-    struct sandbox *sb = ws_open(ctx, call, params, &fds);
+    struct ws_sel w;
+    struct sandbox *sb = ws_select(call, params, ctx, "committed", &w);
     if (!sb)
         return;
-    if (fds.upper < 0) {
-        conch_rpc_call_reply(call, json_pack("{s:[]}", "committed"));
-        return;
-    }
-    struct conch_ws_changes all = {0}, sel = {0}, todo = {0};
-    struct conch_err err = {0};
-    int r = conch_ws_changes_scan(fds.upper, fds.lower, &all, &err);
-    if (r >= 0)
-        r = conch_ws_changes_select(&all, paths, &sel, &err);
     /* What is applied: the selection and the new directories it needs. What is then taken
      * out of a stopped sandbox's upper dir: the selection only (a listed directory goes
      * with its whole tree, uncommitted siblings included). */
-    if (r >= 0)
-        r = conch_ws_changes_select(&sel, NULL, &todo, &err);
-    if (r >= 0 && paths && (r = add_new_parents(&all, &todo)) < 0)
+    struct conch_ws_changes todo = {0};
+    struct conch_err err = {0};
+    int r = conch_ws_changes_select(&w.sel, NULL, &todo, &err);
+    if (r >= 0 && w.paths && (r = add_new_parents(&w.all, &todo)) < 0)
         conch_err_set(&err, -r, "out of memory");
     if (r >= 0) {
         struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-        r = conch_ws_commit(fds.upper, fds.lower, &todo, &opts, &err);
+        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, &err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
      * the host's and no longer show as changes. A stopped one has no overlay mounted, so
      * its upper dir can be cleaned of them. */
     if (r >= 0 && sb->state == SB_STOPPED)
-        conch_ws_upper_remove(fds.upper, fds.lower, &sel, NULL);
-    ws_close(&fds);
-    if (r < 0) {
+        conch_ws_upper_remove(w.fds.upper, w.fds.lower, &w.sel, NULL);
+    if (r < 0)
         fail_ws(call, &err);
-    } else {
+    else
         conch_rpc_call_reply(call, json_pack("{s:o}", "committed", paths_json(&todo)));
-    }
-    conch_ws_changes_done(&all);
-    conch_ws_changes_done(&sel);
     conch_ws_changes_done(&todo);
+    ws_sel_done(&w);
 }
 
 void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
-    bool ok;
-    _cleanup_free_ char **paths = paths_param(call, params, &ok);
-    if (!ok)
-        return;
-    struct ws_fds fds;
-    struct sandbox *sb = ws_open(ctx, call, params, &fds);
+    struct ws_sel w;
+    struct sandbox *sb = ws_select(call, params, ctx, "discarded", &w);
     if (!sb)
         return;
-    if (fds.upper < 0) {
-        conch_rpc_call_reply(call, json_pack("{s:[]}", "discarded"));
-        return;
-    }
-    struct conch_ws_changes all = {0}, sel = {0};
-    struct conch_err err = {0};
-    int r = conch_ws_changes_scan(fds.upper, fds.lower, &all, &err);
-    if (r >= 0)
-        r = conch_ws_changes_select(&all, paths, &sel, &err);
+    /* The upper dir may only change while no overlay uses it: the sandbox's processes are
+     * stopped (and the warden waited for, so the overlay is gone), the changes dropped, and
+     * the sandbox started again. */
     bool was_running = sb->state == SB_RUNNING;
-    if (r >= 0) {
-        /* The upper dir may only change while no overlay uses it: the sandbox's processes
-         * are stopped, the changes dropped, and the sandbox started again. */
-        if (was_running) {
-            sb->jail.sync_destroy = true; /* the overlay must be gone before we touch upper */
-            sandbox_stop(sb, "workspace.discard restarts the sandbox");
-        }
-        r = paths ? conch_ws_upper_remove(fds.upper, fds.lower, &sel, &err)
-                  : conch_ws_upper_clear(fds.upper, &err);
-        if (was_running) {
-            struct conch_err serr = {0};
-            if (sandbox_start(sb, &serr) < 0 && r >= 0) {
-                err = serr;
-                r = -serr.code;
-            }
-        }
+    if (was_running) {
+        sb->jail.sync_destroy = true;
+        sandbox_stop(sb, "workspace.discard restarts the sandbox");
     }
-    ws_close(&fds);
-    if (r < 0) {
+    struct conch_err err = {0};
+    int r = w.paths ? conch_ws_upper_remove(w.fds.upper, w.fds.lower, &w.sel, &err)
+                    : conch_ws_upper_clear(w.fds.upper, &err);
+    struct conch_err serr = {0};
+    if (was_running && sandbox_start(sb, &serr) < 0 && r >= 0) {
+        err = serr;
+        r = -serr.code;
+    }
+    if (r < 0)
         fail_ws(call, &err);
-    } else {
-        conch_rpc_call_reply(call, json_pack("{s:o}", "discarded", paths_json(&sel)));
-    }
-    conch_ws_changes_done(&all);
-    conch_ws_changes_done(&sel);
+    else
+        conch_rpc_call_reply(call, json_pack("{s:o}", "discarded", paths_json(&w.sel)));
+    ws_sel_done(&w);
 }

@@ -30,6 +30,24 @@ struct sandbox *sandbox_find(struct daemon *d, const char *id)
     return NULL;
 }
 
+struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *call, const char *id)
+{
+    struct sandbox *sb = sandbox_find(d, id ? id : "");
+    if (!sb) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id ? id : "");
+        return NULL;
+    }
+    if (sb->state != SB_RUNNING) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "sandbox '%s' is stopped (its processes are gone, e.g. after a "
+                             "daemon restart): only workspace.* and sandbox.destroy work on it",
+                             sb->id);
+        return NULL;
+    }
+    return sb;
+}
+
 json_t *sandbox_json(const struct sandbox *sb)
 {
     return json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i}", "id", sb->id, "name",

@@ -87,13 +87,17 @@ struct scan {
     struct conch_err *err;
 };
 
-/* A directory's entry names, sorted so that opaque dirs can look names up. */
-struct names {
-    char **v;
-    size_t n;
-};
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
-static void names_done(struct names *ns)
+static bool names_has(const struct conch_ws__names *ns, const char *name)
+{
+    return ns->n && bsearch(&name, ns->v, ns->n, sizeof(*ns->v), cmp_str);
+}
+
+void conch_ws__names_done(struct conch_ws__names *ns)
 {
     for (size_t i = 0; i < ns->n; i++)
         free(ns->v[i]);
@@ -102,29 +106,15 @@ static void names_done(struct names *ns)
     ns->n = 0;
 }
 
-static int cmp_str(const void *a, const void *b)
+int conch_ws__names_read(int fd, struct conch_ws__names *ret)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static bool names_has(const struct names *ns, const char *name)
-{
-    return ns->n && bsearch(&name, ns->v, ns->n, sizeof(*ns->v), cmp_str);
-}
-
-/* Reads the names in @dfd (borrowed; its offset moves) into @ret, sorted. */
-static int read_names(int dfd, struct names *ret)
-{
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
     _cleanup_closedir_ DIR *d = fdopendir(fd);
     if (!d) {
         int r = -errno;
         close(fd);
         return r;
     }
-    struct names ns = {0};
+    struct conch_ws__names ns = {0};
     size_t cap = 0;
     for (;;) {
         errno = 0;
@@ -132,7 +122,7 @@ static int read_names(int dfd, struct names *ret)
         if (!de) {
             if (errno) {
                 int r = -errno;
-                names_done(&ns);
+                conch_ws__names_done(&ns);
                 return r;
             }
             break;
@@ -143,7 +133,7 @@ static int read_names(int dfd, struct names *ret)
             size_t ncap = cap ? cap * 2 : 16;
             char **v = realloc(ns.v, ncap * sizeof(*v));
             if (!v) {
-                names_done(&ns);
+                conch_ws__names_done(&ns);
                 return -ENOMEM;
             }
             ns.v = v;
@@ -151,7 +141,7 @@ static int read_names(int dfd, struct names *ret)
         }
         ns.v[ns.n] = strdup(de->d_name);
         if (!ns.v[ns.n]) {
-            names_done(&ns);
+            conch_ws__names_done(&ns);
             return -ENOMEM;
         }
         ns.n++;
@@ -160,6 +150,16 @@ static int read_names(int dfd, struct names *ret)
         qsort(ns.v, ns.n, sizeof(*ns.v), cmp_str);
     *ret = ns;
     return 0;
+}
+
+/* Reads the names in @dfd (borrowed) into @ret, sorted so that opaque dirs can look names
+ * up. */
+static int read_names(int dfd, struct conch_ws__names *ret)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    return conch_ws__names_read(fd, ret);
 }
 
 static char *join(const char *dir, const char *name)
@@ -437,13 +437,13 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
             if (lfd < 0)
                 return fail(s, lfd, path, "open host dir");
         }
-        struct names un = {0};
+        struct conch_ws__names un = {0};
         r = read_names(ufd, &un);
         if (r < 0)
             return fail(s, r, path, "read upper dir");
         subs = calloc(un.n ? un.n : 1, sizeof(*subs));
         if (!subs) {
-            names_done(&un);
+            conch_ws__names_done(&un);
             return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
         }
 
@@ -488,7 +488,7 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
 
         /* What an opaque dir hides is deleted; report each hidden top entry once. */
         if (r >= 0 && opaque && lfd >= 0) {
-            struct names ln = {0};
+            struct conch_ws__names ln = {0};
             r = read_names(lfd, &ln);
             if (r < 0)
                 r = fail(s, r, path, "read host dir");
@@ -504,9 +504,9 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
                 }
                 r = emit_deleted(s, path, ln.v[i], &lst);
             }
-            names_done(&ln);
+            conch_ws__names_done(&ln);
         }
-        names_done(&un);
+        conch_ws__names_done(&un);
     }
 
     for (size_t i = 0; r >= 0 && i < nsubs; i++) {

@@ -189,65 +189,14 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
-struct names {
-    char **v;
-    size_t n;
-};
-
-static void names_done(struct names *ns)
-{
-    for (size_t i = 0; i < ns->n; i++)
-        free(ns->v[i]);
-    free(ns->v);
-    *ns = (struct names){0};
-}
-
 /* The entry names of the dir @rel beneath @base (never through a symlink). The dir is
  * closed again before the caller descends, so deep trees cannot exhaust fds. */
-static int list_dir(int base, const char *rel, struct names *ret)
+static int list_dir(int base, const char *rel, struct conch_ws__names *ret)
 {
     int fd = conch_ws__openat2(base, rel, O_RDONLY | O_DIRECTORY, false);
     if (fd < 0)
         return fd;
-    _cleanup_closedir_ DIR *d = fdopendir(fd);
-    if (!d) {
-        int r = -errno;
-        close(fd);
-        return r;
-    }
-    struct names ns = {0};
-    size_t cap = 0;
-    for (;;) {
-        errno = 0;
-        struct dirent *de = readdir(d);
-        if (!de) {
-            if (errno) {
-                int r = -errno;
-                names_done(&ns);
-                return r;
-            }
-            break;
-        }
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        if (ns.n == cap) {
-            size_t ncap = cap ? cap * 2 : 16;
-            char **v = realloc(ns.v, ncap * sizeof(*v));
-            if (!v) {
-                names_done(&ns);
-                return -ENOMEM;
-            }
-            ns.v = v;
-            cap = ncap;
-        }
-        if (!(ns.v[ns.n] = strdup(de->d_name))) {
-            names_done(&ns);
-            return -ENOMEM;
-        }
-        ns.n++;
-    }
-    *ret = ns;
-    return 0;
+    return conch_ws__names_read(fd, ret);
 }
 
 static int remove_at(int base, const char *rel);
@@ -255,7 +204,7 @@ static int remove_at(int base, const char *rel);
 /* Removes everything inside dir @rel beneath @base; returns the first error. */
 static int empty_dir(int base, const char *rel)
 {
-    struct names ns = {0};
+    struct conch_ws__names ns = {0};
     int first = list_dir(base, rel, &ns);
     for (size_t i = 0; first >= 0 && i < ns.n; i++) {
         _cleanup_free_ char *child = join(rel, ns.v[i]);
@@ -263,7 +212,7 @@ static int empty_dir(int base, const char *rel)
         if (r < 0 && first >= 0)
             first = r;
     }
-    names_done(&ns);
+    conch_ws__names_done(&ns);
     return first;
 }
 
@@ -417,13 +366,13 @@ static int copy_in(int upper_fd, int lower_fd, const char *rel)
     case S_IFDIR: {
         if (mkdirat(upfd, name, 0700) < 0)
             return -errno;
-        struct names ns = {0};
+        struct conch_ws__names ns = {0};
         r = list_dir(lower_fd, rel, &ns);
         for (size_t i = 0; r >= 0 && i < ns.n; i++) {
             _cleanup_free_ char *child = join(rel, ns.v[i]);
             r = child ? copy_in(upper_fd, lower_fd, child) : -ENOMEM;
         }
-        names_done(&ns);
+        conch_ws__names_done(&ns);
         break;
     }
     case S_IFIFO:

@@ -180,4 +180,19 @@ static inline int conch_ws__read_link(int dfd, const char *name, char **ret)
     return -ENAMETOOLONG;
 }
 
+/* A directory's entry names ("." and ".." left out), sorted by strcmp. */
+struct conch_ws__names {
+    char **v;
+    size_t n;
+};
+
+/* conch_ws__names_done - free @ns's names; safe on a zeroed struct. */
+void conch_ws__names_done(struct conch_ws__names *ns);
+
+/*
+ * conch_ws__names_read - read the names of the directory @fd (taken: it is closed) into
+ * *@ret, sorted. Returns 0 or -errno.
+ */
+int conch_ws__names_read(int fd, struct conch_ws__names *ret);
+
 #endif
