@@ -25,7 +25,7 @@ static const char serve_usage[] =
     "  --state-dir DIR     database, upper dirs and spill files (default: /var/lib/conch as\n"
     "                      root, else $XDG_STATE_HOME/conch)\n"
     "  --max-message BYTES largest JSON-RPC line (default 16M)\n"
-    "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 2)\n"
+    "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 4)\n"
     "  --max-sandboxes N   (default 256)\n"
     "  --idle-timeout S    destroy a sandbox unused this long (default 3600; 0 = never)\n";
 

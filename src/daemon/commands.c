@@ -402,7 +402,7 @@ static void run_try_finish(struct run *r)
         return;
     }
     if (!r->call)
-        return; /* a warm-up run */
+        return;
     conch_rpc_call_reply(r->call, run_result(r));
     r->call = NULL;
     if (sb->fresh)
@@ -497,16 +497,6 @@ static bool command_params_ok(struct conch_rpc_call *call, json_t *params)
         }
     }
     return true;
-}
-
-void run_warmup(struct sandbox *sb)
-{
-    json_t *params = json_object();
-    struct conch_err err = {0};
-    struct run *r = run_start(sb, "true", params, false, &err);
-    json_decref(params);
-    if (r)
-        sb->commands = 0; /* not the user's */
 }
 
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)

@@ -186,7 +186,6 @@ void sandbox_warden_gone(struct sandbox *sb);
 /* commands.c */
 void run_on_event(struct run *r, const struct conch_jail_event *ev);
 void run_abort(struct run *r, const char *why);
-void run_warmup(struct sandbox *sb);
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);

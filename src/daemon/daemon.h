@@ -13,7 +13,7 @@ struct conch_daemon_opts {
     bool stdio;              /* serve one client on stdin/stdout instead of a socket */
     const char *state_dir;   /* NULL: /var/lib/conch (root) or $XDG_STATE_HOME/conch */
     size_t max_message;      /* bytes per JSON-RPC line (default 16 MiB) */
-    unsigned pool_size;      /* pre-built default sandboxes for `fresh` (default 2) */
+    unsigned pool_size;      /* pre-built default sandboxes for `fresh` (default 4) */
     unsigned max_sandboxes;  /* default 256 */
     double idle_timeout;     /* default idle timeout of a sandbox, seconds (default 3600) */
 };

@@ -362,9 +362,6 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
             return;
         }
         sb->state = SB_RUNNING;
-        /* Warm it up: the first command in a new sandbox pays for faulting in the warden's
-         * pages and the namespaces' caches; let that be this one, not the user's. */
-        run_warmup(sb);
         return;
     }
     if (status < 0 || (events & UV_DISCONNECT)) {

@@ -66,7 +66,7 @@ void conch_daemon_opts_init(struct conch_daemon_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->max_message = 16u << 20;
-    o->pool_size = 2;
+    o->pool_size = 4;
     o->max_sandboxes = 256;
     o->idle_timeout = 3600;
 }
