@@ -243,6 +243,12 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         uv_timer_start(&r->timer, on_timer, r->timeout_ms, 0);
         r->timer_active = true;
     }
+    if (sb->jail.has_cgroup) {
+        struct conch_cgroup_stats cgs = {0};
+        conch_cgroup_stats(&sb->jail.cg, &cgs, NULL);
+        r->oom_base = cgs.oom_kills;
+        r->pids_base = cgs.pids_events;
+    }
     r->start_ms = daemon_now_ms();
     r->started_at = daemon_now();
     dlist_add(&sb->runs, &r->link);
@@ -288,10 +294,20 @@ static json_t *run_result(struct run *r)
     struct conch_cgroup_stats cgs = {0};
     if (r->sb->jail_up && r->sb->jail.has_cgroup)
         conch_cgroup_stats(&r->sb->jail.cg, &cgs, NULL);
+    /* The cgroup's counters are the sandbox's: only what grew during this command counts. */
+    bool oom = r->sampled_oom || cgs.oom_kills > r->oom_base;
+    bool pids = r->sampled_pids || cgs.pids_events > r->pids_base;
     if (!r->start_failed) {
-        if (cgs.oom_killed) {
+        if (oom) {
             res.error_kind = CONCH_ERR_LIMIT;
-            snprintf(res.error_msg, sizeof(res.error_msg), "memory limit reached");
+            snprintf(res.error_msg, sizeof(res.error_msg),
+                     "memory limit: the sandbox's processes used more than %llu bytes",
+                     (unsigned long long)r->sb->limits.memory_bytes);
+        } else if (pids && res.exit_code != 0) {
+            res.error_kind = CONCH_ERR_LIMIT;
+            snprintf(res.error_msg, sizeof(res.error_msg),
+                     "process limit: the sandbox hit its limit of %llu processes",
+                     (unsigned long long)r->sb->limits.pids_max);
         } else if (r->timed_out) {
             res.error_kind = CONCH_ERR_TIMEOUT;
             snprintf(res.error_msg, sizeof(res.error_msg),
@@ -433,6 +449,18 @@ void run_on_event(struct run *r, const struct conch_jail_event *ev)
 }
 
 /* The sandbox is going away: fail the run now. Frees it once its handles are closed. */
+void run_limit_hit(struct run *r, bool memory)
+{
+    if (r->finished)
+        return;
+    if (memory) {
+        r->sampled_oom = true;
+        run_signal(r, SIGKILL);
+    } else {
+        r->sampled_pids = true;
+    }
+}
+
 void run_abort(struct run *r, const char *why)
 {
     dlist_del(&r->link);

@@ -58,6 +58,7 @@ struct sandbox {
     bool jail_up;
     bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
+    uv_timer_t *sample;  /* owned: memory/pids sampling when no cgroup enforces them */
     uv_timer_t idle;
     bool idle_active;
     double idle_timeout;
@@ -99,7 +100,9 @@ struct run {
     uv_timer_t timer;
     bool timer_active;
     bool timed_out;
-    int pending_signal; /* asked before the command was running: sent once it is */
+    int pending_signal;             /* asked before the command was running: sent once it is */
+    uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
+    bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
     bool start_failed;
     struct conch_err start_err;
     int handles;          /* libuv handles still open */
@@ -186,6 +189,8 @@ void sandbox_warden_gone(struct sandbox *sb);
 /* commands.c */
 void run_on_event(struct run *r, const struct conch_jail_event *ev);
 void run_abort(struct run *r, const char *why);
+/* run_limit_hit - sampling saw the sandbox over its memory (kill @r) or process limit. */
+void run_limit_hit(struct run *r, bool memory);
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);

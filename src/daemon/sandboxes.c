@@ -17,6 +17,9 @@
 #include "daemon/recover.h"
 
 static void on_ctl_readable(uv_poll_t *h, int status, int events);
+static void on_sample(uv_timer_t *t);
+
+#define SAMPLE_MS 50
 
 struct sandbox *sandbox_find(struct daemon *d, const char *id)
 {
@@ -115,6 +118,12 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
+    if (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max) &&
+        (sb->sample = calloc(1, sizeof(*sb->sample)))) {
+        uv_timer_init(&sb->d->loop, sb->sample);
+        sb->sample->data = sb;
+        uv_timer_start(sb->sample, on_sample, SAMPLE_MS, SAMPLE_MS);
+    }
     sb->state = async ? SB_STOPPED : SB_RUNNING;
     return 0;
 }
@@ -122,6 +131,29 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
 static void on_poll_closed(uv_handle_t *h)
 {
     free(h);
+}
+
+/* No cgroup (an ordinary user on cgroup v1): memory and the process count are sampled from
+ * the sandbox's /proc; past the memory limit every running command is killed. */
+static void on_sample(uv_timer_t *t)
+{
+    struct sandbox *sb = t->data;
+    struct conch_jail_usage u;
+    if (!sb->jail_up || dlist_empty(&sb->runs) || conch_jail_usage(&sb->jail, &u) < 0)
+        return;
+    bool mem = sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes;
+    bool pids = sb->limits.pids_max && u.processes + 1 >= sb->limits.pids_max;
+    if (!mem && !pids)
+        return;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs)
+    {
+        struct run *r = dlist_entry(pos, struct run, link);
+        if (mem)
+            run_limit_hit(r, true);
+        if (pids)
+            run_limit_hit(r, false);
+    }
 }
 
 /* Stop the warden: every process of the sandbox dies; runs and file requests fail. */
@@ -135,6 +167,11 @@ void sandbox_stop(struct sandbox *sb, const char *why)
         uv_poll_stop(sb->ctl_poll);
         uv_close((uv_handle_t *)sb->ctl_poll, on_poll_closed);
         sb->ctl_poll = NULL;
+    }
+    if (sb->sample) {
+        uv_timer_stop(sb->sample);
+        uv_close((uv_handle_t *)sb->sample, on_poll_closed);
+        sb->sample = NULL;
     }
     if (sb->jail_up) {
         conch_jail_destroy(&sb->jail);

@@ -543,28 +543,28 @@ int conch_cgroup_stats(struct conch_cgroup *cg, struct conch_cgroup_stats *ret,
     uint64_t v = 0;
     if (cg->v2) {
         if (read_key_at(cg->path_v2, "memory.events", "oom_kill", &v) == 0)
-            st.oom_killed = v > 0;
+            st.oom_killed = (st.oom_kills = v) > 0;
         if (read_key_at(cg->path_v2, "pids.events", "max", &v) == 0)
-            st.pids_limit_hit = v > 0;
+            st.pids_limit_hit = (st.pids_events = v) > 0;
         /* memory.peak needs Linux 5.19. */
         if (read_u64_at(cg->path_v2, "memory.peak", &v) == 0)
             st.memory_peak = v;
     } else {
         if (cg->path_mem[0]) {
             if (read_key_at(cg->path_mem, "memory.oom_control", "oom_kill", &v) == 0) {
-                st.oom_killed = v > 0;
+                st.oom_killed = (st.oom_kills = v) > 0;
             } else {
                 /* Before Linux 4.13 there is no oom_kill counter; hitting the memsw limit
                  * with no swap to fall back on is the best remaining sign. */
                 if (read_u64_at(cg->path_mem, "memory.memsw.failcnt", &v) == 0 ||
                     read_u64_at(cg->path_mem, "memory.failcnt", &v) == 0)
-                    st.oom_killed = v > 0;
+                    st.oom_killed = (st.oom_kills = v) > 0;
             }
             if (read_u64_at(cg->path_mem, "memory.max_usage_in_bytes", &v) == 0)
                 st.memory_peak = v;
         }
         if (cg->path_pids[0] && read_key_at(cg->path_pids, "pids.events", "max", &v) == 0)
-            st.pids_limit_hit = v > 0;
+            st.pids_limit_hit = (st.pids_events = v) > 0;
     }
     *ret = st;
     return 0;

@@ -53,6 +53,8 @@ struct conch_cgroup_stats {
     bool oom_killed;      /* the memory limit was hit and the OOM killer ran */
     bool pids_limit_hit;  /* fork failed because of pids_max at least once */
     uint64_t memory_peak; /* bytes, 0 if unknown */
+    uint64_t oom_kills;   /* OOM kills so far (a counter: compare two readings) */
+    uint64_t pids_events; /* forks refused by pids_max so far (a counter) */
 };
 
 /* conch_cgroup_stats - read @cg's counters into @ret. Counters a kernel lacks read as 0. */

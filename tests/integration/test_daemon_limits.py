@@ -1,0 +1,32 @@
+# test_daemon_limits.py - resource limits of daemon sandboxes (sandbox.create memory/pids):
+# a command over the limit ends with error.kind "limit", the host is unaffected, and the
+# next command in the same sandbox is not blamed for it. Root enforces them with a cgroup;
+# an ordinary user (no cgroup on this machine) through sampling and rlimits.
+from conftest import unique_marker
+from rpcclient import wait_gone
+
+
+def test_memory_hog_is_a_limit_and_the_next_command_is_not(rpc, sandbox):
+    sb = sandbox(memory=64 << 20)
+    r = rpc.call("exec.run", {"sandbox": sb, "timeout": 30,
+                              "command": "python3 -c 'x = [b\"x\" * (16 << 20) for i in range(64)]; print(\"allocated\")'"},
+                 timeout=60)
+    assert "allocated" not in r["stdout"], r
+    assert r["error"] and r["error"]["kind"] == "limit", r
+    assert "memory" in r["error"]["message"], r
+    assert r["exit_code"] != 0 and r["timed_out"] is False, r
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "python3 -c 'b = b\"y\" * (8 << 20); print(len(b))'"})
+    assert r["exit_code"] == 0 and r["error"] is None and r["stdout"] == f"{8 << 20}\n", r
+
+
+def test_process_limit_is_a_limit(rpc, sandbox):
+    marker = unique_marker("pids")
+    sb = sandbox(pids=32)
+    r = rpc.call("exec.run", {"sandbox": sb, "timeout": 5, "grace": 1,
+                              "command": f"for i in $(seq 80); do sleep 30 & done; wait # {marker}"},
+                 timeout=60)
+    assert r["error"] and r["error"]["kind"] == "limit", r
+    assert "process" in r["error"]["message"], r
+    assert wait_gone(marker, 5) == [], "processes of the command outlived it"
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "echo fine"})
+    assert r["exit_code"] == 0 and r["error"] is None and r["stdout"] == "fine\n", r
