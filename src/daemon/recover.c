@@ -353,7 +353,7 @@ static bool rm_entry(struct rm *c, int dfd, const char *name, unsigned depth)
  * renamed up into the top directory and removed in a further pass, so a sandbox cannot
  * exhaust our fds or stack with a very deep tree. @what names the tree in errors.
  */
-static int rm_tree_at(int dfd, const char *name, const char *what, struct conch_err *err)
+int conch_recover_rm_tree(int dfd, const char *name, const char *what, struct conch_err *err)
 {
     struct rm c = {.top_fd = -1, .err = err, .root = what};
     struct stat st;
@@ -440,7 +440,7 @@ static void gc_sandboxes(int state_fd, const char *state_dir, const struct conch
         char what[4352];
         snprintf(what, sizeof(what), "%s/sandboxes/%s", state_dir, de->d_name);
         struct conch_err e = {0};
-        if (rm_tree_at(dirfd(d), de->d_name, what, &e) < 0)
+        if (conch_recover_rm_tree(dirfd(d), de->d_name, what, &e) < 0)
             fail(rep, first, err, &e);
         else
             rep->dirs_removed++;
@@ -495,7 +495,7 @@ static void gc_spill(int state_fd, const char *state_dir, const struct conch_sta
         char what[4352];
         snprintf(what, sizeof(what), "%s/spill/%s", state_dir, de->d_name);
         struct conch_err e = {0};
-        if (rm_tree_at(dirfd(d), de->d_name, what, &e) < 0)
+        if (conch_recover_rm_tree(dirfd(d), de->d_name, what, &e) < 0)
             fail(rep, first, err, &e);
         else
             rep->spills_removed++;

@@ -65,4 +65,13 @@ int conch_recover_reap(struct conch_state *st, struct conch_recover_report *ret,
 int conch_recover_gc(struct conch_state *st, const char *state_dir,
                      struct conch_recover_report *ret, struct conch_err *err);
 
+/*
+ * conch_recover_rm_tree - remove @name of @dfd (borrowed) and everything beneath it without
+ * following a symlink or leaving its filesystem; mode-000 directories we own (overlayfs's
+ * work dir) are opened up first. At most a bounded number of directories are open at once
+ * (a deeper subtree is moved up and removed in a further pass), so a sandbox cannot exhaust
+ * our fds or stack with a deep tree. @what names the tree in errors. Returns 0 or -errno.
+ */
+int conch_recover_rm_tree(int dfd, const char *name, const char *what, struct conch_err *err);
+
 #endif

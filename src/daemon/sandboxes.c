@@ -237,35 +237,17 @@ static void sandbox_free(struct sandbox *sb)
     uv_close((uv_handle_t *)&sb->idle, on_idle_closed);
 }
 
-/* Remove a directory tree without following symlinks. */
-static void remove_tree_at(int dfd, const char *name)
+/* Remove the sandbox's state directory (upper dir, work dir) from the disk. */
+static void remove_upper_dir(struct sandbox *sb)
 {
-    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && errno == EACCES) {
-        /* overlayfs leaves work/work at mode 000; as its owner we may open it up. */
-        struct stat st;
-        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
-            fchmodat(dfd, name, 0700, 0) == 0)
-            fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    }
-    if (fd >= 0) {
-        DIR *dir = fdopendir(fd);
-        if (dir) {
-            struct dirent *de;
-            while ((de = readdir(dir))) {
-                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-                    continue;
-                if (unlinkat(dirfd(dir), de->d_name, 0) < 0 && (errno == EISDIR || errno == EPERM))
-                    remove_tree_at(dirfd(dir), de->d_name);
-            }
-            closedir(dir);
-        } else {
-            close(fd);
-        }
-        unlinkat(dfd, name, AT_REMOVEDIR);
-    } else {
-        unlinkat(dfd, name, 0);
-    }
+    if (!sb->upper_dir[0])
+        return;
+    char parent[PATH_MAX + 16];
+    snprintf(parent, sizeof(parent), "%s/sandboxes", sb->d->state_dir);
+    _cleanup_close_ int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct conch_err err = {0};
+    if (pfd >= 0 && conch_recover_rm_tree(pfd, sb->id, sb->upper_dir, &err) < 0)
+        log_warn("sandbox %s: %s (conch gc will retry)", sb->id, err.msg);
 }
 
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
@@ -313,15 +295,7 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
     *ret = sb;
     return 0;
 fail:
-    if (sb->upper_dir[0]) {
-        char parent[PATH_MAX + 16];
-        snprintf(parent, sizeof(parent), "%s/sandboxes", d->state_dir);
-        int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (pfd >= 0) {
-            remove_tree_at(pfd, sb->id);
-            close(pfd);
-        }
-    }
+    remove_upper_dir(sb);
     sandbox_free(sb);
     return r;
 }
@@ -361,15 +335,7 @@ void sandbox_destroy(struct sandbox *sb)
 
     sb->destroying = true;
     sandbox_stop(sb, "the sandbox was destroyed");
-    if (sb->upper_dir[0]) {
-        char parent[PATH_MAX + 16];
-        snprintf(parent, sizeof(parent), "%s/sandboxes", sb->d->state_dir);
-        int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (pfd >= 0) {
-            remove_tree_at(pfd, sb->id);
-            close(pfd);
-        }
-    }
+    remove_upper_dir(sb);
     /* Jobs go with their sandbox (ON DELETE CASCADE). */
     if (sb->recorded)
         conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
