@@ -303,6 +303,12 @@ static json_t *run_result(struct run *r)
             snprintf(res.error_msg, sizeof(res.error_msg),
                      "memory limit: the sandbox's processes used more than %llu bytes",
                      (unsigned long long)r->sb->limits.memory_bytes);
+        } else if (r->sampled_disk || (res.signal == SIGXFSZ)) {
+            res.error_kind = CONCH_ERR_LIMIT;
+            snprintf(res.error_msg, sizeof(res.error_msg),
+                     "disk limit: the workspace's changes outgrew %llu bytes (sandbox.create "
+                     "disk)",
+                     (unsigned long long)r->sb->disk_bytes);
         } else if (pids && res.exit_code != 0) {
             res.error_kind = CONCH_ERR_LIMIT;
             snprintf(res.error_msg, sizeof(res.error_msg),
@@ -449,16 +455,19 @@ void run_on_event(struct run *r, const struct conch_jail_event *ev)
 }
 
 /* The sandbox is going away: fail the run now. Frees it once its handles are closed. */
-void run_limit_hit(struct run *r, bool memory)
+void run_limit_hit(struct run *r, enum run_limit which)
 {
     if (r->finished)
         return;
-    if (memory) {
-        r->sampled_oom = true;
-        run_signal(r, SIGKILL);
-    } else {
+    if (which == RUN_LIMIT_PIDS) {
         r->sampled_pids = true;
+        return;
     }
+    if (which == RUN_LIMIT_MEMORY)
+        r->sampled_oom = true;
+    else
+        r->sampled_disk = true;
+    run_signal(r, SIGKILL);
 }
 
 void run_abort(struct run *r, const char *why)

@@ -58,7 +58,8 @@ struct sandbox {
     bool jail_up;
     bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
-    uv_timer_t *sample;  /* owned: memory/pids sampling when no cgroup enforces them */
+    uv_timer_t *sample;  /* owned: disk, and memory/pids when no cgroup enforces them */
+    unsigned samples;
     uv_timer_t idle;
     bool idle_active;
     double idle_timeout;
@@ -69,6 +70,7 @@ struct sandbox {
     bool as_root;
     struct conch_cgroup_limits limits;
     uint64_t tmp_bytes;
+    uint64_t disk_bytes;      /* what the workspace's upper dir may hold */
     json_t *env;              /* object of extra environment; owned */
     char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
     double created_at, last_used_at;
@@ -103,6 +105,7 @@ struct run {
     int pending_signal;             /* asked before the command was running: sent once it is */
     uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
     bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
+    bool sampled_disk;
     bool start_failed;
     struct conch_err start_err;
     int handles;          /* libuv handles still open */
@@ -161,6 +164,7 @@ struct sandbox_spec {
     bool as_root;
     struct conch_cgroup_limits limits;
     uint64_t tmp_bytes;
+    uint64_t disk_bytes;
     json_t *env; /* borrowed */
     double idle_timeout;
     const char *name;
@@ -189,8 +193,10 @@ void sandbox_warden_gone(struct sandbox *sb);
 /* commands.c */
 void run_on_event(struct run *r, const struct conch_jail_event *ev);
 void run_abort(struct run *r, const char *why);
-/* run_limit_hit - sampling saw the sandbox over its memory (kill @r) or process limit. */
-void run_limit_hit(struct run *r, bool memory);
+enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DISK };
+/* run_limit_hit - sampling saw the sandbox over a limit: memory and disk kill @r, the
+ * process limit is only noted (forks fail by themselves). */
+void run_limit_hit(struct run *r, enum run_limit which);
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events);
 static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
+#define DISK_EVERY 4 /* samples between two measures of the upper dir */
+#define DEFAULT_DISK_BYTES (4ULL << 30)
 
 struct sandbox *sandbox_find(struct daemon *d, const char *id)
 {
@@ -99,6 +102,9 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         spec.tmp_bytes = sb->tmp_bytes;
     spec.name = sb->id;
     spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
+    /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
+     * single file may outgrow it. */
+    spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : DEFAULT_DISK_BYTES;
     spec.file_handler = daemon_file_handler;
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
@@ -118,8 +124,9 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
-    if (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max) &&
-        (sb->sample = calloc(1, sizeof(*sb->sample)))) {
+    bool sampled = sb->upper_dir[0] ||
+                   (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max));
+    if (sampled && (sb->sample = calloc(1, sizeof(*sb->sample)))) {
         uv_timer_init(&sb->d->loop, sb->sample);
         sb->sample->data = sb;
         uv_timer_start(sb->sample, on_sample, SAMPLE_MS, SAMPLE_MS);
@@ -135,24 +142,50 @@ static void on_poll_closed(uv_handle_t *h)
 
 /* No cgroup (an ordinary user on cgroup v1): memory and the process count are sampled from
  * the sandbox's /proc; past the memory limit every running command is killed. */
+static uint64_t tree_bytes;
+
+static int add_bytes(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)path;
+    (void)flag;
+    (void)ftw;
+    tree_bytes += (uint64_t)st->st_blocks * 512;
+    return 0;
+}
+
+/* Disk used by the sandbox's upper dir; cost grows with the number of entries in it. */
+static uint64_t upper_bytes(const struct sandbox *sb)
+{
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s/upper", sb->upper_dir);
+    tree_bytes = 0;
+    nftw(path, add_bytes, 16, FTW_PHYS | FTW_MOUNT);
+    return tree_bytes;
+}
+
 static void on_sample(uv_timer_t *t)
 {
     struct sandbox *sb = t->data;
-    struct conch_jail_usage u;
-    if (!sb->jail_up || dlist_empty(&sb->runs) || conch_jail_usage(&sb->jail, &u) < 0)
+    if (!sb->jail_up || dlist_empty(&sb->runs))
         return;
-    bool mem = sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes;
-    bool pids = sb->limits.pids_max && u.processes + 1 >= sb->limits.pids_max;
-    if (!mem && !pids)
+    enum run_limit hit = RUN_LIMIT_NONE;
+    struct conch_jail_usage u;
+    if (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max) &&
+        conch_jail_usage(&sb->jail, &u) == 0) {
+        if (sb->limits.pids_max && u.processes + 1 >= sb->limits.pids_max)
+            hit = RUN_LIMIT_PIDS;
+        if (sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes)
+            hit = RUN_LIMIT_MEMORY;
+    }
+    if (hit == RUN_LIMIT_NONE && sb->upper_dir[0] && ++sb->samples % DISK_EVERY == 0 &&
+        upper_bytes(sb) > sb->disk_bytes)
+        hit = RUN_LIMIT_DISK;
+    if (hit == RUN_LIMIT_NONE)
         return;
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &sb->runs)
     {
-        struct run *r = dlist_entry(pos, struct run, link);
-        if (mem)
-            run_limit_hit(r, true);
-        if (pids)
-            run_limit_hit(r, false);
+        run_limit_hit(dlist_entry(pos, struct run, link), hit);
     }
 }
 
@@ -273,6 +306,7 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
     sb->as_root = spec->as_root;
     sb->limits = spec->limits;
     sb->tmp_bytes = spec->tmp_bytes;
+    sb->disk_bytes = spec->disk_bytes ? spec->disk_bytes : DEFAULT_DISK_BYTES;
     sb->env = spec->env ? json_deep_copy(spec->env) : json_object();
     sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
     int r;

@@ -326,6 +326,7 @@ static bool spec_from_params(struct conch_rpc_call *call, json_t *params, struct
     }
     spec->limits.cpu_millicpus = (uint64_t)(cpu * 1000);
     spec->tmp_bytes = num_bytes(params, "tmp_size");
+    spec->disk_bytes = num_bytes(params, "disk");
     spec->idle_timeout = conch_rpc_num(params, "idle_timeout", -1);
     return true;
 }
@@ -423,7 +424,7 @@ FS_HANDLER(handle_fs_download, "download")
 #define SANDBOX_SPEC_PARAMS                                                                        \
     {"workspace", S, false}, {"mode", S, false}, {"rootfs", S, false}, {"as_root", B, false},      \
         {"env", O, false}, {"memory", I, false}, {"pids", I, false}, {"cpu", N, false},            \
-        {"tmp_size", I, false}, {"idle_timeout", N, false},                                        \
+        {"tmp_size", I, false}, {"disk", I, false}, {"idle_timeout", N, false},                    \
     {                                                                                              \
         "name", S, false                                                                           \
     }

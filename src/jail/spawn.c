@@ -209,6 +209,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->home_bytes = spec->home_bytes;
     plan->disk_bytes = spec->disk_bytes;
     plan->seccomp = &j->seccomp;
+    plan->rlimit_fsize = spec->file_bytes;
     plan->file_handler = spec->file_handler;
     if (spec->upper_dir) {
         plan->upper_on_disk = true;

@@ -124,6 +124,11 @@ static int fence_self(const struct jail_plan *plan, const char **step)
         if (setrlimit(RLIMIT_NPROC, &rl) < 0)
             return -errno;
     }
+    if (plan->rlimit_fsize) {
+        rl.rlim_cur = rl.rlim_max = plan->rlimit_fsize;
+        if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
+            return -errno;
+    }
     if (plan->set_rlimit_as) {
         rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
         if (setrlimit(RLIMIT_AS, &rl) < 0)

@@ -30,3 +30,19 @@ def test_process_limit_is_a_limit(rpc, sandbox):
     assert wait_gone(marker, 5) == [], "processes of the command outlived it"
     r = rpc.call("exec.run", {"sandbox": sb, "command": "echo fine"})
     assert r["exit_code"] == 0 and r["error"] is None and r["stdout"] == "fine\n", r
+
+
+def test_disk_limit_of_the_workspace(rpc, sandbox, ws):
+    # the upper dir lives on the host's disk: a filler is stopped near the sandbox's limit
+    sb = sandbox(disk=32 << 20)
+    r = rpc.call("exec.run", {"sandbox": sb, "timeout": 60,
+                              "command": "for i in $(seq 2000); do head -c 1M /dev/zero > f$i || exit 1; done; echo filled"},
+                 timeout=90)
+    assert "filled" not in r["stdout"], r
+    assert r["error"] and r["error"]["kind"] == "limit" and "disk" in r["error"]["message"], r
+    used = rpc.call("exec.run", {"sandbox": sb, "command": "du -sm /workspace | cut -f1"})["stdout"]
+    assert int(used) < 600, f"the filler wrote {used} MiB before it was stopped"
+    # one file larger than the limit fails at once (RLIMIT_FSIZE)
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "rm -f f*; head -c 40M /dev/zero > big; echo rc=$?"})
+    assert "rc=0" not in r["stdout"], r
+    assert not any(p.name.startswith("f") for p in ws.iterdir()), "the host workspace was written"
