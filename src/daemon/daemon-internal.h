@@ -207,7 +207,8 @@ void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* files.c */
 int daemon_file_handler(int req_fd, int resp_fd);
 void file_req_abort(struct file_req *fr);
-void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
+void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method);
 void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -171,17 +171,15 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         file_req_done(fr);
 }
 
-void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx)
+void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method)
 {
     struct client *c = ctx;
     struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
     if (!sb)
         return;
     sandbox_touch(sb);
-    const char *method = conch_rpc_str(params, "__method", "");
     json_t *p = json_copy(params);
     json_object_del(p, "sandbox");
-    json_object_del(p, "__method");
     json_t *req = json_pack("{s:s,s:o}", "method", method, "params", p);
     char *text = req ? json_dumps(req, JSON_COMPACT | JSON_ALLOW_NUL) : NULL;
     json_decref(req);

@@ -401,8 +401,7 @@ static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, 
 #define FS_HANDLER(fn, m)                                                                          \
     static void fn(struct conch_rpc_call *call, json_t *params, void *ctx)                         \
     {                                                                                              \
-        json_object_set_new(params, "__method", json_string(m));                                   \
-        handle_fs(call, params, ctx);                                                              \
+        handle_fs(call, params, ctx, m);                                                           \
     }
 FS_HANDLER(handle_fs_read, "read")
 FS_HANDLER(handle_fs_write, "write")
