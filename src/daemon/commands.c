@@ -83,6 +83,7 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
     if (a == 1 && !r->exited) {
         /* Past the spill cap: stop the command (as `conch run` does). */
+        r->over_spill = true;
         run_signal(r, SIGKILL);
     }
 }
@@ -276,54 +277,32 @@ static json_t *run_result(struct run *r)
     memset(&res, 0, sizeof(res));
     res.out = r->out_cap;
     res.err = r->err_cap;
-    res.timed_out = r->timed_out;
     res.duration_ms = r->end_ms - r->start_ms;
-    if (r->start_failed) {
-        res.exit_code = r->start_err.code == ENOENT ? 127 : 126;
-        res.error_kind = CONCH_ERR_COMMAND;
-        snprintf(res.error_msg, sizeof(res.error_msg), "%s", r->start_err.msg);
-    } else if (WIFEXITED(r->status)) {
-        res.exit_code = WEXITSTATUS(r->status);
-    } else if (WIFSIGNALED(r->status)) {
-        res.signal = WTERMSIG(r->status);
-        res.exit_code = 128 + res.signal;
-    }
-    res.cpu_ms = (uint64_t)(r->usage.ru_utime.tv_sec + r->usage.ru_stime.tv_sec) * 1000 +
-                 (uint64_t)(r->usage.ru_utime.tv_usec + r->usage.ru_stime.tv_usec) / 1000;
-    res.max_rss_kb = (uint64_t)r->usage.ru_maxrss;
     struct conch_cgroup_stats cgs = {0};
     if (r->sb->jail_up && r->sb->jail.has_cgroup)
         conch_cgroup_stats(&r->sb->jail.cg, &cgs, NULL);
     /* The cgroup's counters are the sandbox's: only what grew during this command counts. */
-    bool oom = r->sampled_oom || cgs.oom_kills > r->oom_base;
-    bool pids = r->sampled_pids || cgs.pids_events > r->pids_base;
-    if (!r->start_failed) {
-        if (oom) {
-            res.error_kind = CONCH_ERR_LIMIT;
-            snprintf(res.error_msg, sizeof(res.error_msg),
-                     "memory limit: the sandbox's processes used more than %llu bytes",
-                     (unsigned long long)r->sb->limits.memory_bytes);
-        } else if (r->sampled_disk || (res.signal == SIGXFSZ)) {
-            res.error_kind = CONCH_ERR_LIMIT;
-            snprintf(res.error_msg, sizeof(res.error_msg),
-                     "disk limit: the workspace's changes outgrew %llu bytes (sandbox.create "
-                     "disk)",
-                     (unsigned long long)r->sb->disk_bytes);
-        } else if (pids && res.exit_code != 0) {
-            res.error_kind = CONCH_ERR_LIMIT;
-            snprintf(res.error_msg, sizeof(res.error_msg),
-                     "process limit: the sandbox hit its limit of %llu processes",
-                     (unsigned long long)r->sb->limits.pids_max);
-        } else if (r->timed_out) {
-            res.error_kind = CONCH_ERR_TIMEOUT;
-            snprintf(res.error_msg, sizeof(res.error_msg),
-                     "timed out after %.3g s (SIGTERM, then SIGKILL after %.3g s)",
-                     (double)r->timeout_ms / 1000, (double)r->grace_ms / 1000);
-        } else if (res.exit_code != 0) {
-            res.error_kind = CONCH_ERR_COMMAND;
-            snprintf(res.error_msg, sizeof(res.error_msg), "exited with status %d", res.exit_code);
-        }
-    }
+    char disk[160];
+    snprintf(disk, sizeof(disk), "the workspace's room for changes (%llu bytes, disk)",
+             (unsigned long long)r->sb->disk_bytes);
+    struct conch_run_end end = {
+        .status = r->status,
+        .usage = r->usage,
+        .start_failed = r->start_failed,
+        .start_err = r->start_err,
+        .timed_out = r->timed_out,
+        .timeout_ms = r->timeout_ms,
+        .grace_ms = r->grace_ms,
+        .spill_exceeded = r->over_spill ? r->out_cap.spill_max : 0,
+        .memory_exceeded =
+            r->sampled_oom || cgs.oom_kills > r->oom_base ? r->sb->limits.memory_bytes : 0,
+        .memory_sampled = !r->sb->jail.has_cgroup,
+        .pids_hit = r->sampled_pids || cgs.pids_events > r->pids_base ? r->sb->limits.pids_max : 0,
+        .disk_full = r->sampled_disk || (WIFSIGNALED(r->status) && WTERMSIG(r->status) == SIGXFSZ)
+                         ? disk
+                         : NULL,
+    };
+    conch_run_result_end(&res, &end);
     /* The workspace's changes so far (cost: the size of the upper dir). */
     if (r->sb->upper_dir[0] && r->sb->jail_up) {
         struct conch_err err = {0};
@@ -346,13 +325,8 @@ static json_t *run_result(struct run *r)
 
 static void job_record_exit(struct run *r)
 {
-    int code = -1, sig = 0;
-    if (r->start_failed)
-        code = 127;
-    else if (WIFEXITED(r->status))
-        code = WEXITSTATUS(r->status);
-    else if (WIFSIGNALED(r->status))
-        sig = WTERMSIG(r->status), code = 128 + sig;
+    int sig = 0;
+    int code = r->start_failed ? 127 : conch_exit_code(r->status, &sig);
     struct conch_state_job rec;
     memset(&rec, 0, sizeof(rec));
     snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
@@ -369,19 +343,14 @@ static void job_record_exit(struct run *r)
 
 static json_t *job_status_json(struct run *r)
 {
-    bool running = !r->finished;
-    json_t *code = json_null(), *sig = json_null();
-    if (!running) {
-        if (r->start_failed)
-            code = json_integer(127);
-        else if (WIFEXITED(r->status))
-            code = json_integer(WEXITSTATUS(r->status));
-        else if (WIFSIGNALED(r->status)) {
-            sig = json_integer(WTERMSIG(r->status));
-            code = json_integer(128 + WTERMSIG(r->status));
-        }
-    }
-    return json_pack("{s:b,s:o,s:o}", "running", running, "exit_code", code, "signal", sig);
+    if (!r->finished)
+        return json_pack("{s:b,s:n,s:n}", "running", 1, "exit_code", "signal");
+    if (r->start_failed)
+        return json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", 127, "signal");
+    int sig;
+    int code = conch_exit_code(r->status, &sig);
+    return json_pack("{s:b,s:i,s:o}", "running", 0, "exit_code", code, "signal",
+                     sig ? json_integer(sig) : json_null());
 }
 
 static void waiter_closed(uv_handle_t *h)

@@ -106,6 +106,7 @@ struct run {
     uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
     bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
     bool sampled_disk;
+    bool over_spill; /* output went past the spill cap: killed */
     bool start_failed;
     struct conch_err start_err;
     int handles;          /* libuv handles still open */

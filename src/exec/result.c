@@ -2,9 +2,11 @@
  * the daemon's exec.run returns) and its text form for a model. */
 #include "exec/result.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "core/cleanup.h"
 
@@ -171,4 +173,58 @@ char *conch_run_result_text(const struct conch_run_result *res)
     n += (size_t)snprintf(text + n, size - n, "%s", last);
     text[n] = '\0';
     return text;
+}
+
+int conch_exit_code(int status, int *ret_signal)
+{
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (ret_signal)
+        *ret_signal = sig;
+    return sig ? 128 + sig : WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+
+#define SET_ERROR(res, k, ...)                                                                     \
+    do {                                                                                           \
+        (res)->error_kind = (k);                                                                   \
+        snprintf((res)->error_msg, sizeof((res)->error_msg), __VA_ARGS__);                         \
+    } while (0)
+
+void conch_run_result_end(struct conch_run_result *res, const struct conch_run_end *end)
+{
+    res->timed_out = end->timed_out;
+    if (end->start_failed) {
+        /* Like a shell: a program that cannot be executed is the command's failure. */
+        res->exit_code = end->start_err.code == ENOENT ? 127 : 126;
+        SET_ERROR(res, CONCH_ERR_COMMAND, "%s", end->start_err.msg);
+        return;
+    }
+    res->exit_code = conch_exit_code(end->status, &res->signal);
+    const struct rusage *ru = &end->usage;
+    res->cpu_ms = (uint64_t)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec) * 1000 +
+                  (uint64_t)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec) / 1000;
+    res->max_rss_kb = (uint64_t)ru->ru_maxrss;
+    bool failed = res->exit_code != 0;
+    const char *then = end->timed_out ? " (then the deadline passed)" : "";
+    if (end->spill_exceeded)
+        SET_ERROR(res, CONCH_ERR_LIMIT,
+                  "output limit: more than %llu bytes on one stream; the command was killed",
+                  (unsigned long long)end->spill_exceeded);
+    else if (end->memory_exceeded)
+        SET_ERROR(res, CONCH_ERR_LIMIT, "memory limit: killed for using more than %llu bytes%s",
+                  (unsigned long long)end->memory_exceeded,
+                  end->memory_sampled ? " (resident memory, sampled: no cgroup)" : "");
+    else if (end->disk_full)
+        SET_ERROR(res, CONCH_ERR_LIMIT, "disk limit: %s is full%s", end->disk_full, then);
+    else if (failed && end->pids_hit)
+        SET_ERROR(res, CONCH_ERR_LIMIT, "process limit: hit the limit of %llu processes%s",
+                  (unsigned long long)end->pids_hit, then);
+    else if (end->timed_out)
+        SET_ERROR(res, CONCH_ERR_TIMEOUT,
+                  "timed out after %.3g s (SIGTERM to every process, SIGKILL after %.3g s)",
+                  (double)end->timeout_ms / 1000, (double)end->grace_ms / 1000);
+    else if (res->signal)
+        SET_ERROR(res, CONCH_ERR_COMMAND, "killed by signal %d (%s)", res->signal,
+                  strsignal(res->signal));
+    else if (failed)
+        SET_ERROR(res, CONCH_ERR_COMMAND, "exited with status %d", res->exit_code);
 }

@@ -7,6 +7,35 @@
 
 #include "exec/run.h"
 
+/* How a command ended, as its runner saw it (`conch run` or the daemon). */
+struct conch_run_end {
+    int status; /* wait status (unused when start_failed) */
+    struct rusage usage;
+    bool start_failed; /* the program could not be executed: start_err says why */
+    struct conch_err start_err;
+    bool timed_out;
+    uint64_t timeout_ms, grace_ms;
+    uint64_t spill_exceeded;  /* the spill cap the output went past; 0: it did not */
+    uint64_t memory_exceeded; /* the memory limit that stopped it; 0: none did */
+    bool memory_sampled;      /* that limit was enforced by sampling, not a cgroup */
+    uint64_t pids_hit;        /* the process limit it hit; 0: none */
+    const char *disk_full;    /* what filled up ("/tmp (256 MiB, --tmp-size)"); NULL: nothing */
+};
+
+/*
+ * conch_exit_code - a wait status the way a shell reports it: N, or 128+signal (the signal
+ * in *@ret_signal, 0 when it exited; may be NULL).
+ */
+int conch_exit_code(int status, int *ret_signal);
+
+/*
+ * conch_run_result_end - fill @res's exit_code, signal, timed_out, cpu_ms, max_rss_kb,
+ * error_kind and error_msg from @end. A limit is reported before the timeout it often
+ * causes (a fork bomb retries until the deadline); a non-zero exit that nothing else
+ * explains is the command's own failure.
+ */
+void conch_run_result_end(struct conch_run_result *res, const struct conch_run_end *end);
+
 /*
  * conch_run_result_json - @res as the JSON object documented in README.md (`--json`).
  * With @infra (the sandbox could not be built) exit_code is 125 (2 for a usage error) and

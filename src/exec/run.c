@@ -19,6 +19,7 @@
 
 #include "core/cleanup.h"
 #include "core/fsutil.h"
+#include "exec/result.h"
 
 #define SAMPLE_MS 20
 
@@ -231,10 +232,8 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     out_pipe[1] = err_pipe[1] = -1;
     if (r < 0) {
         if (err->kind == CONCH_ERR_COMMAND) {
-            /* Like a shell: a program that cannot be executed is the command's failure. */
-            res->exit_code = err->code == ENOENT ? 127 : 126;
-            res->error_kind = CONCH_ERR_COMMAND;
-            snprintf(res->error_msg, sizeof(res->error_msg), "%s", err->msg);
+            struct conch_run_end end = {.start_failed = true, .start_err = *err};
+            conch_run_result_end(res, &end);
             conch_err_clear(err);
             r = 0;
         }
@@ -342,17 +341,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         }
     }
     res->duration_ms = now_ms() - start;
-    if (WIFEXITED(ex.status)) {
-        res->exit_code = WEXITSTATUS(ex.status);
-    } else if (WIFSIGNALED(ex.status)) {
-        res->signal = WTERMSIG(ex.status);
-        res->exit_code = 128 + res->signal;
-    }
-    res->cpu_ms = (uint64_t)(ex.usage.ru_utime.tv_sec + ex.usage.ru_stime.tv_sec) * 1000 +
-                  (uint64_t)(ex.usage.ru_utime.tv_usec + ex.usage.ru_stime.tv_usec) / 1000;
-    res->max_rss_kb = (uint64_t)ex.usage.ru_maxrss;
-
-    /* How did it end? The first matching reason wins. */
+    /* How did it end? */
     struct conch_cgroup_stats cgs = {0};
     if (jail.has_cgroup)
         conch_cgroup_stats(&jail.cg, &cgs, NULL);
@@ -363,55 +352,32 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
             goto out;
         }
     }
+    struct conch_run_end end = {
+        .status = ex.status,
+        .usage = ex.usage,
+        .timed_out = res->timed_out,
+        .timeout_ms = o->timeout_ms,
+        .grace_ms = o->grace_ms,
+        .spill_exceeded = over_spill ? o->max_spill : 0,
+        .memory_exceeded = cgs.oom_killed || sampled_oom ? o->jail.limits.memory_bytes : 0,
+        .memory_sampled = !jail.has_cgroup,
+        .pids_hit = cgs.pids_limit_hit || sampled_pids ? o->jail.limits.pids_max : 0,
+    };
+    /* A full disk only explains a failure: a command may fill /tmp and still succeed. */
+    char disk[160];
     char tmp_path[64];
     snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", jail.warden_pid);
-    bool failed = res->exit_code != 0;
-    bool oom = cgs.oom_killed || sampled_oom;
-    bool pids_hit = cgs.pids_limit_hit || sampled_pids;
-    const char *after_timeout = res->timed_out ? " (then the deadline passed)" : "";
-    /* A limit is the cause, a timeout often only its symptom (a fork bomb retries until
-     * the deadline): limits are reported first. */
-    if (over_spill) {
-        res->error_kind = CONCH_ERR_LIMIT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "output limit: more than %llu bytes on one stream (--max-spill); the command "
-                 "was killed",
-                 (unsigned long long)o->max_spill);
-    } else if (oom) {
-        res->error_kind = CONCH_ERR_LIMIT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "memory limit: the command was killed for using more than %llu bytes%s",
-                 (unsigned long long)o->jail.limits.memory_bytes,
-                 jail.has_cgroup ? "" : " (resident memory sampled every 20 ms: no cgroup)");
-    } else if (failed && pids_hit) {
-        res->error_kind = CONCH_ERR_LIMIT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "process limit: the command hit the limit of %llu processes%s",
-                 (unsigned long long)o->jail.limits.pids_max, after_timeout);
-    } else if (failed && upper >= 0 && fd_fs_full(upper)) {
-        res->error_kind = CONCH_ERR_LIMIT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "disk limit: the workspace's writable layer (%llu bytes, --disk) is full%s",
-                 (unsigned long long)o->jail.disk_bytes, after_timeout);
+    bool failed = conch_exit_code(ex.status, NULL) != 0;
+    if (failed && upper >= 0 && fd_fs_full(upper)) {
+        snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
+                 (unsigned long long)o->jail.disk_bytes);
+        end.disk_full = disk;
     } else if (failed && path_fs_full(tmp_path)) {
-        res->error_kind = CONCH_ERR_LIMIT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "disk limit: /tmp (%llu bytes, --tmp-size) is full%s",
-                 (unsigned long long)o->jail.tmp_bytes, after_timeout);
-    } else if (res->timed_out) {
-        res->error_kind = CONCH_ERR_TIMEOUT;
-        snprintf(res->error_msg, sizeof(res->error_msg),
-                 "timed out after %.3g s (SIGTERM to every process, SIGKILL after %.3g s)",
-                 (double)o->timeout_ms / 1000, (double)o->grace_ms / 1000);
-    } else if (failed) {
-        res->error_kind = CONCH_ERR_COMMAND;
-        if (res->signal)
-            snprintf(res->error_msg, sizeof(res->error_msg), "killed by signal %d (%s)",
-                     res->signal, strsignal(res->signal));
-        else
-            snprintf(res->error_msg, sizeof(res->error_msg), "exited with status %d",
-                     res->exit_code);
+        snprintf(disk, sizeof(disk), "/tmp (%llu bytes, --tmp-size)",
+                 (unsigned long long)o->jail.tmp_bytes);
+        end.disk_full = disk;
     }
+    conch_run_result_end(res, &end);
 
     if (upper >= 0) {
         r = conch_ws_changes_scan(upper, jail.host_ws_fd, &res->changes, err);

@@ -46,3 +46,15 @@ def test_disk_limit_of_the_workspace(rpc, sandbox, ws):
     r = rpc.call("exec.run", {"sandbox": sb, "command": "rm -f f*; head -c 40M /dev/zero > big; echo rc=$?"})
     assert "rc=0" not in r["stdout"], r
     assert not any(p.name.startswith("f") for p in ws.iterdir()), "the host workspace was written"
+
+
+def test_output_flood_is_a_limit(rpc, sandbox):
+    # past the spill cap (256 MiB per stream) the command is killed and the result says why
+    sb = sandbox()
+    r = rpc.call("exec.run", {"sandbox": sb, "timeout": 60, "command": "yes conch-output-flood"},
+                 timeout=90)
+    assert r["error"] and r["error"]["kind"] == "limit" and "output" in r["error"]["message"], r
+    assert r["stdout_truncated"] is True and r["stdout_spill"], r
+    assert len(r["stdout"].encode()) <= (1 << 20) + 4096, "stdout not capped"
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "echo fine"})
+    assert r["error"] is None and r["stdout"] == "fine\n", r
