@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/utf8.h"
 #include "fs/fs-internal.h"
 
 bool conch_fs__force_walk;
@@ -320,64 +321,9 @@ int conch_fs__base64_decode(const char *s, size_t len, unsigned char **ret, size
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence at @s (at most @len bytes), or 0 when invalid. The
- * same rules as jansson's: no overlong forms, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_seq(const unsigned char *s, size_t len)
-{
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n > len)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n;
-}
-
 json_t *conch_fs__json_text(const char *s, size_t len)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0, k;
-    while (i < len && (k = utf8_seq(u + i, len - i)) > 0)
-        i += k;
-    if (i == len)
-        return json_stringn(s, len);
-    _cleanup_free_ char *out = malloc(len * 3 + 1);
-    if (!out)
-        return NULL;
-    memcpy(out, s, i);
-    size_t o = i;
-    while (i < len) {
-        k = utf8_seq(u + i, len - i);
-        if (k == 0) {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        } else {
-            memcpy(out + o, s + i, k);
-            o += k;
-            i += k;
-        }
-    }
-    return json_stringn(out, o);
+    size_t n;
+    _cleanup_free_ char *clean = conch_utf8_repair(s, len, &n);
+    return clean ? json_stringn(clean, n) : NULL;
 }

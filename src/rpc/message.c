@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cleanup.h"
+#include "core/utf8.h"
 
 static const struct {
     int code;
@@ -64,40 +65,6 @@ static const char *kind_for(int code)
     }
 }
 
-/* Length of the valid UTF-8 sequence at @s (at most @n bytes), or 0 if invalid. As strict as
- * jansson: no overlong forms, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return len;
-}
-
 /* A JSON string of @s; messages often quote paths and command output, which need not be UTF-8,
  * and jansson refuses such strings outright, which would lose the whole error. */
 static json_t *text(const char *s)
@@ -106,21 +73,8 @@ static json_t *text(const char *s)
     json_t *j = json_stringn(s, n);
     if (j)
         return j;
-    _cleanup_free_ char *copy = malloc(n + 1);
-    if (!copy)
-        return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        size_t k = utf8_seq(p + i, n - i);
-        if (k == 0) {
-            copy[i++] = '?';
-        } else {
-            memcpy(copy + i, p + i, k);
-            i += k;
-        }
-    }
-    return json_stringn(copy, n);
+    _cleanup_free_ char *clean = conch_utf8_repair(s, n, &n);
+    return clean ? json_stringn(clean, n) : NULL;
 }
 
 /* json_object_set_new that also tolerates a NULL @obj; returns false on failure (an allocation

@@ -1,10 +1,12 @@
 /* test_core.c - unit tests for src/core: errors and size parsing. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/utf8.h"
 
 Test(error, set_returns_negative_code_and_formats)
 {
@@ -45,4 +47,26 @@ Test(fsutil, parse_size)
     cr_assert(strstr(e.msg, "--memory"));
     cr_assert_eq(conch_parse_size("5X", "x", &v, NULL), -EINVAL);
     cr_assert_eq(conch_parse_size("99999999999999999999", "x", &v, NULL), -EINVAL);
+}
+
+Test(utf8, seq_accepts_well_formed_and_refuses_the_rest)
+{
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"a", 1), 1);
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xc3\xa9", 2), 2);         /* é */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xf0\x9f\x90\x9a", 4), 4); /* 🐚 */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xc3\xa9", 1), 0);         /* cut */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xc0\x80", 2), 0);         /* overlong */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xed\xa0\x80", 3), 0);     /* surrogate */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xf4\x90\x80\x80", 4), 0); /* > 10FFFF */
+    cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xff", 1), 0);
+}
+
+Test(utf8, repair_replaces_each_bad_byte_and_keeps_nul)
+{
+    size_t n = 0;
+    char *s = conch_utf8_repair("a\xff\0\xc3\xa9\xc3", 6, &n);
+    cr_assert_not_null(s);
+    cr_assert_eq(n, 10);
+    cr_assert(memcmp(s, "a\xef\xbf\xbd\0\xc3\xa9\xef\xbf\xbd", 10) == 0);
+    free(s);
 }
