@@ -407,24 +407,32 @@ static int open_dir_path(const char *path, struct conch_err *err)
     return fd < 0 ? -ENOENT : fd;
 }
 
+/* The directory @name of the state dir for reading, or NULL (a missing one is no failure). */
+static DIR *open_subdir(int state_fd, const char *name, const char *state_dir,
+                        struct conch_recover_report *rep, int *first, struct conch_err *err)
+{
+    int fd = openat(state_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) {
+            struct conch_err e = {0};
+            conch_err_set(&e, errno, "gc: open '%s/%s': %s", state_dir, name, strerror(errno));
+            fail(rep, first, err, &e);
+        }
+        return NULL;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d)
+        close(fd);
+    return d;
+}
+
 static void gc_sandboxes(int state_fd, const char *state_dir, const struct conch_state_sandbox *sbs,
                          size_t n, struct conch_recover_report *rep, int *first,
                          struct conch_err *err)
 {
-    int fd = openat(state_fd, "sandboxes", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT) {
-            struct conch_err e = {0};
-            conch_err_set(&e, errno, "gc: open '%s/sandboxes': %s", state_dir, strerror(errno));
-            fail(rep, first, err, &e);
-        }
+    DIR *d = open_subdir(state_fd, "sandboxes", state_dir, rep, first, err);
+    if (!d)
         return;
-    }
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
     double now = now_s();
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -470,20 +478,9 @@ static bool spill_referenced(const char *name, const struct conch_state_job *job
 static void gc_spill(int state_fd, const char *state_dir, const struct conch_state_job *jobs,
                      size_t n, struct conch_recover_report *rep, int *first, struct conch_err *err)
 {
-    int fd = openat(state_fd, "spill", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT) {
-            struct conch_err e = {0};
-            conch_err_set(&e, errno, "gc: open '%s/spill': %s", state_dir, strerror(errno));
-            fail(rep, first, err, &e);
-        }
+    DIR *d = open_subdir(state_fd, "spill", state_dir, rep, first, err);
+    if (!d)
         return;
-    }
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
     double now = now_s();
     struct dirent *de;
     while ((de = readdir(d))) {
