@@ -649,3 +649,45 @@ def test_hostname_is_not_the_hosts(sh):
     assert r.out == "conch\nconch\n", r.describe()
     if socket.gethostname() != "conch":
         assert socket.gethostname() not in r.out
+
+
+@BOTH_MODES
+def test_warden_is_out_of_reach(py, opts):
+    # PID 1 is conch's warden: it holds the overlay's hidden upper dir, the control socket
+    # and full capabilities in the namespace. A command must not read its fds, memory or
+    # environment, nor ptrace it, nor signal it to death.
+    val = inside(
+        py,
+        """
+        import signal
+        def opens():
+            errs = []
+            try:
+                names = os.listdir("/proc/1/fd")
+            except OSError as e:
+                return [e.errno]
+            for n in names:
+                try:
+                    os.open("/proc/1/fd/" + n, os.O_RDONLY)
+                    errs.append(0)
+                except OSError as e:
+                    errs.append(e.errno)
+            return errs
+        res = {"fd_opens": opens()}
+        res["environ"] = tr(lambda: open("/proc/1/environ", "rb").read())
+        res["mem"] = tr(lambda: open("/proc/1/mem", "rb").read(1))
+        PTRACE_ATTACH = 16
+        res["ptrace"] = sc(101, PTRACE_ATTACH, 1, 0, 0)
+        # another uid's process may not be signalled at all; PID 1 of a pid namespace ignores
+        # the signals it has no handler for even from its own uid
+        res["kill"] = [tr(lambda: os.kill(1, signal.SIGKILL)), tr(lambda: os.kill(1, signal.SIGTERM))]
+        res["alive"] = os.path.exists("/proc/1/status")
+        print(json.dumps(res))
+        """,
+        *opts,
+    )
+    assert val["fd_opens"] and 0 not in val["fd_opens"], val
+    assert val["environ"] in (errno.EACCES, EPERM), val
+    assert val["mem"] in (errno.EACCES, EPERM), val
+    assert val["ptrace"][0] == -1 and val["ptrace"][1] in (EPERM, errno.EACCES), val
+    assert val["alive"] is True, val
