@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/proctitle.h"
 
 static void usage(FILE *f)
 {
@@ -23,6 +24,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    conch_proctitle_init(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return CONCH_EXIT_USAGE;

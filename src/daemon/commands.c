@@ -21,6 +21,21 @@
 
 static void run_try_finish(struct run *r);
 static void run_signal(struct run *r, int sig);
+static const struct conch_proc_ops run_proc_ops;
+
+static void close_spill(struct conch_output *o)
+{
+    if (o->spill_fd >= 0 && o->spill_path[0])
+        close(o->spill_fd);
+    o->spill_fd = -1;
+}
+
+static void unlink_spill(struct conch_output *o)
+{
+    close_spill(o);
+    if (o->spill_path[0])
+        unlink(o->spill_path);
+}
 
 static void run_free(struct run *r)
 {
@@ -37,6 +52,17 @@ static void on_run_handle_closed(uv_handle_t *h)
 {
     struct run *r = h->data;
     if (--r->handles == 0 && r->finished && !r->is_job)
+        run_free(r);
+}
+
+/* A finished job's record is no longer wanted: free it (now, or when its handles close). */
+static void run_free_job(struct run *r)
+{
+    dlist_del(&r->link);
+    dlist_del(&r->dlink);
+    r->is_job = false;
+    r->finished = true;
+    if (r->handles == 0)
         run_free(r);
 }
 
@@ -88,32 +114,11 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
 }
 
-/* Signal every process of @r; before the command runs (its shepherd has not forked it yet)
- * the signal is kept and sent when it starts. */
+/* Signal every process of @r (the supervisor keeps a signal asked before the command runs
+ * and sends it when it starts). Deadlines are the warden's, not ours. */
 static void run_signal(struct run *r, int sig)
 {
-    if (!r->sb->jail_up || r->exited)
-        return;
-    if (!r->started) {
-        if (r->pending_signal != SIGKILL)
-            r->pending_signal = sig;
-        return;
-    }
-    conch_jail_signal(&r->sb->jail, r->id, sig, NULL);
-}
-
-static void on_timer(uv_timer_t *t)
-{
-    struct run *r = t->data;
-    if (r->exited || !r->sb->jail_up)
-        return;
-    if (!r->timed_out) {
-        r->timed_out = true;
-        run_signal(r, SIGTERM);
-        uv_timer_start(&r->timer, on_timer, r->grace_ms, 0);
-    } else {
-        run_signal(r, SIGKILL);
-    }
+    conch_super_signal(&r->proc, sig);
 }
 
 /* The extra environment: the sandbox's, then the request's, as "K=V" strings. */
@@ -160,7 +165,8 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     }
     r->sb = sb;
     r->is_job = is_job;
-    r->id = (int64_t)++d->next_id;
+    r->proc.ops = &run_proc_ops;
+    r->proc.data = r;
     r->command = strdup(command);
     DLIST_INIT(&r->waiters);
     DLIST_INIT(&r->dlink);
@@ -223,7 +229,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
                                  .stdin_fd = in,
                                  .stdout_fd = out[1],
                                  .stderr_fd = errp[1]};
-    if (conch_jail_exec_async(&sb->jail, r->id, &cmd, err) < 0)
+    if (conch_super_run(&sb->super, &r->proc, &cmd, r->timeout_ms, r->grace_ms, err) < 0)
         goto fail;
     close(in);
     close(out[1]);
@@ -235,15 +241,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     uv_pipe_open(&r->out, out[0]);
     uv_pipe_open(&r->err, errp[0]);
     r->out_open = r->err_open = true;
-    r->handles = 3;
+    r->handles = 2;
     uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
     uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
-    uv_timer_init(&d->loop, &r->timer);
-    r->timer.data = r;
-    if (r->timeout_ms) {
-        uv_timer_start(&r->timer, on_timer, r->timeout_ms, 0);
-        r->timer_active = true;
-    }
     if (sb->jail.has_cgroup) {
         struct conch_cgroup_stats cgs = {0};
         conch_cgroup_stats(&sb->jail.cg, &cgs, NULL);
@@ -286,11 +286,11 @@ static json_t *run_result(struct run *r)
     snprintf(disk, sizeof(disk), "the workspace's room for changes (%llu bytes, disk)",
              (unsigned long long)r->sb->disk_bytes);
     struct conch_run_end end = {
-        .status = r->status,
-        .usage = r->usage,
-        .start_failed = r->start_failed,
-        .start_err = r->start_err,
-        .timed_out = r->timed_out,
+        .status = r->end.status,
+        .usage = r->end.usage,
+        .start_failed = r->end.start_failed,
+        .start_err = r->end.err,
+        .timed_out = r->end.timed_out,
         .timeout_ms = r->timeout_ms,
         .grace_ms = r->grace_ms,
         .spill_exceeded = r->over_spill ? r->out_cap.spill_max : 0,
@@ -298,9 +298,10 @@ static json_t *run_result(struct run *r)
             r->sampled_oom || cgs.oom_kills > r->oom_base ? r->sb->limits.memory_bytes : 0,
         .memory_sampled = !r->sb->jail.has_cgroup,
         .pids_hit = r->sampled_pids || cgs.pids_events > r->pids_base ? r->sb->limits.pids_max : 0,
-        .disk_full = r->sampled_disk || (WIFSIGNALED(r->status) && WTERMSIG(r->status) == SIGXFSZ)
-                         ? disk
-                         : NULL,
+        .disk_full =
+            r->sampled_disk || (WIFSIGNALED(r->end.status) && WTERMSIG(r->end.status) == SIGXFSZ)
+                ? disk
+                : NULL,
     };
     conch_run_result_end(&res, &end);
     /* The workspace's changes so far (cost: the size of the upper dir). */
@@ -326,7 +327,7 @@ static json_t *run_result(struct run *r)
 static void job_record_exit(struct run *r)
 {
     int sig = 0;
-    int code = r->start_failed ? 127 : conch_exit_code(r->status, &sig);
+    int code = r->end.start_failed ? 127 : conch_exit_code(r->end.status, &sig);
     struct conch_state_job rec;
     memset(&rec, 0, sizeof(rec));
     snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
@@ -345,12 +346,19 @@ static json_t *job_status_json(struct run *r)
 {
     if (!r->finished)
         return json_pack("{s:b,s:n,s:n}", "running", 1, "exit_code", "signal");
-    if (r->start_failed)
-        return json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", 127, "signal");
-    int sig;
-    int code = conch_exit_code(r->status, &sig);
-    return json_pack("{s:b,s:i,s:o}", "running", 0, "exit_code", code, "signal",
-                     sig ? json_integer(sig) : json_null());
+    json_t *o;
+    if (r->end.start_failed) {
+        o = json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", 127, "signal");
+    } else {
+        int sig;
+        int code = conch_exit_code(r->end.status, &sig);
+        o = json_pack("{s:b,s:i,s:o}", "running", 0, "exit_code", code, "signal",
+                      sig ? json_integer(sig) : json_null());
+    }
+    /* Ended without its own report (the warden died, the sandbox was stopped): say why. */
+    if (o && r->end.lost && r->end.why)
+        json_object_set_new(o, "lost", json_string(r->end.why));
+    return o;
 }
 
 static void waiter_closed(uv_handle_t *h)
@@ -367,17 +375,46 @@ static void waiter_finish(struct job_wait *w)
     uv_close((uv_handle_t *)&w->timer, waiter_closed);
 }
 
+/* The most finished jobs the daemon keeps listed: past it the oldest is forgotten. */
+#define MAX_DONE_JOBS 1024
+
+static void forget_old_jobs(struct daemon *d)
+{
+    unsigned done = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->jobs)
+    {
+        if (dlist_entry(pos, struct run, dlink)->finished)
+            done++;
+    }
+    /* d->jobs is in start order, oldest first. */
+    dlist_for_each_safe(pos, tmp, &d->jobs)
+    {
+        struct run *r = dlist_entry(pos, struct run, dlink);
+        if (done <= MAX_DONE_JOBS)
+            break;
+        if (!r->finished)
+            continue;
+        conch_state_job_delete(d->state, r->job_id, NULL);
+        unlink_spill(&r->out_cap);
+        unlink_spill(&r->err_cap);
+        run_free_job(r);
+        done--;
+    }
+}
+
 static void run_try_finish(struct run *r)
 {
-    if (r->finished || !(r->exited || r->start_failed) || r->out_open || r->err_open)
+    if (r->finished || !r->exited || r->out_open || r->err_open)
         return;
     r->finished = true;
     r->end_ms = daemon_now_ms();
-    if (r->timer_active)
-        uv_timer_stop(&r->timer);
-    uv_close((uv_handle_t *)&r->timer, on_run_handle_closed);
     dlist_del(&r->link);
     struct sandbox *sb = r->sb;
+    /* The spill files stay (a job's output is read back from them by offset); their fds
+     * need not: a finished run holds none. */
+    close_spill(&r->out_cap);
+    close_spill(&r->err_cap);
     if (r->is_job) {
         job_record_exit(r);
         struct dlist *pos, *tmp;
@@ -388,42 +425,55 @@ static void run_try_finish(struct run *r)
         json_object_set_new(st, "sandbox", json_string(sb->id));
         json_object_del(st, "running");
         client_notify(r->notify, "job.exited", st);
-        /* A finished job stays listed (its output readable) until its sandbox goes. */
-        dlist_add(&sb->runs, &r->link);
+        /* A finished job stays listed (its output readable) until its sandbox goes; it no
+         * longer keeps the sandbox busy. */
+        dlist_add(&sb->done_jobs, &r->link);
+        forget_old_jobs(sb->d);
         return;
     }
     if (!r->call)
         return;
-    conch_rpc_call_reply(r->call, run_result(r));
+    if (r->end.lost && sb->super.gone) {
+        conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "the command was stopped: %s", r->end.why);
+    } else {
+        conch_rpc_call_reply(r->call, run_result(r));
+    }
     r->call = NULL;
-    if (sb->fresh)
+    if (sb->fresh && !sb->super.gone && !sb->destroying)
         sandbox_destroy(sb);
 }
 
-void run_on_event(struct run *r, const struct conch_jail_event *ev)
+void run_forget(struct run *r)
 {
-    switch (ev->type) {
-    case CONCH_JAIL_STARTED:
-        r->started = true;
-        if (r->pending_signal && r->sb->jail_up)
-            conch_jail_signal(&r->sb->jail, r->id, r->pending_signal, NULL);
-        r->pending_signal = 0;
-        break;
-    case CONCH_JAIL_START_FAILED:
-        r->start_failed = true;
-        r->start_err = ev->err;
-        run_try_finish(r);
-        break;
-    case CONCH_JAIL_EXITED:
+    close_pipe(r, &r->out, &r->out_open);
+    close_pipe(r, &r->err, &r->err_open);
+    if (!r->finished) {
         r->exited = true;
-        r->status = ev->status;
-        r->usage = ev->usage;
         run_try_finish(r);
-        break;
     }
+    if (r->is_job)
+        run_free_job(r);
 }
 
-/* The sandbox is going away: fail the run now. Frees it once its handles are closed. */
+/* The supervisor's final event for @p: exactly once per run. */
+static void run_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct run *r = p->data;
+    r->exited = true;
+    r->end = *end;
+    if (end->lost) {
+        /* Nothing more will be written that anyone waits for. */
+        close_pipe(r, &r->out, &r->out_open);
+        close_pipe(r, &r->err, &r->err_open);
+    }
+    run_try_finish(r);
+}
+
+static const struct conch_proc_ops run_proc_ops = {.ended = run_ended};
+
+/* Sampling saw the sandbox over a limit: memory and disk kill @r, the process limit is only
+ * noted (forks fail by themselves). */
 void run_limit_hit(struct run *r, enum run_limit which)
 {
     if (r->finished)
@@ -437,34 +487,6 @@ void run_limit_hit(struct run *r, enum run_limit which)
     else
         r->sampled_disk = true;
     run_signal(r, SIGKILL);
-}
-
-void run_abort(struct run *r, const char *why)
-{
-    dlist_del(&r->link);
-    dlist_del(&r->dlink);
-    close_pipe(r, &r->out, &r->out_open);
-    close_pipe(r, &r->err, &r->err_open);
-    if (!r->finished) {
-        if (r->timer_active)
-            uv_timer_stop(&r->timer);
-        if (r->handles > 0)
-            uv_close((uv_handle_t *)&r->timer, on_run_handle_closed);
-        if (r->call) {
-            conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
-                                 "the command was stopped: %s", why);
-            r->call = NULL;
-        }
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &r->waiters)
-            waiter_finish(dlist_entry(pos, struct job_wait, link));
-        if (r->is_job)
-            conch_state_job_set_exit(r->sb->d->state, r->job_id, -1, SIGKILL, daemon_now(), NULL);
-    }
-    r->finished = true;
-    r->is_job = false; /* freed with its handles now */
-    if (r->handles == 0)
-        run_free(r);
 }
 
 /* Checks of exec.run / job.start params beyond their JSON types. Returns false after

@@ -15,6 +15,7 @@
 #include "exec/output.h"
 #include "jail/jail.h"
 #include "rpc/rpc.h"
+#include "super/super.h"
 
 /* An intrusive doubly-linked list. */
 struct dlist {
@@ -55,6 +56,7 @@ struct sandbox {
     bool recorded; /* in the state database (pool sandboxes are not) */
     bool destroying;
     struct conch_jail jail;
+    struct conch_super super; /* drives jail's warden while jail_up */
     bool jail_up;
     bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
@@ -75,15 +77,16 @@ struct sandbox {
     char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
     double created_at, last_used_at;
     unsigned commands;
-    struct dlist runs;  /* struct run: exec.run and jobs */
-    struct dlist files; /* struct file_req in flight */
+    struct dlist runs;      /* struct run: exec.run and jobs not finished yet */
+    struct dlist done_jobs; /* struct run: finished jobs, output still readable */
+    struct dlist files;     /* struct file_req in flight */
 };
 
 struct run {
-    struct dlist link;  /* in sandbox->runs */
+    struct dlist link;  /* in sandbox->runs, then sandbox->done_jobs (jobs) */
     struct dlist dlink; /* in daemon->jobs (jobs only) */
     struct sandbox *sb;
-    int64_t id;
+    struct conch_proc proc; /* the supervisor's process object */
     bool is_job;
     char job_id[32];
     char *command;
@@ -94,21 +97,14 @@ struct run {
     uv_pipe_t out, err;
     bool out_open, err_open;
     struct conch_output out_cap, err_cap;
-    bool started, exited, finished;
-    int status;
-    struct rusage usage;
+    bool exited, finished;
+    struct conch_proc_end end;
     uint64_t start_ms, end_ms;
     uint64_t timeout_ms, grace_ms;
-    uv_timer_t timer;
-    bool timer_active;
-    bool timed_out;
-    int pending_signal;             /* asked before the command was running: sent once it is */
     uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
     bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
     bool sampled_disk;
-    bool over_spill; /* output went past the spill cap: killed */
-    bool start_failed;
-    struct conch_err start_err;
+    bool over_spill;      /* output went past the spill cap: killed */
     int handles;          /* libuv handles still open */
     struct dlist waiters; /* struct job_wait */
     double started_at;
@@ -188,12 +184,12 @@ void sandbox_stop(struct sandbox *sb, const char *why);
 void sandboxes_recover(struct daemon *d);
 void pool_fill(struct daemon *d);
 struct sandbox *pool_take(struct daemon *d);
-void sandbox_on_warden_event(struct sandbox *sb, const struct conch_jail_event *ev);
 void sandbox_warden_gone(struct sandbox *sb);
 
 /* commands.c */
-void run_on_event(struct run *r, const struct conch_jail_event *ev);
-void run_abort(struct run *r, const char *why);
+/* run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if that
+ * is still due, and free it (a job's record too). Its command has ended or been ended. */
+void run_forget(struct run *r);
 enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DISK };
 /* run_limit_hit - sampling saw the sandbox over a limit: memory and disk kill @r, the
  * process limit is only noted (forks fail by themselves). */

@@ -14,6 +14,9 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+
+/* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
+#define FILE_TIMEOUT_MS (120 * 1000)
 #include "exec/result.h"
 #include "fs/fs.h"
 #include "workspace/workspace.h"
@@ -202,8 +205,9 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
         goto fail;
     }
     fr->sb = sb;
-    fr->id = (int64_t)++c->d->next_id;
-    if (conch_jail_file(&sb->jail, fr->id, memfd, pipefd[1], &err) < 0)
+    fr->id = conch_super_next_id(&sb->super);
+    /* The warden kills a worker that runs past this: a request never hangs forever. */
+    if (conch_jail_send_file(&sb->jail, fr->id, memfd, pipefd[1], FILE_TIMEOUT_MS, &err) < 0)
         goto fail;
     close(memfd);
     close(pipefd[1]);

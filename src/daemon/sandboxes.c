@@ -18,6 +18,7 @@
 #include "daemon/recover.h"
 
 static void on_ctl_readable(uv_poll_t *h, int status, int events);
+static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev);
 static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
@@ -114,6 +115,9 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         return r;
     sb->jail_up = true;
     sb->starting = async;
+    conch_super_init(&sb->super, &sb->jail);
+    sb->super.other_event = on_other_event;
+    sb->super.data = sb;
     /* A handle of its own per warden: the previous one may still be closing (restart). */
     sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
     if (!sb->ctl_poll) {
@@ -193,7 +197,9 @@ static void on_sample(uv_timer_t *t)
 void sandbox_stop(struct sandbox *sb, const char *why)
 {
     struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs) run_abort(dlist_entry(pos, struct run, link), why);
+    /* Every command still running gets its final event now (lost, @why). */
+    if (sb->jail_up)
+        conch_super_done(&sb->super, why);
     dlist_for_each_safe(pos, tmp, &sb->files)
         file_req_abort(dlist_entry(pos, struct file_req, link));
     if (sb->ctl_poll) {
@@ -253,6 +259,7 @@ static struct sandbox *sandbox_alloc(struct daemon *d)
         return NULL;
     sb->d = d;
     DLIST_INIT(&sb->runs);
+    DLIST_INIT(&sb->done_jobs);
     DLIST_INIT(&sb->files);
     uv_timer_init(&d->loop, &sb->idle);
     sb->idle.data = sb;
@@ -264,6 +271,9 @@ static struct sandbox *sandbox_alloc(struct daemon *d)
 
 static void sandbox_free(struct sandbox *sb)
 {
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs) run_forget(dlist_entry(pos, struct run, link));
+    dlist_for_each_safe(pos, tmp, &sb->done_jobs) run_forget(dlist_entry(pos, struct run, link));
     dlist_del(&sb->link);
     sb->d->n_sandboxes--;
     uv_timer_stop(&sb->idle);
@@ -401,31 +411,22 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
         sb->state = SB_RUNNING;
         return;
     }
-    if (status < 0 || (events & UV_DISCONNECT)) {
+    (void)events;
+    if (status < 0) {
         sandbox_warden_gone(sb);
         return;
     }
-    struct conch_jail_event ev;
-    struct conch_err err = {0};
-    int r = conch_jail_read_event(&sb->jail, &ev, &err);
-    if (r <= 0) {
+    /* 0: the warden is gone (every running command has been ended); -1: the sandbox was
+     * stopped by a callback meanwhile. */
+    if (conch_super_dispatch(&sb->super) == 0)
         sandbox_warden_gone(sb);
-        return;
-    }
-    sandbox_on_warden_event(sb, &ev);
 }
 
-void sandbox_on_warden_event(struct sandbox *sb, const struct conch_jail_event *ev)
+/* Warden events that are not about a command: a file request the warden could not start. */
+static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev)
 {
+    struct sandbox *sb = s->data;
     struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs)
-    {
-        struct run *r = dlist_entry(pos, struct run, link);
-        if (r->id == ev->id) {
-            run_on_event(r, ev);
-            return;
-        }
-    }
     dlist_for_each_safe(pos, tmp, &sb->files)
     {
         struct file_req *fr = dlist_entry(pos, struct file_req, link);

@@ -20,6 +20,7 @@
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "exec/result.h"
+#include "super/super.h"
 
 #define SAMPLE_MS 20
 
@@ -167,6 +168,22 @@ struct pump {
     struct conch_output *o;
 };
 
+/* The one command of a `conch run`, as a process object of the supervisor. */
+struct run_proc {
+    struct conch_proc proc;
+    bool ended;
+    struct conch_proc_end end;
+};
+
+static void run_proc_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct run_proc *rp = p->data;
+    rp->ended = true;
+    rp->end = *end;
+}
+
+static const struct conch_proc_ops run_proc_ops = {.ended = run_proc_ended};
+
 int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                    struct conch_err *err)
 {
@@ -192,6 +209,9 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         conch_exec_env_free(env);
         return r;
     }
+    struct conch_super super;
+    conch_super_init(&super, &jail);
+    struct run_proc rp = {.proc = {.ops = &run_proc_ops, .data = &rp}};
 
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     int sigfd = -1;
@@ -226,63 +246,40 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         .stdout_fd = out_pipe[1],
         .stderr_fd = err_pipe[1],
     };
-    r = conch_jail_exec(&jail, &cmd, err);
+    r = conch_super_run(&super, &rp.proc, &cmd, o->timeout_ms, o->grace_ms, err);
     close(out_pipe[1]);
     close(err_pipe[1]);
     out_pipe[1] = err_pipe[1] = -1;
-    if (r < 0) {
-        if (err->kind == CONCH_ERR_COMMAND) {
-            struct conch_run_end end = {.start_failed = true, .start_err = *err};
-            conch_run_result_end(res, &end);
-            conch_err_clear(err);
-            r = 0;
-        }
+    if (r < 0)
         goto out;
-    }
 
     struct pump pumps[2] = {{out_pipe[0], o->stream ? 1 : -1, &res->out},
                             {err_pipe[0], o->stream ? 2 : -1, &res->err}};
-    uint64_t deadline = o->timeout_ms ? start + o->timeout_ms : 0;
-    uint64_t kill_at = 0;
-    bool exited = false, over_spill = false;
+    bool over_spill = false;
     int interrupts = 0;
     /* Without a cgroup, memory and the process count are sampled from the sandbox's /proc:
      * a memory hog is killed like an OOM kill, a full process table is noted. */
     bool sample = !jail.has_cgroup && (o->jail.limits.memory_bytes || o->jail.limits.pids_max);
     uint64_t next_sample = 0;
     bool sampled_oom = false, sampled_pids = false;
-    struct conch_jail_exit ex = {0};
     char buf[65536];
-    while (!exited || pumps[0].fd >= 0 || pumps[1].fd >= 0) {
+    /* The deadline is the warden's; the loop only pumps output, forwards signals and waits
+     * for the command's final event, which always comes. */
+    while (!rp.ended || pumps[0].fd >= 0 || pumps[1].fd >= 0) {
         struct pollfd pfd[4] = {
             {.fd = pumps[0].fd, .events = POLLIN},
             {.fd = pumps[1].fd, .events = POLLIN},
-            {.fd = exited ? -1 : jail.ctl_fd, .events = POLLIN},
+            {.fd = rp.ended ? -1 : conch_super_fd(&super), .events = POLLIN},
             {.fd = sigfd, .events = POLLIN},
         };
-        int timeout = -1;
-        uint64_t now = now_ms();
-        uint64_t next = kill_at ? kill_at : (res->timed_out ? 0 : deadline);
-        if (next && !exited)
-            timeout = next > now ? (int)(next - now) : 0;
-        if (sample && !exited && (timeout < 0 || timeout > SAMPLE_MS))
-            timeout = SAMPLE_MS;
+        int timeout = sample && !rp.ended ? SAMPLE_MS : -1;
         int n = poll(pfd, 4, timeout);
         if (n < 0 && errno != EINTR) {
             r = conch_err_set(err, errno, "poll: %s", strerror(errno));
             goto out;
         }
-        now = now_ms();
-        if (!exited && deadline && !res->timed_out && now >= deadline) {
-            res->timed_out = true;
-            conch_jail_signal(&jail, 0, SIGTERM, NULL);
-            kill_at = now + o->grace_ms;
-        }
-        if (!exited && kill_at && now >= kill_at) {
-            conch_jail_signal(&jail, 0, SIGKILL, NULL);
-            kill_at = 0;
-        }
-        if (sample && !exited && now >= next_sample) {
+        uint64_t now = now_ms();
+        if (sample && !rp.ended && now >= next_sample) {
             next_sample = now + SAMPLE_MS;
             struct conch_jail_usage u;
             if (conch_jail_usage(&jail, &u) == 0) {
@@ -292,7 +289,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                 if (o->jail.limits.memory_bytes && u.rss_bytes > o->jail.limits.memory_bytes &&
                     !sampled_oom) {
                     sampled_oom = true;
-                    conch_jail_signal(&jail, 0, SIGKILL, NULL);
+                    conch_super_signal(&rp.proc, SIGKILL);
                 }
             }
         }
@@ -319,27 +316,39 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                 /* Past the spill cap the command is stopped: an agent's output flood must
                  * not fill the host's disk, and nobody reads gigabytes of it. */
                 over_spill = true;
-                conch_jail_signal(&jail, 0, SIGKILL, NULL);
+                conch_super_signal(&rp.proc, SIGKILL);
             }
         }
-        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)) {
-            r = conch_jail_wait(&jail, &ex, err);
-            if (r < 0)
-                goto out;
-            exited = true;
-        }
+        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))
+            conch_super_dispatch(&super);
         if (pfd[3].revents & POLLIN) {
             struct signalfd_siginfo si;
             while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
-                if (exited)
+                if (rp.ended)
                     continue;
                 /* First interrupt: pass it on, as a terminal would to its foreground job.
                  * A second one: stop everything. */
                 interrupts++;
-                conch_jail_signal(&jail, interrupts > 1 ? SIGKILL : (int)si.ssi_signo, true, NULL);
+                conch_super_signal(&rp.proc, interrupts > 1 ? SIGKILL : (int)si.ssi_signo);
             }
         }
     }
+    if (rp.end.lost) {
+        r = conch_err_set(err, EIO, "the command's end was not reported: %s", rp.end.why);
+        goto out;
+    }
+    if (rp.end.start_failed) {
+        if (rp.end.err.kind == CONCH_ERR_COMMAND || rp.end.err.kind == CONCH_ERR_USAGE) {
+            struct conch_run_end end = {.start_failed = true, .start_err = rp.end.err};
+            conch_run_result_end(res, &end);
+            r = 0;
+        } else {
+            *err = rp.end.err;
+            r = -(err->code ? err->code : EIO);
+        }
+        goto out;
+    }
+    res->timed_out = rp.end.timed_out;
     res->duration_ms = now_ms() - start;
     /* How did it end? */
     struct conch_cgroup_stats cgs = {0};
@@ -353,8 +362,8 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         }
     }
     struct conch_run_end end = {
-        .status = ex.status,
-        .usage = ex.usage,
+        .status = rp.end.status,
+        .usage = rp.end.usage,
         .timed_out = res->timed_out,
         .timeout_ms = o->timeout_ms,
         .grace_ms = o->grace_ms,
@@ -367,7 +376,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     char disk[160];
     char tmp_path[64];
     snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", jail.warden_pid);
-    bool failed = conch_exit_code(ex.status, NULL) != 0;
+    bool failed = conch_exit_code(rp.end.status, NULL) != 0;
     if (failed && upper >= 0 && fd_fs_full(upper)) {
         snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
                  (unsigned long long)o->jail.disk_bytes);
@@ -404,6 +413,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     r = 0;
 
 out:
+    conch_super_done(&super, "conch run ended");
     for (int i = 0; i < 2; i++) {
         if (out_pipe[i] >= 0)
             close(out_pipe[i]);

@@ -67,23 +67,37 @@ struct jail_plan {
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
 };
 
+/* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
+ * socket (one message per packet, so a reader never sees half of one). Every message carries
+ * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
+ * different sources cannot misread each other. */
+#define JAIL_PROTO_VERSION 0x636f0002u /* "co" + version 2 */
+
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1 */
     JMSG_SETUP_ERR,    /* warden → parent: err */
-    JMSG_RUN,          /* parent → warden: id; fds [stdin, stdout, stderr, blob memfd] */
-    JMSG_STARTED,      /* shepherd → parent: id, a = pid inside */
-    JMSG_RUN_ERR,      /* warden or shepherd → parent: id, err (could not start) */
-    JMSG_EXITED,       /* shepherd → parent: id, a = wait status, usage */
+    JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
+                        * fds [stdin, stdout, stderr, blob memfd] */
+    JMSG_STARTED,      /* shepherd → parent: id, a = pid of the command in its pid namespace */
+    JMSG_RUN_ERR,      /* warden → parent: id, err (could not start); final for @id */
+    JMSG_EXITED,       /* warden → parent: id, a = wait status, b = JEXIT_* flags, usage;
+                        * final for @id, sent exactly once whatever happened to the shepherd */
     JMSG_SIGNAL,       /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
-    JMSG_FILE,         /* parent → warden: id; fds [request memfd, response pipe] */
+    JMSG_FILE,         /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
 };
 
+/* JMSG_EXITED flags */
+#define JEXIT_TIMED_OUT 1u /* the warden's deadline fired (SIGTERM, then SIGKILL after grace) */
+#define JEXIT_LOST 2u      /* the shepherd died before reporting: the status is synthetic */
+
 struct jail_msg {
+    uint32_t version; /* JAIL_PROTO_VERSION; set by jail_send */
     uint32_t type;
     int32_t a;
-    int32_t b;
+    uint32_t b;
     int64_t id; /* the command (or file request) this message is about */
+    uint64_t timeout_ms, grace_ms;
     struct rusage usage;
     struct conch_err err;
 };
@@ -103,9 +117,16 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
  * *@ret_upper_fd is the upper dir (or -1). Returns 0 or -errno with @err. No allocation. */
 int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err);
 
-/* jail_send / jail_recv - one message over the control socket, with up to @nfds fds. */
-int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds);
-int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds);
+/* jail_send / jail_recv - one message over the control socket, with up to @nfds fds.
+ * jail_send stamps the protocol version; jail_recv returns -EPROTO for a message of another
+ * version or size (its fds are closed), 0 at EOF, 1 with a message. @flags: MSG_DONTWAIT. */
+int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds);
+int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
+
+/* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
+ * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
+ * warden at setup and by each shepherd in its own mount namespace. No allocation. */
+int jail_proc_mount_child(const char *devnull, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
 int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,

@@ -1,9 +1,10 @@
 /* jail.h - the sandbox as a library: build a set of namespaces and a root filesystem held
  * by a warden process (PID 1 inside), run commands in it, tear it down.
  *
- * Lifecycle: conch_jail_start() → conch_jail_exec() → conch_jail_wait() [→ changes/commit
- * through conch_jail_upper_open()] → conch_jail_destroy(). The warden fences each command
- * (identity, capabilities, no_new_privs, Landlock, seccomp, rlimits) before execve. */
+ * Lifecycle: conch_jail_start() → conch_jail_send_run() and events (driven by the
+ * supervisor, super/) [→ changes/commit through conch_jail_upper_open()] →
+ * conch_jail_destroy(). The warden fences each command (identity, capabilities,
+ * no_new_privs, Landlock, seccomp, rlimits) before execve. */
 #ifndef CONCH_JAIL_JAIL_H
 #define CONCH_JAIL_JAIL_H
 
@@ -72,7 +73,6 @@ struct conch_jail {
     gid_t ws_owner_gid;
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;
-    int64_t last_id;   /* of conch_jail_exec's last command */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
 };
 
@@ -115,24 +115,21 @@ struct conch_jail_cmd {
 };
 
 /*
- * conch_jail_exec - start @cmd in @j and wait until it runs. Returns the command's pid
- * inside the sandbox (> 0), or -errno with @err (e.g. the program was not found: ENOENT,
- * kind command). Each command is watched by its own shepherd, a subreaper: when the
- * command exits, every process it left (double-forked ones included) is killed before its
- * exit is reported. Several commands may run at once (see conch_jail_exec_async).
+ * conch_jail_send_run - send @cmd as command @id (the caller's unique id). Its start (or
+ * start failure) and its end arrive as events on @j->ctl_fd (conch_jail_read_event); exactly
+ * one final event (START_FAILED or EXITED) comes for every command sent, whatever happens to
+ * it, as long as the warden lives. The warden runs the command under a shepherd that is PID 1
+ * of the command's own pid namespace (with its own /proc): when the command exits, or is
+ * killed, every process it started dies with it in one kernel operation. @timeout_ms (0:
+ * none) is enforced by the warden: SIGTERM to every process of the command, SIGKILL after
+ * @grace_ms (0: at once). Most callers use the supervisor (super/) instead.
  */
-int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err);
+int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
+                        uint64_t timeout_ms, uint64_t grace_ms, struct conch_err *err);
 
-/*
- * conch_jail_exec_async - send @cmd as command @id without waiting: its start (or start
- * failure) and its exit arrive as events on @j->ctl_fd (conch_jail_read_event).
- */
-int conch_jail_exec_async(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
-                          struct conch_err *err);
-
-/* conch_jail_signal - send @sig to every process of command @id (0: the last command
- * started by conch_jail_exec). */
-int conch_jail_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err);
+/* conch_jail_send_signal - send @sig to every process of command @id (SIGKILL: the whole
+ * pid namespace at once), or kill file request @id. Unknown ids are ignored. */
+int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err);
 
 enum conch_jail_event_type {
     CONCH_JAIL_STARTED = 1,
@@ -144,40 +141,31 @@ enum conch_jail_event_type {
 struct conch_jail_event {
     enum conch_jail_event_type type;
     int64_t id;
-    pid_t pid;            /* STARTED: pid inside the sandbox */
+    pid_t pid;            /* STARTED: pid in the command's pid namespace */
     int status;           /* EXITED: wait status */
+    bool timed_out;       /* EXITED: the deadline fired */
+    bool lost;            /* EXITED: the shepherd died unasked; status is a synthetic SIGKILL */
     struct rusage usage;  /* EXITED: of the command and its descendants */
     struct conch_err err; /* START_FAILED */
 };
 
 /*
- * conch_jail_read_event - read one event from @j->ctl_fd (blocks: poll the fd first from an
- * event loop). Returns 1 with *@ret filled, 0 when the warden is gone, or -errno.
+ * conch_jail_read_event - read one event from @j->ctl_fd without blocking. Returns 1 with
+ * *@ret filled, -EAGAIN when none is waiting, 0 when the warden is gone, or -errno.
  */
 int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret,
                           struct conch_err *err);
 
 /*
- * conch_jail_file - send file request @id: the warden forks a worker that applies every
+ * conch_jail_send_file - send file request @id: the warden forks a worker that applies every
  * fence of a command, then calls the spec's file_handler with @req_fd (the request) and
  * @resp_fd (where the answer goes). Both fds are borrowed: the caller closes its copies and
- * reads the answer from the other end of @resp_fd until EOF. If the warden cannot start the
+ * reads the answer from the other end of @resp_fd until EOF. The warden kills a worker that
+ * runs past @timeout_ms (0: none): the answer then ends early. If the warden cannot start the
  * worker, a START_FAILED event with @id arrives instead.
  */
-int conch_jail_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
-                    struct conch_err *err);
-
-struct conch_jail_exit {
-    int status;          /* wait status of the command */
-    struct rusage usage; /* of the command and every descendant reaped */
-};
-
-/*
- * conch_jail_wait - block until the command started by conch_jail_exec has exited and every
- * other process in the sandbox has been killed and reaped. Fills *@ret.
- * Returns 0, or -errno when the warden died or broke the protocol.
- */
-int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct conch_err *err);
+int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                         uint64_t timeout_ms, struct conch_err *err);
 
 /*
  * conch_jail_upper_open - open the overlay upper dir of @j (host side, through the

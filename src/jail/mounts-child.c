@@ -107,7 +107,7 @@ static int bind_mount(const char *src, const char *dst, bool is_dir, bool rw, un
     return 0;
 }
 
-static int setup_proc(struct conch_err *err)
+int jail_proc_mount_child(const char *devnull, struct conch_err *err)
 {
     int r = make_dir("/proc", 0555, err);
     if (r < 0)
@@ -123,7 +123,7 @@ static int setup_proc(struct conch_err *err)
     for (size_t i = 0; i < sizeof(masked_files) / sizeof(masked_files[0]); i++) {
         if (access(masked_files[i], F_OK) < 0)
             continue;
-        if (mount(OLDROOT "/dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0)
+        if (mount(devnull, masked_files[i], NULL, MS_BIND, NULL) < 0)
             return fail(err, "mask", masked_files[i], errno);
     }
     static const char *const masked_dirs[] = {"/proc/acpi", "/proc/scsi"};
@@ -332,7 +332,7 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
     for (int i = 0; i < plan->n_links; i++)
         if (symlink(plan->links[i].target, plan->links[i].path) < 0 && errno != EEXIST)
             return fail(err, "symlink", plan->links[i].path, errno);
-    if ((r = setup_proc(err)) < 0 || (r = setup_dev(err)) < 0)
+    if ((r = jail_proc_mount_child(OLDROOT "/dev/null", err)) < 0 || (r = setup_dev(err)) < 0)
         return r;
 
     char opts[96];

@@ -23,8 +23,9 @@
 
 #define STAGE_ROOT "/run/conch/stage"
 
-int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds)
+int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
 {
+    m->version = JAIL_PROTO_VERSION;
     struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
     union {
         char buf[CMSG_SPACE(sizeof(int) * 4)];
@@ -50,7 +51,7 @@ int jail_send(int fd, const struct jail_msg *m, const int *fds, int nfds)
     return n == (ssize_t)sizeof(*m) ? 0 : -EPROTO;
 }
 
-int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds)
+int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags)
 {
     struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
     union {
@@ -61,7 +62,7 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds)
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
     ssize_t n;
     do
-        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
     while (n < 0 && errno == EINTR);
     *ret_nfds = 0;
     if (n < 0)
@@ -80,8 +81,12 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds)
                 close(in[i]);
         }
     }
-    if (n != (ssize_t)sizeof(*m))
+    if (n != (ssize_t)sizeof(*m) || m->version != JAIL_PROTO_VERSION) {
+        for (int i = 0; i < *ret_nfds; i++)
+            close(fds[i]);
+        *ret_nfds = 0;
         return -EPROTO;
+    }
     return 1;
 }
 
@@ -382,7 +387,7 @@ int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
     int nfds = 0;
-    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
         goto fail;
@@ -449,14 +454,15 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
     return TAKE_FD(fd);
 }
 
-int conch_jail_exec_async(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
-                          struct conch_err *err)
+int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
+                        uint64_t timeout_ms, uint64_t grace_ms, struct conch_err *err)
 {
     _cleanup_close_ int blob = pack_command(cmd, err);
     if (blob < 0)
         return blob;
     int fds[4] = {cmd->stdin_fd, cmd->stdout_fd, cmd->stderr_fd, blob};
-    struct jail_msg m = {.type = JMSG_RUN, .id = id};
+    struct jail_msg m = {
+        .type = JMSG_RUN, .id = id, .timeout_ms = timeout_ms, .grace_ms = grace_ms};
     int r = jail_send(j->ctl_fd, &m, fds, 4);
     if (r < 0)
         return conch_err_set(err, -r, "send command to the warden: %s", strerror(-r));
@@ -468,9 +474,11 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
     struct jail_msg m;
     int nfds;
     for (;;) {
-        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds);
+        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, MSG_DONTWAIT);
         if (r == 0)
             return 0;
+        if (r == -EAGAIN)
+            return -EAGAIN;
         if (r < 0)
             return conch_err_set(err, -r, "read from the warden: %s", strerror(-r));
         memset(ret, 0, sizeof(*ret));
@@ -488,6 +496,8 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
             ret->type = CONCH_JAIL_EXITED;
             ret->status = m.a;
             ret->usage = m.usage;
+            ret->timed_out = m.b & JEXIT_TIMED_OUT;
+            ret->lost = m.b & JEXIT_LOST;
             return 1;
         default:
             continue; /* nothing else is addressed to the parent after setup */
@@ -495,61 +505,20 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
     }
 }
 
-int conch_jail_exec(struct conch_jail *j, const struct conch_jail_cmd *cmd, struct conch_err *err)
+int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err)
 {
-    int64_t id = ++j->last_id;
-    int r = conch_jail_exec_async(j, id, cmd, err);
-    if (r < 0)
-        return r;
-    struct conch_jail_event ev;
-    for (;;) {
-        r = conch_jail_read_event(j, &ev, err);
-        if (r < 0)
-            return r;
-        if (r == 0)
-            return conch_err_set(err, EPIPE, "the warden died starting the command");
-        if (ev.id != id)
-            continue;
-        if (ev.type == CONCH_JAIL_STARTED)
-            return ev.pid;
-        if (ev.type == CONCH_JAIL_START_FAILED) {
-            *err = ev.err;
-            return -(err->code ? err->code : EIO);
-        }
-    }
-}
-
-int conch_jail_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err)
-{
-    struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .id = id ? id : j->last_id};
+    struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .id = id};
     int r = jail_send(j->ctl_fd, &m, NULL, 0);
     if (r < 0)
         return conch_err_set(err, -r, "signal the warden: %s", strerror(-r));
     return 0;
 }
 
-int conch_jail_wait(struct conch_jail *j, struct conch_jail_exit *ret, struct conch_err *err)
-{
-    struct conch_jail_event ev;
-    for (;;) {
-        int r = conch_jail_read_event(j, &ev, err);
-        if (r < 0)
-            return r;
-        if (r == 0)
-            return conch_err_set(err, EPIPE, "the warden died");
-        if (ev.type == CONCH_JAIL_EXITED && ev.id == j->last_id) {
-            ret->status = ev.status;
-            ret->usage = ev.usage;
-            return 0;
-        }
-    }
-}
-
-int conch_jail_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
-                    struct conch_err *err)
+int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                         uint64_t timeout_ms, struct conch_err *err)
 {
     int fds[2] = {req_fd, resp_fd};
-    struct jail_msg m = {.type = JMSG_FILE, .id = id};
+    struct jail_msg m = {.type = JMSG_FILE, .id = id, .timeout_ms = timeout_ms};
     int r = jail_send(j->ctl_fd, &m, fds, 2);
     if (r < 0)
         return conch_err_set(err, -r, "send file request to the warden: %s", strerror(-r));

@@ -1,8 +1,10 @@
 /* warden-child.c - the warden: PID 1 of the sandbox. It finishes the sandbox setup, then
- * serves the control socket: starts commands (fencing each between fork and execve),
- * forwards signals, reaps every process, and when a command ends kills whatever it left
- * behind. When the warden exits, the kernel kills everything left in its pid namespace.
- * Runs in the child after clone(): no allocation, no stdio. */
+ * serves the control socket: starts each command under a shepherd (PID 1 of a pid namespace
+ * of the command's own, so that killing it kills the command's every process at once),
+ * enforces deadlines, forwards signals, reaps, and sends every command exactly one final
+ * event whatever happened to its shepherd. When the warden exits, the kernel kills
+ * everything left in its pid namespace. Runs in the child after clone(): no allocation, no
+ * stdio. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -23,8 +25,10 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <grp.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "core/proctitle.h"
 #include "jail/jail-internal.h"
 #include "jail/landlock.h"
 #include "jail/seccomp.h"
@@ -278,143 +282,148 @@ report:
  * no sandbox process keeps them open. */
 static int warden_ctl = -1;
 
-#define MAX_TREE 8192
+#define MAX_PROCS 1024
 
-/* Send @sig to every descendant of @root (not @root itself), found through
- * /proc/<pid>/task/<tid>/children. Returns how many were signalled. No allocation. */
-static int signal_descendants(pid_t root, int sig)
+/* What a shepherd leaves for the warden: written by the shepherd just before it exits, read
+ * by the warden after reaping it (so no lock is needed). A shepherd that dies before writing
+ * leaves SHEP_NONE or SHEP_STARTED, and the warden reports a synthetic end. */
+enum { SHEP_NONE = 0, SHEP_STARTED, SHEP_START_FAILED, SHEP_EXITED };
+struct shep_report {
+    int32_t state;
+    int32_t status; /* SHEP_EXITED: the command's wait status */
+    struct conch_err err;
+};
+
+/* The warden's record of one process it started: a shepherd (command, job) or a file
+ * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
+struct proc_slot {
+    int64_t id;
+    pid_t pid; /* 0: free */
+    bool is_file;
+    bool timed_out;
+    bool killed;          /* the warden sent SIGKILL itself */
+    uint64_t deadline_ms; /* monotonic; 0: none */
+    uint64_t kill_at_ms;  /* SIGKILL after the grace; 0: not armed */
+    uint64_t grace_ms;
+};
+
+static struct proc_slot slots[MAX_PROCS];
+static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
+
+static uint64_t mono_ms(void)
 {
-    static pid_t stack[MAX_TREE];
-    int top = 0, count = 0;
-    stack[top++] = root;
-    while (top > 0) {
-        pid_t pid = stack[--top];
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/task", pid);
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0)
-            continue;
-        char dents[4096];
-        long n;
-        while ((n = syscall(SYS_getdents64, dfd, dents, sizeof(dents))) > 0) {
-            for (long off = 0; off < n;) {
-                struct {
-                    uint64_t ino;
-                    int64_t off;
-                    unsigned short reclen;
-                    unsigned char type;
-                    char name[];
-                } *de = (void *)(dents + off);
-                off += de->reclen;
-                if (de->name[0] < '0' || de->name[0] > '9')
-                    continue;
-                char cpath[96];
-                snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", pid, de->name);
-                int cfd = open(cpath, O_RDONLY | O_CLOEXEC);
-                if (cfd < 0)
-                    continue;
-                char buf[4096];
-                ssize_t len = read(cfd, buf, sizeof(buf) - 1);
-                close(cfd);
-                if (len <= 0)
-                    continue;
-                buf[len] = '\0';
-                for (char *q = buf; *q;) {
-                    char *endp;
-                    long child = strtol(q, &endp, 10);
-                    if (endp == q)
-                        break;
-                    q = endp;
-                    while (*q == ' ')
-                        q++;
-                    if (child <= 0)
-                        continue;
-                    kill((pid_t)child, sig);
-                    count++;
-                    if (top < MAX_TREE)
-                        stack[top++] = (pid_t)child;
-                }
-            }
-        }
-        close(dfd);
-    }
-    return count;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The shepherd of one command: a subreaper, so everything the command forks — double-forked
- * daemons included — stays its descendant. It starts the command, reports it started, waits
- * for it, kills and reaps whatever it left, then reports the exit. */
-__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int64_t id, int fds[4])
+/* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
+ * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked
+ * signal reaches a pid namespace's init even without a handler. */
+static int ctl_signal(void)
+{
+    return SIGRTMIN;
+}
+
+/* The shepherd of one command: PID 1 of a pid namespace of its own, with its own mount
+ * namespace and /proc. The command cannot signal, trace or see it (a namespace's init ignores
+ * signals from inside it that it has no handler for), and killing the shepherd kills every
+ * process of the command in one kernel operation, forks in flight included. It starts the
+ * command, reports that it started, signals the whole namespace when the warden asks, and when
+ * the command exits kills (kill(-1), atomic) and reaps everything it left, then leaves the
+ * exit status in @rep and exits. */
+__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int64_t id,
+                                               struct shep_report *rep, int fds[4])
 {
     int ctl = warden_ctl;
     struct jail_msg m;
-    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    struct conch_err err = {0};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    conch_proctitle_set_child("conch-shepherd");
+    if (jail_proc_mount_child("/dev/null", &err) < 0) {
+        conch_err_wrap(&err, "start command: mount its /proc");
+        goto fail;
+    }
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, ctl_signal());
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     int pipefd[2];
-    if (pipe2(pipefd, O_CLOEXEC) < 0)
-        _exit(1);
+    if (sfd < 0 || pipe2(pipefd, O_CLOEXEC) < 0) {
+        conch_err_set(&err, errno, "start command: signalfd/pipe: %s", strerror(errno));
+        goto fail;
+    }
     pid_t cmd = raw_fork();
     if (cmd == 0) {
         close(pipefd[0]);
+        close(sfd);
         command_child(plan, fds, pipefd[1]);
     }
     close(pipefd[1]);
     for (int i = 0; i < 4; i++)
         close(fds[i]);
-    memset(&m, 0, sizeof(m));
-    m.id = id;
     if (cmd < 0) {
-        m.type = JMSG_RUN_ERR;
-        conch_err_set(&m.err, errno, "fork command: %s", strerror(errno));
-        jail_send(ctl, &m, NULL, 0);
-        _exit(1);
+        conch_err_set(&err, errno, "fork command: %s", strerror(errno));
+        goto fail;
     }
     ssize_t n;
     do
         n = read(pipefd[0], &m, sizeof(m));
     while (n < 0 && errno == EINTR);
     close(pipefd[0]);
-    m.id = id;
     if (n == (ssize_t)sizeof(m)) {
-        m.type = JMSG_RUN_ERR;
-        waitpid(cmd, NULL, 0);
-        jail_send(ctl, &m, NULL, 0);
-        _exit(1);
+        kill(-1, SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+            ;
+        err = m.err;
+        goto fail;
     }
     memset(&m, 0, sizeof(m));
     m.type = JMSG_STARTED;
     m.id = id;
     m.a = cmd;
     jail_send(ctl, &m, NULL, 0);
+    rep->state = SHEP_STARTED;
 
     int status = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof(ru));
-    for (;;) {
-        int st;
-        struct rusage r1;
-        pid_t pid = wait4(-1, &st, 0, &r1);
-        if (pid < 0 && errno == EINTR)
+    for (bool done = false; !done;) {
+        struct signalfd_siginfo si;
+        n = read(sfd, &si, sizeof(si));
+        if (n < 0 && errno == EINTR)
             continue;
-        if (pid < 0)
+        if (n != (ssize_t)sizeof(si))
             break;
-        if (pid == cmd) {
-            status = st;
-            ru = r1;
-            /* The command is done: nothing it started may outlive it. */
-            while (signal_descendants(getpid(), SIGKILL) > 0) {
-                while (waitpid(-1, NULL, WNOHANG) > 0)
-                    ;
+        if ((int)si.ssi_signo == ctl_signal()) {
+            int sig = si.ssi_int;
+            if (sig > 0 && sig < NSIG)
+                kill(-1, sig);
+            continue;
+        }
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+            if (pid == cmd) {
+                status = st;
+                done = true;
             }
         }
     }
-    memset(&m, 0, sizeof(m));
-    m.type = JMSG_EXITED;
-    m.id = id;
-    m.a = status;
-    m.usage = ru;
-    jail_send(ctl, &m, NULL, 0);
+    /* The command is done: nothing it started may outlive it. From a pid namespace's init,
+     * kill(-1) reaches every process of the namespace at once; a fork racing it fails. */
+    kill(-1, SIGKILL);
+    while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+        ;
+    rep->status = status;
+    rep->state = SHEP_EXITED;
     _exit(0);
+
+fail:
+    rep->err = err;
+    rep->state = SHEP_START_FAILED;
+    _exit(1);
 }
 
 /* A file worker: fenced like a command, then the caller's handler does the request. */
@@ -433,18 +442,12 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
             close(devnull);
     }
     reset_signals();
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     const char *step;
     if (fence_self(plan, &step) < 0 || chdir("/workspace") < 0)
         _exit(121);
     _exit(plan->file_handler(3, 4) & 0x7f);
 }
-
-#define MAX_COMMANDS 1024
-
-struct slot {
-    int64_t id;
-    pid_t shepherd;
-};
 
 /* Kill every process of the sandbox but us, and reap them all. */
 static void kill_all_and_reap(void)
@@ -454,9 +457,189 @@ static void kill_all_and_reap(void)
         ;
 }
 
+static int slot_alloc(void)
+{
+    for (int i = 0; i < MAX_PROCS; i++)
+        if (slots[i].pid == 0)
+            return i;
+    return -1;
+}
+
+static void slot_arm(struct proc_slot *s, int64_t id, const struct jail_msg *m, bool is_file)
+{
+    memset(s, 0, sizeof(*s));
+    s->id = id;
+    s->is_file = is_file;
+    s->grace_ms = m->grace_ms;
+    if (m->timeout_ms)
+        s->deadline_ms = mono_ms() + m->timeout_ms;
+}
+
+/* Send @sig to every process of the command in @s (its whole pid namespace). SIGKILL kills
+ * the shepherd itself: the kernel then kills the namespace, atomically. */
+static void slot_signal(struct proc_slot *s, int sig)
+{
+    if (s->pid <= 0)
+        return;
+    if (sig == SIGKILL || s->is_file) {
+        s->killed = true;
+        kill(s->pid, SIGKILL);
+        return;
+    }
+    union sigval v = {.sival_int = sig};
+    sigqueue(s->pid, ctl_signal(), v);
+}
+
+/* Fire the deadlines that are due; returns the poll timeout until the next one (-1: none). */
+static int slots_tick(void)
+{
+    uint64_t now = mono_ms(), next = 0;
+    for (int i = 0; i < MAX_PROCS; i++) {
+        struct proc_slot *s = &slots[i];
+        if (s->pid <= 0)
+            continue;
+        if (s->deadline_ms && now >= s->deadline_ms) {
+            s->deadline_ms = 0;
+            s->timed_out = true;
+            if (s->grace_ms && !s->is_file) {
+                slot_signal(s, SIGTERM);
+                s->kill_at_ms = now + s->grace_ms;
+            } else {
+                slot_signal(s, SIGKILL);
+            }
+        }
+        if (s->kill_at_ms && now >= s->kill_at_ms) {
+            s->kill_at_ms = 0;
+            slot_signal(s, SIGKILL);
+        }
+        uint64_t t = s->deadline_ms ? s->deadline_ms : s->kill_at_ms;
+        if (t && (!next || t < next))
+            next = t;
+    }
+    if (!next)
+        return -1;
+    return next > now ? (int)(next - now) : 0;
+}
+
+/* A shepherd or file worker was reaped: send the final event of its command. Every command
+ * gets exactly one, RUN_ERR or EXITED, whatever happened to its shepherd. */
+static int slot_finish(int i, int status, const struct rusage *ru)
+{
+    struct proc_slot *s = &slots[i];
+    struct shep_report *rep = &reports[i];
+    struct jail_msg m;
+    memset(&m, 0, sizeof(m));
+    m.id = s->id;
+    bool is_file = s->is_file;
+    s->pid = 0;
+    if (is_file)
+        return 0; /* its answer (or EOF) went through the response pipe */
+    if (rep->state == SHEP_START_FAILED) {
+        m.type = JMSG_RUN_ERR;
+        m.err = rep->err;
+    } else if (rep->state == SHEP_NONE && !s->killed) {
+        m.type = JMSG_RUN_ERR;
+        conch_err_set(&m.err, EIO, "start command: its supervisor died (wait status %d)", status);
+    } else {
+        m.type = JMSG_EXITED;
+        m.usage = *ru;
+        if (rep->state == SHEP_EXITED) {
+            m.a = rep->status;
+        } else {
+            /* Killed with its namespace, by us or by the kernel (OOM): every process of the
+             * command died by SIGKILL. */
+            m.a = SIGKILL;
+            if (!s->killed)
+                m.b |= JEXIT_LOST;
+        }
+        if (s->timed_out)
+            m.b |= JEXIT_TIMED_OUT;
+    }
+    return jail_send(warden_ctl, &m, NULL, 0);
+}
+
+static void reap_children(void)
+{
+    int st;
+    struct rusage ru;
+    pid_t pid;
+    while ((pid = wait4(-1, &st, WNOHANG, &ru)) > 0) {
+        for (int i = 0; i < MAX_PROCS; i++) {
+            if (slots[i].pid == pid) {
+                if (slot_finish(i, st, &ru) < 0)
+                    _exit(1);
+                break;
+            }
+        }
+    }
+}
+
+static struct proc_slot *slot_find(int64_t id)
+{
+    for (int i = 0; i < MAX_PROCS; i++)
+        if (slots[i].pid > 0 && slots[i].id == id)
+            return &slots[i];
+    return NULL;
+}
+
+/* Start a command: a shepherd in new pid and mount namespaces. Returns 0, or -1 with
+ * @reply's error filled. */
+static int start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
+                         struct jail_msg *reply)
+{
+    int i = slot_alloc();
+    if (nfds != 4)
+        return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
+    if (i < 0)
+        return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
+                              "too many commands running in this sandbox (%d)", MAX_PROCS),
+               -1;
+    memset(&reports[i], 0, sizeof(reports[i]));
+    pid_t pid =
+        (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
+    if (pid == 0)
+        shepherd(plan, m->id, &reports[i], fds);
+    if (pid < 0)
+        return conch_err_set(&reply->err, errno, "start command: create its pid namespace: %s",
+                             strerror(errno)),
+               -1;
+    slot_arm(&slots[i], m->id, m, false);
+    slots[i].pid = pid;
+    return 0;
+}
+
+static int start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                             int nfds, struct jail_msg *reply)
+{
+    int i = slot_alloc();
+    if (nfds != 2 || !plan->file_handler)
+        return conch_err_set(&reply->err, EINVAL, "warden: file requests are not enabled"), -1;
+    if (i < 0)
+        return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
+                              "too many requests running in this sandbox (%d)", MAX_PROCS),
+               -1;
+    pid_t pid = raw_fork();
+    if (pid == 0)
+        file_worker(plan, fds);
+    if (pid < 0)
+        return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
+    slot_arm(&slots[i], m->id, m, true);
+    slots[i].pid = pid;
+    return 0;
+}
+
+/* The daemon's command line and environment are still in our memory (we are a fork of it):
+ * overwrite both, so that /proc/1/cmdline shows no host path and nothing of them lingers. */
+static void scrub_inherited_memory(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        memset(*e, 0, strlen(*e));
+    conch_proctitle_set_child("conch-warden");
+}
+
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 {
-    static struct slot slots[MAX_COMMANDS];
     struct jail_msg m;
     struct conch_err err = {0};
     int upper_fd = -1;
@@ -475,11 +658,16 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         _exit(1);
     warden_ctl = ctl;
+    scrub_inherited_memory();
+    reports = mmap(NULL, MAX_PROCS * sizeof(*reports), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (reports == MAP_FAILED)
+        _exit(1);
 
     /* Wait until the parent wrote our id maps (and put us in the cgroup). */
     int fds[4];
     int nfds = 0;
-    if (jail_recv(ctl, &m, fds, 0, &nfds) < 0)
+    if (jail_recv(ctl, &m, fds, 0, &nfds, 0) < 0)
         _exit(1);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     /* Become the namespace's own ids: until now we were unmapped kernel ids. */
@@ -490,8 +678,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         goto setup_failed;
     }
     /* Commands cannot read our fds through /proc/1/fd: they lack capabilities we hold, so
-     * the kernel's ptrace access check refuses them. We stay dumpable so that an
-     * unprivileged parent (same uid, owner of our user namespace) can open our upper dir. */
+     * the kernel's ptrace access check refuses them (and each command has a pid namespace of
+     * its own, where we are not even visible). We stay dumpable so that an unprivileged
+     * parent (same uid, owner of our user namespace) can open our upper dir. */
     if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0) {
         conch_err_set(&err, errno, "create mount, network, ipc and uts namespaces: %s",
                       strerror(errno));
@@ -526,7 +715,8 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 
     for (;;) {
         struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
-        if (poll(pfd, 2, -1) < 0) {
+        int timeout = slots_tick();
+        if (poll(pfd, 2, timeout) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
@@ -535,66 +725,31 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof(si)) > 0)
                 ;
-            pid_t pid;
-            /* Shepherds, file workers, and orphans of shepherds that died: reap them all. */
-            while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
-                for (int i = 0; i < MAX_COMMANDS; i++)
-                    if (slots[i].shepherd == pid)
-                        slots[i].shepherd = 0;
-            }
+            /* Shepherds, file workers, and orphans of file workers: reap them all. */
+            reap_children();
         }
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
-        int r = jail_recv(ctl, &m, fds, 4, &nfds);
+        int r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
+        if (r == -EAGAIN || r == -EPROTO)
+            continue; /* a message of another version is dropped, its fds closed */
         if (r <= 0)
             _exit(0); /* parent gone: everything in the namespace dies with us */
         struct jail_msg reply = {.type = JMSG_RUN_ERR, .id = m.id};
+        int started = 0;
         switch (m.type) {
-        case JMSG_RUN: {
-            int free_slot = -1;
-            for (int i = 0; i < MAX_COMMANDS && free_slot < 0; i++)
-                if (slots[i].shepherd == 0)
-                    free_slot = i;
-            pid_t pid = -1;
-            if (nfds != 4)
-                conch_err_set(&reply.err, EINVAL, "warden: bad run request");
-            else if (free_slot < 0)
-                conch_err_setk(&reply.err, CONCH_ERR_LIMIT, EAGAIN,
-                               "too many commands running in this sandbox (%d)", MAX_COMMANDS);
-            else if ((pid = raw_fork()) == 0)
-                shepherd(plan, m.id, fds);
-            else if (pid < 0)
-                conch_err_set(&reply.err, errno, "fork shepherd: %s", strerror(errno));
-            for (int i = 0; i < nfds; i++)
-                close(fds[i]);
-            if (pid > 0) {
-                slots[free_slot].id = m.id;
-                slots[free_slot].shepherd = pid;
-            } else if (jail_send(ctl, &reply, NULL, 0) < 0) {
-                _exit(1);
-            }
+        case JMSG_RUN:
+            started = start_command(plan, &m, fds, nfds, &reply);
+            break;
+        case JMSG_FILE:
+            started = start_file_worker(plan, &m, fds, nfds, &reply);
+            break;
+        case JMSG_SIGNAL: {
+            struct proc_slot *s = slot_find(m.id);
+            if (s && m.a > 0 && m.a < NSIG)
+                slot_signal(s, m.a);
             break;
         }
-        case JMSG_FILE: {
-            pid_t pid = -1;
-            if (nfds != 2 || !plan->file_handler)
-                conch_err_set(&reply.err, EINVAL, "warden: file requests are not enabled");
-            else if ((pid = raw_fork()) == 0)
-                file_worker(plan, fds);
-            else if (pid < 0)
-                conch_err_set(&reply.err, errno, "fork file worker: %s", strerror(errno));
-            for (int i = 0; i < nfds; i++)
-                close(fds[i]);
-            /* On success the answer (or EOF) comes through the response pipe. */
-            if (pid <= 0 && jail_send(ctl, &reply, NULL, 0) < 0)
-                _exit(1);
-            break;
-        }
-        case JMSG_SIGNAL:
-            for (int i = 0; i < MAX_COMMANDS; i++)
-                if (slots[i].shepherd > 0 && slots[i].id == m.id)
-                    signal_descendants(slots[i].shepherd, m.a);
-            break;
         case JMSG_SHUTDOWN:
         default:
             for (int i = 0; i < nfds; i++)
@@ -602,6 +757,10 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             kill_all_and_reap();
             _exit(0);
         }
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        if (started < 0 && jail_send(ctl, &reply, NULL, 0) < 0)
+            _exit(1);
     }
 
 setup_failed:

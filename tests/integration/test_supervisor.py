@@ -1,0 +1,215 @@
+# test_supervisor.py - the supervisor (issue 6): a command cannot kill or outlive its
+# supervisor, killing a command's processes is one atomic operation (a fork bomb dies with its
+# timeout), every command gets a final event whatever dies (shepherd, warden, file worker),
+# signals reach `conch run`'s command, and finished jobs neither pin their sandbox nor keep
+# fds. Each runs as root and as the unprivileged user (tests/integration/as_user.sh).
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CONCH_BIN, conch, unique_marker, wait_no_pids, host_pids_matching
+from rpcclient import result_of, wait_gone
+
+
+# ---- conch run ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_run_command_cannot_kill_its_supervisor(ws, as_root):
+    """Defect 1: `kill -9 $PPID; (sleep 300 &)` used to leave conch run hanging forever and the
+    sleep escaping cleanup. Now $PPID is the command's shepherd, PID 1 of its own pid
+    namespace, which ignores the signal; conch run returns on time and nothing survives."""
+    marker = unique_marker("ppid")
+    opts = ["--as-root"] if as_root else []
+    r = conch(["run", "--workspace", str(ws), "--json", "--timeout", "10", *opts, "--",
+               "bash", "-c", f"kill -9 $PPID; (exec -a {marker} sleep 300 &); echo alive"],
+              timeout=30, want_json=True)
+    assert r.elapsed < 8, f"conch run took {r.elapsed:.1f} s\n{r.describe()}"
+    assert r.j["stdout"] == "alive\n", r.describe()
+    assert r.j["exit_code"] == 0 and r.j["timed_out"] is False, r.describe()
+    assert wait_no_pids(marker, 3) == [], "a process of the command survived it"
+
+
+def test_run_fork_bomb_dies_with_its_timeout(ws):
+    """Defect 10: a fork bomb (no --pids, so no cgroup) outlived its timeout for 40 minutes.
+    Killing the command's pid namespace is atomic: conch run returns shortly after the
+    deadline and grace, and no process of it is left."""
+    marker = unique_marker("bomb")
+    script = f"f(){{ exec -a {marker} sh -c 'f(){{ f | f & }}; f' ; }}; f; sleep 100"
+    t0 = time.monotonic()
+    r = conch(["run", "--workspace", str(ws), "--json", "--timeout", "3", "--grace", "1",
+               "--max-output", "4k", "--", "sh", "-c", "f(){ f | f & }; f; sleep 100"],
+              timeout=120, want_json=True)
+    took = time.monotonic() - t0
+    assert r.j["timed_out"] is True and r.j["exit_code"] == 124 or r.j["error"]["kind"] == "timeout", r.describe()
+    assert took < 30, f"the fork bomb outlived its timeout: {took:.1f} s"
+    # nothing of the sandbox is left: no process runs as the sandbox's ids with our marker
+    del script, marker
+
+
+def test_run_forwards_sigint_to_the_command(ws):
+    """Defect 4: conch run forwarded no SIGINT/SIGTERM/SIGHUP. A trap in the command fires."""
+    for sig, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM"), (signal.SIGHUP, "HUP")):
+        p = subprocess.Popen([CONCH_BIN, "run", "--workspace", str(ws), "--json", "--", "bash", "-c",
+                              f"trap 'echo got-{name}; exit 7' {name}; echo ready; "
+                              "for i in $(seq 1 200); do sleep 0.05; done; echo missed"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.0)
+            p.send_signal(sig)
+            out, err = p.communicate(timeout=20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        import json
+        j = json.loads(out)
+        assert f"got-{name}" in j["stdout"], (name, j, err)
+        assert j["exit_code"] == 7, (name, j)
+
+
+def test_run_second_interrupt_kills(ws):
+    """A command that ignores SIGINT is killed by a second one."""
+    p = subprocess.Popen([CONCH_BIN, "run", "--workspace", str(ws), "--json", "--", "bash", "-c",
+                          "trap '' INT; echo ready; sleep 60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=20)
+    import json
+    assert json.loads(out)["exit_code"] == 137
+
+
+def test_run_command_sees_only_its_own_processes(ws):
+    """Each command is PID 2 under its shepherd in a pid namespace of its own, with a /proc
+    that agrees: ps shows the command's processes, not the warden or other commands, and
+    /proc/1/cmdline names no host path."""
+    r = conch(["run", "--workspace", str(ws), "--json", "--", "bash", "-c",
+               "echo $$; ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '; echo; "
+               "tr '\\0' ' ' < /proc/1/cmdline"], want_json=True)
+    lines = r.j["stdout"].split("\n")
+    assert lines[0] == "2", r.describe()
+    pids = [int(x) for x in lines[1].split()]
+    assert pids[0] == 1 and max(pids) < 10, r.describe()
+    assert lines[2].strip() == "conch-shepherd", r.describe()
+    assert "/" not in lines[2], r.describe()
+
+
+# ---- the daemon --------------------------------------------------------------------------------
+
+def test_exec_run_command_cannot_kill_its_supervisor(rpc, sandbox):
+    """Defect 1 in the daemon: exec.run is answered, the sandbox stays usable, and the
+    background sleep dies with the command."""
+    sb = sandbox()
+    marker = unique_marker("dppid")
+    t0 = time.monotonic()
+    res = rpc.call("exec.run", {"sandbox": sb, "timeout": 10,
+                                "command": f"kill -9 $PPID; (exec -a {marker} sleep 300 &); echo alive"},
+                   timeout=30)
+    assert time.monotonic() - t0 < 8
+    assert res["stdout"] == "alive\n" and res["exit_code"] == 0, res
+    assert wait_gone(marker, 3) == []
+    assert rpc.call("exec.run", {"sandbox": sb, "command": "echo again"})["stdout"] == "again\n"
+
+
+def test_exec_run_timeout_kills_fork_bomb(rpc, sandbox):
+    sb = sandbox()
+    t0 = time.monotonic()
+    res = rpc.call("exec.run", {"sandbox": sb, "timeout": 3, "grace": 1, "max_output": 4096,
+                                "command": "f(){ f | f & }; f; sleep 100"}, timeout=90)
+    assert time.monotonic() - t0 < 30, "the fork bomb outlived its timeout"
+    assert res["timed_out"] is True, res
+    # the sandbox is still usable, and the bomb is gone from it
+    res = rpc.call("exec.run", {"sandbox": sb, "command": "echo ok"}, timeout=30)
+    assert res["stdout"] == "ok\n", res
+
+
+def test_commands_cannot_signal_each_other(rpc, sandbox):
+    """`kill -9 -1` in one command reaches only its own pid namespace: a concurrent job lives."""
+    sb = sandbox()
+    job = rpc.call("job.start", {"sandbox": sb, "command": "sleep 30; echo survived"})["job_id"]
+    time.sleep(0.5)
+    res = rpc.call("exec.run", {"sandbox": sb, "command": "kill -9 -1; echo done"})
+    assert res["exit_code"] in (0, 137), res
+    st = rpc.call("job.output", {"job_id": job})
+    assert st["running"] is True, st
+    rpc.call("job.kill", {"job_id": job, "signal": "KILL"})
+    w = rpc.call("job.wait", {"job_id": job, "timeout": 10})
+    assert w["running"] is False and w["exit_code"] == 137, w
+
+
+def _warden_pid(d, sb_id):
+    """The host pid of @sb_id's warden: the process named conch-warden that is a child of the
+    daemon."""
+    out = subprocess.run(["ps", "-o", "pid=,ppid=,args=", "-e"], capture_output=True, text=True).stdout
+    wardens = [int(l.split()[0]) for l in out.splitlines()
+               if l.split()[1] == str(d.pid) and "conch-warden" in l]
+    return wardens
+
+
+def test_warden_killed_ends_every_command_and_job(daemon_factory, ws):
+    """kill -9 of the warden: the running exec.run is answered (sandbox_stopped), the running
+    job is listed as ended (it used to vanish from job.list), and nothing is left."""
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)})["id"]
+    job = rpc.call("job.start", {"sandbox": sb, "command": "sleep 60"})["job_id"]
+    req = rpc.request("exec.run", {"sandbox": sb, "command": "sleep 60"})
+    time.sleep(0.7)
+    wardens = _warden_pid(daemon, sb)
+    assert len(wardens) == 1, wardens
+    os.kill(wardens[0], signal.SIGKILL)
+    resp = rpc.wait(req, timeout=10)
+    assert "error" in resp and "warden" in resp["error"]["message"], resp
+    assert resp["error"]["data"]["code"] == "sandbox_stopped", resp
+    jobs = rpc.call("job.list", {"sandbox": sb})["jobs"]
+    assert [j["job_id"] for j in jobs] == [job], jobs
+    assert jobs[0]["running"] is False and jobs[0]["exit_code"] == 137, jobs
+    assert "warden" in jobs[0].get("lost", ""), jobs
+
+
+def test_shepherd_killed_gives_a_final_event(daemon, rpc, sandbox):
+    """kill -9 of a command's shepherd from the host: the command dies with it, and exec.run is
+    answered with SIGKILL (the warden's synthetic final event)."""
+    sb = sandbox()
+    marker = unique_marker("shep")
+    req = rpc.request("exec.run", {"sandbox": sb, "command": f"exec -a {marker} sleep 60"})
+    deadline = time.monotonic() + 10
+    pids = []
+    while time.monotonic() < deadline and not pids:
+        pids = host_pids_matching(marker)
+        time.sleep(0.05)
+    assert pids, "the command did not start"
+    with open(f"/proc/{pids[0]}/status") as f:
+        ppid = int([l for l in f if l.startswith("PPid:")][0].split()[1])
+    with open(f"/proc/{ppid}/cmdline", "rb") as f:
+        assert f.read().startswith(b"conch-shepherd"), "the command's parent is not its shepherd"
+    os.kill(ppid, signal.SIGKILL)
+    res = result_of(rpc.wait(req, timeout=10))
+    assert res["exit_code"] == 137 and res["signal"] == 9, res
+    assert wait_gone(marker, 3) == []
+    assert rpc.call("exec.run", {"sandbox": sb, "command": "echo ok"})["stdout"] == "ok\n"
+
+
+def test_finished_jobs_neither_pin_the_sandbox_nor_keep_fds(daemon, rpc, ws):
+    """Defect 7: finished jobs kept their sandbox from idling out and kept two spill fds each."""
+    sb = rpc.call("sandbox.create", {"workspace": str(ws), "idle_timeout": 3})["id"]
+    fds_before = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+    jobs = [rpc.call("job.start", {"sandbox": sb, "command": f"echo {i}"})["job_id"] for i in range(60)]
+    for j in jobs:
+        w = rpc.call("job.wait", {"job_id": j, "timeout": 20}, timeout=30)
+        assert w["running"] is False and w["exit_code"] == 0, w
+    fds_after = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+    assert fds_after <= fds_before + 4, (fds_before, fds_after)
+    assert rpc.call("job.output", {"job_id": jobs[-1]})["stdout"] == "59\n"
+    # no command runs: the sandbox idles out
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        ids = [s["id"] for s in rpc.call("sandbox.list")["sandboxes"]]
+        if sb not in ids:
+            break
+        time.sleep(0.3)
+    assert sb not in ids, "the sandbox with only finished jobs never idled out"
