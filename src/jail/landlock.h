@@ -20,9 +20,9 @@ int conch_landlock_abi(void);
  * kernel's ABI is >= 6, the process is also scoped (LANDLOCK_SCOPE_SIGNAL and
  * LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET): it can signal, and connect to abstract unix sockets
  * bound by, only processes in its own Landlock domain or domains nested in it; older ABIs
- * skip this silently. Network rights are left to the namespace. Requires no_new_privs. Async-signal-safe:
- * no allocation. Returns 0 when applied, 1 when the kernel has no Landlock (nothing done),
- * or -errno.
+ * skip this silently. Network rights are left to the namespace. Requires no_new_privs.
+ * Async-signal-safe: no allocation. Returns 0 when applied, 1 when the kernel has no Landlock
+ * (nothing done), or -errno.
  */
 int conch_landlock_apply_child(const char *const *writable);
 
