@@ -1,5 +1,6 @@
 /* landlock.c - the Landlock fence, applied in the child just before execve: read and execute
- * everywhere, write only beneath the writable paths. Raw syscalls (glibc 2.36 has no wrappers),
+ * everywhere, write only beneath the writable paths, and (ABI >= 6) signals and abstract unix
+ * sockets scoped to the command's own domain. Raw syscalls (glibc 2.36 has no wrappers),
  * no allocation. */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,18 @@
 #ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
 #define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
 #endif
+#ifndef LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
+#define LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LANDLOCK_SCOPE_SIGNAL (1ULL << 1)
+#endif
+
+/* struct landlock_ruleset_attr as of ABI 6 (the installed header may stop at ABI 1's
+ * single field). The kernel takes any prefix it knows, so the size passed picks the ABI. */
+struct ruleset_attr {
+    uint64_t handled_access_fs;
+    uint64_t handled_access_net;
+    uint64_t scoped;
+};
 
 #define FS_ABI1                                                                                    \
     (LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE |   \
@@ -83,10 +96,18 @@ int conch_landlock_apply_child(const char *const *writable)
         return 1;
     uint64_t handled = fs_rights(abi);
 
-    /* Only handled_access_fs is set; the kernel accepts this ABI-1 sized struct on every
-     * version, and network and scoping are fenced by the namespaces instead. */
-    struct landlock_ruleset_attr attr = {.handled_access_fs = handled};
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
+    /* From ABI 6 on, the command is also scoped: it may signal, and connect to abstract
+     * unix sockets of, only processes in its own Landlock domain or nested ones, so the
+     * warden, its shepherd, the file worker and other commands are out of reach. The
+     * network stays fenced by the namespace (handled_access_net is 0). Older kernels get
+     * the ABI-1 sized struct. */
+    struct ruleset_attr attr = {.handled_access_fs = handled};
+    size_t attr_size = sizeof(attr.handled_access_fs);
+    if (abi >= 6) {
+        attr.scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL;
+        attr_size = sizeof(attr);
+    }
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0);
     if (ruleset < 0)
         return -errno;
 

@@ -1,5 +1,6 @@
 /* landlock.h - Landlock as a second fence behind the mount namespace: inside the finished
- * sandbox root, writes are allowed only beneath the writable mounts. */
+ * sandbox root, writes are allowed only beneath the writable mounts, and (ABI >= 6) signals
+ * and abstract unix sockets stay inside the command's own domain. */
 #ifndef CONCH_JAIL_LANDLOCK_H
 #define CONCH_JAIL_LANDLOCK_H
 
@@ -15,10 +16,13 @@ int conch_landlock_abi(void);
  * do not exist are skipped; a path that is a file (e.g. "/dev/null") gets file rights only;
  * any other failure to open a path fails closed with -errno. Every filesystem right the
  * kernel's ABI knows is handled (REFER, TRUNCATE, IOCTL_DEV included), and rights are
- * checked when a file is opened, so fds inherited across the call keep working. Network
- * and scoping rights are left to the namespaces. Requires no_new_privs. Async-signal-safe:
- * no allocation. Returns 0 when applied, 1 when the kernel has no Landlock (nothing done),
- * or -errno.
+ * checked when a file is opened, so fds inherited across the call keep working. Where the
+ * kernel's ABI is >= 6, the process is also scoped (LANDLOCK_SCOPE_SIGNAL and
+ * LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET): it can signal, and connect to abstract unix sockets
+ * bound by, only processes in its own Landlock domain or domains nested in it; older ABIs
+ * skip this silently. Network rights are left to the namespace. Requires no_new_privs.
+ * Async-signal-safe: no allocation. Returns 0 when applied, 1 when the kernel has no Landlock
+ * (nothing done), or -errno.
  */
 int conch_landlock_apply_child(const char *const *writable);
 

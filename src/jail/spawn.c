@@ -195,11 +195,12 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->cmd_uid = spec->as_root ? 0 : CONCH_AGENT_UID;
     plan->cmd_gid = spec->as_root ? 0 : CONCH_AGENT_GID;
     /* Root of the namespace keeps what a container's root usually keeps; the mount family,
-     * module loading, raw I/O, time and the like stay out of reach. */
+     * module loading, raw I/O, time and the like stay out of reach. Not CAP_SETFCAP: a
+     * security.capability xattr written here becomes a valid host file capability through
+     * the idmapped mount; not CAP_FSETID: set-id bits must not survive writes and chown. */
     if (spec->as_root)
-        plan->keep_caps = (1ULL << 0) | (1ULL << 1) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) |
-                          (1ULL << 6) | (1ULL << 7) | (1ULL << 8) | (1ULL << 10) | (1ULL << 18) |
-                          (1ULL << 29) | (1ULL << 31);
+        plan->keep_caps = (1ULL << 0) | (1ULL << 1) | (1ULL << 3) | (1ULL << 5) | (1ULL << 6) |
+                          (1ULL << 7) | (1ULL << 8) | (1ULL << 10) | (1ULL << 18) | (1ULL << 29);
     snprintf(plan->passwd, sizeof(plan->passwd),
              "root:x:0:0:root:/root:/bin/bash\n"
              "agent:x:%d:%d:agent:/home/agent:/bin/bash\n"

@@ -18,7 +18,9 @@
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -73,6 +75,8 @@ enum fence { FENCE_NONE = 0, FENCE_SECCOMP = 1, FENCE_LANDLOCK = 2 };
 
 struct child_ctx {
     const char *const *writable; /* for FENCE_LANDLOCK */
+    pid_t outsider;              /* a process outside the child's Landlock domain */
+    const char *abstract_name;   /* an abstract unix socket bound outside it */
     const char *dir;             /* a scratch directory the test may use */
     const char *other_dir;       /* a second one, not writable under Landlock */
 };
@@ -544,4 +548,94 @@ Test(fences, landlock_then_seccomp, .fini = remove_dirs, .timeout = 30)
     const char *const writable[] = {dir_a, NULL};
     struct child_ctx c = {.writable = writable, .dir = dir_a, .other_dir = dir_b};
     expect_child_ok(FENCE_LANDLOCK | FENCE_SECCOMP, both_fences, &c);
+}
+
+/* ---- Landlock scoping (ABI >= 6) ---- */
+
+static int abstract_addr(const char *name, struct sockaddr_un *sa)
+{
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    size_t n = strlen(name);
+    memcpy(sa->sun_path + 1, name, n); /* sun_path[0] == '\0': abstract */
+    return (int)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static void scoped_checks(const struct child_ctx *c)
+{
+    /* outside the domain: the test process's other child, and the test process's socket */
+    EXPECT_ERRNO(kill(c->outsider, 0), EPERM);
+    EXPECT_ERRNO(kill(c->outsider, SIGTERM), EPERM);
+    struct sockaddr_un sa;
+    int len = abstract_addr(c->abstract_name, &sa);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(s >= 0, "socket: %s", strerror(errno));
+    EXPECT_ERRNO(connect(s, (struct sockaddr *)&sa, (socklen_t)len), EPERM);
+    close(s);
+
+    /* inside it: our own children and our own sockets */
+    pid_t kid = fork();
+    CHECK(kid >= 0, "fork: %s", strerror(errno));
+    if (kid == 0) {
+        pause();
+        _exit(0);
+    }
+    EXPECT_OK(kill(kid, SIGKILL));
+    waitpid(kid, NULL, 0);
+    char own[64];
+    snprintf(own, sizeof(own), "%s-inner", c->abstract_name);
+    len = abstract_addr(own, &sa);
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)&sa, (socklen_t)len) == 0 && listen(l, 1) == 0,
+          "bind own socket: %s", strerror(errno));
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_OK(connect(s, (struct sockaddr *)&sa, (socklen_t)len));
+    close(s);
+    close(l);
+}
+
+/* Fork an outsider and bind a listening abstract socket, run the checks with @fences, clean
+ * up, and return the child's status. */
+static int run_scoped(int fences, char *msg, size_t msg_size)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "conch-fences-scope-%d", (int)getpid());
+    struct sockaddr_un sa;
+    int len = abstract_addr(name, &sa);
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(l, 0);
+    cr_assert_eq(bind(l, (struct sockaddr *)&sa, (socklen_t)len), 0, "bind: %s", strerror(errno));
+    cr_assert_eq(listen(l, 4), 0);
+    pid_t outsider = fork();
+    cr_assert_geq(outsider, 0);
+    if (outsider == 0) {
+        pause();
+        _exit(0);
+    }
+    struct child_ctx c = {.outsider = outsider, .abstract_name = name};
+    int status = run_child(fences, scoped_checks, &c, msg, msg_size);
+    kill(outsider, SIGKILL);
+    waitpid(outsider, NULL, 0);
+    close(l);
+    return status;
+}
+
+Test(landlock, scopes_signals_and_abstract_sockets, .timeout = 30)
+{
+    if (conch_landlock_abi() < 6)
+        cr_skip("Landlock ABI %d < 6: no signal or abstract-socket scoping on this kernel",
+                conch_landlock_abi());
+    char msg[512];
+    int status = run_scoped(FENCE_LANDLOCK, msg, sizeof(msg));
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed (status 0x%x): %s",
+              status, msg);
+}
+
+/* Without Landlock the outsider can be signalled: the checks do test the scoping. */
+Test(landlock, scope_checks_detect_missing_fence, .timeout = 30)
+{
+    char msg[512];
+    int status = run_scoped(FENCE_NONE, msg, sizeof(msg));
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status 0x%x", status);
+    cr_assert(strstr(msg, "kill(c->outsider, 0)") != NULL, "unexpected report: %s", msg);
 }
