@@ -54,7 +54,8 @@ struct jail_plan {
     uint64_t tmp_bytes, home_bytes, disk_bytes;
     bool unshare_cgroup;
     /* command fences */
-    const struct conch_seccomp_prog *seccomp;
+    const struct conch_seccomp_prog *seccomp;      /* commands */
+    const struct conch_seccomp_prog *seccomp_file; /* file workers */
     bool set_rlimit_nproc;
     rlim_t rlimit_nproc;
     bool set_rlimit_as;

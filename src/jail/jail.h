@@ -72,7 +72,8 @@ struct conch_jail {
     uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
     struct conch_cgroup cg;
-    struct conch_seccomp_prog seccomp;
+    struct conch_seccomp_prog seccomp;      /* commands */
+    struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
 };
 

@@ -215,6 +215,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->home_bytes = spec->home_bytes;
     plan->disk_bytes = spec->disk_bytes;
     plan->seccomp = &j->seccomp;
+    plan->seccomp_file = &j->seccomp_file;
     plan->rlimit_fsize = spec->file_bytes;
     plan->file_handler = spec->file_handler;
     if (spec->upper_dir) {
@@ -245,14 +246,16 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     return 0;
 }
 
-/* The seccomp program depends only on the mode, and compiling it with libseccomp costs a
- * few hundred microseconds: a long-lived caller compiles it once per mode and copies it. */
-static int seccomp_prog_for(bool as_root, struct conch_seccomp_prog *ret, struct conch_err *err)
+/* The seccomp programs depend only on the mode and the purpose (a command, or a file worker
+ * that may also use openat2), and compiling one with libseccomp costs a few hundred
+ * microseconds: a long-lived caller compiles each once and copies it. */
+static int seccomp_prog_for(bool as_root, bool file_worker, struct conch_seccomp_prog *ret,
+                            struct conch_err *err)
 {
-    static struct conch_seccomp_prog cache[2];
-    struct conch_seccomp_prog *c = &cache[as_root];
+    static struct conch_seccomp_prog cache[2][2];
+    struct conch_seccomp_prog *c = &cache[as_root][file_worker];
     if (!c->insns) {
-        struct conch_seccomp_opts sopts = {.as_root = as_root};
+        struct conch_seccomp_opts sopts = {.as_root = as_root, .file_worker = file_worker};
         int r = conch_seccomp_prog_build(&sopts, c, err);
         if (r < 0)
             return r;
@@ -291,7 +294,10 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
         j->ws_owner_gid = st.st_gid;
     }
 
-    if ((r = seccomp_prog_for(spec->as_root, &j->seccomp, err)) < 0)
+    if ((r = seccomp_prog_for(spec->as_root, false, &j->seccomp, err)) < 0)
+        goto fail;
+    if (spec->file_handler &&
+        (r = seccomp_prog_for(spec->as_root, true, &j->seccomp_file, err)) < 0)
         goto fail;
 
     const struct conch_cgroup_limits *lim = &spec->limits;
@@ -581,6 +587,7 @@ void conch_jail_destroy(struct conch_jail *j)
         j->mounted_root_stage = false;
     }
     conch_seccomp_prog_done(&j->seccomp);
+    conch_seccomp_prog_done(&j->seccomp_file);
 }
 
 int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret)

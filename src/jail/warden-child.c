@@ -117,7 +117,8 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
 /* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
  * no_new_privs, Landlock, seccomp. On failure returns -errno with *@step naming what failed.
  * Run after the fds are in place: Landlock checks rights at open time. */
-static int fence_self(const struct jail_plan *plan, const char **step)
+static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_prog *seccomp,
+                      const char **step)
 {
     *step = "set resource limits";
     struct rlimit rl = {0, 0};
@@ -163,7 +164,7 @@ static int fence_self(const struct jail_plan *plan, const char **step)
     if ((r = conch_landlock_apply_child(writable)) < 0)
         return r;
     *step = "install seccomp filter";
-    if (plan->seccomp && (r = conch_seccomp_install_child(plan->seccomp)) < 0)
+    if (seccomp && (r = conch_seccomp_install_child(seccomp)) < 0)
         return r;
     return 0;
 }
@@ -252,7 +253,7 @@ __attribute__((noreturn)) static void command_child(const struct jail_plan *plan
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         goto fail_errno;
     reset_signals();
-    int r = fence_self(plan, &step);
+    int r = fence_self(plan, plan->seccomp, &step);
     if (r < 0) {
         errno = -r;
         goto fail_errno;
@@ -444,7 +445,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     reset_signals();
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     const char *step;
-    if (fence_self(plan, &step) < 0 || chdir("/workspace") < 0)
+    if (fence_self(plan, plan->seccomp_file, &step) < 0 || chdir("/workspace") < 0)
         _exit(121);
     _exit(plan->file_handler(3, 4) & 0x7f);
 }
