@@ -197,6 +197,15 @@ static int setup_dev(struct conch_err *err)
     return 0;
 }
 
+/* Inodes a sandbox tmpfs of @bytes may hold. The kernel's default (half the host's RAM pages)
+ * lets 200,000 empty files cost the host ~250 MB of slab that no size limit counts: one inode
+ * per 8 KiB of size, at least 1024. */
+static unsigned long long tmpfs_inodes(uint64_t bytes)
+{
+    unsigned long long n = bytes / 8192;
+    return n < 1024 ? 1024 : n;
+}
+
 static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
 {
     int r = make_dir("/workspace", 0755, err);
@@ -204,8 +213,9 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         return r;
     if (!plan->has_workspace) {
         char opts[128];
-        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,uid=%u,gid=%u",
-                 (unsigned long long)plan->disk_bytes, plan->cmd_uid, plan->cmd_gid);
+        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
+                 (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes),
+                 plan->cmd_uid, plan->cmd_gid);
         return do_mount("tmpfs", "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
     }
     if (plan->ws_mode != CONCH_WS_OVERLAY)
@@ -225,7 +235,8 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         if (r < 0)
             return r;
         char opts[128];
-        snprintf(opts, sizeof(opts), "mode=0755,size=%llu", (unsigned long long)plan->disk_bytes);
+        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu",
+                 (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes));
         r = do_mount("tmpfs", UPPER_MNT, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
         if (r < 0)
             return conch_err_wrap(err, "workspace upper");
@@ -335,16 +346,18 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
     if ((r = jail_proc_mount_child(OLDROOT "/dev/null", err)) < 0 || (r = setup_dev(err)) < 0)
         return r;
 
-    char opts[96];
+    char opts[128];
     if ((r = make_dir("/tmp", 01777, err)) < 0)
         return r;
-    snprintf(opts, sizeof(opts), "mode=1777,size=%llu", (unsigned long long)plan->tmp_bytes);
+    snprintf(opts, sizeof(opts), "mode=1777,size=%llu,nr_inodes=%llu",
+             (unsigned long long)plan->tmp_bytes, tmpfs_inodes(plan->tmp_bytes));
     if ((r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
         return r;
     if ((r = make_dir("/home", 0755, err)) < 0 || (r = make_dir("/home/agent", 0700, err)) < 0)
         return r;
-    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,uid=%u,gid=%u",
-             (unsigned long long)plan->home_bytes, plan->cmd_uid, plan->cmd_gid);
+    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
+             (unsigned long long)plan->home_bytes, tmpfs_inodes(plan->home_bytes), plan->cmd_uid,
+             plan->cmd_gid);
     if ((r = do_mount("tmpfs", "/home/agent", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
         return r;
     if ((r = make_dir("/run", 0755, err)) < 0 || (r = make_dir("/var", 0755, err)) < 0)

@@ -213,3 +213,13 @@ def test_finished_jobs_neither_pin_the_sandbox_nor_keep_fds(daemon, rpc, ws):
             break
         time.sleep(0.3)
     assert sb not in ids, "the sandbox with only finished jobs never idled out"
+
+
+def test_tmpfs_inodes_are_bounded(ws):
+    """Defect 14: sandbox tmpfs mounts kept the kernel's default nr_inodes, so empty files cost
+    the host unbounded slab. /tmp of 8 MiB holds at most 1024 inodes (one per 8 KiB, min 1024)."""
+    r = conch(["run", "--workspace", str(ws), "--json", "--tmp-size", "8M", "--", "python3", "-c",
+               "import os\nn=0\ntry:\n    while n < 100000:\n        open('/tmp/f%d' % n, 'w').close(); n += 1\n"
+               "except OSError as e:\n    print(n, e.errno)\n"], want_json=True, timeout=60)
+    n, errno_ = r.j["stdout"].split()
+    assert int(errno_) == 28 and 1000 <= int(n) <= 1024, r.describe()
