@@ -56,6 +56,9 @@ struct sandbox {
     bool destroying;
     struct conch_jail jail;
     bool jail_up;
+    /* As root: the sandbox's host id block, held from its first start until it is freed, so
+     * that a restart (discard) finds its upper dir's files owned by its own ids. */
+    struct conch_jail_ids ids;
     bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
     uv_timer_t *sample;  /* owned: disk, and memory/pids when no cgroup enforces them */
