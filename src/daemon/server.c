@@ -546,6 +546,10 @@ static int listen_socket(struct daemon *d, struct conch_err *err)
         if (r < 0)
             return conch_err_wrap(err, "socket directory");
     }
+    /* Before anything is unlinked or bound there: whoever else could write to the
+     * directory could swap our socket for theirs. */
+    if (conch_daemon_socket_check(d->socket_path, false, err) < 0)
+        return -err->code;
     /* A socket left by a dead daemon is replaced; a live one is not. */
     int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
