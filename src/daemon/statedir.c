@@ -76,6 +76,10 @@ int conch_statedir_open(const char *dir, const char *rel, int flags, struct conc
     while (fd < 0 && errno == EAGAIN && ++tries < 16);
     if (fd < 0) {
         int e = errno;
+        struct stat st;
+        /* O_DIRECTORY|O_NOFOLLOW on a link says ENOTDIR: name the link for what it is. */
+        if (e == ENOTDIR && fstatat(dfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+            e = ELOOP;
         const char *why = e == ELOOP || e == EXDEV
                               ? " (a symbolic link where conch keeps its own files: refusing to "
                                 "follow it)"
