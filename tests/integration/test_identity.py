@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from conftest import CONCH_BIN, IS_ROOT, host_pids_matching, proc_comm, proc_status, unique_marker
@@ -358,11 +359,12 @@ def test_sandboxes_cannot_signal_each_other(tmp_path):
 
 def test_state_dir_is_private(daemon_factory, tmp_path):
     # an existing state dir from an older conch (0711) is closed up too
-    state = tmp_path / "state"
+    d = daemon_factory(extra_args=["--pool", "0"], start=False)
+    state = Path(d.state_dir)  # under the daemon's dir, which its fixture cleans up
     (state / "sandboxes").mkdir(parents=True)
     os.chmod(state, 0o711)
     os.chmod(state / "sandboxes", 0o711)
-    d = daemon_factory(state_dir=str(state), extra_args=["--pool", "0"])
+    d.start()
     for p in (state, state / "sandboxes", state / "spill"):
         st = os.lstat(p)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700, (p, oct(st.st_mode))
