@@ -12,6 +12,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/state.h"
+#include "daemon/statedir.h"
 #include "exec/output.h"
 #include "jail/jail.h"
 #include "rpc/rpc.h"

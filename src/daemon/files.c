@@ -14,7 +14,6 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
-#include "daemon/statedir.h"
 #include "exec/result.h"
 #include "fs/fs.h"
 #include "workspace/workspace.h"

@@ -287,6 +287,9 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
         j->ws_owner_gid = st.st_gid;
     }
 
+    if ((r = seccomp_prog_for(spec->as_root, &j->seccomp, err)) < 0)
+        goto fail;
+
     if (j->root_mode && spec->host_id_base) {
         j->host_id_base = spec->host_id_base;
     } else if (j->root_mode) {
@@ -294,9 +297,6 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
             goto fail;
         j->host_id_base = j->ids.base;
     }
-
-    if ((r = seccomp_prog_for(spec->as_root, &j->seccomp, err)) < 0)
-        goto fail;
 
     const struct conch_cgroup_limits *lim = &spec->limits;
     if (lim->memory_bytes || lim->pids_max || lim->cpu_millicpus) {
@@ -620,9 +620,9 @@ void conch_jail_destroy(struct conch_jail *j)
         rmdir(j->root_stage_dir);
         j->mounted_root_stage = false;
     }
-    conch_seccomp_prog_done(&j->seccomp);
     /* Only now that the warden is dead may another sandbox get its host ids. */
     conch_jail_ids_release(&j->ids);
+    conch_seccomp_prog_done(&j->seccomp);
 }
 
 int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret)
