@@ -431,10 +431,19 @@ def bin_copy(tmp_path_factory):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def as_user(user, argv, timeout=20, **kw):
+def as_user(user, argv, timeout=20):
+    """Run @argv as @user without XDG_RUNTIME_DIR; on timeout its whole session is killed
+    (runuser's child would outlive runuser) and TimeoutExpired raised."""
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
-    return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv],
-                          capture_output=True, timeout=timeout, cwd="/", **kw)
+    full = ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+    p = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(full, p.returncode, out, err)
 
 
 FAKE_DAEMON = r"""
