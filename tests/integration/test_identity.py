@@ -354,6 +354,22 @@ def test_sandboxes_cannot_signal_each_other(tmp_path):
         b.close()
 
 
+@pytest.mark.root_only
+def test_discard_restart_keeps_the_sandboxs_block(daemon_factory, ws):
+    # The upper dir's files belong to the sandbox's host ids: a restart (workspace.discard)
+    # must come back on the same block, or the agent would find its own files unwritable.
+    d = daemon_factory(extra_args=["--pool", "0"])
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    c.call("exec.run", {"sandbox": sb, "command": "echo 1 > keep; echo 2 > drop"})
+    before = block_of(wait_for(lambda: wardens_of(d.pid), what="warden")[0])
+    c.call("workspace.discard", {"sandbox": sb, "paths": ["drop"]})
+    after = block_of(wait_for(lambda: wardens_of(d.pid), what="warden")[0])
+    assert before == after
+    r = c.call("exec.run", {"sandbox": sb, "command": "echo 3 >> keep && cat keep && ls"})
+    assert r["exit_code"] == 0 and r["stdout"] == "1\n3\nkeep\n", r
+
+
 # ---- defect 3: the state dir --------------------------------------------------------------
 
 
