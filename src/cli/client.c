@@ -29,6 +29,12 @@ static int conn_open(struct conn *c, const char *path)
         path = def;
     }
     memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    struct conch_err err = {0};
+    if (conch_daemon_socket_check(path, true, &err) < 0) {
+        fprintf(stderr, "conch: %s\n", err.msg);
+        return -1;
+    }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(sa.sun_path)) {
         fprintf(stderr, "conch: socket path too long: '%s'\n", path);

@@ -12,6 +12,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/state.h"
+#include "daemon/statedir.h"
 #include "exec/output.h"
 #include "jail/jail.h"
 #include "rpc/rpc.h"
@@ -58,6 +59,9 @@ struct sandbox {
     struct conch_jail jail;
     struct conch_super super; /* drives jail's warden while jail_up */
     bool jail_up;
+    /* As root: the sandbox's host id block, held from its first start until it is freed, so
+     * that a restart (discard) finds its upper dir's files owned by its own ids. */
+    struct conch_jail_ids ids;
     bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
     uv_timer_t *sample;  /* owned: disk, and memory/pids when no cgroup enforces them */

@@ -25,6 +25,14 @@ void conch_daemon_opts_init(struct conch_daemon_opts *o);
 void conch_daemon_socket(char *buf, size_t size);
 
 /*
+ * conch_daemon_socket_check - refuse a socket path that another user could have planted or
+ * could swap: its directory must be owned by the caller or root (a symlink to it too) and
+ * writable by no one else unless sticky; when @connecting, @path must also be a socket owned
+ * by the caller or root. Returns 0, or -errno with @err naming the path and the fix.
+ */
+int conch_daemon_socket_check(const char *path, bool connecting, struct conch_err *err);
+
+/*
  * conch_daemon_run - serve until SIGTERM/SIGINT (socket) or EOF on stdin (--stdio). On start
  * it reaps what a previous daemon left (processes, cgroups) and lists its sandboxes as
  * stopped. Returns 0 after a clean shutdown (every sandbox process killed), or -errno with

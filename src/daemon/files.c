@@ -253,19 +253,26 @@ static struct sandbox *ws_open(struct client *c, struct conch_rpc_call *call, js
     }
     if (!sb->upper_dir[0])
         return sb;
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof(path), "%s/upper", sb->upper_dir);
-    fds->upper = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* Beneath the state dir, never through a link: a swapped `upper` must make discard fail,
+     * not empty whatever the link points to. */
+    char rel[128];
+    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
+    struct conch_err oerr = {0};
+    fds->upper = conch_statedir_open(c->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
+    if (fds->upper < 0 && oerr.code == ENOENT)
+        return sb; /* nothing was ever written */
+    if (fds->upper < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", NULL,
+                             "open the workspace of sandbox '%s': %s", sb->id, oerr.msg);
+        return NULL;
+    }
     fds->lower = open(sb->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fds->upper < 0 || fds->lower < 0) {
+    if (fds->lower < 0) {
         int e = errno;
-        if (fds->upper >= 0)
-            close(fds->upper);
-        if (fds->lower >= 0)
-            close(fds->lower);
-        fds->upper = fds->lower = -1;
-        if (e == ENOENT && fds->upper < 0)
-            return sb; /* nothing was ever written */
+        close(fds->upper);
+        fds->upper = -1;
+        if (e == ENOENT)
+            return sb;
         conch_rpc_call_failf(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", NULL,
                              "open the workspace of sandbox '%s': %s", sb->id, strerror(e));
         return NULL;

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
+#include "daemon/statedir.h"
 
 static void on_ctl_readable(uv_poll_t *h, int status, int events);
 static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev);
@@ -94,6 +95,10 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
 {
     struct conch_jail_spec spec;
     conch_jail_spec_init(&spec);
+    int r;
+    if (geteuid() == 0 && sb->ids.base == 0 && (r = conch_jail_ids_claim(&sb->ids, err)) < 0)
+        return r;
+    spec.host_id_base = sb->ids.base;
     spec.workspace = sb->workspace[0] ? sb->workspace : NULL;
     spec.ws_mode = sb->mode;
     spec.rootfs = sb->rootfs[0] ? sb->rootfs : NULL;
@@ -109,8 +114,7 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.file_handler = daemon_file_handler;
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
-    int r =
-        async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
+    r = async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
     if (r < 0)
         return r;
     sb->jail_up = true;
@@ -258,6 +262,7 @@ static struct sandbox *sandbox_alloc(struct daemon *d)
     if (!sb)
         return NULL;
     sb->d = d;
+    conch_jail_ids_init(&sb->ids);
     DLIST_INIT(&sb->runs);
     DLIST_INIT(&sb->done_jobs);
     DLIST_INIT(&sb->files);
@@ -277,6 +282,7 @@ static void sandbox_free(struct sandbox *sb)
     dlist_del(&sb->link);
     sb->d->n_sandboxes--;
     uv_timer_stop(&sb->idle);
+    conch_jail_ids_release(&sb->ids); /* its warden is gone (sandbox_stop) */
     uv_close((uv_handle_t *)&sb->idle, on_idle_closed);
 }
 
@@ -285,11 +291,12 @@ static void remove_upper_dir(struct sandbox *sb)
 {
     if (!sb->upper_dir[0])
         return;
-    char parent[PATH_MAX + 16];
-    snprintf(parent, sizeof(parent), "%s/sandboxes", sb->d->state_dir);
-    _cleanup_close_ int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct conch_err err = {0};
-    if (pfd >= 0 && conch_recover_rm_tree(pfd, sb->id, sb->upper_dir, &err) < 0)
+    _cleanup_close_ int pfd =
+        conch_statedir_open(sb->d->state_dir, "sandboxes", O_RDONLY | O_DIRECTORY, &err);
+    if (pfd < 0)
+        log_warn("sandbox %s: %s (conch gc will retry)", sb->id, err.msg);
+    else if (conch_recover_rm_tree(pfd, sb->id, sb->upper_dir, &err) < 0)
         log_warn("sandbox %s: %s (conch gc will retry)", sb->id, err.msg);
 }
 
@@ -327,7 +334,13 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
             r = conch_err_set(err, ENAMETOOLONG, "state directory path too long");
             goto fail;
         }
-        if (mkdir(sb->upper_dir, 0700) < 0) {
+        _cleanup_close_ int pfd =
+            conch_statedir_open(d->state_dir, "sandboxes", O_RDONLY | O_DIRECTORY, err);
+        if (pfd < 0) {
+            r = pfd;
+            goto fail;
+        }
+        if (mkdirat(pfd, sb->id, 0700) < 0) {
             r = conch_err_set(err, errno, "mkdir '%s': %s", sb->upper_dir, strerror(errno));
             goto fail;
         }

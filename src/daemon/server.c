@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
+#include "daemon/statedir.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
 {
@@ -545,6 +546,10 @@ static int listen_socket(struct daemon *d, struct conch_err *err)
         if (r < 0)
             return conch_err_wrap(err, "socket directory");
     }
+    /* Before anything is unlinked or bound there: whoever else could write to the
+     * directory could swap our socket for theirs. */
+    if (conch_daemon_socket_check(d->socket_path, false, err) < 0)
+        return -err->code;
     /* A socket left by a dead daemon is replaced; a live one is not. */
     int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -625,17 +630,11 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
         snprintf(d->socket_path, sizeof(d->socket_path), "%s", o->socket_path);
     else
         conch_daemon_socket(d->socket_path, sizeof(d->socket_path));
-    /* 0711: sandboxes (unprivileged host ids when we are root) must reach their upper dirs. */
+    /* Private (0700): sandboxes reach their upper dirs through staged bind mounts only. */
     char path[PATH_MAX + 32];
-    if ((r = conch_mkdir_p(d->state_dir, 0711, err)) < 0)
-        goto out_free;
-    chmod(d->state_dir, 0711);
-    snprintf(path, sizeof(path), "%s/sandboxes", d->state_dir);
-    if ((r = conch_mkdir_p(path, 0711, err)) < 0)
+    if ((r = conch_statedir_prepare(d->state_dir, err)) < 0)
         goto out_free;
     snprintf(d->spill_dir, sizeof(d->spill_dir), "%s/spill", d->state_dir);
-    if ((r = conch_mkdir_p(d->spill_dir, 0700, err)) < 0)
-        goto out_free;
     snprintf(path, sizeof(path), "%s/state.db", d->state_dir);
     if ((r = conch_state_open(path, &d->state, err)) < 0)
         goto out_free;

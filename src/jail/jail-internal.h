@@ -130,10 +130,11 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, 
 int jail_proc_mount_child(const char *devnull, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
-int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,
-                       struct conch_err *err);
-int jail_idmapped_tree(const char *path, bool whole_range, uid_t owner_uid, gid_t owner_gid,
-                       bool read_only, struct conch_err *err);
+/* @host_id_base: root mode's host id block (see conch_jail_spec). */
+int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
+                       uid_t outer_uid, gid_t outer_gid, struct conch_err *err);
+int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
+                       gid_t owner_gid, bool read_only, struct conch_err *err);
 int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

@@ -15,14 +15,12 @@
 
 #include "core/error.h"
 #include "jail/cgroup.h"
+#include "jail/ids.h"
 #include "jail/seccomp.h"
 #include "workspace/workspace.h"
 
 #define CONCH_AGENT_UID 1000
 #define CONCH_AGENT_GID 1000
-/* When conch runs as host root, sandbox ids 0..65535 map onto this host range. */
-#define CONCH_HOST_ID_BASE 100000
-#define CONCH_HOST_ID_COUNT 65536
 
 /*
  * A file request handler, run inside the sandbox by a worker forked from the warden after
@@ -48,6 +46,10 @@ struct conch_jail_spec {
      * and commit); NULL: a tmpfs of disk_bytes that lives as long as the warden. */
     const char *upper_dir;
     conch_jail_file_fn file_handler; /* NULL: conch_jail_file() is refused */
+    /* Host root: the sandbox's ids 0..65535 map onto host ids host_id_base.. (+65535), a
+     * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
+     * 0: conch_jail_spawn claims one and releases it in conch_jail_destroy. */
+    uint32_t host_id_base;
 };
 
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
@@ -55,11 +57,13 @@ void conch_jail_spec_init(struct conch_jail_spec *spec);
 
 /* A running sandbox. Caller-allocated; conch_jail_start fills it. */
 struct conch_jail {
-    pid_t warden_pid; /* host pid of the warden (PID 1 inside) */
-    int ctl_fd;       /* SOCK_SEQPACKET to the warden; owned */
-    int host_ws_fd;   /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
-    int upper_fd_nr;  /* fd number of the upper dir in the warden, -1 if none */
-    bool root_mode;   /* conch runs as host root: id range + idmapped workspace */
+    pid_t warden_pid;          /* host pid of the warden (PID 1 inside) */
+    int ctl_fd;                /* SOCK_SEQPACKET to the warden; owned */
+    int host_ws_fd;            /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
+    int upper_fd_nr;           /* fd number of the upper dir in the warden, -1 if none */
+    bool root_mode;            /* conch runs as host root: id range + idmapped workspace */
+    uint32_t host_id_base;     /* root mode: first host id of the sandbox's block */
+    struct conch_jail_ids ids; /* the block's claim, when the jail made it (owned) */
     bool as_root;
     bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
     bool mounted_stage;      /* a staging dir for the idmapped workspace exists */

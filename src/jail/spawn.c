@@ -135,8 +135,8 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
     if ((r = stage_prepare(err)) < 0)
         return r;
     _cleanup_close_ int tree =
-        jail_idmapped_tree(spec->workspace, false, j->ws_owner_uid, j->ws_owner_gid,
-                           spec->ws_mode == CONCH_WS_RO, err);
+        jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
+                           j->ws_owner_gid, spec->ws_mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
     if ((r = stage_tree(tree, j->stage_dir, sizeof(j->stage_dir), j->name, err)) < 0)
@@ -150,7 +150,7 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
-    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, true, 0, 0, true, err);
+    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
     if (tree < 0)
         return conch_err_wrap(err, "--rootfs");
     char name[80];
@@ -169,7 +169,8 @@ static int stage_upper(struct conch_jail *j, const char *upper_dir, struct conch
     if ((r = stage_prepare(err)) < 0)
         return r;
     _cleanup_close_ int tree =
-        (int)syscall(SYS_open_tree, AT_FDCWD, upper_dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        (int)syscall(SYS_open_tree, AT_FDCWD, upper_dir,
+                     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
     if (tree < 0)
         return conch_err_set(err, errno, "open_tree '%s': %s", upper_dir, strerror(errno));
     char name[80];
@@ -275,6 +276,7 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
     _cleanup_free_ struct jail_plan *plan = NULL;
     memset(j, 0, sizeof(*j));
     j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = -1;
+    conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
     j->as_root = spec->as_root;
     if (spec->name)
@@ -300,6 +302,14 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
         (r = seccomp_prog_for(spec->as_root, true, &j->seccomp_file, err)) < 0)
         goto fail;
 
+    if (j->root_mode && spec->host_id_base) {
+        j->host_id_base = spec->host_id_base;
+    } else if (j->root_mode) {
+        if ((r = conch_jail_ids_claim(&j->ids, err)) < 0)
+            goto fail;
+        j->host_id_base = j->ids.base;
+    }
+
     const struct conch_cgroup_limits *lim = &spec->limits;
     if (lim->memory_bytes || lim->pids_max || lim->cpu_millicpus) {
         struct conch_err cg_err = {0};
@@ -324,8 +334,8 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
     if (spec->upper_dir && j->root_mode && (r = stage_upper(j, spec->upper_dir, err)) < 0)
         goto fail;
     if (spec->upper_dir && j->root_mode &&
-        chown(spec->upper_dir, CONCH_HOST_ID_BASE, CONCH_HOST_ID_BASE) < 0) {
-        /* The warden is root of the namespace = host CONCH_HOST_ID_BASE: it creates upper/
+        lchown(spec->upper_dir, j->host_id_base, j->host_id_base) < 0) {
+        /* The warden is root of the namespace = host id host_id_base: it creates upper/
          * and work/ in here. */
         r = conch_err_set(err, errno, "chown '%s' to the sandbox's root: %s", spec->upper_dir,
                           strerror(errno));
@@ -373,8 +383,8 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
     }
     j->warden_pid = (pid_t)pid;
 
-    if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, spec->as_root, outer_uid, outer_gid,
-                                err)) < 0)
+    if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root,
+                                outer_uid, outer_gid, err)) < 0)
         goto fail;
     if (j->has_cgroup && (r = conch_cgroup_attach(&j->cg, j->warden_pid, err)) < 0)
         goto fail;
@@ -586,6 +596,8 @@ void conch_jail_destroy(struct conch_jail *j)
         rmdir(j->root_stage_dir);
         j->mounted_root_stage = false;
     }
+    /* Only now that the warden is dead may another sandbox get its host ids. */
+    conch_jail_ids_release(&j->ids);
     conch_seccomp_prog_done(&j->seccomp);
     conch_seccomp_prog_done(&j->seccomp_file);
 }

@@ -16,15 +16,18 @@
 #include "core/fsutil.h"
 #include "jail/jail-internal.h"
 
-int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid, gid_t outer_gid,
-                       struct conch_err *err)
+int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
+                       uid_t outer_uid, gid_t outer_gid, struct conch_err *err)
 {
     char path[64], map[128];
     int r;
     if (root_mode) {
-        /* Host root: the whole 0..65535 range of the sandbox lands on unprivileged host
-         * ids, so no sandbox process is ever host uid 0. */
-        snprintf(map, sizeof(map), "0 %u %u\n", CONCH_HOST_ID_BASE, CONCH_HOST_ID_COUNT);
+        /* Host root: the whole 0..65535 range of the sandbox lands on a block of
+         * unprivileged host ids of its own (ids.c), so no sandbox process is ever host uid
+         * 0, and none shares a host id with a user's subuid range or another sandbox. */
+        if (host_id_base < CONCH_HOST_ID_FIRST)
+            return conch_err_set(err, EINVAL, "write uid map: no host id block claimed");
+        snprintf(map, sizeof(map), "0 %u %u\n", host_id_base, CONCH_HOST_ID_COUNT);
         snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
         if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
             return conch_err_wrap(err, "write uid map");
@@ -49,10 +52,11 @@ int jail_write_id_maps(pid_t pid, bool root_mode, bool as_root, uid_t outer_uid,
 }
 
 /* A user namespace used as the idmapping of a mount. With @whole_range it maps like the
- * sandbox (0..65535 onto the host range: a root-owned --rootfs looks root-owned inside);
- * otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to the host
- * ids of the sandbox's agent. Returns an fd. */
-static int idmap_userns(bool whole_range, uid_t inner_uid, gid_t inner_gid, struct conch_err *err)
+ * sandbox (0..65535 onto the block at @base: a root-owned --rootfs looks root-owned
+ * inside); otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to
+ * the host ids of the sandbox's agent (@base + 1000). Returns an fd. */
+static int idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                        struct conch_err *err)
 {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
@@ -83,14 +87,14 @@ static int idmap_userns(bool whole_range, uid_t inner_uid, gid_t inner_gid, stru
     }
     char path[64], map[96];
     if (whole_range)
-        snprintf(map, sizeof(map), "0 %u %u\n", CONCH_HOST_ID_BASE, CONCH_HOST_ID_COUNT);
+        snprintf(map, sizeof(map), "0 %u %u\n", base, CONCH_HOST_ID_COUNT);
     else
-        snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, CONCH_HOST_ID_BASE + CONCH_AGENT_UID);
+        snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, base + CONCH_AGENT_UID);
     snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
     if (conch_write_file(path, map, strlen(map), err) < 0)
         goto out;
     if (!whole_range)
-        snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, CONCH_HOST_ID_BASE + CONCH_AGENT_GID);
+        snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, base + CONCH_AGENT_GID);
     snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
     if (conch_write_file(path, map, strlen(map), err) < 0)
         goto out;
@@ -104,10 +108,12 @@ out:
     return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
 }
 
-int jail_idmapped_tree(const char *path, bool whole_range, uid_t owner_uid, gid_t owner_gid,
-                       bool read_only, struct conch_err *err)
+int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
+                       gid_t owner_gid, bool read_only, struct conch_err *err)
 {
-    _cleanup_close_ int userns = idmap_userns(whole_range, owner_uid, owner_gid, err);
+    if (host_id_base < CONCH_HOST_ID_FIRST)
+        return conch_err_set(err, EINVAL, "idmap '%s': no host id block claimed", path);
+    _cleanup_close_ int userns = idmap_userns(host_id_base, whole_range, owner_uid, owner_gid, err);
     if (userns < 0)
         return userns;
     _cleanup_close_ int tree =

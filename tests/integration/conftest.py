@@ -27,7 +27,7 @@ def pytest_configure(config):
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("root_only") and not IS_ROOT:
-        pytest.skip("root_only: this test checks root mode (uid mapping onto 100000+); run as root")
+        pytest.skip("root_only: this test checks root mode (a host id block per sandbox); run as root")
     if item.get_closest_marker("user_only") and IS_ROOT:
         pytest.skip("user_only: this test checks unprivileged mode; run via tests/integration/as_user.sh")
 

@@ -384,6 +384,9 @@ def _host_view_of_sleeper(opts, ws):
                     a = proc_argv(int(d))
                     if a and a[0] == marker and proc_comm(int(d)) == "sleep":
                         status = proc_status(int(d))
+                        if status is not None:
+                            with open(f"/proc/{d}/uid_map") as f:
+                                status["uid_map"] = f.read().split()
                         break
             time.sleep(0.02)
         out, err = p.communicate(timeout=20)
@@ -402,8 +405,12 @@ def test_root_mode_sandbox_is_not_host_root(ws, opts):
     uids = [int(x) for x in st["Uid"].split()]
     gids = [int(x) for x in st["Gid"].split()]
     assert 0 not in uids and 0 not in gids, st
-    # Spec: sandbox uids map onto host 100000+ (agent 1000 -> 101000, root 0 -> 100000).
-    want = 100000 if opts else 101000
+    # Spec: sandbox ids 0..65535 map onto a host block of the sandbox's own in systemd's
+    # container range (agent 1000 -> base+1000, root 0 -> base); test_identity.py checks that
+    # blocks never overlap /etc/subuid, /etc/subgid or each other.
+    inner, base, count = (int(x) for x in st["uid_map"])
+    assert inner == 0 and count == 65536 and 0x80000 <= base <= 0x70000000 - count, st
+    want = base if opts else base + 1000
     assert uids == [want] * 4, st
     assert gids == [want] * 4, st
 
