@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,13 +26,6 @@
 #define RM_MAX_DEPTH 48
 
 static const char *const v1_controllers[] = {"memory", "pids", "cpu"};
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 static double now_s(void)
 {
@@ -101,25 +96,38 @@ unsigned long long conch_recover_starttime(pid_t pid)
 }
 
 /* SIGKILL the warden @pid if it is still the process started at @start. Returns 1 when
- * killed, 0 when there was nothing (left) to kill, or -errno with @err. */
+ * killed, 0 when there was nothing (left) to kill, or -errno with @err. The pid is pinned
+ * with a pidfd before its start time is checked, so a recycled pid is never signalled, and
+ * the pidfd tells when the process is gone. */
 static int kill_warden(const char *id, pid_t pid, unsigned long long start, struct conch_err *err)
 {
     /* Never signal init, ourselves, or a process group (pid <= 0) whatever the record says. */
     if (pid <= 1 || pid == getpid() || start == 0)
         return 0;
+    _cleanup_close_ int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        if (errno == ESRCH)
+            return 0;
+        return conch_err_set(err, errno, "sandbox '%s': pidfd_open(%d): %s", id, (int)pid,
+                             strerror(errno));
+    }
     if (conch_recover_starttime(pid) != start)
-        return 0;
-    if (kill(pid, SIGKILL) < 0) {
+        return 0; /* another process now has that pid (or the warden is already a zombie) */
+    if (syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0) {
         if (errno == ESRCH)
             return 0;
         return conch_err_set(err, errno, "sandbox '%s': kill warden %d: %s", id, (int)pid,
                              strerror(errno));
     }
-    for (int waited = 0; waited < WAIT_GONE_MS; waited += 10) {
-        if (conch_recover_starttime(pid) != start)
-            return 1;
-        sleep_ms(10);
-    }
+    /* The pidfd turns readable when the process exits; a PID namespace's init exits after
+     * every other process of its namespace. */
+    struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
+    int n;
+    do
+        n = poll(&pfd, 1, WAIT_GONE_MS);
+    while (n < 0 && errno == EINTR);
+    if (n > 0)
+        return 1;
     return conch_err_set(err, ETIMEDOUT,
                          "sandbox '%s': warden %d still alive %d ms after SIGKILL (stuck in "
                          "the kernel?)",
