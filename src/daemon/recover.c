@@ -508,6 +508,19 @@ static void gc_spill(int state_fd, const char *state_dir, const struct conch_sta
     closedir(d);
 }
 
+/* A `conch run` names its cgroup "run-<its pid>": when that process is gone (killed with
+ * SIGKILL, it could not remove the cgroup), the cgroup is garbage at once. */
+static bool run_owner_gone(const char *name)
+{
+    if (strncmp(name, "run-", 4))
+        return false;
+    char *end = NULL;
+    long pid = strtol(name + 4, &end, 10);
+    if (!end || *end || pid <= 0)
+        return false;
+    return kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+}
+
 /* rmdir the empty cgroups of @parent that no running sandbox owns; @prefix is what
  * precedes the sandbox id in a cgroup's name. */
 static void gc_cgroup_dir(const char *parent, const char *prefix,
@@ -538,7 +551,7 @@ static void gc_cgroup_dir(const char *parent, const char *prefix,
             running = !strcmp(sbs[i].state, "running") && !strcmp(sbs[i].id, id);
         struct stat st;
         if (running || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-            !older_than(&st, now, CONCH_RECOVER_GC_GRACE_S))
+            (!older_than(&st, now, CONCH_RECOVER_GC_GRACE_S) && !run_owner_gone(de->d_name)))
             continue;
         /* rmdir of a cgroup fails with EBUSY while it has processes or children: such a
          * cgroup is in use, not garbage. */

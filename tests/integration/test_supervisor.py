@@ -223,3 +223,32 @@ def test_tmpfs_inodes_are_bounded(ws):
                "except OSError as e:\n    print(n, e.errno)\n"], want_json=True, timeout=60)
     n, errno_ = r.j["stdout"].split()
     assert int(errno_) == 28 and 1000 <= int(n) <= 1024, r.describe()
+
+
+@pytest.mark.root_only
+def test_gc_removes_cgroups_of_a_killed_conch_run(ws, tmp_path):
+    """Defect 14: `conch run` killed with SIGKILL left its cgroups behind and `conch gc` did
+    not find them. Its cgroups are named after its pid: once that pid is gone, gc removes
+    them at once."""
+    p = subprocess.Popen([CONCH_BIN, "run", "--workspace", str(ws), "--pids", "64", "--",
+                          "sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dirs = [f"/sys/fs/cgroup/{c}/conch/run-{p.pid}" for c in ("pids", "memory", "cpu")]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(os.path.isdir(d) for d in dirs):
+        time.sleep(0.05)
+    made = [d for d in dirs if os.path.isdir(d)]
+    if not made:
+        pytest.skip("conch run made no cgroup here (no cgroup v1 controllers)")
+    time.sleep(0.3)
+    p.kill()
+    p.wait()
+    # the warden dies with its parent; its cgroup empties
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        busy = [d for d in made if os.path.isdir(d) and open(f"{d}/cgroup.procs").read().strip()]
+        if not busy:
+            break
+        time.sleep(0.05)
+    r = conch(["gc", "--state-dir", str(tmp_path / "state")], timeout=60)
+    assert r.rc == 0, r.describe()
+    assert [d for d in made if os.path.isdir(d)] == [], r.describe()
