@@ -181,7 +181,7 @@ int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err);
 /* What the sandbox's processes use right now (the warden excluded). */
 struct conch_jail_usage {
     uint64_t processes;
-    uint64_t rss_bytes; /* sum of resident sets: shared pages count once per process */
+    uint64_t rss_bytes; /* resident sets (shared pages once per process) + tmpfs contents */
 };
 
 /*

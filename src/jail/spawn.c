@@ -12,6 +12,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -622,6 +623,16 @@ int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret)
         unsigned long long size, resident;
         if (f && fscanf(f, "%llu %llu", &size, &resident) == 2)
             rss += resident * (uint64_t)page;
+    }
+    /* Files in the sandbox's tmpfs mounts are memory too (a cgroup would charge them): count
+     * what they hold, or `--memory` could be outgrown by writing to /tmp. */
+    static const char *const tmpfs_dirs[] = {"tmp", "home/agent", "dev/shm"};
+    for (size_t i = 0; i < ARRAY_SIZE(tmpfs_dirs); i++) {
+        char p[96];
+        struct statvfs sv;
+        snprintf(p, sizeof(p), "/proc/%d/root/%s", j->warden_pid, tmpfs_dirs[i]);
+        if (statvfs(p, &sv) == 0 && sv.f_blocks >= sv.f_bfree)
+            rss += (uint64_t)(sv.f_blocks - sv.f_bfree) * sv.f_frsize;
     }
     ret->processes = n;
     ret->rss_bytes = rss;

@@ -252,3 +252,16 @@ def test_gc_removes_cgroups_of_a_killed_conch_run(ws, tmp_path):
     r = conch(["gc", "--state-dir", str(tmp_path / "state")], timeout=60)
     assert r.rc == 0, r.describe()
     assert [d for d in made if os.path.isdir(d)] == [], r.describe()
+
+
+@pytest.mark.user_only
+def test_memory_without_cgroup_counts_tmpfs(ws):
+    """Defect 14: without a cgroup, --memory was sampled from resident sets only, so files in
+    /tmp (tmpfs: memory) went uncounted. Now they count: filling /tmp past --memory is a
+    memory limit kill."""
+    r = conch(["run", "--workspace", str(ws), "--json", "--memory", "64M", "--tmp-size", "256M",
+               "--timeout", "30", "--", "sh", "-c",
+               "for i in $(seq 1 40); do head -c 4M /dev/zero > /tmp/f$i; sleep 0.05; done; echo filled"],
+              want_json=True, timeout=60)
+    assert r.kind == "limit" and "memory" in r.j["error"]["message"], r.describe()
+    assert "filled" not in r.j["stdout"], r.describe()
