@@ -15,6 +15,7 @@
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "daemon/daemon.h"
 #include "exec/result.h"
 #include "exec/run.h"
 
@@ -258,6 +259,13 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     }
     default_spill_dir(c->spill_dir, sizeof(c->spill_dir));
     if ((r = conch_mkdir_p(c->spill_dir, 0700, err)) < 0)
+        return conch_err_wrap(err, "spill directory");
+    /* Spill files hold the command's output: another user must not have made (and so be able
+     * to swap) their directory or its parent, as in a shared /tmp. */
+    char probe[PATH_MAX + 8];
+    snprintf(probe, sizeof(probe), "%s/x", c->spill_dir);
+    if ((r = conch_daemon_socket_check(probe, false, err)) < 0 ||
+        (r = conch_daemon_socket_check(c->spill_dir, false, err)) < 0)
         return conch_err_wrap(err, "spill directory");
     c->run.spill_dir = c->spill_dir;
     c->run.stream = !c->json;

@@ -265,3 +265,35 @@ def test_memory_without_cgroup_counts_tmpfs(ws):
               want_json=True, timeout=60)
     assert r.kind == "limit" and "memory" in r.j["error"]["message"], r.describe()
     assert "filled" not in r.j["stdout"], r.describe()
+
+
+@pytest.mark.root_only
+def test_run_refuses_a_spill_dir_another_user_made(tmp_path):
+    """With neither HOME nor XDG_STATE_HOME, an ordinary user's `conch run` keeps spill files in
+    /tmp/conch-<uid>/spill. A directory another user made there (0777) would let that user
+    read or swap the command's output: conch run refuses it, naming the path."""
+    import pwd
+    try:
+        u = pwd.getpwnam("conchtest")
+    except KeyError:
+        pytest.skip("user conchtest does not exist (tests/integration/as_user.sh creates it)")
+    if not os.access(CONCH_BIN, os.X_OK) or os.stat(CONCH_BIN).st_mode & 0o005 != 0o005:
+        pytest.skip("the conch binary is not reachable by conchtest")
+    d = f"/tmp/conch-{u.pw_uid}"
+    if os.path.lexists(d):
+        pytest.skip(f"{d} exists already")
+    os.mkdir(d)
+    os.chmod(d, 0o777)  # made by root, i.e. by someone else than conchtest
+    try:
+        import tempfile
+        ws = tempfile.mkdtemp(prefix="conch-spill-ws-", dir="/tmp")
+        os.chmod(ws, 0o755)
+        os.chown(ws, u.pw_uid, u.pw_gid)
+        r = subprocess.run(["runuser", "-u", "conchtest", "--", "env", "-i", "PATH=/usr/bin:/bin",
+                            CONCH_BIN, "run", "--workspace", str(ws), "--", "true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and d in r.stderr, (r.returncode, r.stderr)
+    finally:
+        subprocess.run(["rm", "-rf", d])
+        if "ws" in locals():
+            subprocess.run(["rm", "-rf", ws])
