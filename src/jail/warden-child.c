@@ -444,6 +444,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     }
     reset_signals();
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    conch_proctitle_set_child("conch-file-worker");
     const char *step;
     if (fence_self(plan, plan->seccomp_file, &step) < 0 || chdir("/workspace") < 0)
         _exit(121);
