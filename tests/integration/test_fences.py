@@ -413,3 +413,23 @@ def test_command_cannot_signal_its_supervisors(py):
         "--as-root",
     )
     assert res == {"warden": errno.EPERM, "parent": errno.EPERM, "own_child": 0}
+
+
+# ---- the file worker under the same filter ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["overlay", "rw"])
+def test_fs_write_over_a_setid_host_file(rpc, ws, sandbox, mode):
+    # A set-uid/set-gid file already in the host workspace: fs.write replaces its content
+    # (the file worker runs under the command filter, which refuses to set those bits) and,
+    # like an in-place write by an unprivileged process, the result loses them.
+    f = ws / "tool"
+    f.write_text("old\n")
+    os.chmod(f, 0o6755)
+    sb = sandbox(mode=mode)
+    r = rpc.call("fs.write", {"sandbox": sb, "path": "tool", "content": "new\n"})
+    assert r["created"] is False, r
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "cat tool; stat -c %a tool"}, timeout=60)
+    assert r["stdout"].split() == ["new", "755"], r
+    if mode == "rw":
+        assert f.read_text() == "new\n" and stat.S_IMODE(os.stat(f).st_mode) == 0o755
