@@ -135,7 +135,9 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
          * meaningful, as an in-place write would. */
         if (faccessat(pfd, name, W_OK, AT_EACCESS) < 0)
             return conch_fs__fail_errno(ferr, errno, "write", given);
-        mode = st.st_mode & 07777;
+        /* Without set-uid/set-gid: a write by an unprivileged process clears them, and the
+         * seccomp filter refuses to set them. */
+        mode = st.st_mode & 01777;
         exists = true;
     } else if (errno != ENOENT) {
         return conch_fs__fail_errno(ferr, errno, "write", given);

@@ -1,7 +1,8 @@
 /* seccomp.c - the agent seccomp filter: a default-deny allowlist (ENOSYS for everything not
- * on it) compiled with libseccomp in the parent for the native architecture, exported as
- * classic BPF behind a short hand-written prefix, and installed in the child with one prctl. */
+ * on it), emitted as classic BPF in the parent for the native architecture (libseccomp names
+ * the syscalls), and installed in the child with one prctl. */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/seccomp.h>
@@ -11,7 +12,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -35,7 +35,8 @@ enum kind {
     K_OPEN,   /* flags in .arg, mode in .arg + 1: EPERM when creating with S_ISUID/S_ISGID */
     K_CREAT,  /* creat(): always creates; mode in .arg */
     K_MKNOD,  /* mode in .arg: regular files (without S_ISUID/S_ISGID), FIFOs, sockets */
-    K_PREFIX, /* allowed here; the hand-written prefix decides on one argument (see below) */
+    K_PERSONALITY, /* only the values in personality_ok */
+    K_IOCTL,       /* not the requests in tty_ioctls */
 };
 
 struct entry {
@@ -93,7 +94,7 @@ static const struct entry common_entries[] = {
     {"pidfd_getfd", K_ALLOW, 0},
     {"restart_syscall", K_ALLOW, 0},
     {"prctl", K_ALLOW, 0},
-    {"personality", K_PREFIX, 0},
+    {"personality", K_PERSONALITY, 0},
     {"seccomp", K_ALLOW, 0},
     {"landlock_create_ruleset", K_ALLOW, 0},
     {"landlock_add_rule", K_ALLOW, 0},
@@ -213,7 +214,7 @@ static const struct entry common_entries[] = {
     {"dup", K_ALLOW, 0},
     {"dup3", K_ALLOW, 0},
     {"fcntl", K_ALLOW, 0},
-    {"ioctl", K_PREFIX, 1},
+    {"ioctl", K_IOCTL, 1},
     {"flock", K_ALLOW, 0},
     {"fsync", K_ALLOW, 0},
     {"fdatasync", K_ALLOW, 0},
@@ -506,236 +507,218 @@ static unsigned entry_kind(const struct entry *e, const struct conch_seccomp_opt
     return e->kind;
 }
 
-static void ctx_releasep(scmp_filter_ctx *ctx)
-{
-    if (*ctx)
-        seccomp_release(*ctx);
-}
-
-static int add(scmp_filter_ctx ctx, const char *name, int nr, uint32_t action, unsigned n,
-               const struct scmp_arg_cmp *cmp, struct conch_err *err)
-{
-    int r = seccomp_rule_add_array(ctx, action, nr, n, cmp);
-    if (r < 0)
-        return conch_err_set(err, -r, "seccomp: add rule for '%s': %s", name, strerror(-r));
-    return 0;
-}
-
 #define SUGID (S_ISUID | S_ISGID)
 
 /*
- * Rules that depend on arguments. libseccomp drops conditional rules when the same call also
- * has an unconditional one, so each call gets conditional ALLOW rules and conditional EPERM
- * rules that together cover every argument value and never overlap. Modes are compared only
- * in their low bits (the kernel reads a umode_t), so junk in the upper half changes nothing.
+ * The filter is emitted here as classic BPF rather than through libseccomp's rule database:
+ * compiling ~330 rules with libseccomp costs 2-3 ms per process (paid by every `conch run`),
+ * emitting them directly a few microseconds. libseccomp still names the syscalls.
+ *
+ * Layout: check the architecture (foreign: kill), on x86_64 refuse x32 numbers (bit 30:
+ * kill), then a binary search over the sorted allowlist whose leaves return ALLOW or EPERM or
+ * jump to a block that inspects arguments; anything the search does not find returns ENOSYS.
+ * Every conditional jump goes to the next instruction or skips one (jt/jf are 8-bit), and
+ * longer jumps are BPF_JA with a 32-bit offset, fixed up once the target is placed.
+ * Arguments are compared in their low 32 bits only: every value checked (modes, open flags,
+ * clone namespace flags, personality, ioctl requests) is a 32-bit quantity to the kernel, so
+ * junk in the upper half changes nothing the kernel would do.
  */
-static int add_arg_rules(scmp_filter_ctx ctx, const struct entry *e, unsigned kind, int nr,
-                         uint32_t eperm, struct conch_err *err)
+struct emitter {
+    struct sock_filter *insns;
+    unsigned len, cap;
+    unsigned *labels; /* label -> instruction index, or UINT_MAX while unplaced */
+    unsigned n_labels;
+    struct {
+        unsigned at, label;
+    } * fixups;
+    unsigned n_fixups, cap_fixups;
+    bool oom;
+};
+
+static unsigned emit(struct emitter *m, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k)
 {
-    const uint32_t allow = SCMP_ACT_ALLOW;
-    const unsigned a = e->arg;
-    int r = 0;
-    switch (kind) {
-    case K_CLONE: {
-        unsigned long all = 0;
-        for (size_t i = 0; i < ARRAY_SIZE(clone_ns_flags); i++)
-            all |= clone_ns_flags[i];
-        /* Only the flags' own bits are compared, so the sign extension of glibc's int flags
-         * does not matter. */
-        struct scmp_arg_cmp c = SCMP_A0(SCMP_CMP_MASKED_EQ, all, 0);
-        r = add(ctx, e->name, nr, allow, 1, &c, err);
-        for (size_t i = 0; r >= 0 && i < ARRAY_SIZE(clone_ns_flags); i++) {
-            c = SCMP_A0(SCMP_CMP_MASKED_EQ, clone_ns_flags[i], clone_ns_flags[i]);
-            r = add(ctx, e->name, nr, eperm, 1, &c, err);
+    if (m->len == m->cap) {
+        unsigned ncap = m->cap ? m->cap * 2 : 1024;
+        struct sock_filter *n = realloc(m->insns, ncap * sizeof(*n));
+        if (!n) {
+            m->oom = true;
+            return m->len;
         }
-        return r;
+        m->insns = n;
+        m->cap = ncap;
+    }
+    m->insns[m->len] = (struct sock_filter){.code = code, .jt = jt, .jf = jf, .k = k};
+    return m->len++;
+}
+
+static void emit_ja(struct emitter *m, unsigned label)
+{
+    unsigned at = emit(m, BPF_JMP | BPF_JA, 0, 0, 0);
+    if (m->oom)
+        return;
+    if (m->n_fixups == m->cap_fixups) {
+        unsigned ncap = m->cap_fixups ? m->cap_fixups * 2 : 256;
+        void *n = realloc(m->fixups, ncap * sizeof(*m->fixups));
+        if (!n) {
+            m->oom = true;
+            return;
+        }
+        m->fixups = n;
+        m->cap_fixups = ncap;
+    }
+    m->fixups[m->n_fixups].at = at;
+    m->fixups[m->n_fixups].label = label;
+    m->n_fixups++;
+}
+
+static void place(struct emitter *m, unsigned label)
+{
+    m->labels[label] = m->len;
+}
+
+static void emit_ret(struct emitter *m, uint32_t action)
+{
+    emit(m, BPF_RET | BPF_K, 0, 0, action);
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define ARG_LO(i) (offsetof(struct seccomp_data, args[i]))
+#else
+#define ARG_LO(i) (offsetof(struct seccomp_data, args[i]) + 4)
+#endif
+
+static void load_arg(struct emitter *m, unsigned i)
+{
+    emit(m, BPF_LD | BPF_W | BPF_ABS, 0, 0, (uint32_t)ARG_LO(i));
+}
+
+/* One allowlisted syscall as the emitter sees it. */
+struct rule {
+    int nr;
+    unsigned kind;
+    unsigned arg;
+    unsigned label; /* the argument block, for argument kinds */
+};
+
+static int rule_cmp(const void *a, const void *b)
+{
+    const struct rule *x = a, *y = b;
+    return (x->nr > y->nr) - (x->nr < y->nr);
+}
+
+struct actions {
+    uint32_t allow, eperm, enosys;
+};
+
+/* The leaf for one syscall: a single instruction. */
+static void emit_leaf(struct emitter *m, const struct rule *r, const struct actions *a)
+{
+    switch (r->kind) {
+    case K_ALLOW:
+        emit_ret(m, a->allow);
+        break;
+    case K_EPERM:
+        emit_ret(m, a->eperm);
+        break;
+    default:
+        emit_ja(m, r->label);
+        break;
+    }
+}
+
+/* Binary search over @rules[lo, hi), the syscall number in the accumulator. */
+static void emit_range(struct emitter *m, const struct rule *rules, size_t lo, size_t hi,
+                       unsigned *next_label, const struct actions *a)
+{
+    if (hi - lo <= 4) {
+        for (size_t i = lo; i < hi; i++) {
+            emit(m, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)rules[i].nr);
+            emit_leaf(m, &rules[i], a);
+        }
+        emit_ret(m, a->enosys);
+        return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    unsigned right = (*next_label)++;
+    emit(m, BPF_JMP | BPF_JGE | BPF_K, 0, 1, (uint32_t)rules[mid].nr);
+    emit_ja(m, right);
+    emit_range(m, rules, lo, mid, next_label, a);
+    place(m, right);
+    emit_range(m, rules, mid, hi, next_label, a);
+}
+
+/* The argument block of @r: decides ALLOW or EPERM and returns. */
+static void emit_arg_block(struct emitter *m, const struct rule *r, const struct actions *a)
+{
+    place(m, r->label);
+    switch (r->kind) {
+    case K_CLONE: {
+        uint32_t ns = 0;
+        for (size_t i = 0; i < ARRAY_SIZE(clone_ns_flags); i++)
+            ns |= (uint32_t)clone_ns_flags[i];
+        load_arg(m, 0);
+        emit(m, BPF_JMP | BPF_JSET | BPF_K, 0, 1, ns);
+        emit_ret(m, a->eperm);
+        emit_ret(m, a->allow);
+        break;
     }
     case K_MODE:
-    case K_CREAT: {
+    case K_CREAT:
         /* Set-gid directories are refused too: chmod cannot tell a directory from a file,
          * and `mkdir -m 2775` is mkdir then chmod anyway. (A directory made inside a set-gid
          * directory still inherits the bit from the kernel; it grants nothing.) */
-        struct scmp_arg_cmp c = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, SUGID, 0);
-        r = add(ctx, e->name, nr, allow, 1, &c, err);
-        const unsigned long each[] = {S_ISUID, S_ISGID};
-        for (size_t i = 0; r >= 0 && i < ARRAY_SIZE(each); i++) {
-            c = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, each[i], each[i]);
-            r = add(ctx, e->name, nr, eperm, 1, &c, err);
-        }
-        return r;
-    }
-    case K_OPEN: {
+        load_arg(m, r->arg);
+        emit(m, BPF_JMP | BPF_JSET | BPF_K, 0, 1, SUGID);
+        emit_ret(m, a->eperm);
+        emit_ret(m, a->allow);
+        break;
+    case K_OPEN:
         /* The mode only matters when the call creates a file: O_CREAT, or O_TMPFILE (whose
          * file can be linked into the tree later with its mode). */
-        struct scmp_arg_cmp c[2] = {SCMP_CMP(a, SCMP_CMP_MASKED_EQ, O_CREAT | __O_TMPFILE, 0)};
-        r = add(ctx, e->name, nr, allow, 1, c, err);
-        c[0] = SCMP_CMP(a + 1, SCMP_CMP_MASKED_EQ, SUGID, 0);
-        if (r >= 0)
-            r = add(ctx, e->name, nr, allow, 1, c, err);
-        const unsigned long creating[] = {O_CREAT, __O_TMPFILE}, bits[] = {S_ISUID, S_ISGID};
-        for (size_t i = 0; r >= 0 && i < ARRAY_SIZE(creating); i++)
-            for (size_t k = 0; r >= 0 && k < ARRAY_SIZE(bits); k++) {
-                c[0] = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, creating[i], creating[i]);
-                c[1] = SCMP_CMP(a + 1, SCMP_CMP_MASKED_EQ, bits[k], bits[k]);
-                r = add(ctx, e->name, nr, eperm, 2, c, err);
-            }
-        return r;
-    }
-    case K_MKNOD: {
+        load_arg(m, r->arg);
+        emit(m, BPF_JMP | BPF_JSET | BPF_K, 0, 3, O_CREAT | __O_TMPFILE);
+        load_arg(m, r->arg + 1);
+        emit(m, BPF_JMP | BPF_JSET | BPF_K, 0, 1, SUGID);
+        emit_ret(m, a->eperm);
+        emit_ret(m, a->allow);
+        break;
+    case K_MKNOD:
         /* Regular files (type 0 means regular too) without S_ISUID/S_ISGID, FIFOs and
          * sockets; never devices. */
-        const unsigned long ok[] = {0, S_IFREG, S_IFIFO, S_IFSOCK};
-        for (size_t i = 0; r >= 0 && i < ARRAY_SIZE(ok); i++) {
-            struct scmp_arg_cmp c = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, S_IFMT | SUGID, ok[i]);
-            r = add(ctx, e->name, nr, allow, 1, &c, err);
-        }
-        for (unsigned long t = 0; r >= 0 && t <= S_IFMT; t += 010000) {
-            if (t == 0 || t == S_IFREG || t == S_IFIFO || t == S_IFSOCK)
-                continue;
-            struct scmp_arg_cmp c = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, S_IFMT, t);
-            r = add(ctx, e->name, nr, eperm, 1, &c, err);
-        }
-        const unsigned long each[] = {S_ISUID, S_ISGID};
-        for (size_t i = 0; r >= 0 && i < ARRAY_SIZE(each); i++) {
-            struct scmp_arg_cmp c = SCMP_CMP(a, SCMP_CMP_MASKED_EQ, each[i], each[i]);
-            r = add(ctx, e->name, nr, eperm, 1, &c, err);
-        }
-        return r;
-    }
-    default:
-        return conch_err_set(err, EINVAL, "seccomp: no rules for kind %u of '%s'", kind, e->name);
-    }
-}
-
-static int add_entry(scmp_filter_ctx ctx, uint32_t arch, const struct entry *e,
-                     const struct conch_seccomp_opts *opts, uint32_t eperm, struct conch_err *err)
-{
-    int nr = resolve(arch, e->name);
-    if (nr < 0)
-        return conch_err_set(err, EINVAL, "seccomp: libseccomp does not know syscall '%s'",
-                             e->name);
-    unsigned kind = entry_kind(e, opts);
-    switch (kind) {
-    case K_ALLOW:
-    case K_PREFIX:
-        return add(ctx, e->name, nr, SCMP_ACT_ALLOW, 0, NULL, err);
-    case K_EPERM:
-        return add(ctx, e->name, nr, eperm, 0, NULL, err);
-    case K_ENOSYS:
-        return 0; /* the default action; libseccomp refuses a rule that repeats it */
-    default:
-        return add_arg_rules(ctx, e, kind, nr, eperm, err);
+        load_arg(m, r->arg);
+        emit(m, BPF_JMP | BPF_JSET | BPF_K, 6, 0, SUGID);
+        emit(m, BPF_ALU | BPF_AND | BPF_K, 0, 0, S_IFMT);
+        emit(m, BPF_JMP | BPF_JEQ | BPF_K, 3, 0, 0);
+        emit(m, BPF_JMP | BPF_JEQ | BPF_K, 2, 0, S_IFREG);
+        emit(m, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, S_IFIFO);
+        emit(m, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, S_IFSOCK);
+        emit_ret(m, a->allow);
+        emit_ret(m, a->eperm);
+        break;
+    case K_PERSONALITY:
+        load_arg(m, r->arg);
+        for (size_t i = 0; i < ARRAY_SIZE(personality_ok); i++)
+            emit(m, BPF_JMP | BPF_JEQ | BPF_K, (uint8_t)(ARRAY_SIZE(personality_ok) - i), 0,
+                 personality_ok[i]);
+        emit_ret(m, a->eperm);
+        emit_ret(m, a->allow);
+        break;
+    case K_IOCTL:
+        load_arg(m, r->arg);
+        for (size_t i = 0; i < ARRAY_SIZE(tty_ioctls); i++)
+            emit(m, BPF_JMP | BPF_JEQ | BPF_K, (uint8_t)(ARRAY_SIZE(tty_ioctls) - i), 0,
+                 tty_ioctls[i]);
+        emit_ret(m, a->allow);
+        emit_ret(m, a->eperm);
+        break;
     }
 }
 
-/*
- * libseccomp cannot AND two comparisons on the same argument, nor compare only the low half
- * of a 64-bit argument with EQ/NE, so two rules are written by hand as a short prefix run
- * before libseccomp's program: personality() with a value outside personality_ok, and
- * ioctl() with a request in tty_ioctls, both compared as the 32-bit value the kernel reads,
- * return EPERM. Every other call, and every allowed one, falls through to the start of
- * libseccomp's program, which checks the architecture itself (foreign ones are killed there).
- */
-struct prefix {
-    struct sock_filter insns[48];
-    unsigned len;
-    unsigned to_out[16], n_out;    /* conditional jumps whose jf goes to "out" */
-    unsigned to_out_t[16], n_tout; /* conditional jumps whose jt goes to "out" */
-    unsigned to_deny[16], n_deny;  /* conditional jumps whose jt goes to "deny" */
-};
-
-static unsigned emit(struct prefix *p, struct sock_filter f)
+static void emitter_done(struct emitter *m)
 {
-    p->insns[p->len] = f;
-    return p->len++;
-}
-
-static int build_prefix(struct prefix *p, uint32_t arch, uint32_t eperm, struct conch_err *err)
-{
-    int personality_nr = resolve(arch, "personality"), ioctl_nr = resolve(arch, "ioctl");
-    if (personality_nr < 0 || ioctl_nr < 0)
-        return conch_err_set(err, EINVAL, "seccomp: no personality/ioctl on this architecture");
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    const unsigned lo = 0;
-#else
-    const unsigned lo = 4;
-#endif
-    memset(p, 0, sizeof(*p));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                                         offsetof(struct seccomp_data, arch)));
-    p->to_out[p->n_out++] =
-        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 0, 0));
-    /* personality: EPERM unless the value is one of personality_ok */
-    emit(p,
-         (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
-    unsigned skip_personality = emit(
-        p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)personality_nr, 0, 0));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                                         offsetof(struct seccomp_data, args[0]) + lo));
-    for (size_t k = 0; k < ARRAY_SIZE(personality_ok); k++)
-        p->to_out_t[p->n_tout++] = emit(
-            p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, personality_ok[k], 0, 0));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, eperm));
-    /* ioctl: EPERM for the terminal-injection requests */
-    unsigned ioctl_at = emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                                                             offsetof(struct seccomp_data, nr)));
-    p->insns[skip_personality].jf = (unsigned char)(ioctl_at - skip_personality - 1);
-    p->to_out[p->n_out++] =
-        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ioctl_nr, 0, 0));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                                         offsetof(struct seccomp_data, args[1]) + lo));
-    for (size_t k = 0; k < ARRAY_SIZE(tty_ioctls); k++) {
-        unsigned at =
-            emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, tty_ioctls[k], 0, 0));
-        p->to_deny[p->n_deny++] = at;
-    }
-    unsigned ja = emit(p, (struct sock_filter)BPF_STMT(BPF_JMP | BPF_JA, 0));
-    unsigned deny = emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, eperm));
-    unsigned out = p->len; /* the first instruction of libseccomp's program */
-    p->insns[ja].k = out - ja - 1;
-    for (unsigned i = 0; i < p->n_out; i++)
-        p->insns[p->to_out[i]].jf = (unsigned char)(out - p->to_out[i] - 1);
-    for (unsigned i = 0; i < p->n_tout; i++)
-        p->insns[p->to_out_t[i]].jt = (unsigned char)(out - p->to_out_t[i] - 1);
-    for (unsigned i = 0; i < p->n_deny; i++)
-        p->insns[p->to_deny[i]].jt = (unsigned char)(deny - p->to_deny[i] - 1);
-    return 0;
-}
-
-/* libseccomp 2.5.4 can only export to an fd: export into a memfd and read it back. */
-static int export_bpf(scmp_filter_ctx ctx, struct sock_filter **ret_insns, size_t *ret_len,
-                      struct conch_err *err)
-{
-    _cleanup_close_ int fd = memfd_create("conch-seccomp", MFD_CLOEXEC);
-    if (fd < 0)
-        return conch_err_set(err, errno, "seccomp: memfd_create: %m");
-    int r = seccomp_export_bpf(ctx, fd);
-    if (r < 0)
-        return conch_err_set(err, -r, "seccomp: export filter: %s", strerror(-r));
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        return conch_err_set(err, errno, "seccomp: fstat exported filter: %m");
-    size_t size = (size_t)st.st_size;
-    if (size == 0 || size % sizeof(struct sock_filter) != 0)
-        return conch_err_set(err, EINVAL, "seccomp: exported filter has odd size %zu", size);
-
-    _cleanup_free_ struct sock_filter *insns = malloc(size);
-    if (!insns)
-        return conch_err_set(err, ENOMEM, "seccomp: allocate filter");
-    size_t off = 0;
-    while (off < size) {
-        ssize_t n = pread(fd, (char *)insns + off, size - off, (off_t)off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return conch_err_set(err, errno, "seccomp: read exported filter: %m");
-        if (n == 0)
-            return conch_err_set(err, EIO, "seccomp: exported filter shrank while reading");
-        off += (size_t)n;
-    }
-    *ret_insns = TAKE_PTR(insns);
-    *ret_len = size / sizeof(struct sock_filter);
-    return 0;
+    free(m->insns);
+    free(m->labels);
+    free(m->fixups);
 }
 
 int conch_seccomp__prog_build_errnos(const struct conch_seccomp_opts *opts, int eperm_errno,
@@ -743,56 +726,91 @@ int conch_seccomp__prog_build_errnos(const struct conch_seccomp_opts *opts, int 
                                      struct conch_err *err)
 {
     const uint32_t arch = native_arch();
-    const uint32_t eperm = SCMP_ACT_ERRNO((uint32_t)eperm_errno);
-    const uint32_t enosys = SCMP_ACT_ERRNO((uint32_t)enosys_errno);
+    if (arch != SCMP_ARCH_X86_64 && arch != SCMP_ARCH_AARCH64)
+        return conch_err_set(err, ENOTSUP,
+                             "seccomp: no syscall allowlist for this architecture (0x%x)", arch);
+    const struct actions act = {
+        .allow = SECCOMP_RET_ALLOW,
+        .eperm = SECCOMP_RET_ERRNO | ((uint32_t)eperm_errno & SECCOMP_RET_DATA),
+        .enosys = SECCOMP_RET_ERRNO | ((uint32_t)enosys_errno & SECCOMP_RET_DATA),
+    };
 
-    _cleanup_(ctx_releasep) scmp_filter_ctx ctx = seccomp_init(enosys);
-    if (!ctx)
-        return conch_err_set(err, ENOMEM, "seccomp: seccomp_init failed");
-    /* A filter only reasons about the native syscall table; i386 (int 0x80) and x32 calls
-     * would reach the same kernel code under different numbers, so they die. */
-    int r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-    /* libseccomp refuses KILL_PROCESS when it cannot confirm kernel support (kernels before
-     * 4.14, or valgrind, which does not emulate seccomp()); killing the thread still stops
-     * the call. */
-    if (r == -EINVAL)
-        r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_THREAD);
-    if (r < 0)
-        return conch_err_set(err, -r, "seccomp: set bad-arch action: %s", strerror(-r));
-    /* A binary search over the syscall number instead of a linear chain of ~300 tests. */
-    if ((r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2)) < 0)
-        return conch_err_set(err, -r, "seccomp: enable binary-tree filter: %s", strerror(-r));
-
-    for (size_t i = 0; i < ARRAY_SIZE(common_entries); i++)
-        if ((r = add_entry(ctx, arch, &common_entries[i], opts, eperm, err)) < 0)
-            return r;
     size_t n_arch = 0;
     const struct entry *extra = arch_entries(arch, &n_arch);
-    for (size_t i = 0; i < n_arch; i++)
-        if ((r = add_entry(ctx, arch, &extra[i], opts, eperm, err)) < 0)
-            return r;
+    const size_t n_all = ARRAY_SIZE(common_entries) + n_arch;
+    _cleanup_free_ struct rule *rules = calloc(n_all, sizeof(*rules));
+    if (!rules)
+        return conch_err_set(err, ENOMEM, "seccomp: allocate rules");
+    size_t n = 0;
+    unsigned next_label = 0;
+    for (size_t i = 0; i < n_all; i++) {
+        const struct entry *e = i < ARRAY_SIZE(common_entries)
+                                    ? &common_entries[i]
+                                    : &extra[i - ARRAY_SIZE(common_entries)];
+        int nr = resolve(arch, e->name);
+        if (nr < 0)
+            return conch_err_set(err, EINVAL, "seccomp: libseccomp does not know syscall '%s'",
+                                 e->name);
+        unsigned kind = entry_kind(e, opts);
+        if (kind == K_ENOSYS)
+            continue; /* the default */
+        rules[n] = (struct rule){.nr = nr, .kind = kind, .arg = e->arg};
+        if (kind != K_ALLOW && kind != K_EPERM)
+            rules[n].label = next_label++;
+        n++;
+    }
+    qsort(rules, n, sizeof(*rules), rule_cmp);
+    for (size_t i = 1; i < n; i++)
+        if (rules[i].nr == rules[i - 1].nr)
+            return conch_err_set(err, EINVAL, "seccomp: syscall %d listed twice", rules[i].nr);
 
-    struct prefix pre;
-    if ((r = build_prefix(&pre, arch, eperm, err)) < 0)
-        return r;
-
-    _cleanup_free_ struct sock_filter *body = NULL;
-    size_t body_len = 0;
-    if ((r = export_bpf(ctx, &body, &body_len, err)) < 0)
-        return r;
-
-    size_t len = pre.len + body_len;
-    if (len > BPF_MAXINSNS)
-        return conch_err_set(err, E2BIG, "seccomp: filter has %zu instructions (max %d)", len,
-                             BPF_MAXINSNS);
-    struct sock_filter *insns = calloc(len, sizeof(*insns));
-    if (!insns)
+    struct emitter m = {0};
+    m.n_labels = next_label + (unsigned)n + 2; /* argument blocks, then search nodes */
+    m.labels = malloc(m.n_labels * sizeof(*m.labels));
+    if (!m.labels)
         return conch_err_set(err, ENOMEM, "seccomp: allocate filter");
-    memcpy(insns, pre.insns, pre.len * sizeof(*insns));
-    memcpy(insns + pre.len, body, body_len * sizeof(*insns));
+    memset(m.labels, 0xff, m.n_labels * sizeof(*m.labels));
 
-    ret->insns = insns;
-    ret->len = (unsigned short)len;
+    /* A filter only reasons about the native syscall table; i386 (int 0x80) and x32 calls
+     * would reach the same kernel code under different numbers, so they die. */
+    emit(&m, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, arch));
+    emit(&m, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, arch);
+    emit_ret(&m, SECCOMP_RET_KILL_PROCESS);
+    emit(&m, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr));
+    if (arch == SCMP_ARCH_X86_64) {
+        /* x32 (bit 30), except -1, which only a tracer's "skip this call" produces */
+        emit(&m, BPF_JMP | BPF_JGE | BPF_K, 0, 3, 0x40000000u);
+        emit(&m, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0xffffffffu);
+        emit_ret(&m, act.enosys);
+        emit_ret(&m, SECCOMP_RET_KILL_PROCESS);
+    }
+    unsigned search_label = next_label;
+    emit_range(&m, rules, 0, n, &search_label, &act);
+    for (size_t i = 0; i < n; i++)
+        if (rules[i].kind != K_ALLOW && rules[i].kind != K_EPERM)
+            emit_arg_block(&m, &rules[i], &act);
+
+    int r = 0;
+    if (m.oom)
+        r = conch_err_set(err, ENOMEM, "seccomp: allocate filter");
+    else if (m.len > BPF_MAXINSNS)
+        r = conch_err_set(err, E2BIG, "seccomp: filter has %u instructions (max %d)", m.len,
+                          BPF_MAXINSNS);
+    for (unsigned i = 0; r == 0 && i < m.n_fixups; i++) {
+        unsigned at = m.fixups[i].at, to = m.labels[m.fixups[i].label];
+        if (to == UINT_MAX || to <= at)
+            r = conch_err_set(err, EINVAL, "seccomp: internal error: bad jump at %u", at);
+        else
+            m.insns[at].k = to - at - 1;
+    }
+    if (r < 0) {
+        emitter_done(&m);
+        return r;
+    }
+    ret->insns = m.insns;
+    ret->len = (unsigned short)m.len;
+    m.insns = NULL;
+    emitter_done(&m);
     return 0;
 }
 

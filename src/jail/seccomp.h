@@ -1,6 +1,6 @@
-/* seccomp.h - the seccomp filter that fences agent commands: built with libseccomp in the
- * parent (which may allocate), installed in the child with one prctl (which does not). A
- * default-deny allowlist: see conch_seccomp_prog_build. */
+/* seccomp.h - the seccomp filter that fences agent commands: emitted as classic BPF in the
+ * parent (which may allocate; syscalls named through libseccomp), installed in the child with
+ * one prctl (which does not). A default-deny allowlist: see conch_seccomp_prog_build. */
 #ifndef CONCH_JAIL_SECCOMP_H
 #define CONCH_JAIL_SECCOMP_H
 

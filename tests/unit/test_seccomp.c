@@ -432,12 +432,17 @@ static void set_id_bits(void *arg)
     EXPECT(fchmod(fd, 02711), EPERM);
     EXPECT(fchmodat(AT_FDCWD, at("f"), 04755, 0), EPERM);
     EXPECT(syscall(SYS_fchmodat, AT_FDCWD, at("f"), 02755), EPERM);
-    EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 04755, 0), EPERM);
-    EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 02755, 0), EPERM);
+    /* valgrind 3.19 does not know fchmodat2 and answers ENOSYS itself */
+    bool vg = RUNNING_ON_VALGRIND;
+    if (!vg) {
+        EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 04755, 0), EPERM);
+        EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 02755, 0), EPERM);
+    }
     EXPECT(chmod(at("f"), 0750), 0);
     EXPECT(fchmod(fd, 01777), 0); /* sticky is not privilege */
     EXPECT(fchmodat(AT_FDCWD, at("f"), 0755, 0), 0);
-    EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 0644, 0), 0);
+    if (!vg)
+        EXPECT(syscall(SYS_fchmodat2, AT_FDCWD, at("f"), 0644, 0), 0);
     close(fd);
 
     /* creating with the bits: open, openat, creat, O_TMPFILE */
@@ -556,6 +561,8 @@ static void openat2_call(void *arg)
 
 Test(seccomp_setid, openat2_only_for_the_file_worker, .timeout = 30)
 {
+    if (RUNNING_ON_VALGRIND)
+        cr_skip("valgrind 3.19 does not know openat2");
     char msg[512];
     struct conch_seccomp_prog prog = {0};
     struct conch_err err = {0};
@@ -592,6 +599,8 @@ static void newer_calls(void *arg)
 
 Test(seccomp_setid, newer_mount_calls_get_enosys, .timeout = 30)
 {
+    if (RUNNING_ON_VALGRIND)
+        cr_skip("valgrind answers ENOSYS itself for calls it does not know");
     char msg[512];
     struct conch_seccomp_prog prog = {0};
     struct conch_err err = {0};
