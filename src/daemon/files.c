@@ -334,7 +334,7 @@ void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ct
     if (fds.upper < 0) {
         res = json_pack("{s:s,s:[]}", "diff", "", "files");
     } else if (conch_ws_changes_scan(fds.upper, fds.lower, &ch, &err) < 0 ||
-               conch_ws_diff(fds.upper, fds.lower, &ch, paths, 4u << 20, &res, &err) < 0) {
+               conch_ws_diff(fds.upper, fds.lower, &ch, paths, 4u << 20, 0, &res, &err) < 0) {
         res = NULL;
     }
     ws_close(&fds);
@@ -471,8 +471,9 @@ void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *
     if (r >= 0 && w.paths && (r = add_new_parents(&w.all, &todo)) < 0)
         conch_err_set(&err, -r, "out of memory");
     if (r >= 0) {
-        struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, &err);
+        struct conch_ws_commit_opts opts = {
+            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = sb->disk_bytes};
+        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, NULL, &err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
      * the host's and no longer show as changes. A stopped one has no overlay mounted, so

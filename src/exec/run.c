@@ -388,8 +388,9 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         res->has_changes = true;
         bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
         if (o->commit && ended_normally && res->changes.n > 0) {
-            struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-            r = conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, err);
+            struct conch_ws_commit_opts copts = {
+                .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
+            r = conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, NULL, err);
             if (r < 0) {
                 conch_err_wrap(err, "commit workspace changes");
                 goto out;

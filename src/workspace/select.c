@@ -140,12 +140,16 @@ int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *pat
         int r = normalize(paths[k], &p);
         if (r == -ENOMEM)
             return conch_err_set(err, ENOMEM, "select changes: out of memory");
-        if (r < 0)
-            return conch_err_setk(err, CONCH_ERR_USAGE, -r, "invalid path '%s': %s", paths[k],
+        if (r < 0) {
+            _cleanup_free_ char *q = conch_ws__qname(paths[k]);
+            return conch_err_setk(err, CONCH_ERR_USAGE, -r, "invalid path %s: %s", q ? q : "",
                                   r == -EINVAL ? "empty, or outside /workspace" : strerror(-r));
-        if (mark_under(all, v, p, marked) == 0 && *p)
-            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT,
-                                  "'%s' has no change in the workspace", paths[k]);
+        }
+        if (mark_under(all, v, p, marked) == 0 && *p) {
+            _cleanup_free_ char *q = conch_ws__qname(paths[k]);
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT, "%s has no change in the workspace",
+                                  q ? q : "");
+        }
     }
 
     struct conch_ws_changes out = {0};
@@ -435,8 +439,10 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
         return conch_err_set(err, ENOMEM, "remove changes: out of memory");
     for (size_t i = 0; i < changes->n; i++) {
         const char *p = changes->items[i].path;
-        if (!p || !conch_ws__path_ok(p))
-            return conch_err_set(err, EINVAL, "remove change '%s': invalid path", p ? p : "(null)");
+        if (!p || !conch_ws__path_ok(p)) {
+            _cleanup_free_ char *q = p ? conch_ws__qname(p) : NULL;
+            return conch_err_set(err, EINVAL, "remove change %s: invalid path", q ? q : "(null)");
+        }
         v[i] = &changes->items[i];
     }
     qsort(v, changes->n, sizeof(*v), cmp_change_ptr);
@@ -449,9 +455,11 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
             continue;
         const char *what = NULL;
         int r = remove_one(upper_fd, lower_fd, path, &what);
-        if (r < 0 && first == 0)
-            first = conch_err_set(err, -r, "'%s': %s: %s", path, what,
+        if (r < 0 && first == 0) {
+            _cleanup_free_ char *q = conch_ws__qname(path);
+            first = conch_err_set(err, -r, "%s: %s: %s", q ? q : "", what,
                                   r == -ELOOP ? "a component is a symlink" : strerror(-r));
+        }
     }
     return first;
 }

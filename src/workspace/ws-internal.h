@@ -180,6 +180,30 @@ static inline int conch_ws__read_link(int dfd, const char *name, char **ret)
     return -ENAMETOOLONG;
 }
 
+char *conch_ws_quote(const char *prefix, const char *name, bool ascii);
+
+/*
+ * conch_ws__qname - @path for an error message: in single quotes, or, when it holds bytes
+ * that must not reach a terminal or log raw, C-quoted (conch_ws_quote). Returns a new
+ * string, or NULL when out of memory.
+ */
+static inline char *conch_ws__qname(const char *path)
+{
+    char *q = conch_ws_quote("", path, false);
+    if (!q || q[0] == '"')
+        return q;
+    size_t n = strlen(q);
+    char *out = malloc(n + 3);
+    if (out) {
+        out[0] = '\'';
+        memcpy(out + 1, q, n);
+        out[n + 1] = '\'';
+        out[n + 2] = '\0';
+    }
+    free(q);
+    return out;
+}
+
 /* A directory's entry names ("." and ".." left out), sorted by strcmp. */
 struct conch_ws__names {
     char **v;

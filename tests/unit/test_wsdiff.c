@@ -156,7 +156,7 @@ static json_t *diff_paths(char *const *paths, size_t max)
     _cleanup_close_ int l = open_dir(lower);
     struct conch_err err = {0};
     json_t *res = NULL;
-    int r = conch_ws_diff(u, l, &c, paths, max, &res, &err);
+    int r = conch_ws_diff(u, l, &c, paths, max, 0, &res, &err);
     conch_ws_changes_done(&c);
     cr_assert_eq(r, 0, "diff: %s", err.msg);
     cr_assert_not_null(res);
@@ -377,7 +377,7 @@ Test(wsdiff, invalid_utf8_replaced)
                      "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xf0\x9f\x90\x9a\n"
                      " ok\n");
     cr_assert_str_eq(file_diff(res, "name-\xef\xbf\xbd.txt"),
-                     "--- /dev/null\n+++ b/name-\xef\xbf\xbd.txt\n@@ -0,0 +1 @@\n+x\n");
+                     "--- /dev/null\n+++ \"b/name-\\377.txt\"\n@@ -0,0 +1 @@\n+x\n");
     json_decref(res);
 }
 
@@ -415,7 +415,7 @@ Test(wsdiff, too_large_and_paths)
     struct conch_err err = {0};
     char *missing[] = {"nope", NULL};
     res = NULL;
-    cr_assert_eq(conch_ws_diff(u, l, &c, missing, 0, &res, &err), -ENOENT);
+    cr_assert_eq(conch_ws_diff(u, l, &c, missing, 0, 0, &res, &err), -ENOENT);
     cr_assert_null(res);
     cr_assert_not_null(strstr(err.msg, "'nope'"), "%s", err.msg);
     conch_ws_changes_done(&c);
@@ -697,7 +697,7 @@ Test(wsdiff, upper_remove_after_partial_commit)
     struct conch_ws_changes to_commit = {.items = items, .n = n};
     _cleanup_close_ int u = open_dir(upper);
     _cleanup_close_ int l = open_dir(lower);
-    cr_assert_eq(conch_ws_commit(u, l, &to_commit, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_ws_commit(u, l, &to_commit, NULL, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(conch_ws_upper_remove(u, l, &sel, &err), 0, "%s", err.msg);
     conch_ws_changes_done(&sel);
     conch_ws_changes_done(&all);
@@ -739,7 +739,7 @@ Test(wsdiff, symlinks_in_paths_are_not_followed)
     _cleanup_close_ int l = open_dir(lower);
     struct conch_err err = {0};
     json_t *res = NULL;
-    cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, 0, &res, &err), 0, "%s", err.msg);
     char *s = json_dumps(res, 0);
     cr_assert_null(strstr(s, "root:"), "read through a symlink: %s", s);
     free(s);
