@@ -65,106 +65,11 @@ static void tmp_name(char *buf, size_t size)
     snprintf(buf, size, ".conch-tmp-%016llx", rnd);
 }
 
-/* Removes every entry inside dir @rel beneath @base, never following a symlink (they are
- * unlinked, not their targets) nor crossing a mount point. Holds one dir open at a time
- * and re-resolves by path with openat2, so a deep tree cannot exhaust fds and a symlink
- * swapped in mid-walk is refused rather than followed. */
-static int empty_tree(int base, const char *rel)
-{
-    char **subs = NULL;
-    size_t nsubs = 0, cap = 0;
-    int first = 0;
-    {
-        int fd = conch_ws__openat2(base, rel, O_RDONLY | O_DIRECTORY, true);
-        if (fd < 0)
-            return fd;
-        _cleanup_closedir_ DIR *d = fdopendir(fd);
-        if (!d) {
-            int r = -errno;
-            close(fd);
-            return r;
-        }
-        for (;;) {
-            errno = 0;
-            struct dirent *de = readdir(d);
-            if (!de) {
-                if (errno && !first)
-                    first = -errno;
-                break;
-            }
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            struct stat st;
-            if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-                if (errno != ENOENT && !first)
-                    first = -errno;
-                continue;
-            }
-            if (!S_ISDIR(st.st_mode)) {
-                if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT && !first)
-                    first = -errno;
-                continue;
-            }
-            if (nsubs == cap) {
-                size_t ncap = cap ? cap * 2 : 8;
-                char **v = realloc(subs, ncap * sizeof(*v));
-                if (!v) {
-                    first = -ENOMEM;
-                    break;
-                }
-                subs = v;
-                cap = ncap;
-            }
-            if (!(subs[nsubs] = strdup(de->d_name))) {
-                first = -ENOMEM;
-                break;
-            }
-            nsubs++;
-        }
-    }
-    bool emptied_any = false;
-    for (size_t i = 0; i < nsubs; i++) {
-        char *child = NULL;
-        int r = asprintf(&child, "%s/%s", rel, subs[i]) < 0 ? -ENOMEM : 0;
-        if (r >= 0)
-            r = empty_tree(base, child);
-        free(child);
-        if (r < 0 && !first)
-            first = r;
-        if (r < 0) {
-            free(subs[i]);
-            subs[i] = NULL;
-        } else {
-            emptied_any = true;
-        }
-    }
-    if (emptied_any) {
-        _cleanup_close_ int fd = conch_ws__openat2(base, rel, O_PATH | O_DIRECTORY, true);
-        if (fd < 0 && !first)
-            first = fd;
-        for (size_t i = 0; fd >= 0 && i < nsubs; i++) {
-            if (subs[i] && unlinkat(fd, subs[i], AT_REMOVEDIR) < 0 && errno != ENOENT && !first)
-                first = -errno;
-        }
-    }
-    for (size_t i = 0; i < nsubs; i++)
-        free(subs[i]);
-    free(subs);
-    return first;
-}
-
-/* Removes @name from @dfd: a file or symlink itself, a directory with all it holds. */
+/* Removes @name from @dfd: a file or symlink itself (never a symlink's target), a
+ * directory with all it holds, never crossing a mount point. */
 static int remove_entry(int dfd, const char *name)
 {
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    int r = empty_tree(dfd, name);
-    if (r < 0)
-        return r;
-    return unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? -errno : 0;
+    return conch_ws__remove_at(dfd, name, true);
 }
 
 /* Copies @len bytes at @off from @src to the same offset in @dst. */

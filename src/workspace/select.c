@@ -203,25 +203,8 @@ static int list_dir(int base, const char *rel, struct conch_ws__names *ret)
     return conch_ws__names_read(fd, ret);
 }
 
-static int remove_at(int base, const char *rel);
-
-/* Removes everything inside dir @rel beneath @base; returns the first error. */
-static int empty_dir(int base, const char *rel)
-{
-    struct conch_ws__names ns = {0};
-    int first = list_dir(base, rel, &ns);
-    for (size_t i = 0; first >= 0 && i < ns.n; i++) {
-        _cleanup_free_ char *child = join(rel, ns.v[i]);
-        int r = child ? remove_at(base, child) : -ENOMEM;
-        if (r < 0 && first >= 0)
-            first = r;
-    }
-    conch_ws__names_done(&ns);
-    return first;
-}
-
 /* Removes the entry @rel beneath @base: a file, symlink (never its target), whiteout or
- * a directory with all it holds. A missing entry is not an error. */
+ * a directory with all it holds, however deep. A missing entry is not an error. */
 static int remove_at(int base, const char *rel)
 {
     _cleanup_free_ char *parent = NULL;
@@ -233,20 +216,7 @@ static int remove_at(int base, const char *rel)
         return 0;
     if (pfd < 0)
         return pfd;
-    struct stat st;
-    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlinkat(pfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    /* The sandbox may have left a dir unreadable or read-only; it goes anyway. Without
-     * the flag glibc's fchmodat would follow a symlink swapped in since the fstatat. */
-    if ((st.st_mode & 0700) != 0700 && fchmodat(pfd, name, 0700, AT_SYMLINK_NOFOLLOW) < 0) {
-        /* best effort: emptying it reports the real failure */
-    }
-    int r = empty_dir(base, rel);
-    if (r < 0)
-        return r;
-    return unlinkat(pfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? -errno : 0;
+    return conch_ws__remove_at(pfd, name, false);
 }
 
 static bool fd_opaque(int fd)
@@ -466,7 +436,7 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
 
 int conch_ws_upper_clear(int upper_fd, struct conch_err *err)
 {
-    int r = empty_dir(upper_fd, "");
+    int r = conch_ws__empty_fd(upper_fd, false);
     if (r < 0)
         return conch_err_set(err, -r, "clear the sandbox's layer: %s", strerror(-r));
     /* An opaque root would go on hiding the host dir. */
