@@ -40,6 +40,8 @@ static json_t *change_json(const struct conch_ws_change *ch)
         json_object_set_new(e, "link_outside", json_true());
     if (ch->flags & CONCH_WS_F_TOO_DEEP)
         json_object_set_new(e, "too_deep", json_true());
+    if (ch->flags & CONCH_WS_F_UNREADABLE)
+        json_object_set_new(e, "unreadable", json_true());
     return e;
 }
 

@@ -423,13 +423,15 @@ struct sub {
 };
 
 /* Compares upper entry @name (@ust) with the lower (@lst, or none if !@have_l) and emits
- * the change, if any. Sets *@descend when the upper entry is a dir to walk. @too_deep: a
- * dir whose entries cannot be listed (reported even when unchanged itself). */
+ * the change, if any. Sets *@descend when the upper entry is a dir to walk. @stop: the flag
+ * of a dir whose entries cannot be listed (TOO_DEEP, UNREADABLE; reported even when
+ * unchanged itself), or 0. */
 static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, const char *name,
-                         const struct stat *ust, bool have_l, const struct stat *lst, bool too_deep,
+                         const struct stat *ust, bool have_l, const struct stat *lst, unsigned stop,
                          struct sub *descend)
 {
-    struct conch_ws_change c = {.flags = too_deep ? CONCH_WS_F_TOO_DEEP : 0};
+    bool too_deep = stop != 0;
+    struct conch_ws_change c = {.flags = stop};
     int r = 0;
     _cleanup_free_ char *full = join(path, name);
     if (!full)
@@ -609,17 +611,25 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
                 continue;
             }
             struct sub d = {0};
-            bool deep = false;
+            unsigned stop = 0; /* why the walk does not descend into this dir */
             if (S_ISDIR(ust.st_mode)) {
-                size_t len = strlen(path) + (*path ? 1 : 0) + strlen(name);
-                r = entries_too_deep(ufd, name, len, &deep);
-                if (r < 0) {
-                    r = fail(s, r, path, "read upper dir beneath");
-                    break;
+                /* A command may chmod 000 its dirs; an unprivileged caller cannot then read
+                 * them, which must not make the whole scan (and the result) fail. */
+                if (faccessat(ufd, name, R_OK | X_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW) < 0) {
+                    stop = CONCH_WS_F_UNREADABLE;
+                } else {
+                    bool deep = false;
+                    size_t len = strlen(path) + (*path ? 1 : 0) + strlen(name);
+                    r = entries_too_deep(ufd, name, len, &deep);
+                    if (r < 0) {
+                        r = fail(s, r, path, "read upper dir beneath");
+                        break;
+                    }
+                    stop = deep ? CONCH_WS_F_TOO_DEEP : 0;
                 }
             }
-            r = compare_entry(s, ufd, lfd, path, name, &ust, have_l, &lst, deep, &d);
-            if (r >= 0 && S_ISDIR(ust.st_mode) && !deep) {
+            r = compare_entry(s, ufd, lfd, path, name, &ust, have_l, &lst, stop, &d);
+            if (r >= 0 && S_ISDIR(ust.st_mode) && !stop) {
                 d.opaque_above = opaque;
                 d.name = strdup(name);
                 if (!d.name)

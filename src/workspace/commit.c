@@ -446,6 +446,8 @@ const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch)
 {
     if (ch->flags & CONCH_WS_F_TOO_DEEP)
         return "its entries lie deeper than PATH_MAX and cannot be committed";
+    if (ch->flags & CONCH_WS_F_UNREADABLE)
+        return "the sandbox made it unreadable, so its entries cannot be committed";
     if (ch->kind == CONCH_CHANGE_DELETED)
         return NULL;
     if (ch->flags & CONCH_WS_F_SOCKET)

@@ -38,6 +38,9 @@ enum conch_ws_change_flag {
     CONCH_WS_F_FIFO = 1 << 2,         /* a FIFO: never committed */
     CONCH_WS_F_SOCKET = 1 << 3,       /* a unix socket: never committed */
     CONCH_WS_F_DEVICE = 1 << 4,       /* a device node: never created on the host */
+    CONCH_WS_F_UNREADABLE = 1 << 5,   /* dir the sandbox made unreadable (e.g. mode 000) to
+                                         the caller: its entries are not listed, and commit
+                                         skips the dir */
 };
 
 /* One changed path. @path is relative to the workspace root, no leading "./" or "/". */
@@ -77,7 +80,8 @@ struct conch_ws_changes {
  * compared. Cost grows with the size of the upper dir, not the workspace. Nothing is
  * followed through a symlink. A directory whose entries would have paths of PATH_MAX bytes
  * or more is reported (whether or not it changed itself) with CONCH_WS_F_TOO_DEEP and not
- * descended into, so that a deep chain never makes the scan fail. Sets *@ret with every
+ * descended into, so that a deep chain never makes the scan fail; likewise, with
+ * CONCH_WS_F_UNREADABLE, a dir the caller may not read and search. Sets *@ret with every
  * change (total = n) (caller calls conch_ws_changes_done). Returns 0 or -errno with @err.
  */
 int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *ret,
@@ -95,8 +99,8 @@ int conch_ws_changes_scan_page(int upper_fd, int lower_fd, size_t offset, size_t
 /*
  * conch_ws_change_skip_reason - why commit leaves @ch out (a static string), or NULL when it
  * can be committed: sockets, FIFOs and device nodes have no meaning on the host (and a
- * device node would be a way in), and the entries of a TOO_DEEP dir cannot be reached by
- * path. Deleting such an entry is always allowed.
+ * device node would be a way in), and the entries of a TOO_DEEP or UNREADABLE dir are not
+ * known. Deleting such an entry is always allowed.
  */
 const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch);
 

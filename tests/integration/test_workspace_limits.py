@@ -88,6 +88,18 @@ def test_chain_deeper_than_path_max_does_not_break_the_scan(ws, run):
     assert (ws / "deep").is_dir()
 
 
+def test_unreadable_dir_does_not_break_the_scan(ws, sh):
+    r = sh("mkdir d && echo in > d/f && chmod 000 d && echo ok > ok.txt && exit 4", "--commit")
+    assert r.rc == 4 and r.j["committed"] is True, r.describe()
+    assert (ws / "ok.txt").read_text() == "ok\n"
+    ch = r.changes()
+    if IS_ROOT:  # host root reads it: committed with its mode
+        assert stat.S_IMODE(os.lstat(ws / "d").st_mode) == 0 and "d/f" in ch, ch
+    else:  # the caller cannot read it: listed, flagged, left out of the commit
+        assert ch["d"].get("unreadable") is True and "skip" in ch["d"], ch
+        assert not os.path.lexists(ws / "d")
+
+
 def test_summary_quotes_names(ws, run):
     (ws / "important.txt").write_text("x\n")
     forged = "x\n  D important.txt\nconch: changes discarded (run with --commit to apply them)"
