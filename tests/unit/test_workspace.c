@@ -1003,11 +1003,11 @@ static void deep_chain(const char *root, const char *rel, const char *name, int 
 Test(workspace, scan_survives_a_chain_deeper_than_path_max)
 {
     mkd(upper, "deep", 0755);
-    deep_chain(upper, "deep", "dddddddddd", 800); /* 8,800 bytes of path */
+    deep_chain(upper, "deep", "dddddddddd", 420); /* 4,620 bytes of path */
     put(upper, "other.txt", "still listed\n", 0644);
     mkd(lower, "old", 0755);
     mkd(upper, "old", 0755);
-    deep_chain(upper, "old", "o", 2100); /* one-letter names, 4,200 bytes */
+    deep_chain(upper, "old", "oooooo", 620); /* 4,340 bytes */
     struct conch_ws_changes c = {0};
     scan(&c);
     expect(&c, "other.txt", CONCH_CHANGE_ADDED, 'f');
@@ -1041,7 +1041,7 @@ Test(workspace, scan_survives_a_chain_deeper_than_path_max)
     conch_ws_changes_done(&c);
     cr_assert(!exists(at(upper, "deep")));
     put(upper, "x", "x\n", 0644);
-    deep_chain(upper, "", "zzzzzzzzzz", 600);
+    deep_chain(upper, "", "zzzzzzzzzz", 420);
     cr_assert_eq(conch_ws_upper_clear(u, &err), 0, "%s", err.msg);
     DIR *d = opendir(upper);
     int entries = 0;
