@@ -52,7 +52,8 @@ char *conch_run_result_text(const struct conch_run_result *res);
 /*
  * conch_ws_changes_json - @changes as a JSON array of {path, kind, type, size, mode}, plus
  * "binary" for files, "skip": reason for what commit leaves out, "link_outside": true and
- * "too_deep": true for flagged entries (docs/PROTOCOL.md). Every item of @changes.
+ * "too_deep" / "unreadable": true for flagged entries (docs/PROTOCOL.md). Every item of
+ * @changes.
  */
 json_t *conch_ws_changes_json(const struct conch_ws_changes *changes);
 
