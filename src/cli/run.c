@@ -240,6 +240,9 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
         return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR, "--workspace '%s': not a directory",
                               ws);
     c->run.jail.workspace = c->workspace;
+    /* No file a command writes may outgrow the disk limit, in any mode (a sparse file
+     * costs the overlay nothing but lands on the host at its full size). */
+    c->run.jail.file_bytes = c->run.jail.disk_bytes;
     if (c->rootfs_arg) {
         if (!realpath(c->rootfs_arg, c->rootfs))
             return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--rootfs '%s': %s", c->rootfs_arg,
@@ -297,6 +300,23 @@ static void print_json(const struct conch_run_result *res, const struct conch_er
     json_decref(o);
 }
 
+/* One summary line: @ch's path, quoted like `ls` and git do when it holds control bytes,
+ * quotes, backslashes or ill-formed UTF-8 (so a name cannot forge a line nor send escape
+ * sequences to the terminal), with a note for what commit leaves out or flags. */
+static void print_change(const struct conch_ws_change *ch, size_t inside)
+{
+    _cleanup_free_ char *q = conch_ws_quote("", ch->path, false);
+    char count[64] = "";
+    if (inside)
+        snprintf(count, sizeof(count), " (%zu entr%s)", inside, inside == 1 ? "y" : "ies");
+    const char *skip = conch_ws_change_skip_reason(ch);
+    fprintf(stderr, "  %c %s%s%s%s%s%s\n", change_letter(ch->kind), q ? q : "(out of memory)",
+            ch->type == 'd' ? "/" : "", count, skip ? " [not committed: " : "", skip ? skip : "",
+            skip                                  ? "]"
+            : ch->flags & CONCH_WS_F_LINK_OUTSIDE ? " [symlink pointing outside the workspace]"
+                                                  : "");
+}
+
 static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
 {
     if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
@@ -304,36 +324,45 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
                 res->error_msg);
     if (c->quiet || !res->has_changes)
         return;
-    if (res->changes.n == 0) {
+    const struct conch_ws_changes *chs = &res->changes;
+    size_t total = chs->total > chs->n ? chs->total : chs->n;
+    if (total == 0) {
         fprintf(stderr, "conch: no changes in /workspace\n");
         return;
     }
-    fprintf(stderr, "conch: %zu change%s in /workspace:\n", res->changes.n,
-            res->changes.n == 1 ? "" : "s");
-    for (size_t i = 0; i < res->changes.n; i++) {
-        const struct conch_ws_change *ch = &res->changes.items[i];
+    fprintf(stderr, "conch: %zu change%s in /workspace:\n", total, total == 1 ? "" : "s");
+    size_t lines = 0, skipped = 0;
+    for (size_t i = 0; i < chs->n; i++)
+        skipped += conch_ws_change_skip_reason(&chs->items[i]) != NULL;
+    size_t i = 0;
+    for (; i < chs->n && lines < CONCH_WS_CHANGES_MAX; i++, lines++) {
+        const struct conch_ws_change *ch = &chs->items[i];
         /* An added tree is one line: the agent cares that .git/ appeared, not about each
          * object in it (--json lists every entry). */
         size_t inside = 0;
         if (ch->kind == CONCH_CHANGE_ADDED && ch->type == 'd') {
             size_t len = strlen(ch->path);
-            while (i + inside + 1 < res->changes.n) {
-                const char *p = res->changes.items[i + inside + 1].path;
+            while (i + inside + 1 < chs->n) {
+                const char *p = chs->items[i + inside + 1].path;
                 if (strncmp(p, ch->path, len) || p[len] != '/')
                     break;
                 inside++;
             }
         }
-        if (inside)
-            fprintf(stderr, "  %c %s/ (%zu entr%s)\n", change_letter(ch->kind), ch->path, inside,
-                    inside == 1 ? "y" : "ies");
-        else
-            fprintf(stderr, "  %c %s%s\n", change_letter(ch->kind), ch->path,
-                    ch->type == 'd' ? "/" : "");
+        print_change(ch, inside);
         i += inside;
     }
-    if (res->committed)
+    if (i < total)
+        fprintf(stderr, "  ... and %zu more\n", total - i);
+    if (res->committed && skipped)
+        fprintf(stderr,
+                "conch: changes committed to %s, except %zu entr%s marked [not committed]\n",
+                c->workspace, skipped, skipped == 1 ? "y" : "ies");
+    else if (res->committed)
         fprintf(stderr, "conch: changes committed to %s\n", c->workspace);
+    else if (res->commit_tried)
+        fprintf(stderr, "conch: changes NOT committed (%zu of them applied before it failed): %s\n",
+                res->commit.applied, res->commit_err.msg);
     else if (c->run.commit)
         fprintf(stderr, "conch: changes NOT committed: the command did not exit normally\n");
     else

@@ -309,7 +309,8 @@ static json_t *run_result(struct run *r)
         struct conch_err err = {0};
         int upper = conch_jail_upper_open(&r->sb->jail, &err);
         if (upper >= 0) {
-            conch_ws_changes_scan(upper, r->sb->jail.host_ws_fd, &res.changes, &err);
+            conch_ws_changes_scan_page(upper, r->sb->jail.host_ws_fd, 0, CONCH_WS_CHANGES_MAX,
+                                       &res.changes, &err);
             res.has_changes = true;
             close(upper);
         }

@@ -317,15 +317,30 @@ void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void 
     struct sandbox *sb = ws_open(ctx, call, params, &fds);
     if (!sb)
         return;
+    /* A page of the change list: "offset" (default 0), "limit" (default and most 10,000). */
+    json_t *jo = json_object_get(params, "offset"), *jl = json_object_get(params, "limit");
+    json_int_t off = jo ? json_integer_value(jo) : 0, lim = jl ? json_integer_value(jl) : 10000;
+    if (off < 0 || lim < 1 || lim > 10000) {
+        ws_close(&fds);
+        conch_rpc_call_fail_param(call, off < 0 ? "offset" : "limit",
+                                  off < 0 ? "offset must be 0 or more"
+                                          : "limit must be between 1 and 10000");
+        return;
+    }
     struct conch_ws_changes ch = {0};
     struct conch_err err = {0};
-    if (fds.upper >= 0 && conch_ws_changes_scan(fds.upper, fds.lower, &ch, &err) < 0) {
+    if (fds.upper >= 0 &&
+        conch_ws_changes_scan_page(fds.upper, fds.lower, (size_t)off, (size_t)lim, &ch, &err) < 0) {
         ws_close(&fds);
         conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
         return;
     }
     ws_close(&fds);
-    conch_rpc_call_reply(call, json_pack("{s:o}", "changes", conch_ws_changes_json(&ch)));
+    json_t *res = json_object();
+    conch_ws_changes_json_set(res, &ch, 0);
+    if (ch.total > (size_t)off + ch.n)
+        json_object_set_new(res, "next_offset", json_integer(off + (json_int_t)ch.n));
+    conch_rpc_call_reply(call, res);
     conch_ws_changes_done(&ch);
 }
 
@@ -345,7 +360,7 @@ void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ct
     if (fds.upper < 0) {
         res = json_pack("{s:s,s:[]}", "diff", "", "files");
     } else if (conch_ws_changes_scan(fds.upper, fds.lower, &ch, &err) < 0 ||
-               conch_ws_diff(fds.upper, fds.lower, &ch, paths, 4u << 20, &res, &err) < 0) {
+               conch_ws_diff(fds.upper, fds.lower, &ch, paths, 4u << 20, 0, &res, &err) < 0) {
         res = NULL;
     }
     ws_close(&fds);
@@ -373,6 +388,23 @@ static json_t *paths_json(const struct conch_ws_changes *ch)
     for (size_t i = 0; i < ch->n; i++)
         json_array_append_new(arr, conch_json_text(ch->items[i].path, strlen(ch->items[i].path)));
     return arr;
+}
+
+/* {"committed": [paths applied], "skipped": [{"path", "reason"}]} of a commit. */
+static json_t *commit_json(const struct conch_ws_commit_report *rep)
+{
+    json_t *done = json_array(), *skipped = json_array();
+    for (size_t i = 0; i < rep->n; i++) {
+        const struct conch_ws_commit_entry *e = &rep->entries[i];
+        json_t *p = conch_json_text(e->path, strlen(e->path));
+        if (e->status == CONCH_WS_COMMIT_APPLIED)
+            json_array_append_new(done, p);
+        else if (e->status == CONCH_WS_COMMIT_SKIPPED)
+            json_array_append_new(skipped, json_pack("{s:o,s:s}", "path", p, "reason", e->reason));
+        else
+            json_decref(p);
+    }
+    return json_pack("{s:o,s:o}", "committed", done, "skipped", skipped);
 }
 
 static int cmp_change(const void *a, const void *b)
@@ -477,13 +509,15 @@ void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *
      * out of a stopped sandbox's upper dir: the selection only (a listed directory goes
      * with its whole tree, uncommitted siblings included). */
     struct conch_ws_changes todo = {0};
+    struct conch_ws_commit_report rep = {0};
     struct conch_err err = {0};
     int r = conch_ws_changes_select(&w.sel, NULL, &todo, &err);
     if (r >= 0 && w.paths && (r = add_new_parents(&w.all, &todo)) < 0)
         conch_err_set(&err, -r, "out of memory");
     if (r >= 0) {
-        struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, &err);
+        struct conch_ws_commit_opts opts = {
+            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = sb->disk_bytes};
+        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, &rep, &err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
      * the host's and no longer show as changes. A stopped one has no overlay mounted, so
@@ -493,7 +527,8 @@ void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *
     if (r < 0)
         fail_ws(call, &err);
     else
-        conch_rpc_call_reply(call, json_pack("{s:o}", "committed", paths_json(&todo)));
+        conch_rpc_call_reply(call, commit_json(&rep));
+    conch_ws_commit_report_done(&rep);
     conch_ws_changes_done(&todo);
     ws_sel_done(&w);
 }

@@ -481,7 +481,8 @@ static const struct conch_rpc_param p_fs_download[] = {
     {"sandbox", S, true}, {"paths", A, true}, {NULL, 0, false}};
 static const struct conch_rpc_param p_ws[] = {
     {"sandbox", S, true}, {"paths", A, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_ws_changes[] = {{"sandbox", S, true}, {NULL, 0, false}};
+static const struct conch_rpc_param p_ws_changes[] = {
+    {"sandbox", S, true}, {"offset", I, false}, {"limit", I, false}, {NULL, 0, false}};
 
 const struct conch_rpc_method daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},

@@ -18,26 +18,51 @@ json_t *conch_json_text(const char *buf, size_t len)
     return clean ? json_stringn(clean, n) : NULL;
 }
 
+/* One change as {path, kind, type, size, mode[, binary][, skip][, link_outside][, too_deep]}. */
+static json_t *change_json(const struct conch_ws_change *ch)
+{
+    json_t *e = json_object();
+    json_object_set_new(e, "path", conch_json_text(ch->path, strlen(ch->path)));
+    json_object_set_new(e, "kind", json_string(conch_ws_change_kind_name(ch->kind)));
+    char t[2] = {ch->type, 0};
+    json_object_set_new(e, "type", json_string(t));
+    json_object_set_new(e, "size", json_integer((json_int_t)ch->size));
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o",
+             (unsigned)(ch->kind == CONCH_CHANGE_DELETED ? ch->old_mode : ch->new_mode));
+    json_object_set_new(e, "mode", json_string(mode));
+    if (ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED)
+        json_object_set_new(e, "binary", json_boolean(ch->binary));
+    const char *skip = conch_ws_change_skip_reason(ch);
+    if (skip)
+        json_object_set_new(e, "skip", json_string(skip));
+    if (ch->flags & CONCH_WS_F_LINK_OUTSIDE)
+        json_object_set_new(e, "link_outside", json_true());
+    if (ch->flags & CONCH_WS_F_TOO_DEEP)
+        json_object_set_new(e, "too_deep", json_true());
+    if (ch->flags & CONCH_WS_F_UNREADABLE)
+        json_object_set_new(e, "unreadable", json_true());
+    return e;
+}
+
 json_t *conch_ws_changes_json(const struct conch_ws_changes *changes)
 {
     json_t *arr = json_array();
-    for (size_t i = 0; i < changes->n; i++) {
-        const struct conch_ws_change *ch = &changes->items[i];
-        json_t *e = json_object();
-        json_object_set_new(e, "path", conch_json_text(ch->path, strlen(ch->path)));
-        json_object_set_new(e, "kind", json_string(conch_ws_change_kind_name(ch->kind)));
-        char t[2] = {ch->type, 0};
-        json_object_set_new(e, "type", json_string(t));
-        json_object_set_new(e, "size", json_integer((json_int_t)ch->size));
-        char mode[8];
-        snprintf(mode, sizeof(mode), "%04o",
-                 (unsigned)(ch->kind == CONCH_CHANGE_DELETED ? ch->old_mode : ch->new_mode));
-        json_object_set_new(e, "mode", json_string(mode));
-        if (ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED)
-            json_object_set_new(e, "binary", json_boolean(ch->binary));
-        json_array_append_new(arr, e);
-    }
+    for (size_t i = 0; i < changes->n; i++)
+        json_array_append_new(arr, change_json(&changes->items[i]));
     return arr;
+}
+
+void conch_ws_changes_json_set(json_t *obj, const struct conch_ws_changes *changes, size_t max)
+{
+    size_t n = max && changes->n > max ? max : changes->n;
+    size_t total = changes->total > changes->n ? changes->total : changes->n;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, change_json(&changes->items[i]));
+    json_object_set_new(obj, "changes", arr);
+    json_object_set_new(obj, "changes_total", json_integer((json_int_t)total));
+    json_object_set_new(obj, "changes_truncated", json_boolean(n < total));
 }
 
 static json_t *output_json(const struct conch_output *o)
@@ -75,8 +100,20 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
         json_object_set_new(
             o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
     }
-    json_object_set_new(o, "changes", conch_ws_changes_json(&res->changes));
+    conch_ws_changes_json_set(o, &res->changes, CONCH_WS_CHANGES_MAX);
     json_object_set_new(o, "committed", json_boolean(res->committed));
+    if (res->commit_tried) {
+        json_t *c =
+            json_pack("{s:I,s:I,s:I}", "applied", (json_int_t)res->commit.applied, "skipped",
+                      (json_int_t)res->commit.skipped, "failed", (json_int_t)res->commit.failed);
+        if (c && res->commit_err.code) {
+            json_t *e = json_pack("{s:s}", "kind", conch_err_kind_name(res->commit_err.kind));
+            json_object_set_new(e, "message",
+                                conch_json_text(res->commit_err.msg, strlen(res->commit_err.msg)));
+            json_object_set_new(c, "error", e);
+        }
+        json_object_set_new(o, "commit", c);
+    }
     json_t *usage = json_object();
     json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
     json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));

@@ -49,8 +49,20 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
  */
 char *conch_run_result_text(const struct conch_run_result *res);
 
-/* conch_ws_changes_json - @changes as a JSON array of {path, kind, type, size, mode}. */
+/*
+ * conch_ws_changes_json - @changes as a JSON array of {path, kind, type, size, mode}, plus
+ * "binary" for files, "skip": reason for what commit leaves out, "link_outside": true and
+ * "too_deep" / "unreadable": true for flagged entries (docs/PROTOCOL.md). Every item of
+ * @changes.
+ */
 json_t *conch_ws_changes_json(const struct conch_ws_changes *changes);
+
+/*
+ * conch_ws_changes_json_set - set "changes" (at most @max items of @changes, 0: all),
+ * "changes_total" (every change, also those not listed) and "changes_truncated" (fewer
+ * listed than changes_total) in @obj.
+ */
+void conch_ws_changes_json_set(json_t *obj, const struct conch_ws_changes *changes, size_t max);
 
 /*
  * conch_json_text - @len bytes as a JSON string: invalid UTF-8 becomes U+FFFD, NUL bytes

@@ -39,6 +39,7 @@ void conch_run_result_done(struct conch_run_result *res)
     conch_output_done(&res->out);
     conch_output_done(&res->err);
     conch_ws_changes_done(&res->changes);
+    conch_ws_commit_report_done(&res->commit);
 }
 
 void conch_exec_env_free(char **env)
@@ -397,13 +398,16 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         res->has_changes = true;
         bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
         if (o->commit && ended_normally && res->changes.n > 0) {
-            struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1, .new_gid = (gid_t)-1};
-            r = conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, err);
-            if (r < 0) {
-                conch_err_wrap(err, "commit workspace changes");
-                goto out;
-            }
-            res->committed = true;
+            /* A failed commit is reported beside the command's own outcome, never in its
+             * place: the command ran, and the report says exactly what reached the host. */
+            struct conch_ws_commit_opts copts = {
+                .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
+            res->commit_tried = true;
+            if (conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, &res->commit,
+                                &res->commit_err) < 0)
+                conch_err_wrap(&res->commit_err, "commit workspace changes");
+            else
+                res->committed = true;
         }
     }
     if (o->stream) {

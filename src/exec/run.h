@@ -35,10 +35,13 @@ struct conch_run_result {
     int signal;    /* 0 when it exited */
     bool timed_out;
     uint64_t duration_ms;
-    struct conch_output out, err;    /* owned */
-    struct conch_ws_changes changes; /* owned */
-    bool has_changes;                /* overlay mode: changes were read */
-    bool committed;
+    struct conch_output out, err;         /* owned */
+    struct conch_ws_changes changes;      /* owned */
+    bool has_changes;                     /* overlay mode: changes were read */
+    bool committed;                       /* the commit ran to its end */
+    bool commit_tried;                    /* --commit, and the command exited normally */
+    struct conch_ws_commit_report commit; /* owned: what the commit applied or skipped */
+    struct conch_err commit_err;          /* the commit failed (code != 0): why */
     uint64_t cpu_ms;
     uint64_t max_rss_kb;
     enum conch_err_kind error_kind; /* CONCH_ERR_NONE when the command succeeded */

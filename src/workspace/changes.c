@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@
 #include "workspace/ws-internal.h"
 
 #define CMP_CHUNK (64 * 1024)
+/* The longest change path: what openat2 and every path-based step after the scan take. */
+#define MAX_PATH_LEN (PATH_MAX - 1)
 
 int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err)
 {
@@ -77,12 +80,14 @@ void conch_ws_changes_done(struct conch_ws_changes *c)
     free(c->items);
     c->items = NULL;
     c->n = 0;
+    c->total = 0;
 }
 
 struct scan {
     int upper_fd, lower_fd;
     struct conch_ws_changes out;
     size_t cap;
+    size_t keep;         /* keep at most this many (the smallest paths); 0: all */
     char *buf_a, *buf_b; /* CMP_CHUNK each, for content comparison */
     struct conch_err *err;
 };
@@ -170,11 +175,61 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
-/* Appends @c to the result; takes ownership of c->path even on failure. */
+static int path_cmp(const struct conch_ws_change *a, const struct conch_ws_change *b)
+{
+    return strcmp(a->path, b->path);
+}
+
+/* With s->keep, out.items is a max-heap by path of the s->keep smallest paths so far. */
+static void heap_up(struct conch_ws_change *v, size_t i)
+{
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (path_cmp(&v[up], &v[i]) >= 0)
+            break;
+        struct conch_ws_change t = v[up];
+        v[up] = v[i];
+        v[i] = t;
+        i = up;
+    }
+}
+
+static void heap_down(struct conch_ws_change *v, size_t n, size_t i)
+{
+    for (;;) {
+        size_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && path_cmp(&v[l], &v[big]) > 0)
+            big = l;
+        if (r < n && path_cmp(&v[r], &v[big]) > 0)
+            big = r;
+        if (big == i)
+            return;
+        struct conch_ws_change t = v[big];
+        v[big] = v[i];
+        v[i] = t;
+        i = big;
+    }
+}
+
+/* Appends @c to the result, or counts it only when a page is full and its path sorts after
+ * every kept one; takes ownership of c->path even on failure. */
 static int emit(struct scan *s, struct conch_ws_change c)
 {
+    s->out.total++;
+    if (s->keep && s->out.n == s->keep) {
+        if (path_cmp(&c, &s->out.items[0]) >= 0) {
+            free(c.path);
+            return 0;
+        }
+        free(s->out.items[0].path);
+        s->out.items[0] = c;
+        heap_down(s->out.items, s->out.n, 0);
+        return 0;
+    }
     if (s->out.n == s->cap) {
         size_t ncap = s->cap ? s->cap * 2 : 32;
+        if (s->keep && ncap > s->keep)
+            ncap = s->keep;
         struct conch_ws_change *v = realloc(s->out.items, ncap * sizeof(*v));
         if (!v) {
             free(c.path);
@@ -184,13 +239,53 @@ static int emit(struct scan *s, struct conch_ws_change c)
         s->cap = ncap;
     }
     s->out.items[s->out.n++] = c;
+    if (s->keep)
+        heap_up(s->out.items, s->out.n - 1);
     return 0;
 }
 
 static int fail(struct scan *s, int rc, const char *path, const char *what)
 {
-    return conch_err_set(s->err, -rc, "scan workspace: %s '%s': %s", what, *path ? path : ".",
+    _cleanup_free_ char *q = conch_ws__qname(*path ? path : ".");
+    return conch_err_set(s->err, -rc, "scan workspace: %s %s: %s", what, q ? q : "(path)",
                          strerror(-rc));
+}
+
+/* Whether symlink @target, placed at change path @path, leaves the workspace: absolute, or
+ * climbing above the root with "..". Lexical: a component that is itself a symlink is not
+ * looked at (the commit never follows one either). */
+static bool link_outside(const char *path, const char *target)
+{
+    if (target[0] == '/')
+        return true;
+    long depth = 0;
+    for (const char *p = path; (p = strchr(p, '/')); p++)
+        depth++;
+    for (const char *p = target; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            if (--depth < 0)
+                return true;
+        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
+            depth++;
+        }
+        p += n;
+        while (*p == '/')
+            p++;
+    }
+    return false;
+}
+
+/* The flags a new entry of mode @mode brings. */
+static unsigned type_flags(mode_t mode)
+{
+    if (S_ISFIFO(mode))
+        return CONCH_WS_F_FIFO;
+    if (S_ISSOCK(mode))
+        return CONCH_WS_F_SOCKET;
+    if (S_ISCHR(mode) || S_ISBLK(mode))
+        return CONCH_WS_F_DEVICE;
+    return 0;
 }
 
 static ssize_t read_full(int fd, char *buf, size_t len)
@@ -295,12 +390,21 @@ static int is_whiteout(int dfd, const char *name, const struct stat *st)
            getxattr(proc, "trusted.overlay.whiteout", NULL, 0) >= 0;
 }
 
-/* Fills the "new" side of @c from the upper entry @name / @st. */
-static int describe_new(struct scan *s, int ufd, const char *name, const struct stat *st,
-                        struct conch_ws_change *c)
+/* Fills the "new" side of @c from the upper entry @name / @st; @path is its change path. */
+static int describe_new(struct scan *s, int ufd, const char *path, const char *name,
+                        const struct stat *st, struct conch_ws_change *c)
 {
     c->type = conch_ws__type(st->st_mode);
     c->new_mode = st->st_mode & 07777;
+    c->flags |= type_flags(st->st_mode);
+    if (c->type == 'l') {
+        _cleanup_free_ char *target = NULL;
+        int r = conch_ws__read_link(ufd, name, &target);
+        if (r < 0)
+            return r;
+        if (link_outside(path, target))
+            c->flags |= CONCH_WS_F_LINK_OUTSIDE;
+    }
     if (c->type == 'f') {
         c->size = (uint64_t)st->st_size;
         int r = looks_binary(s, ufd, name);
@@ -319,13 +423,19 @@ struct sub {
 };
 
 /* Compares upper entry @name (@ust) with the lower (@lst, or none if !@have_l) and emits
- * the change, if any. Sets *@descend when the upper entry is a dir to walk. */
+ * the change, if any. Sets *@descend when the upper entry is a dir to walk. @stop: the flag
+ * of a dir whose entries cannot be listed (TOO_DEEP, UNREADABLE; reported even when
+ * unchanged itself), or 0. */
 static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, const char *name,
-                         const struct stat *ust, bool have_l, const struct stat *lst,
+                         const struct stat *ust, bool have_l, const struct stat *lst, unsigned stop,
                          struct sub *descend)
 {
-    struct conch_ws_change c = {0};
+    bool too_deep = stop != 0;
+    struct conch_ws_change c = {.flags = stop};
     int r = 0;
+    _cleanup_free_ char *full = join(path, name);
+    if (!full)
+        return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
 
     if (S_ISDIR(ust->st_mode))
         descend->lower_dir = have_l && S_ISDIR(lst->st_mode);
@@ -333,9 +443,9 @@ static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, con
     if (!have_l || (ust->st_mode & S_IFMT) != (lst->st_mode & S_IFMT)) {
         c.kind = have_l ? CONCH_CHANGE_TYPE : CONCH_CHANGE_ADDED;
         c.old_mode = have_l ? lst->st_mode & 07777 : 0;
-        r = describe_new(s, ufd, name, ust, &c);
+        r = describe_new(s, ufd, full, name, ust, &c);
         if (r < 0)
-            return fail(s, r, path, "read");
+            return fail(s, r, full, "read");
         c.content_changed = have_l;
         c.mode_changed = have_l && c.old_mode != c.new_mode;
     } else {
@@ -351,14 +461,14 @@ static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, con
             } else {
                 r = contents_differ(s, ufd, lfd, name);
                 if (r < 0)
-                    return fail(s, r, path, "compare");
+                    return fail(s, r, full, "compare");
                 c.content_changed = r;
             }
             c.mode_changed = c.old_mode != c.new_mode;
             if (c.content_changed || c.mode_changed) {
                 r = looks_binary(s, ufd, name);
                 if (r < 0)
-                    return fail(s, r, path, "read");
+                    return fail(s, r, full, "read");
                 c.binary = r;
             }
             break;
@@ -370,8 +480,10 @@ static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, con
             if (r >= 0)
                 r = conch_ws__read_link(lfd, name, &lt);
             if (r < 0)
-                return fail(s, r, path, "readlink");
+                return fail(s, r, full, "readlink");
             c.content_changed = strcmp(ut, lt) != 0;
+            if (link_outside(full, ut))
+                c.flags |= CONCH_WS_F_LINK_OUTSIDE;
             break;
         }
         case 'd':
@@ -381,15 +493,39 @@ static int compare_entry(struct scan *s, int ufd, int lfd, const char *path, con
             c.content_changed =
                 (S_ISCHR(ust->st_mode) || S_ISBLK(ust->st_mode)) && ust->st_rdev != lst->st_rdev;
             c.mode_changed = c.old_mode != c.new_mode;
+            c.flags |= type_flags(ust->st_mode);
             break;
         }
-        if (!c.content_changed && !c.mode_changed)
+        if (!c.content_changed && !c.mode_changed && !too_deep)
             return 0;
     }
-    c.path = join(path, name);
-    if (!c.path)
-        return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
+    c.path = TAKE_PTR(full);
     return emit(s, c);
+}
+
+/* Whether the entries of dir @name in @ufd (at change path length @len) would have paths
+ * longer than MAX_PATH_LEN: then the scan reports the dir and stops there. Only dirs near
+ * the limit are opened to look at their names. */
+static int entries_too_deep(int ufd, const char *name, size_t len, bool *ret)
+{
+    *ret = false;
+    if (len + 1 + NAME_MAX <= MAX_PATH_LEN)
+        return 0;
+    if (len + 2 > MAX_PATH_LEN) {
+        *ret = true;
+        return 0;
+    }
+    int fd = openat(ufd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct conch_ws__names ns = {0};
+    int r = conch_ws__names_read(fd, &ns);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < ns.n && !*ret; i++)
+        *ret = len + 1 + strlen(ns.v[i]) > MAX_PATH_LEN;
+    conch_ws__names_done(&ns);
+    return 0;
 }
 
 static int emit_deleted(struct scan *s, const char *path, const char *name, const struct stat *lst)
@@ -475,8 +611,25 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
                 continue;
             }
             struct sub d = {0};
-            r = compare_entry(s, ufd, lfd, path, name, &ust, have_l, &lst, &d);
-            if (r >= 0 && S_ISDIR(ust.st_mode)) {
+            unsigned stop = 0; /* why the walk does not descend into this dir */
+            if (S_ISDIR(ust.st_mode)) {
+                /* A command may chmod 000 its dirs; an unprivileged caller cannot then read
+                 * them, which must not make the whole scan (and the result) fail. */
+                if (faccessat(ufd, name, R_OK | X_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW) < 0) {
+                    stop = CONCH_WS_F_UNREADABLE;
+                } else {
+                    bool deep = false;
+                    size_t len = strlen(path) + (*path ? 1 : 0) + strlen(name);
+                    r = entries_too_deep(ufd, name, len, &deep);
+                    if (r < 0) {
+                        r = fail(s, r, path, "read upper dir beneath");
+                        break;
+                    }
+                    stop = deep ? CONCH_WS_F_TOO_DEEP : 0;
+                }
+            }
+            r = compare_entry(s, ufd, lfd, path, name, &ust, have_l, &lst, stop, &d);
+            if (r >= 0 && S_ISDIR(ust.st_mode) && !stop) {
                 d.opaque_above = opaque;
                 d.name = strdup(name);
                 if (!d.name)
@@ -493,7 +646,9 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
             if (r < 0)
                 r = fail(s, r, path, "read host dir");
             for (size_t i = 0; r >= 0 && i < ln.n; i++) {
-                if (names_has(&un, ln.v[i]))
+                /* A name the host holds past PATH_MAX cannot be a change path: the host
+                 * had it before, and no path-based step could act on it. */
+                if (names_has(&un, ln.v[i]) || strlen(path) + 1 + strlen(ln.v[i]) > MAX_PATH_LEN)
                     continue;
                 struct stat lst;
                 if (fstatat(lfd, ln.v[i], &lst, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -527,14 +682,19 @@ static int cmp_change(const void *a, const void *b)
                   ((const struct conch_ws_change *)b)->path);
 }
 
-int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *ret,
-                          struct conch_err *err)
+int conch_ws_changes_scan_page(int upper_fd, int lower_fd, size_t offset, size_t limit,
+                               struct conch_ws_changes *ret, struct conch_err *err)
 {
     struct scan s = {
         .upper_fd = upper_fd,
         .lower_fd = lower_fd,
         .err = err,
     };
+    if (limit) {
+        s.keep = offset + limit;
+        if (s.keep < offset)
+            s.keep = 0; /* overflow: no bound */
+    }
     s.buf_a = malloc(CMP_CHUNK);
     s.buf_b = malloc(CMP_CHUNK);
     int r = 0;
@@ -550,6 +710,19 @@ int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *r
     }
     if (s.out.n)
         qsort(s.out.items, s.out.n, sizeof(*s.out.items), cmp_change);
+    if (offset) {
+        size_t drop = offset < s.out.n ? offset : s.out.n;
+        for (size_t i = 0; i < drop; i++)
+            free(s.out.items[i].path);
+        memmove(s.out.items, s.out.items + drop, (s.out.n - drop) * sizeof(*s.out.items));
+        s.out.n -= drop;
+    }
     *ret = s.out;
     return 0;
+}
+
+int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *ret,
+                          struct conch_err *err)
+{
+    return conch_ws_changes_scan_page(upper_fd, lower_fd, 0, 0, ret, err);
 }

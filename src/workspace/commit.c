@@ -1,6 +1,7 @@
 /* commit.c - applies a scanned change list to the host directory. Every host path is
  * resolved with openat2 so that nothing planted in the host dir or the sandbox redirects a
- * write; files and symlinks are written under a temporary name and renamed into place. */
+ * write; files and symlinks are written under a temporary name and renamed into place,
+ * holes kept; nothing that carries privilege (set-id bits, capabilities, devices) lands. */
 #include "workspace/workspace.h"
 
 #include <dirent.h>
@@ -25,15 +26,22 @@ struct commit {
     bool may_chown;
     uid_t new_uid;
     gid_t new_gid;
-    char *buf; /* COPY_CHUNK, for the read/write fallback */
+    uint64_t max_bytes; /* 0: no limit */
+    uint64_t written;   /* apparent bytes of the files written so far */
+    char *buf;          /* COPY_CHUNK, for the read/write fallback */
 };
 
-/* Set-id bits are never carried from the sandbox onto host files: a sandboxed command
- * could otherwise plant a set-uid binary owned by the workspace's owner (or root). */
-static mode_t file_mode(const struct conch_ws_change *ch)
+/*
+ * The mode a committed entry gets. Set-id bits are never carried from the sandbox onto
+ * the host: a sandboxed command could otherwise plant a set-uid binary owned by the
+ * workspace's owner (or root), or a set-gid dir handing out the host group. Group and
+ * world write are kept only where the host's entry (@host_mode, 0 for none) already had
+ * them: a sandbox must not open the host's files to other local users.
+ */
+static mode_t commit_mode(const struct conch_ws_change *ch, mode_t host_mode)
 {
-    mode_t m = ch->new_mode & 07777;
-    return ch->type == 'd' ? m : m & ~(mode_t)(S_ISUID | S_ISGID);
+    mode_t m = ch->new_mode & 07777 & ~(mode_t)(S_ISUID | S_ISGID);
+    return m & ~(mode_t)(022 & ~host_mode);
 }
 
 /* Splits @path into a new parent string ("" for top-level) and a pointer to its name. */
@@ -57,119 +65,26 @@ static void tmp_name(char *buf, size_t size)
     snprintf(buf, size, ".conch-tmp-%016llx", rnd);
 }
 
-/* Removes every entry inside dir @rel beneath @base, never following a symlink (they are
- * unlinked, not their targets) nor crossing a mount point. Holds one dir open at a time
- * and re-resolves by path with openat2, so a deep tree cannot exhaust fds and a symlink
- * swapped in mid-walk is refused rather than followed. */
-static int empty_tree(int base, const char *rel)
-{
-    char **subs = NULL;
-    size_t nsubs = 0, cap = 0;
-    int first = 0;
-    {
-        int fd = conch_ws__openat2(base, rel, O_RDONLY | O_DIRECTORY, true);
-        if (fd < 0)
-            return fd;
-        _cleanup_closedir_ DIR *d = fdopendir(fd);
-        if (!d) {
-            int r = -errno;
-            close(fd);
-            return r;
-        }
-        for (;;) {
-            errno = 0;
-            struct dirent *de = readdir(d);
-            if (!de) {
-                if (errno && !first)
-                    first = -errno;
-                break;
-            }
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            struct stat st;
-            if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-                if (errno != ENOENT && !first)
-                    first = -errno;
-                continue;
-            }
-            if (!S_ISDIR(st.st_mode)) {
-                if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT && !first)
-                    first = -errno;
-                continue;
-            }
-            if (nsubs == cap) {
-                size_t ncap = cap ? cap * 2 : 8;
-                char **v = realloc(subs, ncap * sizeof(*v));
-                if (!v) {
-                    first = -ENOMEM;
-                    break;
-                }
-                subs = v;
-                cap = ncap;
-            }
-            if (!(subs[nsubs] = strdup(de->d_name))) {
-                first = -ENOMEM;
-                break;
-            }
-            nsubs++;
-        }
-    }
-    bool emptied_any = false;
-    for (size_t i = 0; i < nsubs; i++) {
-        char *child = NULL;
-        int r = asprintf(&child, "%s/%s", rel, subs[i]) < 0 ? -ENOMEM : 0;
-        if (r >= 0)
-            r = empty_tree(base, child);
-        free(child);
-        if (r < 0 && !first)
-            first = r;
-        if (r < 0) {
-            free(subs[i]);
-            subs[i] = NULL;
-        } else {
-            emptied_any = true;
-        }
-    }
-    if (emptied_any) {
-        _cleanup_close_ int fd = conch_ws__openat2(base, rel, O_PATH | O_DIRECTORY, true);
-        if (fd < 0 && !first)
-            first = fd;
-        for (size_t i = 0; fd >= 0 && i < nsubs; i++) {
-            if (subs[i] && unlinkat(fd, subs[i], AT_REMOVEDIR) < 0 && errno != ENOENT && !first)
-                first = -errno;
-        }
-    }
-    for (size_t i = 0; i < nsubs; i++)
-        free(subs[i]);
-    free(subs);
-    return first;
-}
-
-/* Removes @name from @dfd: a file or symlink itself, a directory with all it holds. */
+/* Removes @name from @dfd: a file or symlink itself (never a symlink's target), a
+ * directory with all it holds, never crossing a mount point. */
 static int remove_entry(int dfd, const char *name)
 {
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    int r = empty_tree(dfd, name);
-    if (r < 0)
-        return r;
-    return unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? -errno : 0;
+    return conch_ws__remove_at(dfd, name, true);
 }
 
-static int copy_data(struct commit *c, int src, int dst)
+/* Copies @len bytes at @off from @src to the same offset in @dst. */
+static int copy_range(struct commit *c, int src, int dst, off_t off, off_t len)
 {
     bool fallback = false;
-    for (;;) {
+    off_t in = off, out = off, end = off + len;
+    while (in < end) {
+        size_t want = (size_t)(end - in < COPY_CHUNK ? end - in : COPY_CHUNK);
         ssize_t n;
         if (!fallback) {
-            n = copy_file_range(src, NULL, dst, NULL, COPY_CHUNK, 0);
+            n = copy_file_range(src, &in, dst, &out, want, 0);
             if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
                           errno == ENOSYS || errno == EBADF)) {
-                /* Offsets advanced by any earlier success: read/write carries on. */
-                fallback = true;
+                fallback = true; /* offsets advanced by any earlier success: carry on */
                 continue;
             }
             if (n < 0 && errno == EINTR)
@@ -177,20 +92,64 @@ static int copy_data(struct commit *c, int src, int dst)
             if (n < 0)
                 return -errno;
             if (n == 0)
-                return 0;
+                return 0; /* shrank since fstat: the final ftruncate sets the size */
             continue;
         }
-        n = read(src, c->buf, COPY_CHUNK);
+        n = pread(src, c->buf, want, in);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
             return -errno;
         if (n == 0)
             return 0;
-        int r = conch_write_all(dst, c->buf, (size_t)n);
+        for (size_t done = 0; done < (size_t)n;) {
+            ssize_t w = pwrite(dst, c->buf + done, (size_t)n - done, out);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0)
+                return -errno;
+            done += (size_t)w;
+            out += w;
+        }
+        in += n;
+    }
+    return 0;
+}
+
+/*
+ * Copies the first @size bytes of @src to @dst, holes kept: only the data segments that
+ * SEEK_DATA/SEEK_HOLE report are copied, and a final ftruncate sets the length. Filling
+ * holes would let `truncate -s 200M` in a sandbox with a 1 MB disk limit write 200 MB of
+ * real blocks to the host. Bytes appended since the fstat are not copied.
+ */
+static int copy_data(struct commit *c, int src, int dst, off_t size)
+{
+    off_t pos = 0;
+    while (pos < size) {
+        off_t data = lseek(src, pos, SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            break; /* a hole up to the end */
+        off_t hole;
+        if (data < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) {
+            data = pos; /* no hole information: copy all */
+            hole = size;
+        } else if (data < 0) {
+            return -errno;
+        } else {
+            if (data >= size)
+                break;
+            hole = lseek(src, data, SEEK_HOLE);
+            if (hole < 0)
+                return -errno;
+        }
+        if (hole > size)
+            hole = size;
+        int r = copy_range(c, src, dst, data, hole - data);
         if (r < 0)
             return r;
+        pos = hole;
     }
+    return ftruncate(dst, size) < 0 ? -errno : 0;
 }
 
 /* Puts the temporary @tmp in place of @name (both in @dfd), removing an old directory
@@ -213,6 +172,7 @@ struct target {
     bool chown; /* apply uid/gid */
     uid_t uid;
     gid_t gid;
+    mode_t host_mode; /* permission bits of the host's entry before the commit; 0: none */
     const char *what; /* on failure: the failing step */
 };
 
@@ -230,6 +190,12 @@ static int put_file(struct commit *c, struct target *t, const struct conch_ws_ch
         t->what = "sandbox file changed type since the scan";
         return -ESTALE;
     }
+    /* The total was checked before anything was applied; a file that grew since the
+     * scan (a running sandbox) is checked again here. */
+    if (c->max_bytes && (uint64_t)st.st_size > c->max_bytes - c->written) {
+        t->what = "the file grew since the scan past the commit's size limit";
+        return -EFBIG;
+    }
 
     char tmp[64];
     _cleanup_close_ int dst = -1;
@@ -243,14 +209,16 @@ static int put_file(struct commit *c, struct target *t, const struct conch_ws_ch
     if (dst < 0)
         return -EEXIST;
 
-    int r = copy_data(c, src, dst);
+    int r = copy_data(c, src, dst, st.st_size);
     t->what = "copy content";
+    if (r >= 0)
+        c->written += (uint64_t)st.st_size;
     /* chown first: it clears set-id bits that the fchmod below must not lose. */
     if (r >= 0 && t->chown && fchown(dst, t->uid, t->gid) < 0) {
         r = -errno;
         t->what = "chown";
     }
-    if (r >= 0 && fchmod(dst, file_mode(ch)) < 0) {
+    if (r >= 0 && fchmod(dst, commit_mode(ch, t->host_mode)) < 0) {
         r = -errno;
         t->what = "chmod";
     }
@@ -267,30 +235,22 @@ static int put_file(struct commit *c, struct target *t, const struct conch_ws_ch
     return r;
 }
 
-/* Creates a symlink to @link_target (or, if NULL, a FIFO) under a temporary name, owns
- * it and renames it into place. */
-static int put_node(struct target *t, const struct conch_ws_change *ch, const char *link_target)
+/* Creates a symlink to @link_target under a temporary name, owns it and renames it into
+ * place. A symlink has no mode of its own on Linux. */
+static int put_node(struct target *t, const char *link_target)
 {
     char tmp[64];
     int r = -EEXIST;
     t->what = "create temporary entry";
     for (int i = 0; i < 16 && r == -EEXIST; i++) {
         tmp_name(tmp, sizeof(tmp));
-        if (link_target)
-            r = symlinkat(link_target, t->hp, tmp) < 0 ? -errno : 0;
-        else
-            r = mkfifoat(t->hp, tmp, 0600) < 0 ? -errno : 0;
+        r = symlinkat(link_target, t->hp, tmp) < 0 ? -errno : 0;
     }
     if (r < 0)
         return r;
     if (t->chown && fchownat(t->hp, tmp, t->uid, t->gid, AT_SYMLINK_NOFOLLOW) < 0) {
         r = -errno;
         t->what = "chown";
-    }
-    /* A symlink has no mode of its own on Linux; a FIFO does. */
-    if (r >= 0 && !link_target && fchmodat(t->hp, tmp, file_mode(ch), AT_SYMLINK_NOFOLLOW) < 0) {
-        r = -errno;
-        t->what = "chmod";
     }
     if (r >= 0) {
         r = install(t->hp, tmp, t->name);
@@ -301,28 +261,14 @@ static int put_node(struct target *t, const struct conch_ws_change *ch, const ch
     return r;
 }
 
-static int put_symlink(struct target *t, const struct conch_ws_change *ch)
+static int put_symlink(struct target *t)
 {
     _cleanup_free_ char *target = NULL;
     t->what = "read sandbox symlink";
     int r = conch_ws__read_link(t->up, t->name, &target);
     if (r < 0)
         return r == -EINVAL ? -ESTALE : r;
-    return put_node(t, ch, target);
-}
-
-static int put_other(struct target *t, const struct conch_ws_change *ch)
-{
-    struct stat st;
-    t->what = "stat sandbox entry";
-    if (fstatat(t->up, t->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return -errno;
-    if (!S_ISFIFO(st.st_mode)) {
-        /* Device nodes and sockets have no meaning outside the sandbox. */
-        t->what = "only files, directories, symlinks and FIFOs can be committed";
-        return -EOPNOTSUPP;
-    }
-    return put_node(t, ch, NULL);
+    return put_node(t, target);
 }
 
 /* Creates the dir with owner-only permissions; its real mode is applied by set_mode()
@@ -361,7 +307,8 @@ static int set_mode(struct target *t, const struct conch_ws_change *ch)
     /* glibc implements AT_SYMLINK_NOFOLLOW with an O_PATH fd, so a symlink swapped in
      * since the fstatat gives EOPNOTSUPP rather than chmod'ing its target. */
     t->what = "chmod";
-    return fchmodat(t->hp, t->name, file_mode(ch), AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+    return fchmodat(t->hp, t->name, commit_mode(ch, st.st_mode), AT_SYMLINK_NOFOLLOW) < 0 ? -errno
+                                                                                          : 0;
 }
 
 static int fail(struct conch_err *err, const char *path, const char *what, int r)
@@ -371,7 +318,8 @@ static int fail(struct conch_err *err, const char *path, const char *what, int r
         why = "a component is a symlink on the host; refusing to follow it";
     else if (r == -EXDEV)
         why = "the path leaves the workspace or crosses a mount point";
-    return conch_err_set(err, -r, "commit '%s': %s: %s", path, what, why);
+    _cleanup_free_ char *q = conch_ws__qname(path);
+    return conch_err_set(err, -r, "commit %s: %s: %s", q ? q : "(path)", what, why);
 }
 
 /* Opens @t's parent dirs on both sides. Returns 1 when there is nothing to do. */
@@ -380,7 +328,7 @@ static int open_parents(struct commit *c, const struct conch_ws_change *ch, stru
 {
     _cleanup_free_ char *parent = NULL;
     if (split(ch->path, &parent, &t->name) < 0)
-        return conch_err_set(err, ENOMEM, "commit '%s': out of memory", ch->path);
+        return fail(err, ch->path, "split path", -ENOMEM);
     /* Mount points are refused too: overlayfs never showed the sandbox what is mounted
      * below the host dir, so a change there would land somewhere it never saw. */
     t->hp = conch_ws__openat2(c->host_fd, parent, O_PATH | O_DIRECTORY, true);
@@ -397,11 +345,15 @@ static int open_parents(struct commit *c, const struct conch_ws_change *ch, stru
     return 0;
 }
 
+/* Whether @ch writes a file's content (what counts against max_bytes). */
+static bool writes_file(const struct conch_ws_change *ch)
+{
+    return ch->type == 'f' && ch->kind != CONCH_CHANGE_DELETED &&
+           (ch->kind != CONCH_CHANGE_MODIFIED || ch->content_changed);
+}
+
 static int apply(struct commit *c, const struct conch_ws_change *ch, struct conch_err *err)
 {
-    if (!ch->path || !conch_ws__path_ok(ch->path))
-        return conch_err_set(err, EINVAL, "commit '%s': invalid path",
-                             ch->path ? ch->path : "(null)");
     bool content = ch->kind != CONCH_CHANGE_MODIFIED || ch->content_changed;
     bool need_upper = ch->kind != CONCH_CHANGE_DELETED && content && ch->type != 'd';
     struct target t = {.path = ch->path, .up = -1, .hp = -1};
@@ -435,6 +387,7 @@ static int apply(struct commit *c, const struct conch_ws_change *ch, struct conc
     t.chown = c->may_chown;
     t.uid = c->new_uid;
     t.gid = c->new_gid;
+    t.host_mode = have_cur ? cur.st_mode & 07777 : 0;
     if (have_cur && ch->kind != CONCH_CHANGE_ADDED) {
         t.uid = cur.st_uid;
         t.gid = cur.st_gid;
@@ -447,10 +400,13 @@ static int apply(struct commit *c, const struct conch_ws_change *ch, struct conc
         r = put_file(c, &t, ch);
         break;
     case 'l':
-        r = put_symlink(&t, ch);
+        r = put_symlink(&t);
         break;
     default:
-        r = put_other(&t, ch);
+        /* conch_ws_change_skip_reason keeps these out; an entry of unknown type that
+         * slipped past it (a hand-built list) is refused all the same. */
+        r = -EOPNOTSUPP;
+        t.what = "only files, directories and symlinks can be committed";
         break;
     }
 
@@ -486,9 +442,83 @@ static int cmp_change_ptr(const void *a, const void *b)
     return strcmp(x->path ? x->path : "", y->path ? y->path : "");
 }
 
-int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *changes,
-                    const struct conch_ws_commit_opts *opts, struct conch_err *err)
+const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch)
 {
+    if (ch->flags & CONCH_WS_F_TOO_DEEP)
+        return "its entries lie deeper than PATH_MAX and cannot be committed";
+    if (ch->flags & CONCH_WS_F_UNREADABLE)
+        return "the sandbox made it unreadable, so its entries cannot be committed";
+    if (ch->kind == CONCH_CHANGE_DELETED)
+        return NULL;
+    if (ch->flags & CONCH_WS_F_SOCKET)
+        return "a unix socket is not committed (it means nothing outside the sandbox)";
+    if (ch->flags & CONCH_WS_F_FIFO)
+        return "a FIFO is not committed";
+    if (ch->flags & CONCH_WS_F_DEVICE)
+        return "a device node is never created on the host";
+    return NULL;
+}
+
+void conch_ws_commit_report_done(struct conch_ws_commit_report *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++)
+        free(r->entries[i].reason);
+    free(r->entries);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Records the outcome of entry @i in @rep (if any); @reason is copied. */
+static void note(struct conch_ws_commit_report *rep, size_t i, enum conch_ws_commit_status st,
+                 const char *reason)
+{
+    if (!rep || !rep->entries)
+        return;
+    struct conch_ws_commit_entry *e = &rep->entries[i];
+    if (e->status == CONCH_WS_COMMIT_APPLIED)
+        rep->applied--;
+    e->status = st;
+    free(e->reason);
+    e->reason = reason ? strdup(reason) : NULL;
+    if (st == CONCH_WS_COMMIT_APPLIED)
+        rep->applied++;
+    else if (st == CONCH_WS_COMMIT_SKIPPED)
+        rep->skipped++;
+    else if (st == CONCH_WS_COMMIT_FAILED)
+        rep->failed++;
+}
+
+/* Checks what can be checked before anything is applied: paths and the total size. */
+static int preflight(const struct commit *c, const struct conch_ws_change *const *order, size_t n,
+                     struct conch_err *err)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct conch_ws_change *ch = order[i];
+        if (!ch->path || !conch_ws__path_ok(ch->path)) {
+            _cleanup_free_ char *q = ch->path ? conch_ws__qname(ch->path) : NULL;
+            return conch_err_set(err, EINVAL, "commit %s: invalid path; nothing was applied",
+                                 q ? q : "(null)");
+        }
+        if (writes_file(ch) && !conch_ws_change_skip_reason(ch))
+            total += ch->size;
+    }
+    if (c->max_bytes && total > c->max_bytes)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, EFBIG,
+                              "commit refused: the files to write hold %llu bytes (apparent "
+                              "size, holes included), over the limit of %llu bytes (the disk "
+                              "limit); nothing was applied",
+                              (unsigned long long)total, (unsigned long long)c->max_bytes);
+    return 0;
+}
+
+int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *changes,
+                    const struct conch_ws_commit_opts *opts, struct conch_ws_commit_report *report,
+                    struct conch_err *err)
+{
+    if (report)
+        memset(report, 0, sizeof(*report));
     if (!changes || changes->n == 0)
         return 0;
     struct stat root;
@@ -500,6 +530,7 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
         .may_chown = geteuid() == 0,
         .new_uid = opts && opts->new_uid != (uid_t)-1 ? opts->new_uid : root.st_uid,
         .new_gid = opts && opts->new_gid != (gid_t)-1 ? opts->new_gid : root.st_gid,
+        .max_bytes = opts ? opts->max_bytes : 0,
     };
 
     /* Sorted by path, a parent comes before its children, whatever order we were given. */
@@ -508,16 +539,34 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
     _cleanup_free_ char *buf = malloc(COPY_CHUNK);
     if (!order || !ok || !buf)
         return conch_err_set(err, ENOMEM, "commit: out of memory");
+    if (report) {
+        report->entries = calloc(changes->n, sizeof(*report->entries));
+        if (!report->entries)
+            return conch_err_set(err, ENOMEM, "commit: out of memory");
+        report->n = changes->n;
+    }
     c.buf = buf;
     for (size_t i = 0; i < changes->n; i++)
         order[i] = &changes->items[i];
     qsort(order, changes->n, sizeof(*order), cmp_change_ptr);
+    for (size_t i = 0; report && i < changes->n; i++)
+        report->entries[i].path = order[i]->path;
 
-    int first = 0;
+    int first = preflight(&c, order, changes->n, err);
+    if (first < 0)
+        return first;
+
     for (size_t i = 0; i < changes->n; i++) {
+        const char *skip = conch_ws_change_skip_reason(order[i]);
+        if (skip) {
+            note(report, i, CONCH_WS_COMMIT_SKIPPED, skip);
+            continue;
+        }
         struct conch_err e = {0};
         int r = apply(&c, order[i], &e);
         ok[i] = r >= 0;
+        note(report, i, r >= 0 ? CONCH_WS_COMMIT_APPLIED : CONCH_WS_COMMIT_FAILED,
+             r >= 0 ? NULL : e.msg);
         if (r < 0 && first == 0) {
             first = r;
             if (err)
@@ -533,11 +582,16 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
             continue;
         struct conch_err e = {0};
         int r = finish_dir(&c, ch, &e);
-        if (r < 0 && first == 0) {
-            first = r;
-            if (err)
-                *err = e;
+        if (r < 0) {
+            note(report, i, CONCH_WS_COMMIT_FAILED, e.msg);
+            if (first == 0) {
+                first = r;
+                if (err)
+                    *err = e;
+            }
         }
     }
+    if (report)
+        report->bytes = c.written;
     return first;
 }

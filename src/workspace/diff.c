@@ -621,22 +621,19 @@ static int load_side(int dirfd, const char *path, size_t max, struct side *ret)
 /* ---- one file ---------------------------------------------------------------------- */
 
 /* Appends the content diff between @old and @new (either NULL for an added or deleted
- * path; both files or symlinks). */
-static int content_diff(struct buf *out, const char *path, const struct side *old,
+ * path; both files or symlinks). @qa, @qb: the quoted "a/path" and "b/path". */
+static int content_diff(struct buf *out, const char *qa, const char *qb, const struct side *old,
                         const struct side *new, size_t max)
 {
-    struct buf a = {0}, b = {0};
-    buf_str(&a, "a/");
-    buf_utf8(&a, path, strlen(path));
-    buf_str(&b, "b/");
-    buf_utf8(&b, path, strlen(path));
-    const char *an = old ? a.p : "/dev/null";
-    const char *bn = new ? b.p : "/dev/null";
+    const char *an = old ? qa : "/dev/null";
+    const char *bn = new ? qb : "/dev/null";
     int r = 0;
-    if (a.oom || b.oom) {
-        r = -ENOMEM;
-    } else if ((old && old->binary) || (new &&new->binary)) {
-        buf_fmt(out, "Binary files %s and %s differ\n", an, bn);
+    if ((old && old->binary) || (new &&new->binary)) {
+        buf_str(out, "Binary files ");
+        buf_str(out, an);
+        buf_str(out, " and ");
+        buf_str(out, bn);
+        buf_str(out, " differ\n");
     } else if ((old && old->too_big) || (new &&new->too_big)) {
         buf_fmt(out, "[diff omitted: file larger than %zu bytes]\n", max);
     } else {
@@ -654,8 +651,6 @@ static int content_diff(struct buf *out, const char *path, const struct side *ol
         }
         free(hunks.p);
     }
-    free(a.p);
-    free(b.p);
     return r;
 }
 
@@ -664,24 +659,25 @@ static bool has_text(const struct side *s)
     return s->present && (s->type == 'f' || s->type == 'l');
 }
 
-/* A git section header for @path, with @ext (extended header lines) after it. */
-static void put_section(struct buf *all, const struct buf *path, const char *ext)
+/* A git section header for the quoted names @qa, @qb, with @ext (extended header lines)
+ * after it. */
+static void put_section(struct buf *all, const char *qa, const char *qb, const char *ext)
 {
-    buf_str(all, "diff --git a/");
-    buf_add(all, path->p, path->len);
-    buf_str(all, " b/");
-    buf_add(all, path->p, path->len);
+    buf_str(all, "diff --git ");
+    buf_str(all, qa);
+    buf_str(all, " ");
+    buf_str(all, qb);
     buf_str(all, "\n");
     buf_str(all, ext);
 }
 
 /* Appends the part @from..end of @out to @all as one git section. */
-static void add_section(struct buf *all, const struct buf *path, const char *ext,
+static void add_section(struct buf *all, const char *qa, const char *qb, const char *ext,
                         const struct buf *out, size_t from)
 {
     if (out->len == from)
         return;
-    put_section(all, path, ext);
+    put_section(all, qa, qb, ext);
     buf_add(all, out->p + from, out->len - from);
 }
 
@@ -690,10 +686,15 @@ static void add_section(struct buf *all, const struct buf *path, const char *ext
  * and the same as git sections into @all: a type change is two sections there, so that
  * the whole diff is a patch `git apply` understands.
  */
-static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch,
-                     const struct buf *path, size_t max, struct buf *out, struct buf *all,
-                     bool *ret_binary)
+static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch, size_t max,
+                     struct buf *out, struct buf *all, bool *ret_binary)
 {
+    /* Quoted as git quotes them (core.quotePath): a newline in a name must not start a
+     * header line that `patch` would follow, and the result is ASCII. */
+    _cleanup_free_ char *qa = conch_ws_quote("a/", ch->path, true);
+    _cleanup_free_ char *qb = conch_ws_quote("b/", ch->path, true);
+    if (!qa || !qb)
+        return -ENOMEM;
     struct side was = {0}, now = {0};
     char ext[64];
     int r = 0;
@@ -708,20 +709,20 @@ static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *c
             if (was.type != 'l' && was.type != 'd' && was.mode != now.mode)
                 buf_fmt(out, "old mode %o\nnew mode %o\n", (unsigned)was.mode, (unsigned)now.mode);
             if (has_text(&was))
-                r = content_diff(out, ch->path, &was, &now, max);
-            add_section(all, path, "", out, 0);
+                r = content_diff(out, qa, qb, &was, &now, max);
+            add_section(all, qa, qb, "", out, 0);
         } else {
             /* Added, deleted or of another type: git shows a deletion then an addition. */
             if (has_text(&was)) {
-                r = content_diff(out, ch->path, &was, NULL, max);
+                r = content_diff(out, qa, qb, &was, NULL, max);
                 snprintf(ext, sizeof(ext), "deleted file mode %o\n", (unsigned)was.mode);
-                add_section(all, path, ext, out, 0);
+                add_section(all, qa, qb, ext, out, 0);
             }
             size_t from = out->len;
             if (r >= 0 && has_text(&now)) {
-                r = content_diff(out, ch->path, NULL, &now, max);
+                r = content_diff(out, qa, qb, NULL, &now, max);
                 snprintf(ext, sizeof(ext), "new file mode %o\n", (unsigned)now.mode);
-                add_section(all, path, ext, out, from);
+                add_section(all, qa, qb, ext, out, from);
             }
         }
     }
@@ -733,7 +734,7 @@ static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *c
 }
 
 int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
-                  char *const *paths, size_t max_bytes_per_file, json_t **ret,
+                  char *const *paths, size_t max_bytes_per_file, size_t max_total, json_t **ret,
                   struct conch_err *err)
 {
     static const struct conch_ws_changes none = {0};
@@ -745,35 +746,60 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
             return r;
         use = &sel;
     }
+    if (max_total == 0)
+        max_total = CONCH_WS_DIFF_MAX_TOTAL;
+    /* No single file may be read beyond what the whole answer may hold. */
+    size_t max =
+        max_bytes_per_file && max_bytes_per_file < max_total ? max_bytes_per_file : max_total;
 
     int r = 0;
     struct buf all = {0};
+    size_t used = 0, omitted = 0; /* bytes of diff text held (whole + per file) */
     json_t *files = json_array();
     if (!files)
         r = conch_err_set(err, ENOMEM, "diff: out of memory");
     for (size_t i = 0; r >= 0 && i < use->n; i++) {
         const struct conch_ws_change *ch = &use->items[i];
         if (!ch->path || !conch_ws__path_ok(ch->path)) {
-            r = conch_err_set(err, EINVAL, "diff '%s': invalid path",
-                              ch->path ? ch->path : "(null)");
+            _cleanup_free_ char *q = ch->path ? conch_ws__qname(ch->path) : NULL;
+            r = conch_err_set(err, EINVAL, "diff %s: invalid path", q ? q : "(null)");
             break;
         }
         struct buf one = {0}, p = {0};
-        bool binary = false;
+        bool binary = ch->binary;
         buf_utf8(&p, ch->path, strlen(ch->path));
-        r = p.oom ? -ENOMEM
-                  : file_diff(upper_fd, lower_fd, ch, &p, max_bytes_per_file, &one, &all, &binary);
-        if (r < 0) {
-            free(one.p);
-            free(p.p);
-            r = conch_err_set(err, -r, "diff '%s': %s", ch->path,
-                              r == -ELOOP ? "a component is a symlink" : strerror(-r));
-            break;
+        size_t all_before = all.len;
+        if (!omitted) {
+            r = p.oom ? -ENOMEM : file_diff(upper_fd, lower_fd, ch, max, &one, &all, &binary);
+            if (r < 0) {
+                free(one.p);
+                free(p.p);
+                _cleanup_free_ char *q = conch_ws__qname(ch->path);
+                r = conch_err_set(err, -r, "diff %s: %s", q ? q : "",
+                                  r == -ELOOP ? "a component is a symlink" : strerror(-r));
+                break;
+            }
+            /* Past the total cap this file and every later one are listed as omitted, so
+             * the answer (and the memory behind it) stays within the cap. */
+            size_t add = one.len + (all.len - all_before);
+            if (used + add > max_total) {
+                omitted = 1;
+                one.len = 0;
+                all.len = all_before;
+                if (all.p)
+                    all.p[all.len] = '\0';
+            } else {
+                used += add;
+            }
+        } else {
+            omitted++;
         }
         json_t *f = p.oom || one.oom ? NULL
                                      : json_pack("{s:s%,s:s,s:b,s:s%}", "path", p.p, p.len, "kind",
                                                  conch_ws_change_kind_name(ch->kind), "binary",
                                                  binary, "diff", one.p ? one.p : "", one.len);
+        if (f && omitted)
+            json_object_set_new(f, "omitted", json_true());
         free(p.p);
         free(one.p);
         if (!f || json_array_append_new(files, f) < 0 || all.oom)
@@ -781,7 +807,8 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
     }
     json_t *obj = NULL;
     if (r >= 0) {
-        obj = json_pack("{s:s%,s:o}", "diff", all.p ? all.p : "", all.len, "files", files);
+        obj = json_pack("{s:s%,s:o,s:I}", "diff", all.p ? all.p : "", all.len, "files", files,
+                        "omitted", (json_int_t)omitted);
         files = NULL; /* "o" steals it, even on failure */
         if (!obj)
             r = conch_err_set(err, ENOMEM, "diff: out of memory");

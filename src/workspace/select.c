@@ -140,12 +140,16 @@ int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *pat
         int r = normalize(paths[k], &p);
         if (r == -ENOMEM)
             return conch_err_set(err, ENOMEM, "select changes: out of memory");
-        if (r < 0)
-            return conch_err_setk(err, CONCH_ERR_USAGE, -r, "invalid path '%s': %s", paths[k],
+        if (r < 0) {
+            _cleanup_free_ char *q = conch_ws__qname(paths[k]);
+            return conch_err_setk(err, CONCH_ERR_USAGE, -r, "invalid path %s: %s", q ? q : "",
                                   r == -EINVAL ? "empty, or outside /workspace" : strerror(-r));
-        if (mark_under(all, v, p, marked) == 0 && *p)
-            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT,
-                                  "'%s' has no change in the workspace", paths[k]);
+        }
+        if (mark_under(all, v, p, marked) == 0 && *p) {
+            _cleanup_free_ char *q = conch_ws__qname(paths[k]);
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT, "%s has no change in the workspace",
+                                  q ? q : "");
+        }
     }
 
     struct conch_ws_changes out = {0};
@@ -199,25 +203,8 @@ static int list_dir(int base, const char *rel, struct conch_ws__names *ret)
     return conch_ws__names_read(fd, ret);
 }
 
-static int remove_at(int base, const char *rel);
-
-/* Removes everything inside dir @rel beneath @base; returns the first error. */
-static int empty_dir(int base, const char *rel)
-{
-    struct conch_ws__names ns = {0};
-    int first = list_dir(base, rel, &ns);
-    for (size_t i = 0; first >= 0 && i < ns.n; i++) {
-        _cleanup_free_ char *child = join(rel, ns.v[i]);
-        int r = child ? remove_at(base, child) : -ENOMEM;
-        if (r < 0 && first >= 0)
-            first = r;
-    }
-    conch_ws__names_done(&ns);
-    return first;
-}
-
 /* Removes the entry @rel beneath @base: a file, symlink (never its target), whiteout or
- * a directory with all it holds. A missing entry is not an error. */
+ * a directory with all it holds, however deep. A missing entry is not an error. */
 static int remove_at(int base, const char *rel)
 {
     _cleanup_free_ char *parent = NULL;
@@ -229,20 +216,7 @@ static int remove_at(int base, const char *rel)
         return 0;
     if (pfd < 0)
         return pfd;
-    struct stat st;
-    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlinkat(pfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    /* The sandbox may have left a dir unreadable or read-only; it goes anyway. Without
-     * the flag glibc's fchmodat would follow a symlink swapped in since the fstatat. */
-    if ((st.st_mode & 0700) != 0700 && fchmodat(pfd, name, 0700, AT_SYMLINK_NOFOLLOW) < 0) {
-        /* best effort: emptying it reports the real failure */
-    }
-    int r = empty_dir(base, rel);
-    if (r < 0)
-        return r;
-    return unlinkat(pfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? -errno : 0;
+    return conch_ws__remove_at(pfd, name, false);
 }
 
 static bool fd_opaque(int fd)
@@ -435,8 +409,10 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
         return conch_err_set(err, ENOMEM, "remove changes: out of memory");
     for (size_t i = 0; i < changes->n; i++) {
         const char *p = changes->items[i].path;
-        if (!p || !conch_ws__path_ok(p))
-            return conch_err_set(err, EINVAL, "remove change '%s': invalid path", p ? p : "(null)");
+        if (!p || !conch_ws__path_ok(p)) {
+            _cleanup_free_ char *q = p ? conch_ws__qname(p) : NULL;
+            return conch_err_set(err, EINVAL, "remove change %s: invalid path", q ? q : "(null)");
+        }
         v[i] = &changes->items[i];
     }
     qsort(v, changes->n, sizeof(*v), cmp_change_ptr);
@@ -449,16 +425,18 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
             continue;
         const char *what = NULL;
         int r = remove_one(upper_fd, lower_fd, path, &what);
-        if (r < 0 && first == 0)
-            first = conch_err_set(err, -r, "'%s': %s: %s", path, what,
+        if (r < 0 && first == 0) {
+            _cleanup_free_ char *q = conch_ws__qname(path);
+            first = conch_err_set(err, -r, "%s: %s: %s", q ? q : "", what,
                                   r == -ELOOP ? "a component is a symlink" : strerror(-r));
+        }
     }
     return first;
 }
 
 int conch_ws_upper_clear(int upper_fd, struct conch_err *err)
 {
-    int r = empty_dir(upper_fd, "");
+    int r = conch_ws__empty_fd(upper_fd, false);
     if (r < 0)
         return conch_err_set(err, -r, "clear the sandbox's layer: %s", strerror(-r));
     /* An opaque root would go on hiding the host dir. */

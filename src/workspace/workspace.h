@@ -29,6 +29,20 @@ enum conch_change_kind {
     CONCH_CHANGE_TYPE,     /* present on both, of a different file type (file → dir, ...) */
 };
 
+/* Flags of a change (conch_ws_change.flags). */
+enum conch_ws_change_flag {
+    CONCH_WS_F_LINK_OUTSIDE = 1 << 0, /* symlink whose target is absolute or climbs out of the
+                                         workspace: committed as it is, but flagged */
+    CONCH_WS_F_TOO_DEEP = 1 << 1,     /* dir whose entries lie past PATH_MAX: they are not
+                                         listed, and commit skips the dir */
+    CONCH_WS_F_FIFO = 1 << 2,         /* a FIFO: never committed */
+    CONCH_WS_F_SOCKET = 1 << 3,       /* a unix socket: never committed */
+    CONCH_WS_F_DEVICE = 1 << 4,       /* a device node: never created on the host */
+    CONCH_WS_F_UNREADABLE = 1 << 5,   /* dir the sandbox made unreadable (e.g. mode 000) to
+                                         the caller: its entries are not listed, and commit
+                                         skips the dir */
+};
+
 /* One changed path. @path is relative to the workspace root, no leading "./" or "/". */
 struct conch_ws_change {
     char *path; /* owned */
@@ -40,12 +54,18 @@ struct conch_ws_change {
     mode_t old_mode, new_mode; /* permission bits (07777); 0 when absent */
     uint64_t size;             /* new size in bytes (files), 0 otherwise */
     bool binary;               /* new content looks binary (NUL in the first 8 KiB) */
+    unsigned flags;            /* enum conch_ws_change_flag (not for DELETED, but TOO_DEEP) */
 };
 
 struct conch_ws_changes {
     struct conch_ws_change *items; /* owned; sorted by path */
     size_t n;
+    size_t total; /* changes found by the scan, also those left out of @items by a page or cap
+                     (0 in a hand-built list: count @n) */
 };
+
+/* Changes a result lists at most (conch_ws_changes_json_set, the run summary). */
+#define CONCH_WS_CHANGES_MAX 1000
 
 /*
  * conch_ws_changes_scan - list what the overlay upper dir @upper_fd changes relative to
@@ -58,11 +78,41 @@ struct conch_ws_changes {
  * entry. Items are sorted by strcmp() of @path, so a parent precedes its children. A
  * symlink's mode is not compared (only its target); the workspace root's own mode is not
  * compared. Cost grows with the size of the upper dir, not the workspace. Nothing is
- * followed through a symlink. Fills *@ret (caller calls conch_ws_changes_done). Returns 0
- * or -errno with @err.
+ * followed through a symlink. A directory whose entries would have paths of PATH_MAX bytes
+ * or more is reported (whether or not it changed itself) with CONCH_WS_F_TOO_DEEP and not
+ * descended into, so that a deep chain never makes the scan fail; likewise, with
+ * CONCH_WS_F_UNREADABLE, a dir the caller may not read and search. Sets *@ret with every
+ * change (total = n) (caller calls conch_ws_changes_done). Returns 0 or -errno with @err.
  */
 int conch_ws_changes_scan(int upper_fd, int lower_fd, struct conch_ws_changes *ret,
                           struct conch_err *err);
+
+/*
+ * conch_ws_changes_scan_page - like conch_ws_changes_scan, but *@ret holds only the changes
+ * at positions [@offset, @offset + @limit) in path order (@limit 0: all from @offset),
+ * while ret->total counts them all. Memory grows with @offset + @limit, not with the
+ * number of changes: the window is kept in a bounded heap while the walk goes on.
+ */
+int conch_ws_changes_scan_page(int upper_fd, int lower_fd, size_t offset, size_t limit,
+                               struct conch_ws_changes *ret, struct conch_err *err);
+
+/*
+ * conch_ws_change_skip_reason - why commit leaves @ch out (a static string), or NULL when it
+ * can be committed: sockets, FIFOs and device nodes have no meaning on the host (and a
+ * device node would be a way in), and the entries of a TOO_DEEP or UNREADABLE dir are not
+ * known. Deleting such an entry is always allowed.
+ */
+const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch);
+
+/*
+ * conch_ws_quote - @prefix followed by @name, as git quotes paths: unchanged when it holds
+ * no control byte (< 0x20, 0x7f), '"' or '\\'; otherwise in double quotes with \n, \t,
+ * \", \\, ... and \ooo octal escapes for other such bytes. @ascii (git's core.quotePath,
+ * for patches): every byte >= 0x80 is escaped too, so the result is ASCII; otherwise (for a
+ * terminal, like `ls`) well-formed UTF-8 stays as it is except C1 controls (U+0080..U+009F),
+ * and ill-formed bytes are escaped. Returns a new string, or NULL when out of memory.
+ */
+char *conch_ws_quote(const char *prefix, const char *name, bool ascii);
 
 /* conch_ws_changes_done - free @c's items; safe on a zeroed struct. */
 void conch_ws_changes_done(struct conch_ws_changes *c);
@@ -76,7 +126,35 @@ struct conch_ws_commit_opts {
      * may chown (root); otherwise files belong to the caller. */
     uid_t new_uid;
     gid_t new_gid;
+    /* The most bytes the commit may write: the total apparent size (holes included) of the
+     * files it writes. 0: no limit. `conch run` and the daemon pass the disk limit. */
+    uint64_t max_bytes;
 };
+
+enum conch_ws_commit_status {
+    CONCH_WS_COMMIT_NOT_APPLIED = 0, /* the commit was refused before it, or stopped */
+    CONCH_WS_COMMIT_APPLIED,         /* the host now holds the change */
+    CONCH_WS_COMMIT_SKIPPED,         /* left out by policy (reason); the host is unchanged */
+    CONCH_WS_COMMIT_FAILED,          /* tried and failed (reason); the host is unchanged */
+};
+
+/* What happened to one change. */
+struct conch_ws_commit_entry {
+    const char *path; /* borrowed from the change list */
+    enum conch_ws_commit_status status;
+    char *reason; /* owned; NULL for APPLIED / NOT_APPLIED */
+};
+
+/* What a commit applied, entry by entry (in path order). */
+struct conch_ws_commit_report {
+    struct conch_ws_commit_entry *entries; /* owned */
+    size_t n;
+    size_t applied, skipped, failed;
+    uint64_t bytes; /* apparent size of the files written */
+};
+
+/* conch_ws_commit_report_done - free what @r owns; safe on a zeroed report. */
+void conch_ws_commit_report_done(struct conch_ws_commit_report *r);
 
 /*
  * conch_ws_commit - apply @changes (from conch_ws_changes_scan on the same fds) read from
@@ -84,18 +162,32 @@ struct conch_ws_commit_opts {
  * RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS (host side also
  * RESOLVE_NO_XDEV: the sandbox never saw what is mounted below the host dir), so a symlink
  * planted in the host dir or the sandbox cannot redirect a write outside @host_fd (the path
- * fails with ELOOP). Files, symlinks and FIFOs are written to a temporary name
- * (".conch-tmp-*") in the target dir and renamed over the old one (atomic); deletions
- * remove files, symlinks (never their targets) and whole trees; modes are applied, except
- * that set-uid/set-gid bits are dropped from non-directories; directory modes are applied
- * last, children first, so read-only directories can still be filled. Device nodes and
- * sockets are refused (EOPNOTSUPP). Ownership as described in @opts (NULL = both -1).
- * @changes is borrowed and may be in any order (it is applied in path order). Applies as
- * much as it can and returns the first error (-errno with @err naming the path) if any
- * path failed.
+ * fails with ELOOP). Files and symlinks are written to a temporary name (".conch-tmp-*")
+ * in the target dir and renamed over the old one (atomic); a file's holes are kept
+ * (SEEK_DATA/SEEK_HOLE), so a sparse file stays sparse; deletions remove files, symlinks
+ * (never their targets) and whole trees; directory modes are applied last, children
+ * first, so read-only directories can still be filled.
+ *
+ * Policy (nothing a sandbox writes may carry privilege to the host): set-uid and set-gid
+ * bits are never set (files and dirs); group- and world-write bits are only kept where the
+ * host's entry at that path already had them (mode & ~(022 & ~host_mode)); no xattr is
+ * copied, so neither file capabilities nor ACLs reach the host; sockets, FIFOs and device
+ * nodes are skipped, as are TOO_DEEP dirs (conch_ws_change_skip_reason); symlinks are
+ * committed as they are, those pointing outside the workspace flagged by the scan.
+ *
+ * Before anything is applied every path is checked (-EINVAL, nothing applied) and the
+ * total apparent size of the files to write is checked against opts->max_bytes (-EFBIG,
+ * kind limit, nothing applied). Then every change is tried; one that fails leaves the
+ * host's entry as it was (temporary names are removed) and the others go on.
+ * Ownership as described in @opts (NULL = both -1, no size limit). @changes is borrowed
+ * and may be in any order (it is applied in path order). @report (may be NULL) is filled
+ * whatever the outcome (caller calls conch_ws_commit_report_done): exactly what was
+ * applied, skipped and failed. Returns 0 when nothing failed (entries may have been
+ * skipped), else the first error (-errno with @err naming the path).
  */
 int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *changes,
-                    const struct conch_ws_commit_opts *opts, struct conch_err *err);
+                    const struct conch_ws_commit_opts *opts, struct conch_ws_commit_report *report,
+                    struct conch_err *err);
 
 /*
  * conch_ws_changes_select - the changes of @all (borrowed) at the given @paths and beneath
@@ -116,22 +208,28 @@ int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *pat
  * conch_ws_diff - unified diffs of @changes (from conch_ws_changes_scan on the same fds,
  * borrowed) between the host dir @lower_fd and the upper dir @upper_fd (both borrowed).
  * @paths: NULL for every change, else as in conch_ws_changes_select (same errors).
- * Sets *@ret to a new object {"diff": str, "files": [{"path", "kind", "binary", "diff"}]}
- * with one file per selected change, in order. A file's diff is in `diff -u` format with
- * "a/"/"b/" prefixes and 3 lines of context ("/dev/null" for an added or deleted side);
- * a binary file (NUL in the first 8 KiB of either side) gets "Binary files a/p and b/p
- * differ"; a file over @max_bytes_per_file bytes (0 = no limit) gets "[diff omitted: file
- * larger than N bytes]"; a symlink is diffed as the text "target\n"; a permission change
- * adds "old mode 100644" / "new mode 100755" lines first; a type change is a deletion
- * then an addition; directories and special files have an empty diff. The top-level
- * "diff" is the non-empty file diffs as git sections: each (a type change: each half) is
- * preceded by "diff --git a/p b/p" and, for an added or deleted file, "new file mode M" /
- * "deleted file mode M", so that `git apply` takes it (binary files and symlinks aside).
- * Ill-formed UTF-8 (in content or paths) becomes U+FFFD. Nothing is followed through a
- * symlink. Returns 0 or -errno with @err.
+ * Sets *@ret to a new object {"diff": str, "files": [{"path", "kind", "binary", "diff"}],
+ * "omitted": n} with one file per selected change, in order. A file's diff is in `diff -u` format
+ * with "a/"/"b/" prefixes and 3 lines of context ("/dev/null" for an added or deleted side); a
+ * binary file (NUL in the first 8 KiB of either side) gets "Binary files a/p and b/p differ" (names
+ * quoted as below); a file over @max_bytes_per_file bytes (0 = no limit) gets
+ * "[diff omitted: file larger than N bytes]"; a symlink is diffed as the text "target\n"; a
+ * permission change adds "old mode 100644" / "new mode 100755" lines first; a type change
+ * is a deletion then an addition; directories and special files have an empty diff. The
+ * top-level "diff" is the non-empty file diffs as git sections: each (a type change: each
+ * half) is preceded by "diff --git a/p b/p" and, for an added or deleted file, "new file
+ * mode M" / "deleted file mode M", so that `git apply` takes it (binary files and symlinks
+ * aside). In every header the names are quoted as git quotes them (conch_ws_quote with
+ * @ascii): a name holding a newline cannot add a header line. Ill-formed UTF-8 in content
+ * (and in the "path" fields) becomes U+FFFD. The diff text held (the whole diff plus each
+ * file's) stays within @max_total bytes (0: CONCH_WS_DIFF_MAX_TOTAL): the first file that
+ * does not fit and every later one get an empty diff and "omitted": true, and the result
+ * has "omitted": their count; no file is read beyond @max_total. Nothing is followed
+ * through a symlink. Returns 0 or -errno with @err.
  */
+#define CONCH_WS_DIFF_MAX_TOTAL (16u << 20)
 int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,
-                  char *const *paths, size_t max_bytes_per_file, json_t **ret,
+                  char *const *paths, size_t max_bytes_per_file, size_t max_total, json_t **ret,
                   struct conch_err *err);
 
 /*

@@ -180,6 +180,30 @@ static inline int conch_ws__read_link(int dfd, const char *name, char **ret)
     return -ENAMETOOLONG;
 }
 
+char *conch_ws_quote(const char *prefix, const char *name, bool ascii);
+
+/*
+ * conch_ws__qname - @path for an error message: in single quotes, or, when it holds bytes
+ * that must not reach a terminal or log raw, C-quoted (conch_ws_quote). Returns a new
+ * string, or NULL when out of memory.
+ */
+static inline char *conch_ws__qname(const char *path)
+{
+    char *q = conch_ws_quote("", path, false);
+    if (!q || q[0] == '"')
+        return q;
+    size_t n = strlen(q);
+    char *out = malloc(n + 3);
+    if (out) {
+        out[0] = '\'';
+        memcpy(out + 1, q, n);
+        out[n + 1] = '\'';
+        out[n + 2] = '\0';
+    }
+    free(q);
+    return out;
+}
+
 /* A directory's entry names ("." and ".." left out), sorted by strcmp. */
 struct conch_ws__names {
     char **v;
@@ -194,5 +218,19 @@ void conch_ws__names_done(struct conch_ws__names *ns);
  * *@ret, sorted. Returns 0 or -errno.
  */
 int conch_ws__names_read(int fd, struct conch_ws__names *ret);
+
+/*
+ * conch_ws__empty_fd - remove everything inside the dir @fd (borrowed; O_PATH will do),
+ * by fds alone: no path is built, so depth is unbounded, and two fds are open at a time.
+ * Never follows a symlink (it is unlinked, not its target); climbing back by ".." checks
+ * that it reaches the dir it came from (-ESTALE otherwise). Dirs without owner rwx get it
+ * first. With @no_xdev, what lies on another filesystem is left alone (-EXDEV). Returns 0
+ * or the first error, after trying everything.
+ */
+int conch_ws__empty_fd(int fd, bool no_xdev);
+
+/* conch_ws__remove_at - remove @name in @dfd: a non-dir itself, a dir with everything in it
+ * (conch_ws__empty_fd). A missing entry is not an error. */
+int conch_ws__remove_at(int dfd, const char *name, bool no_xdev);
 
 #endif

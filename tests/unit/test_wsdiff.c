@@ -156,7 +156,7 @@ static json_t *diff_paths(char *const *paths, size_t max)
     _cleanup_close_ int l = open_dir(lower);
     struct conch_err err = {0};
     json_t *res = NULL;
-    int r = conch_ws_diff(u, l, &c, paths, max, &res, &err);
+    int r = conch_ws_diff(u, l, &c, paths, max, 0, &res, &err);
     conch_ws_changes_done(&c);
     cr_assert_eq(r, 0, "diff: %s", err.msg);
     cr_assert_not_null(res);
@@ -377,7 +377,7 @@ Test(wsdiff, invalid_utf8_replaced)
                      "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xf0\x9f\x90\x9a\n"
                      " ok\n");
     cr_assert_str_eq(file_diff(res, "name-\xef\xbf\xbd.txt"),
-                     "--- /dev/null\n+++ b/name-\xef\xbf\xbd.txt\n@@ -0,0 +1 @@\n+x\n");
+                     "--- /dev/null\n+++ \"b/name-\\377.txt\"\n@@ -0,0 +1 @@\n+x\n");
     json_decref(res);
 }
 
@@ -415,7 +415,7 @@ Test(wsdiff, too_large_and_paths)
     struct conch_err err = {0};
     char *missing[] = {"nope", NULL};
     res = NULL;
-    cr_assert_eq(conch_ws_diff(u, l, &c, missing, 0, &res, &err), -ENOENT);
+    cr_assert_eq(conch_ws_diff(u, l, &c, missing, 0, 0, &res, &err), -ENOENT);
     cr_assert_null(res);
     cr_assert_not_null(strstr(err.msg, "'nope'"), "%s", err.msg);
     conch_ws_changes_done(&c);
@@ -697,7 +697,7 @@ Test(wsdiff, upper_remove_after_partial_commit)
     struct conch_ws_changes to_commit = {.items = items, .n = n};
     _cleanup_close_ int u = open_dir(upper);
     _cleanup_close_ int l = open_dir(lower);
-    cr_assert_eq(conch_ws_commit(u, l, &to_commit, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_ws_commit(u, l, &to_commit, NULL, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(conch_ws_upper_remove(u, l, &sel, &err), 0, "%s", err.msg);
     conch_ws_changes_done(&sel);
     conch_ws_changes_done(&all);
@@ -739,7 +739,7 @@ Test(wsdiff, symlinks_in_paths_are_not_followed)
     _cleanup_close_ int l = open_dir(lower);
     struct conch_err err = {0};
     json_t *res = NULL;
-    cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, &res, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, 0, &res, &err), 0, "%s", err.msg);
     char *s = json_dumps(res, 0);
     cr_assert_null(strstr(s, "root:"), "read through a symlink: %s", s);
     free(s);
@@ -749,4 +749,106 @@ Test(wsdiff, symlinks_in_paths_are_not_followed)
     _cleanup_free_ char *still = slurp(at(scratch, "secret"));
     cr_assert_str_eq(still, "root:x:0:0\n", "deleted through a symlink");
     conch_ws_changes_done(&c);
+}
+
+/* ---- issue 6: names in headers, the total cap -------------------------------------- */
+
+/* Names holding a newline (one of them a forged "+++ b/evil" header) are quoted as git
+ * quotes them: `git apply` and `patch -p1` both create exactly those files, nothing else. */
+Test(wsdiff, names_with_newlines_are_quoted_in_headers)
+{
+    put(lower, "plain.txt", "one\n");
+    put(upper, "plain.txt", "two\n");
+    put(upper, "na\nme", "first\n");
+    /* Unquoted, "+++ b/x\n+++ b/evil" would have patch write "evil" at the top. */
+    mkd(upper, "x\n+++ b");
+    put(upper, "x\n+++ b/evil", "second\n");
+    put(upper, "tab\there \"q\" \\ caf\xc3\xa9", "third\n");
+    json_t *res = diff_paths(NULL, 0);
+    const char *d = json_string_value(json_object_get(res, "diff"));
+    cr_assert_not_null(strstr(d, "diff --git \"a/na\\nme\" \"b/na\\nme\"\n"), "%s", d);
+    cr_assert_not_null(strstr(d, "+++ \"b/x\\n+++ b/evil\"\n"), "%s", d);
+    cr_assert_not_null(strstr(d, "+++ \"b/tab\\there \\\"q\\\" \\\\ caf\\303\\251\"\n"), "%s", d);
+    cr_assert_null(strstr(d, "\n+++ b/evil"), "%s", d);
+    FILE *pf = fopen(at(scratch, "all.patch"), "we");
+    fputs(d, pf);
+    fclose(pf);
+    json_decref(res);
+    char cmd[2048];
+    static const char *const tools[] = {"git apply", "patch -p1 -s <"};
+    for (size_t t = 0; t < ARRAY_SIZE(tools); t++) {
+        snprintf(cmd, sizeof(cmd),
+                 "rm -rf '%s/h' && cp -a '%s' '%s/h' && cd '%s/h' && %s '%s' 2>&1", scratch, lower,
+                 scratch, scratch, tools[t], at(scratch, "all.patch"));
+        _cleanup_free_ char *out = run(cmd);
+        snprintf(cmd, sizeof(cmd), "%s/h/evil", scratch);
+        cr_assert(access(cmd, F_OK) < 0, "%s created a top-level 'evil':\n%s", tools[t], out);
+        snprintf(cmd, sizeof(cmd), "%s/h/b", scratch);
+        cr_assert(access(cmd, F_OK) < 0, "%s created 'b':\n%s", tools[t], out);
+        char p[600];
+        snprintf(p, sizeof(p), "%s/h/na\nme", scratch);
+        _cleanup_free_ char *a = slurp(p);
+        cr_assert_not_null(a, "%s did not create 'na\\nme':\n%s", tools[t], out);
+        cr_assert_str_eq(a, "first\n");
+        snprintf(p, sizeof(p), "%s/h/x\n+++ b/evil", scratch);
+        _cleanup_free_ char *b = slurp(p);
+        cr_assert_not_null(b, "%s did not create the forged name:\n%s", tools[t], out);
+        cr_assert_str_eq(b, "second\n");
+        snprintf(p, sizeof(p), "%s/h/tab\there \"q\" \\ caf\xc3\xa9", scratch);
+        _cleanup_free_ char *c = slurp(p);
+        cr_assert_not_null(c, "%s: third file missing:\n%s", tools[t], out);
+        snprintf(p, sizeof(p), "%s/h/plain.txt", scratch);
+        _cleanup_free_ char *e = slurp(p);
+        cr_assert_str_eq(e, "two\n");
+        /* Exactly these: the host's file, three new ones and the new dir. */
+        snprintf(cmd, sizeof(cmd), "find '%s/h' -mindepth 1 -print0 | tr -cd '\\0' | wc -c",
+                 scratch);
+        _cleanup_free_ char *n = run(cmd);
+        cr_assert_eq(atoi(n), 5, "%s: %s entries", tools[t], n);
+    }
+}
+
+Test(wsdiff, total_cap_lists_the_rest_as_omitted)
+{
+    char *big = malloc(300000);
+    for (size_t i = 0; i < 300000; i++)
+        big[i] = i % 60 == 59 ? '\n' : 'a' + (char)(i % 26);
+    for (int i = 0; i < 10; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "f%d", i);
+        put_n(upper, name, big, 300000, 0644);
+    }
+    free(big);
+    json_t *res = NULL;
+    {
+        struct conch_ws_changes c = {0};
+        scan(&c);
+        _cleanup_close_ int u = open_dir(upper);
+        _cleanup_close_ int l = open_dir(lower);
+        struct conch_err err = {0};
+        cr_assert_eq(conch_ws_diff(u, l, &c, NULL, 0, 1 << 20, &res, &err), 0, "%s", err.msg);
+        conch_ws_changes_done(&c);
+    }
+    json_int_t omitted = json_integer_value(json_object_get(res, "omitted"));
+    size_t whole = strlen(json_string_value(json_object_get(res, "diff")));
+    size_t sum = whole, listed = 0, marked = 0;
+    size_t i;
+    json_t *f;
+    json_array_foreach(json_object_get(res, "files"), i, f)
+    {
+        listed++;
+        sum += strlen(json_string_value(json_object_get(f, "diff")));
+        if (json_is_true(json_object_get(f, "omitted"))) {
+            marked++;
+            cr_assert_str_eq(json_string_value(json_object_get(f, "diff")), "");
+        } else {
+            cr_assert_eq(marked, 0, "an omitted file before a diffed one");
+        }
+    }
+    cr_assert_eq(listed, 10);
+    cr_assert_leq(sum, 1 << 20);
+    /* Each file's diff is ~305 KB, held twice (whole and per file): one fits. */
+    cr_assert_eq(omitted, 9, "omitted %lld", (long long)omitted);
+    cr_assert_eq(marked, 9);
+    json_decref(res);
 }
