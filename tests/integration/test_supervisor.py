@@ -297,3 +297,43 @@ def test_run_refuses_a_spill_dir_another_user_made(tmp_path):
         subprocess.run(["rm", "-rf", d])
         if "ws" in locals():
             subprocess.run(["rm", "-rf", ws])
+
+
+def test_file_worker_killed_fails_only_its_request(daemon, rpc, sandbox, ws):
+    """kill -9 of file workers while fs.* requests run: each request is answered (a result or
+    an error), none hangs, and the sandbox keeps serving."""
+    import threading
+    (ws / "f.txt").write_text("x" * 100000)
+    for i in range(3000):  # a grep over these takes long enough for the killer to find it
+        (ws / f"g{i}.txt").write_text("y\n" * 50)
+    sb = sandbox()
+    stop = threading.Event()
+    killed = [0]
+
+    def killer():
+        while not stop.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read().startswith(b"conch-file-worker"):
+                            os.kill(int(pid), signal.SIGKILL)
+                            killed[0] += 1
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=killer)
+    t.start()
+    answered = errors = 0
+    try:
+        for _ in range(40):
+            resp = rpc.wait(rpc.request("fs.grep", {"sandbox": sb, "pattern": "zzz", "path": "."}), timeout=30)
+            answered += 1
+            errors += "error" in resp
+    finally:
+        stop.set()
+        t.join()
+    assert answered == 40
+    assert killed[0] > 0 and errors > 0, (killed, errors)
+    assert rpc.call("fs.read", {"sandbox": sb, "path": "f.txt", "limit": 3})["content"], "sandbox broken"
