@@ -288,10 +288,11 @@ static int warden_ctl = -1;
 /* What a shepherd leaves for the warden: written by the shepherd just before it exits, read
  * by the warden after reaping it (so no lock is needed). A shepherd that dies before writing
  * leaves SHEP_NONE or SHEP_STARTED, and the warden reports a synthetic end. */
-enum { SHEP_NONE = 0, SHEP_STARTED, SHEP_START_FAILED, SHEP_EXITED };
+enum { SHEP_NONE = 0, SHEP_STARTED, SHEP_START_FAILED, SHEP_EXITED, SHEP_EXIT_SENT };
 struct shep_report {
     int32_t state;
-    int32_t status; /* SHEP_EXITED: the command's wait status */
+    int32_t status;    /* SHEP_EXITED: the command's wait status */
+    int32_t timed_out; /* written by the warden when the deadline fires, before it signals */
     struct conch_err err;
 };
 
@@ -419,6 +420,18 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         ;
     rep->status = status;
     rep->state = SHEP_EXITED;
+    /* Report the end now rather than after our own exit, whose namespace teardown would
+     * delay it: every process of the command is gone already. The warden sends it only if we
+     * die before this is marked sent; a duplicate (killed between send and mark) is dropped
+     * by the parent, which knows the id has ended. */
+    memset(&m, 0, sizeof(m));
+    m.type = JMSG_EXITED;
+    m.id = id;
+    m.a = status;
+    m.b = rep->timed_out ? JEXIT_TIMED_OUT : 0;
+    getrusage(RUSAGE_CHILDREN, &m.usage);
+    if (jail_send(ctl, &m, NULL, 0) == 0)
+        rep->state = SHEP_EXIT_SENT;
     _exit(0);
 
 fail:
@@ -503,6 +516,7 @@ static int slots_tick(void)
         if (s->deadline_ms && now >= s->deadline_ms) {
             s->deadline_ms = 0;
             s->timed_out = true;
+            reports[s - slots].timed_out = 1;
             if (s->grace_ms && !s->is_file) {
                 slot_signal(s, SIGTERM);
                 s->kill_at_ms = now + s->grace_ms;
@@ -534,8 +548,8 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     m.id = s->id;
     bool is_file = s->is_file;
     s->pid = 0;
-    if (is_file)
-        return 0; /* its answer (or EOF) went through the response pipe */
+    if (is_file || rep->state == SHEP_EXIT_SENT)
+        return 0; /* its answer (or EOF) went through the response pipe / its end is sent */
     if (rep->state == SHEP_START_FAILED) {
         m.type = JMSG_RUN_ERR;
         m.err = rep->err;
