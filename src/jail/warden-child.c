@@ -186,13 +186,25 @@ static void reset_signals(void)
     sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-/* The command child: everything between fork() and execve(). On failure, reports through
- * @report_fd (CLOEXEC, so a successful exec closes it) and exits 127. */
-__attribute__((noreturn)) static void command_child(const struct jail_plan *plan, int fds[4],
-                                                    int report_fd)
+/* Report a start failure through @report_fd (CLOEXEC: a successful exec closes it instead)
+ * and exit 127. */
+__attribute__((noreturn)) static void command_fail(int report_fd, const struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_RUN_ERR};
+    m.err = *err;
+    m.a = err->code;
+    if (write(report_fd, &m, sizeof(m)) < 0) {
+        /* nothing more to do: the parent sees exit status 127 */
+    }
+    _exit(127);
+}
+
+/* The command, once it is known: map its argv/env/cwd blob, take its stdio, exec. Runs in a
+ * child that is already fenced (command_zygote). On failure reports through @report_fd (fd
+ * 3, CLOEXEC) and exits 127. */
+__attribute__((noreturn)) static void command_exec(int fds[4], int report_fd)
 {
     struct conch_err err = {0};
-    struct jail_msg m = {.type = JMSG_RUN_ERR};
     const char *step = "map command";
 
     struct stat st;
@@ -244,20 +256,9 @@ __attribute__((noreturn)) static void command_child(const struct jail_plan *plan
             goto fail_errno;
         }
     }
-    /* Only fds 0-2 reach the command (and the report fd, which is CLOEXEC). */
-    if (report_fd != 3) {
-        if (dup3(report_fd, 3, O_CLOEXEC) < 0)
-            goto fail_errno;
-        report_fd = 3;
-    }
+    /* Only fds 0-2 reach the command (and the report fd 3, which is CLOEXEC). */
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         goto fail_errno;
-    reset_signals();
-    int r = fence_self(plan, plan->seccomp, &step);
-    if (r < 0) {
-        errno = -r;
-        goto fail_errno;
-    }
     if (chdir(cwd) < 0) {
         conch_err_setk(&err, CONCH_ERR_USAGE, errno, "chdir '%s' inside the sandbox: %s", cwd,
                        strerror(errno));
@@ -270,12 +271,35 @@ __attribute__((noreturn)) static void command_child(const struct jail_plan *plan
 fail_errno:
     conch_err_set(&err, errno, "start command: %s: %s", step, strerror(errno));
 report:
-    m.err = err;
-    m.a = err.code;
-    if (write(report_fd, &m, sizeof(m)) < 0) {
-        /* nothing more to do: the parent sees exit status 127 */
+    command_fail(report_fd, &err);
+}
+
+/* The command's process before the command is known: it applies every fence (rlimits,
+ * identity, capabilities, no_new_privs, Landlock, seccomp) ahead of time, then waits on
+ * @sock for the command's stdio and blob, and execs it. Fencing first is safe: the fds it
+ * receives were opened outside (Landlock checks at open time), and all it does after the
+ * fences is map, dup, chdir and exec, which the filter allows. @sock becomes fd 3 (CLOEXEC):
+ * start failures go back through it, a successful exec closes it. */
+__attribute__((noreturn)) static void command_zygote(const struct jail_plan *plan, int sock)
+{
+    struct conch_err err = {0};
+    if (sock != 3 && dup3(sock, 3, O_CLOEXEC) < 0)
+        _exit(127);
+    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+        _exit(127);
+    reset_signals();
+    const char *step;
+    int r = fence_self(plan, plan->seccomp, &step);
+    if (r < 0) {
+        conch_err_set(&err, -r, "start command: %s: %s", step, strerror(-r));
+        command_fail(3, &err);
     }
-    _exit(127);
+    struct jail_msg m;
+    int fds[4], nfds = 0;
+    r = jail_recv(3, &m, fds, 4, &nfds, 0);
+    if (r <= 0 || nfds != 4)
+        _exit(0); /* the shepherd went away: no command */
+    command_exec(fds, 3);
 }
 
 /* The control socket, moved to fd 3 at start: every other fd inherited from the parent
@@ -300,7 +324,9 @@ struct shep_report {
  * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
 struct proc_slot {
     int64_t id;
-    pid_t pid; /* 0: free */
+    pid_t pid;  /* 0: free */
+    int sock;   /* a shepherd waiting for its command: the warden's end of its socket */
+    bool ready; /* a shepherd started ahead of need, no command yet */
     bool is_file;
     bool timed_out;
     bool killed;          /* the warden sent SIGKILL itself */
@@ -311,6 +337,8 @@ struct proc_slot {
 
 static struct proc_slot slots[MAX_PROCS];
 static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
+static int ready_slot = -1;         /* the shepherd started ahead of need, or -1 */
+static int ready_failures;
 
 static uint64_t mono_ms(void)
 {
@@ -330,56 +358,66 @@ static int ctl_signal(void)
 /* The shepherd of one command: PID 1 of a pid namespace of its own, with its own mount
  * namespace and /proc. The command cannot signal, trace or see it (a namespace's init ignores
  * signals from inside it that it has no handler for), and killing the shepherd kills every
- * process of the command in one kernel operation, forks in flight included. It starts the
- * command, reports that it started, signals the whole namespace when the warden asks, and when
- * the command exits kills (kill(-1), atomic) and reaps everything it left, then leaves the
- * exit status in @rep and exits. */
-__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int64_t id,
-                                               struct shep_report *rep, int fds[4])
+ * process of the command in one kernel operation, forks in flight included.
+ *
+ * The warden starts shepherds ahead of need: this one builds its namespace and /proc and
+ * forks the command's process, which fences itself (command_zygote), then waits on @wsock
+ * for the RUN message (the command's id and fds). It hands the fds to the command's process,
+ * reports that the command started, signals the whole namespace when the warden asks, and
+ * when the command exits kills (kill(-1), atomic) and reaps everything it left, reports the
+ * exit and leaves it in @rep for the warden too. */
+__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock,
+                                               struct shep_report *rep)
 {
     int ctl = warden_ctl;
     struct jail_msg m;
     struct conch_err err = {0};
+    int fds[4], nfds = 0;
+    pid_t cmd = -1;
+    int csock[2] = {-1, -1};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
-    if (jail_proc_mount_child("/dev/null", &err) < 0) {
-        conch_err_wrap(&err, "start command: mount its /proc");
-        goto fail;
-    }
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
     sigaddset(&mask, ctl_signal());
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    int pipefd[2];
-    if (sfd < 0 || pipe2(pipefd, O_CLOEXEC) < 0) {
-        conch_err_set(&err, errno, "start command: signalfd/pipe: %s", strerror(errno));
+    if (jail_proc_mount_child("/dev/null", &err) < 0) {
+        conch_err_wrap(&err, "start command: mount its /proc");
+    } else if (sfd < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, csock) < 0) {
+        conch_err_set(&err, errno, "start command: signalfd/socketpair: %s", strerror(errno));
+    } else if ((cmd = raw_fork()) == 0) {
+        close(csock[0]);
+        command_zygote(plan, csock[1]);
+    } else if (cmd < 0) {
+        conch_err_set(&err, errno, "fork command: %s", strerror(errno));
+    }
+    if (csock[1] >= 0)
+        close(csock[1]);
+
+    /* Wait for our command. EOF: the warden shuts down (or no longer needs us). */
+    int r = jail_recv(wsock, &m, fds, 4, &nfds, 0);
+    if (r <= 0 || nfds != 4 || m.type != JMSG_RUN) {
+        kill(-1, SIGKILL);
+        _exit(0);
+    }
+    close(wsock);
+    int64_t id = m.id;
+    if (err.code)
         goto fail;
-    }
-    pid_t cmd = raw_fork();
-    if (cmd == 0) {
-        close(pipefd[0]);
-        close(sfd);
-        command_child(plan, fds, pipefd[1]);
-    }
-    close(pipefd[1]);
+    memset(&m, 0, sizeof(m));
+    m.type = JMSG_RUN;
+    jail_send(csock[0], &m, fds, 4);
     for (int i = 0; i < 4; i++)
         close(fds[i]);
-    if (cmd < 0) {
-        conch_err_set(&err, errno, "fork command: %s", strerror(errno));
-        goto fail;
-    }
     ssize_t n;
     do
-        n = read(pipefd[0], &m, sizeof(m));
+        n = read(csock[0], &m, sizeof(m));
     while (n < 0 && errno == EINTR);
-    close(pipefd[0]);
+    close(csock[0]);
     if (n == (ssize_t)sizeof(m)) {
-        kill(-1, SIGKILL);
-        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
-            ;
         err = m.err;
         goto fail;
     }
@@ -435,6 +473,9 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     _exit(0);
 
 fail:
+    kill(-1, SIGKILL);
+    while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+        ;
     rep->err = err;
     rep->state = SHEP_START_FAILED;
     _exit(1);
@@ -480,11 +521,14 @@ static int slot_alloc(void)
     return -1;
 }
 
+/* Give slot @s (its pid set) the request @m. */
 static void slot_arm(struct proc_slot *s, int64_t id, const struct jail_msg *m, bool is_file)
 {
-    memset(s, 0, sizeof(*s));
     s->id = id;
     s->is_file = is_file;
+    s->ready = false;
+    s->timed_out = s->killed = false;
+    s->deadline_ms = s->kill_at_ms = 0;
     s->grace_ms = m->grace_ms;
     if (m->timeout_ms)
         s->deadline_ms = mono_ms() + m->timeout_ms;
@@ -548,6 +592,17 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     m.id = s->id;
     bool is_file = s->is_file;
     s->pid = 0;
+    if (s->sock >= 0)
+        close(s->sock);
+    s->sock = -1;
+    if (s->ready) {
+        /* A shepherd started ahead of need died before it had a command: nothing to report;
+         * after a few such deaths, shepherds are only started on demand. */
+        s->ready = false;
+        ready_slot = -1;
+        ready_failures++;
+        return 0;
+    }
     if (is_file || rep->state == SHEP_EXIT_SENT)
         return 0; /* its answer (or EOF) went through the response pipe / its end is sent */
     if (rep->state == SHEP_START_FAILED) {
@@ -598,29 +653,73 @@ static struct proc_slot *slot_find(int64_t id)
     return NULL;
 }
 
-/* Start a command: a shepherd in new pid and mount namespaces. Returns 0, or -1 with
+/* Start a shepherd (in new pid and mount namespaces) in free slot @i; it prepares itself
+ * and waits for its command on the slot's socket. Returns 0 or -errno. */
+static int spawn_shepherd(const struct jail_plan *plan, int i)
+{
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+        return -errno;
+    memset(&reports[i], 0, sizeof(reports[i]));
+    pid_t pid =
+        (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
+    if (pid == 0) {
+        close(sp[0]);
+        shepherd(plan, sp[1], &reports[i]);
+    }
+    int e = errno;
+    close(sp[1]);
+    if (pid < 0) {
+        close(sp[0]);
+        return -e;
+    }
+    memset(&slots[i], 0, sizeof(slots[i]));
+    slots[i].pid = pid;
+    slots[i].sock = sp[0];
+    return 0;
+}
+
+/* Keep one shepherd ready, so that a command's namespaces, /proc and fences are built before
+ * it is asked for: off the critical path of exec.run. */
+static void ensure_ready(const struct jail_plan *plan)
+{
+    if (ready_slot >= 0 || ready_failures >= 3)
+        return;
+    int i = slot_alloc();
+    if (i < 0 || spawn_shepherd(plan, i) < 0)
+        return;
+    slots[i].ready = true;
+    ready_slot = i;
+}
+
+/* Start a command: hand it to the ready shepherd (or start one now). Returns 0, or -1 with
  * @reply's error filled. */
 static int start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
                          struct jail_msg *reply)
 {
-    int i = slot_alloc();
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
-    if (i < 0)
-        return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
-                              "too many commands running in this sandbox (%d)", MAX_PROCS),
-               -1;
-    memset(&reports[i], 0, sizeof(reports[i]));
-    pid_t pid =
-        (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
-    if (pid == 0)
-        shepherd(plan, m->id, &reports[i], fds);
-    if (pid < 0)
-        return conch_err_set(&reply->err, errno, "start command: create its pid namespace: %s",
-                             strerror(errno)),
-               -1;
-    slot_arm(&slots[i], m->id, m, false);
-    slots[i].pid = pid;
+    int i = ready_slot;
+    ready_slot = -1;
+    if (i < 0) {
+        i = slot_alloc();
+        if (i < 0)
+            return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
+                                  "too many commands running in this sandbox (%d)", MAX_PROCS),
+                   -1;
+        int r = spawn_shepherd(plan, i);
+        if (r < 0)
+            return conch_err_set(&reply->err, -r, "start command: create its pid namespace: %s",
+                                 strerror(-r)),
+                   -1;
+    }
+    struct proc_slot *s = &slots[i];
+    slot_arm(s, m->id, m, false);
+    /* If the shepherd died meanwhile the send fails; reaping it reports the start failure. */
+    struct jail_msg run = {.type = JMSG_RUN, .id = m->id};
+    jail_send(s->sock, &run, fds, 4);
+    close(s->sock);
+    s->sock = -1;
     return 0;
 }
 
@@ -639,8 +738,10 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
         file_worker(plan, fds);
     if (pid < 0)
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
-    slot_arm(&slots[i], m->id, m, true);
+    memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
+    slots[i].sock = -1;
+    slot_arm(&slots[i], m->id, m, true);
     return 0;
 }
 
@@ -730,6 +831,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         _exit(1);
 
     for (;;) {
+        ensure_ready(plan);
         struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         int timeout = slots_tick();
         if (poll(pfd, 2, timeout) < 0) {
