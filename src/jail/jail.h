@@ -17,7 +17,18 @@
 #include "jail/cgroup.h"
 #include "jail/ids.h"
 #include "jail/seccomp.h"
-#include "workspace/workspace.h"
+
+/* How the workspace is mounted at /workspace. */
+enum conch_ws_mode {
+    CONCH_WS_OVERLAY = 0, /* copy-on-write over the host dir (default) */
+    CONCH_WS_RO,          /* read-only bind */
+    CONCH_WS_RW,          /* live bind */
+};
+
+/* conch_ws_mode_parse - "overlay" | "ro" | "rw" → *@ret; -EINVAL (kind usage) otherwise. */
+int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err);
+/* conch_ws_mode_name - the name of @mode; a static string. */
+const char *conch_ws_mode_name(enum conch_ws_mode mode);
 
 #define CONCH_AGENT_UID 1000
 #define CONCH_AGENT_GID 1000

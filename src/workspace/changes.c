@@ -22,40 +22,6 @@
 /* The longest change path: what openat2 and every path-based step after the scan take. */
 #define MAX_PATH_LEN (PATH_MAX - 1)
 
-int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err)
-{
-    static const struct {
-        const char *name;
-        enum conch_ws_mode mode;
-    } table[] = {
-        {"overlay", CONCH_WS_OVERLAY},
-        {"ro", CONCH_WS_RO},
-        {"rw", CONCH_WS_RW},
-    };
-    for (size_t i = 0; s && i < ARRAY_SIZE(table); i++) {
-        if (strcmp(s, table[i].name) == 0) {
-            *ret = table[i].mode;
-            return 0;
-        }
-    }
-    return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                          "invalid workspace mode '%s' (expected overlay, ro or rw)",
-                          s ? s : "(null)");
-}
-
-const char *conch_ws_mode_name(enum conch_ws_mode mode)
-{
-    switch (mode) {
-    case CONCH_WS_OVERLAY:
-        return "overlay";
-    case CONCH_WS_RO:
-        return "ro";
-    case CONCH_WS_RW:
-        return "rw";
-    }
-    return "unknown";
-}
-
 const char *conch_ws_change_kind_name(enum conch_change_kind kind)
 {
     switch (kind) {

@@ -12,16 +12,6 @@
 
 #include "core/error.h"
 
-enum conch_ws_mode {
-    CONCH_WS_OVERLAY = 0, /* copy-on-write over the host dir (default) */
-    CONCH_WS_RO,          /* read-only bind */
-    CONCH_WS_RW,          /* live bind */
-};
-
-/* conch_ws_mode_parse - "overlay" | "ro" | "rw" → *@ret; -EINVAL otherwise. */
-int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err);
-const char *conch_ws_mode_name(enum conch_ws_mode mode);
-
 enum conch_change_kind {
     CONCH_CHANGE_ADDED,    /* path absent from the host dir */
     CONCH_CHANGE_MODIFIED, /* same type, different content, mode or symlink target */

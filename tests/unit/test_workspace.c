@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "jail/jail.h"
 #include "workspace/workspace.h"
 #include "workspace/ws-internal.h"
 
