@@ -169,28 +169,240 @@ struct pump {
     struct conch_output *o;
 };
 
-/* The one command of a `conch run`, as a process object of the supervisor. */
-struct run_proc {
+/* One `conch run` in progress: the sandbox, its supervisor, the command as a process object,
+ * and what the loop saw. Each step below takes it. */
+struct run_ctx {
+    const struct conch_run_opts *o;
+    struct conch_run_result *res;
+    struct conch_jail jail;
+    struct conch_super super;
     struct conch_proc proc;
     bool ended;
     struct conch_proc_end end;
+    struct pump pumps[2];
+    int sigfd;
+    bool over_spill, sampled_oom, sampled_pids;
 };
 
 static void run_proc_ended(struct conch_proc *p, const struct conch_proc_end *end)
 {
-    struct run_proc *rp = p->data;
-    rp->ended = true;
-    rp->end = *end;
+    struct run_ctx *x = p->data;
+    x->ended = true;
+    x->end = *end;
 }
 
 static const struct conch_proc_ops run_proc_ops = {.ended = run_proc_ended};
+
+/* Step 1: send the command to the sandbox, its output into two pipes we read. */
+static int run_start_command(struct run_ctx *x, char **env, struct conch_err *err)
+{
+    const struct conch_run_opts *o = x->o;
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) < 0)
+        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
+    if (pipe2(err_pipe, O_CLOEXEC) < 0) {
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
+    }
+    x->pumps[0] = (struct pump){out_pipe[0], o->stream ? 1 : -1, &x->res->out};
+    x->pumps[1] = (struct pump){err_pipe[0], o->stream ? 2 : -1, &x->res->err};
+    _cleanup_close_ int devnull = -1;
+    int stdin_fd = o->stdin_fd;
+    if (fcntl(stdin_fd, F_GETFD) < 0)
+        stdin_fd = devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    struct conch_jail_cmd cmd = {
+        .argv = o->argv,
+        .envp = env,
+        .cwd = o->cwd ? o->cwd : (o->jail.workspace ? "/workspace" : "/"),
+        .stdin_fd = stdin_fd,
+        .stdout_fd = out_pipe[1],
+        .stderr_fd = err_pipe[1],
+    };
+    x->proc = (struct conch_proc){.ops = &run_proc_ops, .data = x};
+    int r = conch_super_run(&x->super, &x->proc, &cmd, o->timeout_ms, o->grace_ms, err);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    return r;
+}
+
+/* Without a cgroup, memory and the process count are sampled from the sandbox's /proc: a
+ * memory hog is killed like an OOM kill, a full process table is noted. */
+static void run_sample(struct run_ctx *x)
+{
+    const struct conch_cgroup_limits *lim = &x->o->jail.limits;
+    struct conch_jail_usage u;
+    if (conch_jail_usage(&x->jail, &u) < 0)
+        return;
+    if (lim->pids_max && u.processes + 1 >= lim->pids_max)
+        x->sampled_pids = true;
+    if (lim->memory_bytes && u.rss_bytes > lim->memory_bytes && !x->sampled_oom) {
+        x->sampled_oom = true;
+        conch_super_signal(&x->proc, SIGKILL);
+    }
+}
+
+/* Read what pump @p has; closes it at EOF. Returns 0 or -errno with @err. */
+static int run_pump_read(struct run_ctx *x, struct pump *p, struct conch_err *err)
+{
+    char buf[65536];
+    ssize_t got = read(p->fd, buf, sizeof(buf));
+    if (got < 0 && (errno == EINTR || errno == EAGAIN))
+        return 0;
+    if (got <= 0) {
+        close(p->fd);
+        p->fd = -1;
+        return 0;
+    }
+    uint64_t before = p->o->total;
+    int a = conch_output_append(p->o, buf, (size_t)got, err);
+    if (a < 0)
+        return a;
+    if (p->echo_fd >= 0)
+        stream_head(p->echo_fd, p->o, buf, (size_t)got, before);
+    if (a == 1 && !x->over_spill) {
+        /* Past the spill cap the command is stopped: an agent's output flood must not fill
+         * the host's disk, and nobody reads gigabytes of it. */
+        x->over_spill = true;
+        conch_super_signal(&x->proc, SIGKILL);
+    }
+    return 0;
+}
+
+/* Step 2: pump output, forward signals (the first interrupt passes on, as a terminal would
+ * to its foreground job; a second one kills) and wait for the command's final event, which
+ * always comes. The deadline is the warden's. */
+static int run_wait(struct run_ctx *x, struct conch_err *err)
+{
+    const struct conch_cgroup_limits *lim = &x->o->jail.limits;
+    bool sample = !x->jail.has_cgroup && (lim->memory_bytes || lim->pids_max);
+    uint64_t next_sample = 0;
+    int interrupts = 0;
+    while (!x->ended || x->pumps[0].fd >= 0 || x->pumps[1].fd >= 0) {
+        struct pollfd pfd[4] = {
+            {.fd = x->pumps[0].fd, .events = POLLIN},
+            {.fd = x->pumps[1].fd, .events = POLLIN},
+            {.fd = x->ended ? -1 : conch_super_fd(&x->super), .events = POLLIN},
+            {.fd = x->sigfd, .events = POLLIN},
+        };
+        int n = poll(pfd, 4, sample && !x->ended ? SAMPLE_MS : -1);
+        if (n < 0 && errno != EINTR)
+            return conch_err_set(err, errno, "poll: %s", strerror(errno));
+        if (sample && !x->ended && now_ms() >= next_sample) {
+            next_sample = now_ms() + SAMPLE_MS;
+            run_sample(x);
+        }
+        if (n <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            int r;
+            if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) &&
+                (r = run_pump_read(x, &x->pumps[i], err)) < 0)
+                return r;
+        }
+        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))
+            conch_super_dispatch(&x->super);
+        struct signalfd_siginfo si;
+        while ((pfd[3].revents & POLLIN) && read(x->sigfd, &si, sizeof(si)) == sizeof(si)) {
+            if (!x->ended)
+                conch_super_signal(&x->proc, ++interrupts > 1 ? SIGKILL : (int)si.ssi_signo);
+        }
+    }
+    return 0;
+}
+
+/* Step 3: how did it end? (limits from the cgroup's counters or our samples, a full disk as
+ * the explanation of a failure). @upper is the overlay's upper dir or -1. */
+static void run_classify(struct run_ctx *x, int upper)
+{
+    const struct conch_run_opts *o = x->o;
+    struct conch_cgroup_stats cgs = {0};
+    if (x->jail.has_cgroup)
+        conch_cgroup_stats(&x->jail.cg, &cgs, NULL);
+    x->res->timed_out = x->end.timed_out;
+    struct conch_run_end end = {
+        .status = x->end.status,
+        .usage = x->end.usage,
+        .timed_out = x->end.timed_out,
+        .timeout_ms = o->timeout_ms,
+        .grace_ms = o->grace_ms,
+        .spill_exceeded = x->over_spill ? o->max_spill : 0,
+        .memory_exceeded = cgs.oom_killed || x->sampled_oom ? o->jail.limits.memory_bytes : 0,
+        .memory_sampled = !x->jail.has_cgroup,
+        .pids_hit = cgs.pids_limit_hit || x->sampled_pids ? o->jail.limits.pids_max : 0,
+    };
+    /* A full disk only explains a failure: a command may fill /tmp and still succeed. */
+    char disk[160];
+    char tmp_path[64];
+    snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", x->jail.warden_pid);
+    bool failed = conch_exit_code(x->end.status, NULL) != 0;
+    if (failed && upper >= 0 && fd_fs_full(upper)) {
+        snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
+                 (unsigned long long)o->jail.disk_bytes);
+        end.disk_full = disk;
+    } else if (failed && path_fs_full(tmp_path)) {
+        snprintf(disk, sizeof(disk), "/tmp (%llu bytes, --tmp-size)",
+                 (unsigned long long)o->jail.tmp_bytes);
+        end.disk_full = disk;
+    }
+    conch_run_result_end(x->res, &end);
+}
+
+/* Step 4: the workspace's changes, and the commit if asked and the command exited by itself.
+ * A failed commit is reported beside the command's own outcome, never in its place: the
+ * command ran, and the report says exactly what reached the host. */
+static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
+{
+    const struct conch_run_opts *o = x->o;
+    struct conch_run_result *res = x->res;
+    int r = conch_ws_changes_scan(upper, x->jail.host_ws_fd, &res->changes, err);
+    if (r < 0)
+        return conch_err_wrap(err, "read workspace changes");
+    res->has_changes = true;
+    bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
+    if (!o->commit || !ended_normally || res->changes.n == 0)
+        return 0;
+    struct conch_ws_commit_opts copts = {
+        .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
+    res->commit_tried = true;
+    if (conch_ws_commit(upper, x->jail.host_ws_fd, &res->changes, &copts, &res->commit,
+                        &res->commit_err) < 0)
+        conch_err_wrap(&res->commit_err, "commit workspace changes");
+    else
+        res->committed = true;
+    return 0;
+}
+
+/* The command has ended: fill the result from its final event. Returns 0, or -errno with
+ * @err when the sandbox failed it (not the command). */
+static int run_report(struct run_ctx *x, struct conch_err *err)
+{
+    const struct conch_run_opts *o = x->o;
+    if (x->end.lost)
+        return conch_err_set(err, EIO, "the command's end was not reported: %s", x->end.why);
+    if (x->end.start_failed) {
+        if (x->end.err.kind != CONCH_ERR_COMMAND && x->end.err.kind != CONCH_ERR_USAGE) {
+            *err = x->end.err;
+            return -(err->code ? err->code : EIO);
+        }
+        struct conch_run_end end = {.start_failed = true, .start_err = x->end.err};
+        conch_run_result_end(x->res, &end);
+        return 0;
+    }
+    _cleanup_close_ int upper = -1;
+    if (o->jail.workspace && o->jail.ws_mode == CONCH_WS_OVERLAY &&
+        (upper = conch_jail_upper_open(&x->jail, err)) < 0)
+        return upper;
+    run_classify(x, upper);
+    if (upper >= 0)
+        return run_changes(x, upper, err);
+    return 0;
+}
 
 int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                    struct conch_err *err)
 {
     int r;
-    _cleanup_close_ int devnull = -1;
-    _cleanup_close_ int upper = -1;
     memset(res, 0, sizeof(*res));
     res->out.spill_fd = res->err.spill_fd = -1;
     const char *spill_dir = o->spill_dir ? o->spill_dir : "/tmp";
@@ -204,18 +416,21 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         return -(err->code ? err->code : EINVAL);
 
     uint64_t start = now_ms();
-    struct conch_jail jail;
-    r = conch_jail_start(&o->jail, &jail, err);
-    if (r < 0) {
+    struct run_ctx *x = calloc(1, sizeof(*x));
+    if (!x) {
         conch_exec_env_free(env);
+        return conch_err_set(err, ENOMEM, "out of memory");
+    }
+    x->o = o;
+    x->res = res;
+    x->sigfd = x->pumps[0].fd = x->pumps[1].fd = -1;
+    if ((r = conch_jail_start(&o->jail, &x->jail, err)) < 0) {
+        conch_exec_env_free(env);
+        free(x);
         return r;
     }
-    struct conch_super super;
-    conch_super_init(&super, &jail);
-    struct run_proc rp = {.proc = {.ops = &run_proc_ops, .data = &rp}};
-
-    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-    int sigfd = -1;
+    conch_super_init(&x->super, &x->jail);
+    /* SIGINT, SIGTERM and SIGHUP are the command's to receive (run_wait forwards them). */
     sigset_t mask, oldmask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
@@ -224,210 +439,27 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     sigaddset(&mask, SIGPIPE);
     sigprocmask(SIG_BLOCK, &mask, &oldmask);
     sigdelset(&mask, SIGPIPE);
-
-    if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
-        r = conch_err_set(err, errno, "pipe: %s", strerror(errno));
-        goto out;
-    }
-    sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sigfd < 0) {
+    x->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (x->sigfd < 0)
         r = conch_err_set(err, errno, "signalfd: %s", strerror(errno));
-        goto out;
+    else if ((r = run_start_command(x, env, err)) >= 0 && (r = run_wait(x, err)) >= 0) {
+        res->duration_ms = now_ms() - start;
+        r = run_report(x, err);
     }
-    int stdin_fd = o->stdin_fd;
-    if (fcntl(stdin_fd, F_GETFD) < 0) {
-        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        stdin_fd = devnull;
-    }
-    struct conch_jail_cmd cmd = {
-        .argv = o->argv,
-        .envp = env,
-        .cwd = o->cwd ? o->cwd : (o->jail.workspace ? "/workspace" : "/"),
-        .stdin_fd = stdin_fd,
-        .stdout_fd = out_pipe[1],
-        .stderr_fd = err_pipe[1],
-    };
-    r = conch_super_run(&super, &rp.proc, &cmd, o->timeout_ms, o->grace_ms, err);
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    out_pipe[1] = err_pipe[1] = -1;
-    if (r < 0)
-        goto out;
-
-    struct pump pumps[2] = {{out_pipe[0], o->stream ? 1 : -1, &res->out},
-                            {err_pipe[0], o->stream ? 2 : -1, &res->err}};
-    bool over_spill = false;
-    int interrupts = 0;
-    /* Without a cgroup, memory and the process count are sampled from the sandbox's /proc:
-     * a memory hog is killed like an OOM kill, a full process table is noted. */
-    bool sample = !jail.has_cgroup && (o->jail.limits.memory_bytes || o->jail.limits.pids_max);
-    uint64_t next_sample = 0;
-    bool sampled_oom = false, sampled_pids = false;
-    char buf[65536];
-    /* The deadline is the warden's; the loop only pumps output, forwards signals and waits
-     * for the command's final event, which always comes. */
-    while (!rp.ended || pumps[0].fd >= 0 || pumps[1].fd >= 0) {
-        struct pollfd pfd[4] = {
-            {.fd = pumps[0].fd, .events = POLLIN},
-            {.fd = pumps[1].fd, .events = POLLIN},
-            {.fd = rp.ended ? -1 : conch_super_fd(&super), .events = POLLIN},
-            {.fd = sigfd, .events = POLLIN},
-        };
-        int timeout = sample && !rp.ended ? SAMPLE_MS : -1;
-        int n = poll(pfd, 4, timeout);
-        if (n < 0 && errno != EINTR) {
-            r = conch_err_set(err, errno, "poll: %s", strerror(errno));
-            goto out;
-        }
-        uint64_t now = now_ms();
-        if (sample && !rp.ended && now >= next_sample) {
-            next_sample = now + SAMPLE_MS;
-            struct conch_jail_usage u;
-            if (conch_jail_usage(&jail, &u) == 0) {
-                uint64_t pids_max = o->jail.limits.pids_max;
-                if (pids_max && u.processes + 1 >= pids_max)
-                    sampled_pids = true;
-                if (o->jail.limits.memory_bytes && u.rss_bytes > o->jail.limits.memory_bytes &&
-                    !sampled_oom) {
-                    sampled_oom = true;
-                    conch_super_signal(&rp.proc, SIGKILL);
-                }
-            }
-        }
-        if (n <= 0)
-            continue;
-        for (int i = 0; i < 2; i++) {
-            if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            ssize_t got = read(pumps[i].fd, buf, sizeof(buf));
-            if (got < 0 && (errno == EINTR || errno == EAGAIN))
-                continue;
-            if (got <= 0) {
-                close(pumps[i].fd);
-                pumps[i].fd = -1;
-                continue;
-            }
-            uint64_t before = pumps[i].o->total;
-            int a = conch_output_append(pumps[i].o, buf, (size_t)got, err);
-            if (a < 0)
-                goto out;
-            if (pumps[i].echo_fd >= 0)
-                stream_head(pumps[i].echo_fd, pumps[i].o, buf, (size_t)got, before);
-            if (a == 1 && !over_spill) {
-                /* Past the spill cap the command is stopped: an agent's output flood must
-                 * not fill the host's disk, and nobody reads gigabytes of it. */
-                over_spill = true;
-                conch_super_signal(&rp.proc, SIGKILL);
-            }
-        }
-        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))
-            conch_super_dispatch(&super);
-        if (pfd[3].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
-                if (rp.ended)
-                    continue;
-                /* First interrupt: pass it on, as a terminal would to its foreground job.
-                 * A second one: stop everything. */
-                interrupts++;
-                conch_super_signal(&rp.proc, interrupts > 1 ? SIGKILL : (int)si.ssi_signo);
-            }
-        }
-    }
-    if (rp.end.lost) {
-        r = conch_err_set(err, EIO, "the command's end was not reported: %s", rp.end.why);
-        goto out;
-    }
-    if (rp.end.start_failed) {
-        if (rp.end.err.kind == CONCH_ERR_COMMAND || rp.end.err.kind == CONCH_ERR_USAGE) {
-            struct conch_run_end end = {.start_failed = true, .start_err = rp.end.err};
-            conch_run_result_end(res, &end);
-            r = 0;
-        } else {
-            *err = rp.end.err;
-            r = -(err->code ? err->code : EIO);
-        }
-        goto out;
-    }
-    res->timed_out = rp.end.timed_out;
-    res->duration_ms = now_ms() - start;
-    /* How did it end? */
-    struct conch_cgroup_stats cgs = {0};
-    if (jail.has_cgroup)
-        conch_cgroup_stats(&jail.cg, &cgs, NULL);
-    if (o->jail.workspace && o->jail.ws_mode == CONCH_WS_OVERLAY) {
-        upper = conch_jail_upper_open(&jail, err);
-        if (upper < 0) {
-            r = upper;
-            goto out;
-        }
-    }
-    struct conch_run_end end = {
-        .status = rp.end.status,
-        .usage = rp.end.usage,
-        .timed_out = res->timed_out,
-        .timeout_ms = o->timeout_ms,
-        .grace_ms = o->grace_ms,
-        .spill_exceeded = over_spill ? o->max_spill : 0,
-        .memory_exceeded = cgs.oom_killed || sampled_oom ? o->jail.limits.memory_bytes : 0,
-        .memory_sampled = !jail.has_cgroup,
-        .pids_hit = cgs.pids_limit_hit || sampled_pids ? o->jail.limits.pids_max : 0,
-    };
-    /* A full disk only explains a failure: a command may fill /tmp and still succeed. */
-    char disk[160];
-    char tmp_path[64];
-    snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", jail.warden_pid);
-    bool failed = conch_exit_code(rp.end.status, NULL) != 0;
-    if (failed && upper >= 0 && fd_fs_full(upper)) {
-        snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
-                 (unsigned long long)o->jail.disk_bytes);
-        end.disk_full = disk;
-    } else if (failed && path_fs_full(tmp_path)) {
-        snprintf(disk, sizeof(disk), "/tmp (%llu bytes, --tmp-size)",
-                 (unsigned long long)o->jail.tmp_bytes);
-        end.disk_full = disk;
-    }
-    conch_run_result_end(res, &end);
-
-    if (upper >= 0) {
-        r = conch_ws_changes_scan(upper, jail.host_ws_fd, &res->changes, err);
-        if (r < 0) {
-            conch_err_wrap(err, "read workspace changes");
-            goto out;
-        }
-        res->has_changes = true;
-        bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
-        if (o->commit && ended_normally && res->changes.n > 0) {
-            /* A failed commit is reported beside the command's own outcome, never in its
-             * place: the command ran, and the report says exactly what reached the host. */
-            struct conch_ws_commit_opts copts = {
-                .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
-            res->commit_tried = true;
-            if (conch_ws_commit(upper, jail.host_ws_fd, &res->changes, &copts, &res->commit,
-                                &res->commit_err) < 0)
-                conch_err_wrap(&res->commit_err, "commit workspace changes");
-            else
-                res->committed = true;
-        }
-    }
-    if (o->stream) {
+    if (r >= 0 && o->stream) {
         stream_rest(1, &res->out);
         stream_rest(2, &res->err);
     }
-    r = 0;
 
-out:
-    conch_super_done(&super, "conch run ended");
-    for (int i = 0; i < 2; i++) {
-        if (out_pipe[i] >= 0)
-            close(out_pipe[i]);
-        if (err_pipe[i] >= 0)
-            close(err_pipe[i]);
-    }
-    if (sigfd >= 0)
-        close(sigfd);
-    conch_jail_destroy(&jail);
+    conch_super_done(&x->super, "conch run ended");
+    for (int i = 0; i < 2; i++)
+        if (x->pumps[i].fd >= 0)
+            close(x->pumps[i].fd);
+    if (x->sigfd >= 0)
+        close(x->sigfd);
+    conch_jail_destroy(&x->jail);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
     conch_exec_env_free(env);
-    return r;
+    free(x);
+    return r < 0 ? r : 0;
 }
