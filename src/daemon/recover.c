@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/clock.h"
 #include "jail/cgroup.h"
 
 #define CGROUP_ROOT "/sys/fs/cgroup"
@@ -26,13 +27,6 @@
 #define RM_MAX_DEPTH 48
 
 static const char *const v1_controllers[] = {"memory", "pids", "cpu"};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void fail(struct conch_recover_report *rep, int *first, struct conch_err *err,
                  const struct conch_err *e)
@@ -212,7 +206,7 @@ int conch_recover_reap(struct conch_state *st, struct conch_recover_report *ret,
             fail(rep, &first, err, &e);
         /* Stopped even if something survived: this daemon cannot drive that sandbox any
          * more, and the failure is reported; its upper dir is what still matters. */
-        if (conch_state_sandbox_mark_stopped(st, sb->id, now_s(), &e) < 0)
+        if (conch_state_sandbox_mark_stopped(st, sb->id, conch_clock_wall(), &e) < 0)
             fail(rep, &first, err, &e);
         else
             rep->sandboxes_stopped++;
@@ -441,7 +435,7 @@ static void gc_sandboxes(int state_fd, const char *state_dir, const struct conch
     DIR *d = open_subdir(state_fd, "sandboxes", state_dir, rep, first, err);
     if (!d)
         return;
-    double now = now_s();
+    double now = conch_clock_wall();
     struct dirent *de;
     while ((de = readdir(d))) {
         if (is_dot(de->d_name))
@@ -489,7 +483,7 @@ static void gc_spill(int state_fd, const char *state_dir, const struct conch_sta
     DIR *d = open_subdir(state_fd, "spill", state_dir, rep, first, err);
     if (!d)
         return;
-    double now = now_s();
+    double now = conch_clock_wall();
     struct dirent *de;
     while ((de = readdir(d))) {
         struct stat st;
@@ -540,7 +534,7 @@ static void gc_cgroup_dir(const char *parent, const char *prefix,
         return;
     }
     size_t plen = strlen(prefix);
-    double now = now_s();
+    double now = conch_clock_wall();
     struct dirent *de;
     while ((de = readdir(d))) {
         if (is_dot(de->d_name) || de->d_type != DT_DIR || strncmp(de->d_name, prefix, plen))

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/clock.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
@@ -43,16 +44,12 @@ bool dlist_empty(const struct dlist *head)
 
 double daemon_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return conch_clock_wall();
 }
 
 uint64_t daemon_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return conch_clock_ms();
 }
 
 void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size)

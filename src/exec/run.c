@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/clock.h"
 #include "core/fsutil.h"
 #include "exec/result.h"
 #include "super/super.h"
@@ -109,12 +110,6 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
     return env;
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Copy the part of @buf that falls within the first @limit bytes of the stream to @fd. */
 static void stream_head(int fd, const struct conch_output *o, const char *buf, size_t len,
@@ -288,8 +283,8 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
         int n = poll(pfd, 4, sample && !x->ended ? SAMPLE_MS : -1);
         if (n < 0 && errno != EINTR)
             return conch_err_set(err, errno, "poll: %s", strerror(errno));
-        if (sample && !x->ended && now_ms() >= next_sample) {
-            next_sample = now_ms() + SAMPLE_MS;
+        if (sample && !x->ended && conch_clock_ms() >= next_sample) {
+            next_sample = conch_clock_ms() + SAMPLE_MS;
             run_sample(x);
         }
         if (n <= 0)
@@ -415,7 +410,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     if (!env)
         return -(err->code ? err->code : EINVAL);
 
-    uint64_t start = now_ms();
+    uint64_t start = conch_clock_ms();
     struct run_ctx *x = calloc(1, sizeof(*x));
     if (!x) {
         conch_exec_env_free(env);
@@ -443,7 +438,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     if (x->sigfd < 0)
         r = conch_err_set(err, errno, "signalfd: %s", strerror(errno));
     else if ((r = run_start_command(x, env, err)) >= 0 && (r = run_wait(x, err)) >= 0) {
-        res->duration_ms = now_ms() - start;
+        res->duration_ms = conch_clock_ms() - start;
         r = run_report(x, err);
     }
     if (r >= 0 && o->stream) {

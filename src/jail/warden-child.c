@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/proctitle.h"
 #include "jail/jail-internal.h"
 #include "jail/landlock.h"
@@ -340,12 +341,6 @@ static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
 static int ready_slot = -1;         /* the shepherd started ahead of need, or -1 */
 static int ready_failures;
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
  * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked
@@ -531,7 +526,7 @@ static void slot_arm(struct proc_slot *s, int64_t id, const struct jail_msg *m, 
     s->deadline_ms = s->kill_at_ms = 0;
     s->grace_ms = m->grace_ms;
     if (m->timeout_ms)
-        s->deadline_ms = mono_ms() + m->timeout_ms;
+        s->deadline_ms = conch_clock_ms() + m->timeout_ms;
 }
 
 /* Send @sig to every process of the command in @s (its whole pid namespace). SIGKILL kills
@@ -552,7 +547,7 @@ static void slot_signal(struct proc_slot *s, int sig)
 /* Fire the deadlines that are due; returns the poll timeout until the next one (-1: none). */
 static int slots_tick(void)
 {
-    uint64_t now = mono_ms(), next = 0;
+    uint64_t now = conch_clock_ms(), next = 0;
     for (int i = 0; i < MAX_PROCS; i++) {
         struct proc_slot *s = &slots[i];
         if (s->pid <= 0)
