@@ -30,6 +30,9 @@ bool dlist_empty(const struct dlist *head);
 
 struct daemon;
 
+/* The most a client may ask exec.run / job.start to keep in memory per stream (max_output). */
+#define CONCH_MAX_OUTPUT (64.0 * 1024 * 1024)
+
 struct client {
     struct dlist link;
     struct daemon *d;
@@ -40,6 +43,27 @@ struct client {
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
+    /* Output buffer limits (redis's client-output-buffer-limit), on the bytes of responses
+     * libuv holds because the kernel has not taken them (uv_stream_get_write_queue_size). */
+    bool congested;             /* queued went past the soft limit and has not drained yet */
+    struct dlist drain_waiters; /* struct sink_waiter, called when no longer congested */
+};
+
+/* Past the soft limit a client is congested: whoever produces output for it (a command's
+ * pipes) should stop reading until it drains. Past the hard limit it is disconnected: its
+ * pending responses are dropped; its commands go on as for any client that went away. One
+ * response larger than the hard limit is still sent when nothing else is queued. */
+#define CLIENT_OUTPUT_SOFT (8u << 20)
+#define CLIENT_OUTPUT_HARD (64u << 20)
+
+/*
+ * struct sink_waiter - a callback for when a congested client drains (or goes away).
+ * Caller-allocated (embed it); zero it before first use.
+ */
+struct sink_waiter {
+    struct dlist link;
+    bool armed;
+    void (*cb)(struct sink_waiter *w); /* runs once; @w is disarmed before the call */
 };
 
 enum sandbox_state { SB_RUNNING, SB_STOPPED };
@@ -156,6 +180,19 @@ double daemon_now(void);
 uint64_t daemon_now_ms(void);
 void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);
 void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params);
+/* client_sink_congested - true while the client behind @sink has more than
+ * CLIENT_OUTPUT_SOFT bytes of responses unread. A closed sink (client gone) is never
+ * congested: its output is dropped, so reading may go on. */
+bool client_sink_congested(struct conch_rpc_sink *sink);
+/*
+ * client_sink_wait_drain - call @w->cb (set by the caller) once the client behind @sink is
+ * no longer congested, or is disconnected. Returns false without arming @w when it is not
+ * congested now (the caller goes on at once). @w must stay valid until it fires or is
+ * cancelled; arming an armed waiter is a no-op.
+ */
+bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
+/* client_sink_wait_cancel - disarm @w (no-op when not armed). */
+void client_sink_wait_cancel(struct sink_waiter *w);
 
 /* sandboxes.c */
 struct sandbox_spec {

@@ -69,6 +69,11 @@ void conch_rpc_sink_unref(struct conch_rpc_sink *sink)
     sink_unref(sink);
 }
 
+void *conch_rpc_sink_ctx(const struct conch_rpc_sink *sink)
+{
+    return sink && !sink->closed ? sink->send_ctx : NULL;
+}
+
 void conch_rpc_sink_close(struct conch_rpc_sink *sink)
 {
     if (!sink)
@@ -171,6 +176,39 @@ static bool same(const char *name, const char *s, size_t n)
     return strlen(name) == n && memcmp(name, s, n) == 0;
 }
 
+/* "%g" prints 1e+308 and 6.7108864e+07: sizes and counts read better whole. */
+static void fmt_bound(char *buf, size_t size, double v)
+{
+    if (v == (double)(long long)v && v > -1e18 && v < 1e18)
+        snprintf(buf, size, "%lld", (long long)v);
+    else
+        snprintf(buf, size, "%g", v);
+}
+
+/* Whether the number @v is within @p's range; if not, fills @msg. */
+static bool range_ok(const struct conch_rpc_param *p, json_t *v, char *msg, size_t size)
+{
+    if (!p->ranged || !json_is_number(v))
+        return true;
+    double x = json_number_value(v);
+    char lo[32], hi[32];
+    fmt_bound(lo, sizeof(lo), p->min);
+    fmt_bound(hi, sizeof(hi), p->max);
+    /* An integer beyond 2^53 loses precision as a double: compare it as an integer. */
+    bool in = json_is_integer(v) ? (double)json_integer_value(v) >= p->min &&
+                                       (double)json_integer_value(v) <= p->max
+                                 : x >= p->min && x <= p->max; /* false for NaN */
+    if (in && p->min_nonzero > 0 && x != 0 && x < p->min_nonzero) {
+        char nz[32];
+        fmt_bound(nz, sizeof(nz), p->min_nonzero);
+        snprintf(msg, size, "param '%s' must be 0 or between %s and %s", p->name, nz, hi);
+        return false;
+    }
+    if (!in)
+        snprintf(msg, size, "param '%s' must be between %s and %s", p->name, lo, hi);
+    return in;
+}
+
 /* Check @params (an object, or NULL for none) against @m's table. On a mismatch returns a new
  * -32602 error for @id. */
 static json_t *check_params(const struct conch_rpc_method *m, json_t *params, json_t *id)
@@ -185,6 +223,10 @@ static json_t *check_params(const struct conch_rpc_method *m, json_t *params, js
                 snprintf(msg, sizeof(msg), "missing required param '%s'", p->name);
             } else if (!type_ok(p->type, v)) {
                 snprintf(msg, sizeof(msg), "param '%s' must be %s", p->name, type_name(p->type));
+            } else if (!range_ok(p, v, msg, sizeof(msg))) {
+                return conch_rpc_error(
+                    id, CONCH_RPC_INVALID_PARAMS, "invalid_params", msg,
+                    json_pack("{ss,sf,sf}", "param", p->name, "min", p->min, "max", p->max));
             } else {
                 continue;
             }
