@@ -104,3 +104,79 @@ def test_non_reading_client_is_disconnected_and_memory_bounded(daemon_factory):
     r = c.call("exec.run", {"sandbox": sb, "command": "echo ok"}, timeout=60)
     assert r["stdout"] == "ok\n", r
     assert "hard limit" in d.log()
+
+
+def bad_param(c, method, params, param):
+    with pytest.raises(RpcError) as ei:
+        c.call(method, params)
+    e = ei.value
+    assert (e.code, e.data_code) == (-32602, "invalid_params"), f"{method} {params}: {e}"
+    assert e.data.get("param") == param, f"{method} {params}: {e}"
+    assert param in e.message and ("between" in e.message), e.message
+    return e
+
+
+@pytest.mark.parametrize("params,param", [
+    ({"idle_timeout": 1e308}, "idle_timeout"),
+    ({"idle_timeout": -1}, "idle_timeout"),
+    ({"idle_timeout": 1e-7}, "idle_timeout"),
+    ({"memory": -1}, "memory"),
+    ({"memory": 1}, "memory"),
+    ({"memory": 9223372036854775807}, "memory"),
+    ({"pids": -5}, "pids"),
+    ({"cpu": 1e308}, "cpu"),
+    ({"cpu": -0.5}, "cpu"),
+    ({"tmp_size": -4096}, "tmp_size"),
+    ({"disk": -1}, "disk"),
+    ({"disk": 1 << 62}, "disk"),
+])
+def test_sandbox_numbers_range_checked(rpc, params, param):
+    n = len(rpc.call("sandbox.list", {})["sandboxes"])
+    bad_param(rpc, "sandbox.create", params, param)
+    assert len(rpc.call("sandbox.list", {})["sandboxes"]) == n, "a sandbox was created anyway"
+
+
+def test_command_numbers_range_checked(rpc):
+    sb = rpc.call("sandbox.create", {})["id"]
+    for params, param in [({"timeout": 1e-7}, "timeout"), ({"timeout": 1e308}, "timeout"),
+                          ({"timeout": -1}, "timeout"), ({"grace": 1e308}, "grace"),
+                          ({"grace": -2}, "grace"), ({"max_output": 1 << 40}, "max_output"),
+                          ({"max_output": (64 << 20) + 1}, "max_output"),
+                          ({"max_output": -5}, "max_output")]:
+        bad_param(rpc, "exec.run", {"sandbox": sb, "command": "true", **params}, param)
+    bad_param(rpc, "job.start", {"sandbox": sb, "command": "true", "max_output": 1 << 40}, "max_output")
+    job = rpc.call("job.start", {"sandbox": sb, "command": "echo hi"})["job_id"]
+    bad_param(rpc, "job.wait", {"job_id": job, "timeout": 1e308}, "timeout")
+    bad_param(rpc, "job.wait", {"job_id": job, "timeout": -1}, "timeout")
+    bad_param(rpc, "job.output", {"job_id": job, "max_bytes": 1 << 40}, "max_bytes")
+    bad_param(rpc, "job.output", {"job_id": job, "stdout_offset": -1}, "stdout_offset")
+    bad_param(rpc, "fs.read", {"sandbox": sb, "path": "x", "limit": 0}, "limit")
+    bad_param(rpc, "fs.glob", {"sandbox": sb, "pattern": "*", "max_results": 1 << 40}, "max_results")
+    # the bounds are accepted
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "echo ok", "timeout": 0.5, "grace": 0,
+                              "max_output": 64 << 20}, timeout=30)
+    assert r["stdout"] == "ok\n", r
+    assert rpc.call("job.wait", {"job_id": job, "timeout": 10}, timeout=20)["running"] is False
+    rpc.call("sandbox.destroy", {"id": sb})
+
+
+def test_oversize_line_keeps_its_id(daemon_factory):
+    d = daemon_factory(extra_args=["--max-message", "4096"])
+    c = d.client()
+    for req_id in (c.new_id(), "req-x"):
+        line = json.dumps({"jsonrpc": "2.0", "id": req_id, "method": "daemon.ping",
+                           "params": {"pad": "x" * 10000}})
+        c.send_raw(line.encode() + b"\n")
+        resp = c.wait_reply(req_id if isinstance(req_id, int) else None, 10)
+        assert resp["id"] == req_id, resp
+        assert resp["error"]["data"]["code"] == "message_too_large", resp
+        assert resp["error"]["data"]["limit"] == 4096, resp
+    # an id the daemon has not seen when the line goes past the cap cannot be known: id null
+    line = json.dumps({"jsonrpc": "2.0", "method": "daemon.ping", "params": {"pad": "x" * 10000},
+                       "id": 5}).encode() + b"\n"
+    c.send_raw(line[:6000])
+    time.sleep(0.3)
+    c.send_raw(line[6000:])
+    resp = c.wait_reply(None, 10)
+    assert resp["id"] is None and resp["error"]["data"]["code"] == "message_too_large", resp
+    assert c.call("daemon.ping", {})["version"]
