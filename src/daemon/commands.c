@@ -171,9 +171,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     /* Jobs keep every byte in their spill files (read back by offset); commands keep the
      * head and tail in memory. */
     if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          d->spill_dir, err) < 0 ||
+                          sandbox_spill_dir(sb), err) < 0 ||
         conch_output_init(&r->err_cap, "stderr", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          d->spill_dir, err) < 0) {
+                          sandbox_spill_dir(sb), err) < 0) {
         run_free(r);
         return NULL;
     }

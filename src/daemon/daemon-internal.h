@@ -97,6 +97,18 @@ struct sandbox {
     uint64_t disk_bytes;      /* what the workspace's upper dir may hold */
     json_t *env;              /* object of extra environment; owned */
     char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
+    char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
+    /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
+     * memory and its directory stay until the last hold is released. */
+    unsigned holds;
+    bool unlinked;     /* out of daemon->sandboxes (destroyed), maybe not freed yet */
+    bool free_pending; /* freed when the last hold goes */
+    bool keep_dir; /* destroyed at shutdown: the record and the directory stay */
+    void (*gone)(void *arg); /* sandbox_destroy_then's callback */
+    void *gone_arg;
+    bool measuring;    /* a disk measurement is running in a worker */
+    struct dlist ws_ops; /* struct ws_op waiting for their turn: one runs at a time */
+    bool ws_running;
     double created_at, last_used_at;
     unsigned commands;
     struct dlist runs;  /* struct run: exec.run and jobs */
@@ -209,7 +221,12 @@ struct sandbox_spec {
 };
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
                    struct conch_err *err);
+/* sandbox_destroy - at once: fail its commands and requests, forget it (not found from now
+ * on), delete its record. In a worker: end the warden, then remove its directory. */
 void sandbox_destroy(struct sandbox *sb);
+/* sandbox_destroy_then - sandbox_destroy, then @gone(@arg) on the loop once the warden is
+ * gone and the directory removed (at once if @sb is already being destroyed). */
+void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg);
 void sandbox_destroy_keep_record(struct sandbox *sb);
 bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                              struct sandbox_spec *spec);
@@ -227,6 +244,17 @@ void pool_fill(struct daemon *d);
 struct sandbox *pool_take(struct daemon *d);
 void sandbox_on_warden_event(struct sandbox *sb, const struct conch_jail_event *ev);
 void sandbox_warden_gone(struct sandbox *sb);
+/* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
+ * in a worker thread; a destroyed sandbox is freed (and its directory removed) by the last
+ * release. Loop thread only. */
+void sandbox_hold(struct sandbox *sb);
+void sandbox_release(struct sandbox *sb);
+/* sandbox_spill_dir - where @sb's commands spill their output: its own directory
+ * (<state>/sandboxes/<id>/spill, counted against its disk budget and removed with it), or
+ * for a `fresh` sandbox the daemon's shared spill directory (its result names the file after
+ * the sandbox is gone; `conch gc` removes it after CONCH_RECOVER_SPILL_TTL_S). Creates the
+ * directory on first use; falls back to the shared one if it cannot. */
+const char *sandbox_spill_dir(struct sandbox *sb);
 
 /* commands.c */
 void run_on_event(struct run *r, const struct conch_jail_event *ev);
@@ -243,6 +271,8 @@ void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* files.c */
+/* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
+void ws_ops_cancel(struct sandbox *sb, const char *why);
 int daemon_file_handler(int req_fd, int resp_fd);
 void file_req_abort(struct file_req *fr);
 /* handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */

@@ -458,13 +458,19 @@ static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, voi
     conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
 }
 
+static void destroyed(void *arg)
+{
+    conch_rpc_call_reply(arg, json_pack("{s:b}", "destroyed", 1));
+}
+
 static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = find_or_fail(ctx, call, params, "id");
     if (!sb)
         return;
-    sandbox_destroy(sb);
-    conch_rpc_call_reply(call, json_pack("{s:b}", "destroyed", 1));
+    /* Answered once the warden is gone and the directory removed, which happens in a
+     * worker: the loop serves others meanwhile. */
+    sandbox_destroy_then(sb, destroyed, call);
 }
 
 #define FS_HANDLER(fn, m)                                                                          \
