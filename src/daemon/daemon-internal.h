@@ -101,12 +101,12 @@ struct sandbox {
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
     unsigned holds;
-    bool unlinked;     /* out of daemon->sandboxes (destroyed), maybe not freed yet */
-    bool free_pending; /* freed when the last hold goes */
-    bool keep_dir; /* destroyed at shutdown: the record and the directory stay */
+    bool unlinked;           /* out of daemon->sandboxes (destroyed), maybe not freed yet */
+    bool free_pending;       /* freed when the last hold goes */
+    bool keep_dir;           /* destroyed at shutdown: the record and the directory stay */
     void (*gone)(void *arg); /* sandbox_destroy_then's callback */
     void *gone_arg;
-    bool measuring;    /* a disk measurement is running in a worker */
+    bool measuring;      /* a disk measurement is running in a worker */
     struct dlist ws_ops; /* struct ws_op waiting for their turn: one runs at a time */
     bool ws_running;
     double created_at, last_used_at;

@@ -184,12 +184,11 @@ void client_sink_wait_cancel(struct sink_waiter *w)
     dlist_del(&w->link);
 }
 
-static void client_send(void *ctx, json_t *msg)
+/* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. */
+static void client_send_line(void *ctx, char *line, size_t len)
 {
     struct client *c = ctx;
-    char *line = conch_rpc_dumps(msg);
-    json_decref(msg);
-    if (!line || c->closing) {
+    if (c->closing) {
         free(line);
         return;
     }
@@ -200,7 +199,7 @@ static void client_send(void *ctx, json_t *msg)
     }
     w->data = line;
     w->c = c;
-    uv_buf_t buf = uv_buf_init(line, (unsigned)strlen(line));
+    uv_buf_t buf = uv_buf_init(line, (unsigned)len);
     uv_stream_t *s = (uv_stream_t *)(c->stdio ? &c->out : &c->in);
     size_t before = client_queued(c);
     if (uv_write(&w->req, s, &buf, 1, on_written) < 0) {
@@ -219,6 +218,15 @@ static void client_send(void *ctx, json_t *msg)
     }
     if (queued > CLIENT_OUTPUT_SOFT)
         c->congested = true;
+}
+
+static void client_send(void *ctx, json_t *msg)
+{
+    struct client *c = ctx;
+    char *line = c->closing ? NULL : conch_rpc_dumps(msg);
+    json_decref(msg);
+    if (line)
+        client_send_line(c, line, strlen(line));
 }
 
 void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params)
@@ -288,6 +296,7 @@ static struct client *client_new(struct daemon *d)
     DLIST_INIT(&c->drain_waiters);
     conch_rpc_framer_init(&c->framer, d->opts.max_message);
     c->sink = conch_rpc_sink_new(client_send, c);
+    conch_rpc_sink_set_line_sender(c->sink, client_send_line);
     dlist_add(&d->clients, &c->link);
     return c;
 }

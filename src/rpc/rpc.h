@@ -155,6 +155,15 @@ struct conch_rpc_sink;
 struct conch_rpc_sink *conch_rpc_sink_new(void (*send)(void *send_ctx, json_t *msg),
                                           void *send_ctx);
 
+/*
+ * conch_rpc_sink_set_line_sender - let @sink also send lines serialised elsewhere (see
+ * conch_rpc_call_reply_dumped): @send_line(send_ctx, line, len) takes ownership of @line
+ * (malloc'd, ending in '\n', NUL-terminated). Without it such lines are parsed back into
+ * JSON and go through @send.
+ */
+void conch_rpc_sink_set_line_sender(struct conch_rpc_sink *sink,
+                                    void (*send_line)(void *send_ctx, char *line, size_t len));
+
 /* conch_rpc_sink_ctx - the send_ctx given to conch_rpc_sink_new(), or NULL once @sink is
  * closed (or NULL). Lets the owner find its connection from a sink a handler kept. */
 void *conch_rpc_sink_ctx(const struct conch_rpc_sink *sink);
@@ -251,6 +260,15 @@ void conch_rpc_dispatch(const struct conch_rpc_method *table, const char *line, 
  * The response is dropped for a notification or a closed sink. Frees @call.
  */
 void conch_rpc_call_reply(struct conch_rpc_call *call, json_t *result);
+
+/*
+ * conch_rpc_call_reply_dumped - complete @call with a result already serialised as compact
+ * JSON (@text, taken over: json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY), e.g. in a
+ * worker thread, so that a large result never costs the loop its serialisation). The
+ * response line is built around it without parsing it again (except inside a batch, whose
+ * array is built as JSON). NULL sends internal_error. Frees @call.
+ */
+void conch_rpc_call_reply_dumped(struct conch_rpc_call *call, char *text);
 
 /*
  * conch_rpc_call_fail - complete @call with an error built as conch_rpc_error(id, @code,
