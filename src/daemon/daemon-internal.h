@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "daemon/daemon.h"
@@ -185,6 +186,7 @@ struct daemon {
     unsigned n_sandboxes;
     uint64_t next_id;
     bool stopping;
+    struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
 };
 
 /* server.c */

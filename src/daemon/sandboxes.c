@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,6 +112,9 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
     if (r < 0)
         return r;
+    /* The daemon raised its open files limit; commands keep the usual one. */
+    if (sb->d->nofile_orig.rlim_cur)
+        prlimit(sb->jail.warden_pid, RLIMIT_NOFILE, &sb->d->nofile_orig, NULL);
     sb->jail_up = true;
     sb->starting = async;
     /* A handle of its own per warden: the previous one may still be closing (restart). */
@@ -488,7 +492,8 @@ const char *sandbox_spill_dir(struct sandbox *sb)
         return sb->spill_dir;
     char dir[PATH_MAX];
     int n = snprintf(dir, sizeof(dir), "%s/sandboxes/%s", d->state_dir, sb->id);
-    if (n < 0 || (size_t)n >= sizeof(dir) - 8)
+    /* conch_output keeps the directory in 256 bytes, with room for its file names. */
+    if (n < 0 || (size_t)n >= 200)
         return d->spill_dir;
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         return d->spill_dir;
@@ -781,6 +786,12 @@ void sandboxes_recover(struct daemon *d)
         json_decref(spec);
         sb->state = SB_STOPPED;
         sb->recorded = true;
+        /* Its jobs' spill files: removed with it. */
+        char spill[PATH_MAX];
+        struct stat st;
+        int n = snprintf(spill, sizeof(spill), "%s/sandboxes/%s/spill", d->state_dir, sb->id);
+        if (n > 0 && (size_t)n < sizeof(spill) && lstat(spill, &st) == 0 && S_ISDIR(st.st_mode))
+            snprintf(sb->spill_dir, sizeof(sb->spill_dir), "%s", spill);
         sb->idle_timeout = 0; /* stopped: nothing to reclaim but the record */
         conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
     }

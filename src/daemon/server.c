@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -710,6 +711,21 @@ static int serve_stdio(struct daemon *d, struct conch_err *err)
     return 0;
 }
 
+/* Every sandbox, client, pipe and spill file costs fds: take the hard limit (1024 is the
+ * usual soft one). Sandboxes get the original soft limit back (sandbox_spawn). */
+static void raise_nofile(struct daemon *d)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    struct rlimit raised = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+        d->nofile_orig = rl;
+    else
+        log_warn("raise the open files limit to %llu: %s", (unsigned long long)rl.rlim_max,
+                 strerror(errno));
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -749,6 +765,11 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     snprintf(path, sizeof(path), "%s/state.db", d->state_dir);
     if ((r = conch_state_open(path, &d->state, err)) < 0)
         goto out_free;
+    /* The loop never sleeps on a lock: this daemon is the database's only writer. */
+    if ((r = conch_state_claim(d->state, err)) < 0)
+        goto out_state;
+    conch_state_set_busy_timeout(d->state, 0);
+    raise_nofile(d);
 
     if ((r = conch_jail_host_prepare(err)) < 0)
         goto out_state;

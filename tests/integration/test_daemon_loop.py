@@ -284,3 +284,42 @@ def test_create_fails_when_the_state_dir_is_full(daemon_factory, tmp_path):
         d.stop()
     finally:
         subprocess.run(["umount", "-l", str(state)])
+
+
+def _nofile(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+    raise AssertionError("no Max open files line")
+
+
+def test_open_files_limit_raised_for_the_daemon_only(daemon_factory):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= hard:
+        # make room to see the daemon raise it
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        d = daemon_factory()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    dsoft, dhard = _nofile(d.pid)
+    assert dsoft == dhard, (dsoft, dhard)
+    c = d.client()
+    sb = c.call("sandbox.create", {})["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command": "ulimit -Sn"}, timeout=60)
+    expected = min(1024, hard) if soft >= hard else soft
+    assert int(r["stdout"]) == expected, r
+    c.call("sandbox.destroy", {"id": sb})
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon_factory):
+    import subprocess
+    d = daemon_factory()
+    p = subprocess.run([d.conch_bin, "serve", "--socket", d.sock + "2", "--state-dir", d.state_dir],
+                       capture_output=True, timeout=30)
+    assert p.returncode != 0, p
+    assert b"another conch daemon" in p.stderr, p.stderr
+    assert d.client().call("daemon.ping", {})["pid"] == d.pid
