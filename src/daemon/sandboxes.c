@@ -789,8 +789,8 @@ void sandboxes_recover(struct daemon *d)
         /* Its jobs' spill files: removed with it. */
         char spill[PATH_MAX];
         struct stat st;
-        int n = snprintf(spill, sizeof(spill), "%s/sandboxes/%s/spill", d->state_dir, sb->id);
-        if (n > 0 && (size_t)n < sizeof(spill) && lstat(spill, &st) == 0 && S_ISDIR(st.st_mode))
+        int len = snprintf(spill, sizeof(spill), "%s/sandboxes/%s/spill", d->state_dir, sb->id);
+        if (len > 0 && (size_t)len < sizeof(spill) && lstat(spill, &st) == 0 && S_ISDIR(st.st_mode))
             snprintf(sb->spill_dir, sizeof(sb->spill_dir), "%s", spill);
         sb->idle_timeout = 0; /* stopped: nothing to reclaim but the record */
         conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
