@@ -451,6 +451,10 @@ static void sandbox_unlink(struct sandbox *sb)
 
 static void sandbox_really_free(struct sandbox *sb)
 {
+    /* At shutdown the loop closes every handle itself, this one included; the sandbox is
+     * then left to the process's exit. */
+    if (uv_is_closing((uv_handle_t *)&sb->idle))
+        return;
     if (sb->destroying && !sb->keep_dir)
         remove_sandbox_dir(sb);
     else if (sb->gone)
