@@ -323,3 +323,31 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon_factory):
     assert p.returncode != 0, p
     assert b"another conch daemon" in p.stderr, p.stderr
     assert d.client().call("daemon.ping", {})["pid"] == d.pid
+
+
+def test_destroy_and_shutdown_during_a_scan(daemon_factory, tmp_path):
+    d = daemon_factory()
+    c = d.client()
+    ws1, ws2 = tmp_path / "w1", tmp_path / "w2"
+    ws1.mkdir()
+    ws2.mkdir()
+    make = ("python3 -c 'import os\nos.mkdir(\"d\")\n"
+            "for i in range(20000): open(\"d/f%d\" % i, \"w\").close()'")
+    sbs = [c.call("sandbox.create", {"workspace": str(w)})["id"] for w in (ws1, ws2)]
+    for sb in sbs:
+        assert c.call("exec.run", {"sandbox": sb, "command": make, "timeout": 300}, timeout=400)["exit_code"] == 0
+    # a destroy behind a scan in flight: both answered, the scan with the changes it saw
+    i1 = c.request("workspace.changes", {"sandbox": sbs[0]})
+    i2 = c.request("workspace.diff", {"sandbox": sbs[0]})
+    i3 = c.request("sandbox.destroy", {"id": sbs[0]})
+    r1, r2, r3 = c.wait(i1, 120), c.wait(i2, 120), c.wait(i3, 120)
+    assert len(r1["result"]["changes"]) >= 20000, str(r1)[:300]
+    assert r3["result"] == {"destroyed": True}, r3
+    # the diff was queued behind the scan when the sandbox went: refused, or done
+    assert ("error" in r2 and r2["error"]["data"]["code"] == "sandbox_not_found") or "result" in r2, str(r2)[:300]
+    assert not os.path.exists(os.path.join(d.state_dir, "sandboxes", sbs[0]))
+    # SIGTERM while a scan runs: the daemon still exits cleanly (the fixture checks it)
+    c.request("workspace.diff", {"sandbox": sbs[1]})
+    time.sleep(0.05)
+    exited, rc = d.stop()
+    assert exited and rc == 0, (exited, rc, d.log())
