@@ -273,6 +273,17 @@ void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* files.c */
+/*
+ * sandbox_changes_async - list @sb's workspace changes in a worker thread (a scan of 300,000
+ * files takes seconds: never on the loop), after the workspace requests queued before it,
+ * then call @done(@arg, r, changes, err) on the loop: r = 0 and *@changes filled (empty
+ * when the sandbox has no overlay; take the items over by moving them out, else they are
+ * freed after the call), or r < 0 with @err (-ESHUTDOWN when the sandbox was destroyed
+ * first). Returns 0, or -ENOMEM (then @done is never called). For exec.run's results.
+ */
+typedef void (*sandbox_changes_fn)(void *arg, int r, struct conch_ws_changes *changes,
+                                   const struct conch_err *err);
+int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
 /* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
 void ws_ops_cancel(struct sandbox *sb, const char *why);
 int daemon_file_handler(int req_fd, int resp_fd);

@@ -238,7 +238,7 @@ fail:
  * meantime removes its directory only after them.
  */
 
-enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD };
+enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN };
 
 struct ws_fds {
     int upper, lower;
@@ -246,9 +246,12 @@ struct ws_fds {
 
 struct ws_op {
     uv_work_t req;
-    struct dlist link;  /* in sb->ws_ops until its turn */
-    struct sandbox *sb; /* held */
-    struct conch_rpc_call *call;
+    struct dlist link;           /* in sb->ws_ops until its turn */
+    struct sandbox *sb;          /* held */
+    struct conch_rpc_call *call; /* NULL for WS_SCAN */
+    sandbox_changes_fn done;     /* WS_SCAN: called instead of answering a call */
+    void *done_arg;
+    struct conch_ws_changes changes; /* WS_SCAN's result */
     enum ws_kind kind;
     json_t *params; /* a reference: @paths borrow its strings */
     char **paths;   /* NULL for all */
@@ -474,6 +477,10 @@ static void ws_work_kind(struct ws_op *w)
     case WS_COMMIT:
         work_commit(w);
         break;
+    case WS_SCAN:
+        if (w->fds.upper >= 0)
+            w->r = conch_ws_changes_scan(w->fds.upper, w->fds.lower, &w->changes, &w->err);
+        break;
     case WS_DISCARD:
         break;
     }
@@ -490,6 +497,7 @@ static void ws_op_free(struct ws_op *w)
     json_decref(w->params);
     json_decref(w->res);
     free(w->text);
+    conch_ws_changes_done(&w->changes);
     free(w);
 }
 
@@ -497,7 +505,9 @@ static void ws_op_free(struct ws_op *w)
 static void ws_finish(struct ws_op *w)
 {
     struct sandbox *sb = w->sb;
-    if (w->r < 0) {
+    if (w->done) {
+        w->done(w->done_arg, w->r, &w->changes, &w->err);
+    } else if (w->r < 0) {
         fail_ws(w->call, &w->err);
     } else if (w->text) {
         conch_rpc_call_reply_dumped(w->call, w->text);
@@ -585,8 +595,13 @@ void ws_ops_cancel(struct sandbox *sb, const char *why)
     while (!dlist_empty(&sb->ws_ops)) {
         struct ws_op *w = dlist_entry(sb->ws_ops.next, struct ws_op, link);
         dlist_del(&w->link);
-        conch_rpc_call_failf(w->call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "sandbox '%s': %s", sb->id, why);
+        if (w->done) {
+            conch_err_set(&w->err, ESHUTDOWN, "sandbox '%s': %s", sb->id, why);
+            w->done(w->done_arg, -ESHUTDOWN, &w->changes, &w->err);
+        } else {
+            conch_rpc_call_failf(w->call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                                 "sandbox '%s': %s", sb->id, why);
+        }
         ws_op_free(w);
         sandbox_release(sb);
     }
@@ -624,6 +639,22 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     sandbox_hold(sb);
     dlist_add(&sb->ws_ops, &w->link);
     ws_next(sb);
+}
+
+int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg)
+{
+    struct ws_op *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->sb = sb;
+    w->kind = WS_SCAN;
+    w->done = done;
+    w->done_arg = arg;
+    w->fds.upper = w->fds.lower = -1;
+    sandbox_hold(sb);
+    dlist_add(&sb->ws_ops, &w->link);
+    ws_next(sb);
+    return 0;
 }
 
 void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx)
