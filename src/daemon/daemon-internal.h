@@ -202,7 +202,9 @@ bool client_sink_congested(struct conch_rpc_sink *sink);
  * client_sink_wait_drain - call @w->cb (set by the caller) once the client behind @sink is
  * no longer congested, or is disconnected. Returns false without arming @w when it is not
  * congested now (the caller goes on at once). @w must stay valid until it fires or is
- * cancelled; arming an armed waiter is a no-op.
+ * cancelled; arming an armed waiter is a no-op. @w->cb may run from inside a send to that
+ * client (any reply, when the client is disconnected for its hard limit) or from a write
+ * completion: it should only resume work (uv_read_start), not free what the caller holds.
  */
 bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
 /* client_sink_wait_cancel - disarm @w (no-op when not armed). */
