@@ -1028,3 +1028,38 @@ Test(sink, ctx_until_closed)
     conch_rpc_sink_unref(s);
     cr_assert_null(conch_rpc_sink_ctx(NULL));
 }
+
+static char *last_line;
+
+static void capture_line(void *ctx, char *line, size_t len)
+{
+    cr_assert_eq(ctx, &sent);
+    cr_assert_eq(strlen(line), len);
+    free(last_line);
+    last_line = line;
+}
+
+Test(dispatch, reply_dumped_builds_the_line_without_parsing)
+{
+    conch_rpc_sink_set_line_sender(sink, capture_line);
+    dispatch("{\"jsonrpc\":\"2.0\",\"id\":\"q\\\"1\",\"method\":\"later\"}");
+    dispatch("{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"later\"}");
+    dispatch("[{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"later\"}]");
+    cr_assert_eq(nstored, 3);
+    conch_rpc_call_reply_dumped(stored[0], strdup("{\"changes\":[1,2]}"));
+    cr_assert_str_eq(last_line,
+                     "{\"jsonrpc\":\"2.0\",\"id\":\"q\\\"1\",\"result\":{\"changes\":[1,2]}}\n");
+    cr_assert_eq(json_array_size(sent), 0);
+    /* NULL (out of memory in the worker) is an internal error */
+    conch_rpc_call_reply_dumped(stored[1], NULL);
+    expect_error(only(), CONCH_RPC_INTERNAL_ERROR, "internal_error");
+    /* in a batch the text is parsed back into the array */
+    json_array_clear(sent);
+    conch_rpc_call_reply_dumped(stored[2], strdup("[\"x\"]"));
+    json_t *b = only();
+    cr_assert(json_is_array(b));
+    json_t *r = json_object_get(json_array_get(b, 0), "result");
+    cr_assert_str_eq(json_string_value(json_array_get(r, 0)), "x");
+    free(last_line);
+    last_line = NULL;
+}
