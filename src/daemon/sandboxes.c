@@ -211,6 +211,7 @@ static uint64_t disk_charge(const char *path)
 struct measure {
     uv_work_t req;
     struct sandbox *sb; /* held */
+    uint64_t started_ms;
     char upper[PATH_MAX + 16];
     char spill[PATH_MAX];
     uint64_t charged;
@@ -229,6 +230,10 @@ static void measure_done(uv_work_t *req, int status)
     struct measure *m = req->data;
     struct sandbox *sb = m->sb;
     sb->measuring = false;
+    /* A tree that takes long to measure is measured less often: at most half of a worker's
+     * time goes to it. */
+    uint64_t now = daemon_now_ms();
+    sb->next_measure_ms = now + (now - m->started_ms);
     if (status == 0 && !sb->destroying && sb->jail_up && m->charged > sb->disk_bytes) {
         struct dlist *pos, *tmp;
         dlist_for_each_safe(pos, tmp, &sb->runs)
@@ -244,13 +249,15 @@ static void measure_done(uv_work_t *req, int status)
  * hundreds of thousands of files that takes seconds, which the loop must not wait for. */
 static void measure_start(struct sandbox *sb)
 {
-    if (sb->measuring || (!sb->upper_dir[0] && !sb->spill_dir[0]))
+    if (sb->measuring || (!sb->upper_dir[0] && !sb->spill_dir[0]) ||
+        daemon_now_ms() < sb->next_measure_ms)
         return;
     struct measure *m = calloc(1, sizeof(*m));
     if (!m)
         return;
     m->req.data = m;
     m->sb = sb;
+    m->started_ms = daemon_now_ms();
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
     snprintf(m->spill, sizeof(m->spill), "%s", sb->spill_dir);
