@@ -107,8 +107,9 @@ struct sandbox {
     bool keep_dir;           /* destroyed at shutdown: the record and the directory stay */
     void (*gone)(void *arg); /* sandbox_destroy_then's callback */
     void *gone_arg;
-    bool measuring;      /* a disk measurement is running in a worker */
-    struct dlist ws_ops; /* struct ws_op waiting for their turn: one runs at a time */
+    bool measuring;           /* a disk measurement is running in a worker */
+    uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
+    struct dlist ws_ops;      /* struct ws_op waiting for their turn: one runs at a time */
     bool ws_running;
     double created_at, last_used_at;
     unsigned commands;
