@@ -99,14 +99,42 @@ void file_req_abort(struct file_req *fr)
     file_req_close(fr);
 }
 
-static void file_req_done(struct file_req *fr)
+/* A file worker's answer (up to 64 MiB of JSON) is parsed, checked and serialised again in
+ * a worker thread, not on the loop. It comes from inside the sandbox: parsing it is what
+ * makes sure that only one well-formed result reaches the client. */
+struct file_answer {
+    uv_work_t req;
+    struct conch_rpc_call *call;
+    char *buf; /* owned, the raw answer */
+    size_t len;
+    char *text;    /* the result, serialised */
+    json_t *error; /* or the error object */
+};
+
+static void answer_work(uv_work_t *req)
 {
+    struct file_answer *a = req->data;
     json_error_t jerr;
-    json_t *resp = fr->len ? json_loadb(fr->buf, fr->len, JSON_ALLOW_NUL, &jerr) : NULL;
+    json_t *resp = a->len ? json_loadb(a->buf, a->len, JSON_ALLOW_NUL, &jerr) : NULL;
+    free(a->buf);
+    a->buf = NULL;
     json_t *res = json_object_get(resp, "result");
     json_t *e = json_object_get(resp, "error");
-    if (res) {
-        conch_rpc_call_reply(fr->call, json_incref(res));
+    if (res)
+        a->text = json_dumps(res, JSON_COMPACT | JSON_ENCODE_ANY);
+    else if (json_is_object(e))
+        a->error = json_incref(e);
+    json_decref(resp);
+}
+
+static void answer_done(uv_work_t *req, int status)
+{
+    struct file_answer *a = req->data;
+    json_t *e = a->error;
+    (void)status;
+    if (a->text) {
+        conch_rpc_call_reply_dumped(a->call, a->text);
+        a->text = NULL;
     } else if (e) {
         const char *code = json_string_value(json_object_get(e, "code"));
         const char *msg = json_string_value(json_object_get(e, "message"));
@@ -123,17 +151,43 @@ static void file_req_done(struct file_req *fr)
             rc = CONCH_RPC_INVALID_PARAMS;
         if (!rc)
             rc = CONCH_RPC_INTERNAL_ERROR;
-        conch_rpc_call_fail(fr->call, rc, code ? code : "internal_error", msg ? msg : "failed",
+        conch_rpc_call_fail(a->call, rc, code ? code : "internal_error", msg ? msg : "failed",
                             extra);
     } else {
-        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error",
+        conch_rpc_call_fail(a->call, CONCH_RPC_INTERNAL_ERROR, "internal_error",
                             "the file worker in the sandbox gave no answer (it crashed or was "
                             "killed)",
                             NULL);
     }
+    json_decref(e);
+    free(a->buf);
+    free(a->text);
+    free(a);
+}
+
+static void file_req_done(struct file_req *fr)
+{
+    struct file_answer *a = calloc(1, sizeof(*a));
+    if (!a) {
+        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+                            NULL);
+        fr->call = NULL;
+        file_req_close(fr);
+        return;
+    }
+    /* The answer leaves the request (and its sandbox): a stop meanwhile changes nothing. */
+    a->req.data = a;
+    a->call = fr->call;
+    a->buf = fr->buf;
+    a->len = fr->len;
     fr->call = NULL;
-    json_decref(resp);
+    fr->buf = NULL;
+    fr->len = fr->cap = 0;
     file_req_close(fr);
+    if (uv_queue_work(&fr->sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+        answer_work(&a->req);
+        answer_done(&a->req, 0);
+    }
 }
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)

@@ -351,3 +351,25 @@ def test_destroy_and_shutdown_during_a_scan(daemon_factory, tmp_path):
     time.sleep(0.05)
     exited, rc = d.stop()
     assert exited and rc == 0, (exited, rc, d.log())
+
+
+def test_large_file_answers_do_not_stall_other_clients(daemon):
+    c = daemon.client()
+    sb = c.call("sandbox.create", {})["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command":
+                            "for i in 1 2 3 4 5; do head -c 9000000 /dev/urandom > f$i; done"}, timeout=120)
+    assert r["exit_code"] == 0, r
+    pinger = Pinger(daemon.sock)
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            got = c.call("fs.download", {"sandbox": sb, "paths": [f"f{i}" for i in range(1, 6)]},
+                         timeout=120)
+            assert [len(f["content"]) for f in got["files"]] == [12000000] * 5
+        count = pinger.count
+    finally:
+        pinger.stop()
+    assert not pinger.errors, pinger.errors
+    assert count >= 3, count
+    assert pinger.worst < 0.25, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
+    c.call("sandbox.destroy", {"id": sb})
