@@ -188,6 +188,7 @@ struct daemon {
     uint64_t next_id;
     bool stopping;
     struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
+    unsigned holds;            /* sandbox holds of work in flight, all sandboxes together */
 };
 
 /* server.c */

@@ -484,10 +484,12 @@ static void sandbox_free(struct sandbox *sb)
 void sandbox_hold(struct sandbox *sb)
 {
     sb->holds++;
+    sb->d->holds++;
 }
 
 void sandbox_release(struct sandbox *sb)
 {
+    sb->d->holds--;
     if (--sb->holds == 0 && sb->free_pending) {
         sb->free_pending = false;
         sandbox_really_free(sb);

@@ -820,6 +820,12 @@ out_loop:
     }
     if (d->listening)
         unlink(d->socket_path);
+    /* Let the workers finish what holds a sandbox (a scan, a teardown): their completions
+     * free it, which needs its handles still open. */
+    if (d->listening)
+        uv_close((uv_handle_t *)&d->listener, NULL);
+    while (d->holds > 0 && uv_run(&d->loop, UV_RUN_ONCE))
+        ;
     uv_walk(&d->loop, close_walk, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     uv_loop_close(&d->loop);
