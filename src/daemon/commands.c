@@ -39,6 +39,7 @@ static void unlink_spill(struct conch_output *o)
 
 static void run_free(struct run *r)
 {
+    client_sink_wait_cancel(&r->drain);
     conch_output_done(&r->out_cap);
     conch_output_done(&r->err_cap);
     free(r->command);
@@ -48,11 +49,19 @@ static void run_free(struct run *r)
     free(r);
 }
 
+/* Free @r once nothing needs it: finished, not a job that stays listed, no libuv handle
+ * open and no change scan under way. Every entry point that may end a run calls it last. */
+static void run_maybe_free(struct run *r)
+{
+    if (r->finished && !r->is_job && r->handles == 0 && !r->scanning)
+        run_free(r);
+}
+
 static void on_run_handle_closed(uv_handle_t *h)
 {
     struct run *r = h->data;
-    if (--r->handles == 0 && r->finished && !r->is_job)
-        run_free(r);
+    r->handles--;
+    run_maybe_free(r);
 }
 
 /* A finished job's record is no longer wanted: free it (now, or when its handles close). */
@@ -62,8 +71,7 @@ static void run_free_job(struct run *r)
     dlist_del(&r->dlink);
     r->is_job = false;
     r->finished = true;
-    if (r->handles == 0)
-        run_free(r);
+    run_maybe_free(r);
 }
 
 static void close_pipe(struct run *r, uv_pipe_t *p, bool *open)
@@ -100,6 +108,7 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     if (n < 0) {
         close_pipe(r, is_out ? &r->out : &r->err, is_out ? &r->out_open : &r->err_open);
         run_try_finish(r);
+        run_maybe_free(r);
         return;
     }
     if (n == 0)
@@ -107,11 +116,30 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     struct conch_err err = {0};
     int a = conch_output_append(is_out ? &r->out_cap : &r->err_cap, buf->base, (size_t)n, &err);
     stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
+    /* A client that does not read its streamed output: stop reading the command's pipes
+     * until it drains; the command then blocks on its writes (backpressure, not memory). */
+    if (r->stream && r->notify && client_sink_congested(r->notify) &&
+        client_sink_wait_drain(r->notify, &r->drain)) {
+        if (r->out_open)
+            uv_read_stop((uv_stream_t *)&r->out);
+        if (r->err_open)
+            uv_read_stop((uv_stream_t *)&r->err);
+    }
     if (a == 1 && !r->exited) {
         /* Past the spill cap: stop the command (as `conch run` does). */
         r->over_spill = true;
         run_signal(r, SIGKILL);
     }
+}
+
+/* The client drained: read the command's output again. */
+static void run_drained(struct sink_waiter *w)
+{
+    struct run *r = dlist_entry(w, struct run, drain);
+    if (r->out_open)
+        uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
+    if (r->err_open)
+        uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
 }
 
 /* Signal every process of @r (the supervisor keeps a signal asked before the command runs
@@ -167,6 +195,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     r->is_job = is_job;
     r->proc.ops = &run_proc_ops;
     r->proc.data = r;
+    r->drain.cb = run_drained;
     r->command = strdup(command);
     DLIST_INIT(&r->waiters);
     DLIST_INIT(&r->dlink);
@@ -177,9 +206,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     /* Jobs keep every byte in their spill files (read back by offset); commands keep the
      * head and tail in memory. */
     if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          d->spill_dir, err) < 0 ||
+                          sandbox_spill_dir(sb), err) < 0 ||
         conch_output_init(&r->err_cap, "stderr", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          d->spill_dir, err) < 0) {
+                          sandbox_spill_dir(sb), err) < 0) {
         run_free(r);
         return NULL;
     }
@@ -271,7 +300,7 @@ fail:
 }
 
 /* The result of a finished command, as exec.run returns it. */
-static json_t *run_result(struct run *r)
+static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
 {
     struct conch_run_result res;
     memset(&res, 0, sizeof(res));
@@ -304,16 +333,11 @@ static json_t *run_result(struct run *r)
                 : NULL,
     };
     conch_run_result_end(&res, &end);
-    /* The workspace's changes so far (cost: the size of the upper dir). */
-    if (r->sb->upper_dir[0] && r->sb->jail_up) {
-        struct conch_err err = {0};
-        int upper = conch_jail_upper_open(&r->sb->jail, &err);
-        if (upper >= 0) {
-            conch_ws_changes_scan_page(upper, r->sb->jail.host_ws_fd, 0, CONCH_WS_CHANGES_MAX,
-                                       &res.changes, &err);
-            res.has_changes = true;
-            close(upper);
-        }
+    /* The workspace's changes so far, scanned by a worker (conch_ws_changes_json_set caps
+     * what is listed). Moved in for the JSON, handed back after. */
+    if (changes) {
+        res.changes = *changes;
+        res.has_changes = true;
     }
     json_t *o = conch_run_result_json(&res, NULL);
     char *text = conch_run_result_text(&res);
@@ -321,7 +345,6 @@ static json_t *run_result(struct run *r)
         json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
     free(text);
     json_object_del(o, "committed");
-    conch_ws_changes_done(&res.changes);
     return o;
 }
 
@@ -404,6 +427,27 @@ static void forget_old_jobs(struct daemon *d)
     }
 }
 
+/* Answer @r's exec.run with its result (and @changes, or NULL); a fresh sandbox goes with
+ * its one command. */
+static void run_answer(struct run *r, struct conch_ws_changes *changes)
+{
+    struct sandbox *sb = r->sb;
+    conch_rpc_call_reply(r->call, run_result(r, changes));
+    r->call = NULL;
+    if (sb->fresh && !sb->super.gone && !sb->destroying)
+        sandbox_destroy(sb);
+}
+
+static void run_changes_done(void *arg, int rc, struct conch_ws_changes *changes,
+                             const struct conch_err *err)
+{
+    struct run *r = arg;
+    (void)err;
+    r->scanning = false;
+    run_answer(r, rc == 0 ? changes : NULL);
+    run_maybe_free(r);
+}
+
 static void run_try_finish(struct run *r)
 {
     if (r->finished || !r->exited || r->out_open || r->err_open)
@@ -437,12 +481,17 @@ static void run_try_finish(struct run *r)
     if (r->end.lost && sb->super.gone) {
         conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                              "the command was stopped: %s", r->end.why);
-    } else {
-        conch_rpc_call_reply(r->call, run_result(r));
+        r->call = NULL;
+        return;
     }
-    r->call = NULL;
-    if (sb->fresh && !sb->super.gone && !sb->destroying)
-        sandbox_destroy(sb);
+    /* The result lists the workspace's changes: scanning them costs the size of the upper
+     * dir (seconds for 300,000 files), so a worker does it and run_answer replies. */
+    if (sb->upper_dir[0] && !sb->super.gone &&
+        sandbox_changes_async(sb, run_changes_done, r) == 0) {
+        r->scanning = true;
+        return;
+    }
+    run_answer(r, NULL);
 }
 
 void run_forget(struct run *r)
@@ -455,6 +504,8 @@ void run_forget(struct run *r)
     }
     if (r->is_job)
         run_free_job(r);
+    else
+        run_maybe_free(r);
 }
 
 /* The supervisor's final event for @p: exactly once per run. */
@@ -469,6 +520,7 @@ static void run_ended(struct conch_proc *p, const struct conch_proc_end *end)
         close_pipe(r, &r->err, &r->err_open);
     }
     run_try_finish(r);
+    run_maybe_free(r);
 }
 
 static const struct conch_proc_ops run_proc_ops = {.ended = run_ended};

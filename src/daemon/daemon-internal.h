@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "daemon/daemon.h"
@@ -17,6 +18,7 @@
 #include "jail/jail.h"
 #include "rpc/rpc.h"
 #include "super/super.h"
+#include "workspace/workspace.h"
 
 /* An intrusive doubly-linked list. */
 struct dlist {
@@ -32,6 +34,9 @@ bool dlist_empty(const struct dlist *head);
 
 struct daemon;
 
+/* The most a client may ask exec.run / job.start to keep in memory per stream (max_output). */
+#define CONCH_MAX_OUTPUT (64.0 * 1024 * 1024)
+
 struct client {
     struct dlist link;
     struct daemon *d;
@@ -42,6 +47,27 @@ struct client {
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
+    /* Output buffer limits (redis's client-output-buffer-limit), on the bytes of responses
+     * libuv holds because the kernel has not taken them (uv_stream_get_write_queue_size). */
+    bool congested;             /* queued went past the soft limit and has not drained yet */
+    struct dlist drain_waiters; /* struct sink_waiter, called when no longer congested */
+};
+
+/* Past the soft limit a client is congested: whoever produces output for it (a command's
+ * pipes) should stop reading until it drains. Past the hard limit it is disconnected: its
+ * pending responses are dropped; its commands go on as for any client that went away. One
+ * response larger than the hard limit is still sent when nothing else is queued. */
+#define CLIENT_OUTPUT_SOFT (8u << 20)
+#define CLIENT_OUTPUT_HARD (64u << 20)
+
+/*
+ * struct sink_waiter - a callback for when a congested client drains (or goes away).
+ * Caller-allocated (embed it); zero it before first use.
+ */
+struct sink_waiter {
+    struct dlist link;
+    bool armed;
+    void (*cb)(struct sink_waiter *w); /* runs once; @w is disarmed before the call */
 };
 
 enum sandbox_state { SB_RUNNING, SB_STOPPED };
@@ -79,6 +105,19 @@ struct sandbox {
     uint64_t disk_bytes;      /* what the workspace's upper dir may hold */
     json_t *env;              /* object of extra environment; owned */
     char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
+    char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
+    /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
+     * memory and its directory stay until the last hold is released. */
+    unsigned holds;
+    bool unlinked;           /* out of daemon->sandboxes (destroyed), maybe not freed yet */
+    bool free_pending;       /* freed when the last hold goes */
+    bool keep_dir;           /* destroyed at shutdown: the record and the directory stay */
+    void (*gone)(void *arg); /* sandbox_destroy_then's callback */
+    void *gone_arg;
+    bool measuring;           /* a disk measurement is running in a worker */
+    uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
+    struct dlist ws_ops;      /* struct ws_op waiting for their turn: one runs at a time */
+    bool ws_running;
     double created_at, last_used_at;
     unsigned commands;
     struct dlist runs;      /* struct run: exec.run and jobs not finished yet */
@@ -108,9 +147,11 @@ struct run {
     uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
     bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
     bool sampled_disk;
-    bool over_spill;      /* output went past the spill cap: killed */
-    int handles;          /* libuv handles still open */
-    struct dlist waiters; /* struct job_wait */
+    bool over_spill;          /* output went past the spill cap: killed */
+    int handles;              /* libuv handles still open */
+    bool scanning;            /* a worker lists the workspace's changes for the result */
+    struct sink_waiter drain; /* armed while the client is congested: pipes not read */
+    struct dlist waiters;     /* struct job_wait */
     double started_at;
 };
 
@@ -149,6 +190,8 @@ struct daemon {
     unsigned n_sandboxes;
     uint64_t next_id;
     bool stopping;
+    struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
+    unsigned holds;            /* sandbox holds of work in flight, all sandboxes together */
 };
 
 /* server.c */
@@ -156,6 +199,21 @@ double daemon_now(void);
 uint64_t daemon_now_ms(void);
 void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);
 void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params);
+/* client_sink_congested - true while the client behind @sink has more than
+ * CLIENT_OUTPUT_SOFT bytes of responses unread. A closed sink (client gone) is never
+ * congested: its output is dropped, so reading may go on. */
+bool client_sink_congested(struct conch_rpc_sink *sink);
+/*
+ * client_sink_wait_drain - call @w->cb (set by the caller) once the client behind @sink is
+ * no longer congested, or is disconnected. Returns false without arming @w when it is not
+ * congested now (the caller goes on at once). @w must stay valid until it fires or is
+ * cancelled; arming an armed waiter is a no-op. @w->cb may run from inside a send to that
+ * client (any reply, when the client is disconnected for its hard limit) or from a write
+ * completion: it should only resume work (uv_read_start), not free what the caller holds.
+ */
+bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
+/* client_sink_wait_cancel - disarm @w (no-op when not armed). */
+void client_sink_wait_cancel(struct sink_waiter *w);
 
 /* sandboxes.c */
 struct sandbox_spec {
@@ -172,7 +230,12 @@ struct sandbox_spec {
 };
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
                    struct conch_err *err);
+/* sandbox_destroy - at once: fail its commands and requests, forget it (not found from now
+ * on), delete its record. In a worker: end the warden, then remove its directory. */
 void sandbox_destroy(struct sandbox *sb);
+/* sandbox_destroy_then - sandbox_destroy, then @gone(@arg) on the loop once the warden is
+ * gone and the directory removed (at once if @sb is already being destroyed). */
+void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg);
 void sandbox_destroy_keep_record(struct sandbox *sb);
 bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                              struct sandbox_spec *spec);
@@ -189,6 +252,17 @@ void sandboxes_recover(struct daemon *d);
 void pool_fill(struct daemon *d);
 struct sandbox *pool_take(struct daemon *d);
 void sandbox_warden_gone(struct sandbox *sb);
+/* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
+ * in a worker thread; a destroyed sandbox is freed (and its directory removed) by the last
+ * release. Loop thread only. */
+void sandbox_hold(struct sandbox *sb);
+void sandbox_release(struct sandbox *sb);
+/* sandbox_spill_dir - where @sb's commands spill their output: its own directory
+ * (<state>/sandboxes/<id>/spill, counted against its disk budget and removed with it), or
+ * for a `fresh` sandbox the daemon's shared spill directory (its result names the file after
+ * the sandbox is gone; `conch gc` removes it after CONCH_RECOVER_SPILL_TTL_S). Creates the
+ * directory on first use; falls back to the shared one if it cannot. */
+const char *sandbox_spill_dir(struct sandbox *sb);
 
 /* commands.c */
 /* run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if that
@@ -206,6 +280,19 @@ void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* files.c */
+/*
+ * sandbox_changes_async - list @sb's workspace changes in a worker thread (a scan of 300,000
+ * files takes seconds: never on the loop), after the workspace requests queued before it,
+ * then call @done(@arg, r, changes, err) on the loop: r = 0 and *@changes filled (empty
+ * when the sandbox has no overlay; take the items over by moving them out, else they are
+ * freed after the call), or r < 0 with @err (-ESHUTDOWN when the sandbox was destroyed
+ * first). Returns 0, or -ENOMEM (then @done is never called). For exec.run's results.
+ */
+typedef void (*sandbox_changes_fn)(void *arg, int r, struct conch_ws_changes *changes,
+                                   const struct conch_err *err);
+int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
+/* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
+void ws_ops_cancel(struct sandbox *sb, const char *why);
 int daemon_file_handler(int req_fd, int resp_fd);
 void file_req_abort(struct file_req *fr);
 /* handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */

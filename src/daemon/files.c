@@ -14,12 +14,12 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
-
-/* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
-#define FILE_TIMEOUT_MS (120 * 1000)
 #include "exec/result.h"
 #include "fs/fs.h"
 #include "workspace/workspace.h"
+
+/* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
+#define FILE_TIMEOUT_MS (120 * 1000)
 
 #define MAX_FILE_RESPONSE (64u << 20)
 
@@ -102,14 +102,42 @@ void file_req_abort(struct file_req *fr)
     file_req_close(fr);
 }
 
-static void file_req_done(struct file_req *fr)
+/* A file worker's answer (up to 64 MiB of JSON) is parsed, checked and serialised again in
+ * a worker thread, not on the loop. It comes from inside the sandbox: parsing it is what
+ * makes sure that only one well-formed result reaches the client. */
+struct file_answer {
+    uv_work_t req;
+    struct conch_rpc_call *call;
+    char *buf; /* owned, the raw answer */
+    size_t len;
+    char *text;    /* the result, serialised */
+    json_t *error; /* or the error object */
+};
+
+static void answer_work(uv_work_t *req)
 {
+    struct file_answer *a = req->data;
     json_error_t jerr;
-    json_t *resp = fr->len ? json_loadb(fr->buf, fr->len, JSON_ALLOW_NUL, &jerr) : NULL;
+    json_t *resp = a->len ? json_loadb(a->buf, a->len, JSON_ALLOW_NUL, &jerr) : NULL;
+    free(a->buf);
+    a->buf = NULL;
     json_t *res = json_object_get(resp, "result");
     json_t *e = json_object_get(resp, "error");
-    if (res) {
-        conch_rpc_call_reply(fr->call, json_incref(res));
+    if (res)
+        a->text = json_dumps(res, JSON_COMPACT | JSON_ENCODE_ANY);
+    else if (json_is_object(e))
+        a->error = json_incref(e);
+    json_decref(resp);
+}
+
+static void answer_done(uv_work_t *req, int status)
+{
+    struct file_answer *a = req->data;
+    json_t *e = a->error;
+    (void)status;
+    if (a->text) {
+        conch_rpc_call_reply_dumped(a->call, a->text);
+        a->text = NULL;
     } else if (e) {
         const char *code = json_string_value(json_object_get(e, "code"));
         const char *msg = json_string_value(json_object_get(e, "message"));
@@ -126,17 +154,43 @@ static void file_req_done(struct file_req *fr)
             rc = CONCH_RPC_INVALID_PARAMS;
         if (!rc)
             rc = CONCH_RPC_INTERNAL_ERROR;
-        conch_rpc_call_fail(fr->call, rc, code ? code : "internal_error", msg ? msg : "failed",
+        conch_rpc_call_fail(a->call, rc, code ? code : "internal_error", msg ? msg : "failed",
                             extra);
     } else {
-        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error",
+        conch_rpc_call_fail(a->call, CONCH_RPC_INTERNAL_ERROR, "internal_error",
                             "the file worker in the sandbox gave no answer (it crashed or was "
                             "killed)",
                             NULL);
     }
+    json_decref(e);
+    free(a->buf);
+    free(a->text);
+    free(a);
+}
+
+static void file_req_done(struct file_req *fr)
+{
+    struct file_answer *a = calloc(1, sizeof(*a));
+    if (!a) {
+        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+                            NULL);
+        fr->call = NULL;
+        file_req_close(fr);
+        return;
+    }
+    /* The answer leaves the request (and its sandbox): a stop meanwhile changes nothing. */
+    a->req.data = a;
+    a->call = fr->call;
+    a->buf = fr->buf;
+    a->len = fr->len;
     fr->call = NULL;
-    json_decref(resp);
+    fr->buf = NULL;
+    fr->len = fr->cap = 0;
     file_req_close(fr);
+    if (uv_queue_work(&fr->sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+        answer_work(&a->req);
+        answer_done(&a->req, 0);
+    }
 }
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -230,55 +284,45 @@ fail:
     conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
 }
 
-/* ---- workspace.* on the host side ---- */
+/* ---- workspace.* on the host side, in worker threads ---- */
 
-static void fail_ws(struct conch_rpc_call *call, const struct conch_err *err);
+/*
+ * Scans, diffs and commits read every entry of the upper dir: seconds with hundreds of
+ * thousands of files. They run in libuv's threadpool (uv_queue_work) and reply on the loop.
+ * That is safe here: the work is fd-relative file I/O and new JSON objects (jansson's
+ * refcounts are atomic), nothing forks from a worker, and wardens are cloned from the loop
+ * thread by a child that never allocates. A sandbox's workspace requests run one at a time,
+ * in order (a commit never races a discard), and hold the sandbox so that a destroy in the
+ * meantime removes its directory only after them.
+ */
+
+enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN };
 
 struct ws_fds {
     int upper, lower;
 };
 
-/* Open a sandbox's upper and host dirs; false after failing @call. A sandbox without an
- * overlay workspace has no changes: upper is then -1. */
-static struct sandbox *ws_open(struct client *c, struct conch_rpc_call *call, json_t *params,
-                               struct ws_fds *fds)
-{
-    fds->upper = fds->lower = -1;
-    const char *id = conch_rpc_str(params, "sandbox", "");
-    struct sandbox *sb = sandbox_find(c->d, id);
-    if (!sb) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id);
-        return NULL;
-    }
-    if (!sb->upper_dir[0])
-        return sb;
-    /* Beneath the state dir, never through a link: a swapped `upper` must make discard fail,
-     * not empty whatever the link points to. */
-    char rel[128];
-    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
-    struct conch_err oerr = {0};
-    fds->upper = conch_statedir_open(c->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
-    if (fds->upper < 0 && oerr.code == ENOENT)
-        return sb; /* nothing was ever written */
-    if (fds->upper < 0) {
-        conch_rpc_call_failf(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", NULL,
-                             "open the workspace of sandbox '%s': %s", sb->id, oerr.msg);
-        return NULL;
-    }
-    fds->lower = open(sb->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fds->lower < 0) {
-        int e = errno;
-        close(fds->upper);
-        fds->upper = -1;
-        if (e == ENOENT)
-            return sb;
-        conch_rpc_call_failf(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", NULL,
-                             "open the workspace of sandbox '%s': %s", sb->id, strerror(e));
-        return NULL;
-    }
-    return sb;
-}
+struct ws_op {
+    uv_work_t req;
+    struct dlist link;           /* in sb->ws_ops until its turn */
+    struct sandbox *sb;          /* held */
+    struct conch_rpc_call *call; /* NULL for WS_SCAN */
+    sandbox_changes_fn done;     /* WS_SCAN: called instead of answering a call */
+    void *done_arg;
+    struct conch_ws_changes changes; /* WS_SCAN's result */
+    enum ws_kind kind;
+    json_t *params; /* a reference: @paths borrow its strings */
+    char **paths;   /* NULL for all */
+    struct ws_fds fds;
+    bool stopped;         /* commit: no overlay is mounted on the upper dir */
+    size_t offset, limit; /* changes: the page */
+    uint64_t max_bytes;   /* commit: the sandbox's disk limit (the size check) */
+    /* results, written by the worker */
+    json_t *res; /* loop-side results (discard) */
+    char *text;  /* worker results, serialised there */
+    struct conch_err err;
+    int r;
+};
 
 static void ws_close(struct ws_fds *fds)
 {
@@ -286,6 +330,37 @@ static void ws_close(struct ws_fds *fds)
         close(fds->upper);
     if (fds->lower >= 0)
         close(fds->lower);
+    fds->upper = fds->lower = -1;
+}
+
+/* Open a sandbox's upper and host dirs. A sandbox without an overlay workspace, or whose
+ * upper dir was never created, has no changes: upper is then -1. Returns 0 or -errno. */
+static int ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err)
+{
+    fds->upper = fds->lower = -1;
+    if (!sb->upper_dir[0])
+        return 0;
+    /* Beneath the state dir, never through a link: a swapped `upper` must make discard fail,
+     * not empty whatever the link points to. */
+    char rel[128];
+    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
+    struct conch_err oerr = {0};
+    fds->upper = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
+    if (fds->upper < 0 && oerr.code == ENOENT)
+        return 0; /* nothing was ever written */
+    if (fds->upper < 0) {
+        *err = oerr;
+        return conch_err_wrap(err, "open the workspace of sandbox '%s'", sb->id);
+    }
+    fds->lower = open(sb->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fds->lower < 0) {
+        int e = errno;
+        ws_close(fds);
+        if (e == ENOENT)
+            return 0;
+        return conch_err_set(err, e, "open the workspace of sandbox '%s': %s", sb->id, strerror(e));
+    }
+    return 0;
 }
 
 /* The "paths" param as a NULL-terminated array (borrowed strings), or NULL for all. */
@@ -296,6 +371,12 @@ static char **paths_param(struct conch_rpc_call *call, json_t *params, bool *ok)
     if (!arr)
         return NULL;
     char **v = calloc(json_array_size(arr) + 1, sizeof(char *));
+    if (!v) {
+        conch_rpc_call_fail(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+                            NULL);
+        *ok = false;
+        return NULL;
+    }
     size_t i;
     json_t *e;
     json_array_foreach(arr, i, e)
@@ -309,67 +390,6 @@ static char **paths_param(struct conch_rpc_call *call, json_t *params, bool *ok)
         v[i] = (char *)json_string_value(e);
     }
     return v;
-}
-
-void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx)
-{
-    struct ws_fds fds;
-    struct sandbox *sb = ws_open(ctx, call, params, &fds);
-    if (!sb)
-        return;
-    /* A page of the change list: "offset" (default 0), "limit" (default and most 10,000). */
-    json_t *jo = json_object_get(params, "offset"), *jl = json_object_get(params, "limit");
-    json_int_t off = jo ? json_integer_value(jo) : 0, lim = jl ? json_integer_value(jl) : 10000;
-    if (off < 0 || lim < 1 || lim > 10000) {
-        ws_close(&fds);
-        conch_rpc_call_fail_param(call, off < 0 ? "offset" : "limit",
-                                  off < 0 ? "offset must be 0 or more"
-                                          : "limit must be between 1 and 10000");
-        return;
-    }
-    struct conch_ws_changes ch = {0};
-    struct conch_err err = {0};
-    if (fds.upper >= 0 &&
-        conch_ws_changes_scan_page(fds.upper, fds.lower, (size_t)off, (size_t)lim, &ch, &err) < 0) {
-        ws_close(&fds);
-        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
-        return;
-    }
-    ws_close(&fds);
-    json_t *res = json_object();
-    conch_ws_changes_json_set(res, &ch, 0);
-    if (ch.total > (size_t)off + ch.n)
-        json_object_set_new(res, "next_offset", json_integer(off + (json_int_t)ch.n));
-    conch_rpc_call_reply(call, res);
-    conch_ws_changes_done(&ch);
-}
-
-void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx)
-{
-    bool ok;
-    _cleanup_free_ char **paths = paths_param(call, params, &ok);
-    if (!ok)
-        return;
-    struct ws_fds fds;
-    struct sandbox *sb = ws_open(ctx, call, params, &fds);
-    if (!sb)
-        return;
-    struct conch_ws_changes ch = {0};
-    struct conch_err err = {0};
-    json_t *res = NULL;
-    if (fds.upper < 0) {
-        res = json_pack("{s:s,s:[]}", "diff", "", "files");
-    } else if (conch_ws_changes_scan(fds.upper, fds.lower, &ch, &err) < 0 ||
-               conch_ws_diff(fds.upper, fds.lower, &ch, paths, 4u << 20, 0, &res, &err) < 0) {
-        res = NULL;
-    }
-    ws_close(&fds);
-    conch_ws_changes_done(&ch);
-    if (!res) {
-        fail_ws(call, &err);
-        return;
-    }
-    conch_rpc_call_reply(call, res);
 }
 
 static void fail_ws(struct conch_rpc_call *call, const struct conch_err *err)
@@ -390,7 +410,7 @@ static json_t *paths_json(const struct conch_ws_changes *ch)
     return arr;
 }
 
-/* {"committed": [paths applied], "skipped": [{"path", "reason"}]} of a commit. */
+/* What a commit applied and what its policy left out (sockets, FIFOs, devices...). */
 static json_t *commit_json(const struct conch_ws_commit_report *rep)
 {
     json_t *done = json_array(), *skipped = json_array();
@@ -455,109 +475,313 @@ static int add_new_parents(const struct conch_ws_changes *all, struct conch_ws_c
     return 0;
 }
 
-/* What workspace.commit and workspace.discard start from. */
-struct ws_sel {
-    struct ws_fds fds;
-    char **paths;                /* the "paths" param (borrowed strings), NULL for all */
-    struct conch_ws_changes all; /* every change */
-    struct conch_ws_changes sel; /* the changes at @paths */
-};
+/* ---- the work itself (worker thread: no loop, no daemon state) ---- */
 
-static void ws_sel_done(struct ws_sel *w)
+/* A page of the change list: [offset, offset + limit), with the total and next_offset. */
+static void work_changes(struct ws_op *w)
 {
-    ws_close(&w->fds);
-    free(w->paths);
-    conch_ws_changes_done(&w->all);
-    conch_ws_changes_done(&w->sel);
+    struct conch_ws_changes ch = {0};
+    if (w->fds.upper < 0 ||
+        (w->r = conch_ws_changes_scan_page(w->fds.upper, w->fds.lower, w->offset, w->limit, &ch,
+                                           &w->err)) >= 0) {
+        w->res = json_object();
+        conch_ws_changes_json_set(w->res, &ch, 0);
+        if (ch.total > w->offset + ch.n)
+            json_object_set_new(w->res, "next_offset",
+                                json_integer((json_int_t)(w->offset + ch.n)));
+    }
+    conch_ws_changes_done(&ch);
 }
 
-/* Open the sandbox of @params, scan its changes and select those at "paths". Returns the
- * sandbox, or NULL once @call is answered: with an error, or with {@key: []} when the
- * sandbox has no overlay workspace. */
-static struct sandbox *ws_select(struct conch_rpc_call *call, json_t *params, void *ctx,
-                                 const char *key, struct ws_sel *w)
+static void work_diff(struct ws_op *w)
 {
-    memset(w, 0, sizeof(*w));
-    w->fds.upper = w->fds.lower = -1;
-    bool ok;
-    w->paths = paths_param(call, params, &ok);
-    if (!ok)
-        return NULL;
-    struct sandbox *sb = ws_open(ctx, call, params, &w->fds);
-    if (sb && w->fds.upper < 0) {
-        conch_rpc_call_reply(call, json_pack("{s:[]}", key));
-        sb = NULL;
+    struct conch_ws_changes ch = {0};
+    if (w->fds.upper < 0) {
+        w->res = json_pack("{s:s,s:[]}", "diff", "", "files");
+    } else if ((w->r = conch_ws_changes_scan(w->fds.upper, w->fds.lower, &ch, &w->err)) >= 0) {
+        w->r =
+            conch_ws_diff(w->fds.upper, w->fds.lower, &ch, w->paths, 4u << 20, 0, &w->res, &w->err);
+        if (w->r < 0)
+            w->res = NULL;
     }
-    struct conch_err err = {0};
-    if (sb && (conch_ws_changes_scan(w->fds.upper, w->fds.lower, &w->all, &err) < 0 ||
-               conch_ws_changes_select(&w->all, w->paths, &w->sel, &err) < 0)) {
-        fail_ws(call, &err);
-        sb = NULL;
-    }
-    if (!sb)
-        ws_sel_done(w);
-    return sb;
+    conch_ws_changes_done(&ch);
 }
 
-void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
+static void work_commit(struct ws_op *w)
 {
-    struct ws_sel w;
-    struct sandbox *sb = ws_select(call, params, ctx, "committed", &w);
-    if (!sb)
+    if (w->fds.upper < 0) {
+        w->res = json_pack("{s:[]}", "committed");
         return;
+    }
+    struct conch_ws_changes all = {0}, sel = {0}, todo = {0};
     /* What is applied: the selection and the new directories it needs. What is then taken
      * out of a stopped sandbox's upper dir: the selection only (a listed directory goes
      * with its whole tree, uncommitted siblings included). */
-    struct conch_ws_changes todo = {0};
+    int r = conch_ws_changes_scan(w->fds.upper, w->fds.lower, &all, &w->err);
+    if (r >= 0)
+        r = conch_ws_changes_select(&all, w->paths, &sel, &w->err);
+    if (r >= 0)
+        r = conch_ws_changes_select(&sel, NULL, &todo, &w->err);
+    if (r >= 0 && w->paths && (r = add_new_parents(&all, &todo)) < 0)
+        conch_err_set(&w->err, -r, "out of memory");
     struct conch_ws_commit_report rep = {0};
-    struct conch_err err = {0};
-    int r = conch_ws_changes_select(&w.sel, NULL, &todo, &err);
-    if (r >= 0 && w.paths && (r = add_new_parents(&w.all, &todo)) < 0)
-        conch_err_set(&err, -r, "out of memory");
     if (r >= 0) {
         struct conch_ws_commit_opts opts = {
-            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = sb->disk_bytes};
-        r = conch_ws_commit(w.fds.upper, w.fds.lower, &todo, &opts, &rep, &err);
+            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = w->max_bytes};
+        r = conch_ws_commit(w->fds.upper, w->fds.lower, &todo, &opts, &rep, &w->err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
      * the host's and no longer show as changes. A stopped one has no overlay mounted, so
      * its upper dir can be cleaned of them. */
-    if (r >= 0 && sb->state == SB_STOPPED)
-        conch_ws_upper_remove(w.fds.upper, w.fds.lower, &w.sel, NULL);
-    if (r < 0)
-        fail_ws(call, &err);
-    else
-        conch_rpc_call_reply(call, commit_json(&rep));
+    if (r >= 0 && w->stopped)
+        conch_ws_upper_remove(w->fds.upper, w->fds.lower, &sel, NULL);
+    if (r >= 0)
+        w->res = commit_json(&rep);
+    w->r = r;
     conch_ws_commit_report_done(&rep);
     conch_ws_changes_done(&todo);
-    ws_sel_done(&w);
+    conch_ws_changes_done(&sel);
+    conch_ws_changes_done(&all);
+}
+
+static void ws_work_kind(struct ws_op *w);
+
+static void ws_work(uv_work_t *req)
+{
+    struct ws_op *w = req->data;
+    ws_work_kind(w);
+    /* Serialising (and freeing) a result of 300,000 changes takes a second: here too. */
+    if (w->res) {
+        w->text = json_dumps(w->res, JSON_COMPACT | JSON_ENCODE_ANY);
+        json_decref(w->res);
+        w->res = NULL;
+        if (!w->text && w->r >= 0)
+            w->r = conch_err_set(&w->err, ENOMEM, "out of memory serialising the result");
+    }
+}
+
+static void ws_work_kind(struct ws_op *w)
+{
+    switch (w->kind) {
+    case WS_CHANGES:
+        work_changes(w);
+        break;
+    case WS_DIFF:
+        work_diff(w);
+        break;
+    case WS_COMMIT:
+        work_commit(w);
+        break;
+    case WS_SCAN:
+        if (w->fds.upper >= 0)
+            w->r = conch_ws_changes_scan_page(w->fds.upper, w->fds.lower, 0, CONCH_WS_CHANGES_MAX,
+                                              &w->changes, &w->err);
+        break;
+    case WS_DISCARD:
+        break;
+    }
+}
+
+/* ---- the loop side ---- */
+
+static void ws_next(struct sandbox *sb);
+
+static void ws_op_free(struct ws_op *w)
+{
+    ws_close(&w->fds);
+    free(w->paths);
+    json_decref(w->params);
+    json_decref(w->res);
+    free(w->text);
+    conch_ws_changes_done(&w->changes);
+    free(w);
+}
+
+/* Answer @w's call, free it, and start the sandbox's next request. */
+static void ws_finish(struct ws_op *w)
+{
+    struct sandbox *sb = w->sb;
+    if (w->done) {
+        w->done(w->done_arg, w->r, &w->changes, &w->err);
+    } else if (w->r < 0) {
+        fail_ws(w->call, &w->err);
+    } else if (w->text) {
+        conch_rpc_call_reply_dumped(w->call, w->text);
+        w->text = NULL;
+    } else if (!w->res) {
+        conch_rpc_call_fail(w->call, CONCH_RPC_INTERNAL_ERROR, "internal_error",
+                            "out of memory building the result", NULL);
+    } else {
+        conch_rpc_call_reply(w->call, json_incref(w->res));
+    }
+    ws_op_free(w);
+    sb->ws_running = false;
+    ws_next(sb);
+    sandbox_release(sb);
+}
+
+static void ws_after(uv_work_t *req, int status)
+{
+    struct ws_op *w = req->data;
+    if (status < 0 && w->r >= 0)
+        w->r =
+            conch_err_set(&w->err, -status, "workspace request cancelled: %s", uv_strerror(status));
+    ws_finish(w);
+}
+
+/* workspace.discard: the upper dir may only change while no overlay uses it: the sandbox's
+ * processes are stopped (and the warden waited for, so the overlay is gone), the changes
+ * dropped, and the sandbox started again. On the loop: it restarts the sandbox. */
+static void run_discard(struct ws_op *w)
+{
+    struct sandbox *sb = w->sb;
+    struct conch_ws_changes all = {0}, sel = {0};
+    int r = w->fds.upper < 0 ? 0 : conch_ws_changes_scan(w->fds.upper, w->fds.lower, &all, &w->err);
+    if (r >= 0 && w->fds.upper >= 0)
+        r = conch_ws_changes_select(&all, w->paths, &sel, &w->err);
+    if (r >= 0 && w->fds.upper >= 0) {
+        bool was_running = sb->state == SB_RUNNING;
+        if (was_running) {
+            sb->jail.sync_destroy = true;
+            sandbox_stop(sb, "workspace.discard restarts the sandbox");
+        }
+        r = w->paths ? conch_ws_upper_remove(w->fds.upper, w->fds.lower, &sel, &w->err)
+                     : conch_ws_upper_clear(w->fds.upper, &w->err);
+        struct conch_err serr = {0};
+        if (was_running && sandbox_start(sb, &serr) < 0 && r >= 0) {
+            w->err = serr;
+            r = -serr.code;
+        }
+    }
+    w->r = r;
+    if (r >= 0)
+        w->res = json_pack("{s:o}", "discarded", paths_json(&sel));
+    conch_ws_changes_done(&sel);
+    conch_ws_changes_done(&all);
+    ws_finish(w);
+}
+
+static void ws_next(struct sandbox *sb)
+{
+    if (sb->ws_running || dlist_empty(&sb->ws_ops))
+        return;
+    struct ws_op *w = dlist_entry(sb->ws_ops.next, struct ws_op, link);
+    dlist_del(&w->link);
+    sb->ws_running = true;
+    w->r = ws_open(sb, &w->fds, &w->err);
+    if (w->r < 0) {
+        ws_finish(w);
+        return;
+    }
+    w->stopped = sb->state == SB_STOPPED;
+    if (w->kind == WS_DISCARD) {
+        run_discard(w);
+        return;
+    }
+    w->req.data = w;
+    int r = uv_queue_work(&sb->d->loop, &w->req, ws_work, ws_after);
+    if (r < 0) {
+        w->r = conch_err_set(&w->err, -r, "queue the workspace request: %s", uv_strerror(r));
+        ws_finish(w);
+    }
+}
+
+void ws_ops_cancel(struct sandbox *sb, const char *why)
+{
+    while (!dlist_empty(&sb->ws_ops)) {
+        struct ws_op *w = dlist_entry(sb->ws_ops.next, struct ws_op, link);
+        dlist_del(&w->link);
+        if (w->done) {
+            conch_err_set(&w->err, ESHUTDOWN, "sandbox '%s': %s", sb->id, why);
+            w->done(w->done_arg, -ESHUTDOWN, &w->changes, &w->err);
+        } else {
+            conch_rpc_call_failf(w->call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                                 "sandbox '%s': %s", sb->id, why);
+        }
+        ws_op_free(w);
+        sandbox_release(sb);
+    }
+}
+
+/* Queue a workspace request of @kind for the sandbox named in @params. */
+static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, enum ws_kind kind)
+{
+    struct client *c = ctx;
+    bool ok = true;
+    char **paths = kind == WS_CHANGES ? NULL : paths_param(call, params, &ok);
+    if (!ok)
+        return;
+    /* workspace.changes pages: "offset" (default 0), "limit" (default and most 10,000). */
+    json_t *jo = json_object_get(params, "offset"), *jl = json_object_get(params, "limit");
+    json_int_t offset = jo ? json_integer_value(jo) : 0,
+               limit = jl ? json_integer_value(jl) : 10000;
+    if (kind == WS_CHANGES && (offset < 0 || limit < 1 || limit > 10000)) {
+        conch_rpc_call_fail_param(call, offset < 0 ? "offset" : "limit",
+                                  offset < 0 ? "offset must be 0 or more"
+                                             : "limit must be between 1 and 10000");
+        return;
+    }
+    const char *id = conch_rpc_str(params, "sandbox", "");
+    struct sandbox *sb = sandbox_find(c->d, id);
+    if (!sb) {
+        free(paths);
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id);
+        return;
+    }
+    struct ws_op *w = calloc(1, sizeof(*w));
+    if (!w) {
+        free(paths);
+        conch_rpc_call_fail(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+                            NULL);
+        return;
+    }
+    w->sb = sb;
+    w->call = call;
+    w->kind = kind;
+    w->max_bytes = sb->disk_bytes;
+    w->offset = (size_t)offset;
+    w->limit = (size_t)limit;
+    w->params = json_incref(params);
+    w->paths = paths;
+    w->fds.upper = w->fds.lower = -1;
+    sandbox_hold(sb);
+    dlist_add(&sb->ws_ops, &w->link);
+    ws_next(sb);
+}
+
+int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg)
+{
+    struct ws_op *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->sb = sb;
+    w->kind = WS_SCAN;
+    w->done = done;
+    w->done_arg = arg;
+    w->fds.upper = w->fds.lower = -1;
+    sandbox_hold(sb);
+    dlist_add(&sb->ws_ops, &w->link);
+    ws_next(sb);
+    return 0;
+}
+
+void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    ws_submit(call, params, ctx, WS_CHANGES);
+}
+
+void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    ws_submit(call, params, ctx, WS_DIFF);
+}
+
+void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    ws_submit(call, params, ctx, WS_COMMIT);
 }
 
 void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
-    struct ws_sel w;
-    struct sandbox *sb = ws_select(call, params, ctx, "discarded", &w);
-    if (!sb)
-        return;
-    /* The upper dir may only change while no overlay uses it: the sandbox's processes are
-     * stopped (and the warden waited for, so the overlay is gone), the changes dropped, and
-     * the sandbox started again. */
-    bool was_running = sb->state == SB_RUNNING;
-    if (was_running) {
-        sb->jail.sync_destroy = true;
-        sandbox_stop(sb, "workspace.discard restarts the sandbox");
-    }
-    struct conch_err err = {0};
-    int r = w.paths ? conch_ws_upper_remove(w.fds.upper, w.fds.lower, &w.sel, &err)
-                    : conch_ws_upper_clear(w.fds.upper, &err);
-    struct conch_err serr = {0};
-    if (was_running && sandbox_start(sb, &serr) < 0 && r >= 0) {
-        err = serr;
-        r = -serr.code;
-    }
-    if (r < 0)
-        fail_ws(call, &err);
-    else
-        conch_rpc_call_reply(call, json_pack("{s:o}", "discarded", paths_json(&w.sel)));
-    ws_sel_done(&w);
+    ws_submit(call, params, ctx, WS_DISCARD);
 }

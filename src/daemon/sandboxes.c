@@ -4,10 +4,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,6 +112,8 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : DEFAULT_DISK_BYTES;
     spec.file_handler = daemon_file_handler;
+    /* The daemon raised its open files limit; commands keep the usual one. */
+    spec.nofile = sb->d->nofile_orig;
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
     r = async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
@@ -132,7 +134,9 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
-    bool sampled = sb->upper_dir[0] ||
+    /* Pool sandboxes spill to the shared directory (see sandbox_spill_dir): nothing to
+     * measure there unless a limit has to be sampled. */
+    bool sampled = sb->upper_dir[0] || !sb->pooled ||
                    (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max));
     if (sampled && (sb->sample = calloc(1, sizeof(*sb->sample)))) {
         uv_timer_init(&sb->d->loop, sb->sample);
@@ -148,29 +152,132 @@ static void on_poll_closed(uv_handle_t *h)
     free(h);
 }
 
+/* ---- disk: measured in a worker thread ---- */
+
+/* Each inode is charged this much on top of its blocks: 200,000 empty files are not free
+ * (the host's inodes, dentries and slab). */
+#define INODE_COST 4096
+/* Directories opened at once while measuring (one per level): a deeper tree counts as full. */
+#define MEASURE_MAX_DEPTH 512
+
+struct du {
+    dev_t dev;
+    uint64_t bytes, inodes;
+    bool too_deep;
+};
+
+/* Add what is beneath @dfd (taken over) to @u: fd-relative, never following a symlink or
+ * leaving the filesystem, no global state (it runs in worker threads). */
+static void du_dir(int dfd, unsigned depth, struct du *u)
+{
+    DIR *dir = fdopendir(dfd);
+    if (!dir) {
+        close(dfd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        u->bytes += (uint64_t)st.st_blocks * 512;
+        u->inodes++;
+        if (!S_ISDIR(st.st_mode) || st.st_dev != u->dev)
+            continue;
+        if (depth >= MEASURE_MAX_DEPTH) {
+            u->too_deep = true;
+            continue;
+        }
+        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0)
+            du_dir(fd, depth + 1, u);
+    }
+    closedir(dir);
+}
+
+/* What @path (a directory; missing is 0) costs the disk budget, in bytes. */
+static uint64_t disk_charge(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) < 0) {
+        close(fd);
+        return 0;
+    }
+    struct du u = {.dev = st.st_dev};
+    du_dir(fd, 0, &u);
+    if (u.too_deep)
+        return UINT64_MAX;
+    return u.bytes + u.inodes * INODE_COST;
+}
+
+struct measure {
+    uv_work_t req;
+    struct sandbox *sb; /* held */
+    uint64_t started_ms;
+    char upper[PATH_MAX + 16];
+    char spill[PATH_MAX];
+    uint64_t charged;
+};
+
+static void measure_work(uv_work_t *req)
+{
+    struct measure *m = req->data;
+    uint64_t a = m->upper[0] ? disk_charge(m->upper) : 0;
+    uint64_t b = m->spill[0] ? disk_charge(m->spill) : 0;
+    m->charged = a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static void measure_done(uv_work_t *req, int status)
+{
+    struct measure *m = req->data;
+    struct sandbox *sb = m->sb;
+    sb->measuring = false;
+    /* A tree that takes long to measure is measured less often: at most half of a worker's
+     * time goes to it. */
+    uint64_t now = daemon_now_ms();
+    sb->next_measure_ms = now + (now - m->started_ms);
+    if (status == 0 && !sb->destroying && sb->jail_up && m->charged > sb->disk_bytes) {
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &sb->runs)
+        {
+            run_limit_hit(dlist_entry(pos, struct run, link), RUN_LIMIT_DISK);
+        }
+    }
+    free(m);
+    sandbox_release(sb);
+}
+
+/* Measure the upper dir and the spill files of @sb in a worker (one at a time): with
+ * hundreds of thousands of files that takes seconds, which the loop must not wait for. */
+static void measure_start(struct sandbox *sb)
+{
+    if (sb->measuring || (!sb->upper_dir[0] && !sb->spill_dir[0]) ||
+        daemon_now_ms() < sb->next_measure_ms)
+        return;
+    struct measure *m = calloc(1, sizeof(*m));
+    if (!m)
+        return;
+    m->req.data = m;
+    m->sb = sb;
+    m->started_ms = daemon_now_ms();
+    if (sb->upper_dir[0])
+        snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
+    snprintf(m->spill, sizeof(m->spill), "%s", sb->spill_dir);
+    if (uv_queue_work(&sb->d->loop, &m->req, measure_work, measure_done) < 0) {
+        free(m);
+        return;
+    }
+    sb->measuring = true;
+    sandbox_hold(sb);
+}
+
 /* No cgroup (an ordinary user on cgroup v1): memory and the process count are sampled from
  * the sandbox's /proc; past the memory limit every running command is killed. */
-static uint64_t tree_bytes;
-
-static int add_bytes(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)path;
-    (void)flag;
-    (void)ftw;
-    tree_bytes += (uint64_t)st->st_blocks * 512;
-    return 0;
-}
-
-/* Disk used by the sandbox's upper dir; cost grows with the number of entries in it. */
-static uint64_t upper_bytes(const struct sandbox *sb)
-{
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof(path), "%s/upper", sb->upper_dir);
-    tree_bytes = 0;
-    nftw(path, add_bytes, 16, FTW_PHYS | FTW_MOUNT);
-    return tree_bytes;
-}
-
 static void on_sample(uv_timer_t *t)
 {
     struct sandbox *sb = t->data;
@@ -185,9 +292,8 @@ static void on_sample(uv_timer_t *t)
         if (sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes)
             hit = RUN_LIMIT_MEMORY;
     }
-    if (hit == RUN_LIMIT_NONE && sb->upper_dir[0] && ++sb->samples % DISK_EVERY == 0 &&
-        upper_bytes(sb) > sb->disk_bytes)
-        hit = RUN_LIMIT_DISK;
+    if (++sb->samples % DISK_EVERY == 0)
+        measure_start(sb);
     if (hit == RUN_LIMIT_NONE)
         return;
     struct dlist *pos, *tmp;
@@ -198,7 +304,8 @@ static void on_sample(uv_timer_t *t)
 }
 
 /* Stop the warden: every process of the sandbox dies; runs and file requests fail. */
-void sandbox_stop(struct sandbox *sb, const char *why)
+/* Fail what runs in @sb and close its handles; the warden is left to the caller. */
+static void sandbox_stop_handles(struct sandbox *sb, const char *why)
 {
     struct dlist *pos, *tmp;
     /* Every command still running gets its final event now (lost, @why). */
@@ -216,6 +323,11 @@ void sandbox_stop(struct sandbox *sb, const char *why)
         uv_close((uv_handle_t *)sb->sample, on_poll_closed);
         sb->sample = NULL;
     }
+}
+
+void sandbox_stop(struct sandbox *sb, const char *why)
+{
+    sandbox_stop_handles(sb, why);
     if (sb->jail_up) {
         conch_jail_destroy(&sb->jail);
         sb->jail_up = false;
@@ -223,7 +335,8 @@ void sandbox_stop(struct sandbox *sb, const char *why)
     sb->state = SB_STOPPED;
 }
 
-static void record(struct sandbox *sb)
+/* Write @sb's record. Returns 0, or -errno with @err (the database is full, read-only...). */
+static int record(struct sandbox *sb, struct conch_err *err)
 {
     struct conch_state_sandbox rec;
     memset(&rec, 0, sizeof(rec));
@@ -241,12 +354,12 @@ static void record(struct sandbox *sb)
     rec.warden_starttime = sb->jail_up ? conch_recover_starttime(sb->jail.warden_pid) : 0;
     rec.created_at = sb->created_at;
     rec.last_used_at = sb->last_used_at;
-    struct conch_err err = {0};
-    if (conch_state_sandbox_put(sb->d->state, &rec, &err) < 0)
-        log_warn("record sandbox %s: %s", sb->id, err.msg);
-    else
+    int r = rec.spec_json ? conch_state_sandbox_put(sb->d->state, &rec, err)
+                          : conch_err_set(err, ENOMEM, "out of memory");
+    if (r >= 0)
         sb->recorded = true;
     free(rec.spec_json);
+    return r;
 }
 
 static void on_idle_closed(uv_handle_t *h)
@@ -271,33 +384,157 @@ static struct sandbox *sandbox_alloc(struct daemon *d)
     sb->idle_active = true;
     sb->created_at = sb->last_used_at = daemon_now();
     sb->state = SB_STOPPED;
+    DLIST_INIT(&sb->ws_ops);
     return sb;
 }
 
-static void sandbox_free(struct sandbox *sb)
+/* ---- teardown off the loop: the warden's end and the directory's removal ---- */
+
+struct teardown {
+    uv_work_t req;
+    struct sandbox *sb; /* held until the warden is gone; NULL for a directory removal */
+    struct conch_jail jail;
+    bool has_jail;
+    char parent[PATH_MAX + 16]; /* the state dir; "" for no directory to remove */
+    char name[64];
+    char what[PATH_MAX + 80];
+    void (*gone)(void *arg); /* called on the loop once done */
+    void *gone_arg;
+};
+
+static void teardown_work(uv_work_t *req)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs) run_forget(dlist_entry(pos, struct run, link));
-    dlist_for_each_safe(pos, tmp, &sb->done_jobs) run_forget(dlist_entry(pos, struct run, link));
+    struct teardown *t = req->data;
+    /* Waiting for the kernel to take the namespaces down (cgroup, sync_destroy) and
+     * unmounting the staging dirs take milliseconds to seconds: never on the loop. */
+    if (t->has_jail)
+        conch_jail_destroy(&t->jail);
+    if (t->parent[0]) {
+        /* Beneath the state dir, never through a link. */
+        struct conch_err err = {0};
+        _cleanup_close_ int pfd =
+            conch_statedir_open(t->parent, "sandboxes", O_RDONLY | O_DIRECTORY, &err);
+        if (pfd < 0 || conch_recover_rm_tree(pfd, t->name, t->what, &err) < 0)
+            log_warn("sandbox %s: %s (conch gc will retry)", t->name, err.msg);
+    }
+}
+
+static void teardown_done(uv_work_t *req, int status)
+{
+    struct teardown *t = req->data;
+    (void)status;
+    if (t->sb)
+        sandbox_release(t->sb);
+    if (t->gone)
+        t->gone(t->gone_arg);
+    free(t);
+}
+
+/* Run @t in a worker; synchronously if that cannot be had. Takes @t over. */
+static void teardown_queue(struct daemon *d, struct teardown *t)
+{
+    t->req.data = t;
+    if (uv_queue_work(&d->loop, &t->req, teardown_work, teardown_done) < 0) {
+        teardown_work(&t->req);
+        teardown_done(&t->req, 0);
+    }
+}
+
+/* Remove the sandbox's directory (upper dir, work dir, spill files), off the loop; then
+ * call sb->gone. */
+static void remove_sandbox_dir(struct sandbox *sb)
+{
+    struct teardown *t = calloc(1, sizeof(*t));
+    if (!t || (!sb->upper_dir[0] && !sb->spill_dir[0])) {
+        free(t);
+        if (sb->gone)
+            sb->gone(sb->gone_arg);
+        return;
+    }
+    t->gone = sb->gone;
+    t->gone_arg = sb->gone_arg;
+    snprintf(t->parent, sizeof(t->parent), "%s", sb->d->state_dir);
+    snprintf(t->name, sizeof(t->name), "%s", sb->id);
+    snprintf(t->what, sizeof(t->what), "%s/sandboxes/%s", sb->d->state_dir, sb->id);
+    sb->upper_dir[0] = sb->spill_dir[0] = '\0';
+    teardown_queue(sb->d, t);
+}
+
+static void sandbox_unlink(struct sandbox *sb)
+{
+    if (sb->unlinked)
+        return;
+    sb->unlinked = true;
     dlist_del(&sb->link);
     sb->d->n_sandboxes--;
+}
+
+static void sandbox_really_free(struct sandbox *sb)
+{
+    /* At shutdown the loop closes every handle itself, this one included; the sandbox is
+     * then left to the process's exit. */
+    if (uv_is_closing((uv_handle_t *)&sb->idle))
+        return;
+    if (sb->destroying && !sb->keep_dir)
+        remove_sandbox_dir(sb);
+    else if (sb->gone)
+        sb->gone(sb->gone_arg);
     uv_timer_stop(&sb->idle);
     conch_jail_ids_release(&sb->ids); /* its warden is gone (sandbox_stop) */
     uv_close((uv_handle_t *)&sb->idle, on_idle_closed);
 }
 
-/* Remove the sandbox's state directory (upper dir, work dir) from the disk. */
-static void remove_upper_dir(struct sandbox *sb)
+/* Out of the registry now; freed once no worker holds it. */
+static void sandbox_free(struct sandbox *sb)
 {
-    if (!sb->upper_dir[0])
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs) run_forget(dlist_entry(pos, struct run, link));
+    dlist_for_each_safe(pos, tmp, &sb->done_jobs) run_forget(dlist_entry(pos, struct run, link));
+    sandbox_unlink(sb);
+    if (sb->holds > 0) {
+        sb->free_pending = true;
         return;
-    struct conch_err err = {0};
-    _cleanup_close_ int pfd =
-        conch_statedir_open(sb->d->state_dir, "sandboxes", O_RDONLY | O_DIRECTORY, &err);
-    if (pfd < 0)
-        log_warn("sandbox %s: %s (conch gc will retry)", sb->id, err.msg);
-    else if (conch_recover_rm_tree(pfd, sb->id, sb->upper_dir, &err) < 0)
-        log_warn("sandbox %s: %s (conch gc will retry)", sb->id, err.msg);
+    }
+    sandbox_really_free(sb);
+}
+
+void sandbox_hold(struct sandbox *sb)
+{
+    sb->holds++;
+    sb->d->holds++;
+}
+
+void sandbox_release(struct sandbox *sb)
+{
+    sb->d->holds--;
+    if (--sb->holds == 0 && sb->free_pending) {
+        sb->free_pending = false;
+        sandbox_really_free(sb);
+    }
+}
+
+const char *sandbox_spill_dir(struct sandbox *sb)
+{
+    struct daemon *d = sb->d;
+    if (sb->fresh || sb->pooled)
+        return d->spill_dir;
+    if (sb->spill_dir[0])
+        return sb->spill_dir;
+    char dir[PATH_MAX];
+    int n = snprintf(dir, sizeof(dir), "%s/sandboxes/%s", d->state_dir, sb->id);
+    /* conch_output keeps the directory in 256 bytes, with room for its file names. */
+    if (n < 0 || (size_t)n >= 200)
+        return d->spill_dir;
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return d->spill_dir;
+    n = snprintf(sb->spill_dir, sizeof(sb->spill_dir), "%.*s/spill", (int)(sizeof(dir) - 8), dir);
+    if (n < 0 || (size_t)n >= sizeof(sb->spill_dir) ||
+        (mkdir(sb->spill_dir, 0700) < 0 && errno != EEXIST)) {
+        log_warn("sandbox %s: spill directory '%s': %s", sb->id, sb->spill_dir, strerror(errno));
+        sb->spill_dir[0] = '\0';
+        return d->spill_dir;
+    }
+    return sb->spill_dir;
 }
 
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
@@ -347,12 +584,18 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
     }
     if ((r = sandbox_start(sb, err)) < 0)
         goto fail;
-    record(sb);
+    /* A sandbox that is not recorded would be unknown after a restart, its changes
+     * orphaned: better not to have it. */
+    if ((r = record(sb, err)) < 0) {
+        conch_err_wrap(err, "cannot record the sandbox in the state directory '%s'", d->state_dir);
+        sandbox_stop(sb, "it could not be recorded");
+        goto fail;
+    }
     sandbox_touch(sb);
     *ret = sb;
     return 0;
 fail:
-    remove_upper_dir(sb);
+    sb->destroying = true; /* the directory goes with it */
     sandbox_free(sb);
     return r;
 }
@@ -361,7 +604,9 @@ int sandbox_restart(struct sandbox *sb, struct conch_err *err)
 {
     sandbox_stop(sb, "the sandbox was restarted");
     int r = sandbox_start(sb, err);
-    record(sb);
+    struct conch_err rerr = {0};
+    if (record(sb, &rerr) < 0)
+        log_warn("record sandbox %s: %s", sb->id, rerr.msg);
     return r;
 }
 
@@ -370,6 +615,8 @@ void sandbox_destroy_keep_record(struct sandbox *sb)
     if (sb->destroying)
         return;
     sb->destroying = true;
+    sb->keep_dir = sb->recorded && !sb->fresh; /* a kept record keeps its changes */
+    ws_ops_cancel(sb, "the daemon is shutting down");
     sandbox_stop(sb, "the daemon is shutting down");
     if (sb->recorded && !sb->fresh)
         conch_state_sandbox_mark_stopped(sb->d->state, sb->id, daemon_now(), NULL);
@@ -382,8 +629,18 @@ static void pool_timer_cb(uv_timer_t *t);
 
 void sandbox_destroy(struct sandbox *sb)
 {
-    if (sb->destroying)
+    sandbox_destroy_then(sb, NULL, NULL);
+}
+
+void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg)
+{
+    if (sb->destroying) {
+        if (gone)
+            gone(arg);
         return;
+    }
+    sb->gone = gone;
+    sb->gone_arg = arg;
     /* A `fresh` sandbox came from the pool: refill it now that the command was answered,
      * not while the command runs (measured: refilling during the command delays its
      * answer more than it saves). */
@@ -391,8 +648,24 @@ void sandbox_destroy(struct sandbox *sb)
         uv_timer_start(&sb->d->pool_timer, pool_timer_cb, 0, 0);
 
     sb->destroying = true;
-    sandbox_stop(sb, "the sandbox was destroyed");
-    remove_upper_dir(sb);
+    ws_ops_cancel(sb, "the sandbox was destroyed");
+    sandbox_stop_handles(sb, "the sandbox was destroyed");
+    sb->state = SB_STOPPED;
+    /* The warden's end (and a cgroup's removal, which waits for it) in a worker; the
+     * directory is removed once that and any workspace request in flight are done. */
+    if (sb->jail_up) {
+        struct teardown *t = calloc(1, sizeof(*t));
+        if (t) {
+            t->jail = sb->jail;
+            t->has_jail = true;
+            t->sb = sb;
+            sandbox_hold(sb);
+            teardown_queue(sb->d, t);
+        } else {
+            conch_jail_destroy(&sb->jail);
+        }
+        sb->jail_up = false;
+    }
     /* Jobs go with their sandbox (ON DELETE CASCADE). */
     if (sb->recorded)
         conch_state_sandbox_delete(sb->d->state, sb->id, NULL);
@@ -540,6 +813,12 @@ void sandboxes_recover(struct daemon *d)
         json_decref(spec);
         sb->state = SB_STOPPED;
         sb->recorded = true;
+        /* Its jobs' spill files: removed with it. */
+        char spill[PATH_MAX];
+        struct stat st;
+        int len = snprintf(spill, sizeof(spill), "%s/sandboxes/%s/spill", d->state_dir, sb->id);
+        if (len > 0 && (size_t)len < sizeof(spill) && lstat(spill, &st) == 0 && S_ISDIR(st.st_mode))
+            snprintf(sb->spill_dir, sizeof(sb->spill_dir), "%s", spill);
         sb->idle_timeout = 0; /* stopped: nothing to reclaim but the record */
         conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
     }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -106,12 +107,25 @@ static void on_client_handle_closed(uv_handle_t *h)
     client_free_if_done(c);
 }
 
+/* Wake every drain waiter: the client drained, or is gone. */
+static void client_wake_waiters(struct client *c)
+{
+    c->congested = false;
+    while (!dlist_empty(&c->drain_waiters)) {
+        struct sink_waiter *w = dlist_entry(c->drain_waiters.next, struct sink_waiter, link);
+        client_sink_wait_cancel(w);
+        if (w->cb)
+            w->cb(w);
+    }
+}
+
 static void client_close(struct client *c)
 {
     if (c->closing)
         return;
     c->closing = true;
     dlist_del(&c->link);
+    client_wake_waiters(c);
     /* Calls still running keep the sink; their late replies are dropped. */
     conch_rpc_sink_close(c->sink);
     c->sink = NULL;
@@ -122,23 +136,58 @@ static void client_close(struct client *c)
 
 struct write_req {
     uv_write_t req;
+    struct client *c;
     char *data;
 };
+
+/* Bytes of responses libuv holds for @c that the kernel has not taken yet. */
+static size_t client_queued(struct client *c)
+{
+    return uv_stream_get_write_queue_size((uv_stream_t *)(c->stdio ? &c->out : &c->in));
+}
 
 static void on_written(uv_write_t *req, int status)
 {
     struct write_req *w = (struct write_req *)req;
+    struct client *c = w->c;
     free(w->data);
     free(w);
     (void)status;
+    if (c->congested && !c->closing && client_queued(c) <= CLIENT_OUTPUT_SOFT / 2)
+        client_wake_waiters(c);
 }
 
-static void client_send(void *ctx, json_t *msg)
+bool client_sink_congested(struct conch_rpc_sink *sink)
+{
+    struct client *c = conch_rpc_sink_ctx(sink);
+    return c && c->congested && !c->closing;
+}
+
+bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w)
+{
+    if (!client_sink_congested(sink))
+        return false;
+    if (w->armed)
+        return true;
+    struct client *c = conch_rpc_sink_ctx(sink);
+    w->armed = true;
+    dlist_add(&c->drain_waiters, &w->link);
+    return true;
+}
+
+void client_sink_wait_cancel(struct sink_waiter *w)
+{
+    if (!w->armed)
+        return;
+    w->armed = false;
+    dlist_del(&w->link);
+}
+
+/* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. */
+static void client_send_line(void *ctx, char *line, size_t len)
 {
     struct client *c = ctx;
-    char *line = conch_rpc_dumps(msg);
-    json_decref(msg);
-    if (!line || c->closing) {
+    if (c->closing) {
         free(line);
         return;
     }
@@ -148,12 +197,35 @@ static void client_send(void *ctx, json_t *msg)
         return;
     }
     w->data = line;
-    uv_buf_t buf = uv_buf_init(line, (unsigned)strlen(line));
+    w->c = c;
+    uv_buf_t buf = uv_buf_init(line, (unsigned)len);
     uv_stream_t *s = (uv_stream_t *)(c->stdio ? &c->out : &c->in);
+    size_t before = client_queued(c);
     if (uv_write(&w->req, s, &buf, 1, on_written) < 0) {
         free(line);
         free(w);
+        return;
     }
+    /* libuv writes what the socket takes at once; the rest waits in its queue. */
+    size_t queued = client_queued(c);
+    if (before > 0 && queued > CLIENT_OUTPUT_HARD) {
+        log_warn("client disconnected: %zu bytes of responses unread (output buffer hard limit "
+                 "%u bytes)",
+                 queued, CLIENT_OUTPUT_HARD);
+        client_close(c);
+        return;
+    }
+    if (queued > CLIENT_OUTPUT_SOFT)
+        c->congested = true;
+}
+
+static void client_send(void *ctx, json_t *msg)
+{
+    struct client *c = ctx;
+    char *line = c->closing ? NULL : conch_rpc_dumps(msg);
+    json_decref(msg);
+    if (line)
+        client_send_line(c, line, strlen(line));
 }
 
 void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params)
@@ -183,8 +255,13 @@ static void on_oversize(void *ctx)
     char msg[128];
     snprintf(msg, sizeof(msg), "message larger than %zu bytes (--max-message)",
              c->d->opts.max_message);
-    json_t *err =
-        conch_rpc_error(json_null(), CONCH_RPC_INVALID_REQUEST, "message_too_large", msg, NULL);
+    /* The id is usually near the start: answer the request by it when it can be read. */
+    size_t head_len = 0;
+    const char *head = conch_rpc_framer_oversize_head(&c->framer, &head_len);
+    json_t *id = head ? conch_rpc_peek_id(head, head_len) : NULL;
+    json_t *err = conch_rpc_error(id, CONCH_RPC_INVALID_REQUEST, "message_too_large", msg,
+                                  json_pack("{sI}", "limit", (json_int_t)c->d->opts.max_message));
+    json_decref(id);
     if (err)
         conch_rpc_sink_send(c->sink, err);
 }
@@ -215,8 +292,10 @@ static struct client *client_new(struct daemon *d)
     if (!c)
         return NULL;
     c->d = d;
+    DLIST_INIT(&c->drain_waiters);
     conch_rpc_framer_init(&c->framer, d->opts.max_message);
     c->sink = conch_rpc_sink_new(client_send, c);
+    conch_rpc_sink_set_line_sender(c->sink, client_send_line);
     dlist_add(&d->clients, &c->link);
     return c;
 }
@@ -387,13 +466,19 @@ static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, voi
     conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
 }
 
+static void destroyed(void *arg)
+{
+    conch_rpc_call_reply(arg, json_pack("{s:b}", "destroyed", 1));
+}
+
 static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = find_or_fail(ctx, call, params, "id");
     if (!sb)
         return;
-    sandbox_destroy(sb);
-    conch_rpc_call_reply(call, json_pack("{s:b}", "destroyed", 1));
+    /* Answered once the warden is gone and the directory removed, which happens in a
+     * worker: the loop serves others meanwhile. */
+    sandbox_destroy_then(sb, destroyed, call);
 }
 
 #define FS_HANDLER(fn, m)                                                                          \
@@ -411,75 +496,101 @@ FS_HANDLER(handle_fs_delete, "delete")
 FS_HANDLER(handle_fs_upload, "upload")
 FS_HANDLER(handle_fs_download, "download")
 
+/* The param tables. Every number a client sends is range-checked here, by the dispatcher,
+ * before a handler turns it into a size, a time or a count (docs/PROTOCOL.md lists the
+ * ranges): NaN, infinities, negatives and 1e308 never reach the code below. */
 #define S CONCH_RPC_STRING
 #define I CONCH_RPC_INT
 #define N CONCH_RPC_NUMBER
 #define B CONCH_RPC_BOOL
 #define O CONCH_RPC_OBJECT
 #define A CONCH_RPC_ARRAY
-
-#define SANDBOX_SPEC_PARAMS                                                                        \
-    {"workspace", S, false}, {"mode", S, false}, {"rootfs", S, false}, {"as_root", B, false},      \
-        {"env", O, false}, {"memory", I, false}, {"pids", I, false}, {"cpu", N, false},            \
-        {"tmp_size", I, false}, {"disk", I, false}, {"idle_timeout", N, false},                    \
+#define P(n, t, req)                                                                               \
     {                                                                                              \
-        "name", S, false                                                                           \
+        .name = (n), .type = (t), .required = (req)                                                \
+    }
+/* A number in [lo, hi]; nz > 0: other than 0, at least nz. */
+#define R(n, t, lo, hi, nz)                                                                        \
+    {                                                                                              \
+        .name = (n), .type = (t), .ranged = true, .min = (lo), .max = (hi), .min_nonzero = (nz)    \
+    }
+#define END                                                                                        \
+    {                                                                                              \
+        .name = NULL                                                                               \
     }
 
-static const struct conch_rpc_param p_none[] = {{NULL, 0, false}};
-static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, {NULL, 0, false}};
-static const struct conch_rpc_param p_id[] = {{"id", S, true}, {NULL, 0, false}};
-static const struct conch_rpc_param p_exec[] = {
-    {"sandbox", S, false}, {"fresh", B, false}, {"workspace", S, false},  {"mode", S, false},
-    {"command", S, true},  {"cwd", S, false},   {"env", O, false},        {"stdin", S, false},
-    {"timeout", N, false}, {"grace", N, false}, {"max_output", I, false}, {"stream", B, false},
-    {NULL, 0, false}};
-static const struct conch_rpc_param p_job_start[] = {
-    {"sandbox", S, true}, {"command", S, true},     {"cwd", S, false}, {"env", O, false},
-    {"stdin", S, false},  {"max_output", I, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_job_output[] = {{"job_id", S, true},
-                                                      {"stdout_offset", I, false},
-                                                      {"stderr_offset", I, false},
-                                                      {"max_bytes", I, false},
-                                                      {NULL, 0, false}};
-static const struct conch_rpc_param p_job_wait[] = {
-    {"job_id", S, true}, {"timeout", N, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_job_kill[] = {
-    {"job_id", S, true}, {"signal", CONCH_RPC_ANY, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_job_list[] = {{"sandbox", S, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_read[] = {{"sandbox", S, true},   {"path", S, true},
-                                                   {"offset", I, false},   {"limit", I, false},
-                                                   {"encoding", S, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_write[] = {{"sandbox", S, true},
-                                                    {"path", S, true},
-                                                    {"content", S, true},
-                                                    {"encoding", S, false},
-                                                    {NULL, 0, false}};
+#define KiB 1024.0
+#define MiB (1024.0 * KiB)
+#define TiB (1024.0 * 1024.0 * MiB)
+#define DAY 86400.0
+
+#define SANDBOX_SPEC_PARAMS                                                                        \
+    P("workspace", S, false), P("mode", S, false), P("rootfs", S, false), P("as_root", B, false),  \
+        P("env", O, false), R("memory", I, 0, 1 * TiB, 1 * MiB), R("pids", I, 0, 4194304, 2),      \
+        R("cpu", N, 0, 1024, 0.01), R("tmp_size", I, 0, 1 * TiB, 64 * KiB),                        \
+        R("disk", I, 0, 64 * TiB, 64 * KiB), R("idle_timeout", N, 0, 365 * DAY, 1),                \
+        P("name", S, false)
+
+static const struct conch_rpc_param p_none[] = {END};
+static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
+static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
+static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
+                                                P("fresh", B, false),
+                                                P("workspace", S, false),
+                                                P("mode", S, false),
+                                                P("command", S, true),
+                                                P("cwd", S, false),
+                                                P("env", O, false),
+                                                P("stdin", S, false),
+                                                R("timeout", N, 0, 7 * DAY, 0.001),
+                                                R("grace", N, 0, 3600, 0.001),
+                                                R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                P("stream", B, false),
+                                                END};
+static const struct conch_rpc_param p_job_start[] = {P("sandbox", S, true),
+                                                     P("command", S, true),
+                                                     P("cwd", S, false),
+                                                     P("env", O, false),
+                                                     P("stdin", S, false),
+                                                     R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                     END};
+static const struct conch_rpc_param p_job_output[] = {
+    P("job_id", S, true), R("stdout_offset", I, 0, 1e15, 0), R("stderr_offset", I, 0, 1e15, 0),
+    R("max_bytes", I, 1, 16 * MiB, 0), END};
+static const struct conch_rpc_param p_job_wait[] = {P("job_id", S, true),
+                                                    R("timeout", N, 0, 1 * DAY, 0.001), END};
+static const struct conch_rpc_param p_job_kill[] = {P("job_id", S, true),
+                                                    P("signal", CONCH_RPC_ANY, false), END};
+static const struct conch_rpc_param p_job_list[] = {P("sandbox", S, false), END};
+static const struct conch_rpc_param p_fs_read[] = {
+    P("sandbox", S, true),     P("path", S, true),      R("offset", I, 0, 1e15, 0),
+    R("limit", I, 1, 1e15, 0), P("encoding", S, false), END};
+static const struct conch_rpc_param p_fs_write[] = {
+    P("sandbox", S, true), P("path", S, true), P("content", S, true), P("encoding", S, false), END};
 static const struct conch_rpc_param p_fs_edit[] = {
-    {"sandbox", S, true},    {"path", S, true},         {"old_string", S, true},
-    {"new_string", S, true}, {"replace_all", B, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_ls[] = {
-    {"sandbox", S, true}, {"path", S, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_glob[] = {{"sandbox", S, true},
-                                                   {"pattern", S, true},
-                                                   {"path", S, false},
-                                                   {"max_results", I, false},
-                                                   {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_grep[] = {
-    {"sandbox", S, true},       {"pattern", S, true},
-    {"path", S, false},         {"glob", S, false},
-    {"fixed_string", B, false}, {"ignore_case", B, false},
-    {"max_matches", I, false},  {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_delete[] = {
-    {"sandbox", S, true}, {"path", S, true}, {"recursive", B, false}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_upload[] = {
-    {"sandbox", S, true}, {"files", A, true}, {NULL, 0, false}};
-static const struct conch_rpc_param p_fs_download[] = {
-    {"sandbox", S, true}, {"paths", A, true}, {NULL, 0, false}};
-static const struct conch_rpc_param p_ws[] = {
-    {"sandbox", S, true}, {"paths", A, false}, {NULL, 0, false}};
+    P("sandbox", S, true),    P("path", S, true),         P("old_string", S, true),
+    P("new_string", S, true), P("replace_all", B, false), END};
+static const struct conch_rpc_param p_fs_ls[] = {P("sandbox", S, true), P("path", S, false), END};
+static const struct conch_rpc_param p_fs_glob[] = {P("sandbox", S, true), P("pattern", S, true),
+                                                   P("path", S, false),
+                                                   R("max_results", I, 1, 10000, 0), END};
+static const struct conch_rpc_param p_fs_grep[] = {P("sandbox", S, true),
+                                                   P("pattern", S, true),
+                                                   P("path", S, false),
+                                                   P("glob", S, false),
+                                                   P("fixed_string", B, false),
+                                                   P("ignore_case", B, false),
+                                                   R("max_matches", I, 1, 10000, 0),
+                                                   END};
+static const struct conch_rpc_param p_fs_delete[] = {P("sandbox", S, true), P("path", S, true),
+                                                     P("recursive", B, false), END};
+static const struct conch_rpc_param p_fs_upload[] = {P("sandbox", S, true), P("files", A, true),
+                                                     END};
+static const struct conch_rpc_param p_fs_download[] = {P("sandbox", S, true), P("paths", A, true),
+                                                       END};
+static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", A, false), END};
 static const struct conch_rpc_param p_ws_changes[] = {
-    {"sandbox", S, true}, {"offset", I, false}, {"limit", I, false}, {NULL, 0, false}};
+    P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
 
 const struct conch_rpc_method daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
@@ -603,6 +714,21 @@ static int serve_stdio(struct daemon *d, struct conch_err *err)
     return 0;
 }
 
+/* Every sandbox, client, pipe and spill file costs fds: take the hard limit (1024 is the
+ * usual soft one). Sandboxes get the original soft limit back (sandbox_spawn). */
+static void raise_nofile(struct daemon *d)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    struct rlimit raised = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+        d->nofile_orig = rl;
+    else
+        log_warn("raise the open files limit to %llu: %s", (unsigned long long)rl.rlim_max,
+                 strerror(errno));
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -636,6 +762,11 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     snprintf(path, sizeof(path), "%s/state.db", d->state_dir);
     if ((r = conch_state_open(path, &d->state, err)) < 0)
         goto out_free;
+    /* The loop never sleeps on a lock: this daemon is the database's only writer. */
+    if ((r = conch_state_claim(d->state, err)) < 0)
+        goto out_state;
+    conch_state_set_busy_timeout(d->state, 0);
+    raise_nofile(d);
 
     if ((r = conch_jail_host_prepare(err)) < 0)
         goto out_state;
@@ -686,6 +817,12 @@ out_loop:
     }
     if (d->listening)
         unlink(d->socket_path);
+    /* Let the workers finish what holds a sandbox (a scan, a teardown): their completions
+     * free it, which needs its handles still open. */
+    if (d->listening)
+        uv_close((uv_handle_t *)&d->listener, NULL);
+    while (d->holds > 0 && uv_run(&d->loop, UV_RUN_ONCE))
+        ;
     uv_walk(&d->loop, close_walk, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     uv_loop_close(&d->loop);

@@ -28,13 +28,30 @@ int conch_state_default_dir(char *buf, size_t size, struct conch_err *err);
 /*
  * conch_state_open - open (creating if needed) the database at @path. Missing parent
  * directories are created with mode 0700 and a new database file with 0600. The connection
- * uses WAL journaling with synchronous=FULL (a committed write survives SIGKILL and power
- * loss), a 5 s busy timeout and enforced foreign keys; the schema is migrated to
- * CONCH_STATE_SCHEMA_VERSION in one transaction. A database written by a newer conch is
+ * uses WAL journaling with synchronous=NORMAL (a committed write survives SIGKILL of the
+ * process; a power loss may lose the last ones, never the database), a 5 s busy timeout
+ * and enforced foreign keys; an older schema is migrated to CONCH_STATE_SCHEMA_VERSION in
+ * one transaction (a current one is not written to at all). A database written by a newer conch is
  * refused with -EPROTONOSUPPORT and left untouched. On success *@ret is a new handle the
  * caller closes with conch_state_close. Returns 0, or -errno with @err.
  */
 int conch_state_open(const char *path, struct conch_state **ret, struct conch_err *err);
+
+/*
+ * conch_state_set_busy_timeout - how long a statement waits for another process's lock
+ * before failing with -EBUSY: @ms, 0 for not at all. The daemon sets 0: it runs on an event
+ * loop that must never sleep, and as the database's only writer (conch_state_claim) it only
+ * meets a lock held by a stray process, which then fails that one write instead of
+ * stalling every client.
+ */
+void conch_state_set_busy_timeout(struct conch_state *st, int ms);
+
+/*
+ * conch_state_claim - make this process the database's one writer: an exclusive flock on the
+ * database file, held until conch_state_close (readers such as `conch gc` are unaffected).
+ * -EBUSY with a message naming the fix when another daemon holds it.
+ */
+int conch_state_claim(struct conch_state *st, struct conch_err *err);
 
 /* conch_state_close - close @st and free it. NULL is fine. */
 void conch_state_close(struct conch_state *st);

@@ -60,7 +60,8 @@ struct jail_plan {
     rlim_t rlimit_nproc;
     bool set_rlimit_as;
     rlim_t rlimit_as;
-    rlim_t rlimit_fsize; /* 0: none */
+    rlim_t rlimit_fsize;         /* 0: none */
+    struct rlimit rlimit_nofile; /* rlim_cur 0: inherited */
     /* file requests: run in a fenced worker with the request and response fds */
     conch_jail_file_fn file_handler;
     /* workspace upper on disk (persistent) instead of a tmpfs */

@@ -51,6 +51,7 @@ struct conch_jail_spec {
     uint64_t home_bytes;               /* size of /home/agent */
     uint64_t disk_bytes;               /* size of the overlay upper (what may be written) */
     uint64_t file_bytes;               /* RLIMIT_FSIZE of commands (the largest file); 0: none */
+    struct rlimit nofile;              /* RLIMIT_NOFILE of commands; rlim_cur 0: the caller's own */
     struct conch_cgroup_limits limits; /* enforced by a cgroup when one can be had */
     const char *name; /* unique name (cgroup, staging); NULL: derived from the pid */
     /* Host dir holding the overlay's upper/ and work/, kept after the sandbox (for changes

@@ -219,6 +219,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->seccomp = &j->seccomp;
     plan->seccomp_file = &j->seccomp_file;
     plan->rlimit_fsize = spec->file_bytes;
+    plan->rlimit_nofile = spec->nofile;
     plan->file_handler = spec->file_handler;
     if (spec->upper_dir) {
         plan->upper_on_disk = true;

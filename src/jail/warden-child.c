@@ -130,6 +130,9 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
         if (setrlimit(RLIMIT_NPROC, &rl) < 0)
             return -errno;
     }
+    /* A daemon raises its own open-files limit; its commands get the usual one back. */
+    if (plan->rlimit_nofile.rlim_cur && setrlimit(RLIMIT_NOFILE, &plan->rlimit_nofile) < 0)
+        return -errno;
     if (plan->rlimit_fsize) {
         rl.rlim_cur = rl.rlim_max = plan->rlimit_fsize;
         if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
@@ -340,7 +343,6 @@ static struct proc_slot slots[MAX_PROCS];
 static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
 static int ready_slot = -1;         /* the shepherd started ahead of need, or -1 */
 static int ready_failures;
-
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
  * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked

@@ -28,6 +28,24 @@ size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f)
     return f->len;
 }
 
+const char *conch_rpc_framer_oversize_head(const struct conch_rpc_framer *f, size_t *ret_len)
+{
+    *ret_len = f->over_head ? f->over_head_len : 0;
+    return f->over_head;
+}
+
+static void report_oversize(struct conch_rpc_framer *f, const char *head, size_t len,
+                            void (*on_oversize)(void *ctx), void *ctx)
+{
+    if (!on_oversize)
+        return;
+    f->over_head = head;
+    f->over_head_len = len;
+    on_oversize(ctx);
+    f->over_head = NULL;
+    f->over_head_len = 0;
+}
+
 /* Append to the partial line; the caller has checked that the total stays within max + 1. */
 static int append(struct conch_rpc_framer *f, const char *p, size_t n)
 {
@@ -68,10 +86,13 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
             /* Too long even if its last byte turns out to be a '\r' to strip. Report it now,
              * before the newline arrives, so a client streaming an endless line is told and
              * nothing more of it is kept. */
-            f->len = 0;
             f->discarding = !nl;
-            if (on_oversize)
-                on_oversize(ctx);
+            /* Its beginning (where the id usually is) is in the buffer or in this feed. */
+            if (f->len > 0)
+                report_oversize(f, f->buf, f->len, on_oversize, ctx);
+            else
+                report_oversize(f, buf, seg, on_oversize, ctx);
+            f->len = 0;
         } else if (!nl) {
             if (append(f, buf, seg) < 0) {
                 f->len = 0;
@@ -93,8 +114,7 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
             if (n > 0 && line[n - 1] == '\r')
                 n--;
             if (n > f->max) {
-                if (on_oversize)
-                    on_oversize(ctx);
+                report_oversize(f, line, n, on_oversize, ctx);
             } else if (n > 0) {
                 on_line(ctx, line, n);
             }

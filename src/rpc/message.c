@@ -203,3 +203,91 @@ bool conch_rpc_bool(json_t *params, const char *key, bool def)
     json_t *v = member(params, key);
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
+
+/* ---- recovering the id of a request too long to parse ---- */
+
+static size_t skip_ws(const char *s, size_t i, size_t n)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* The end of the string starting at s[i] == '"' (index past its closing quote), or 0. */
+static size_t skip_string(const char *s, size_t i, size_t n)
+{
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return 0;
+}
+
+/* The end of the value starting at s[i] (a member's value, any type), or 0 if cut. */
+static size_t skip_value(const char *s, size_t i, size_t n)
+{
+    size_t depth = 0;
+    while (i < n) {
+        char ch = s[i];
+        if (ch == '"') {
+            i = skip_string(s, i, n);
+            if (!i)
+                return 0;
+            if (depth == 0)
+                return i;
+            continue;
+        }
+        if (ch == '{' || ch == '[') {
+            depth++;
+        } else if (ch == '}' || ch == ']') {
+            if (depth == 0)
+                return i; /* the end of the enclosing object: a scalar ended here */
+            if (--depth == 0)
+                return i + 1;
+        } else if (ch == ',' && depth == 0) {
+            return i;
+        }
+        i++;
+    }
+    return 0;
+}
+
+json_t *conch_rpc_peek_id(const char *s, size_t n)
+{
+    size_t i = skip_ws(s, 0, n);
+    if (i >= n || s[i] != '{')
+        return NULL;
+    i++;
+    for (;;) {
+        i = skip_ws(s, i, n);
+        if (i >= n || s[i] != '"')
+            return NULL;
+        size_t kend = skip_string(s, i, n);
+        if (!kend)
+            return NULL;
+        bool is_id = kend - i == 4 && !memcmp(s + i, "\"id\"", 4);
+        i = skip_ws(s, kend, n);
+        if (i >= n || s[i] != ':')
+            return NULL;
+        i = skip_ws(s, i + 1, n);
+        size_t vend = skip_value(s, i, n);
+        if (!vend)
+            return NULL;
+        if (is_id) {
+            /* A number is complete only once something follows it. */
+            if (vend >= n)
+                return NULL;
+            json_t *v = json_loadb(s + i, vend - i, JSON_DECODE_ANY, NULL);
+            if (v && (json_is_string(v) || json_is_integer(v) || json_is_null(v)))
+                return v;
+            json_decref(v);
+            return NULL;
+        }
+        i = skip_ws(s, vend, n);
+        if (i >= n || s[i] != ',')
+            return NULL;
+        i++;
+    }
+}

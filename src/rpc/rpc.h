@@ -41,11 +41,13 @@
  * private. Memory stays bounded: at most @max_message + 2 bytes are ever buffered.
  */
 struct conch_rpc_framer {
-    char *buf;       /* the start of a line split across feeds */
-    size_t len;      /* bytes in buf */
-    size_t cap;      /* bytes allocated for buf */
-    size_t max;      /* the longest line accepted, without its "\r\n" */
-    bool discarding; /* skipping the rest of an oversize line up to its newline */
+    char *buf;             /* the start of a line split across feeds */
+    size_t len;            /* bytes in buf */
+    size_t cap;            /* bytes allocated for buf */
+    size_t max;            /* the longest line accepted, without its "\r\n" */
+    bool discarding;       /* skipping the rest of an oversize line up to its newline */
+    const char *over_head; /* during on_oversize only: the line's first bytes */
+    size_t over_head_len;
 };
 
 /*
@@ -76,6 +78,23 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
 
 /* conch_rpc_framer_pending - bytes of a partial line currently buffered. */
 size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f);
+
+/*
+ * conch_rpc_framer_oversize_head - valid only inside @on_oversize: the first bytes of the
+ * oversize line that were seen (borrowed, at least the first @max bytes unless the line
+ * ended sooner), so the caller can recover the request's id with conch_rpc_peek_id().
+ * Stores their count in *@ret_len; NULL and 0 outside the callback.
+ */
+const char *conch_rpc_framer_oversize_head(const struct conch_rpc_framer *f, size_t *ret_len);
+
+/*
+ * conch_rpc_peek_id - the "id" member of a request object whose text (@s, @len borrowed) may
+ * be cut anywhere: scans the top-level members in order, skipping values, until it finds
+ * "id" with a complete string, integer or null value. Returns a new reference, or NULL when
+ * the id cannot be recovered (not an object, cut before the id, an id of another type).
+ * Never reads past @len; linear in @len.
+ */
+json_t *conch_rpc_peek_id(const char *s, size_t len);
 
 /* ---- Messages --------------------------------------------------------------------------- */
 
@@ -136,6 +155,19 @@ struct conch_rpc_sink;
 struct conch_rpc_sink *conch_rpc_sink_new(void (*send)(void *send_ctx, json_t *msg),
                                           void *send_ctx);
 
+/*
+ * conch_rpc_sink_set_line_sender - let @sink also send lines serialised elsewhere (see
+ * conch_rpc_call_reply_dumped): @send_line(send_ctx, line, len) takes ownership of @line
+ * (malloc'd, ending in '\n', NUL-terminated). Without it such lines are parsed back into
+ * JSON and go through @send.
+ */
+void conch_rpc_sink_set_line_sender(struct conch_rpc_sink *sink,
+                                    void (*send_line)(void *send_ctx, char *line, size_t len));
+
+/* conch_rpc_sink_ctx - the send_ctx given to conch_rpc_sink_new(), or NULL once @sink is
+ * closed (or NULL). Lets the owner find its connection from a sink a handler kept. */
+void *conch_rpc_sink_ctx(const struct conch_rpc_sink *sink);
+
 /* conch_rpc_sink_close - stop sending and drop the owner's reference (see above). Call it
  * exactly once per sink; NULL is ignored. */
 void conch_rpc_sink_close(struct conch_rpc_sink *sink);
@@ -166,12 +198,26 @@ enum conch_rpc_type {
     CONCH_RPC_ANY, /* any value, null included */
 };
 
-/* One named parameter. An optional param given as null counts as absent. */
+/*
+ * One named parameter. An optional param given as null counts as absent.
+ * For CONCH_RPC_INT and CONCH_RPC_NUMBER, @min and @max bound the value (inclusive) when
+ * @ranged is set: NaN, infinities and values outside [@min, @max] are refused with -32602
+ * naming the param and the range, before any handler turns the number into a size, a time
+ * or a count. CONCH_RPC_NUMBER values other than 0 must also be at least @min_nonzero when
+ * it is set (0.0000001 s is not a timeout). Use the CONCH_RPC_RANGE* helpers below.
+ */
 struct conch_rpc_param {
     const char *name;
     enum conch_rpc_type type;
     bool required;
+    bool ranged;
+    double min, max;
+    double min_nonzero; /* 0: none */
 };
+
+/* Range initialisers: {"timeout", CONCH_RPC_NUMBER, false, CONCH_RPC_RANGE(0, 86400)}. */
+#define CONCH_RPC_RANGE(lo, hi) true, (lo), (hi), 0
+#define CONCH_RPC_RANGE_NZ(lo, hi, nz) true, (lo), (hi), (nz)
 
 /* A call in progress: created by conch_rpc_dispatch(), completed once by its handler. */
 struct conch_rpc_call;
@@ -214,6 +260,15 @@ void conch_rpc_dispatch(const struct conch_rpc_method *table, const char *line, 
  * The response is dropped for a notification or a closed sink. Frees @call.
  */
 void conch_rpc_call_reply(struct conch_rpc_call *call, json_t *result);
+
+/*
+ * conch_rpc_call_reply_dumped - complete @call with a result already serialised as compact
+ * JSON (@text, taken over: json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY), e.g. in a
+ * worker thread, so that a large result never costs the loop its serialisation). The
+ * response line is built around it without parsing it again (except inside a batch, whose
+ * array is built as JSON). NULL sends internal_error. Frees @call.
+ */
+void conch_rpc_call_reply_dumped(struct conch_rpc_call *call, char *text);
 
 /*
  * conch_rpc_call_fail - complete @call with an error built as conch_rpc_error(id, @code,

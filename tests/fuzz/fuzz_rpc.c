@@ -104,17 +104,21 @@ static void h_nil(struct conch_rpc_call *call, json_t *params, void *ctx)
 }
 
 static const struct conch_rpc_param fail_params[] = {
-    {"kind", CONCH_RPC_INT, false},
-    {"msg", CONCH_RPC_STRING, false},
-    {"code", CONCH_RPC_STRING, false},
-    {NULL, 0, false},
+    {.name = "kind", .type = CONCH_RPC_INT},
+    {.name = "msg", .type = CONCH_RPC_STRING},
+    {.name = "code", .type = CONCH_RPC_STRING},
+    {.name = NULL},
 };
 
 static const struct conch_rpc_param typed_params[] = {
-    {"s", CONCH_RPC_STRING, true},  {"i", CONCH_RPC_INT, false},
-    {"n", CONCH_RPC_NUMBER, false}, {"b", CONCH_RPC_BOOL, false},
-    {"o", CONCH_RPC_OBJECT, false}, {"a", CONCH_RPC_ARRAY, false},
-    {"any", CONCH_RPC_ANY, false},  {NULL, 0, false},
+    {.name = "s", .type = CONCH_RPC_STRING, .required = true},
+    {.name = "i", .type = CONCH_RPC_INT, .ranged = true, .min = -5, .max = 1e6},
+    {.name = "n", .type = CONCH_RPC_NUMBER, .ranged = true, .max = 60, .min_nonzero = 0.001},
+    {.name = "b", .type = CONCH_RPC_BOOL},
+    {.name = "o", .type = CONCH_RPC_OBJECT},
+    {.name = "a", .type = CONCH_RPC_ARRAY},
+    {.name = "any", .type = CONCH_RPC_ANY},
+    {.name = NULL},
 };
 
 static const struct conch_rpc_method table[] = {
@@ -133,10 +137,16 @@ static void on_line(void *ctx, const char *line, size_t len)
     conch_rpc_dispatch(table, line, len, NULL, c->sink);
 }
 
+static struct conch_rpc_framer *cur_framer;
+
 static void on_oversize(void *ctx)
 {
     struct conn *c = ctx;
-    conch_rpc_sink_send(c->sink, conch_rpc_error(NULL, 0, "message_too_large", "too long", NULL));
+    size_t len = 0;
+    const char *head = conch_rpc_framer_oversize_head(cur_framer, &len);
+    json_t *id = head ? conch_rpc_peek_id(head, len) : NULL;
+    conch_rpc_sink_send(c->sink, conch_rpc_error(id, 0, "message_too_large", "too long", NULL));
+    json_decref(id);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -160,6 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     struct conch_rpc_framer f;
     conch_rpc_framer_init(&f, max);
+    cur_framer = &f;
     nstored = 0;
     const char *p = (const char *)data;
     size_t left = size;

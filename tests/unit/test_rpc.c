@@ -392,10 +392,23 @@ static void h_fail(struct conch_rpc_call *call, json_t *params, void *ctx)
 }
 
 static const struct conch_rpc_param echo_params[] = {
-    {"text", CONCH_RPC_STRING, true}, {"n", CONCH_RPC_INT, false},
-    {"x", CONCH_RPC_NUMBER, false},   {"b", CONCH_RPC_BOOL, false},
-    {"o", CONCH_RPC_OBJECT, false},   {"a", CONCH_RPC_ARRAY, false},
-    {"any", CONCH_RPC_ANY, false},    {NULL, 0, false},
+    {.name = "text", .type = CONCH_RPC_STRING, .required = true},
+    {.name = "n", .type = CONCH_RPC_INT},
+    {.name = "x", .type = CONCH_RPC_NUMBER},
+    {.name = "b", .type = CONCH_RPC_BOOL},
+    {.name = "o", .type = CONCH_RPC_OBJECT},
+    {.name = "a", .type = CONCH_RPC_ARRAY},
+    {.name = "any", .type = CONCH_RPC_ANY},
+    /* a size: 0 .. 1 MiB */
+    {.name = "size", .type = CONCH_RPC_INT, .ranged = true, .min = 0, .max = 1048576},
+    /* a time: 0 (none) or 0.001 .. 3600 s */
+    {.name = "secs",
+     .type = CONCH_RPC_NUMBER,
+     .ranged = true,
+     .min = 0,
+     .max = 3600,
+     .min_nonzero = 0.001},
+    {.name = NULL},
 };
 
 static const struct conch_rpc_method table[] = {
@@ -593,6 +606,38 @@ Test(dispatch, params_checked_against_the_table)
                       CONCH_RPC_INVALID_PARAMS, "invalid_params", false);
     cr_assert_str_eq(err_str(only(), "param"), "a");
     cr_assert_eq(ran, 0);
+}
+
+Test(dispatch, numbers_range_checked)
+{
+    /* NaN and infinities are not JSON; 1e400 overflows to a parse error in jansson */
+    expect_bad_param("{\"text\":\"\",\"size\":-1}", "size");
+    cr_assert_not_null(strstr(err_msg(only()), "between 0 and 1048576"), "%s", err_msg(only()));
+    cr_assert_eq(json_real_value(json_object_get(err_data(only()), "max")), 1048576.0);
+    expect_bad_param("{\"text\":\"\",\"size\":1048577}", "size");
+    expect_bad_param("{\"text\":\"\",\"size\":9223372036854775807}", "size");
+    expect_bad_param("{\"text\":\"\",\"size\":-9223372036854775807}", "size");
+    expect_bad_param("{\"text\":\"\",\"secs\":1e308}", "secs");
+    expect_bad_param("{\"text\":\"\",\"secs\":-0.5}", "secs");
+    expect_bad_param("{\"text\":\"\",\"secs\":1e-7}", "secs");
+    cr_assert_not_null(strstr(err_msg(only()), "must be 0 or between 0.001 and 3600"), "%s",
+                       err_msg(only()));
+    expect_bad_param("{\"text\":\"\",\"secs\":3600.0001}", "secs");
+    cr_assert_eq(ran, 0);
+    /* the bounds themselves, 0 and an integer for a number pass */
+    const char *ok[] = {"{\"text\":\"\",\"size\":0,\"secs\":0}",
+                        "{\"text\":\"\",\"size\":1048576,\"secs\":3600}",
+                        "{\"text\":\"\",\"secs\":0.001}", "{\"text\":\"\",\"secs\":5}",
+                        "{\"text\":\"\",\"size\":null,\"secs\":null}"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        char line[256];
+        snprintf(line, sizeof(line),
+                 "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"echo\",\"params\":%s}", ok[i]);
+        json_array_clear(sent);
+        dispatch(line);
+        cr_assert_not_null(json_object_get(only(), "result"), "%s", ok[i]);
+    }
+    cr_assert_eq(ran, 5);
 }
 
 Test(dispatch, valid_params_reach_the_handler)
@@ -871,4 +916,150 @@ Test(params, helpers)
     cr_assert_null(conch_rpc_strn(p, "i", &len));
     cr_assert_eq(len, 99);
     json_decref(p);
+}
+
+/* ---- recovering the id of an oversize request ------------------------------------------- */
+
+static void expect_peek(const char *text, size_t cut, const char *want)
+{
+    json_t *id = conch_rpc_peek_id(text, cut ? cut : strlen(text));
+    if (!want) {
+        cr_assert_null(id, "%s", text);
+        return;
+    }
+    cr_assert_not_null(id, "%s", text);
+    char *got = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+    cr_assert_str_eq(got, want, "%s", text);
+    free(got);
+    json_decref(id);
+}
+
+Test(peek_id, finds_the_id_before_the_cut)
+{
+    expect_peek("{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"x\",\"params\":{\"p\":\"aaaa", 0, "7");
+    expect_peek(" { \"id\" : \"a\\\"b\" , \"params\": {\"x", 0, "\"a\\\"b\"");
+    expect_peek("{\"params\":{\"id\":1,\"z\":[1,{\"id\":2}]},\"id\":null,\"pad\":\"", 0, "null");
+    expect_peek("{\"method\":\"a}b\",\"id\":-12,", 0, "-12");
+    /* the id after the cut, cut inside the id, a number that may go on, a bad type */
+    expect_peek("{\"params\":{\"p\":\"aaaa", 0, NULL);
+    expect_peek("{\"id\":\"abc", 0, NULL);
+    expect_peek("{\"id\":12", 0, NULL);
+    expect_peek("{\"id\":[1],\"x\":1", 0, NULL);
+    expect_peek("{\"id\":1.5,\"x\":1", 0, NULL);
+    expect_peek("[{\"id\":1}", 0, NULL);
+    expect_peek("garbage", 0, NULL);
+    expect_peek("{\"id\":5,", 6, NULL); /* cut after the 5 */
+}
+
+struct head_seen {
+    char head[64];
+    size_t len;
+    int calls;
+};
+
+static struct conch_rpc_framer *head_framer;
+
+static void on_line_ignore(void *ctx, const char *line, size_t len)
+{
+    (void)ctx;
+    (void)line;
+    (void)len;
+}
+
+static void on_oversize_head(void *ctx)
+{
+    struct head_seen *h = ctx;
+    size_t len = 0;
+    const char *p = conch_rpc_framer_oversize_head(head_framer, &len);
+    cr_assert_not_null(p);
+    h->len = len < sizeof(h->head) - 1 ? len : sizeof(h->head) - 1;
+    memcpy(h->head, p, h->len);
+    h->head[h->len] = '\0';
+    h->calls++;
+}
+
+Test(framer, oversize_reports_the_head_and_stays_bounded)
+{
+    struct conch_rpc_framer f;
+    struct head_seen h = {0};
+    head_framer = &f;
+    conch_rpc_framer_init(&f, 16);
+    /* the start arrives in small pieces, then the line goes past the cap */
+    const char *parts[] = {"{\"id\":4", "2,\"p\":\"", "xxxxxxxxxxxxxxxxxxxxxxxxx", "yyyy\n"};
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_eq(conch_rpc_framer_feed(&f, parts[i], strlen(parts[i]), on_line_ignore,
+                                           on_oversize_head, &h),
+                     0);
+        cr_assert_leq(conch_rpc_framer_pending(&f), 17);
+    }
+    cr_assert_eq(h.calls, 1);
+    cr_assert_eq(strncmp(h.head, "{\"id\":42,", 9), 0, "%s", h.head);
+    json_t *id = conch_rpc_peek_id(h.head, h.len);
+    cr_assert_eq(json_integer_value(id), 42);
+    json_decref(id);
+    size_t len = 1;
+    cr_assert_null(conch_rpc_framer_oversize_head(&f, &len));
+    cr_assert_eq(len, 0);
+    /* an oversize line in one feed */
+    h.calls = 0;
+    const char *one = "{\"id\":\"q\",\"pad\":\"zzzzzzzzzzzzzzzzzzzz\"}\n";
+    conch_rpc_framer_feed(&f, one, strlen(one), on_line_ignore, on_oversize_head, &h);
+    cr_assert_eq(h.calls, 1);
+    id = conch_rpc_peek_id(h.head, h.len);
+    cr_assert_str_eq(json_string_value(id), "q");
+    json_decref(id);
+    conch_rpc_framer_done(&f);
+}
+
+static void sink_send_nothing(void *ctx, json_t *msg)
+{
+    (void)ctx;
+    json_decref(msg);
+}
+
+Test(sink, ctx_until_closed)
+{
+    int owner;
+    struct conch_rpc_sink *s = conch_rpc_sink_new(sink_send_nothing, &owner);
+    cr_assert_eq(conch_rpc_sink_ctx(s), &owner);
+    conch_rpc_sink_ref(s);
+    conch_rpc_sink_close(s);
+    cr_assert_null(conch_rpc_sink_ctx(s));
+    conch_rpc_sink_unref(s);
+    cr_assert_null(conch_rpc_sink_ctx(NULL));
+}
+
+static char *last_line;
+
+static void capture_line(void *ctx, char *line, size_t len)
+{
+    cr_assert_eq(ctx, &sent);
+    cr_assert_eq(strlen(line), len);
+    free(last_line);
+    last_line = line;
+}
+
+Test(dispatch, reply_dumped_builds_the_line_without_parsing)
+{
+    conch_rpc_sink_set_line_sender(sink, capture_line);
+    dispatch("{\"jsonrpc\":\"2.0\",\"id\":\"q\\\"1\",\"method\":\"later\"}");
+    dispatch("{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"later\"}");
+    dispatch("[{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"later\"}]");
+    cr_assert_eq(nstored, 3);
+    conch_rpc_call_reply_dumped(stored[0], strdup("{\"changes\":[1,2]}"));
+    cr_assert_str_eq(last_line,
+                     "{\"jsonrpc\":\"2.0\",\"id\":\"q\\\"1\",\"result\":{\"changes\":[1,2]}}\n");
+    cr_assert_eq(json_array_size(sent), 0);
+    /* NULL (out of memory in the worker) is an internal error */
+    conch_rpc_call_reply_dumped(stored[1], NULL);
+    expect_error(only(), CONCH_RPC_INTERNAL_ERROR, "internal_error");
+    /* in a batch the text is parsed back into the array */
+    json_array_clear(sent);
+    conch_rpc_call_reply_dumped(stored[2], strdup("[\"x\"]"));
+    json_t *b = only();
+    cr_assert(json_is_array(b));
+    json_t *r = json_object_get(json_array_get(b, 0), "result");
+    cr_assert_str_eq(json_string_value(json_array_get(r, 0)), "x");
+    free(last_line);
+    last_line = NULL;
 }
