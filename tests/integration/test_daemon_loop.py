@@ -29,6 +29,7 @@ class Pinger:
         self.c = Client.unix(sock)
         self.worst = 0.0
         self.count = 0
+        self.latencies = []
         self.errors = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -42,9 +43,15 @@ class Pinger:
             except Exception as e:  # noqa: BLE001 - reported by the test
                 self.errors.append(repr(e))
                 return
-            self.worst = max(self.worst, time.monotonic() - t0)
+            dt = time.monotonic() - t0
+            self.worst = max(self.worst, dt)
+            self.latencies.append(dt)
             self.count += 1
             time.sleep(0.02)
+
+    def p90(self):
+        lat = sorted(self.latencies)
+        return lat[int(len(lat) * 0.9)] if lat else float("inf")
 
     def stop(self):
         self._stop.set()
@@ -216,13 +223,16 @@ def test_workspace_scans_do_not_stall_other_clients(daemon, ws):
         pinger.stop()
     for x in resp:
         assert "result" in x, str(x)[:500]
-    changes = resp[1]["result"]["changes"]
-    assert len(changes) >= MANY, len(changes)
+    res = resp[1]["result"]
+    # all of them, or a capped page with the total (once the change list is paged)
+    assert res.get("changes_total", len(res["changes"])) >= MANY, str(res)[:300]
     assert not pinger.errors, pinger.errors
-    # the scans took a while; pings went on meanwhile, each answered quickly
-    assert count >= 3, (count, took)
-    # (200 ms is the goal; 0.5 s leaves room for a loaded machine: before, pings waited 5-8 s)
-    assert pinger.worst < 0.5, f"a ping waited {pinger.worst:.3f}s while the scans took {took:.2f}s"
+    # the scans took a while; pings went on meanwhile, answered quickly (200 ms is the goal;
+    # a loaded machine may delay one now and then, but a scan on the loop delays one by its
+    # whole duration: before, pings waited 5-8 s)
+    assert count >= 10, (count, took)
+    assert pinger.p90() < 0.2, (pinger.p90(), pinger.worst, took)
+    assert pinger.worst < max(0.5, took / 4), f"a ping waited {pinger.worst:.3f}s while the scans took {took:.2f}s"
     # destroy answers only once the directory is gone, and does not stall the loop either
     c.call("sandbox.destroy", {"id": sb}, timeout=120)
     left = [n for n in os.listdir(os.path.join(daemon.state_dir, "sandboxes")) if n == sb]
@@ -349,7 +359,7 @@ def test_destroy_and_shutdown_during_a_scan(daemon_factory, tmp_path):
     i2 = c.request("workspace.diff", {"sandbox": sbs[0]})
     i3 = c.request("sandbox.destroy", {"id": sbs[0]})
     r1, r2, r3 = c.wait(i1, 120), c.wait(i2, 120), c.wait(i3, 120)
-    assert len(r1["result"]["changes"]) >= 20000, str(r1)[:300]
+    assert r1["result"].get("changes_total", len(r1["result"]["changes"])) >= 20000, str(r1)[:300]
     assert r3["result"] == {"destroyed": True}, r3
     # the diff was queued behind the scan when the sandbox went: refused, or done
     assert ("error" in r2 and r2["error"]["data"]["code"] == "sandbox_not_found") or "result" in r2, str(r2)[:300]
@@ -379,5 +389,6 @@ def test_large_file_answers_do_not_stall_other_clients(daemon):
         pinger.stop()
     assert not pinger.errors, pinger.errors
     assert count >= 3, count
-    assert pinger.worst < 0.25, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
+    assert pinger.p90() < 0.1, (pinger.p90(), pinger.worst)
+    assert pinger.worst < 0.5, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
     c.call("sandbox.destroy", {"id": sb})
