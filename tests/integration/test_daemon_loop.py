@@ -29,6 +29,7 @@ class Pinger:
         self.c = Client.unix(sock)
         self.worst = 0.0
         self.count = 0
+        self.latencies = []
         self.errors = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -42,9 +43,15 @@ class Pinger:
             except Exception as e:  # noqa: BLE001 - reported by the test
                 self.errors.append(repr(e))
                 return
-            self.worst = max(self.worst, time.monotonic() - t0)
+            dt = time.monotonic() - t0
+            self.worst = max(self.worst, dt)
+            self.latencies.append(dt)
             self.count += 1
             time.sleep(0.02)
+
+    def p90(self):
+        lat = sorted(self.latencies)
+        return lat[int(len(lat) * 0.9)] if lat else float("inf")
 
     def stop(self):
         self._stop.set()
@@ -219,10 +226,12 @@ def test_workspace_scans_do_not_stall_other_clients(daemon, ws):
     # workspace.changes pages (10,000 at most per call); the total counts them all
     assert resp[1]["result"]["changes_total"] >= MANY, resp[1]["result"]["changes_total"]
     assert not pinger.errors, pinger.errors
-    # the scans took a while; pings went on meanwhile, each answered quickly
-    assert count >= 3, (count, took)
-    # (200 ms is the goal; 0.5 s leaves room for a loaded machine: before, pings waited 5-8 s)
-    assert pinger.worst < 0.5, f"a ping waited {pinger.worst:.3f}s while the scans took {took:.2f}s"
+    # the scans took a while; pings went on meanwhile, answered quickly (200 ms is the goal;
+    # a loaded machine may delay one now and then, but a scan on the loop delays one by its
+    # whole duration: before, pings waited 5-8 s)
+    assert count >= 10, (count, took)
+    assert pinger.p90() < 0.2, (pinger.p90(), pinger.worst, took)
+    assert pinger.worst < max(0.5, took / 4), f"a ping waited {pinger.worst:.3f}s while the scans took {took:.2f}s"
     # destroy answers only once the directory is gone, and does not stall the loop either
     c.call("sandbox.destroy", {"id": sb}, timeout=120)
     left = [n for n in os.listdir(os.path.join(daemon.state_dir, "sandboxes")) if n == sb]
@@ -379,5 +388,6 @@ def test_large_file_answers_do_not_stall_other_clients(daemon):
         pinger.stop()
     assert not pinger.errors, pinger.errors
     assert count >= 3, count
-    assert pinger.worst < 0.25, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
+    assert pinger.p90() < 0.1, (pinger.p90(), pinger.worst)
+    assert pinger.worst < 0.5, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
     c.call("sandbox.destroy", {"id": sb})
