@@ -391,3 +391,45 @@ def test_large_file_answers_do_not_stall_other_clients(daemon):
     assert pinger.p90() < 0.1, (pinger.p90(), pinger.worst)
     assert pinger.worst < 0.5, f"a ping waited {pinger.worst:.3f}s behind 60 MB file answers"
     c.call("sandbox.destroy", {"id": sb})
+
+
+def test_streaming_to_a_slow_reader_pauses_the_command(daemon_factory):
+    """A client that streams a command's output (stream: true) but stops reading for a while:
+    the daemon stops reading the command's pipes once the client is congested (the command
+    blocks on its writes) instead of buffering without end or cutting the client off; when
+    the client reads again, every byte arrives and the command completes."""
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {})["id"]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(d.sock)
+    total = 40 << 20
+    raw_request(s, 1, "exec.run", {"sandbox": sb, "stream": True, "timeout": 120,
+                                   "command": f"head -c {total} /dev/zero | tr '\\0' x; echo done >&2"})
+    peak = 0
+    for _ in range(30):  # 3 s without reading
+        time.sleep(0.1)
+        peak = max(peak, vm_kb(d.pid, "VmRSS"))
+    # now read everything: notifications, then the response
+    f = s.makefile("rb")
+    streamed = 0
+    result = None
+    s.settimeout(120)
+    while result is None:
+        line = f.readline()
+        assert line, "the daemon closed the connection of a client that was only slow"
+        msg = json.loads(line)
+        if msg.get("method") == "exec.output" and msg["params"]["stream"] == "stdout":
+            streamed += len(msg["params"]["data"])
+        elif msg.get("id") == 1:
+            result = msg
+    s.close()
+    assert "result" in result, str(result)[:300]
+    assert result["result"]["exit_code"] == 0 and result["result"]["stderr"] == "done\n", str(result)[:300]
+    assert streamed == total, (streamed, total)
+    if not sanitized(d.conch_bin):
+        # the 40 MB were not buffered while the client did not read (8 MiB soft limit;
+        # without the pause the daemon peaks near 50 MB)
+        assert peak < 32 * 1024, f"daemon RSS peaked at {peak} kB while the client was not reading"
+    assert "hard limit" not in d.log()
