@@ -110,7 +110,6 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
     return env;
 }
 
-
 /* Copy the part of @buf that falls within the first @limit bytes of the stream to @fd. */
 static void stream_head(int fd, const struct conch_output *o, const char *buf, size_t len,
                         uint64_t before)
