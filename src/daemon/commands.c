@@ -601,9 +601,7 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
             sb = pool_take(c->d);
         if (ok && !sb && sandbox_create(c->d, &spec, &sb, &err) < 0) {
             json_decref(sp);
-            conch_rpc_call_fail_err(
-                call, err.kind == CONCH_ERR_LIMIT ? CONCH_RPC_LIMIT : CONCH_RPC_INFRASTRUCTURE,
-                err.kind == CONCH_ERR_LIMIT ? "limit" : "infrastructure", &err);
+            conch_rpc_call_fail_err(call, 0, NULL, &err);
             return;
         }
         json_decref(sp);
@@ -620,7 +618,7 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     }
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, false, &err);
     if (!r) {
-        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
         if (sb->fresh)
             sandbox_destroy(sb);
         return;
@@ -651,7 +649,7 @@ void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
     struct conch_err err = {0};
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, true, &err);
     if (!r) {
-        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
     daemon_make_id(c->d, "job", r->job_id, sizeof(r->job_id));

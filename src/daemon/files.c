@@ -281,7 +281,7 @@ fail:
     for (int i = 0; i < 2; i++)
         if (pipefd[i] >= 0)
             close(pipefd[i]);
-    conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+    conch_rpc_call_fail_err(call, 0, NULL, &err);
 }
 
 /* ---- workspace.* on the host side, in worker threads ---- */
@@ -399,7 +399,7 @@ static void fail_ws(struct conch_rpc_call *call, const struct conch_err *err)
     else if (err->code == EINVAL)
         conch_rpc_call_fail_err(call, CONCH_RPC_INVALID_PATH, "invalid_path", err);
     else
-        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", err);
+        conch_rpc_call_fail_err(call, 0, NULL, err);
 }
 
 static json_t *paths_json(const struct conch_ws_changes *ch)

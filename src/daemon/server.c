@@ -427,7 +427,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
         return;
     }
     if (r < 0) {
-        conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
     conch_rpc_call_reply(call, sandbox_json(sb));

@@ -293,7 +293,9 @@ void conch_rpc_call_fail_param(struct conch_rpc_call *call, const char *param, c
  * conch_rpc_call_fail_err - complete @call with @err (borrowed): message @err->msg, data.kind
  * from @err->kind ("infrastructure", "usage", "limit", ...). @code 0 means
  * conch_rpc_code_for(@data_code) if @data_code is given, else from the kind: infrastructure
- * (or unset) -> -32001, usage -> -32602, limit -> -32004, others -> -32603. Frees @call.
+ * (or unset) -> -32001, usage -> -32602, limit -> -32004, others -> -32603. This is the one
+ * mapping of conch's error kinds onto JSON-RPC codes: callers pass (0, NULL) unless the
+ * error has a more specific code (file_not_found...). Frees @call.
  */
 void conch_rpc_call_fail_err(struct conch_rpc_call *call, int code, const char *data_code,
                              const struct conch_err *err);
