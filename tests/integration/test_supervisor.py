@@ -198,13 +198,17 @@ def test_finished_jobs_neither_pin_the_sandbox_nor_keep_fds(daemon, rpc, ws):
     """Defect 7: finished jobs kept their sandbox from idling out and kept two spill fds each."""
     sb = rpc.call("sandbox.create", {"workspace": str(ws), "idle_timeout": 3})["id"]
     fds_before = len(os.listdir(f"/proc/{daemon.pid}/fd"))
-    jobs = [rpc.call("job.start", {"sandbox": sb, "command": f"echo {i}"})["job_id"] for i in range(60)]
-    for j in jobs:
-        w = rpc.call("job.wait", {"job_id": j, "timeout": 20}, timeout=30)
-        assert w["running"] is False and w["exit_code"] == 0, w
+    jobs = []
+    for i in range(1000):  # the issue's case: 1,000 finished jobs
+        jobs.append(rpc.call("job.start", {"sandbox": sb, "command": f"echo {i}"})["job_id"])
+        if len(jobs) % 50 == 0:  # a few at a time, as a harness would
+            for j in jobs[-50:]:
+                w = rpc.call("job.wait", {"job_id": j, "timeout": 20}, timeout=30)
+                assert w["running"] is False and w["exit_code"] == 0, w
     fds_after = len(os.listdir(f"/proc/{daemon.pid}/fd"))
     assert fds_after <= fds_before + 4, (fds_before, fds_after)
-    assert rpc.call("job.output", {"job_id": jobs[-1]})["stdout"] == "59\n"
+    assert rpc.call("job.output", {"job_id": jobs[-1]})["stdout"] == "999\n"
+    assert len(rpc.call("job.list", {"sandbox": sb})["jobs"]) == 1000
     # no command runs: the sandbox idles out
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
