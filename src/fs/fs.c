@@ -101,7 +101,7 @@ int conch_fs__fail_errno(struct conch_fs_error *ferr, int errnum, const char *wh
         break;
     case EFBIG:
         code = CONCH_FS_TOO_LARGE;
-        cause = "file too large";
+        cause = "file too large (past the sandbox's disk limit)";
         break;
     default:
         code = CONCH_FS_IO_ERROR;

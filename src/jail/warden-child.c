@@ -494,6 +494,9 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
             close(devnull);
     }
     reset_signals();
+    /* A write past RLIMIT_FSIZE (the sandbox's disk limit) must fail with EFBIG, answered as
+     * too_large with its temporary file removed, not kill the worker mid-request. */
+    signal(SIGXFSZ, SIG_IGN);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     conch_proctitle_set_child("conch-file-worker");
     const char *step;

@@ -313,3 +313,17 @@ def test_upload_download_binary(rpc, fsb):
 def test_unknown_sandbox(rpc):
     expect_error(lambda: rpc.call("fs.read", {"sandbox": "sb-nope", "path": "a"}), -32002, "sandbox_not_found")
     expect_error(lambda: rpc.call("fs.ls", {"sandbox": "sb-nope"}), -32002, "sandbox_not_found")
+
+
+def test_write_past_the_disk_limit_is_too_large_and_leaves_nothing(rpc, ws, sandbox):
+    """fs.write of a file larger than the sandbox's disk limit (RLIMIT_FSIZE of the file
+    worker) used to kill the worker with SIGXFSZ: internal_error, and a temporary
+    .conch-write-* file left in the workspace for a commit to carry to the host."""
+    sb = sandbox(disk=1 << 20)
+    with pytest.raises(RpcError) as ei:
+        rpc.call("fs.write", {"sandbox": sb, "path": "big.bin", "content": "x" * (4 << 20)})
+    assert ei.value.data_code == "too_large", ei.value
+    left = rpc.call("exec.run", {"sandbox": sb, "command": "ls -A"})["stdout"]
+    assert left == "", left
+    changes = rpc.call("workspace.changes", {"sandbox": sb})["changes"]
+    assert changes == [], changes
