@@ -99,15 +99,18 @@ static int kill_warden(const char *id, pid_t pid, unsigned long long start, stru
     if (pid <= 1 || pid == getpid() || start == 0)
         return 0;
     _cleanup_close_ int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0) {
-        if (errno == ESRCH)
-            return 0;
+    if (pidfd < 0 && errno == ESRCH)
+        return 0;
+    /* Without pidfds (Linux < 5.3, or valgrind) the pid and its start time are checked just
+     * before the kill: a narrow race with pid reuse, as before pidfds existed. */
+    if (pidfd < 0 && errno != ENOSYS)
         return conch_err_set(err, errno, "sandbox '%s': pidfd_open(%d): %s", id, (int)pid,
                              strerror(errno));
-    }
     if (conch_recover_starttime(pid) != start)
         return 0; /* another process now has that pid (or the warden is already a zombie) */
-    if (syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0) {
+    int r = pidfd >= 0 ? (int)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0)
+                       : kill(pid, SIGKILL);
+    if (r < 0) {
         if (errno == ESRCH)
             return 0;
         return conch_err_set(err, errno, "sandbox '%s': kill warden %d: %s", id, (int)pid,
@@ -115,13 +118,13 @@ static int kill_warden(const char *id, pid_t pid, unsigned long long start, stru
     }
     /* The pidfd turns readable when the process exits; a PID namespace's init exits after
      * every other process of its namespace. */
-    struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
-    int n;
-    do
-        n = poll(&pfd, 1, WAIT_GONE_MS);
-    while (n < 0 && errno == EINTR);
-    if (n > 0)
-        return 1;
+    for (int waited = 0; waited < WAIT_GONE_MS; waited += 10) {
+        struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
+        if (pidfd >= 0 ? poll(&pfd, 1, 10) > 0 : conch_recover_starttime(pid) != start)
+            return 1;
+        if (pidfd < 0)
+            usleep(10 * 1000);
+    }
     return conch_err_set(err, ETIMEDOUT,
                          "sandbox '%s': warden %d still alive %d ms after SIGKILL (stuck in "
                          "the kernel?)",
