@@ -456,6 +456,8 @@ static void run_try_finish(struct run *r)
     r->end_ms = daemon_now_ms();
     dlist_del(&r->link);
     struct sandbox *sb = r->sb;
+    /* A short command ends between two samples of the disk: measure what it left. */
+    sandbox_measure(sb);
     /* The spill files stay (a job's output is read back from them by offset); their fds
      * need not: a finished run holds none. */
     close_spill(&r->out_cap);
@@ -616,6 +618,8 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
         if (!(sb = sandbox_find_running(c->d, call, id)))
             return;
     }
+    if (!sb->fresh && sandbox_disk_refuse(sb, call))
+        return;
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, false, &err);
     if (!r) {
         conch_rpc_call_fail_err(call, 0, NULL, &err);
@@ -646,6 +650,8 @@ void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
                              "too many jobs (%d): destroy old sandboxes", MAX_JOBS);
         return;
     }
+    if (sandbox_disk_refuse(sb, call))
+        return;
     struct conch_err err = {0};
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, true, &err);
     if (!r) {

@@ -115,6 +115,7 @@ struct sandbox {
     void (*gone)(void *arg); /* sandbox_destroy_then's callback */
     void *gone_arg;
     bool measuring;           /* a disk measurement is running in a worker */
+    bool disk_over;           /* the last measurement found more than disk_bytes */
     uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
     struct dlist ws_ops;      /* struct ws_op waiting for their turn: one runs at a time */
     bool ws_running;
@@ -170,6 +171,8 @@ struct file_req {
     char *buf;
     size_t len, cap;
     bool closed;
+    bool measure; /* a write or delete: measure the sandbox's disk use after it */
+    bool frees;   /* a delete */
     int64_t id;
 };
 
@@ -291,6 +294,13 @@ void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 typedef void (*sandbox_changes_fn)(void *arg, int r, struct conch_ws_changes *changes,
                                    const struct conch_err *err);
 int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
+/* sandbox_measure - measure @sb's disk use soon, in a worker (after a command or a file
+ * write: short commands end between two samples). A measurement over the limit kills the
+ * running commands and sets sb->disk_over until one finds room again. */
+void sandbox_measure(struct sandbox *sb);
+/* sandbox_disk_refuse - while @sb is over its disk limit, fail @call (limit, naming how to
+ * free room) and return true: nothing more may be written until room is made. */
+bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call);
 /* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
 void ws_ops_cancel(struct sandbox *sb, const char *why);
 int daemon_file_handler(int req_fd, int resp_fd);

@@ -178,6 +178,13 @@ static void file_req_done(struct file_req *fr)
         file_req_close(fr);
         return;
     }
+    /* What a write added, or a delete freed, counts at once: measure. A delete opens the
+     * way again until the measurement says otherwise. */
+    if (fr->measure) {
+        if (fr->frees)
+            fr->sb->disk_over = false;
+        sandbox_measure(fr->sb);
+    }
     /* The answer leaves the request (and its sandbox): a stop meanwhile changes nothing. */
     a->req.data = a;
     a->call = fr->call;
@@ -235,6 +242,10 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     if (!sb)
         return;
     sandbox_touch(sb);
+    bool writes = !strcmp(method, "write") || !strcmp(method, "edit") || !strcmp(method, "upload");
+    if (writes && sandbox_disk_refuse(sb, call))
+        return;
+    bool frees = !strcmp(method, "delete");
     json_t *p = json_copy(params);
     json_object_del(p, "sandbox");
     json_t *req = json_pack("{s:s,s:o}", "method", method, "params", p);
@@ -259,6 +270,8 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
         goto fail;
     }
     fr->sb = sb;
+    fr->measure = writes || frees;
+    fr->frees = frees;
     fr->id = conch_super_next_id(&sb->super);
     /* The warden kills a worker that runs past this: a request never hangs forever. */
     if (conch_jail_send_file(&sb->jail, fr->id, memfd, pipefd[1], FILE_TIMEOUT_MS, &err) < 0)
@@ -654,8 +667,11 @@ static void run_discard(struct ws_op *w)
         }
     }
     w->r = r;
-    if (r >= 0)
+    if (r >= 0) {
         w->res = json_pack("{s:o}", "discarded", paths_json(&sel));
+        sb->disk_over = false; /* room was made: measured again */
+        sandbox_measure(sb);
+    }
     conch_ws_changes_done(&sel);
     conch_ws_changes_done(&all);
     ws_finish(w);

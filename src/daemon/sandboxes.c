@@ -241,6 +241,8 @@ static void measure_done(uv_work_t *req, int status)
      * time goes to it. */
     uint64_t now = daemon_now_ms();
     sb->next_measure_ms = now + (now - m->started_ms);
+    if (status == 0)
+        sb->disk_over = m->charged > sb->disk_bytes;
     if (status == 0 && !sb->destroying && sb->jail_up && m->charged > sb->disk_bytes) {
         struct dlist *pos, *tmp;
         dlist_for_each_safe(pos, tmp, &sb->runs)
@@ -274,6 +276,26 @@ static void measure_start(struct sandbox *sb)
     }
     sb->measuring = true;
     sandbox_hold(sb);
+}
+
+void sandbox_measure(struct sandbox *sb)
+{
+    if (sb->upper_dir[0] && !sb->destroying) {
+        sb->next_measure_ms = 0;
+        measure_start(sb);
+    }
+}
+
+bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call)
+{
+    if (!sb->disk_over)
+        return false;
+    conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                         "sandbox '%s' has used its disk limit (%llu bytes) for its changes, "
+                         "spill files and inodes: free room with fs.delete or "
+                         "workspace.discard, or create the sandbox with a larger disk",
+                         sb->id, (unsigned long long)sb->disk_bytes);
+    return true;
 }
 
 /* No cgroup (an ordinary user on cgroup v1): memory and the process count are sampled from

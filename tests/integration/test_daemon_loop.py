@@ -433,3 +433,36 @@ def test_streaming_to_a_slow_reader_pauses_the_command(daemon_factory):
         # without the pause the daemon peaks near 50 MB)
         assert peak < 32 * 1024, f"daemon RSS peaked at {peak} kB while the client was not reading"
     assert "hard limit" not in d.log()
+
+
+def test_short_commands_cannot_outgrow_the_disk_limit(daemon_factory, tmp_path):
+    """Short commands each ended between two disk samples, so 20 of them wrote 700 MB past a
+    1 MiB `disk` (found by the outside review). Each command's end is measured now: once the
+    sandbox is over its limit, new commands, jobs and file writes are refused (limit) until
+    room is made (fs.delete, workspace.discard)."""
+    d = daemon_factory()
+    c = d.client()
+    ws = tmp_path / "w"
+    ws.mkdir()
+    sb = c.call("sandbox.create", {"workspace": str(ws), "disk": 1 << 20})["id"]
+    refused = None
+    for i in range(20):
+        try:
+            c.call("exec.run", {"sandbox": sb, "command": f"head -c 700000 /dev/zero > f{i}"})
+        except RpcError as e:
+            refused = e
+            break
+        time.sleep(0.3)  # the measurement runs in a worker
+    assert refused is not None, "20 commands of 700 kB each ran past a 1 MiB disk limit"
+    assert refused.data_code == "limit" and "disk" in refused.message, refused
+    upper = os.path.join(d.state_dir, "sandboxes", sb, "upper")
+    used = sum(os.path.getsize(os.path.join(upper, f)) for f in os.listdir(upper))
+    assert used < 3 << 20, used
+    with pytest.raises(RpcError) as ei:
+        c.call("fs.write", {"sandbox": sb, "path": "more.txt", "content": "x"})
+    assert ei.value.data_code == "limit", ei.value
+    # room is made: commands run again
+    for name in os.listdir(upper):
+        c.call("fs.delete", {"sandbox": sb, "path": name})
+    time.sleep(0.5)
+    assert c.call("exec.run", {"sandbox": sb, "command": "echo ok"})["stdout"] == "ok\n"
