@@ -206,11 +206,15 @@ static int number_lines(const struct line *a, int na, const struct line *b, int 
 /* ---- Myers' diff, linear-space variant (E. Myers, "An O(ND) Difference Algorithm and
  * Its Variations", 1986, section 4b) --------------------------------------------------- */
 
+/* Steps of the search (diagonals tried plus lines matched) one file's diff may take. */
+#define DIFF_WORK_BUDGET (200LL * 1000 * 1000)
+
 struct lcs {
     const int *a, *b;
     unsigned char *ca, *cb; /* out: line changed (deleted from a / inserted in b) */
     int *fd, *bd;           /* furthest reaching x per diagonal k = x - y, offset */
     int too_expensive;      /* give up on minimality past this many edit steps */
+    long long work, budget; /* steps taken; past the budget, the rest is marked changed */
 };
 
 /* Finds a point (*xmid, *ymid) on an optimal (or, past too_expensive, a good) edit path
@@ -242,8 +246,10 @@ static void middle_snake(struct lcs *s, int xoff, int xlim, int yoff, int ylim, 
             int tlo = fd[d - 1], thi = fd[d + 1];
             int x = tlo >= thi ? tlo + 1 : thi;
             int y = x - d;
+            int x0 = x;
             while (x < xlim && y < ylim && a[x] == b[y])
                 x++, y++;
+            s->work += 1 + (x - x0);
             fd[d] = x;
             if (odd && bmin <= d && d <= bmax && bd[d] <= x) {
                 *xmid = x;
@@ -263,8 +269,10 @@ static void middle_snake(struct lcs *s, int xoff, int xlim, int yoff, int ylim, 
             int tlo = bd[d - 1], thi = bd[d + 1];
             int x = tlo < thi ? tlo : thi - 1;
             int y = x - d;
+            int x0 = x;
             while (x > xoff && y > yoff && a[x - 1] == b[y - 1])
                 x--, y--;
+            s->work += 1 + (x0 - x);
             bd[d] = x;
             if (!odd && fmin <= d && d <= fmax && x <= fd[d]) {
                 *xmid = x;
@@ -272,7 +280,7 @@ static void middle_snake(struct lcs *s, int xoff, int xlim, int yoff, int ylim, 
                 return;
             }
         }
-        if (c < s->too_expensive)
+        if (c < s->too_expensive && s->work <= s->budget)
             continue;
         /* Very different inputs would cost O(N*D): split at whichever search got
          * furthest instead (as GNU diff does), trading minimality for bounded time. */
@@ -326,6 +334,13 @@ static void mark_all(struct lcs *s, int xoff, int xlim, int yoff, int ylim)
 static void compare_seq(struct lcs *s, int xoff, int xlim, int yoff, int ylim)
 {
     for (;;) {
+        /* Inputs that defeat the heuristic too (a few distinct lines repeated a million
+         * times) would still cost minutes of CPU: past the budget, what is left is shown as
+         * replaced. The diff stays correct, only not minimal. */
+        if (s->work > s->budget) {
+            mark_all(s, xoff, xlim, yoff, ylim);
+            return;
+        }
         while (xoff < xlim && yoff < ylim && s->a[xoff] == s->b[yoff])
             xoff++, yoff++;
         while (xlim > xoff && ylim > yoff && s->a[xlim - 1] == s->b[ylim - 1])
@@ -487,6 +502,8 @@ static int text_diff(struct buf *out, const char *sa, size_t la, const char *sb,
         s.too_expensive <<= 1;
     if (s.too_expensive < 4096)
         s.too_expensive = 4096;
+    /* About a second of CPU at most, whatever the inputs (a file is at most 4 MiB). */
+    s.budget = DIFF_WORK_BUDGET;
     compare_seq(&s, 0, rna, 0, rnb);
     for (int i = 0; i < rna; i++)
         ca[ma[i]] |= rca[i];
