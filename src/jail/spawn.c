@@ -232,11 +232,15 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
         snprintf(plan->ws_lower, sizeof(plan->ws_lower), "/oldroot%s",
                  j->root_mode ? j->stage_dir : spec->workspace);
     }
-    if (!j->has_cgroup) {
-        /* No cgroup: rlimits are the fallback. RLIMIT_NPROC is counted per user namespace
-         * (Linux >= 5.14), so it bounds the sandbox's processes, not the caller's. */
+    /* A process limit always holds: the cgroup's when one was asked for, else RLIMIT_NPROC
+     * (counted per user namespace since Linux 5.14, so it bounds the sandbox's processes, not
+     * the caller's), CONCH_DEFAULT_PIDS when the caller gave none, also beside a cgroup made
+     * for memory or CPU only. */
+    if (!j->has_cgroup || !spec->limits.pids_max) {
         plan->set_rlimit_nproc = true;
-        plan->rlimit_nproc = spec->limits.pids_max ? spec->limits.pids_max : 8192;
+        plan->rlimit_nproc = spec->limits.pids_max ? spec->limits.pids_max : CONCH_DEFAULT_PIDS;
+    }
+    if (!j->has_cgroup) {
         /* Memory is then watched by the caller (conch_jail_usage); RLIMIT_AS is only a
          * backstop against an allocation burst between two samples. It limits address
          * space, not memory, so it is set well above the limit. */

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN, conch, unique_marker, wait_no_pids, host_pids_matching
+from conftest import CONCH_BIN, IS_ROOT, conch, unique_marker, wait_no_pids, host_pids_matching
 from rpcclient import result_of, wait_gone
 
 
@@ -341,3 +341,15 @@ def test_file_worker_killed_fails_only_its_request(daemon, rpc, sandbox, ws):
     assert answered == 40
     assert killed[0] > 0 and errors > 0, (killed, errors)
     assert rpc.call("fs.read", {"sandbox": sb, "path": "f.txt", "limit": 3})["content"], "sandbox broken"
+
+
+@pytest.mark.parametrize("opts", [[], ["--memory", "256M"], ["--cpu", "1"]])
+def test_a_process_limit_always_holds(ws, opts):
+    """The issue: a default pids limit applies when the caller gives none, also when a cgroup
+    is made for memory or CPU only (as root it used to leave processes unlimited)."""
+    if opts and opts[0] == "--cpu" and not IS_ROOT:
+        pytest.skip("--cpu needs a cgroup: root here")
+    r = conch(["run", "--workspace", str(ws), "--json", *opts, "--", "sh", "-c",
+               "grep 'Max processes' /proc/self/limits"], want_json=True)
+    assert r.j["exit_code"] == 0, r.describe()
+    assert r.j["stdout"].split()[2] == "8192", r.describe()
