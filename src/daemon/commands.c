@@ -273,9 +273,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     r->handles = 2;
     uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
     uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
-    if (sb->jail.has_cgroup) {
-        struct conch_cgroup_stats cgs = {0};
-        conch_cgroup_stats(&sb->jail.cg, &cgs, NULL);
+    if (conch_jail_has_cgroup(sb->jail)) {
+        struct conch_cgroup_stats cgs;
+        conch_jail_cgroup_stats(sb->jail, &cgs);
         r->oom_base = cgs.oom_kills;
         r->pids_base = cgs.pids_events;
     }
@@ -308,8 +308,8 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
     res.err = r->err_cap;
     res.duration_ms = r->end_ms - r->start_ms;
     struct conch_cgroup_stats cgs = {0};
-    if (r->sb->jail_up && r->sb->jail.has_cgroup)
-        conch_cgroup_stats(&r->sb->jail.cg, &cgs, NULL);
+    if (r->sb->jail_up)
+        conch_jail_cgroup_stats(r->sb->jail, &cgs);
     /* The cgroup's counters are the sandbox's: only what grew during this command counts. */
     char disk[160];
     snprintf(disk, sizeof(disk), "the workspace's room for changes (%llu bytes, disk)",
@@ -325,7 +325,7 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
         .spill_exceeded = r->over_spill ? r->out_cap.spill_max : 0,
         .memory_exceeded =
             r->sampled_oom || cgs.oom_kills > r->oom_base ? r->sb->limits.memory_bytes : 0,
-        .memory_sampled = !r->sb->jail.has_cgroup,
+        .memory_sampled = !(r->sb->jail_up && conch_jail_has_cgroup(r->sb->jail)),
         .pids_hit = r->sampled_pids || cgs.pids_events > r->pids_base ? r->sb->limits.pids_max : 0,
         .disk_full =
             r->sampled_disk || (WIFSIGNALED(r->end.status) && WTERMSIG(r->end.status) == SIGXFSZ)

@@ -82,7 +82,7 @@ struct sandbox {
     bool fresh;    /* destroy when its one command ends */
     bool recorded; /* in the state database (pool sandboxes are not) */
     bool destroying;
-    struct conch_jail jail;
+    struct conch_jail *jail;  /* while jail_up (owned) */
     struct conch_super super; /* drives jail's warden while jail_up */
     bool jail_up;
     /* As root: the sandbox's host id block, held from its first start until it is freed, so

@@ -274,7 +274,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     fr->frees = frees;
     fr->id = conch_super_next_id(&sb->super);
     /* The warden kills a worker that runs past this: a request never hangs forever. */
-    if (conch_jail_send_file(&sb->jail, fr->id, memfd, pipefd[1], FILE_TIMEOUT_MS, &err) < 0)
+    if (conch_jail_send_file(sb->jail, fr->id, memfd, pipefd[1], FILE_TIMEOUT_MS, &err) < 0)
         goto fail;
     close(memfd);
     close(pipefd[1]);
@@ -655,7 +655,7 @@ static void run_discard(struct ws_op *w)
     if (r >= 0 && w->fds.upper >= 0) {
         bool was_running = sb->state == SB_RUNNING;
         if (was_running) {
-            sb->jail.sync_destroy = true;
+            conch_jail_set_sync_destroy(sb->jail, true);
             sandbox_stop(sb, "workspace.discard restarts the sandbox");
         }
         r = w->paths ? conch_ws_upper_remove(w->fds.upper, w->fds.lower, &sel, &w->err)

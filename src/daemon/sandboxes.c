@@ -121,23 +121,25 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         return r;
     sb->jail_up = true;
     sb->starting = async;
-    conch_super_init(&sb->super, &sb->jail);
+    conch_super_init(&sb->super, sb->jail);
     sb->super.other_event = on_other_event;
     sb->super.data = sb;
     /* A handle of its own per warden: the previous one may still be closing (restart). */
     sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
     if (!sb->ctl_poll) {
-        conch_jail_destroy(&sb->jail);
+        conch_jail_destroy(sb->jail);
+        sb->jail = NULL;
         sb->jail_up = false;
         return conch_err_set(err, ENOMEM, "out of memory");
     }
-    uv_poll_init(&sb->d->loop, sb->ctl_poll, sb->jail.ctl_fd);
+    uv_poll_init(&sb->d->loop, sb->ctl_poll, conch_jail_ctl_fd(sb->jail));
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
     /* Pool sandboxes spill to the shared directory (see sandbox_spill_dir): nothing to
      * measure there unless a limit has to be sampled. */
-    bool sampled = sb->upper_dir[0] || !sb->pooled ||
-                   (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max));
+    bool sampled =
+        sb->upper_dir[0] || !sb->pooled ||
+        (!conch_jail_has_cgroup(sb->jail) && (sb->limits.memory_bytes || sb->limits.pids_max));
     if (sampled && (sb->sample = calloc(1, sizeof(*sb->sample)))) {
         uv_timer_init(&sb->d->loop, sb->sample);
         sb->sample->data = sb;
@@ -307,8 +309,8 @@ static void on_sample(uv_timer_t *t)
         return;
     enum run_limit hit = RUN_LIMIT_NONE;
     struct conch_jail_usage u;
-    if (!sb->jail.has_cgroup && (sb->limits.memory_bytes || sb->limits.pids_max) &&
-        conch_jail_usage(&sb->jail, &u) == 0) {
+    if (!conch_jail_has_cgroup(sb->jail) && (sb->limits.memory_bytes || sb->limits.pids_max) &&
+        conch_jail_usage(sb->jail, &u) == 0) {
         if (sb->limits.pids_max && u.processes + 1 >= sb->limits.pids_max)
             hit = RUN_LIMIT_PIDS;
         if (sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes)
@@ -351,7 +353,8 @@ void sandbox_stop(struct sandbox *sb, const char *why)
 {
     sandbox_stop_handles(sb, why);
     if (sb->jail_up) {
-        conch_jail_destroy(&sb->jail);
+        conch_jail_destroy(sb->jail);
+        sb->jail = NULL;
         sb->jail_up = false;
     }
     sb->state = SB_STOPPED;
@@ -372,8 +375,9 @@ static int record(struct sandbox *sb, struct conch_err *err)
                              sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env);
     rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
-    rec.warden_pid = sb->jail_up ? sb->jail.warden_pid : 0;
-    rec.warden_starttime = sb->jail_up ? conch_recover_starttime(sb->jail.warden_pid) : 0;
+    rec.warden_pid = sb->jail_up ? conch_jail_warden_pid(sb->jail) : 0;
+    rec.warden_starttime =
+        sb->jail_up ? conch_recover_starttime(conch_jail_warden_pid(sb->jail)) : 0;
     rec.created_at = sb->created_at;
     rec.last_used_at = sb->last_used_at;
     int r = rec.spec_json ? conch_state_sandbox_put(sb->d->state, &rec, err)
@@ -414,9 +418,8 @@ static struct sandbox *sandbox_alloc(struct daemon *d)
 
 struct teardown {
     uv_work_t req;
-    struct sandbox *sb; /* held until the warden is gone; NULL for a directory removal */
-    struct conch_jail jail;
-    bool has_jail;
+    struct sandbox *sb;         /* held until the warden is gone; NULL for a directory removal */
+    struct conch_jail *jail;    /* owned; NULL for a directory removal only */
     char parent[PATH_MAX + 16]; /* the state dir; "" for no directory to remove */
     char name[64];
     char what[PATH_MAX + 80];
@@ -429,8 +432,7 @@ static void teardown_work(uv_work_t *req)
     struct teardown *t = req->data;
     /* Waiting for the kernel to take the namespaces down (cgroup, sync_destroy) and
      * unmounting the staging dirs take milliseconds to seconds: never on the loop. */
-    if (t->has_jail)
-        conch_jail_destroy(&t->jail);
+    conch_jail_destroy(t->jail);
     if (t->parent[0]) {
         /* Beneath the state dir, never through a link. */
         struct conch_err err = {0};
@@ -679,13 +681,13 @@ void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg
         struct teardown *t = calloc(1, sizeof(*t));
         if (t) {
             t->jail = sb->jail;
-            t->has_jail = true;
             t->sb = sb;
             sandbox_hold(sb);
             teardown_queue(sb->d, t);
         } else {
-            conch_jail_destroy(&sb->jail);
+            conch_jail_destroy(sb->jail);
         }
+        sb->jail = NULL; /* the teardown's now */
         sb->jail_up = false;
     }
     /* Jobs go with their sandbox (ON DELETE CASCADE). */
@@ -710,9 +712,14 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
     if (sb->starting) {
         struct conch_err err = {0};
         sb->starting = false;
-        if (status < 0 || conch_jail_await_setup(&sb->jail, &err) < 0) {
+        int r = status < 0 ? conch_err_set(&err, -status, "pool sandbox: %s", uv_strerror(status))
+                           : conch_jail_await_setup(sb->jail, &err);
+        if (r < 0) {
             log_warn("pool: %s", err.msg);
-            sb->jail_up = false; /* await_setup destroyed it */
+            if (status < 0)
+                conch_jail_destroy(sb->jail);
+            sb->jail = NULL; /* await_setup destroyed it */
+            sb->jail_up = false;
             sandbox_destroy(sb);
             return;
         }

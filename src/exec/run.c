@@ -168,7 +168,7 @@ struct pump {
 struct run_ctx {
     const struct conch_run_opts *o;
     struct conch_run_result *res;
-    struct conch_jail jail;
+    struct conch_jail *jail;
     struct conch_super super;
     struct conch_proc proc;
     bool ended;
@@ -226,7 +226,7 @@ static void run_sample(struct run_ctx *x)
 {
     const struct conch_cgroup_limits *lim = &x->o->jail.limits;
     struct conch_jail_usage u;
-    if (conch_jail_usage(&x->jail, &u) < 0)
+    if (conch_jail_usage(x->jail, &u) < 0)
         return;
     if (lim->pids_max && u.processes + 1 >= lim->pids_max)
         x->sampled_pids = true;
@@ -269,7 +269,7 @@ static int run_pump_read(struct run_ctx *x, struct pump *p, struct conch_err *er
 static int run_wait(struct run_ctx *x, struct conch_err *err)
 {
     const struct conch_cgroup_limits *lim = &x->o->jail.limits;
-    bool sample = !x->jail.has_cgroup && (lim->memory_bytes || lim->pids_max);
+    bool sample = !conch_jail_has_cgroup(x->jail) && (lim->memory_bytes || lim->pids_max);
     uint64_t next_sample = 0;
     int interrupts = 0;
     while (!x->ended || x->pumps[0].fd >= 0 || x->pumps[1].fd >= 0) {
@@ -310,9 +310,8 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
 static void run_classify(struct run_ctx *x, int upper)
 {
     const struct conch_run_opts *o = x->o;
-    struct conch_cgroup_stats cgs = {0};
-    if (x->jail.has_cgroup)
-        conch_cgroup_stats(&x->jail.cg, &cgs, NULL);
+    struct conch_cgroup_stats cgs;
+    conch_jail_cgroup_stats(x->jail, &cgs);
     x->res->timed_out = x->end.timed_out;
     struct conch_run_end end = {
         .status = x->end.status,
@@ -322,13 +321,13 @@ static void run_classify(struct run_ctx *x, int upper)
         .grace_ms = o->grace_ms,
         .spill_exceeded = x->over_spill ? o->max_spill : 0,
         .memory_exceeded = cgs.oom_killed || x->sampled_oom ? o->jail.limits.memory_bytes : 0,
-        .memory_sampled = !x->jail.has_cgroup,
+        .memory_sampled = !conch_jail_has_cgroup(x->jail),
         .pids_hit = cgs.pids_limit_hit || x->sampled_pids ? o->jail.limits.pids_max : 0,
     };
     /* A full disk only explains a failure: a command may fill /tmp and still succeed. */
     char disk[160];
     char tmp_path[64];
-    snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", x->jail.warden_pid);
+    snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", conch_jail_warden_pid(x->jail));
     bool failed = conch_exit_code(x->end.status, NULL) != 0;
     if (failed && upper >= 0 && fd_fs_full(upper)) {
         snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
@@ -349,7 +348,7 @@ static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
 {
     const struct conch_run_opts *o = x->o;
     struct conch_run_result *res = x->res;
-    int r = conch_ws_changes_scan(upper, x->jail.host_ws_fd, &res->changes, err);
+    int r = conch_ws_changes_scan(upper, conch_jail_host_ws_fd(x->jail), &res->changes, err);
     if (r < 0)
         return conch_err_wrap(err, "read workspace changes");
     res->has_changes = true;
@@ -359,7 +358,7 @@ static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
     struct conch_ws_commit_opts copts = {
         .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
     res->commit_tried = true;
-    if (conch_ws_commit(upper, x->jail.host_ws_fd, &res->changes, &copts, &res->commit,
+    if (conch_ws_commit(upper, conch_jail_host_ws_fd(x->jail), &res->changes, &copts, &res->commit,
                         &res->commit_err) < 0)
         conch_err_wrap(&res->commit_err, "commit workspace changes");
     else
@@ -385,7 +384,7 @@ static int run_report(struct run_ctx *x, struct conch_err *err)
     }
     _cleanup_close_ int upper = -1;
     if (o->jail.workspace && o->jail.ws_mode == CONCH_WS_OVERLAY &&
-        (upper = conch_jail_upper_open(&x->jail, err)) < 0)
+        (upper = conch_jail_upper_open(x->jail, err)) < 0)
         return upper;
     run_classify(x, upper);
     if (upper >= 0)
@@ -423,7 +422,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         free(x);
         return r;
     }
-    conch_super_init(&x->super, &x->jail);
+    conch_super_init(&x->super, x->jail);
     /* SIGINT, SIGTERM and SIGHUP are the command's to receive (run_wait forwards them). */
     sigset_t mask, oldmask;
     sigemptyset(&mask);
@@ -451,7 +450,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
             close(x->pumps[i].fd);
     if (x->sigfd >= 0)
         close(x->sigfd);
-    conch_jail_destroy(&x->jail);
+    conch_jail_destroy(x->jail);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
     conch_exec_env_free(env);
     free(x);

@@ -12,6 +12,32 @@
 #include "core/error.h"
 #include "jail/jail.h"
 
+/* A running sandbox (opaque outside jail/: see jail.h). */
+struct conch_jail {
+    pid_t warden_pid;          /* host pid of the warden (PID 1 inside) */
+    int ctl_fd;                /* SOCK_SEQPACKET to the warden; owned */
+    int host_ws_fd;            /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
+    int upper_fd_nr;           /* fd number of the upper dir in the warden, -1 if none */
+    bool root_mode;            /* conch runs as host root: id range + idmapped workspace */
+    uint32_t host_id_base;     /* root mode: first host id of the sandbox's block */
+    struct conch_jail_ids ids; /* the block's claim, when the jail made it (owned) */
+    bool as_root;
+    bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
+    bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
+    bool mounted_root_stage; /* a staging dir for --rootfs exists */
+    char stage_dir[256];
+    char root_stage_dir[256];
+    bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
+    char upper_stage_dir[256];
+    char name[64];
+    uid_t ws_owner_uid; /* host owner of the workspace root */
+    gid_t ws_owner_gid;
+    struct conch_cgroup cg;
+    struct conch_seccomp_prog seccomp;      /* commands */
+    struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
+    bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
+};
+
 #define JAIL_MAX_BINDS 48
 #define JAIL_MAX_LINKS 8
 

@@ -70,49 +70,37 @@ struct conch_jail_spec {
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
 void conch_jail_spec_init(struct conch_jail_spec *spec);
 
-/* A running sandbox. Caller-allocated; conch_jail_start fills it. */
-struct conch_jail {
-    pid_t warden_pid;          /* host pid of the warden (PID 1 inside) */
-    int ctl_fd;                /* SOCK_SEQPACKET to the warden; owned */
-    int host_ws_fd;            /* O_DIRECTORY fd of the host workspace, -1 if none; owned */
-    int upper_fd_nr;           /* fd number of the upper dir in the warden, -1 if none */
-    bool root_mode;            /* conch runs as host root: id range + idmapped workspace */
-    uint32_t host_id_base;     /* root mode: first host id of the sandbox's block */
-    struct conch_jail_ids ids; /* the block's claim, when the jail made it (owned) */
-    bool as_root;
-    bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
-    bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
-    bool mounted_root_stage; /* a staging dir for --rootfs exists */
-    char stage_dir[256];
-    char root_stage_dir[256];
-    bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
-    char upper_stage_dir[256];
-    char name[64];
-    uid_t ws_owner_uid; /* host owner of the workspace root */
-    gid_t ws_owner_gid;
-    struct conch_cgroup cg;
-    struct conch_seccomp_prog seccomp;      /* commands */
-    struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
-    bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
-};
+/* A running sandbox: opaque, made by conch_jail_start/spawn, freed by conch_jail_destroy. */
+struct conch_jail;
+
+/* Accessors of a running jail (@j borrowed). */
+pid_t conch_jail_warden_pid(const struct conch_jail *j); /* host pid of the warden (PID 1) */
+int conch_jail_ctl_fd(const struct conch_jail *j);       /* the control socket; owned by @j */
+int conch_jail_host_ws_fd(const struct conch_jail *j);   /* host workspace dir fd, or -1 */
+bool conch_jail_has_cgroup(const struct conch_jail *j);  /* limits held by a cgroup */
+/* conch_jail_cgroup_stats - the cgroup's counters (zeros without a cgroup). */
+void conch_jail_cgroup_stats(struct conch_jail *j, struct conch_cgroup_stats *ret);
+/* conch_jail_set_sync_destroy - make conch_jail_destroy wait until the namespaces are gone
+ * (the overlay unmounted), as a restart over the same upper dir needs. */
+void conch_jail_set_sync_destroy(struct conch_jail *j, bool on);
 
 /*
  * conch_jail_start - build a sandbox per @spec and leave its warden waiting for commands.
  * Fails closed: if the kernel refuses any step (user namespace, a mount, the cgroup when
  * limits were asked and none can be had...), returns -errno with @err of kind
  * infrastructure naming the step, the errno and the fix; nothing runs unsandboxed.
- * On success @j owns the warden; release it with conch_jail_destroy.
+ * On success *@ret is a new jail that owns the warden; release it with conch_jail_destroy.
  */
-int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail **ret,
                      struct conch_err *err);
 
 /*
  * conch_jail_spawn / conch_jail_await_setup - conch_jail_start in two halves, for an event
- * loop: spawn clones the warden and lets it build the sandbox; when @j->ctl_fd becomes
- * readable, await_setup collects the outcome (it blocks until then). Either destroys @j on
- * failure, as conch_jail_start does.
+ * loop: spawn clones the warden and lets it build the sandbox; when its control socket
+ * (conch_jail_ctl_fd) becomes readable, await_setup collects the outcome (it blocks until
+ * then). On failure await_setup destroys (frees) @j, as conch_jail_start does.
  */
-int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
+int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
                      struct conch_err *err);
 int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err);
 
@@ -207,7 +195,7 @@ struct conch_jail_usage {
 int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
 
 /* conch_jail_destroy - stop the warden (everything inside dies), remove the cgroup and
- * staging, close fds. Safe on a zeroed/failed jail. Without a cgroup it does not wait for
+ * staging, close fds, free @j. NULL is a no-op. Without a cgroup it does not wait for
  * the kernel to finish tearing the namespaces down: the warden may remain a zombie child
  * of the caller until the caller reaps it (waitpid(-1) on SIGCHLD) or exits. */
 void conch_jail_destroy(struct conch_jail *j);

@@ -275,12 +275,12 @@ static int seccomp_prog_for(bool as_root, bool file_worker, struct conch_seccomp
     return 0;
 }
 
-int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
-                     struct conch_err *err)
+/* conch_jail_spawn's work on a zeroed @j; on failure @j is destroyed (freed). */
+static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
+                      struct conch_err *err)
 {
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
-    memset(j, 0, sizeof(*j));
     j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
@@ -292,12 +292,16 @@ int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail *j,
 
     if (spec->workspace) {
         j->host_ws_fd = open(spec->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (j->host_ws_fd < 0)
-            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s",
-                                  spec->workspace, strerror(errno));
+        if (j->host_ws_fd < 0) {
+            r = conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s", spec->workspace,
+                               strerror(errno));
+            goto fail;
+        }
         struct stat st;
-        if (fstat(j->host_ws_fd, &st) < 0)
-            return conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
+        if (fstat(j->host_ws_fd, &st) < 0) {
+            r = conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
+            goto fail;
+        }
         j->ws_owner_uid = st.st_uid;
         j->ws_owner_gid = st.st_gid;
     }
@@ -434,11 +438,60 @@ fail:
     return r;
 }
 
-int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail *j,
+int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
                      struct conch_err *err)
 {
-    int r = conch_jail_spawn(spec, j, err);
-    return r < 0 ? r : conch_jail_await_setup(j, err);
+    struct conch_jail *j = calloc(1, sizeof(*j));
+    if (!j)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    int r = spawn_into(spec, j, err);
+    if (r < 0)
+        return r;
+    *ret = j;
+    return 0;
+}
+
+int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail **ret,
+                     struct conch_err *err)
+{
+    struct conch_jail *j;
+    int r = conch_jail_spawn(spec, &j, err);
+    if (r < 0 || (r = conch_jail_await_setup(j, err)) < 0)
+        return r;
+    *ret = j;
+    return 0;
+}
+
+pid_t conch_jail_warden_pid(const struct conch_jail *j)
+{
+    return j->warden_pid;
+}
+
+int conch_jail_ctl_fd(const struct conch_jail *j)
+{
+    return j->ctl_fd;
+}
+
+int conch_jail_host_ws_fd(const struct conch_jail *j)
+{
+    return j->host_ws_fd;
+}
+
+bool conch_jail_has_cgroup(const struct conch_jail *j)
+{
+    return j->has_cgroup;
+}
+
+void conch_jail_cgroup_stats(struct conch_jail *j, struct conch_cgroup_stats *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (j->has_cgroup)
+        conch_cgroup_stats(&j->cg, ret, NULL);
+}
+
+void conch_jail_set_sync_destroy(struct conch_jail *j, bool on)
+{
+    j->sync_destroy = on;
 }
 
 /* Pack argv, envp and cwd into a sealed memfd for the warden. */
@@ -563,6 +616,8 @@ int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
 
 void conch_jail_destroy(struct conch_jail *j)
 {
+    if (!j)
+        return;
     if (j->warden_pid > 0) {
         struct jail_msg m = {.type = JMSG_SHUTDOWN};
         if (j->ctl_fd >= 0)
@@ -606,6 +661,7 @@ void conch_jail_destroy(struct conch_jail *j)
     conch_jail_ids_release(&j->ids);
     conch_seccomp_prog_done(&j->seccomp);
     conch_seccomp_prog_done(&j->seccomp_file);
+    free(j);
 }
 
 int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret)

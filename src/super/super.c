@@ -14,7 +14,7 @@ void conch_super_init(struct conch_super *s, struct conch_jail *j)
 
 int conch_super_fd(const struct conch_super *s)
 {
-    return s->jail->ctl_fd;
+    return conch_jail_ctl_fd(s->jail);
 }
 
 int64_t conch_super_next_id(struct conch_super *s)
