@@ -17,6 +17,9 @@ int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret, stru
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "%s: '%s' is not a number of seconds (e.g. 30, 0.5)", what, s);
     *ret = (uint64_t)llround(v * 1000.0);
+    /* A positive time under half a millisecond is not "none" (0): round it up. */
+    if (v > 0 && *ret == 0)
+        *ret = 1;
     return 0;
 }
 

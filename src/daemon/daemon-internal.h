@@ -97,6 +97,8 @@ struct sandbox {
     double idle_timeout;
     /* the spec, kept to rebuild the sandbox (discard) */
     char workspace[PATH_MAX]; /* "" for none */
+    dev_t ws_dev;             /* the workspace dir's identity at creation: a dir swapped in */
+    ino_t ws_ino;             /* its place later is refused, not followed */
     enum conch_ws_mode mode;
     char rootfs[PATH_MAX];
     bool as_root;

@@ -373,6 +373,18 @@ static int ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err
             return 0;
         return conch_err_set(err, e, "open the workspace of sandbox '%s': %s", sb->id, strerror(e));
     }
+    /* The path is only a name: the directory must be the one the sandbox was made on. A
+     * workspace renamed away and replaced by a symlink to /etc must not receive a commit
+     * (the daemon may be root), nor be emptied by a discard. */
+    struct stat st;
+    if (sb->ws_ino &&
+        (fstat(fds->lower, &st) < 0 || st.st_dev != sb->ws_dev || st.st_ino != sb->ws_ino)) {
+        ws_close(fds);
+        return conch_err_set(err, ESTALE,
+                             "workspace '%s' of sandbox '%s' is no longer the directory it was "
+                             "made on (it was replaced, or swapped for a link): refusing it",
+                             sb->workspace, sb->id);
+    }
     return 0;
 }
 

@@ -101,6 +101,8 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.host_id_base = sb->ids.base;
     spec.workspace = sb->workspace[0] ? sb->workspace : NULL;
     spec.ws_mode = sb->mode;
+    spec.ws_dev = sb->ws_dev;
+    spec.ws_ino = sb->ws_ino;
     spec.rootfs = sb->rootfs[0] ? sb->rootfs : NULL;
     spec.as_root = sb->as_root;
     spec.limits = sb->limits;
@@ -371,7 +373,8 @@ static int record(struct sandbox *sb, struct conch_err *err)
     snprintf(rec.mode, sizeof(rec.mode), "%s", conch_ws_mode_name(sb->mode));
     snprintf(rec.state, sizeof(rec.state), "%s", sb->state == SB_RUNNING ? "running" : "stopped");
     snprintf(rec.upper_dir, sizeof(rec.upper_dir), "%s", sb->upper_dir);
-    json_t *spec = json_pack("{s:b,s:s?,s:O?}", "as_root", sb->as_root, "rootfs",
+    json_t *spec = json_pack("{s:b,s:I,s:I,s:s?,s:O?}", "as_root", sb->as_root, "ws_dev",
+                             (json_int_t)sb->ws_dev, "ws_ino", (json_int_t)sb->ws_ino, "rootfs",
                              sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env);
     rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
@@ -576,8 +579,14 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
     daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
     if (spec->name)
         snprintf(sb->name, sizeof(sb->name), "%s", spec->name);
-    if (spec->workspace)
+    if (spec->workspace) {
         snprintf(sb->workspace, sizeof(sb->workspace), "%s", spec->workspace);
+        struct stat st;
+        if (stat(spec->workspace, &st) == 0 && S_ISDIR(st.st_mode)) {
+            sb->ws_dev = st.st_dev;
+            sb->ws_ino = st.st_ino;
+        }
+    }
     sb->mode = spec->mode;
     if (spec->rootfs)
         snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", spec->rootfs);
@@ -834,6 +843,8 @@ void sandboxes_recover(struct daemon *d)
         sb->last_used_at = list[i].last_used_at;
         json_t *spec = list[i].spec_json ? json_loads(list[i].spec_json, 0, NULL) : NULL;
         sb->as_root = json_is_true(json_object_get(spec, "as_root"));
+        sb->ws_dev = (dev_t)json_integer_value(json_object_get(spec, "ws_dev"));
+        sb->ws_ino = (ino_t)json_integer_value(json_object_get(spec, "ws_ino"));
         const char *rootfs = json_string_value(json_object_get(spec, "rootfs"));
         if (rootfs)
             snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);

@@ -49,6 +49,11 @@ struct conch_jail_spec {
     const char *rootfs;    /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
     const char *workspace; /* absolute host dir mounted at /workspace; NULL: none */
     enum conch_ws_mode ws_mode;
+    /* The workspace dir's identity (st_dev, st_ino) when the caller knows it (0: not
+     * checked): a workspace replaced meanwhile (renamed away, swapped for a symlink to
+     * another dir, its parent swapped) is refused instead of followed. */
+    dev_t ws_dev;
+    ino_t ws_ino;
     bool as_root;                      /* commands run as uid 0 of the namespace */
     uint64_t tmp_bytes;                /* size of /tmp */
     uint64_t home_bytes;               /* size of /home/agent */

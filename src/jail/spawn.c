@@ -135,11 +135,21 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
+    /* The tree is cloned by path (a mount of conch's former mount namespace, as host_ws_fd's
+     * is, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
+     * was checked against the caller's record: a workspace swapped meanwhile is refused. */
     _cleanup_close_ int tree =
-        jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
+        jail_idmapped_tree(-1, spec->workspace, j->host_id_base, false, j->ws_owner_uid,
                            j->ws_owner_gid, spec->ws_mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
+    struct stat a, b;
+    if (fstat(tree, &a) < 0 || fstat(j->host_ws_fd, &b) < 0 || a.st_dev != b.st_dev ||
+        a.st_ino != b.st_ino)
+        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                              "workspace '%s' changed while the sandbox was being built (it was "
+                              "replaced, or swapped for a link): refusing it",
+                              spec->workspace);
     if ((r = stage_tree(tree, j->stage_dir, sizeof(j->stage_dir), j->name, err)) < 0)
         return r;
     j->mounted_stage = true;
@@ -151,7 +161,8 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
-    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
+    _cleanup_close_ int tree =
+        jail_idmapped_tree(-1, rootfs, j->host_id_base, true, 0, 0, true, err);
     if (tree < 0)
         return conch_err_wrap(err, "--rootfs");
     char name[80];
@@ -300,6 +311,13 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         struct stat st;
         if (fstat(j->host_ws_fd, &st) < 0) {
             r = conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
+            goto fail;
+        }
+        if (spec->ws_ino && (st.st_dev != spec->ws_dev || st.st_ino != spec->ws_ino)) {
+            r = conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                               "workspace '%s' is no longer the directory the sandbox was made "
+                               "on (it was replaced, or swapped for a link): refusing it",
+                               spec->workspace);
             goto fail;
         }
         j->ws_owner_uid = st.st_uid;
