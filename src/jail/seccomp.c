@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -37,6 +38,7 @@ enum kind {
     K_MKNOD,  /* mode in .arg: regular files (without S_ISUID/S_ISGID), FIFOs, sockets */
     K_PERSONALITY, /* only the values in personality_ok */
     K_IOCTL,       /* not the requests in tty_ioctls */
+    K_SOCKET,      /* address family in .arg: only those in socket_families */
 };
 
 struct entry {
@@ -288,8 +290,8 @@ static const struct entry common_entries[] = {
     {"io_getevents", K_ALLOW, 0},
     {"io_pgetevents", K_ALLOW, 0},
     /* sockets (the sandbox has its own network namespace) */
-    {"socket", K_ALLOW, 0},
-    {"socketpair", K_ALLOW, 0},
+    {"socket", K_SOCKET, 0},
+    {"socketpair", K_SOCKET, 0},
     {"bind", K_ALLOW, 0},
     {"listen", K_ALLOW, 0},
     {"accept", K_ALLOW, 0},
@@ -471,6 +473,11 @@ static const uint32_t personality_ok[] = {0, PER_LINUX32, ADDR_NO_RANDOMIZE,
 /* TIOCSTI/TIOCLINUX push input into a terminal, the classic escape through a shared tty
  * (CVE-2017-5226 in bubblewrap). */
 static const uint32_t tty_ioctls[] = {TIOCSTI, TIOCLINUX};
+/* The address families a sandbox may open: those its own network namespace confines (unix,
+ * IPv4, IPv6, netlink for ip(8), packet sockets, which need CAP_NET_RAW in it anyway).
+ * AF_VSOCK above all is not namespaced: it reaches the hypervisor and the host's vsock
+ * ports; the rest (bluetooth, can, rds, tipc, alg...) is kernel surface nobody needs. */
+static const uint32_t socket_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET};
 
 static uint32_t native_arch(void)
 {
@@ -700,6 +707,14 @@ static void emit_arg_block(struct emitter *m, const struct rule *r, const struct
         for (size_t i = 0; i < ARRAY_SIZE(personality_ok); i++)
             emit(m, BPF_JMP | BPF_JEQ | BPF_K, (uint8_t)(ARRAY_SIZE(personality_ok) - i), 0,
                  personality_ok[i]);
+        emit_ret(m, a->eperm);
+        emit_ret(m, a->allow);
+        break;
+    case K_SOCKET:
+        load_arg(m, r->arg);
+        for (size_t i = 0; i < ARRAY_SIZE(socket_families); i++)
+            emit(m, BPF_JMP | BPF_JEQ | BPF_K, (uint8_t)(ARRAY_SIZE(socket_families) - i), 0,
+                 socket_families[i]);
         emit_ret(m, a->eperm);
         emit_ret(m, a->allow);
         break;

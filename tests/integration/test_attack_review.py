@@ -42,8 +42,6 @@ def _host_has_vsock():
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="AF_VSOCK is allowed by seccomp and is not network-namespaced: a "
-                   "sandboxed command shares the VM's vsock port space and can reach the hypervisor (CID 2)")
 def test_vsock_is_not_reachable_from_the_sandbox(run, ws):
     if not _host_has_vsock():
         pytest.skip("this machine has no AF_VSOCK")
