@@ -91,6 +91,20 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, 
     return 1;
 }
 
+/* Write @text to /proc/<@pid>/<@name>; best effort. */
+static void write_proc_file(pid_t pid, const char *name, const char *text)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (write(fd, text, strlen(text)) < 0) {
+        /* best effort: without it an OOM kill may pick the warden */
+    }
+    close(fd);
+}
+
 /* Host root: sandbox processes are unprivileged host ids, which may not traverse the
  * directories above the workspace or --rootfs (a 0700 home or temp dir). So both are cloned
  * with open_tree() while we are still root and attached in a staging dir that only exists
@@ -226,6 +240,16 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
         return r;
     plan->tmp_bytes = spec->tmp_bytes;
     plan->home_bytes = spec->home_bytes;
+    /* Files in /tmp and the home are memory, charged to the sandbox's memory cgroup and never
+     * reclaimable without swap: with a memory limit they may hold at most half of it, or a
+     * full /tmp would leave the cgroup out of memory for good, every allocation an OOM kill. */
+    if (spec->limits.memory_bytes) {
+        uint64_t half = spec->limits.memory_bytes / 2;
+        if (plan->tmp_bytes > half)
+            plan->tmp_bytes = half;
+        if (plan->home_bytes > half / 2)
+            plan->home_bytes = half / 2;
+    }
     plan->disk_bytes = spec->disk_bytes;
     plan->seccomp = &j->seccomp;
     plan->seccomp_file = &j->seccomp_file;
@@ -416,6 +440,11 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     if (j->has_cgroup && (r = conch_cgroup_attach(&j->cg, j->warden_pid, err)) < 0)
         goto fail;
+    /* The warden (and the shepherds it forks) should never be what a memory limit's OOM kill
+     * picks: that would stop the sandbox instead of the command. Commands raise their own
+     * score to the top; where the caller may (CAP_SYS_RESOURCE), the warden's is lowered too. */
+    if (j->root_mode)
+        write_proc_file(j->warden_pid, "oom_score_adj", "-1000");
     struct jail_msg m = {.type = JMSG_SETUP_OK};
     if ((r = jail_send(j->ctl_fd, &m, NULL, 0)) < 0) {
         conch_err_set(err, -r, "start the warden: %s", strerror(-r));

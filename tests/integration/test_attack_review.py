@@ -334,9 +334,6 @@ def test_diff_of_a_symlink_applies_with_git(rpc, sandbox, ws, tmp_path):
 
 
 @pytest.mark.root_only
-@pytest.mark.xfail(strict=True, reason="the warden sits in the sandbox's memory cgroup with oom_score_adj 0 and "
-                   "the daemon's RSS: filling /tmp past `memory` makes the OOM killer kill the warden, the "
-                   "sandbox stops and its jobs are lost")
 def test_memory_limit_kills_the_command_not_the_sandbox(rpc, sandbox, ws):
     # a daemon that has served a while has a bigger heap, which every new warden (a fork of it)
     # inherits as RSS: one workspace.diff is enough to get there
@@ -351,7 +348,9 @@ def test_memory_limit_kills_the_command_not_the_sandbox(rpc, sandbox, ws):
     job = rpc.call("job.start", {"sandbox": sb, "command": "sleep 60"})["job_id"]
     r = rpc.call("exec.run", {"sandbox": sb, "timeout": 30,
                               "command": "head -c 200M /dev/zero > /tmp/x; echo rc=$?"}, timeout=60)
-    assert r["error"] and r["error"]["kind"] == "limit", r
+    # stopped by the memory limit, or by /tmp, which may hold at most half of it: either way
+    # the command fails, and only the command
+    assert "rc=0" not in r["stdout"], r
     assert rpc.call("sandbox.get", {"id": sb})["state"] == "running"
     jobs = {j["job_id"]: j for j in rpc.call("job.list", {"sandbox": sb})["jobs"]}
     assert jobs[job]["running"] is True, jobs[job]
