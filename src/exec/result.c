@@ -131,6 +131,21 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
     return o;
 }
 
+/* Copy @len bytes of @src to @dst with every NUL as U+2400; returns the bytes written. */
+static size_t copy_visible(char *dst, const char *src, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i]) {
+            dst[n++] = src[i];
+        } else {
+            memcpy(dst + n, "\xe2\x90\x80", 3);
+            n += 3;
+        }
+    }
+    return n;
+}
+
 char *conch_run_result_text(const struct conch_run_result *res)
 {
     _cleanup_free_ char *out = NULL, *err = NULL;
@@ -147,18 +162,23 @@ char *conch_run_result_text(const struct conch_run_result *res)
     else
         snprintf(last, sizeof(last), "[exit code: %d]", res->exit_code);
     const char *why = res->error_kind == CONCH_ERR_LIMIT ? res->error_msg : "";
-    size_t size = out_len + err_len + strlen(why) + sizeof(last) + 8;
+    /* A NUL byte in the output becomes U+2400 (a visible NUL symbol): the text is a C string
+     * for its callers, and a command must not be able to end it early, cutting the real
+     * [exit code: N] line off after a fake one. */
+    size_t nuls = 0;
+    for (size_t i = 0; i < out_len; i++)
+        nuls += out[i] == '\0';
+    for (size_t i = 0; i < err_len; i++)
+        nuls += err[i] == '\0';
+    size_t size = out_len + err_len + 2 * nuls + strlen(why) + sizeof(last) + 8;
     char *text = malloc(size);
     if (!text)
         return NULL;
-    size_t n = 0;
-    memcpy(text + n, out, out_len);
-    n += out_len;
+    size_t n = copy_visible(text, out, out_len);
     if (err_len) {
         if (n && text[n - 1] != '\n')
             text[n++] = '\n';
-        memcpy(text + n, err, err_len);
-        n += err_len;
+        n += copy_visible(text + n, err, err_len);
     }
     if (n && text[n - 1] != '\n')
         text[n++] = '\n';
