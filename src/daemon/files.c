@@ -170,6 +170,15 @@ static void answer_done(uv_work_t *req, int status)
 
 static void file_req_done(struct file_req *fr)
 {
+    /* Nobody will read the answer (its client went away, or was cut off past its output
+     * buffer limit): do not parse it. */
+    if (fr->call && conch_rpc_call_cancelled(fr->call)) {
+        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled",
+                            NULL);
+        fr->call = NULL;
+        file_req_close(fr);
+        return;
+    }
     struct file_answer *a = calloc(1, sizeof(*a));
     if (!a) {
         conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",

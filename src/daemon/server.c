@@ -2,6 +2,7 @@
  * stdio, one JSON-RPC client per connection, the method table, signals, start-up recovery
  * and shutdown. */
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -729,6 +730,16 @@ static void raise_nofile(struct daemon *d)
                  strerror(errno));
 }
 
+/* Large buffers (file answers, results, diffs: megabytes each) are parsed and built in worker
+ * threads, each with a malloc arena of its own. glibc raises its mmap threshold after such a
+ * buffer is freed, so the next ones land in the arenas and their memory stays with the
+ * process: a fixed threshold keeps every large buffer an mmap, returned when freed. */
+static void tune_malloc(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    mallopt(M_ARENA_MAX, 4);
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -767,6 +778,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
         goto out_state;
     conch_state_set_busy_timeout(d->state, 0);
     raise_nofile(d);
+    tune_malloc();
 
     if ((r = conch_jail_host_prepare(err)) < 0)
         goto out_state;
