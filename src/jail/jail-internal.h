@@ -86,7 +86,8 @@ struct jail_plan {
     rlim_t rlimit_nproc;
     bool set_rlimit_as;
     rlim_t rlimit_as;
-    rlim_t rlimit_fsize;         /* 0: none */
+    rlim_t rlimit_fsize; /* 0: none */
+    long pid_max; /* of the sandbox's pid namespace (Linux >= 6.14 keeps one per namespace) */
     struct rlimit rlimit_nofile; /* rlim_cur 0: inherited */
     /* file requests: run in a fenced worker with the request and response fds */
     conch_jail_file_fn file_handler;
@@ -153,8 +154,10 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, 
 
 /* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
- * warden at setup and by each shepherd in its own mount namespace. No allocation. */
-int jail_proc_mount_child(const char *devnull, struct conch_err *err);
+ * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
+ * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
+ * bounds its processes whatever their uids. No allocation. */
+int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
 /* @host_id_base: root mode's host id block (see conch_jail_spec). */

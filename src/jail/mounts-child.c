@@ -107,7 +107,7 @@ static int bind_mount(const char *src, const char *dst, bool is_dir, bool rw, un
     return 0;
 }
 
-int jail_proc_mount_child(const char *devnull, struct conch_err *err)
+int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err)
 {
     int r = make_dir("/proc", 0555, err);
     if (r < 0)
@@ -115,6 +115,19 @@ int jail_proc_mount_child(const char *devnull, struct conch_err *err)
     r = do_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, err);
     if (r < 0)
         return r;
+    /* RLIMIT_NPROC counts per uid, and a namespace root can change uids: the pid
+     * namespace's own pid_max bounds all its processes (and those of nested ones). */
+    if (pid_max > 0) {
+        int fd = open("/proc/sys/kernel/pid_max", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            char num[24];
+            int len = snprintf(num, sizeof(num), "%ld", pid_max);
+            if (write(fd, num, (size_t)len) < 0) {
+                /* best effort: a global pid_max (Linux < 6.14) is not ours to set */
+            }
+            close(fd);
+        }
+    }
     /* Masked as Docker and crun do: kernel memory, the sysrq trigger and timing/keys
      * files leak host state or act on the host. */
     static const char *const masked_files[] = {
@@ -343,7 +356,8 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
     for (int i = 0; i < plan->n_links; i++)
         if (symlink(plan->links[i].target, plan->links[i].path) < 0 && errno != EEXIST)
             return fail(err, "symlink", plan->links[i].path, errno);
-    if ((r = jail_proc_mount_child(OLDROOT "/dev/null", err)) < 0 || (r = setup_dev(err)) < 0)
+    if ((r = jail_proc_mount_child(OLDROOT "/dev/null", plan->pid_max, err)) < 0 ||
+        (r = setup_dev(err)) < 0)
         return r;
 
     char opts[128];

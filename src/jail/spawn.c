@@ -271,6 +271,10 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
      * (counted per user namespace since Linux 5.14, so it bounds the sandbox's processes, not
      * the caller's), CONCH_DEFAULT_PIDS when the caller gave none, also beside a cgroup made
      * for memory or CPU only. */
+    /* At most that many processes in the sandbox's pid namespace, whatever their uids (the
+     * kernel's smallest pid_max is 301; a smaller limit is the cgroup's or the rlimit's). */
+    long pids = (long)(spec->limits.pids_max ? spec->limits.pids_max : CONCH_DEFAULT_PIDS) + 1;
+    plan->pid_max = pids < 301 ? 301 : pids;
     if (!j->has_cgroup || !spec->limits.pids_max) {
         plan->set_rlimit_nproc = true;
         plan->rlimit_nproc = spec->limits.pids_max ? spec->limits.pids_max : CONCH_DEFAULT_PIDS;

@@ -400,7 +400,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     sigaddset(&mask, ctl_signal());
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (jail_proc_mount_child("/dev/null", &err) < 0) {
+    if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
     } else if (sfd < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, csock) < 0) {
         conch_err_set(&err, errno, "start command: signalfd/socketpair: %s", strerror(errno));
