@@ -402,7 +402,9 @@ static void waiter_finish(struct job_wait *w)
 /* The most finished jobs the daemon keeps listed: past it the oldest is forgotten. */
 #define MAX_DONE_JOBS 1024
 
-static void forget_old_jobs(struct daemon *d)
+/* Forget the oldest finished jobs past MAX_DONE_JOBS, but never @keep (the job that just
+ * finished: its caller still holds it). */
+static void forget_old_jobs(struct daemon *d, struct run *keep)
 {
     unsigned done = 0;
     struct dlist *pos, *tmp;
@@ -417,7 +419,7 @@ static void forget_old_jobs(struct daemon *d)
         struct run *r = dlist_entry(pos, struct run, dlink);
         if (done <= MAX_DONE_JOBS)
             break;
-        if (!r->finished)
+        if (!r->finished || r == keep)
             continue;
         conch_state_job_delete(d->state, r->job_id, NULL);
         unlink_spill(&r->out_cap);
@@ -475,7 +477,7 @@ static void run_try_finish(struct run *r)
         /* A finished job stays listed (its output readable) until its sandbox goes; it no
          * longer keeps the sandbox busy. */
         dlist_add(&sb->done_jobs, &r->link);
-        forget_old_jobs(sb->d);
+        forget_old_jobs(sb->d, r);
         return;
     }
     if (!r->call)
