@@ -261,14 +261,16 @@ def test_gc_removes_cgroups_of_a_killed_conch_run(ws, tmp_path):
 @pytest.mark.user_only
 def test_memory_without_cgroup_counts_tmpfs(ws):
     """Defect 14: without a cgroup, --memory was sampled from resident sets only, so files in
-    /tmp (tmpfs: memory) went uncounted. Now they count: filling /tmp past --memory is a
-    memory limit kill."""
-    r = conch(["run", "--workspace", str(ws), "--json", "--memory", "64M", "--tmp-size", "256M",
-               "--timeout", "30", "--", "sh", "-c",
-               "for i in $(seq 1 40); do head -c 4M /dev/zero > /tmp/f$i; sleep 0.05; done; echo filled"],
-              want_json=True, timeout=60)
+    /tmp (tmpfs: memory) went uncounted. Now they count: 28 MB in /tmp (which may hold at most
+    half of --memory) plus 44 MB of resident memory, each under the 64 MB limit alone, are a
+    memory limit kill together."""
+    r = conch(["run", "--workspace", str(ws), "--json", "--memory", "64M", "--timeout", "30",
+               "--", "python3", "-c",
+               "import time\nopen('/tmp/f', 'wb').write(b'x' * (28 << 20))\n"
+               "b = bytearray(44 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+               "time.sleep(3)\nprint('survived')"], want_json=True, timeout=60)
     assert r.kind == "limit" and "memory" in r.j["error"]["message"], r.describe()
-    assert "filled" not in r.j["stdout"], r.describe()
+    assert "survived" not in r.j["stdout"], r.describe()
 
 
 @pytest.mark.root_only
