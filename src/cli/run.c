@@ -167,9 +167,18 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
         case OPT_AS_ROOT:
             c->run.jail.as_root = true;
             break;
-        case OPT_ENV:
-            c->env[c->n_env++] = optarg;
+        case OPT_ENV: {
+            /* Values are often secrets (API tokens), and /proc/<pid>/cmdline is world
+             * readable: keep a copy, and blank the value in our argv at once. */
+            char *copy = strdup(optarg);
+            if (!copy)
+                return conch_err_set(err, ENOMEM, "out of memory");
+            c->env[c->n_env++] = copy;
+            char *eq = strchr(optarg, '=');
+            if (eq)
+                memset(eq + 1, '*', strlen(eq + 1));
             break;
+        }
         case OPT_CWD:
             c->cwd_arg = optarg;
             break;
@@ -397,6 +406,8 @@ int conch_cli_run(int argc, char **argv)
             print_summary(&c, &res);
     }
     conch_run_result_done(&res);
+    for (size_t i = 0; i < c.n_env; i++)
+        free(c.env[i]);
     free(c.env);
     return status;
 }

@@ -544,7 +544,7 @@ struct side {
     bool present;
     char type;   /* 'f', 'd', 'l', 'o' */
     mode_t mode; /* full st_mode */
-    char *data;  /* files: content (or its first bytes if too_big); symlinks: "target\n" */
+    char *data;  /* files: content (or its first bytes if too_big); symlinks: the target */
     size_t len;
     bool too_big;
     bool binary;
@@ -607,10 +607,9 @@ static int load_side(int dirfd, const char *path, size_t max, struct side *ret)
         int r = conch_ws__read_link(pfd, name, &target);
         if (r < 0)
             return r;
-        if (asprintf(&ret->data, "%s\n", target) < 0) {
-            ret->data = NULL;
-            return -ENOMEM;
-        }
+        /* git's content of a symlink: its target, with no newline (so the hunk ends with
+         * "\ No newline at end of file" and git apply makes the very same link). */
+        ret->data = TAKE_PTR(target);
         ret->len = strlen(ret->data);
         return 0;
     }

@@ -326,16 +326,19 @@ Test(wsdiff, symlink_retarget_and_type_change)
     lnk(upper, "f2l", "f2l-target");
     lnk(upper, "newlink", "/etc/passwd"); /* diffed as text, never followed */
     json_t *res = diff_paths(NULL, 0);
-    cr_assert_str_eq(file_diff(res, "l"),
-                     "--- a/l\n+++ b/l\n@@ -1 +1 @@\n-old/target\n+new/target\n");
+    /* git's form: a link's content is its target, without a newline */
+    cr_assert_str_eq(file_diff(res, "l"), "--- a/l\n+++ b/l\n@@ -1 +1 @@\n-old/target\n"
+                                          "\\ No newline at end of file\n+new/target\n"
+                                          "\\ No newline at end of file\n");
     cr_assert_str_eq(file_diff(res, "f2l"), "--- a/f2l\n+++ /dev/null\n@@ -1 +0,0 @@\n"
                                             "-was a file\n"
                                             "--- /dev/null\n+++ b/f2l\n@@ -0,0 +1 @@\n"
-                                            "+f2l-target\n");
+                                            "+f2l-target\n\\ No newline at end of file\n");
     cr_assert_str_eq(json_string_value(json_object_get(file_entry(res, "f2l"), "kind")),
                      "type_changed");
     cr_assert_str_eq(file_diff(res, "newlink"),
-                     "--- /dev/null\n+++ b/newlink\n@@ -0,0 +1 @@\n+/etc/passwd\n");
+                     "--- /dev/null\n+++ b/newlink\n@@ -0,0 +1 @@\n+/etc/passwd\n"
+                     "\\ No newline at end of file\n");
     json_decref(res);
 }
 
