@@ -16,11 +16,11 @@ def test_stdio_session(daemon_factory, ws):
     r = c.call("exec.run", {"sandbox": sb, "command": "echo hi; cat f.txt; echo err >&2"})
     assert r["stdout"] == "hi\nfrom host\n" and r["stderr"] == "err\n" and r["exit_code"] == 0, r
     m = unique_marker("stdio")
-    c.call("job.start", {"sandbox": sb, "command": f"exec -a {m} sleep 1000"})
-    deadline = time.monotonic() + 5
+    job = c.call("job.start", {"sandbox": sb, "command": f"exec -a {m} sleep 1000"})["job_id"]
+    deadline = time.monotonic() + 15
     while not pids_matching(m) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert pids_matching(m), "job did not start"
+    assert pids_matching(m), f"job did not start: {c.call('job.output', {'job_id': job})}\n{d.log()}"
 
     c.close()  # EOF on the daemon's stdin
     rc = d.proc.wait(15)
