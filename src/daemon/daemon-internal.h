@@ -118,6 +118,7 @@ struct sandbox {
     void *gone_arg;
     bool measuring;           /* a disk measurement is running in a worker */
     bool disk_over;           /* the last measurement found more than disk_bytes */
+    bool measure_wanted;      /* a command or write ended: measure when the throttle allows */
     uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
     struct dlist ws_ops;      /* struct ws_op waiting for their turn: one runs at a time */
     bool ws_running;

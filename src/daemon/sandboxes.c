@@ -271,6 +271,7 @@ static void measure_start(struct sandbox *sb)
     m->req.data = m;
     m->sb = sb;
     m->started_ms = daemon_now_ms();
+    sb->measure_wanted = false;
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
     snprintf(m->spill, sizeof(m->spill), "%s", sb->spill_dir);
@@ -284,8 +285,10 @@ static void measure_start(struct sandbox *sb)
 
 void sandbox_measure(struct sandbox *sb)
 {
+    /* Requests coalesce, and the throttle holds (a tree that takes seconds to measure is not
+     * measured after every command): one that cannot start now starts from on_sample. */
     if (sb->upper_dir[0] && !sb->destroying) {
-        sb->next_measure_ms = 0;
+        sb->measure_wanted = true;
         measure_start(sb);
     }
 }
@@ -307,6 +310,8 @@ bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call)
 static void on_sample(uv_timer_t *t)
 {
     struct sandbox *sb = t->data;
+    if (sb->jail_up && sb->measure_wanted)
+        measure_start(sb);
     if (!sb->jail_up || dlist_empty(&sb->runs))
         return;
     enum run_limit hit = RUN_LIMIT_NONE;

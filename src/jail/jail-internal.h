@@ -163,9 +163,8 @@ int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *e
 /* @host_id_base: root mode's host id block (see conch_jail_spec). */
 int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
                        uid_t outer_uid, gid_t outer_gid, struct conch_err *err);
-/* @dfd >= 0: the tree at that fd (@path only names it in errors), else @path. */
-int jail_idmapped_tree(int dfd, const char *path, uint32_t host_id_base, bool whole_range,
-                       uid_t owner_uid, gid_t owner_gid, bool read_only, struct conch_err *err);
+int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
+                       gid_t owner_gid, bool read_only, struct conch_err *err);
 int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

@@ -153,7 +153,7 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
      * is, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
      * was checked against the caller's record: a workspace swapped meanwhile is refused. */
     _cleanup_close_ int tree =
-        jail_idmapped_tree(-1, spec->workspace, j->host_id_base, false, j->ws_owner_uid,
+        jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
                            j->ws_owner_gid, spec->ws_mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
@@ -175,8 +175,7 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
-    _cleanup_close_ int tree =
-        jail_idmapped_tree(-1, rootfs, j->host_id_base, true, 0, 0, true, err);
+    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
     if (tree < 0)
         return conch_err_wrap(err, "--rootfs");
     char name[80];

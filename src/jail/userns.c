@@ -108,8 +108,8 @@ out:
     return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
 }
 
-int jail_idmapped_tree(int dfd, const char *path, uint32_t host_id_base, bool whole_range,
-                       uid_t owner_uid, gid_t owner_gid, bool read_only, struct conch_err *err)
+int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
+                       gid_t owner_gid, bool read_only, struct conch_err *err)
 {
     if (host_id_base < CONCH_HOST_ID_FIRST)
         return conch_err_set(err, EINVAL, "idmap '%s': no host id block claimed", path);
@@ -117,12 +117,8 @@ int jail_idmapped_tree(int dfd, const char *path, uint32_t host_id_base, bool wh
     if (userns < 0)
         return userns;
     _cleanup_close_ int tree =
-        dfd >= 0
-            ? (int)syscall(SYS_open_tree, dfd, "",
-                           AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC |
-                               (whole_range ? AT_RECURSIVE : 0))
-            : (int)syscall(SYS_open_tree, AT_FDCWD, path,
-                           OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (whole_range ? AT_RECURSIVE : 0));
+        (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (whole_range ? AT_RECURSIVE : 0));
     if (tree < 0)
         return conch_err_set(err, errno, "open_tree '%s': %s (needs Linux >= 5.2)", path,
                              strerror(errno));

@@ -196,7 +196,7 @@ static void reset_signals(void)
  * need CAP_SYS_RESOURCE, which a container's root may lack). The shepherd made us
  * non-dumpable, which makes /proc/self ours no longer: dumpable again first (execve resets it
  * from the command's credentials anyway). */
-static void oom_score_default(void)
+static void oom_score_raise(void)
 {
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -310,7 +310,7 @@ __attribute__((noreturn)) static void command_zygote(const struct jail_plan *pla
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         _exit(127);
     reset_signals();
-    oom_score_default();
+    oom_score_raise();
     const char *step;
     int r = fence_self(plan, plan->seccomp, &step);
     if (r < 0) {
@@ -516,7 +516,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     /* A write past RLIMIT_FSIZE (the sandbox's disk limit) must fail with EFBIG, answered as
      * too_large with its temporary file removed, not kill the worker mid-request. */
     signal(SIGXFSZ, SIG_IGN);
-    oom_score_default();
+    oom_score_raise();
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     conch_proctitle_set_child("conch-file-worker");
     const char *step;
