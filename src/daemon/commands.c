@@ -43,6 +43,7 @@ static void run_free(struct run *r)
     conch_output_done(&r->out_cap);
     conch_output_done(&r->err_cap);
     free(r->command);
+    conch_bridge_report_done(&r->tools);
     json_decref(r->request_id);
     if (r->notify)
         conch_rpc_sink_unref(r->notify);
@@ -197,6 +198,8 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     r->proc.data = r;
     r->drain.cb = run_drained;
     r->command = strdup(command);
+    if (!is_job)
+        daemon_make_id(d, "exec", r->origin_id, sizeof(r->origin_id));
     DLIST_INIT(&r->waiters);
     DLIST_INIT(&r->dlink);
     r->out_cap.spill_fd = r->err_cap.spill_fd = -1;
@@ -299,6 +302,17 @@ fail:
     return NULL;
 }
 
+/* The tool calls of @r and its detached sub-agent requests, into result @o. */
+static void run_tools_json(const struct run *r, json_t *o)
+{
+    if (!o)
+        return;
+    json_object_set_new(o, "tool_calls",
+                        r->tools.calls ? json_incref(r->tools.calls) : json_array());
+    json_object_set_new(o, "detached_agents",
+                        r->tools.detached ? json_incref(r->tools.detached) : json_array());
+}
+
 /* The result of a finished command, as exec.run returns it. */
 static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
 {
@@ -333,6 +347,7 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
                 : NULL,
     };
     conch_run_result_end(&res, &end);
+    res.tools_summary = r->tools.summary;
     /* The workspace's changes so far, scanned by a worker (conch_ws_changes_json_set caps
      * what is listed). Moved in for the JSON, handed back after. */
     if (changes) {
@@ -345,6 +360,7 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
         json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
     free(text);
     json_object_del(o, "committed");
+    run_tools_json(r, o);
     return o;
 }
 
@@ -382,6 +398,9 @@ static json_t *job_status_json(struct run *r)
     /* Ended without its own report (the warden died, the sandbox was stopped): say why. */
     if (o && r->end.lost && r->end.why)
         json_object_set_new(o, "lost", json_string(r->end.why));
+    run_tools_json(r, o);
+    if (o && r->tools.summary)
+        json_object_set_new(o, "tools_summary", json_string(r->tools.summary));
     return o;
 }
 
@@ -512,12 +531,35 @@ void run_forget(struct run *r)
         run_maybe_free(r);
 }
 
+static const char *run_origin_kind(const struct run *r)
+{
+    return r->is_job ? "job" : "exec";
+}
+
+static const char *run_origin_id(const struct run *r)
+{
+    return r->is_job ? r->job_id : r->origin_id;
+}
+
+/* The command runs: tool calls from its pid namespace are its own. */
+static void run_started(struct conch_proc *p, pid_t pid)
+{
+    struct run *r = p->data;
+    (void)pid;
+    if (r->sb->bridge && conch_bridge_origin_begin(r->sb->bridge, run_origin_kind(r),
+                                                   run_origin_id(r), p->pidns_ino) < 0)
+        log_warn("sandbox %s: out of memory tracing tool calls", r->sb->id);
+}
+
 /* The supervisor's final event for @p: exactly once per run. */
 static void run_ended(struct conch_proc *p, const struct conch_proc_end *end)
 {
     struct run *r = p->data;
     r->exited = true;
     r->end = *end;
+    /* Its calls still pending are cancelled; what it called goes into its result. */
+    if (r->sb->bridge)
+        conch_bridge_origin_end(r->sb->bridge, run_origin_kind(r), run_origin_id(r), &r->tools);
     if (end->lost) {
         /* Nothing more will be written that anyone waits for. */
         close_pipe(r, &r->out, &r->out_open);
@@ -527,7 +569,7 @@ static void run_ended(struct conch_proc *p, const struct conch_proc_end *end)
     run_maybe_free(r);
 }
 
-static const struct conch_proc_ops run_proc_ops = {.ended = run_ended};
+static const struct conch_proc_ops run_proc_ops = {.started = run_started, .ended = run_ended};
 
 /* Sampling saw the sandbox over a limit: memory and disk kill @r, the process limit is only
  * noted (forks fail by themselves). */

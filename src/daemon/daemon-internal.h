@@ -17,6 +17,7 @@
 #include "exec/output.h"
 #include "jail/jail.h"
 #include "rpc/rpc.h"
+#include "bridge/bridge.h"
 #include "super/super.h"
 #include "workspace/workspace.h"
 
@@ -51,6 +52,10 @@ struct client {
      * libuv holds because the kernel has not taken them (uv_stream_get_write_queue_size). */
     bool congested;             /* queued went past the soft limit and has not drained yet */
     struct dlist drain_waiters; /* struct sink_waiter, called when no longer congested */
+    /* The tool bridge: calls delivered to this client (tool.call, agent.spawn) awaiting its
+     * response (struct out_call, tools.c), and the id of the last one sent. */
+    struct dlist out_calls;
+    json_int_t next_out_id;
 };
 
 /* Past the soft limit a client is congested: whoever produces output for it (a command's
@@ -127,6 +132,7 @@ struct sandbox {
     struct dlist runs;      /* struct run: exec.run and jobs not finished yet */
     struct dlist done_jobs; /* struct run: finished jobs, output still readable */
     struct dlist files;     /* struct file_req in flight */
+    struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
 };
 
 struct run {
@@ -157,6 +163,8 @@ struct run {
     struct sink_waiter drain; /* armed while the client is congested: pipes not read */
     struct dlist waiters;     /* struct job_wait */
     double started_at;
+    char origin_id[32];               /* who its tool calls come from: "exec-…" or the job id */
+    struct conch_bridge_report tools; /* its tool calls, once ended (owned) */
 };
 
 struct job_wait {
@@ -314,6 +322,23 @@ void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void 
 void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+/* tools.c */
+/* sandbox_bridge_new - @sb's tool bridge (sb->bridge), not listening yet. */
+int sandbox_bridge_new(struct sandbox *sb, struct conch_err *err);
+/* sandbox_bridge_listen - once @sb's jail is set up: serve its /run/conch/ptc.sock. */
+void sandbox_bridge_listen(struct sandbox *sb);
+/* client_tools_response - @c answered a tool.call or agent.spawn the daemon sent it. */
+void client_tools_response(struct client *c, json_t *id, json_t *result, json_t *error);
+/* client_tools_gone - @c went away: its tools go, the calls it was answering fail. */
+void client_tools_gone(struct client *c);
+void handle_tools_register(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_tools_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_tools_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* the ctx every handler receives */
 struct handler_ctx {

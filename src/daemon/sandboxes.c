@@ -116,6 +116,12 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.file_handler = daemon_file_handler;
     /* The daemon raised its open files limit; commands keep the usual one. */
     spec.nofile = sb->d->nofile_orig;
+    /* The tool bridge: its socket inside, and the in-sandbox clients (tool_call, conch_tools,
+     * conch-tools) when this conch has them. */
+    if (!sb->bridge && (r = sandbox_bridge_new(sb, err)) < 0)
+        return r;
+    spec.ptc_socket = true;
+    spec.ptc_dir = conch_ptc_dir();
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
     r = async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
@@ -137,6 +143,8 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     uv_poll_init(&sb->d->loop, sb->ctl_poll, conch_jail_ctl_fd(sb->jail));
     sb->ctl_poll->data = sb;
     uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
+    if (!async)
+        sandbox_bridge_listen(sb);
     /* Pool sandboxes spill to the shared directory (see sandbox_spill_dir): nothing to
      * measure there unless a limit has to be sampled. */
     bool sampled =
@@ -342,6 +350,8 @@ static void sandbox_stop_handles(struct sandbox *sb, const char *why)
     /* Every command still running gets its final event now (lost, @why). */
     if (sb->jail_up)
         conch_super_done(&sb->super, why);
+    if (sb->bridge)
+        conch_bridge_listen(sb->bridge, -1, NULL);
     dlist_for_each_safe(pos, tmp, &sb->files)
         file_req_abort(dlist_entry(pos, struct file_req, link));
     if (sb->ctl_poll) {
@@ -522,6 +532,8 @@ static void sandbox_free(struct sandbox *sb)
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &sb->runs) run_forget(dlist_entry(pos, struct run, link));
     dlist_for_each_safe(pos, tmp, &sb->done_jobs) run_forget(dlist_entry(pos, struct run, link));
+    conch_bridge_free(sb->bridge);
+    sb->bridge = NULL;
     sandbox_unlink(sb);
     if (sb->holds > 0) {
         sb->free_pending = true;
@@ -738,6 +750,7 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
             return;
         }
         sb->state = SB_RUNNING;
+        sandbox_bridge_listen(sb);
         return;
     }
     (void)events;

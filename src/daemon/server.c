@@ -127,6 +127,7 @@ static void client_close(struct client *c)
     c->closing = true;
     dlist_del(&c->link);
     client_wake_waiters(c);
+    client_tools_gone(c);
     /* Calls still running keep the sink; their late replies are dropped. */
     conch_rpc_sink_close(c->sink);
     c->sink = NULL;
@@ -242,6 +243,14 @@ void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *para
 
 extern const struct conch_rpc_method daemon_methods[];
 
+/* The client answered a request of ours (the tool bridge's tool.call / agent.spawn). */
+static void on_response(void *ctx, json_t *id, json_t *result, json_t *error)
+{
+    struct client *c = ctx;
+    if (!c->closing)
+        client_tools_response(c, id, result, error);
+}
+
 static void on_line(void *ctx, const char *line, size_t len)
 {
     struct client *c = ctx;
@@ -294,9 +303,11 @@ static struct client *client_new(struct daemon *d)
         return NULL;
     c->d = d;
     DLIST_INIT(&c->drain_waiters);
+    DLIST_INIT(&c->out_calls);
     conch_rpc_framer_init(&c->framer, d->opts.max_message);
     c->sink = conch_rpc_sink_new(client_send, c);
     conch_rpc_sink_set_line_sender(c->sink, client_send_line);
+    conch_rpc_sink_set_response_handler(c->sink, on_response);
     dlist_add(&d->clients, &c->link);
     return c;
 }
@@ -593,6 +604,17 @@ static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", 
 static const struct conch_rpc_param p_ws_changes[] = {
     P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
 
+static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
+static const struct conch_rpc_param p_tools_register[] = {P("sandbox", S, true),
+                                                          P("tools", A, true), END};
+static const struct conch_rpc_param p_agents_register[] = {P("sandbox", S, true),
+                                                           P("agents", A, true), END};
+static const struct conch_rpc_param p_names[] = {P("sandbox", S, true), P("names", A, true), END};
+static const struct conch_rpc_param p_tools_trace[] = {P("sandbox", S, true),
+                                                       P("origin", CONCH_RPC_OBJECT, false), END};
+static const struct conch_rpc_param p_tools_prompt[] = {P("sandbox", S, true),
+                                                        P("languages", A, false), END};
+
 const struct conch_rpc_method daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
     {"sandbox.create", p_create, handle_sandbox_create},
@@ -618,6 +640,13 @@ const struct conch_rpc_method daemon_methods[] = {
     {"workspace.diff", p_ws, handle_workspace_diff},
     {"workspace.commit", p_ws, handle_workspace_commit},
     {"workspace.discard", p_ws, handle_workspace_discard},
+    {"tools.register", p_tools_register, handle_tools_register},
+    {"tools.unregister", p_names, handle_tools_unregister},
+    {"tools.list", p_sandbox, handle_tools_list},
+    {"tools.trace", p_tools_trace, handle_tools_trace},
+    {"tools.prompt", p_tools_prompt, handle_tools_prompt},
+    {"agents.register", p_agents_register, handle_agents_register},
+    {"agents.unregister", p_names, handle_agents_unregister},
     {NULL, NULL, NULL},
 };
 

@@ -170,7 +170,8 @@ char *conch_run_result_text(const struct conch_run_result *res)
         nuls += out[i] == '\0';
     for (size_t i = 0; i < err_len; i++)
         nuls += err[i] == '\0';
-    size_t size = out_len + err_len + 2 * nuls + strlen(why) + sizeof(last) + 8;
+    const char *tools = res->tools_summary ? res->tools_summary : "";
+    size_t size = out_len + err_len + 2 * nuls + strlen(why) + strlen(tools) + sizeof(last) + 8;
     char *text = malloc(size);
     if (!text)
         return NULL;
@@ -182,6 +183,8 @@ char *conch_run_result_text(const struct conch_run_result *res)
     }
     if (n && text[n - 1] != '\n')
         text[n++] = '\n';
+    if (*tools)
+        n += (size_t)snprintf(text + n, size - n, "%s\n", tools);
     if (*why)
         n += (size_t)snprintf(text + n, size - n, "[%s]\n", why);
     n += (size_t)snprintf(text + n, size - n, "%s", last);

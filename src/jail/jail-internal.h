@@ -36,6 +36,7 @@ struct conch_jail {
     struct conch_seccomp_prog seccomp;      /* commands */
     struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
+    int ptc_fd;        /* the tool bridge's listening socket until taken, else -1; owned */
 };
 
 #define JAIL_MAX_BINDS 48
@@ -94,20 +95,25 @@ struct jail_plan {
     /* workspace upper on disk (persistent) instead of a tmpfs */
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
+    /* the tool bridge */
+    bool ptc_socket;          /* listen on /run/conch/ptc.sock, hand the fd to the parent */
+    char ptc_lib[PATH_MAX];   /* before pivot: bound at /run/conch/lib; "" for none */
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0002u /* "co" + version 2 */
+#define JAIL_PROTO_VERSION 0x636f0003u /* "co" + version 3 */
 
 enum jail_msg_type {
-    JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1 */
+    JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
+                        * fds [the tool bridge's listening socket] when asked for */
     JMSG_SETUP_ERR,    /* warden → parent: err */
     JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
                         * fds [stdin, stdout, stderr, blob memfd] */
-    JMSG_STARTED,      /* shepherd → parent: id, a = pid of the command in its pid namespace */
+    JMSG_STARTED,      /* shepherd → parent: id, a = pid of the command in its pid namespace,
+                        * ns = the inode of that pid namespace */
     JMSG_RUN_ERR,      /* warden → parent: id, err (could not start); final for @id */
     JMSG_EXITED,       /* warden → parent: id, a = wait status, b = JEXIT_* flags, usage;
                         * final for @id, sent exactly once whatever happened to the shepherd */
@@ -127,6 +133,7 @@ struct jail_msg {
     uint32_t b;
     int64_t id; /* the command (or file request) this message is about */
     uint64_t timeout_ms, grace_ms;
+    uint64_t ns;
     struct rusage usage;
     struct conch_err err;
 };
@@ -143,8 +150,10 @@ struct jail_cmd_blob {
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
 
 /* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
- * *@ret_upper_fd is the upper dir (or -1). Returns 0 or -errno with @err. No allocation. */
-int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err);
+ * *@ret_upper_fd is the upper dir (or -1), *@ret_ptc_fd the tool bridge's listening socket
+ * (or -1). Returns 0 or -errno with @err. No allocation. */
+int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
+                            struct conch_err *err);
 
 /* jail_send / jail_recv - one message over the control socket, with up to @nfds fds.
  * jail_send stamps the protocol version; jail_recv returns -EPROTO for a message of another

@@ -70,6 +70,12 @@ struct conch_jail_spec {
      * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
      * 0: conch_jail_spawn claims one and releases it in conch_jail_destroy. */
     uint32_t host_id_base;
+    /* The tool bridge (docs/TOOLS.md): a listening unix socket at /run/conch/ptc.sock inside,
+     * handed to the caller (conch_jail_take_ptc_fd), and @ptc_dir (a host dir holding bin/,
+     * python/ and node/: conch_ptc_dir()) bound read-only at /run/conch/lib with bin/ on
+     * commands' PATH. Either may be off (false / NULL). */
+    bool ptc_socket;
+    const char *ptc_dir;
 };
 
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
@@ -85,6 +91,10 @@ int conch_jail_host_ws_fd(const struct conch_jail *j);   /* host workspace dir f
 bool conch_jail_has_cgroup(const struct conch_jail *j);  /* limits held by a cgroup */
 /* conch_jail_cgroup_stats - the cgroup's counters (zeros without a cgroup). */
 void conch_jail_cgroup_stats(struct conch_jail *j, struct conch_cgroup_stats *ret);
+/* conch_jail_take_ptc_fd - the listening tool-bridge socket (O_NONBLOCK, O_CLOEXEC) the
+ * warden made at /run/conch/ptc.sock when spec.ptc_socket was set; the caller owns it and
+ * accepts on it. -1 when there is none or it was taken. */
+int conch_jail_take_ptc_fd(struct conch_jail *j);
 /* conch_jail_set_sync_destroy - make conch_jail_destroy wait until the namespaces are gone
  * (the overlay unmounted), as a restart over the same upper dir needs. */
 void conch_jail_set_sync_destroy(struct conch_jail *j, bool on);
@@ -155,6 +165,7 @@ struct conch_jail_event {
     enum conch_jail_event_type type;
     int64_t id;
     pid_t pid;            /* STARTED: pid in the command's pid namespace */
+    uint64_t pidns_ino;   /* STARTED: inode of that pid namespace (nsfs; 0 if unknown) */
     int status;           /* EXITED: wait status */
     bool timed_out;       /* EXITED: the deadline fired */
     bool lost;            /* EXITED: the shepherd died unasked; status is a synthetic SIGKILL */

@@ -10,7 +10,9 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "core/fsutil.h"
@@ -308,10 +310,52 @@ static int setup_etc(const struct jail_plan *plan, struct conch_err *err)
     return 0;
 }
 
-int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+/* The tool bridge (docs/TOOLS.md): the host's ptc tree at /run/conch/lib with short links
+ * to its parts (/node_modules makes `conch-tools` resolve from anywhere, for require and
+ * import alike), and the listening socket commands connect to. The socket is made here, by
+ * the warden, inside the sandbox's own root: no host path leads to it, and no other sandbox
+ * can reach it. */
+static int setup_ptc(const struct jail_plan *plan, int *ret_ptc_fd, struct conch_err *err)
+{
+    int r;
+    if (!plan->ptc_socket && !plan->ptc_lib[0])
+        return 0;
+    if ((r = make_dir("/run/conch", 0755, err)) < 0)
+        return r;
+    if (plan->ptc_lib[0]) {
+        static const char *const links[][2] = {{"/run/conch/bin", "lib/bin"},
+                                               {"/run/conch/python", "lib/python"},
+                                               {"/node_modules", "run/conch/lib/node"}};
+        if ((r = bind_mount(plan->ptc_lib, "/run/conch/lib", true, false, 0, err)) < 0)
+            return conch_err_wrap(err, "tool bridge");
+        for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++)
+            if (symlink(links[i][1], links[i][0]) < 0 && errno != EEXIST)
+                return fail(err, "symlink", links[i][0], errno);
+    }
+    if (plan->ptc_socket) {
+        static const char path[] = "/run/conch/ptc.sock";
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        memcpy(addr.sun_path, path, sizeof(path));
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return fail(err, "tool bridge: socket for", path, errno);
+        if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || chmod(path, 0666) < 0 ||
+            listen(fd, 1024) < 0) {
+            int e = errno;
+            close(fd);
+            return fail(err, "tool bridge: listen on", path, e);
+        }
+        *ret_ptc_fd = fd;
+    }
+    return 0;
+}
+
+int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
+                            struct conch_err *err)
 {
     int r;
     *ret_upper_fd = -1;
+    *ret_ptc_fd = -1;
     /* Nothing we mount may propagate back to the host, nor host mounts in. */
     if ((r = do_mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL, err)) < 0)
         return r;
@@ -378,7 +422,8 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, str
         return r;
     if (symlink("/tmp", "/var/tmp") < 0 && errno != EEXIST)
         return fail(err, "symlink", "/var/tmp", errno);
-    if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0)
+    if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
+        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0)
         return r;
 
     if (umount2(OLDROOT, MNT_DETACH) < 0)

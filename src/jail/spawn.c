@@ -255,6 +255,13 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->rlimit_fsize = spec->file_bytes;
     plan->rlimit_nofile = spec->nofile;
     plan->file_handler = spec->file_handler;
+    plan->ptc_socket = spec->ptc_socket;
+    if (spec->ptc_dir) {
+        if (spec->ptc_dir[0] != '/' || strlen(spec->ptc_dir) + 9 >= sizeof(plan->ptc_lib))
+            return conch_err_set(err, EINVAL, "tool bridge dir '%s': not an absolute path",
+                                 spec->ptc_dir);
+        snprintf(plan->ptc_lib, sizeof(plan->ptc_lib), "/oldroot%s", spec->ptc_dir);
+    }
     if (spec->upper_dir) {
         plan->upper_on_disk = true;
         snprintf(plan->upper_dir, sizeof(plan->upper_dir), "/oldroot%s",
@@ -319,7 +326,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
 {
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
-    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = -1;
+    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
     j->as_root = spec->as_root;
@@ -463,8 +470,8 @@ fail:
 int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
-    int nfds = 0;
-    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
+    int nfds = 0, fds[1] = {-1};
+    int r = jail_recv(j->ctl_fd, &m, fds, 1, &nfds, 0);
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
         goto fail;
@@ -481,9 +488,15 @@ int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
         goto fail;
     }
     j->upper_fd_nr = m.a;
+    if (nfds == 1) {
+        j->ptc_fd = fds[0];
+        fds[0] = -1;
+    }
     return 0;
 
 fail:
+    if (nfds == 1 && fds[0] >= 0)
+        close(fds[0]);
     conch_jail_destroy(j);
     return r;
 }
@@ -510,6 +523,13 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail **ret
         return r;
     *ret = j;
     return 0;
+}
+
+int conch_jail_take_ptc_fd(struct conch_jail *j)
+{
+    int fd = j->ptc_fd;
+    j->ptc_fd = -1;
+    return fd;
 }
 
 pid_t conch_jail_warden_pid(const struct conch_jail *j)
@@ -613,6 +633,7 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
         case JMSG_STARTED:
             ret->type = CONCH_JAIL_STARTED;
             ret->pid = m.a;
+            ret->pidns_ino = m.ns;
             return 1;
         case JMSG_RUN_ERR:
             ret->type = CONCH_JAIL_START_FAILED;
@@ -687,6 +708,9 @@ void conch_jail_destroy(struct conch_jail *j)
     if (j->host_ws_fd >= 0)
         close(j->host_ws_fd);
     j->host_ws_fd = -1;
+    if (j->ptc_fd >= 0)
+        close(j->ptc_fd);
+    j->ptc_fd = -1;
     if (j->has_cgroup) {
         struct conch_err ignored = {0};
         conch_cgroup_destroy(&j->cg, &ignored);

@@ -441,6 +441,9 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     m.type = JMSG_STARTED;
     m.id = id;
     m.a = cmd;
+    struct stat ns;
+    if (stat("/proc/self/ns/pid", &ns) == 0)
+        m.ns = ns.st_ino; /* who the command's tool-bridge connections come from */
     jail_send(ctl, &m, NULL, 0);
     rep->state = SHEP_STARTED;
 
@@ -833,14 +836,17 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     }
     if (loopback_up(&err) < 0)
         goto setup_failed;
-    if (jail_mounts_setup_child(plan, &upper_fd, &err) < 0)
+    int ptc_fd = -1;
+    if (jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
         goto setup_failed;
 
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_OK;
     m.a = upper_fd;
-    if (jail_send(ctl, &m, NULL, 0) < 0)
+    if (jail_send(ctl, &m, &ptc_fd, ptc_fd >= 0 ? 1 : 0) < 0)
         _exit(1);
+    if (ptc_fd >= 0)
+        close(ptc_fd); /* the parent accepts; nothing we fork may hold it */
 
     sigset_t mask;
     sigemptyset(&mask);

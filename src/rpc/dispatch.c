@@ -21,6 +21,7 @@ struct conch_rpc_sink {
     bool closed;
     void (*send)(void *send_ctx, json_t *msg);
     void (*send_line)(void *send_ctx, char *line, size_t len);
+    void (*on_response)(void *send_ctx, json_t *id, json_t *result, json_t *error);
     void *send_ctx;
 };
 
@@ -75,6 +76,21 @@ void conch_rpc_sink_set_line_sender(struct conch_rpc_sink *sink,
 {
     if (sink)
         sink->send_line = send_line;
+}
+
+void conch_rpc_sink_set_response_handler(struct conch_rpc_sink *sink,
+                                         void (*on_response)(void *send_ctx, json_t *id,
+                                                             json_t *result, json_t *error))
+{
+    if (sink)
+        sink->on_response = on_response;
+}
+
+json_t *conch_rpc_request(json_t *id, const char *method, json_t *params)
+{
+    json_t *msg = json_pack("{s:s,s:O,s:s,s:o}", "jsonrpc", "2.0", "id", id ? id : json_null(),
+                            "method", method, "params", params ? params : json_object());
+    return msg;
 }
 
 void *conch_rpc_sink_ctx(const struct conch_rpc_sink *sink)
@@ -303,6 +319,13 @@ static void handle(const struct conch_rpc_method *table, json_t *req, void *ctx,
         return;
     }
     json_t *name = json_object_get(req, "method");
+    if (!name && id && (json_object_get(req, "result") || json_object_get(req, "error"))) {
+        /* A response to a request of ours (tool.call): never answered, even when unknown. */
+        json_t *result = json_object_get(req, "result"), *error = json_object_get(req, "error");
+        if (sink->on_response && !sink->closed && !(result && error))
+            sink->on_response(sink->send_ctx, id, result, error);
+        return;
+    }
     if (!json_is_string(name)) {
         emit(sink, b, invalid(id, "method must be a string"));
         return;

@@ -164,6 +164,21 @@ struct conch_rpc_sink *conch_rpc_sink_new(void (*send)(void *send_ctx, json_t *m
 void conch_rpc_sink_set_line_sender(struct conch_rpc_sink *sink,
                                     void (*send_line)(void *send_ctx, char *line, size_t len));
 
+/*
+ * conch_rpc_sink_set_response_handler - let the peer answer requests the owner sent it
+ * (conch_rpc_request): a line holding a response object (an "id", a "result" or an "error",
+ * no "method") calls @on_response(send_ctx, id, result, error) with exactly one of @result
+ * and @error non-NULL, all borrowed for the call. Responses are never answered; without a
+ * handler they are dropped.
+ */
+void conch_rpc_sink_set_response_handler(struct conch_rpc_sink *sink,
+                                         void (*on_response)(void *send_ctx, json_t *id,
+                                                             json_t *result, json_t *error));
+
+/* conch_rpc_request - a new request {"jsonrpc":"2.0","id":@id,"method":@method,"params":
+ * @params} (@id borrowed, NULL = null; @params taken over, NULL = {}); NULL if out of memory. */
+json_t *conch_rpc_request(json_t *id, const char *method, json_t *params);
+
 /* conch_rpc_sink_ctx - the send_ctx given to conch_rpc_sink_new(), or NULL once @sink is
  * closed (or NULL). Lets the owner find its connection from a sink a handler kept. */
 void *conch_rpc_sink_ctx(const struct conch_rpc_sink *sink);

@@ -104,6 +104,7 @@ static void route(struct conch_super *s, const struct conch_jail_event *ev)
     switch (ev->type) {
     case CONCH_JAIL_STARTED:
         p->started = true;
+        p->pidns_ino = ev->pidns_ino;
         if (p->ops->started)
             p->ops->started(p, ev->pid);
         if (p->pending_signal) {

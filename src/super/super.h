@@ -40,7 +40,8 @@ struct conch_proc_ops {
 /* A process object, caller-allocated (usually embedded in the caller's own record). */
 struct conch_proc {
     const struct conch_proc_ops *ops;
-    void *data; /* the caller's */
+    void *data;         /* the caller's */
+    uint64_t pidns_ino; /* once started: its pid namespace's inode (0: unknown) */
     /* private to the supervisor */
     struct conch_super *s;
     int64_t id;

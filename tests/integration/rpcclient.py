@@ -26,6 +26,15 @@ class RpcError(Exception):
         super().__init__(f"{method}: {code} {self.data_code}: {message} data={data}")
 
 
+class ToolFailure(Exception):
+    """Raised by a handler of a daemon request: answered as a JSON-RPC error."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class RpcTimeout(AssertionError):
     """No response within the timeout (an AssertionError so pytest shows it as a failure)."""
 
@@ -53,6 +62,11 @@ class Client:
         self.order = []  # ("response", id) / ("notification", method, params) in arrival order
         self.lines = 0
         self.eof = False
+        # Requests from the daemon (the tool bridge's tool.call / agent.spawn): method ->
+        # fn(params) returning the result, or raising ToolFailure for a JSON-RPC error. Each
+        # runs in a thread of its own, so slow tools do not hold the others up.
+        self.handlers = {}
+        self.incoming = []  # every request the daemon sent, in arrival order
         self._t = threading.Thread(target=self._reader, name=f"rpc-reader-{name}", daemon=True)
         self._t.start()
 
@@ -210,6 +224,9 @@ class Client:
             self.lines += 1
             if isinstance(msg, list):
                 self.batches.append(msg)
+            elif isinstance(msg, dict) and "method" in msg and "id" in msg:
+                self.incoming.append(msg)
+                threading.Thread(target=self._answer, args=(msg,), daemon=True).start()
             elif isinstance(msg, dict) and "method" in msg and "id" not in msg:
                 self.notifications.append(msg)
                 self.order.append(("notification", msg.get("method"), msg.get("params")))
@@ -223,6 +240,22 @@ class Client:
             else:
                 self.bad_lines.append(line)
             self._cv.notify_all()
+
+    def _answer(self, msg):
+        fn = self.handlers.get(msg["method"])
+        try:
+            if fn is None:
+                raise ToolFailure(-32601, f"no handler for {msg['method']}")
+            reply = {"jsonrpc": "2.0", "id": msg["id"], "result": fn(msg.get("params"))}
+        except ToolFailure as e:
+            reply = {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": e.code, "message": e.message}}
+        except Exception as e:  # a handler bug still answers
+            reply = {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32000, "message": repr(e)}}
+        if reply is not None and not getattr(fn, "no_answer", False):
+            try:
+                self.send(reply)
+            except OSError:
+                pass
 
     def close(self):
         try:
