@@ -40,6 +40,8 @@ static const char usage_text[] =
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
     "  --disk BYTES        what the command may write to the workspace (default 1G)\n"
+    "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
+    "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --json              print one JSON object instead of live output and a summary\n"
     "  -q, --quiet         no change summary\n"
     "\n"
@@ -65,6 +67,7 @@ enum {
     OPT_HOME_SIZE,
     OPT_DISK,
     OPT_JSON,
+    OPT_TOOLS,
 };
 
 static const struct option long_opts[] = {
@@ -86,6 +89,7 @@ static const struct option long_opts[] = {
     {"home-size", required_argument, NULL, OPT_HOME_SIZE},
     {"disk", required_argument, NULL, OPT_DISK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"tools", required_argument, NULL, OPT_TOOLS},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -181,6 +185,12 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
         }
         case OPT_CWD:
             c->cwd_arg = optarg;
+            break;
+        case OPT_TOOLS:
+            if (c->run.tools)
+                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--tools: given twice");
+            else
+                r = conch_toolhost_load(optarg, &c->run.tools, err);
             break;
         case OPT_TIMEOUT:
             r = conch_cli_parse_seconds(optarg, "--timeout", &c->run.timeout_ms, err);
@@ -331,6 +341,8 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
     if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
         fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
                 res->error_msg);
+    if (res->tools.summary && !c->quiet)
+        fprintf(stderr, "conch: %s\n", res->tools.summary);
     if (c->quiet || !res->has_changes)
         return;
     const struct conch_ws_changes *chs = &res->changes;
@@ -406,6 +418,7 @@ int conch_cli_run(int argc, char **argv)
             print_summary(&c, &res);
     }
     conch_run_result_done(&res);
+    conch_toolhost_free(c.run.tools);
     for (size_t i = 0; i < c.n_env; i++)
         free(c.env[i]);
     free(c.env);

@@ -118,6 +118,11 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
     json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
     json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));
     json_object_set_new(o, "usage", usage);
+    if (res->tools.calls) {
+        json_object_set_new(o, "tool_calls", json_incref(res->tools.calls));
+        json_object_set_new(o, "detached_agents",
+                            res->tools.detached ? json_incref(res->tools.detached) : json_array());
+    }
     if (infra || res->error_kind != CONCH_ERR_NONE) {
         json_t *e = json_object();
         json_object_set_new(

@@ -41,6 +41,7 @@ void conch_run_result_done(struct conch_run_result *res)
     conch_output_done(&res->err);
     conch_ws_changes_done(&res->changes);
     conch_ws_commit_report_done(&res->commit);
+    conch_bridge_report_done(&res->tools);
 }
 
 void conch_exec_env_free(char **env)
@@ -417,7 +418,16 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     x->o = o;
     x->res = res;
     x->sigfd = x->pumps[0].fd = x->pumps[1].fd = -1;
-    if ((r = conch_jail_start(&o->jail, &x->jail, err)) < 0) {
+    /* The tool bridge: tool_call and the modules are always there (they say when no bridge
+     * serves them); the socket only with --tools. */
+    struct conch_jail_spec spec = o->jail;
+    spec.ptc_socket = o->tools != NULL;
+    spec.ptc_dir = conch_ptc_dir();
+    if ((r = conch_jail_start(&spec, &x->jail, err)) < 0 ||
+        (o->tools &&
+         (r = conch_toolhost_start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
+        if (x->jail)
+            conch_jail_destroy(x->jail);
         conch_exec_env_free(env);
         free(x);
         return r;
@@ -437,7 +447,16 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         r = conch_err_set(err, errno, "signalfd: %s", strerror(errno));
     else if ((r = run_start_command(x, env, err)) >= 0 && (r = run_wait(x, err)) >= 0) {
         res->duration_ms = conch_clock_ms() - start;
+        if (o->tools) {
+            conch_toolhost_finish(o->tools, &res->tools);
+            res->tools_summary = res->tools.summary;
+        }
         r = run_report(x, err);
+    }
+    if (o->tools) {
+        struct conch_bridge_report left;
+        conch_toolhost_finish(o->tools, &left); /* after a failure: stop its thread */
+        conch_bridge_report_done(&left);
     }
     if (r >= 0 && o->stream) {
         stream_rest(1, &res->out);

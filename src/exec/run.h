@@ -9,22 +9,24 @@
 
 #include "core/error.h"
 #include "exec/output.h"
+#include "exec/toolhost.h"
 #include "jail/jail.h"
 #include "workspace/workspace.h"
 
 struct conch_run_opts {
-    struct conch_jail_spec jail; /* the sandbox */
-    char *const *argv;           /* the command; borrowed */
-    char *const *env_extra;      /* "K=V" strings added to the clean environment; borrowed */
-    const char *cwd;             /* inside the sandbox; NULL: /workspace */
-    uint64_t timeout_ms;         /* 0: none */
-    uint64_t grace_ms;           /* between SIGTERM and SIGKILL on timeout */
-    size_t max_output;           /* bytes of each stream kept in memory */
-    uint64_t max_spill;          /* bytes of each stream kept in its spill file */
-    const char *spill_dir;       /* where spill files go */
-    bool commit;                 /* apply workspace changes when the command exited */
-    bool stream;                 /* copy output live to our stdout/stderr (head only) */
-    int stdin_fd;                /* passed to the command; borrowed */
+    struct conch_jail_spec jail;  /* the sandbox */
+    char *const *argv;            /* the command; borrowed */
+    char *const *env_extra;       /* "K=V" strings added to the clean environment; borrowed */
+    const char *cwd;              /* inside the sandbox; NULL: /workspace */
+    uint64_t timeout_ms;          /* 0: none */
+    uint64_t grace_ms;            /* between SIGTERM and SIGKILL on timeout */
+    size_t max_output;            /* bytes of each stream kept in memory */
+    uint64_t max_spill;           /* bytes of each stream kept in its spill file */
+    const char *spill_dir;        /* where spill files go */
+    bool commit;                  /* apply workspace changes when the command exited */
+    bool stream;                  /* copy output live to our stdout/stderr (head only) */
+    int stdin_fd;                 /* passed to the command; borrowed */
+    struct conch_toolhost *tools; /* --tools: serve these to the command; borrowed, or NULL */
 };
 
 /* conch_run_opts_init - defaults: 1 MiB kept per stream, 64 MiB spill, 2 s grace. */
@@ -46,7 +48,8 @@ struct conch_run_result {
     uint64_t max_rss_kb;
     enum conch_err_kind error_kind; /* CONCH_ERR_NONE when the command succeeded */
     char error_msg[512];
-    const char *tools_summary; /* borrowed: "[tools: ...]", a line of the text; NULL: none */
+    const char *tools_summary;        /* borrowed: "[tools: ...]", a line of the text; NULL: none */
+    struct conch_bridge_report tools; /* owned: the command's tool calls (--tools) */
 };
 
 /*
