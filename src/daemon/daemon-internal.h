@@ -133,6 +133,8 @@ struct sandbox {
     struct dlist done_jobs; /* struct run: finished jobs, output still readable */
     struct dlist files;     /* struct file_req in flight */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
+    double tool_timeout;         /* its limits (0: the bridge's defaults) */
+    unsigned max_tool_calls;
 };
 
 struct run {
@@ -241,6 +243,8 @@ struct sandbox_spec {
     json_t *env; /* borrowed */
     double idle_timeout;
     const char *name;
+    double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
+    unsigned max_tool_calls; /* per command; 0: the bridge's default */
 };
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
                    struct conch_err *err);

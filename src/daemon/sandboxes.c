@@ -613,6 +613,8 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
     sb->disk_bytes = spec->disk_bytes ? spec->disk_bytes : DEFAULT_DISK_BYTES;
     sb->env = spec->env ? json_deep_copy(spec->env) : json_object();
     sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
+    sb->tool_timeout = spec->tool_timeout;
+    sb->max_tool_calls = spec->max_tool_calls;
     int r;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
         int n =

@@ -417,6 +417,8 @@ static bool spec_from_params(struct conch_rpc_call *call, json_t *params, struct
     spec->tmp_bytes = num_bytes(params, "tmp_size");
     spec->disk_bytes = num_bytes(params, "disk");
     spec->idle_timeout = conch_rpc_num(params, "idle_timeout", -1);
+    spec->tool_timeout = conch_rpc_num(params, "tool_timeout", 0);
+    spec->max_tool_calls = (unsigned)conch_rpc_int(params, "max_tool_calls", 0);
     return true;
 }
 
@@ -541,7 +543,8 @@ FS_HANDLER(handle_fs_download, "download")
         P("env", O, false), R("memory", I, 0, 1 * TiB, 1 * MiB), R("pids", I, 0, 4194304, 2),      \
         R("cpu", N, 0, 1024, 0.01), R("tmp_size", I, 0, 1 * TiB, 64 * KiB),                        \
         R("disk", I, 0, 64 * TiB, 64 * KiB), R("idle_timeout", N, 0, 365 * DAY, 1),                \
-        P("name", S, false)
+        P("name", S, false), R("tool_timeout", N, 0, 1 * DAY, 0.001),                               \
+        R("max_tool_calls", I, 1, 1000000, 0)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};

@@ -91,7 +91,13 @@ static const struct conch_bridge_ops bridge_ops = {
 
 int sandbox_bridge_new(struct sandbox *sb, struct conch_err *err)
 {
-    return conch_bridge_new(&sb->d->loop, sb->id, NULL, &bridge_ops, sb, &sb->bridge, err);
+    struct conch_bridge_limits lim;
+    conch_bridge_limits_init(&lim);
+    if (sb->tool_timeout > 0)
+        lim.call_timeout_s = sb->tool_timeout;
+    if (sb->max_tool_calls)
+        lim.max_calls = sb->max_tool_calls;
+    return conch_bridge_new(&sb->d->loop, sb->id, &lim, &bridge_ops, sb, &sb->bridge, err);
 }
 
 void sandbox_bridge_listen(struct sandbox *sb)
