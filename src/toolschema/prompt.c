@@ -517,8 +517,7 @@ static void agents_section(struct conch__sb *o, json_t *agents, unsigned langs)
                          "```js\n"
                          "const answers = await Promise.all(tasks.map((t) => spawnAgent(t, "
                          "'%s')));\n"
-                         "const { request_id } = await spawnAgent('TASK', '%s', { detach: true "
-                         "});\n"
+                         "const requestId = await spawnAgent('TASK', '%s', { detach: true });\n"
                          "```\n\n",
                          first, first);
 }
