@@ -143,9 +143,4 @@ void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result);
  * caller gets @message; @c is freed. */
 void conch_bridge_call_fail(struct conch_bridge_call *c, const char *kind, const char *message);
 
-/* conch_ptc_dir - the host dir holding the in-sandbox side (bin/, python/, node/):
- * $CONCH_PTC_DIR, else ptc/ beside the running binary (a build tree), else the installed
- * one. NULL when none exists. Static storage. */
-const char *conch_ptc_dir(void);
-
 #endif

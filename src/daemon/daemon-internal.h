@@ -208,6 +208,7 @@ struct daemon {
     bool stopping;
     struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
     unsigned holds;            /* sandbox holds of work in flight, all sandboxes together */
+    bool ptc_warned;           /* said once that the tool-bridge clients are missing */
 };
 
 /* server.c */

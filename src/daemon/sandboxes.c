@@ -15,6 +15,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+#include "ptc/ptc.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
 
@@ -121,7 +122,13 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     if (!sb->bridge && (r = sandbox_bridge_new(sb, err)) < 0)
         return r;
     spec.ptc_socket = true;
-    spec.ptc_dir = conch_ptc_dir();
+    _cleanup_free_ char *ptc_dir = NULL;
+    struct conch_err ptc_err = {0};
+    if (conch_ptc_find_dir(&ptc_dir, &ptc_err) < 0 && !sb->d->ptc_warned) {
+        sb->d->ptc_warned = true;
+        log_warn("tool bridge: %s; commands get no tool_call", ptc_err.msg);
+    }
+    spec.ptc_dir = ptc_dir;
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
     r = async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);

@@ -543,7 +543,7 @@ FS_HANDLER(handle_fs_download, "download")
         P("env", O, false), R("memory", I, 0, 1 * TiB, 1 * MiB), R("pids", I, 0, 4194304, 2),      \
         R("cpu", N, 0, 1024, 0.01), R("tmp_size", I, 0, 1 * TiB, 64 * KiB),                        \
         R("disk", I, 0, 64 * TiB, 64 * KiB), R("idle_timeout", N, 0, 365 * DAY, 1),                \
-        P("name", S, false), R("tool_timeout", N, 0, 1 * DAY, 0.001),                               \
+        P("name", S, false), R("tool_timeout", N, 0, 1 * DAY, 0.001),                              \
         R("max_tool_calls", I, 1, 1000000, 0)
 
 static const struct conch_rpc_param p_none[] = {END};

@@ -2,6 +2,7 @@
  * capture buffers, enforce the deadline, classify how it ended, read (and maybe commit)
  * the workspace changes, tear everything down. */
 #include "exec/run.h"
+#include "ptc/ptc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -56,7 +57,8 @@ void conch_exec_env_free(char **env)
 char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err)
 {
     static const char *const base[] = {
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/conch/bin",
+        "PYTHONPATH=/run/conch/python", /* conch_tools, the tool bridge's Python module */
         "HOME=/home/agent",
         "SHELL=/bin/bash",
         "LANG=C.UTF-8",
@@ -422,7 +424,14 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
      * serves them); the socket only with --tools. */
     struct conch_jail_spec spec = o->jail;
     spec.ptc_socket = o->tools != NULL;
-    spec.ptc_dir = conch_ptc_dir();
+    _cleanup_free_ char *ptc_dir = NULL;
+    struct conch_err ptc_err = {0};
+    if (conch_ptc_find_dir(&ptc_dir, &ptc_err) < 0 && o->tools) {
+        conch_exec_env_free(env);
+        free(x);
+        return conch_err_setk(err, CONCH_ERR_INFRASTRUCTURE, ENOENT, "--tools: %s", ptc_err.msg);
+    }
+    spec.ptc_dir = ptc_dir;
     if ((r = conch_jail_start(&spec, &x->jail, err)) < 0 ||
         (o->tools &&
          (r = conch_toolhost_start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {

@@ -65,7 +65,8 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
 void conch_run_result_done(struct conch_run_result *res);
 
 /*
- * conch_exec_env_build - the clean environment of a command: PATH, HOME, USER, LOGNAME,
+ * conch_exec_env_build - the clean environment of a command: PATH (with the tool bridge's
+ * /run/conch/bin), PYTHONPATH (its module), HOME, USER, LOGNAME,
  * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, then @extra ("K=V",
  * later entries override earlier ones). Returns a new NULL-terminated array of new strings
  * (free with conch_exec_env_free), or NULL on a malformed entry / out of memory (@err).
