@@ -1,0 +1,443 @@
+# test_bridge.py - the tool bridge (issue 7) end to end: a real `conch serve`, a client that
+# registers tools and answers the daemon's tool.call / agent.spawn requests, and commands in a
+# real sandbox calling them with tool_call / spawn_agent (bash), conch_tools (Python) and
+# conch-tools (Node) over /run/conch/ptc.sock.
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import CONCH_BIN
+from rpcclient import RpcError, ToolFailure
+
+STRICT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer", "minimum": 0},
+        "mode": {"enum": ["fast", "slow"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["count"],
+    "additionalProperties": False,
+}
+
+TOOLS = [
+    {"name": "echo", "description": "returns its input", "input_schema": {"type": "object"}},
+    {
+        "name": "slow",
+        "description": "answers after input.seconds",
+        "input_schema": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    },
+    {"name": "failing", "description": "always fails", "input_schema": {"type": "object"}},
+    {"name": "strict", "description": "strict schema", "input_schema": STRICT_SCHEMA},
+    {"name": "never", "description": "never answers", "input_schema": {"type": "object"}},
+]
+
+
+def _never(params):
+    return None
+
+
+_never.no_answer = True
+
+
+def answer_tools(client):
+    """Make @client answer the TOOLS (and an 'analyst' agent type)."""
+
+    def tool_call(p):
+        name, inp = p["name"], p["input"]
+        if name == "echo":
+            return inp
+        if name == "slow":
+            time.sleep(inp.get("seconds", 0.5))
+            return {"slept": inp.get("seconds", 0.5)}
+        if name == "failing":
+            raise ToolFailure(-32000, "the database is down")
+        if name == "strict":
+            return {"ok": inp["count"]}
+        raise AssertionError(f"unexpected tool {name}")
+
+    def wrapped(p):
+        if p["name"] == "never":
+            return None
+        return tool_call(p)
+
+    client.handlers["tool.call"] = wrapped
+    client.handlers["agent.spawn"] = lambda p: f"analysis of {p['task']} by {p['type']}"
+    # 'never' must not be answered at all: suppress the reply for it.
+    orig = client._answer
+
+    def answer(msg):
+        if msg.get("method") == "tool.call" and msg["params"]["name"] == "never":
+            return
+        orig(msg)
+
+    client._answer = answer
+
+
+@pytest.fixture
+def bridge(daemon, ws):
+    """(client, sandbox id, run): a client answering TOOLS on a fresh sandbox."""
+    c = daemon.client()
+    answer_tools(c)
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    c.call("tools.register", {"sandbox": sb, "tools": TOOLS})
+    c.call("agents.register", {"sandbox": sb, "agents": [{"name": "analyst", "description": "analyses a record"}]})
+
+    def run(command, timeout=60, **kw):
+        params = {"sandbox": sb, "command": command, "timeout": timeout}
+        params.update(kw)
+        return c.call("exec.run", params, timeout=timeout + 30)
+
+    yield c, sb, run
+    try:
+        c.call("sandbox.destroy", {"id": sb}, timeout=30)
+    except Exception:
+        pass
+
+
+def tool_calls_seen(client, name=None):
+    return [m for m in client.incoming if m["method"] == "tool.call" and (name is None or m["params"]["name"] == name)]
+
+
+def test_tool_call_from_bash_result_trace_and_summary(bridge):
+    c, sb, run = bridge
+    r = run("""tool_call echo '{"x": 1, "s": "héllo"}'""")
+    assert r["exit_code"] == 0, r["text"]
+    assert json.loads(r["stdout"]) == {"x": 1, "s": "héllo"}
+    [call] = r["tool_calls"]
+    assert call["name"] == "echo" and call["ok"] is True and call["kind"] == "tool"
+    assert call["input"] == {"x": 1, "s": "héllo"} and call["result"] == {"x": 1, "s": "héllo"}
+    assert call["origin"]["kind"] == "exec" and call["origin"]["id"].startswith("exec-")
+    assert call["duration_ms"] >= 0 and call["start"] > time.time() - 120
+    lines = r["text"].splitlines()
+    assert lines[-1] == "[exit code: 0]"
+    assert lines[-2].startswith("[tools: 1 call (echo=1), 1 ok, 0 failed, ")
+    # The daemon sent the call to the client with the same origin and call id.
+    [msg] = tool_calls_seen(c, "echo")
+    assert msg["params"]["sandbox"] == sb
+    assert msg["params"]["call_id"] == call["call_id"]
+    assert msg["params"]["origin"] == call["origin"]
+    # tools.trace returns it later, also by origin.
+    assert c.call("tools.trace", {"sandbox": sb, "origin": call["origin"]})["calls"] == [call]
+    assert call in c.call("tools.trace", {"sandbox": sb})["calls"]
+    # A command that calls nothing has an empty trace and no summary line.
+    r = run("true")
+    assert r["tool_calls"] == [] and "[tools:" not in r["text"]
+
+
+def test_exit_codes_and_schema_violations_never_reach_the_client(bridge):
+    c, sb, run = bridge
+    r = run("tool_call failing '{}'; echo rc=$?")
+    assert "rc=1" in r["stdout"] and "the database is down" in r["stderr"]
+    r = run("tool_call nosuch '{}'; echo rc=$?")
+    assert "rc=2" in r["stdout"] and "unknown tool 'nosuch'" in r["stderr"] and "echo" in r["stderr"]
+    bad = [
+        ('{"count": "3"}', "input.count: expected integer, got string"),
+        ('{}', 'missing required property "count"'),
+        ('{"count": 1, "extra": true}', '"extra"'),
+        ('{"count": 1, "mode": "medium"}', "input.mode"),
+        ('{"count": -1}', "input.count"),
+        ('{"count": 1, "tags": [1]}', "input.tags[0]"),
+        ("not json", "JSON"),
+    ]
+    for arg, why in bad:
+        r = run(f"tool_call strict '{arg}'; echo rc=$?")
+        assert "rc=2" in r["stdout"], (arg, r["text"])
+        assert why in r["stderr"], (arg, r["stderr"])
+    r = run("""tool_call strict '{"count": 3, "mode": "fast", "tags": ["a"]}'""")
+    assert r["exit_code"] == 0 and json.loads(r["stdout"]) == {"ok": 3}
+    # Only the valid strict call and the failing one reached the harness.
+    assert [m["params"]["input"] for m in tool_calls_seen(c, "strict")] == [{"count": 3, "mode": "fast", "tags": ["a"]}]
+    assert len(tool_calls_seen(c, "failing")) == 1
+    assert tool_calls_seen(c, "nosuch") == []
+
+
+def test_stdin_input_list_and_help(bridge):
+    c, sb, run = bridge
+    r = run("""echo '{"from": "stdin"}' | tool_call echo -""")
+    assert json.loads(r["stdout"]) == {"from": "stdin"}
+    r = run("tool_call --list")
+    assert r["exit_code"] == 0 and "echo" in r["stdout"] and "strict" in r["stdout"] and "analyst" in r["stdout"]
+    r = run("tool_call --help strict")
+    assert r["exit_code"] == 0 and "count" in r["stdout"] and "strict schema" in r["stdout"]
+
+
+def test_100_parallel_calls_from_bash_pair_answers_with_callers(bridge):
+    c, sb, run = bridge
+    r = run(
+        'for i in $(seq 1 100); do tool_call echo "{\\"i\\": $i}" > /tmp/out.$i & done; wait; '
+        'for i in $(seq 1 100); do printf "%s %s\\n" $i "$(cat /tmp/out.$i)"; done'
+    )
+    assert r["exit_code"] == 0, r["text"]
+    lines = r["stdout"].splitlines()
+    assert len(lines) == 100
+    for line in lines:
+        i, out = line.split(" ", 1)
+        assert json.loads(out) == {"i": int(i)}
+    assert len(r["tool_calls"]) == 100 and all(x["ok"] for x in r["tool_calls"])
+    assert "[tools: 100 calls (echo=100), 100 ok, 0 failed" in r["text"]
+
+
+PY_CONCURRENT = r"""
+import asyncio, threading, conch_tools
+results = {}
+def worker(i):
+    results[i] = conch_tools.call("echo", {"i": i})
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
+[t.start() for t in ts]; [t.join() for t in ts]
+assert all(results[i] == {"i": i} for i in range(50)), results
+async def main():
+    rs = await asyncio.gather(*(conch_tools.acall("echo", {"a": i}) for i in range(100)))
+    assert rs == [{"a": i} for i in range(100)], rs
+    slow = await asyncio.gather(*(conch_tools.acall("slow", {"seconds": 0.5}) for _ in range(10)))
+    assert len(slow) == 10
+asyncio.run(main())
+try:
+    conch_tools.call("failing", {})
+except conch_tools.ToolError as e:
+    print("tool error:", e.kind, e.message)
+try:
+    conch_tools.call("strict", {"count": "x"})
+except conch_tools.InvalidInput as e:
+    print("invalid:", e.message)
+print(conch_tools.spawn_agent("record 7", "analyst"))
+print(conch_tools.tools.echo(z=1))
+print("ok")
+"""
+
+
+def test_python_threads_and_asyncio(bridge):
+    c, sb, run = bridge
+    t0 = time.monotonic()
+    r = run("python3 -", stdin=PY_CONCURRENT)
+    assert r["exit_code"] == 0, r["text"]
+    out = r["stdout"]
+    assert "tool error: tool_error the database is down" in out
+    assert "invalid: input.count: expected integer" in out
+    assert "analysis of record 7 by analyst" in out
+    assert out.rstrip().endswith("ok")
+    # Ten 0.5 s calls in parallel: nothing serialised them.
+    assert time.monotonic() - t0 < 4.5
+    assert len(tool_calls_seen(c, "slow")) == 10
+
+
+NODE_CJS = r"""
+const { call, tools, spawnAgent } = require('conch-tools');
+(async () => {
+  const rs = await Promise.all(Array.from({length: 100}, (_, i) => call('echo', {n: i})));
+  rs.forEach((r, i) => { if (r.n !== i) throw new Error('mismatch ' + i); });
+  console.log('cjs', rs.length, JSON.stringify(await tools.echo({via: 'proxy'})));
+  try { await call('failing', {}); } catch (e) { console.log('err', e.kind, e.message); }
+  console.log(await spawnAgent('task 9', 'analyst'));
+})().catch(e => { console.error(e); process.exit(3); });
+"""
+
+NODE_ESM = r"""
+import { call } from 'conch-tools';
+const rs = await Promise.all([1, 2, 3].map(i => call('echo', {m: i})));
+console.log('esm', JSON.stringify(rs));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_node_require_import_and_promise_all(bridge):
+    c, sb, run = bridge
+    r = run("node -", stdin=NODE_CJS)
+    assert r["exit_code"] == 0, r["text"]
+    assert 'cjs 100 {"via":"proxy"}' in r["stdout"]
+    assert "err tool_error the database is down" in r["stdout"]
+    assert "analysis of task 9 by analyst" in r["stdout"]
+    r = run("cd /tmp && node --input-type=module -", stdin=NODE_ESM)
+    assert r["exit_code"] == 0, r["text"]
+    assert 'esm [{"m":1},{"m":2},{"m":3}]' in r["stdout"]
+
+
+def test_spawn_agent_and_detached_requests_come_with_the_result(bridge):
+    c, sb, run = bridge
+    r = run('spawn_agent "summarise x" analyst; id=$(spawn_agent --detach "look later" analyst); echo "id=$id"')
+    assert r["exit_code"] == 0, r["text"]
+    assert "analysis of summarise x by analyst" in r["stdout"]
+    [det] = r["detached_agents"]
+    assert det["task"] == "look later" and det["type"] == "analyst"
+    assert f"id={det['call_id']}" in r["stdout"]
+    # Only the attached one was sent to the harness.
+    spawns = [m for m in c.incoming if m["method"] == "agent.spawn"]
+    assert [m["params"]["task"] for m in spawns] == ["summarise x"]
+    r = run('spawn_agent "x" nosuchtype; echo rc=$?')
+    assert "rc=2" in r["stdout"] and "nosuchtype" in r["stderr"]
+
+
+def test_client_disconnect_mid_call_fails_the_callers(daemon, ws):
+    owner = daemon.client()
+    owner.handlers["tool.call"] = _never
+    other = daemon.client()
+    sb = other.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    owner.call("tools.register", {"sandbox": sb, "tools": [{"name": "hang", "input_schema": {"type": "object"}}]})
+    job = other.call("job.start", {"sandbox": sb, "command": "tool_call hang '{}'; echo rc=$? >&2"})["job_id"]
+    deadline = time.time() + 20
+    while not owner.incoming and time.time() < deadline:
+        time.sleep(0.05)
+    assert owner.incoming, "the call never reached its owner"
+    owner.close()
+    st = other.call("job.wait", {"job_id": job, "timeout": 20}, timeout=30)
+    assert st["running"] is False
+    out = other.call("job.output", {"job_id": job})
+    assert "rc=1" in out["stderr"] and "went away" in out["stderr"], out
+    assert [x["error"]["kind"] for x in st["tool_calls"]] == ["unavailable"]
+    # Its tools went with it.
+    assert other.call("tools.list", {"sandbox": sb})["tools"] == []
+    r = other.call("exec.run", {"sandbox": sb, "command": "tool_call hang '{}'; echo rc=$?"}, timeout=30)
+    assert "rc=2" in r["stdout"]
+
+
+def test_command_timeout_cancels_pending_calls(bridge):
+    c, sb, run = bridge
+    t0 = time.monotonic()
+    r = run("tool_call never '{}' & tool_call never '{}' & wait", timeout=2, grace=0.5)
+    assert time.monotonic() - t0 < 15
+    assert r["timed_out"] is True
+    assert len(r["tool_calls"]) == 2
+    assert all(x["ok"] is False and x["error"]["kind"] == "cancelled" for x in r["tool_calls"])
+    ids = {x["call_id"] for x in r["tool_calls"]}
+    c.wait_for(lambda: {n["params"]["call_id"] for n in c.notifications if n["method"] == "$/cancel"} >= ids, timeout=10, what="$/cancel for both calls")
+
+
+def test_per_call_timeout(daemon, ws):
+    c = daemon.client()
+    answer_tools(c)
+    sb = c.call("sandbox.create", {"workspace": str(ws), "tool_timeout": 0.5}, timeout=30)["id"]
+    c.call("tools.register", {"sandbox": sb, "tools": TOOLS})
+    r = c.call("exec.run", {"sandbox": sb, "command": "tool_call never '{}'; echo rc=$?"}, timeout=30)
+    assert "rc=1" in r["stdout"] and "did not answer within 0.5 s" in r["stderr"]
+    [call] = r["tool_calls"]
+    assert call["error"]["kind"] == "timeout"
+    c.wait_for(lambda: any(n["method"] == "$/cancel" and n["params"]["call_id"] == call["call_id"] and n["params"]["reason"] == "timeout" for n in c.notifications), timeout=5, what="$/cancel")
+
+
+def test_flooding_calls_hits_the_cap_cleanly(daemon, ws):
+    c = daemon.client()
+    answer_tools(c)
+    sb = c.call("sandbox.create", {"workspace": str(ws), "max_tool_calls": 20}, timeout=30)["id"]
+    c.call("tools.register", {"sandbox": sb, "tools": TOOLS})
+    r = c.call("exec.run", {"sandbox": sb, "command": "ok=0; bad=0; for i in $(seq 30); do if tool_call echo '{}' >/dev/null 2>/tmp/err; then ok=$((ok+1)); else bad=$((bad+1)); fi; done; echo ok=$ok bad=$bad; cat /tmp/err"}, timeout=60)
+    assert "ok=20 bad=10" in r["stdout"], r["text"]
+    assert "limit" in r["stdout"]
+    assert len(tool_calls_seen(c, "echo")) == 20
+    # The next command starts with a fresh count.
+    r = c.call("exec.run", {"sandbox": sb, "command": "tool_call echo '{}'"}, timeout=30)
+    assert r["exit_code"] == 0
+
+
+def test_payload_cap_and_garbage_on_the_socket(bridge):
+    c, sb, run = bridge
+    r = run("""python3 -c 'import json; print(json.dumps({"big": "x" * (5 << 20)}))' | tool_call echo -; echo rc=$?""")
+    assert "rc=1" in r["stdout"] and "too_large" in r["stderr"] or "larger than" in r["stderr"], r["text"]
+    assert tool_calls_seen(c, "echo") == []
+    script = r"""
+import socket, json
+s = socket.socket(socket.AF_UNIX); s.connect("/run/conch/ptc.sock")
+f = s.makefile("rwb")
+for line in [b"garbage\n", b"[1,2]\n", b'{"op":"call"}\n', b'{"id":1,"op":"fly"}\n', b'{"id":2,"op":"call","name":"echo","input":{"k":2}}\n']:
+    f.write(line); f.flush(); print(f.readline().decode().strip())
+"""
+    r = run("python3 -", stdin=script)
+    lines = [json.loads(l) for l in r["stdout"].splitlines()]
+    assert [l["ok"] for l in lines] == [False, False, False, False, True]
+    assert all(l["error"]["kind"] == "invalid_request" for l in lines[:4])
+    assert lines[4]["result"] == {"k": 2}
+
+
+def test_one_sandbox_cannot_reach_anothers_socket_or_tools(daemon, tmp_path):
+    c = daemon.client()
+    answer_tools(c)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = c.call("sandbox.create", {"workspace": str(tmp_path / "a")}, timeout=30)["id"]
+    b = c.call("sandbox.create", {"workspace": str(tmp_path / "b")}, timeout=30)["id"]
+    c.call("tools.register", {"sandbox": a, "tools": TOOLS})
+    assert c.call("tools.list", {"sandbox": b})["tools"] == []
+    r = c.call("exec.run", {"sandbox": b, "command": "tool_call echo '{}'; echo rc=$?"}, timeout=30)
+    assert "rc=2" in r["stdout"] and "no tools are registered" in r["stderr"]
+    # Each sandbox has its own socket, and no path inside leads to another's (or the host's).
+    ino = {}
+    for sb in (a, b):
+        r = c.call("exec.run", {"sandbox": sb, "command": "stat -c %d:%i /run/conch/ptc.sock; find / -xdev -type s 2>/dev/null | grep -v '^/proc' | sort"}, timeout=60)
+        lines = r["stdout"].split()
+        ino[sb] = lines[0]
+        assert lines[1:] == ["/run/conch/ptc.sock"], r["stdout"]
+    assert ino[a] != ino[b]
+    assert tool_calls_seen(c) == []
+
+
+def test_registration_is_checked_and_replaces_by_name(bridge):
+    c, sb, run = bridge
+    bad = [
+        [{"name": "bad name", "input_schema": {"type": "object"}}],
+        [{"name": "x"}],
+        [{"name": "x", "input_schema": {"type": "nonsense"}}],
+        [{"name": "x", "input_schema": {"type": "object"}, "timeout": -1}],
+        ["notanobject"],
+    ]
+    for tools in bad:
+        with pytest.raises(RpcError) as e:
+            c.call("tools.register", {"sandbox": sb, "tools": tools})
+        assert e.value.code == -32602, tools
+    assert {t["name"] for t in c.call("tools.list", {"sandbox": sb})["tools"]} == {t["name"] for t in TOOLS}
+    c.call("tools.register", {"sandbox": sb, "tools": [{"name": "echo", "description": "v2", "input_schema": {"type": "object", "required": ["q"]}}]})
+    tools = c.call("tools.list", {"sandbox": sb})["tools"]
+    assert [t["description"] for t in tools if t["name"] == "echo"] == ["v2"]
+    assert c.call("tools.unregister", {"sandbox": sb, "names": ["echo", "nosuch"]}) == {"removed": ["echo"]}
+    r = run("tool_call echo '{}'; echo rc=$?")
+    assert "rc=2" in r["stdout"]
+    with pytest.raises(RpcError) as e:
+        c.call("tools.list", {"sandbox": "sb-nosuch"})
+    assert e.value.data["code"] == "sandbox_not_found"
+
+
+def test_tools_prompt_documents_the_tools(bridge):
+    c, sb, run = bridge
+    text = c.call("tools.prompt", {"sandbox": sb})["text"]
+    for needle in ("tool_call", "conch_tools", "conch-tools", "strict(", "count: number", 'mode?: "fast" | "slow"', "analyst", "spawn_agent"):
+        assert needle in text, needle
+    py = c.call("tools.prompt", {"sandbox": sb, "languages": ["python"]})["text"]
+    assert "conch_tools" in py and "require('conch-tools')" not in py
+    with pytest.raises(RpcError):
+        c.call("tools.prompt", {"sandbox": sb, "languages": ["cobol"]})
+
+
+def test_conch_run_tools_file(tmp_path):
+    tools = {
+        "tools": [
+            {
+                "name": "add",
+                "description": "adds",
+                "input_schema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+                "command": ["python3", "-c", "import json,sys; d=json.load(sys.stdin); print(json.dumps({'sum': d['a'] + d['b']}))"],
+            },
+            {"name": "fail", "input_schema": {"type": "object"}, "command": ["sh", "-c", "echo broken >&2; exit 3"]},
+        ],
+        "agents": [{"name": "analyst", "description": "d", "command": ["sh", "-c", 'echo "answer: $(cat)"']}],
+    }
+    f = tmp_path / "tools.json"
+    f.write_text(json.dumps(tools))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cmd = 'tool_call add \'{"a": 1, "b": 41}\'; tool_call fail; echo rc=$?; spawn_agent hello analyst; tool_call add \'{"a": 1}\'; echo rc=$?'
+    p = subprocess.run([CONCH_BIN, "run", "--json", "--workspace", str(ws), "--tools", str(f), "--", "bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    res = json.loads(p.stdout)
+    out = res["stdout"]["text"] if isinstance(res["stdout"], dict) else res["stdout"]
+    assert '{"sum":42}' in out and "rc=1" in out and "answer: hello" in out and "rc=2" in out, res
+    assert [(x["name"], x["ok"]) for x in res["tool_calls"]] == [("add", True), ("fail", False), ("analyst", True)]
+    assert res["tool_calls"][1]["error"]["message"] == "broken"
+    # A bad file fails before any sandbox is built, as a usage error.
+    f.write_text('{"tools": [{"name": "x", "input_schema": {"type": "object"}}]}')
+    p = subprocess.run([CONCH_BIN, "run", "--workspace", str(ws), "--tools", str(f), "--", "true"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "command" in p.stderr
+    # Without --tools, tool_call says there is no bridge.
+    p = subprocess.run([CONCH_BIN, "run", "--workspace", str(ws), "--", "bash", "-c", "tool_call x; echo rc=$?"], capture_output=True, text=True, timeout=60)
+    assert "rc=1" in p.stdout and "no tool bridge" in p.stderr
