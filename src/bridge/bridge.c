@@ -93,6 +93,7 @@ struct conch_bridge_call {
     double start_ms; /* monotonic, fractional */
     uv_timer_t timer;
     bool delivered;
+    size_t bytes; /* its request line, counted in b->inflight_bytes */
 };
 
 struct conch_bridge {
@@ -104,6 +105,7 @@ struct conch_bridge {
     void *ctx;
     struct node tools, agents, origins, conns, calls;
     unsigned n_conns, n_pending;
+    size_t inflight_bytes; /* request lines of the calls in flight */
     uint64_t next_call;
     json_t *trace; /* the last lim.max_trace records */
     bool freeing;
@@ -117,7 +119,7 @@ void conch_bridge_limits_init(struct conch_bridge_limits *l)
     l->max_pending = 1024;
     l->max_payload = 4u << 20;
     l->max_conns = 1024;
-    l->max_trace = 10000;
+    l->max_trace = 2000;
 }
 
 static void bridge_maybe_free(struct conch_bridge *b)
@@ -129,6 +131,14 @@ static void bridge_maybe_free(struct conch_bridge *b)
 }
 
 /* ---- Writing to a caller ----------------------------------------------------------------- */
+
+/* Answers a connection may leave unread before it is closed. */
+#define CONN_OUTPUT_MAX (16u << 20)
+/* A call's input and result are kept whole in its record up to this size (serialised);
+ * larger ones are kept as a preview, so a trace stays small whatever the payloads. */
+#define RECORD_VALUE_MAX 4096
+/* Bytes of calls in flight in one sandbox (each is held here and sent to the harness). */
+#define INFLIGHT_BYTES_MAX (64u << 20)
 
 struct write_req {
     uv_write_t req;
@@ -150,6 +160,12 @@ static void conn_send(struct conn *c, json_t *msg)
 {
     if (!c || c->closing || !msg) {
         json_decref(msg);
+        return;
+    }
+    /* A caller that does not read its answers is cut off before they pile up here. */
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > CONN_OUTPUT_MAX) {
+        json_decref(msg);
+        conn_close(c);
         return;
     }
     char *line = conch_rpc_dumps(msg);
@@ -194,26 +210,49 @@ static json_t *call_origin_json(const struct conch_bridge_call *c)
     return json_pack("{s:s,s:s}", "kind", c->origin_kind, "id", c->origin_id);
 }
 
+/* @v as a call record keeps it: whole when small, else {"truncated": true, "bytes": N,
+ * "preview": the first bytes of its JSON}. New reference. */
+static json_t *record_value(json_t *v)
+{
+    if (!v)
+        return json_null();
+    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    size_t len = text ? strlen(text) : 0;
+    if (len <= RECORD_VALUE_MAX) {
+        free(text);
+        return json_incref(v);
+    }
+    size_t cut = 1024;
+    while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
+        cut--; /* not inside a UTF-8 sequence */
+    json_t *r =
+        json_pack("{s:b,s:I,s:s%}", "truncated", 1, "bytes", (json_int_t)len, "preview", text, cut);
+    free(text);
+    return r ? r : json_null();
+}
+
 /* Record @c's outcome (@result or @ekind/@emsg) in the trace and its origin. */
 static void call_record(struct conch_bridge_call *c, json_t *result, const char *ekind,
                         const char *emsg, bool detached)
 {
     struct conch_bridge *b = c->b;
+    json_t *spawn = c->kind == CONCH_BRIDGE_AGENT
+                        ? json_pack("{s:s,s:s?}", "task", c->task, "type", c->type)
+                        : NULL;
     double dur = mono_ms() - c->start_ms;
-    json_t *rec = json_pack(
-        "{s:s,s:s,s:s,s:o,s:b,s:f,s:f,s:o}", "call_id", c->call_id, "kind",
-        c->kind == CONCH_BRIDGE_TOOL ? "tool" : "agent", "name", c->name, "input",
-        c->kind == CONCH_BRIDGE_TOOL ? json_incref(c->input)
-                                     : json_pack("{s:s,s:s?}", "task", c->task, "type", c->type),
-        "ok", ekind == NULL, "start", c->start_wall, "duration_ms", dur, "origin",
-        call_origin_json(c));
+    json_t *rec = json_pack("{s:s,s:s,s:s,s:o,s:b,s:f,s:f,s:o}", "call_id", c->call_id, "kind",
+                            c->kind == CONCH_BRIDGE_TOOL ? "tool" : "agent", "name", c->name,
+                            "input", record_value(c->kind == CONCH_BRIDGE_TOOL ? c->input : spawn),
+                            "ok", ekind == NULL, "start", c->start_wall, "duration_ms", dur,
+                            "origin", call_origin_json(c));
+    json_decref(spawn);
     if (!rec)
         return;
     if (ekind)
         json_object_set_new(rec, "error",
                             json_pack("{s:s,s:s}", "kind", ekind, "message", emsg ? emsg : ""));
     else if (!detached)
-        json_object_set(rec, "result", result ? result : json_null());
+        json_object_set_new(rec, "result", record_value(result));
     if (detached)
         json_object_set_new(rec, "detached", json_true());
     if (b->trace) {
@@ -246,11 +285,23 @@ static void call_release(struct conch_bridge_call *c)
 {
     node_del(&c->link);
     c->b->n_pending--;
+    c->b->inflight_bytes -= c->bytes;
     if (c->conn)
         c->conn->calls--;
     uv_timer_stop(&c->timer);
     c->timer.data = c;
     uv_close((uv_handle_t *)&c->timer, on_call_timer_closed);
+}
+
+/* Take @c's caller away from it before answering: sending may close the connection, which
+ * fails the calls still attached to it, and @c must not be one of them. */
+static struct conn *call_take_conn(struct conch_bridge_call *c)
+{
+    struct conn *conn = c->conn;
+    if (conn)
+        conn->calls--;
+    c->conn = NULL;
+    return conn;
 }
 
 /* Finish @c with an error: recorded, sent to the caller, cancelled for its owner if it had
@@ -260,7 +311,7 @@ static void call_fail(struct conch_bridge_call *c, const char *kind, const char 
 {
     struct conch_bridge *b = c->b;
     call_record(c, NULL, kind, message, false);
-    conn_send(c->conn, error_msg(c->req_id, kind, message));
+    conn_send(call_take_conn(c), error_msg(c->req_id, kind, message));
     if (c->delivered && cancel_reason && b->ops->cancel)
         b->ops->cancel(b->ctx, c->owner, c, cancel_reason);
     call_release(c);
@@ -283,7 +334,8 @@ void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result)
         return;
     }
     call_record(c, result, NULL, NULL, false);
-    conn_send(c->conn, json_pack("{s:O,s:b,s:o}", "id", c->req_id, "ok", 1, "result", result));
+    conn_send(call_take_conn(c),
+              json_pack("{s:O,s:b,s:o}", "id", c->req_id, "ok", 1, "result", result));
     call_release(c);
 }
 
@@ -379,7 +431,7 @@ static void names_of(struct node *head, char *buf, size_t size)
 }
 
 /* Start a call (op "call" or "spawn") from @c. */
-static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn)
+static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes)
 {
     struct conch_bridge *b = c->b;
     struct entry *e = NULL;
@@ -458,6 +510,13 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn)
         conn_send(c, error_msg(id, "limit", msg));
         return;
     }
+    if (b->inflight_bytes + bytes > INFLIGHT_BYTES_MAX) {
+        json_decref(input);
+        snprintf(msg, sizeof(msg), "%zu bytes of calls are in flight in this sandbox, the limit",
+                 (size_t)INFLIGHT_BYTES_MAX);
+        conn_send(c, error_msg(id, "limit", msg));
+        return;
+    }
     if (b->n_pending >= b->lim.max_pending) {
         json_decref(input);
         snprintf(msg, sizeof(msg), "%u calls are in flight in this sandbox, the limit",
@@ -491,6 +550,8 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn)
     b->handles++;
     node_add(&b->calls, &call->link);
     b->n_pending++;
+    call->bytes = bytes;
+    b->inflight_bytes += bytes;
     c->calls++;
     o->calls++;
     if (!call->name || (spawn && !call->task) || (type && !call->type)) {
@@ -501,6 +562,7 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn)
         json_array_append_new(o->detached, json_pack("{s:s,s:s,s:s?}", "call_id", call->call_id,
                                                      "task", call->task, "type", call->type));
         call_record(call, NULL, NULL, NULL, true);
+        call_take_conn(call);
         conn_send(c, json_pack("{s:O,s:b,s:{s:s}}", "id", id, "ok", 1, "result", "request_id",
                                call->call_id));
         call_release(call);
@@ -558,9 +620,9 @@ static void on_request_line(void *ctx, const char *line, size_t len)
     } else if (!op) {
         conn_send(c, error_msg(id, "invalid_request", "a request needs a string \"op\""));
     } else if (!strcmp(op, "call")) {
-        start_call(c, req, id, false);
+        start_call(c, req, id, false, len);
     } else if (!strcmp(op, "spawn")) {
-        start_call(c, req, id, true);
+        start_call(c, req, id, true, len);
     } else if (!strcmp(op, "list")) {
         conn_send(c,
                   json_pack("{s:O,s:b,s:o}", "id", id, "ok", 1, "result", list_json(c->b, false)));

@@ -66,12 +66,16 @@ static void bridge_cancel(void *ctx, void *owner, struct conch_bridge_call *call
     struct out_call *oc = conch_bridge_call_handle(call);
     if (!oc)
         return;
+    /* Forget it before telling the client: a send may disconnect it (output limit), which
+     * frees every delivery it had. */
+    json_int_t rpc_id = oc->rpc_id;
+    out_call_free(oc);
+    conch_bridge_call_set_handle(call, NULL);
     struct client *c = owner;
     if (c && !c->closing && c->sink)
         client_notify(c->sink, "$/cancel",
                       json_pack("{s:s,s:I,s:s}", "call_id", conch_bridge_call_id(call), "id",
-                                oc->rpc_id, "reason", reason ? reason : "cancelled"));
-    out_call_free(oc);
+                                rpc_id, "reason", reason ? reason : "cancelled"));
 }
 
 /* A connection from a pid namespace the bridge does not know: the command may have started

@@ -441,3 +441,40 @@ def test_conch_run_tools_file(tmp_path):
     # Without --tools, tool_call says there is no bridge.
     p = subprocess.run([CONCH_BIN, "run", "--workspace", str(ws), "--", "bash", "-c", "tool_call x; echo rc=$?"], capture_output=True, text=True, timeout=60)
     assert "rc=1" in p.stdout and "no tool bridge" in p.stderr
+
+
+def test_records_keep_big_payloads_as_previews(bridge):
+    c, sb, run = bridge
+    r = run("""python3 -c 'import json; print(json.dumps({"big": "é" * 100000}))' | tool_call echo - | wc -c""")
+    assert r["exit_code"] == 0, r["text"]
+    # The caller got it whole; the record keeps a preview.
+    assert int(r["stdout"]) > 200000
+    [call] = r["tool_calls"]
+    for v in (call["input"], call["result"]):
+        assert v["truncated"] is True and v["bytes"] > 200000 and len(v["preview"]) <= 1024
+        assert v["preview"].startswith('{"big":"é')
+
+
+def test_a_caller_that_never_reads_is_cut_off(bridge, daemon):
+    c, sb, run = bridge
+    # 'list' answers repeatedly without reading them: the daemon must not queue them forever.
+    script = r"""
+import socket, json, time
+s = socket.socket(socket.AF_UNIX); s.connect("/run/conch/ptc.sock")
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+req = (json.dumps({"id": 1, "op": "call", "name": "echo", "input": {"pad": "x" * 1000000}}) + "\n").encode()
+sent = 0
+try:
+    for i in range(200):
+        s.sendall(req); sent += 1
+except (BrokenPipeError, ConnectionResetError):
+    pass
+print("sent", sent)
+"""
+    r = run("python3 -", stdin=script, timeout=120)
+    assert r["exit_code"] == 0, r["text"]
+    assert int(r["stdout"].split()[1]) < 200
+    # The daemon stayed small and is still serving.
+    rss_kb = int(open(f"/proc/{daemon.pid}/status").read().split("VmRSS:")[1].split()[0])
+    assert rss_kb < 200 * 1024, rss_kb
+    assert run("tool_call echo '{}'")["exit_code"] == 0
