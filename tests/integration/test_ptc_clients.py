@@ -74,6 +74,11 @@ class FakeBridge:
         )
         self.ready.set()
         self.loop.run_forever()
+        tasks = asyncio.all_tasks(self.loop)
+        for t in tasks:
+            t.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
 
     def stop(self):
         def _stop():
@@ -207,10 +212,13 @@ def test_tree_is_self_contained():
         assert not p.is_symlink(), f"{p} is a symlink: the tree is bind-mounted alone"
     for b in ("tool_call", "spawn_agent"):
         assert os.access(PTC / "bin" / b, os.X_OK)
-    # Static: no interpreter, so it runs in any sandbox image.
+    # Static: no interpreter, so it runs in any sandbox image (a sanitizer build cannot be).
     out = subprocess.run(["file", "-L", str(TOOL_CALL)], capture_output=True, text=True).stdout
-    if out:
-        assert "dynamically linked" not in out, out
+    if "dynamically linked" in out:
+        needed = subprocess.run(["readelf", "-d", str(TOOL_CALL)], capture_output=True, text=True).stdout
+        assert "libasan" in needed, f"tool_call is dynamically linked and not a sanitizer build: {out}"
+    else:
+        assert "static" in out, out
 
 
 # ---- tool_call -------------------------------------------------------------------------------
