@@ -26,6 +26,8 @@ PTC = Path(os.environ.get("CONCH_PTC_DIR") or Path(_CONCH).resolve().parent / "p
 TOOL_CALL = PTC / "bin" / "tool_call"
 SPAWN_AGENT = PTC / "bin" / "spawn_agent"
 NODE = shutil.which("node")
+# The interpreter the Python-module tests run (PTC_TEST_PYTHON=python3.9 checks the oldest supported).
+PYTHON = os.environ.get("PTC_TEST_PYTHON") or sys.executable
 
 TOOLS = [
     {"name": "echo", "description": "Returns its input.\nSecond line.", "input_schema": {"type": "object"}},
@@ -396,7 +398,7 @@ def test_behaviour_follows_argv0(bridge):
 
 def py(bridge, code, timeout=60):
     p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, env=env_for(bridge), timeout=timeout
+        [PYTHON, "-c", textwrap.dedent(code)], capture_output=True, env=env_for(bridge), timeout=timeout
     )
     assert p.returncode == 0, f"stdout:\n{p.stdout.decode()}\nstderr:\n{p.stderr.decode()}"
     return p.stdout.decode()
@@ -518,6 +520,26 @@ def test_python_bridge_closing_mid_call(bridge):
     )
     assert "thread: the tool bridge closed the connection before answering" in out
     assert "asyncio: the tool bridge closed the connection before answering" in out
+
+
+def test_python_fork_gets_its_own_connection(bridge):
+    out = py(
+        bridge,
+        """
+        import os, conch_tools as ct
+        assert ct.call("echo", {"parent": 1}) == {"parent": 1}  # leaves a pooled connection
+        pid = os.fork()
+        if pid == 0:
+            ok = all(ct.call("slow", {"ms": 30, "child": i}) == {"ms": 30, "child": i} for i in range(5))
+            os._exit(0 if ok else 1)
+        res = [ct.call("slow", {"ms": 20, "parent": i}) for i in range(5)]
+        _, status = os.waitpid(pid, 0)
+        assert res == [{"ms": 20, "parent": i} for i in range(5)], res
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+        """,
+    )
+    assert out == "ok\n"
 
 
 def test_python_without_a_bridge():
