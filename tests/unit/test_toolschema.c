@@ -502,3 +502,60 @@ Test(prompt, language_selection_and_no_agents)
                         "registered in this sandbox.\n");
     free(p);
 }
+
+/* ---- whole tool and agent definitions -------------------------------------------------- */
+
+static void tool_bad(const char *def, const char *msg)
+{
+    json_t *t = J(def);
+    struct conch_err err = {0};
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), -EINVAL, "%s accepted", def);
+    cr_expect_str_eq(err.msg, msg, "%s", def);
+    json_decref(t);
+}
+
+Test(check, tool_and_agent_definitions)
+{
+    json_t *t = J("{\"name\":\"web_search\",\"description\":\"d\",\"input_schema\":{\"type\":"
+                  "\"object\"},\"output_schema\":{\"type\":\"array\"}}");
+    struct conch_err err = {0};
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), 0, "%s", err.msg);
+    json_decref(t);
+    t = J("{\"name\":\"_a-b_9\",\"input_schema\":{}}");
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), 0, "%s", err.msg);
+    json_decref(t);
+    tool_bad("[]", "tool: expected an object {name, description, ...}");
+    tool_bad("{\"input_schema\":{}}", "tool: name: expected a string");
+    tool_bad(
+        "{\"name\":\"9lives\",\"input_schema\":{}}",
+        "tool: name \"9lives\": expected a letter or _ then at most 63 letters, digits, _ or -");
+    tool_bad("{\"name\":\"a b\",\"input_schema\":{}}",
+             "tool: name \"a b\": expected a letter or _ then at most 63 letters, digits, _ or -");
+    tool_bad("{\"name\":\"x\",\"description\":3,\"input_schema\":{}}",
+             "tool \"x\": description: expected a string");
+    tool_bad("{\"name\":\"x\"}",
+             "tool \"x\": input_schema is missing (use {\"type\": \"object\"} for any input)");
+    tool_bad(
+        "{\"name\":\"search\",\"input_schema\":{\"properties\":{\"q\":{\"type\":\"str\"}}}}",
+        "tool \"search\": input_schema.properties.q.type: unknown type \"str\" (one of string, "
+        "number, integer, boolean, object, array, null)");
+    tool_bad("{\"name\":\"x\",\"input_schema\":{},\"output_schema\":{\"type\":1}}",
+             "tool \"x\": output_schema.type: must be a type name or a non-empty list of them");
+    cr_expect(conch_toolschema_name_ok("a"));
+    cr_expect(
+        conch_toolschema_name_ok("abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij"
+                                 "abcd")); /* 64 */
+    cr_expect_not(conch_toolschema_name_ok("abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijab"
+                                           "cdefghijabcde")); /* 65 */
+    cr_expect_not(conch_toolschema_name_ok(""));
+    cr_expect_not(conch_toolschema_name_ok("-x"));
+    cr_expect_not(conch_toolschema_name_ok("x.y"));
+    json_t *a = J("{\"name\":\"analyst\",\"description\":\"Digs.\"}");
+    cr_expect_eq(conch_toolschema_check_agent(a, &err), 0);
+    json_decref(a);
+    a = J("{\"name\":\"bad name\"}");
+    cr_expect_eq(conch_toolschema_check_agent(a, &err), -EINVAL);
+    cr_expect_str_eq(err.msg, "agent type: name \"bad name\": expected a letter or _ then at most "
+                              "63 letters, digits, _ or -");
+    json_decref(a);
+}
