@@ -1,12 +1,17 @@
 /* test_toolschema.c - unit tests for src/toolschema: which input_schemas registration accepts
  * (and the message for each it refuses), validation of call inputs against the supported
  * subset with the exact messages a caller sees, bounded nesting, and tools.prompt rendering
- * (signatures for nested, enum, optional and array fields; the language sections). */
+ * (signatures for nested, enum, optional and array fields; the language sections); and where
+ * the daemon finds the in-sandbox client tree (src/ptc/ptcdir.c). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "ptc/ptc.h"
 #include "toolschema/toolschema.h"
 
 static json_t *J(const char *text)
@@ -558,4 +563,49 @@ Test(check, tool_and_agent_definitions)
     cr_expect_str_eq(err.msg, "agent type: name \"bad name\": expected a letter or _ then at most "
                               "63 letters, digits, _ or -");
     json_decref(a);
+}
+
+/* ---- where the client tree is (src/ptc/ptcdir.c) ---------------------------------------- */
+
+Test(ptcdir, env_override_and_clear_errors)
+{
+    char dir[] = "/tmp/ptcdir-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/bin", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/bin/tool_call", dir);
+    struct conch_err err = {0};
+    char *got = NULL;
+
+    /* Set but without bin/tool_call: refused, naming the variable. */
+    setenv("CONCH_PTC_DIR", dir, 1);
+    cr_expect_eq(conch_ptc_find_dir(&got, &err), -ENOENT);
+    cr_expect(strstr(err.msg, "CONCH_PTC_DIR=") && strstr(err.msg, "does not hold bin/tool_call"),
+              "%s", err.msg);
+    cr_expect_null(got);
+
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_expect_eq(conch_ptc_find_dir(&got, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(got, dir);
+    free(got);
+    got = NULL;
+
+    /* Unset: next to the test binary there is no ptc/, so the install dir or a clear error. */
+    unsetenv("CONCH_PTC_DIR");
+    int r = conch_ptc_find_dir(&got, &err);
+    if (r == 0) {
+        cr_expect_str_eq(got, CONCH_PTC_INSTALL_DIR);
+        free(got);
+    } else {
+        cr_expect_eq(r, -ENOENT);
+        cr_expect(strstr(err.msg, CONCH_PTC_INSTALL_DIR), "%s", err.msg);
+        cr_expect(strstr(err.msg, "set CONCH_PTC_DIR"), "%s", err.msg);
+    }
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/bin", dir);
+    rmdir(path);
+    rmdir(dir);
 }
