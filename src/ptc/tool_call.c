@@ -286,7 +286,9 @@ static int answer(json_t *req, const char *what)
 
 static json_t *list_tools(int *ret_code)
 {
-    json_t *resp = round_trip(json_pack("{s:s}", "op", "list"), ret_code);
+    json_t *req = json_pack("{s:s}", "op", "list");
+    json_t *resp = req ? round_trip(req, ret_code) : NULL;
+    json_decref(req);
     if (!resp)
         return NULL;
     if (!json_is_true(json_object_get(resp, "ok"))) {

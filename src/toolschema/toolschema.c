@@ -312,15 +312,79 @@ static int check_schema(struct cctx *c, json_t *s, int depth, bool allow_bool)
     return 0;
 }
 
-int conch_toolschema_check(json_t *schema, struct conch_err *err)
+static int check_named(json_t *schema, const char *what, struct conch_err *err)
 {
     struct cctx c = {.root = schema, .err = err};
-    conch__sb_puts(&c.path, "input_schema");
+    conch__sb_puts(&c.path, what);
     int r = check_schema(&c, schema, 1, false);
     if (r == 0 && c.path.oom)
-        r = conch_err_set(err, ENOMEM, "input_schema: out of memory");
+        r = conch_err_set(err, ENOMEM, "%s: out of memory", what);
     conch__sb_done(&c.path);
     return r;
+}
+
+int conch_toolschema_check(json_t *schema, struct conch_err *err)
+{
+    return check_named(schema, "input_schema", err);
+}
+
+bool conch_toolschema_name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > 64 || !(isalpha((unsigned char)name[0]) || name[0] == '_'))
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if (!isalnum((unsigned char)name[i]) && name[i] != '_' && name[i] != '-')
+            return false;
+    return true;
+}
+
+/* The name and description every tool and agent type has. */
+static int check_entry(json_t *def, const char *what, struct conch_err *err)
+{
+    if (!json_is_object(def))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "%s: expected an object {name, description, ...}", what);
+    json_t *name = json_object_get(def, "name");
+    if (!json_is_string(name))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "%s: name: expected a string", what);
+    if (!conch_toolschema_name_ok(json_string_value(name)))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "%s: name \"%.80s\": expected a letter or _ then at most 63 letters, "
+                              "digits, _ or -",
+                              what, json_string_value(name));
+    json_t *d = json_object_get(def, "description");
+    if (d && !json_is_string(d) && !json_is_null(d))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "%s \"%s\": description: expected a string", what,
+                              json_string_value(name));
+    return 0;
+}
+
+int conch_toolschema_check_tool(json_t *tool, struct conch_err *err)
+{
+    int r = check_entry(tool, "tool", err);
+    if (r < 0)
+        return r;
+    const char *name = json_string_value(json_object_get(tool, "name"));
+    json_t *in = json_object_get(tool, "input_schema");
+    if (!in)
+        return conch_err_setk(
+            err, CONCH_ERR_USAGE, EINVAL,
+            "tool \"%s\": input_schema is missing (use {\"type\": \"object\"} for "
+            "any input)",
+            name);
+    if ((r = check_named(in, "input_schema", err)) < 0)
+        return conch_err_wrap(err, "tool \"%s\"", name);
+    json_t *out = json_object_get(tool, "output_schema");
+    if (out && !json_is_null(out) && (r = check_named(out, "output_schema", err)) < 0)
+        return conch_err_wrap(err, "tool \"%s\"", name);
+    return 0;
+}
+
+int conch_toolschema_check_agent(json_t *agent, struct conch_err *err)
+{
+    return check_entry(agent, "agent type", err);
 }
 
 /* ---- validate ------------------------------------------------------------------------- */

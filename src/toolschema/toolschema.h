@@ -6,6 +6,7 @@
 #define CONCH_TOOLSCHEMA_TOOLSCHEMA_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "core/error.h"
 
@@ -29,6 +30,23 @@
  * "input_schema.properties.count.type: unknown type \"int\"".
  */
 int conch_toolschema_check(json_t *schema, struct conch_err *err);
+
+/* conch_toolschema_name_ok - is @name a valid tool or agent-type name:
+ * [A-Za-z_][A-Za-z0-9_-]{0,63}? */
+bool conch_toolschema_name_ok(const char *name);
+
+/*
+ * conch_toolschema_check_tool - is @tool (borrowed) an acceptable entry of tools.register's
+ * `tools`: an object with a valid name, a string description (optional), an input_schema
+ * that passes conch_toolschema_check() and an optional output_schema (same rules, or null)?
+ * Returns 0, or -EINVAL with @err naming the tool and the problem, e.g.
+ * "tool \"search\": input_schema.properties.q.type: unknown type \"str\"".
+ */
+int conch_toolschema_check_tool(json_t *tool, struct conch_err *err);
+
+/* conch_toolschema_check_agent - the same for an entry of agents.register's `agents`
+ * ({name, description}). */
+int conch_toolschema_check_agent(json_t *agent, struct conch_err *err);
 
 /*
  * conch_toolschema_validate - does @value satisfy @schema?

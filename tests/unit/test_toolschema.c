@@ -1,12 +1,17 @@
 /* test_toolschema.c - unit tests for src/toolschema: which input_schemas registration accepts
  * (and the message for each it refuses), validation of call inputs against the supported
  * subset with the exact messages a caller sees, bounded nesting, and tools.prompt rendering
- * (signatures for nested, enum, optional and array fields; the language sections). */
+ * (signatures for nested, enum, optional and array fields; the language sections); and where
+ * the daemon finds the in-sandbox client tree (src/ptc/ptcdir.c). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "ptc/ptc.h"
 #include "toolschema/toolschema.h"
 
 static json_t *J(const char *text)
@@ -501,4 +506,106 @@ Test(prompt, language_selection_and_no_agents)
     cr_expect_str_eq(p, "## Tools you can call from your commands\n\nNo tools or sub-agents are "
                         "registered in this sandbox.\n");
     free(p);
+}
+
+/* ---- whole tool and agent definitions -------------------------------------------------- */
+
+static void tool_bad(const char *def, const char *msg)
+{
+    json_t *t = J(def);
+    struct conch_err err = {0};
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), -EINVAL, "%s accepted", def);
+    cr_expect_str_eq(err.msg, msg, "%s", def);
+    json_decref(t);
+}
+
+Test(check, tool_and_agent_definitions)
+{
+    json_t *t = J("{\"name\":\"web_search\",\"description\":\"d\",\"input_schema\":{\"type\":"
+                  "\"object\"},\"output_schema\":{\"type\":\"array\"}}");
+    struct conch_err err = {0};
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), 0, "%s", err.msg);
+    json_decref(t);
+    t = J("{\"name\":\"_a-b_9\",\"input_schema\":{}}");
+    cr_expect_eq(conch_toolschema_check_tool(t, &err), 0, "%s", err.msg);
+    json_decref(t);
+    tool_bad("[]", "tool: expected an object {name, description, ...}");
+    tool_bad("{\"input_schema\":{}}", "tool: name: expected a string");
+    tool_bad(
+        "{\"name\":\"9lives\",\"input_schema\":{}}",
+        "tool: name \"9lives\": expected a letter or _ then at most 63 letters, digits, _ or -");
+    tool_bad("{\"name\":\"a b\",\"input_schema\":{}}",
+             "tool: name \"a b\": expected a letter or _ then at most 63 letters, digits, _ or -");
+    tool_bad("{\"name\":\"x\",\"description\":3,\"input_schema\":{}}",
+             "tool \"x\": description: expected a string");
+    tool_bad("{\"name\":\"x\"}",
+             "tool \"x\": input_schema is missing (use {\"type\": \"object\"} for any input)");
+    tool_bad(
+        "{\"name\":\"search\",\"input_schema\":{\"properties\":{\"q\":{\"type\":\"str\"}}}}",
+        "tool \"search\": input_schema.properties.q.type: unknown type \"str\" (one of string, "
+        "number, integer, boolean, object, array, null)");
+    tool_bad("{\"name\":\"x\",\"input_schema\":{},\"output_schema\":{\"type\":1}}",
+             "tool \"x\": output_schema.type: must be a type name or a non-empty list of them");
+    cr_expect(conch_toolschema_name_ok("a"));
+    cr_expect(
+        conch_toolschema_name_ok("abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij"
+                                 "abcd")); /* 64 */
+    cr_expect_not(conch_toolschema_name_ok("abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijab"
+                                           "cdefghijabcde")); /* 65 */
+    cr_expect_not(conch_toolschema_name_ok(""));
+    cr_expect_not(conch_toolschema_name_ok("-x"));
+    cr_expect_not(conch_toolschema_name_ok("x.y"));
+    json_t *a = J("{\"name\":\"analyst\",\"description\":\"Digs.\"}");
+    cr_expect_eq(conch_toolschema_check_agent(a, &err), 0);
+    json_decref(a);
+    a = J("{\"name\":\"bad name\"}");
+    cr_expect_eq(conch_toolschema_check_agent(a, &err), -EINVAL);
+    cr_expect_str_eq(err.msg, "agent type: name \"bad name\": expected a letter or _ then at most "
+                              "63 letters, digits, _ or -");
+    json_decref(a);
+}
+
+/* ---- where the client tree is (src/ptc/ptcdir.c) ---------------------------------------- */
+
+Test(ptcdir, env_override_and_clear_errors)
+{
+    char dir[] = "/tmp/ptcdir-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/bin", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/bin/tool_call", dir);
+    struct conch_err err = {0};
+    char *got = NULL;
+
+    /* Set but without bin/tool_call: refused, naming the variable. */
+    setenv("CONCH_PTC_DIR", dir, 1);
+    cr_expect_eq(conch_ptc_find_dir(&got, &err), -ENOENT);
+    cr_expect(strstr(err.msg, "CONCH_PTC_DIR=") && strstr(err.msg, "does not hold bin/tool_call"),
+              "%s", err.msg);
+    cr_expect_null(got);
+
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_expect_eq(conch_ptc_find_dir(&got, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(got, dir);
+    free(got);
+    got = NULL;
+
+    /* Unset: next to the test binary there is no ptc/, so the install dir or a clear error. */
+    unsetenv("CONCH_PTC_DIR");
+    int r = conch_ptc_find_dir(&got, &err);
+    if (r == 0) {
+        cr_expect_str_eq(got, CONCH_PTC_INSTALL_DIR);
+        free(got);
+    } else {
+        cr_expect_eq(r, -ENOENT);
+        cr_expect(strstr(err.msg, CONCH_PTC_INSTALL_DIR), "%s", err.msg);
+        cr_expect(strstr(err.msg, "set CONCH_PTC_DIR"), "%s", err.msg);
+    }
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/bin", dir);
+    rmdir(path);
+    rmdir(dir);
 }

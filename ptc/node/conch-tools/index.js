@@ -19,10 +19,9 @@ const MAX_LINE = 4 << 20; // the bridge's payload cap, each way
 
 class ToolError extends Error {
   constructor(kind, message) {
-    super(`${message} (${kind})`);
+    super(message);
     this.name = 'ToolError';
     this.kind = kind;
-    this.toolMessage = message;
   }
 }
 class UnknownTool extends ToolError {
@@ -55,7 +54,7 @@ function failAll(c, err) {
   if (c.dead) return;
   c.dead = true;
   if (conn === c) conn = null;
-  for (const p of c.pending.values()) p.reject(makeError(err.kind, err.toolMessage));
+  for (const p of c.pending.values()) p.reject(makeError(err.kind, err.message));
   c.pending.clear();
   c.sock.destroy();
 }
