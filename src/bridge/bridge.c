@@ -855,58 +855,19 @@ void conch_bridge_free(struct conch_bridge *b)
 
 /* ---- Registry ----------------------------------------------------------------------------- */
 
-static bool valid_name(const char *s)
-{
-    if (!s || !*s || strlen(s) > 64)
-        return false;
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_'))
-        return false;
-    for (const char *p = s + 1; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '_' || *p == '-'))
-            return false;
-    return true;
-}
-
 static int check_def(bool agent, json_t *d, size_t i, struct conch_err *err)
 {
     const char *what = agent ? "agents" : "tools";
-    if (!json_is_object(d))
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "%s[%zu]: expected an object", what, i);
-    const char *name = json_string_value(json_object_get(d, "name"));
-    if (!valid_name(name))
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "%s[%zu].name: expected 1 to 64 of [A-Za-z0-9_-], starting with a "
-                              "letter or '_'",
-                              what, i);
-    json_t *desc = json_object_get(d, "description");
-    if (desc && !json_is_string(desc) && !json_is_null(desc))
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "%s[%zu] (%s).description: expected a string", what, i, name);
-    if (agent)
-        return 0;
-    json_t *timeout = json_object_get(d, "timeout");
+    int r = agent ? conch_toolschema_check_agent(d, err) : conch_toolschema_check_tool(d, err);
+    if (r < 0)
+        return conch_err_wrap(err, "%s[%zu]", what, i);
+    json_t *timeout = agent ? NULL : json_object_get(d, "timeout");
     if (timeout && !json_is_null(timeout) &&
         (!json_is_number(timeout) || json_number_value(timeout) <= 0 ||
          json_number_value(timeout) > 86400))
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "tools[%zu] (%s).timeout: expected seconds in (0, 86400]", i, name);
-    static const char *const schemas[] = {"input_schema", "output_schema"};
-    for (int k = 0; k < 2; k++) {
-        json_t *s = json_object_get(d, schemas[k]);
-        if (!s || json_is_null(s)) {
-            if (k == 0)
-                return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                      "tools[%zu] (%s): input_schema is required (a JSON Schema "
-                                      "object, e.g. {\"type\": \"object\"})",
-                                      i, name);
-            continue;
-        }
-        struct conch_err e2 = {0};
-        if (conch_toolschema_check(s, &e2) < 0)
-            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "tools[%zu] (%s).%s: %s", i, name,
-                                  schemas[k], e2.msg);
-    }
+                              "tools[%zu] (%s).timeout: expected seconds in (0, 86400]", i,
+                              json_string_value(json_object_get(d, "name")));
     return 0;
 }
 
