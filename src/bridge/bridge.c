@@ -96,6 +96,18 @@ struct conch_bridge_call {
     size_t bytes; /* its request line, counted in b->inflight_bytes */
 };
 
+/* A call that arrived before its command's origin began (the command can connect before
+ * its supervisor's STARTED event reaches the host): replayed when the origin begins. */
+struct deferred {
+    struct node link;
+    struct conn *c;
+    json_t *req;
+    size_t bytes;
+    double deadline_ms;
+};
+#define DEFER_MS 5000.0
+#define DEFER_MAX 1024
+
 struct conch_bridge {
     uv_loop_t *loop;
     uv_pipe_t *listener; /* NULL when not listening */
@@ -103,7 +115,9 @@ struct conch_bridge {
     struct conch_bridge_limits lim;
     const struct conch_bridge_ops *ops;
     void *ctx;
-    struct node tools, agents, origins, conns, calls;
+    struct node tools, agents, origins, conns, calls, deferred;
+    unsigned n_deferred;
+    uv_timer_t *defer_timer; /* while calls are deferred */
     unsigned n_conns, n_pending;
     size_t inflight_bytes; /* request lines of the calls in flight */
     uint64_t next_call;
@@ -396,13 +410,18 @@ static struct entry *entry_find(struct node *head, const char *name)
     return NULL;
 }
 
+static bool origin_matches(const struct origin *o, const struct conn *c)
+{
+    return o->pidns == 0 || (c->have_pidns && o->pidns == c->pidns);
+}
+
 static struct origin *origin_of(struct conn *c)
 {
     struct conch_bridge *b = c->b;
     for (int pass = 0; pass < 2; pass++) {
         for (struct node *n = b->origins.next; n != &b->origins; n = n->next) {
             struct origin *o = node_entry(n, struct origin, link);
-            if (o->pidns == 0 || (c->have_pidns && o->pidns == c->pidns))
+            if (origin_matches(o, c))
                 return o;
         }
         /* The command may have started an instant ago: its supervisor's event can still be
@@ -598,6 +617,73 @@ static json_t *list_json(struct conch_bridge *b, bool full)
     return json_pack("{s:o,s:o}", "tools", tools, "agents", agents);
 }
 
+static void deferred_free(struct conch_bridge *b, struct deferred *d)
+{
+    node_del(&d->link);
+    b->n_deferred--;
+    json_decref(d->req);
+    free(d);
+}
+
+/* Replay @d's request (its origin is known now, or its time is up: start_call answers). */
+static void deferred_replay(struct conch_bridge *b, struct deferred *d)
+{
+    struct conn *c = d->c;
+    json_t *req = json_incref(d->req);
+    size_t bytes = d->bytes;
+    deferred_free(b, d);
+    const char *op = json_string_value(json_object_get(req, "op"));
+    start_call(c, req, json_object_get(req, "id"), op && !strcmp(op, "spawn"), bytes);
+    json_decref(req);
+}
+
+static void on_defer_timer(uv_timer_t *t)
+{
+    struct conch_bridge *b = t->data;
+    double now = mono_ms();
+    bool again = true;
+    while (again) {
+        again = false;
+        for (struct node *n = b->deferred.next; n != &b->deferred; n = n->next) {
+            struct deferred *d = node_entry(n, struct deferred, link);
+            if (d->deadline_ms <= now) {
+                deferred_replay(b, d); /* no origin: answered "unavailable" */
+                again = true;
+                break;
+            }
+        }
+    }
+    if (!b->n_deferred)
+        uv_timer_stop(t);
+}
+
+/* Keep @req of @c until its origin begins. Returns false when it cannot be kept. */
+static bool defer_call(struct conn *c, json_t *req, size_t bytes)
+{
+    struct conch_bridge *b = c->b;
+    if (!c->have_pidns || b->n_deferred >= DEFER_MAX)
+        return false;
+    if (!b->defer_timer) {
+        if (!(b->defer_timer = calloc(1, sizeof(*b->defer_timer))))
+            return false;
+        uv_timer_init(b->loop, b->defer_timer);
+        b->defer_timer->data = b;
+        b->handles++;
+    }
+    struct deferred *d = calloc(1, sizeof(*d));
+    if (!d)
+        return false;
+    d->c = c;
+    d->req = json_incref(req);
+    d->bytes = bytes;
+    d->deadline_ms = mono_ms() + DEFER_MS;
+    node_add(&b->deferred, &d->link);
+    b->n_deferred++;
+    if (!uv_is_active((uv_handle_t *)b->defer_timer))
+        uv_timer_start(b->defer_timer, on_defer_timer, 100, 100);
+    return true;
+}
+
 static void on_request_line(void *ctx, const char *line, size_t len)
 {
     struct conn *c = ctx;
@@ -619,10 +705,9 @@ static void on_request_line(void *ctx, const char *line, size_t len)
             c, error_msg(NULL, "invalid_request", "a request needs an \"id\" (string or integer)"));
     } else if (!op) {
         conn_send(c, error_msg(id, "invalid_request", "a request needs a string \"op\""));
-    } else if (!strcmp(op, "call")) {
-        start_call(c, req, id, false, len);
-    } else if (!strcmp(op, "spawn")) {
-        start_call(c, req, id, true, len);
+    } else if (!strcmp(op, "call") || !strcmp(op, "spawn")) {
+        if (origin_of(c) || c->closing || c->b->freeing || !defer_call(c, req, len))
+            start_call(c, req, id, !strcmp(op, "spawn"), len);
     } else if (!strcmp(op, "list")) {
         conn_send(c,
                   json_pack("{s:O,s:b,s:o}", "id", id, "ok", 1, "result", list_json(c->b, false)));
@@ -674,6 +759,12 @@ static void conn_close(struct conn *c)
             call->conn = NULL;
             call_fail(call, "cancelled", "the caller went away", "the caller went away");
         }
+    }
+    for (struct node *n = b->deferred.next, *next; n != &b->deferred; n = next) {
+        next = n->next;
+        struct deferred *d = node_entry(n, struct deferred, link);
+        if (d->c == c)
+            deferred_free(b, d);
     }
     node_del(&c->link);
     b->n_conns--;
@@ -771,6 +862,7 @@ int conch_bridge_new(uv_loop_t *loop, const char *sandbox, const struct conch_br
     NODE_INIT(&b->origins);
     NODE_INIT(&b->conns);
     NODE_INIT(&b->calls);
+    NODE_INIT(&b->deferred);
     *ret = b;
     return 0;
 }
@@ -849,7 +941,12 @@ void conch_bridge_free(struct conch_bridge *b)
     entries_free(&b->agents);
     while (b->origins.next != &b->origins)
         origin_free(node_entry(b->origins.next, struct origin, link));
-    stop_listening(b);
+    stop_listening(b); /* closes the connections, and so drops what they deferred */
+    if (b->defer_timer) {
+        uv_timer_stop(b->defer_timer);
+        uv_close((uv_handle_t *)b->defer_timer, on_listener_closed);
+        b->defer_timer = NULL;
+    }
     bridge_maybe_free(b);
 }
 
@@ -995,6 +1092,19 @@ int conch_bridge_origin_begin(struct conch_bridge *b, const char *kind, const ch
     snprintf(o->id, sizeof(o->id), "%s", id);
     o->pidns = pidns;
     node_add(&b->origins, &o->link);
+    /* Calls its command made before we knew it was running. */
+    bool again = true;
+    while (again && !b->freeing) {
+        again = false;
+        for (struct node *n = b->deferred.next; n != &b->deferred; n = n->next) {
+            struct deferred *d = node_entry(n, struct deferred, link);
+            if (origin_matches(o, d->c)) {
+                deferred_replay(b, d);
+                again = true;
+                break;
+            }
+        }
+    }
     return 0;
 }
 

@@ -478,3 +478,19 @@ print("sent", sent)
     rss_kb = int(open(f"/proc/{daemon.pid}/status").read().split("VmRSS:")[1].split()[0])
     assert rss_kb < 200 * 1024, rss_kb
     assert run("tool_call echo '{}'")["exit_code"] == 0
+
+
+def test_a_call_made_at_once_is_never_orphaned(bridge):
+    # A command can connect before the daemon read its shepherd's STARTED event: the call
+    # waits for its command's origin instead of failing (it did, ~2% of the time).
+    c, sb, run = bridge
+    # Two spinning processes keep the CPUs busy, so the shepherd is often scheduled late.
+    hog = c.call("job.start", {"sandbox": sb, "command": "for i in 1 2; do (while :; do :; done) & done; wait"})["job_id"]
+    failures = []
+    for i in range(400):
+        r = run(f"""tool_call echo '{{"i": {i}}}'""")
+        if r["exit_code"] != 0 or json.loads(r["stdout"]) != {"i": i}:
+            failures.append(r["text"])
+        assert [x["origin"]["kind"] for x in r["tool_calls"]] == ["exec"]
+    c.call("job.kill", {"job_id": hog})
+    assert failures == []
