@@ -13,6 +13,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONCH_BIN = os.environ.get("CONCH_BIN") or os.path.normpath(
     os.path.join(HERE, "..", "..", "..", "build", "conch"))
+if os.environ.get("CONCH_BIN") and not os.access(CONCH_BIN, os.X_OK):
+    # asked for a binary that is not there: fail loudly rather than skip everything
+    raise RuntimeError(f"CONCH_BIN={CONCH_BIN} is not an executable")
 
 
 def serve_args():
@@ -126,3 +129,8 @@ def aconnect(transport, conch_bin, state_dir, request):
 def arun(coro, timeout=120):
     """Run a coroutine to completion with a deadline (no pytest-asyncio in Debian 12)."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def pytest_report_header(config):
+    import conch_client
+    return [f"conch_client from {os.path.dirname(conch_client.__file__)}", f"conch: {CONCH_BIN}"]
