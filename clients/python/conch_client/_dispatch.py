@@ -163,9 +163,12 @@ class Registry:
                 return fn, ((inp, ctx) if wants_ctx(fn) else (inp,)), ctx
             if method == "agent.spawn":
                 typ = params.get("type")
-                fn = (self._agents.get((ctx.sandbox, typ)) or self._agents.get((None, typ))
-                      or (self._agents.get((ctx.sandbox, None)) if typ is None else None)
-                      or (self._agents.get((None, None)) if typ is None else None))
+                fn = self._agents.get((ctx.sandbox, typ)) or self._agents.get((None, typ))
+                if fn is None and typ is None:
+                    # no default handler: the first agent type this client registered for
+                    # the sandbox (the daemon routes untyped spawns by that registration)
+                    fn = next((f for (s, n), f in self._agents.items()
+                               if s in (ctx.sandbox, None)), None)
                 if fn is None:
                     raise RpcFail(METHOD_NOT_FOUND,
                                   f"this client has no handler for agent type "

@@ -28,12 +28,16 @@ def _key(name: str) -> Callable[[Dict[str, Any]], Any]:
 
 
 def tool_spec(name: str, description: str = "", input_schema: Optional[dict] = None,
-              output_schema: Optional[dict] = None) -> Dict[str, Any]:
-    """The tools.register entry for one tool (input_schema defaults to any object)."""
+              output_schema: Optional[dict] = None,
+              timeout: Optional[float] = None) -> Dict[str, Any]:
+    """The tools.register entry for one tool (input_schema defaults to any object;
+    ``timeout``: seconds its calls may take, default the sandbox's tool_timeout)."""
     t = {"name": name, "description": description or "",
          "input_schema": input_schema if input_schema is not None else {"type": "object"}}
     if output_schema is not None:
         t["output_schema"] = output_schema
+    if timeout is not None:
+        t["timeout"] = timeout
     return t
 
 
@@ -64,16 +68,20 @@ class ProtocolMethods:
                        pids: Optional[int] = None, cpu: Optional[float] = None,
                        tmp_size: Optional[int] = None, disk: Optional[int] = None,
                        idle_timeout: Optional[float] = None, name: Optional[str] = None,
-                       **extra: Any):
+                       tool_timeout: Optional[float] = None,
+                       max_tool_calls: Optional[int] = None, **extra: Any):
         """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
 
         ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
         ``mode``: "overlay" (default), "ro" or "rw"; limits in bytes / count / CPUs;
-        ``idle_timeout`` in seconds (0 = never). Extra keyword args are passed as params."""
+        ``idle_timeout`` in seconds (0 = never); ``tool_timeout`` (s a tool call may wait
+        for its answer) and ``max_tool_calls`` (per command) for the tool bridge. Extra
+        keyword args are passed as params."""
         return self._request("sandbox.create", _params(
             extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
             memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
-            idle_timeout=idle_timeout, name=name))
+            idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
+            max_tool_calls=max_tool_calls))
 
     def sandbox_list(self):
         """sandbox.list -> list of sandbox objects (stopped ones included)."""
@@ -265,23 +273,25 @@ class ProtocolMethods:
 
     def register_tool(self, sandbox: str, name: str, fn: Callable, description: str = "",
                       input_schema: Optional[dict] = None,
-                      output_schema: Optional[dict] = None):
+                      output_schema: Optional[dict] = None, timeout: Optional[float] = None):
         """Register a tool with the daemon and answer its tool.call requests with ``fn``.
 
         ``fn(input)`` or ``fn(input, ctx)`` (ctx: CallContext), sync or async: its return
         value (any JSON) is the result; an exception becomes a JSON-RPC error whose message
         reaches the caller in the sandbox (raise ToolError to choose code/data).
-        Returns the registered names."""
+        ``timeout``: seconds its calls may take. Returns the registered names."""
         self._registry.add_tool(sandbox, name, fn)
         return self.tools_register(sandbox, [tool_spec(name, description, input_schema,
-                                                       output_schema)])
+                                                       output_schema, timeout)])
 
     def register_agent(self, sandbox: str, name: Optional[str], fn: Callable,
                        description: str = ""):
         """Register an agent type and answer agent.spawn for it with ``fn(task)`` or
         ``fn(task, ctx)`` (sync or async; the return value is the agent's answer).
-        ``name=None`` sets this client's handler for spawns of the default type (type
-        null) without declaring anything to the daemon; it returns []."""
+        The daemon sends spawns without a type to the connection that registered the
+        first agent type; this client gives them to the handler registered with
+        ``name=None`` (which declares nothing to the daemon and returns []), else to the
+        sandbox's first registered agent type."""
         self._registry.add_agent(sandbox, name, fn)
         if name is None:
             return self._request_done([])

@@ -225,13 +225,14 @@ class _Ops:
 
     def register_tool(self, name: str, fn: Callable, description: str = "",
                       input_schema: Optional[dict] = None,
-                      output_schema: Optional[dict] = None) -> List[str]:
+                      output_schema: Optional[dict] = None,
+                      timeout: Optional[float] = None) -> List[str]:
         """Offer a tool to the sandbox's commands (``tool_call NAME JSON``): ``fn(input)``
         or ``fn(input, ctx)``, sync or async; its return value is the result, an exception
         an error whose message the caller sees. ``input_schema`` (JSON Schema) is checked
-        by the daemon before ``fn`` runs."""
+        by the daemon before ``fn`` runs; ``timeout``: seconds a call may take."""
         return (yield _call("register_tool", self.id, name, fn, description, input_schema,
-                            output_schema))
+                            output_schema, timeout))
 
     def unregister_tool(self, name: str) -> List[str]:
         """Withdraw a tool."""

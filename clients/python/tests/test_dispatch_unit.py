@@ -398,6 +398,19 @@ def test_agent_spawn_routing(fake):
     assert t.sent()["error"]["code"] == -32601
 
 
+def test_untyped_spawn_without_default_goes_to_first_agent(fake):
+    t, c = fake
+    c._registry.add_agent("sb-2", "other-sandbox", lambda task: "wrong")
+    c._registry.add_agent("sb-1", "first", lambda task, ctx: f"first:{ctx.name}")
+    c._registry.add_agent("sb-1", "second", lambda task: "second")
+    t.feed({"jsonrpc": "2.0", "id": 1, "method": "agent.spawn", "params": {
+        "sandbox": "sb-1", "call_id": "a", "task": "x", "type": None}})
+    assert t.sent()["result"] == "first:None"
+    t.feed({"jsonrpc": "2.0", "id": 2, "method": "agent.spawn", "params": {
+        "sandbox": "sb-3", "call_id": "b", "task": "x", "type": None}})
+    assert t.sent()["error"]["code"] == -32601
+
+
 def test_generic_request_handler(fake):
     t, c = fake
     c.set_request_handler("custom.ask", lambda params, ctx: {"echo": params, "m": ctx.method})
@@ -414,6 +427,7 @@ def test_register_tool_declares_and_handles(fake):
     assert m["params"] == {"sandbox": "sb-1", "tools": [{
         "name": "echo", "description": "Echo it",
         "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}]}
+    assert "timeout" not in m["params"]["tools"][0]
     t.feed({"jsonrpc": "2.0", "id": m["id"], "result": {"registered": ["echo"]}})
     th.join(5)
     assert box["result"] == ["echo"]

@@ -223,3 +223,43 @@ def test_async_tools(aconnect):
         finally:
             await c.close()
     arun(body())
+
+
+def test_untyped_spawn_goes_to_the_first_agent_type(sb):
+    sb.register_agent("first", "The first type", lambda task, ctx: f"first got {task} ({ctx.name})")
+    sb.register_agent("second", "Another", lambda task: "second")
+    r = sb.run("spawn_agent 'job one'")
+    assert r.exit_code == 0 and r.stdout == "first got job one (None)\n"
+
+
+def test_tool_timeout_and_tool_calls_of_jobs(client):
+    sb = Sandbox(client, client.sandbox_create(tool_timeout=1))
+    try:
+        gate = threading.Event()
+        sb.register_tool("stuck", lambda inp: gate.wait(10) and "never", "Hangs")
+        sb.register_tool("quick", lambda inp: "q", "Quick", timeout=5)
+        r = sb.run("tool_call stuck '{}'")
+        gate.set()
+        assert r.exit_code == 1 and r.tool_calls[0]["error"]["kind"] == "timeout"
+        job = sb.start("tool_call quick '{}'")
+        w = job.wait(20)
+        assert w["exit_code"] == 0
+        assert [c["name"] for c in w["tool_calls"]] == ["quick"]
+        assert w["tool_calls"][0]["origin"]["kind"] == "job"
+        assert job.output()["stdout"] == "q\n"
+    finally:
+        sb.destroy()
+
+
+def test_python_in_the_sandbox_calls_python_tools(sb):
+    sb.register_tool("add", lambda inp: inp["a"] + inp["b"], "Adds",
+                     {"type": "object", "properties": {"a": {"type": "number"},
+                                                       "b": {"type": "number"}},
+                      "required": ["a", "b"]})
+    code = ("import conch_tools, concurrent.futures as f\n"
+            "with f.ThreadPoolExecutor(8) as ex:\n"
+            "    print(sum(ex.map(lambda i: conch_tools.call('add', {'a': i, 'b': 1}), range(40))))\n")
+    sb.write("t.py", code)
+    r = sb.run("python3 t.py")
+    assert r.exit_code == 0, r.text
+    assert r.stdout == f"{sum(range(40)) + 40}\n" and len(r.tool_calls) == 40
