@@ -296,3 +296,15 @@ def test_connect_refuses_missing_and_foreign_sockets(tmp_path):
         assert "owned by uid 65534" in ei.value.message
     finally:
         s.close()
+
+
+def test_message_too_large_is_answered_not_hung(conch_bin, state_dir):
+    # the request's id goes before its params, so the daemon can name it in its answer
+    with Client.spawn(conch_bin, state_dir=state_dir,
+                      serve_args=serve_args() + ["--max-message", "1048576"], timeout=60) as c:
+        sb = Sandbox(c, c.sandbox_create())
+        from conch_client import MessageTooLarge
+        with pytest.raises(MessageTooLarge) as ei:
+            sb.write("big.txt", "x" * (2 << 20))
+        assert ei.value.code == -32600 and ei.value.data.get("limit") == 1048576
+        assert sb.run("echo still fine").stdout == "still fine\n"
