@@ -284,8 +284,8 @@ class ProtocolMethods:
         return self.tools_register(sandbox, [tool_spec(name, description, input_schema,
                                                        output_schema, timeout)])
 
-    def register_agent(self, sandbox: str, name: Optional[str], fn: Callable,
-                       description: str = ""):
+    def register_agent(self, sandbox: str, name: Optional[str], description: str,
+                       fn: Callable):
         """Register an agent type and answer agent.spawn for it with ``fn(task)`` or
         ``fn(task, ctx)`` (sync or async; the return value is the agent's answer).
         The daemon sends spawns without a type to the connection that registered the

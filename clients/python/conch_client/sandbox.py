@@ -241,7 +241,7 @@ class _Ops:
     def register_agent(self, name: Optional[str], description: str, fn: Callable) -> List[str]:
         """Offer a sub-agent type (``spawn_agent TASK NAME``): ``fn(task)`` or ``fn(task,
         ctx)`` returns its answer. ``name=None``: the handler of the default type."""
-        return (yield _call("register_agent", self.id, name, fn, description))
+        return (yield _call("register_agent", self.id, name, description, fn))
 
     def tools(self) -> Dict[str, Any]:
         """tools.list: ``{"tools": [...], "agents": [...]}`` registered for the sandbox."""

@@ -573,7 +573,7 @@ def test_async_handler_sees_register_agent():
     async def body():
         f = AsyncFake()
         c = AsyncClient(f, f, timeout=10)
-        assert await c.register_agent("sb-1", None, lambda task: task.upper()) == []
+        assert await c.register_agent("sb-1", None, "", lambda task: task.upper()) == []
         f.feed({"jsonrpc": "2.0", "id": 1, "method": "agent.spawn", "params": {
             "sandbox": "sb-1", "call_id": "a", "task": "hi", "type": None}})
         assert (await f.sent())["result"] == "HI"

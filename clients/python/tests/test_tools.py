@@ -263,3 +263,10 @@ def test_python_in_the_sandbox_calls_python_tools(sb):
     r = sb.run("python3 t.py")
     assert r.exit_code == 0, r.text
     assert r.stdout == f"{sum(range(40)) + 40}\n" and len(r.tool_calls) == 40
+
+
+def test_untyped_spawn_goes_to_the_default_handler(sb):
+    assert sb.register_agent(None, "", lambda task: f"default: {task}") == []
+    sb.register_agent("named", "A named type", lambda task: "named")
+    r = sb.run("spawn_agent 'plain task'; spawn_agent 'typed task' named")
+    assert r.stdout == "default: plain task\nnamed\n"
