@@ -244,6 +244,39 @@ def test_conch_bin_from_env(conch_bin, state_dir, monkeypatch):
         assert c.ping()["pid"] == c.process.pid
     with pytest.raises(ConnectionLost):
         c.ping()
+    from conch_client import find_conch_bin
+    monkeypatch.delenv("CONCH_BIN")
+    monkeypatch.setenv("PATH", os.path.dirname(conch_bin) + os.pathsep + os.environ["PATH"])
+    assert find_conch_bin() == conch_bin
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConnectionLost) as ei:
+        Client.spawn(state_dir=state_dir)
+    assert "CONCH_BIN" in ei.value.message
+
+
+def test_connect_to_the_default_socket(conch_bin, monkeypatch):
+    if os.geteuid() == 0:
+        pytest.skip("as root the default socket is /run/conch/conch.sock, shared with others")
+    import subprocess
+    import tempfile
+    rt = tempfile.mkdtemp(prefix="cc-rt-")
+    os.chmod(rt, 0o700)
+    monkeypatch.delenv("CONCH_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", rt)
+    p = subprocess.Popen([conch_bin, "serve", "--state-dir", os.path.join(rt, "state"),
+                          *serve_args()], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 15
+        while not os.path.exists(default_socket_path()) and time.time() < deadline:
+            time.sleep(0.02)
+        assert default_socket_path() == os.path.join(rt, "conch", "conch.sock")
+        with Client.connect() as c:
+            assert c.ping()["pid"] == p.pid
+    finally:
+        p.terminate()
+        p.wait(20)
+        import shutil
+        shutil.rmtree(rt, ignore_errors=True)
 
 
 def test_daemon_exit_fails_pending_calls(conch_bin, state_dir):
