@@ -285,9 +285,10 @@ class Client(ProtocolMethods):
         try:
             return p.future.result(wait)
         except concurrent.futures.TimeoutError:
+            raise RequestTimeout(f"no answer within {wait} s", method=method) from None
+        finally:  # answered, timed out or interrupted: forget it (a late answer is dropped)
             with self._lock:
                 self._pending.pop(rid, None)
-            raise RequestTimeout(f"no answer within {wait} s", method=method) from None
 
     def _request_done(self, value):
         return value

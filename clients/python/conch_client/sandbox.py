@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from .aio import AsyncClient
 from .client import Client
 from .errors import ConchError, from_file_error
+
+log = logging.getLogger("conch_client")
 
 DEFAULT_SERVE_ARGS = ("--pool", "0")
 
@@ -378,7 +381,13 @@ class Sandbox(_Lifecycle):
         return self
 
     def __exit__(self, et, ev, tb) -> None:
-        self.close(failed=et is not None)
+        if et is None:
+            self.close()
+            return
+        try:  # the block's own exception is the one to see
+            self.close(failed=True)
+        except ConchError as e:
+            log.warning("conch_client: closing sandbox %s after an error failed: %s", self.id, e)
 
 
 class AsyncSandbox(_Lifecycle):
@@ -436,7 +445,7 @@ class AsyncSandbox(_Lifecycle):
         return self
 
     async def __aexit__(self, et, ev, tb) -> None:
-        await self.close(failed=et is not None)
+        await _aclose(self, et)
 
 
 class _AsyncCreate:
@@ -456,7 +465,17 @@ class _AsyncCreate:
 
     async def __aexit__(self, et, ev, tb) -> None:
         if self._sb is not None:
-            await self._sb.close(failed=et is not None)
+            await _aclose(self._sb, et)
+
+
+async def _aclose(sb: AsyncSandbox, et) -> None:
+    if et is None:
+        await sb.close()
+        return
+    try:  # the block's own exception is the one to see
+        await sb.close(failed=True)
+    except ConchError as e:
+        log.warning("conch_client: closing sandbox %s after an error failed: %s", sb.id, e)
 
 
 for _n, _m in _wrap_ops(_Ops, _sync).items():

@@ -341,3 +341,19 @@ def test_message_too_large_is_answered_not_hung(conch_bin, state_dir):
             sb.write("big.txt", "x" * (2 << 20))
         assert ei.value.code == -32600 and ei.value.data.get("limit") == 1048576
         assert sb.run("echo still fine").stdout == "still fine\n"
+
+
+def test_block_error_is_not_masked_when_the_daemon_is_gone(conch_bin, state_dir):
+    c = Client.spawn(conch_bin, state_dir=state_dir, serve_args=serve_args())
+    with pytest.raises(KeyError):
+        with Sandbox.create(c, on_exit="discard"):
+            c.process.kill()
+            c.process.wait()
+            raise KeyError("the caller's own error")
+    c.close()
+    c = Client.spawn(conch_bin, state_dir=state_dir, serve_args=serve_args())
+    with pytest.raises(ConnectionLost):  # without a block error, the failure shows
+        with Sandbox.create(c):
+            c.process.kill()
+            c.process.wait()
+    c.close()
