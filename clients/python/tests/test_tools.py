@@ -4,7 +4,6 @@
 # Skipped as a whole only while the daemon answers tools.register with method_not_found.
 import asyncio
 import json
-import os
 import shutil
 import tempfile
 import threading
