@@ -1,0 +1,306 @@
+# _methods.py - every method of docs/PROTOCOL.md as a Python method, shared by the sync
+# Client and the AsyncClient: each builds the params and hands them to self._request, which
+# returns the result (Client) or an awaitable of it (AsyncClient).
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+
+JSON = Any
+
+
+def _params(extra: Optional[Mapping[str, Any]] = None, **kw: Any) -> Dict[str, Any]:
+    """Params without the arguments left at None (the daemon's defaults apply)."""
+    p = {k: v for k, v in kw.items() if v is not None}
+    if extra:
+        p.update(extra)
+    return p
+
+
+def _b64(data: Union[bytes, bytearray, memoryview, str]) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def _key(name: str) -> Callable[[Dict[str, Any]], Any]:
+    return lambda r: r[name]
+
+
+def tool_spec(name: str, description: str = "", input_schema: Optional[dict] = None,
+              output_schema: Optional[dict] = None,
+              timeout: Optional[float] = None) -> Dict[str, Any]:
+    """The tools.register entry for one tool (input_schema defaults to any object;
+    ``timeout``: seconds its calls may take, default the sandbox's tool_timeout)."""
+    t = {"name": name, "description": description or "",
+         "input_schema": input_schema if input_schema is not None else {"type": "object"}}
+    if output_schema is not None:
+        t["output_schema"] = output_schema
+    if timeout is not None:
+        t["timeout"] = timeout
+    return t
+
+
+class ProtocolMethods:
+    """The protocol's methods. Subclasses provide ``_request(method, params, *, post=None,
+    on_output=None, timeout=None)`` and ``_registry``."""
+
+    def _request(self, method: str, params: Dict[str, Any], *, post=None, on_output=None,
+                 timeout=None):  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    # -- generic ------------------------------------------------------------------------
+    def call(self, method: str, params: Optional[Dict[str, Any]] = None, *,
+             timeout: Optional[float] = None):
+        """Send any request and return its raw result (raises a ConchError on an error).
+        ``timeout`` (s) bounds the wait for the answer (RequestTimeout)."""
+        return self._request(method, dict(params or {}), timeout=timeout)
+
+    # -- daemon -------------------------------------------------------------------------
+    def ping(self):
+        """daemon.ping -> ``{"version", "pid", "sandboxes"}``."""
+        return self._request("daemon.ping", {})
+
+    # -- sandbox.* ----------------------------------------------------------------------
+    def sandbox_create(self, *, workspace: Optional[str] = None, mode: Optional[str] = None,
+                       rootfs: Optional[str] = None, as_root: Optional[bool] = None,
+                       env: Optional[Dict[str, str]] = None, memory: Optional[int] = None,
+                       pids: Optional[int] = None, cpu: Optional[float] = None,
+                       tmp_size: Optional[int] = None, disk: Optional[int] = None,
+                       idle_timeout: Optional[float] = None, name: Optional[str] = None,
+                       tool_timeout: Optional[float] = None,
+                       max_tool_calls: Optional[int] = None, **extra: Any):
+        """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
+
+        ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
+        ``mode``: "overlay" (default), "ro" or "rw"; limits in bytes / count / CPUs;
+        ``idle_timeout`` in seconds (0 = never); ``tool_timeout`` (s a tool call may wait
+        for its answer) and ``max_tool_calls`` (per command) for the tool bridge. Extra
+        keyword args are passed as params."""
+        return self._request("sandbox.create", _params(
+            extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
+            memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
+            idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
+            max_tool_calls=max_tool_calls))
+
+    def sandbox_list(self):
+        """sandbox.list -> list of sandbox objects (stopped ones included)."""
+        return self._request("sandbox.list", {}, post=_key("sandboxes"))
+
+    def sandbox_get(self, id: str):
+        """sandbox.get -> the sandbox object (SandboxNotFound if unknown)."""
+        return self._request("sandbox.get", {"id": id})
+
+    def sandbox_destroy(self, id: str):
+        """sandbox.destroy: kill its processes, drop uncommitted changes -> ``{"destroyed": true}``."""
+        return self._request("sandbox.destroy", {"id": id})
+
+    # -- exec.run -----------------------------------------------------------------------
+    def exec_run(self, sandbox: Optional[str], command: str, *, cwd: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, stdin: Optional[str] = None,
+                 timeout: Optional[float] = None, grace: Optional[float] = None,
+                 max_output: Optional[int] = None, fresh: Optional[bool] = None,
+                 workspace: Optional[str] = None, mode: Optional[str] = None,
+                 on_output: Optional[Callable[[str, str], Any]] = None, **extra: Any):
+        """exec.run: run ``bash -c command`` -> the result dict (exit_code, stdout, stderr,
+        text, changes, tool_calls, error...). A failing command is a result, not an error.
+
+        ``timeout`` is the command's timeout in the sandbox (s; daemon default 120).
+        ``on_output(stream, data)`` turns on streaming: it is called for every
+        ``exec.output`` notification ("stdout"/"stderr", text), in order, before the
+        result is returned. ``sandbox=None, fresh=True`` runs in a throwaway sandbox."""
+        p = _params(extra, sandbox=sandbox, command=command, cwd=cwd, env=env, stdin=stdin,
+                    timeout=timeout, grace=grace, max_output=max_output, fresh=fresh,
+                    workspace=workspace, mode=mode)
+        if on_output is not None:
+            p["stream"] = True
+        return self._request("exec.run", p, on_output=on_output)
+
+    # -- job.* --------------------------------------------------------------------------
+    def job_start(self, sandbox: str, command: str, *, cwd: Optional[str] = None,
+                  env: Optional[Dict[str, str]] = None, stdin: Optional[str] = None,
+                  max_output: Optional[int] = None, **extra: Any):
+        """job.start: run a command in the background -> the job id (str)."""
+        return self._request("job.start", _params(
+            extra, sandbox=sandbox, command=command, cwd=cwd, env=env, stdin=stdin,
+            max_output=max_output), post=_key("job_id"))
+
+    def job_output(self, job_id: str, *, stdout_offset: Optional[int] = None,
+                   stderr_offset: Optional[int] = None, max_bytes: Optional[int] = None):
+        """job.output -> ``{"stdout", "stderr", "stdout_offset", "stderr_offset", "running",
+        "exit_code"}``; pass the returned offsets back to read on."""
+        return self._request("job.output", _params(
+            job_id=job_id, stdout_offset=stdout_offset, stderr_offset=stderr_offset,
+            max_bytes=max_bytes))
+
+    def job_wait(self, job_id: str, timeout: Optional[float] = None):
+        """job.wait: wait up to ``timeout`` s (daemon default 30) -> ``{"running",
+        "exit_code", "signal", ...}``. The request waits as long as the job may."""
+        wait = None if timeout is None else timeout + 30
+        return self._request("job.wait", _params(job_id=job_id, timeout=timeout),
+                             timeout=wait)
+
+    def job_kill(self, job_id: str, signal: Union[str, int, None] = None):
+        """job.kill: signal every process of the job (default TERM) -> ``{"killed": true}``."""
+        return self._request("job.kill", _params(job_id=job_id, signal=signal))
+
+    def job_list(self, sandbox: Optional[str] = None):
+        """job.list -> list of ``{"job_id", "sandbox", "command", "running", "exit_code",
+        "started_at"}``."""
+        return self._request("job.list", _params(sandbox=sandbox), post=_key("jobs"))
+
+    # -- fs.* ---------------------------------------------------------------------------
+    def fs_read(self, sandbox: str, path: str, *, offset: Optional[int] = None,
+                limit: Optional[int] = None, encoding: Optional[str] = None, **extra: Any):
+        """fs.read -> ``{"content", "offset", "lines", "total_lines", "truncated", "size"}``
+        (``offset``/``limit`` in lines); with ``encoding="base64"`` ``{"content", "size"}``."""
+        return self._request("fs.read", _params(extra, sandbox=sandbox, path=path,
+                                                offset=offset, limit=limit, encoding=encoding))
+
+    def fs_write(self, sandbox: str, path: str, content: Union[str, bytes], *,
+                 encoding: Optional[str] = None, **extra: Any):
+        """fs.write: create or replace a file (parents created) -> ``{"bytes_written",
+        "created"}``. ``bytes`` content travels base64-encoded."""
+        if isinstance(content, (bytes, bytearray, memoryview)):
+            content, encoding = _b64(content), "base64"
+        return self._request("fs.write", _params(extra, sandbox=sandbox, path=path,
+                                                 content=content, encoding=encoding))
+
+    def fs_edit(self, sandbox: str, path: str, old_string: str, new_string: str, *,
+                replace_all: Optional[bool] = None):
+        """fs.edit: replace ``old_string`` -> ``{"occurrences"}`` (StringNotFound,
+        AmbiguousMatch)."""
+        return self._request("fs.edit", _params(sandbox=sandbox, path=path,
+                                                old_string=old_string, new_string=new_string,
+                                                replace_all=replace_all))
+
+    def fs_ls(self, sandbox: str, path: Optional[str] = None):
+        """fs.ls -> list of ``{"name", "path", "type", "size", "mode", "mtime"}``."""
+        return self._request("fs.ls", _params(sandbox=sandbox, path=path), post=_key("entries"))
+
+    def fs_glob(self, sandbox: str, pattern: str, *, path: Optional[str] = None,
+                max_results: Optional[int] = None):
+        """fs.glob -> ``{"paths": [...], "truncated"}``."""
+        return self._request("fs.glob", _params(sandbox=sandbox, pattern=pattern, path=path,
+                                                max_results=max_results))
+
+    def fs_grep(self, sandbox: str, pattern: str, *, path: Optional[str] = None,
+                glob: Optional[str] = None, fixed_string: Optional[bool] = None,
+                ignore_case: Optional[bool] = None, max_matches: Optional[int] = None):
+        """fs.grep (POSIX ERE) -> ``{"matches": [{"path", "line", "text"}], "truncated"}``."""
+        return self._request("fs.grep", _params(
+            sandbox=sandbox, pattern=pattern, path=path, glob=glob, fixed_string=fixed_string,
+            ignore_case=ignore_case, max_matches=max_matches))
+
+    def fs_delete(self, sandbox: str, path: str, *, recursive: Optional[bool] = None):
+        """fs.delete -> ``{"deleted": true}`` (a directory needs ``recursive=True``)."""
+        return self._request("fs.delete", _params(sandbox=sandbox, path=path,
+                                                  recursive=recursive))
+
+    def fs_upload(self, sandbox: str, files: Union[Mapping[str, bytes], Iterable]):
+        """fs.upload: ``files`` maps path -> bytes (or is a list of (path, bytes)) ->
+        list of ``{"path", "error"?: {"code", "message"}}``, each file on its own."""
+        items = files.items() if isinstance(files, Mapping) else files
+        return self._request("fs.upload", {"sandbox": sandbox, "files": [
+            {"path": p, "content": _b64(c)} for p, c in items]}, post=_key("results"))
+
+    def fs_download(self, sandbox: str, paths: List[str]):
+        """fs.download -> list of ``{"path", "content"?: base64 str, "error"?}``."""
+        return self._request("fs.download", {"sandbox": sandbox, "paths": list(paths)},
+                             post=_key("files"))
+
+    # -- workspace.* --------------------------------------------------------------------
+    def workspace_changes(self, sandbox: str, *, offset: Optional[int] = None,
+                          limit: Optional[int] = None):
+        """workspace.changes -> ``{"changes": [...], "changes_total", "changes_truncated",
+        "next_offset"?}`` (one page)."""
+        return self._request("workspace.changes", _params(sandbox=sandbox, offset=offset,
+                                                          limit=limit))
+
+    def workspace_diff(self, sandbox: str, paths: Optional[List[str]] = None):
+        """workspace.diff -> ``{"diff": str, "files": [...], "omitted": int}``."""
+        return self._request("workspace.diff", _params(sandbox=sandbox, paths=paths))
+
+    def workspace_commit(self, sandbox: str, paths: Optional[List[str]] = None):
+        """workspace.commit: apply changes to the host -> ``{"committed", "skipped"}``."""
+        return self._request("workspace.commit", _params(sandbox=sandbox, paths=paths))
+
+    def workspace_discard(self, sandbox: str, paths: Optional[List[str]] = None):
+        """workspace.discard -> ``{"discarded": [...]}`` (restarts a running sandbox)."""
+        return self._request("workspace.discard", _params(sandbox=sandbox, paths=paths))
+
+    # -- tools.* / agents.* (the tool bridge) -------------------------------------------
+    def tools_register(self, sandbox: str, tools: List[Dict[str, Any]]):
+        """tools.register (raw): declare tools; THIS connection answers their tool.call
+        requests (give handlers with register_tool) -> list of registered names."""
+        return self._request("tools.register", {"sandbox": sandbox, "tools": list(tools)},
+                             post=_key("registered"))
+
+    def tools_unregister(self, sandbox: str, names: List[str]):
+        """tools.unregister -> list of removed names."""
+        for n in names:
+            self._registry.remove_tool(sandbox, n)
+        return self._request("tools.unregister", {"sandbox": sandbox, "names": list(names)},
+                             post=_key("removed"))
+
+    def tools_list(self, sandbox: str):
+        """tools.list -> ``{"tools": [...], "agents": [...]}``."""
+        return self._request("tools.list", {"sandbox": sandbox})
+
+    def tools_trace(self, sandbox: str, origin: Optional[Dict[str, Any]] = None):
+        """tools.trace -> list of call records ``{call_id, kind, name, input, ok, result?,
+        error?, start, duration_ms, origin, detached?}``."""
+        return self._request("tools.trace", _params(sandbox=sandbox, origin=origin),
+                             post=_key("calls"))
+
+    def tools_prompt(self, sandbox: str, languages: Optional[List[str]] = None):
+        """tools.prompt -> the text documenting the sandbox's tools for a model (str)."""
+        return self._request("tools.prompt", _params(sandbox=sandbox, languages=languages),
+                             post=_key("text"))
+
+    def agents_register(self, sandbox: str, agents: List[Dict[str, Any]]):
+        """agents.register (raw): declare agent types ``[{name, description}]``; THIS
+        connection answers agent.spawn -> list of registered names."""
+        return self._request("agents.register", {"sandbox": sandbox, "agents": list(agents)},
+                             post=_key("registered"))
+
+    def agents_unregister(self, sandbox: str, names: List[str]):
+        """agents.unregister -> list of removed names."""
+        for n in names:
+            self._registry.remove_agent(sandbox, n)
+        return self._request("agents.unregister", {"sandbox": sandbox, "names": list(names)},
+                             post=_key("removed"))
+
+    def register_tool(self, sandbox: str, name: str, fn: Callable, description: str = "",
+                      input_schema: Optional[dict] = None,
+                      output_schema: Optional[dict] = None, timeout: Optional[float] = None):
+        """Register a tool with the daemon and answer its tool.call requests with ``fn``.
+
+        ``fn(input)`` or ``fn(input, ctx)`` (ctx: CallContext), sync or async: its return
+        value (any JSON) is the result; an exception becomes a JSON-RPC error whose message
+        reaches the caller in the sandbox (raise ToolError to choose code/data).
+        ``timeout``: seconds its calls may take. Returns the registered names."""
+        self._registry.add_tool(sandbox, name, fn)
+        return self.tools_register(sandbox, [tool_spec(name, description, input_schema,
+                                                       output_schema, timeout)])
+
+    def register_agent(self, sandbox: str, name: Optional[str], description: str,
+                       fn: Callable):
+        """Register an agent type and answer agent.spawn for it with ``fn(task)`` or
+        ``fn(task, ctx)`` (sync or async; the return value is the agent's answer).
+        The daemon sends spawns without a type to the connection that registered the
+        first agent type; this client gives them to the handler registered with
+        ``name=None`` (which declares nothing to the daemon and returns []), else to the
+        sandbox's first registered agent type."""
+        self._registry.add_agent(sandbox, name, fn)
+        if name is None:
+            return self._request_done([])
+        return self.agents_register(sandbox, [{"name": name, "description": description}])
+
+    def set_request_handler(self, method: str, fn: Optional[Callable]) -> None:
+        """Answer daemon->client requests of ``method`` with ``fn(params, ctx)`` (sync or
+        async); overrides the built-in tool.call/agent.spawn dispatch. None removes it."""
+        self._registry.set_method(method, fn)
+
+    def _request_done(self, value):  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
