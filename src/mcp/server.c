@@ -743,7 +743,8 @@ static int end_session(struct mcp *m, struct conch_err *err)
     int ret = 0;
     if (m->sandbox[0] && !m->child_gone) {
         if (m->o->commit_on_exit) {
-            json_t *res = call_sync(m, "workspace.commit", json_object(), err);
+            json_t *res =
+                call_sync(m, "workspace.commit", json_pack("{s:s}", "sandbox", m->sandbox), err);
             if (!res) {
                 fprintf(stderr, "conch mcp: changes NOT committed: %s\n", err->msg);
                 ret = -err->code;

@@ -160,7 +160,8 @@ static void bash_start(struct mcp *m, struct mcp_call *c)
     if (cwd)
         json_object_set_new(p, "cwd", json_string(cwd));
     /* Both streams of the result fit in one tool result. */
-    json_object_set_new(p, "max_output", json_integer((json_int_t)(mcp_max_output(m) / 2)));
+    size_t per_stream = mcp_max_output(m) / 2 > 1024 ? mcp_max_output(m) / 2 - 512 : 512;
+    json_object_set_new(p, "max_output", json_integer((json_int_t)per_stream));
     if (background) {
         c->stage = 1;
         mcp_daemon_call(m, c, "job.start", p);
@@ -299,26 +300,33 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     json_int_t lines = json_integer_value(json_object_get(res, "lines"));
     json_int_t total = json_integer_value(json_object_get(res, "total_lines"));
     struct text t = {0};
-    json_int_t no = first + 1;
+    /* Whole lines only, as many as fit: a cut in the middle would hide which lines came. */
+    size_t budget = mcp_max_output(m) > 512 ? mcp_max_output(m) - 256 : mcp_max_output(m);
+    json_int_t shown = 0;
+    bool cut = false;
     for (size_t i = 0; s && i < len;) {
         const char *nl = memchr(s + i, '\n', len - i);
         size_t end = nl ? (size_t)(nl - s) : len;
-        text_addf(&t, "%6lld\t", (long long)no++);
+        if (t.len + (end - i) + 8 > budget && shown > 0) {
+            cut = true;
+            break;
+        }
+        text_addf(&t, "%6lld\t", (long long)(first + shown + 1));
         text_add(&t, s + i, end - i);
         text_add(&t, "\n", 1);
+        shown++;
         i = end + 1;
-        if (t.len > mcp_max_output(m) + 4096)
-            break; /* capped anyway */
     }
     if (!len)
         text_addf(&t,
                   total ? "(no lines from line %lld on: the file has %lld)\n"
                         : "(the file is empty)\n",
                   (long long)first + 1, (long long)total);
-    if (json_is_true(json_object_get(res, "truncated")))
-        text_addf(&t, "[lines %lld-%lld of %lld; pass offset=%lld to read on]\n",
-                  (long long)first + 1, (long long)(first + lines), (long long)total,
-                  (long long)(first + lines));
+    else if (cut || json_is_true(json_object_get(res, "truncated")))
+        text_addf(&t, "[lines %lld-%lld of %lld%s; pass offset=%lld to read on]\n",
+                  (long long)first + 1, (long long)(first + shown), (long long)total,
+                  cut ? " (the rest did not fit in one result)" : "", (long long)(first + shown));
+    (void)lines;
     text_done(m, c, &t, false);
 }
 
