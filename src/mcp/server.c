@@ -23,16 +23,21 @@
 #include "mcp/mcp.h"
 
 #define MCP_LATEST "2025-06-18"
-#define MAX_CLIENT_LINE (32u << 20)  /* a write_file of the daemon's 10 MiB cap, escaped */
+#define MAX_CLIENT_LINE (32u << 20)  /* tool arguments: a write_file of a large file */
+#define DAEMON_MAX_MESSAGE "48M"     /* the child's --max-message: above MAX_CLIENT_LINE */
 #define MAX_DAEMON_LINE (128u << 20) /* the daemon caps its answers at 64 MiB */
 #define END_TIMEOUT_MS 120000        /* commit and destroy at the end of the session */
 
 static const char *const supported_versions[] = {"2025-06-18", "2025-03-26", "2024-11-05"};
 
+#define SNIFF 4096 /* bytes kept of each end of an oversize line */
+
 struct linebuf {
     char *buf;
     size_t len, cap, max;
     bool skipping; /* dropping the rest of an oversize line */
+    char head[SNIFF], tail[SNIFF];
+    size_t head_len, tail_len;
 };
 
 struct mcp {
@@ -560,11 +565,29 @@ static int linebuf_fill(struct linebuf *b, int fd)
     return 1;
 }
 
-/* Hand every complete line to @fn; returns true when an oversize line was dropped. */
-static bool linebuf_lines(struct mcp *m, struct linebuf *b,
-                          void (*fn)(struct mcp *, const char *, size_t))
+/* Keep the last SNIFF bytes of an oversize line (its id may come last, as the MCP SDK
+ * serialises requests). */
+static void tail_add(struct linebuf *b, const char *p, size_t n)
 {
-    bool dropped = false;
+    if (n >= SNIFF) {
+        memcpy(b->tail, p + n - SNIFF, SNIFF);
+        b->tail_len = SNIFF;
+        return;
+    }
+    size_t keep = b->tail_len + n > SNIFF ? SNIFF - n : b->tail_len;
+    memmove(b->tail, b->tail + b->tail_len - keep, keep);
+    memcpy(b->tail + keep, p, n);
+    b->tail_len = keep + n;
+}
+
+/*
+ * Hand every complete line to @fn. A line longer than b->max is not kept: its first and last
+ * SNIFF bytes go to @too_large once its end arrives, so that its id can still be answered.
+ */
+static void linebuf_lines(struct mcp *m, struct linebuf *b,
+                          void (*fn)(struct mcp *, const char *, size_t),
+                          void (*too_large)(struct mcp *, struct linebuf *))
+{
     size_t start = 0;
     for (;;) {
         char *nl = memchr(b->buf + start, '\n', b->len - start);
@@ -572,7 +595,9 @@ static bool linebuf_lines(struct mcp *m, struct linebuf *b,
             break;
         size_t end = (size_t)(nl - b->buf);
         if (b->skipping) {
+            tail_add(b, b->buf + start, end - start);
             b->skipping = false;
+            too_large(m, b);
         } else {
             size_t s = start, e = end;
             while (s < e && strchr(" \t\r", b->buf[s]))
@@ -584,21 +609,159 @@ static bool linebuf_lines(struct mcp *m, struct linebuf *b,
     }
     memmove(b->buf, b->buf + start, b->len - start);
     b->len -= start;
-    if (b->len > b->max) {
-        if (!b->skipping)
-            dropped = true;
+    if (b->skipping) {
+        tail_add(b, b->buf, b->len);
+        b->len = 0;
+    } else if (b->len > b->max) {
+        b->head_len = b->len < SNIFF ? b->len : SNIFF;
+        memcpy(b->head, b->buf, b->head_len);
+        b->tail_len = 0;
+        tail_add(b, b->buf, b->len);
         b->skipping = true;
         b->len = 0;
     }
-    if (b->skipping)
-        b->len = 0;
     /* Give back what a large line took. */
     if (b->len == 0 && b->cap > (1u << 20)) {
         free(b->buf);
         b->buf = NULL;
         b->cap = 0;
     }
-    return dropped;
+}
+
+static const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && strchr(" \t\r\n", *p))
+        p++;
+    return p;
+}
+
+/* Past the JSON string starting at @p ('"'), or NULL when it does not end before @end. */
+static const char *skip_string(const char *p, const char *end)
+{
+    for (p++; p < end; p++) {
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
+    }
+    return NULL;
+}
+
+/* The id (a JSON integer or string) that starts at @p, or NULL. */
+static json_t *id_at(const char *p, const char *end)
+{
+    const char *q = p;
+    if (q < end && *q == '"') {
+        q = skip_string(q, end);
+    } else {
+        while (q < end && (*q == '-' || (*q >= '0' && *q <= '9')))
+            q++;
+    }
+    if (!q || q == p)
+        return NULL;
+    json_t *id = json_loadb(p, (size_t)(q - p), JSON_DECODE_ANY, NULL);
+    if (id && !json_is_integer(id) && !json_is_string(id)) {
+        json_decref(id);
+        id = NULL;
+    }
+    return id;
+}
+
+/* The top-level "id" of the object that @s (a line's first bytes) starts, when it comes
+ * before the cut; NULL otherwise. Skips other members' values, nested ones included. */
+static json_t *sniff_head(const char *s, size_t n)
+{
+    const char *p = s, *end = s + n;
+    p = skip_ws(p, end);
+    if (p >= end || *p++ != '{')
+        return NULL;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (p >= end || *p != '"')
+            return NULL;
+        const char *k = p;
+        p = skip_string(p, end);
+        if (!p)
+            return NULL;
+        bool is_id = p - k == 4 && !memcmp(k, "\"id\"", 4);
+        p = skip_ws(p, end);
+        if (p >= end || *p++ != ':')
+            return NULL;
+        p = skip_ws(p, end);
+        if (is_id)
+            return id_at(p, end);
+        int depth = 0;
+        while (p < end) {
+            if (*p == '"') {
+                p = skip_string(p, end);
+                if (!p)
+                    return NULL;
+                continue;
+            }
+            if (*p == '{' || *p == '[')
+                depth++;
+            else if (*p == '}' || *p == ']')
+                depth--;
+            else if (*p == ',' && depth == 0)
+                break;
+            if (depth < 0)
+                return NULL;
+            p++;
+        }
+        if (p >= end)
+            return NULL;
+        p++; /* the ',' */
+    }
+}
+
+/* The "id" that ends the object in @s (a line's last bytes): `..., "id": 7}`. */
+static json_t *sniff_tail(const char *s, size_t n)
+{
+    const char *end = s + n;
+    while (end > s && strchr(" \t\r", end[-1]))
+        end--;
+    if (end == s || *--end != '}')
+        return NULL;
+    while (end > s && strchr(" \t\r", end[-1]))
+        end--;
+    const char *v = end;
+    if (v > s && v[-1] == '"') {
+        v--;
+        while (v > s && v[-1] != '"')
+            v--;
+        if (v == s)
+            return NULL;
+        v--;
+    } else {
+        while (v > s && (v[-1] == '-' || (v[-1] >= '0' && v[-1] <= '9')))
+            v--;
+    }
+    if (v == end)
+        return NULL;
+    const char *p = v;
+    while (p > s && strchr(" \t\r", p[-1]))
+        p--;
+    if (p == s || *--p != ':')
+        return NULL;
+    while (p > s && strchr(" \t\r", p[-1]))
+        p--;
+    if (p - s < 5 || memcmp(p - 4, "\"id\"", 4) || !strchr(",{ \t", p[-5]))
+        return NULL;
+    return id_at(v, end);
+}
+
+static void client_too_large(struct mcp *m, struct linebuf *b)
+{
+    json_t *id = sniff_head(b->head, b->head_len);
+    if (!id)
+        id = sniff_tail(b->tail, b->tail_len);
+    send_error(m, id, -32600, "message too large: more than %zu bytes in one line", b->max);
+    json_decref(id);
+}
+
+static void daemon_too_large(struct mcp *m, struct linebuf *b)
+{
+    fprintf(stderr, "conch mcp: dropped an answer of the daemon longer than %zu bytes\n", b->max);
 }
 
 /* ---- the daemon child ---- */
@@ -615,11 +778,18 @@ static int spawn_child(struct mcp *m, const sigset_t *old_mask, struct conch_err
         return conch_err_set(err, e, "pipe: %s", strerror(e));
     }
     const char *exe = m->o->conch_exe ? m->o->conch_exe : "/proc/self/exe";
-    char *const argv[] = {(char *)"conch",   (char *)"serve",
-                          (char *)"--stdio", (char *)"--state-dir",
-                          m->state_dir,      (char *)"--pool",
-                          (char *)"0",       (char *)"--idle-timeout",
-                          (char *)"0",       NULL};
+    char *const argv[] = {(char *)"conch",
+                          (char *)"serve",
+                          (char *)"--stdio",
+                          (char *)"--state-dir",
+                          m->state_dir,
+                          (char *)"--pool",
+                          (char *)"0",
+                          (char *)"--idle-timeout",
+                          (char *)"0",
+                          (char *)"--max-message",
+                          (char *)DAEMON_MAX_MESSAGE,
+                          NULL};
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -868,7 +1038,7 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
         if (p[1].revents) {
             int got = linebuf_fill(&m.from_child, m.child_out);
             if (got > 0) {
-                linebuf_lines(&m, &m.from_child, on_daemon_message);
+                linebuf_lines(&m, &m.from_child, on_daemon_message, daemon_too_large);
             } else if (got <= 0) {
                 m.child_gone = true;
                 fprintf(stderr, "conch mcp: conch's daemon exited; tools now fail\n");
@@ -889,9 +1059,7 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
         if (p[0].revents && !quit) {
             int got = linebuf_fill(&m.from_client, in_fd);
             if (got > 0) {
-                if (linebuf_lines(&m, &m.from_client, on_client_message))
-                    send_error(&m, NULL, -32600, "message too large (more than %u bytes)",
-                               MAX_CLIENT_LINE);
+                linebuf_lines(&m, &m.from_client, on_client_message, client_too_large);
             } else {
                 in_eof = true;
                 quit = true;

@@ -169,6 +169,12 @@ test('errors: tool errors with clear text, protocol errors as JSON-RPC errors', 
     assert.match(text(r), /job_not_found/);
     await assert.rejects(call(client, 'no_such_tool', {}),
       (e) => e.code === -32602 && /unknown tool 'no_such_tool'/.test(e.message));
+    // A request over the line cap (32 MiB) is answered with its id (the SDK puts the id
+    // last), not left waiting; one under it goes through to the daemon.
+    await assert.rejects(call(client, 'write_file', { path: 'huge', content: 'x'.repeat(40 << 20) }),
+      (e) => e.code === -32600 && /message too large/.test(e.message));
+    r = await call(client, 'write_file', { path: 'large', content: 'y'.repeat(20 << 20) });
+    assert.equal(text(r), 'Created large (20971520 bytes).');
     // The session still works after each of them.
     r = await call(client, 'bash', { command: 'echo still here' });
     assert.equal(text(r), 'still here\n[exit code: 0]');
