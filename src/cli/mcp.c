@@ -88,7 +88,8 @@ static int parse(struct conch_mcp_opts *o, char ***env, int argc, char **argv,
                 return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
                                       "--workspace: '%s' is not a directory", optarg);
             }
-            o->workspace = abs; /* lives as long as the process */
+            free((char *)o->workspace);
+            o->workspace = abs; /* freed by conch_cli_mcp */
             break;
         }
         case OPT_MODE:
@@ -178,11 +179,13 @@ int conch_cli_mcp(int argc, char **argv)
     int r = parse(&o, &env, argc, argv, &err);
     if (r == 1) {
         free(env);
+        free((char *)o.workspace);
         return 0;
     }
     if (r < 0) {
         fprintf(stderr, "conch mcp: %s\n%s", err.msg, mcp_usage);
         free(env);
+        free((char *)o.workspace);
         return CONCH_EXIT_USAGE;
     }
     char parent[PATH_MAX];
@@ -190,12 +193,16 @@ int conch_cli_mcp(int argc, char **argv)
         if (conch_state_default_dir(parent, sizeof(parent), &err) < 0) {
             fprintf(stderr, "conch mcp: %s (pass --state-dir)\n", err.msg);
             free(env);
+            free((char *)o.workspace);
             return CONCH_EXIT_USAGE;
         }
         o.state_parent = parent;
     }
+    /* For running conch mcp under valgrind or a debugger, whose /proc/self/exe is not conch. */
+    o.conch_exe = getenv("CONCH_EXE");
     r = conch_mcp_serve(&o, STDIN_FILENO, STDOUT_FILENO, &err);
     free(env);
+    free((char *)o.workspace);
     if (r < 0) {
         fprintf(stderr, "conch mcp: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
         return err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : 1;
