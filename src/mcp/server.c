@@ -1,6 +1,7 @@
 /* server.c - one MCP session over stdio: the JSON-RPC lines of the MCP client on one side,
  * the daemon child (`conch serve --stdio`) on the other, and the lifecycle of the session's
  * sandbox (created at initialize, committed if asked and destroyed at the end). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -971,11 +973,43 @@ static json_t *build_tools_list(struct conch_err *err)
     return json_pack("{s:o}", "tools", arr);
 }
 
+/* Remove the private state dirs of sessions that ended without cleaning up (conch mcp killed
+ * with SIGKILL): their daemon is gone, so nothing holds the flock on their state.db, and they
+ * are older than a minute (a starting session's daemon may not have claimed its database). */
+static void remove_stale(const char *parent)
+{
+    DIR *d = opendir(parent);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, "mcp-", 4) || strlen(de->d_name) != 10)
+            continue;
+        char path[4200], db[4300];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", parent, de->d_name);
+        if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+            time(NULL) - st.st_mtime < 60)
+            continue;
+        snprintf(db, sizeof(db), "%s/state.db", path);
+        int fd = open(db, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+            close(fd);
+            continue;
+        }
+        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+}
+
 static int make_private_state(struct mcp *m, struct conch_err *err)
 {
     int r = conch_mkdir_p(m->o->state_parent, 0700, err);
     if (r < 0)
         return conch_err_wrap(err, "state directory");
+    remove_stale(m->o->state_parent);
     int n = snprintf(m->state_dir, sizeof(m->state_dir), "%s/mcp-XXXXXX", m->o->state_parent);
     if (n < 0 || (size_t)n >= sizeof(m->state_dir))
         return conch_err_set(err, ENAMETOOLONG, "state directory path too long");

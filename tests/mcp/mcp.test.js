@@ -272,6 +272,50 @@ test('the session ends cleanly: --commit applies the changes, processes are gone
   fs.rmSync(ws2, { recursive: true, force: true });
 });
 
+function defaultStateDir() {
+  if (process.getuid() === 0) return '/var/lib/conch';
+  const xdg = process.env.XDG_STATE_HOME;
+  return xdg && xdg.startsWith('/') ? path.join(xdg, 'conch')
+    : path.join(os.homedir(), '.local/state/conch');
+}
+
+test('private state dirs: removed at the end, and stale ones of killed sessions too', async () => {
+  const parent = defaultStateDir();
+  const before = new Set(fs.existsSync(parent) ? fs.readdirSync(parent) : []);
+  const s = await connect([]);
+  const mine = fs.readdirSync(parent).filter((n) => /^mcp-.{6}$/.test(n) && !before.has(n));
+  assert.equal(mine.length, 1, 'the session made one private state dir');
+  await s.client.close();
+  assert.equal(fs.existsSync(path.join(parent, mine[0])), false, 'and removed it');
+
+  // A session killed with SIGKILL leaves its dir; the next session removes it once it is
+  // older than a minute and no daemon holds its database. A fresh one stays.
+  const k = await connect([]);
+  const killed = fs.readdirSync(parent).filter((n) => /^mcp-.{6}$/.test(n) && !before.has(n))[0];
+  const daemon = childrenOf(k.transport.pid);
+  process.kill(k.transport.pid, 'SIGKILL');
+  assert.deepEqual(await waitGone([k.transport.pid, ...daemon], 10000), []);
+  const stale = path.join(parent, killed);
+  assert.ok(fs.existsSync(path.join(stale, 'state.db')), 'SIGKILL left the dir');
+  const fresh = fs.mkdtempSync(path.join(parent, 'mcp-'));
+  const old = new Date(Date.now() - 120000);
+  fs.utimesSync(stale, old, old);
+  const seen = new Set(fs.readdirSync(parent));
+  const live = await connect([]);
+  const liveDir = path.join(parent, fs.readdirSync(parent).find((x) => !seen.has(x)));
+  fs.utimesSync(liveDir, old, old);
+  const n = await connect([]);
+  assert.ok(fs.existsSync(path.join(liveDir, 'state.db')), 'a live session\'s dir is kept');
+  assert.equal(text(await call(live.client, 'bash', { command: 'echo alive' })),
+    'alive\n[exit code: 0]');
+  await n.client.close();
+  await live.client.close();
+  await k.client.close().catch(() => {});
+  assert.equal(fs.existsSync(stale), false, 'the stale dir is gone');
+  assert.ok(fs.existsSync(fresh), 'a dir younger than a minute is kept');
+  fs.rmSync(fresh, { recursive: true, force: true });
+});
+
 // ---- raw JSON-RPC lines, for what the SDK never sends ----
 
 function rawSession(args = []) {
