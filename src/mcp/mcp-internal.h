@@ -53,6 +53,8 @@ void mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);
 
 const char *mcp_sandbox_id(const struct mcp *m);
 size_t mcp_max_output(const struct mcp *m);
+/* The child daemon's state dir: host paths under it mean nothing inside the sandbox. */
+const char *mcp_state_dir(const struct mcp *m);
 uint64_t mcp_default_timeout_ms(const struct mcp *m);
 /* The read offsets of each background job the model has read (job id -> [stdout, stderr]). */
 json_t *mcp_job_offsets(struct mcp *m);

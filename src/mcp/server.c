@@ -156,6 +156,11 @@ const char *mcp_sandbox_id(const struct mcp *m)
     return m->sandbox;
 }
 
+const char *mcp_state_dir(const struct mcp *m)
+{
+    return m->state_dir;
+}
+
 size_t mcp_max_output(const struct mcp *m)
 {
     return m->o->max_output;

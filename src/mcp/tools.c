@@ -188,8 +188,25 @@ static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     /* A command's own failure is a result (its exit code ends the text); a command that
      * was stopped is an error. */
     bool stopped = kind && strcmp(kind, "command");
-    mcp_call_done(m, c, stopped, json_string_value(t) ? json_string_value(t) : "",
-                  json_string_length(t));
+    const char *s = json_string_value(t) ? json_string_value(t) : "";
+    size_t len = json_string_length(t);
+    /* The notice of cut output names the spill file; one in the daemon's state dir is a host
+     * path that no tool can read: say what to do instead. */
+    struct text out = {0};
+    char needle[4200];
+    snprintf(needle, sizeof(needle), "; full output in %s/", mcp_state_dir(m));
+    for (const char *p = s; p < s + len;) {
+        const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
+        const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
+        if (!close) {
+            text_add(&out, p, (size_t)(s + len - p));
+            break;
+        }
+        text_add(&out, p, (size_t)(hit - p));
+        text_addf(&out, "; to see all of it, redirect it to a file and read parts of it");
+        p = close;
+    }
+    text_done(m, c, &out, stopped);
 }
 
 /* ---- job_output, job_kill ---- */
