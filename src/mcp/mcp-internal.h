@@ -59,6 +59,36 @@ uint64_t mcp_default_timeout_ms(const struct mcp *m);
 /* The read offsets of each background job the model has read (job id -> [stdout, stderr]). */
 json_t *mcp_job_offsets(struct mcp *m);
 
+/* A buffer of newline-delimited input with a cap on the line length. */
+#define MCP_SNIFF 4096 /* bytes kept of each end of an oversize line */
+struct mcp_linebuf {
+    char *buf; /* owned; free it when done */
+    size_t len, cap;
+    size_t max;                            /* longest line kept; set before use */
+    bool skipping;                         /* dropping the rest of an oversize line */
+    char head[MCP_SNIFF], tail[MCP_SNIFF]; /* the first and last bytes of an oversize line */
+    size_t head_len, tail_len;
+};
+
+/* mcp_linebuf_fill - one read(2) of @fd into @b. Returns 1 (read or retry), 0 at EOF, -errno. */
+int mcp_linebuf_fill(struct mcp_linebuf *b, int fd);
+
+/*
+ * mcp_linebuf_lines - hand every complete line in @b to @fn (leading blanks and a trailing \r
+ * stripped, empty lines skipped). A line longer than b->max is not kept: @too_large is called
+ * once its end arrives, with its first and last MCP_SNIFF bytes in b->head and b->tail.
+ */
+void mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
+                       void (*fn)(void *ctx, const char *line, size_t len),
+                       void (*too_large)(void *ctx, struct mcp_linebuf *b));
+
+/*
+ * mcp_sniff_id - the JSON-RPC id of the oversize line that @b just dropped: the top-level
+ * "id" member when it comes in the line's first bytes, or when it ends the object (as the
+ * MCP SDK serialises requests). Returns a new integer or string, or NULL.
+ */
+json_t *mcp_sniff_id(const struct mcp_linebuf *b);
+
 /*
  * mcp_cap_text - @len bytes of @s, or when longer than @max its head and tail around a note
  * saying how much was left out. Cuts only between UTF-8 sequences. Returns a new string

@@ -32,16 +32,6 @@
 
 static const char *const supported_versions[] = {"2025-06-18", "2025-03-26", "2024-11-05"};
 
-#define SNIFF 4096 /* bytes kept of each end of an oversize line */
-
-struct linebuf {
-    char *buf;
-    size_t len, cap, max;
-    bool skipping; /* dropping the rest of an oversize line */
-    char head[SNIFF], tail[SNIFF];
-    size_t head_len, tail_len;
-};
-
 struct mcp {
     const struct conch_mcp_opts *o;
     int in_fd, out_fd;
@@ -51,7 +41,7 @@ struct mcp {
     bool client_gone;
     char state_dir[4096];
     bool private_state;
-    struct linebuf from_client, from_child;
+    struct mcp_linebuf from_client, from_child;
     uint64_t next_id;
     struct mcp_call *pending;
     json_t *tools_list; /* the tools/list result */
@@ -108,46 +98,6 @@ static void send_error(struct mcp *m, json_t *id, int code, const char *fmt, ...
 }
 
 /* ---- text helpers ---- */
-
-static size_t utf8_back(const char *s, size_t i)
-{
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
-        i--;
-    return i;
-}
-
-char *mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len)
-{
-    if (len <= max) {
-        char *d = malloc(len + 1);
-        if (!d)
-            return NULL;
-        memcpy(d, s, len);
-        d[len] = '\0';
-        *ret_len = len;
-        return d;
-    }
-    size_t head = utf8_back(s, max * 3 / 4);
-    size_t tail_start = utf8_back(s, len - (max - max * 3 / 4));
-    if (tail_start < head)
-        tail_start = head;
-    char note[256];
-    int nn = snprintf(note, sizeof(note),
-                      "\n\n[... %zu bytes left out here: the result was %zu bytes, more than "
-                      "the %zu this server returns; ask for less (a line range, a narrower "
-                      "pattern, or redirect the output to a file and read parts of it) ...]\n\n",
-                      tail_start - head, len, max);
-    size_t tail = len - tail_start;
-    char *d = malloc(head + (size_t)nn + tail + 1);
-    if (!d)
-        return NULL;
-    memcpy(d, s, head);
-    memcpy(d + head, note, (size_t)nn);
-    memcpy(d + head + (size_t)nn, s + tail_start, tail);
-    *ret_len = head + (size_t)nn + tail;
-    d[*ret_len] = '\0';
-    return d;
-}
 
 /* ---- tool calls ---- */
 
@@ -485,8 +435,9 @@ static void handle_request(struct mcp *m, const char *method, json_t *id, json_t
     }
 }
 
-static void on_client_message(struct mcp *m, const char *line, size_t len)
+static void on_client_message(void *ctx, const char *line, size_t len)
 {
+    struct mcp *m = ctx;
     json_error_t je;
     json_t *msg = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
     if (!msg) {
@@ -531,8 +482,9 @@ static void on_client_message(struct mcp *m, const char *line, size_t len)
 
 /* ---- the daemon's messages ---- */
 
-static void on_daemon_message(struct mcp *m, const char *line, size_t len)
+static void on_daemon_message(void *ctx, const char *line, size_t len)
 {
+    struct mcp *m = ctx;
     json_t *msg = json_loadb(line, len, 0, NULL);
     json_t *id = json_object_get(msg, "id");
     if (!json_is_integer(id)) { /* a notification (exec.output, job.exited) */
@@ -553,221 +505,17 @@ static void on_daemon_message(struct mcp *m, const char *line, size_t len)
 
 /* ---- lines ---- */
 
-static int linebuf_fill(struct linebuf *b, int fd)
+static void client_too_large(void *ctx, struct mcp_linebuf *b)
 {
-    if (b->cap - b->len < 65536) {
-        size_t cap = b->cap ? b->cap * 2 : 131072;
-        char *nb = realloc(b->buf, cap);
-        if (!nb)
-            return -ENOMEM;
-        b->buf = nb;
-        b->cap = cap;
-    }
-    ssize_t got = read(fd, b->buf + b->len, b->cap - b->len);
-    if (got < 0)
-        return errno == EINTR || errno == EAGAIN ? 1 : -errno;
-    if (got == 0)
-        return 0;
-    b->len += (size_t)got;
-    return 1;
-}
-
-/* Keep the last SNIFF bytes of an oversize line (its id may come last, as the MCP SDK
- * serialises requests). */
-static void tail_add(struct linebuf *b, const char *p, size_t n)
-{
-    if (n >= SNIFF) {
-        memcpy(b->tail, p + n - SNIFF, SNIFF);
-        b->tail_len = SNIFF;
-        return;
-    }
-    size_t keep = b->tail_len + n > SNIFF ? SNIFF - n : b->tail_len;
-    memmove(b->tail, b->tail + b->tail_len - keep, keep);
-    memcpy(b->tail + keep, p, n);
-    b->tail_len = keep + n;
-}
-
-/*
- * Hand every complete line to @fn. A line longer than b->max is not kept: its first and last
- * SNIFF bytes go to @too_large once its end arrives, so that its id can still be answered.
- */
-static void linebuf_lines(struct mcp *m, struct linebuf *b,
-                          void (*fn)(struct mcp *, const char *, size_t),
-                          void (*too_large)(struct mcp *, struct linebuf *))
-{
-    size_t start = 0;
-    for (;;) {
-        char *nl = memchr(b->buf + start, '\n', b->len - start);
-        if (!nl)
-            break;
-        size_t end = (size_t)(nl - b->buf);
-        if (b->skipping) {
-            tail_add(b, b->buf + start, end - start);
-            b->skipping = false;
-            too_large(m, b);
-        } else {
-            size_t s = start, e = end;
-            while (s < e && strchr(" \t\r", b->buf[s]))
-                s++;
-            if (e > s)
-                fn(m, b->buf + s, e - s);
-        }
-        start = end + 1;
-    }
-    memmove(b->buf, b->buf + start, b->len - start);
-    b->len -= start;
-    if (b->skipping) {
-        tail_add(b, b->buf, b->len);
-        b->len = 0;
-    } else if (b->len > b->max) {
-        b->head_len = b->len < SNIFF ? b->len : SNIFF;
-        memcpy(b->head, b->buf, b->head_len);
-        b->tail_len = 0;
-        tail_add(b, b->buf, b->len);
-        b->skipping = true;
-        b->len = 0;
-    }
-    /* Give back what a large line took. */
-    if (b->len == 0 && b->cap > (1u << 20)) {
-        free(b->buf);
-        b->buf = NULL;
-        b->cap = 0;
-    }
-}
-
-static const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && strchr(" \t\r\n", *p))
-        p++;
-    return p;
-}
-
-/* Past the JSON string starting at @p ('"'), or NULL when it does not end before @end. */
-static const char *skip_string(const char *p, const char *end)
-{
-    for (p++; p < end; p++) {
-        if (*p == '\\')
-            p++;
-        else if (*p == '"')
-            return p + 1;
-    }
-    return NULL;
-}
-
-/* The id (a JSON integer or string) that starts at @p, or NULL. */
-static json_t *id_at(const char *p, const char *end)
-{
-    const char *q = p;
-    if (q < end && *q == '"') {
-        q = skip_string(q, end);
-    } else {
-        while (q < end && (*q == '-' || (*q >= '0' && *q <= '9')))
-            q++;
-    }
-    if (!q || q == p)
-        return NULL;
-    json_t *id = json_loadb(p, (size_t)(q - p), JSON_DECODE_ANY, NULL);
-    if (id && !json_is_integer(id) && !json_is_string(id)) {
-        json_decref(id);
-        id = NULL;
-    }
-    return id;
-}
-
-/* The top-level "id" of the object that @s (a line's first bytes) starts, when it comes
- * before the cut; NULL otherwise. Skips other members' values, nested ones included. */
-static json_t *sniff_head(const char *s, size_t n)
-{
-    const char *p = s, *end = s + n;
-    p = skip_ws(p, end);
-    if (p >= end || *p++ != '{')
-        return NULL;
-    for (;;) {
-        p = skip_ws(p, end);
-        if (p >= end || *p != '"')
-            return NULL;
-        const char *k = p;
-        p = skip_string(p, end);
-        if (!p)
-            return NULL;
-        bool is_id = p - k == 4 && !memcmp(k, "\"id\"", 4);
-        p = skip_ws(p, end);
-        if (p >= end || *p++ != ':')
-            return NULL;
-        p = skip_ws(p, end);
-        if (is_id)
-            return id_at(p, end);
-        int depth = 0;
-        while (p < end) {
-            if (*p == '"') {
-                p = skip_string(p, end);
-                if (!p)
-                    return NULL;
-                continue;
-            }
-            if (*p == '{' || *p == '[')
-                depth++;
-            else if (*p == '}' || *p == ']')
-                depth--;
-            else if (*p == ',' && depth == 0)
-                break;
-            if (depth < 0)
-                return NULL;
-            p++;
-        }
-        if (p >= end)
-            return NULL;
-        p++; /* the ',' */
-    }
-}
-
-/* The "id" that ends the object in @s (a line's last bytes): `..., "id": 7}`. */
-static json_t *sniff_tail(const char *s, size_t n)
-{
-    const char *end = s + n;
-    while (end > s && strchr(" \t\r", end[-1]))
-        end--;
-    if (end == s || *--end != '}')
-        return NULL;
-    while (end > s && strchr(" \t\r", end[-1]))
-        end--;
-    const char *v = end;
-    if (v > s && v[-1] == '"') {
-        v--;
-        while (v > s && v[-1] != '"')
-            v--;
-        if (v == s)
-            return NULL;
-        v--;
-    } else {
-        while (v > s && (v[-1] == '-' || (v[-1] >= '0' && v[-1] <= '9')))
-            v--;
-    }
-    if (v == end)
-        return NULL;
-    const char *p = v;
-    while (p > s && strchr(" \t\r", p[-1]))
-        p--;
-    if (p == s || *--p != ':')
-        return NULL;
-    while (p > s && strchr(" \t\r", p[-1]))
-        p--;
-    if (p - s < 5 || memcmp(p - 4, "\"id\"", 4) || !strchr(",{ \t", p[-5]))
-        return NULL;
-    return id_at(v, end);
-}
-
-static void client_too_large(struct mcp *m, struct linebuf *b)
-{
-    json_t *id = sniff_head(b->head, b->head_len);
-    if (!id)
-        id = sniff_tail(b->tail, b->tail_len);
+    struct mcp *m = ctx;
+    json_t *id = mcp_sniff_id(b);
     send_error(m, id, -32600, "message too large: more than %zu bytes in one line", b->max);
     json_decref(id);
 }
 
-static void daemon_too_large(struct mcp *m, struct linebuf *b)
+static void daemon_too_large(void *ctx, struct mcp_linebuf *b)
 {
+    (void)ctx;
     fprintf(stderr, "conch mcp: dropped an answer of the daemon longer than %zu bytes\n", b->max);
 }
 
@@ -891,7 +639,7 @@ static json_t *call_sync(struct mcp *m, const char *method, json_t *params, stru
             continue;
         }
         if (r > 0) {
-            r = linebuf_fill(&m->from_child, m->child_out);
+            r = mcp_linebuf_fill(&m->from_child, m->child_out);
             if (r <= 0) {
                 m->child_gone = true;
                 conch_err_set(err, EPIPE, "%s: conch's daemon exited", method);
@@ -1075,9 +823,9 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
             quit = true;
         }
         if (p[1].revents) {
-            int got = linebuf_fill(&m.from_child, m.child_out);
+            int got = mcp_linebuf_fill(&m.from_child, m.child_out);
             if (got > 0) {
-                linebuf_lines(&m, &m.from_child, on_daemon_message, daemon_too_large);
+                mcp_linebuf_lines(&m.from_child, &m, on_daemon_message, daemon_too_large);
             } else if (got <= 0) {
                 m.child_gone = true;
                 fprintf(stderr, "conch mcp: conch's daemon exited; tools now fail\n");
@@ -1096,9 +844,9 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
             }
         }
         if (p[0].revents && !quit) {
-            int got = linebuf_fill(&m.from_client, in_fd);
+            int got = mcp_linebuf_fill(&m.from_client, in_fd);
             if (got > 0) {
-                linebuf_lines(&m, &m.from_client, on_client_message, client_too_large);
+                mcp_linebuf_lines(&m.from_client, &m, on_client_message, client_too_large);
             } else {
                 in_eof = true;
                 quit = true;
