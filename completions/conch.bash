@@ -66,11 +66,21 @@ _conch()
         ps)
             opts="--socket" ;;
         exec|rm)
+            local sock="" ids=0
+            for ((i = 2; i < cword; i++)); do
+                if [[ ${words[i]} == --socket ]]; then
+                    sock=${words[i+1]}
+                    ((i++))
+                else
+                    ((ids++))
+                fi
+            done
+            # exec takes one id, then "--" and the command.
+            if [[ $cmd == exec && $ids -ge 1 ]]; then
+                COMPREPLY=($(compgen -W "--" -- "$cur"))
+                return
+            fi
             if [[ $cur != -* ]]; then
-                local sock=""
-                for ((i = 2; i < cword; i++)); do
-                    [[ ${words[i]} == --socket ]] && sock=${words[i+1]}
-                done
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock")" -- "$cur"))
                 return
             fi

@@ -261,19 +261,37 @@ def test_man_page_renders_without_warnings_and_covers_every_option(installed):
     assert "LISTEN_FDS" in page and "conch.socket" in page
 
 
-@needs_build_dir
-def test_bash_completion_offers_commands_and_options(installed):
-    dest, paths = installed
-    comp = under(dest, paths["completion"])
+def completer(comp):
+    """complete(*words) -> what the installed completion offers for the last word."""
 
     def complete(*words):
         script = (
-            f"source {comp}; COMP_WORDS=({' '.join(repr(w) for w in ('conch',) + words)}); "
+            f"source {comp}; COMP_WORDS=({' '.join(repr(str(w)) for w in ('conch',) + words)}); "
             f"COMP_CWORD={len(words)}; _conch; printf '%s\\n' \"${{COMPREPLY[@]}}\""
         )
-        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        env = dict(os.environ, PATH=f"{Path(CONCH_BIN).parent}:{os.environ['PATH']}")
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, env=env)
         assert r.returncode == 0, r.stderr
         return set(r.stdout.split())
+
+    return complete
+
+
+@needs_build_dir
+def test_bash_completion_offers_sandbox_ids(installed, activated):
+    dest, paths = installed
+    sock, p = activated
+    complete = completer(under(dest, paths["completion"]))
+    ids = {rpc(sock, "sandbox.create", {}, rid=i)["result"]["id"] for i in (1, 2)}
+    assert complete("exec", "--socket", sock, "") == ids
+    assert complete("rm", "--socket", sock, sorted(ids)[0], "") == ids
+    assert complete("exec", "--socket", sock, sorted(ids)[0], "") == {"--"}
+
+
+@needs_build_dir
+def test_bash_completion_offers_commands_and_options(installed):
+    dest, paths = installed
+    complete = completer(under(dest, paths["completion"]))
 
     opts = all_options()
     assert set(opts) <= complete("")
