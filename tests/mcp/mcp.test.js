@@ -155,9 +155,12 @@ test('errors: tool errors with clear text, protocol errors as JSON-RPC errors', 
     r = await call(client, 'edit_file', { path: 'twice.txt', old_string: 'x', new_string: 'y' });
     assert.equal(r.isError, true);
     assert.match(text(r), /ambiguous_match.*2 times/);
-    r = await call(client, 'read_file', { path: '/etc/passwd' });
+    r = await call(client, 'read_file', { path: 'src' });
     assert.equal(r.isError, true);
-    assert.match(text(r), /invalid_path/);
+    assert.match(text(r), /^Error \(is_directory\): /);
+    r = await call(client, 'ls', { path: 'hello.txt' });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /^Error \(not_a_directory\): /);
     r = await call(client, 'read_file', {});
     assert.equal(r.isError, true);
     assert.equal(text(r), "Error: argument 'path' is required (a string)");
