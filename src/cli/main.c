@@ -17,6 +17,7 @@ static void usage(FILE *f)
           "  exec ID -- CMD [ARGS...]         run a command in a daemon sandbox\n"
           "  rm ID...                         destroy daemon sandboxes\n"
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
+          "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
           "\n"
           "'conch run --help' lists the options of run.\n",
           f);
@@ -44,6 +45,8 @@ int main(int argc, char **argv)
         return conch_cli_rm(argc - 1, argv + 1);
     if (!strcmp(verb, "gc"))
         return conch_cli_gc(argc - 1, argv + 1);
+    if (!strcmp(verb, "mcp"))
+        return conch_cli_mcp(argc - 1, argv + 1);
     if (!strcmp(verb, "-h") || !strcmp(verb, "--help") || !strcmp(verb, "help")) {
         usage(stdout);
         return 0;

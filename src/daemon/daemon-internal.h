@@ -198,6 +198,7 @@ struct daemon {
     struct conch_state *state;
     uv_pipe_t listener;
     bool listening;
+    bool activated; /* the listener came from systemd (LISTEN_FDS): not ours to unlink */
     uv_signal_t sigchld, sigterm, sigint;
     uv_timer_t pool_timer;
     struct dlist clients;

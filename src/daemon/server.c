@@ -677,8 +677,56 @@ static void on_pool_timer(uv_timer_t *t)
     pool_fill(t->data);
 }
 
+/* Socket activation (sd_listen_fds(3)): when LISTEN_PID is this process and LISTEN_FDS is at
+ * least 1, fd 3 is a listening socket the service manager bound (conch.socket). Returns 1 when
+ * it was taken, 0 when there is none, or -errno. */
+static int listen_activated(struct daemon *d, struct conch_err *err)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid())
+        return 0;
+    long n = strtol(fds, NULL, 10);
+    /* Not for the processes we start. */
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_FDNAMES");
+    if (n < 1)
+        return 0;
+    int fd = 3, type = 0, listening = 0;
+    struct sockaddr_un sa = {0};
+    socklen_t tl = sizeof(type), ll = sizeof(listening), sl = sizeof(sa);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) < 0 || sa.sun_family != AF_UNIX ||
+        type != SOCK_STREAM || !listening)
+        return conch_err_set(err, EINVAL,
+                             "LISTEN_FDS: fd 3 is not a listening unix stream socket (conch.socket "
+                             "must have ListenStream=PATH)");
+    for (long i = 0; i < n; i++)
+        fcntl(fd + (int)i, F_SETFD, FD_CLOEXEC);
+    if (n > 1)
+        log_warn("socket activation: %ld sockets passed; serving the first only", n);
+    uv_pipe_init(&d->loop, &d->listener, 0);
+    d->listener.data = d;
+    int r = uv_pipe_open(&d->listener, fd);
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+    if (r < 0) {
+        uv_close((uv_handle_t *)&d->listener, NULL);
+        return conch_err_set(err, -r, "listen on the socket from LISTEN_FDS: %s", uv_strerror(r));
+    }
+    if (sl > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0])
+        snprintf(d->socket_path, sizeof(d->socket_path), "%.*s",
+                 (int)(sl - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
+    d->listening = d->activated = true;
+    return 1;
+}
+
 static int listen_socket(struct daemon *d, struct conch_err *err)
 {
+    int ar = listen_activated(d, err);
+    if (ar != 0)
+        return ar < 0 ? ar : 0;
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", d->socket_path);
     char *slash = strrchr(dir, '/');
@@ -859,7 +907,7 @@ out_loop:
             sandbox_destroy_keep_record(sb);
         }
     }
-    if (d->listening)
+    if (d->listening && !d->activated)
         unlink(d->socket_path);
     /* Let the workers finish what holds a sandbox (a scan, a teardown): their completions
      * free it, which needs its handles still open. */

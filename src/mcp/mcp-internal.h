@@ -1,0 +1,99 @@
+/* mcp-internal.h - what the MCP session loop (server.c) and the tool table (tools.c) share:
+ * a tool call in flight and the calls a tool makes to the daemon child. */
+#ifndef CONCH_MCP_INTERNAL_H
+#define CONCH_MCP_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct mcp;
+struct mcp_call;
+
+struct mcp_tool {
+    const char *name;
+    const char *title;
+    const char *description;
+    const char *schema; /* the input schema, JSON text */
+    bool read_only;     /* annotations.readOnlyHint */
+    bool destructive;   /* annotations.destructiveHint */
+    /* Check the arguments and call the daemon (mcp_daemon_call) or finish (mcp_call_done). */
+    void (*start)(struct mcp *m, struct mcp_call *c);
+    /* The daemon answered the call's request: @res, or @error (its error object). Both
+     * borrowed. Calls the daemon again or finishes. */
+    void (*reply)(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error);
+};
+
+/* One tools/call (or the session's sandbox.create) in flight. */
+struct mcp_call {
+    struct mcp_call *next; /* in the session's list of calls awaiting the daemon */
+    const struct mcp_tool *tool;
+    json_t *id;         /* the MCP request's id; owned */
+    json_t *args;       /* the tool's arguments (an object); owned */
+    uint64_t daemon_id; /* the daemon request it awaits; 0 = none */
+    int stage;          /* for tools that make more than one request */
+};
+
+extern const struct mcp_tool mcp_tools[]; /* ends with a NULL name */
+
+/* mcp_daemon_call - send @method with @params (stolen; "sandbox" is added when @c's tool
+ * works on the session's sandbox) and have @c's tool's reply() called with the answer. */
+void mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params);
+
+/* mcp_call_done - answer @c with one text item of @len bytes of @text (borrowed), as a tool
+ * error when @is_error; the text is capped at the session's output size. Frees @c. */
+void mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text, size_t len);
+
+/* mcp_call_donef - mcp_call_done with a printf-formatted text. */
+void mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* mcp_call_fail_daemon - answer @c with the daemon's error object @error as a tool error. */
+void mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);
+
+const char *mcp_sandbox_id(const struct mcp *m);
+size_t mcp_max_output(const struct mcp *m);
+/* The child daemon's state dir: host paths under it mean nothing inside the sandbox. */
+const char *mcp_state_dir(const struct mcp *m);
+uint64_t mcp_default_timeout_ms(const struct mcp *m);
+/* The read offsets of each background job the model has read (job id -> [stdout, stderr]). */
+json_t *mcp_job_offsets(struct mcp *m);
+
+/* A buffer of newline-delimited input with a cap on the line length. */
+#define MCP_SNIFF 4096 /* bytes kept of each end of an oversize line */
+struct mcp_linebuf {
+    char *buf; /* owned; free it when done */
+    size_t len, cap;
+    size_t max;                            /* longest line kept; set before use */
+    bool skipping;                         /* dropping the rest of an oversize line */
+    char head[MCP_SNIFF], tail[MCP_SNIFF]; /* the first and last bytes of an oversize line */
+    size_t head_len, tail_len;
+};
+
+/* mcp_linebuf_fill - one read(2) of @fd into @b. Returns 1 (read or retry), 0 at EOF, -errno. */
+int mcp_linebuf_fill(struct mcp_linebuf *b, int fd);
+
+/*
+ * mcp_linebuf_lines - hand every complete line in @b to @fn (leading blanks and a trailing \r
+ * stripped, empty lines skipped). A line longer than b->max is not kept: @too_large is called
+ * once its end arrives, with its first and last MCP_SNIFF bytes in b->head and b->tail.
+ */
+void mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
+                       void (*fn)(void *ctx, const char *line, size_t len),
+                       void (*too_large)(void *ctx, struct mcp_linebuf *b));
+
+/*
+ * mcp_sniff_id - the JSON-RPC id of the oversize line that @b just dropped: the top-level
+ * "id" member when it comes in the line's first bytes, or when it ends the object (as the
+ * MCP SDK serialises requests). Returns a new integer or string, or NULL.
+ */
+json_t *mcp_sniff_id(const struct mcp_linebuf *b);
+
+/*
+ * mcp_cap_text - @len bytes of @s, or when longer than @max its head and tail around a note
+ * saying how much was left out. Cuts only between UTF-8 sequences. Returns a new string
+ * (caller frees) and its length in *@ret_len, or NULL when out of memory.
+ */
+char *mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len);
+
+#endif

@@ -1,0 +1,769 @@
+/* tools.c - the MCP tools of `conch mcp`: for each, its input schema and description, how its
+ * arguments become a daemon request (docs/PROTOCOL.md), and how the answer becomes text a
+ * model can read. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mcp/mcp-internal.h"
+
+/* ---- arguments ---- */
+
+/* Each getter answers @c with a tool error and returns false when the argument is wrong. */
+static bool arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool required,
+                    const char **ret)
+{
+    json_t *v = json_object_get(c->args, key);
+    *ret = NULL;
+    if (!v || json_is_null(v)) {
+        if (!required)
+            return true;
+        mcp_call_donef(m, c, true, "Error: argument '%s' is required (a string)", key);
+        return false;
+    }
+    if (!json_is_string(v)) {
+        mcp_call_donef(m, c, true, "Error: argument '%s' must be a string", key);
+        return false;
+    }
+    *ret = json_string_value(v);
+    return true;
+}
+
+static bool arg_bool(struct mcp *m, struct mcp_call *c, const char *key, bool *ret)
+{
+    json_t *v = json_object_get(c->args, key);
+    *ret = false;
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_boolean(v)) {
+        mcp_call_donef(m, c, true, "Error: argument '%s' must be true or false", key);
+        return false;
+    }
+    *ret = json_is_true(v);
+    return true;
+}
+
+/* A number >= 0; @ret untouched when absent. */
+static bool arg_num(struct mcp *m, struct mcp_call *c, const char *key, double *ret)
+{
+    json_t *v = json_object_get(c->args, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_number(v) || json_number_value(v) < 0) {
+        mcp_call_donef(m, c, true, "Error: argument '%s' must be a number >= 0", key);
+        return false;
+    }
+    *ret = json_number_value(v);
+    return true;
+}
+
+/* A list of strings; NULL when absent. */
+static bool arg_paths(struct mcp *m, struct mcp_call *c, const char *key, json_t **ret)
+{
+    json_t *v = json_object_get(c->args, key);
+    *ret = NULL;
+    if (!v || json_is_null(v))
+        return true;
+    size_t i;
+    json_t *e;
+    bool ok = json_is_array(v);
+    json_array_foreach(v, i, e) ok = ok && json_is_string(e);
+    if (!ok) {
+        mcp_call_donef(m, c, true, "Error: argument '%s' must be a list of paths (strings)", key);
+        return false;
+    }
+    *ret = v;
+    return true;
+}
+
+/* ---- a growing text ---- */
+
+struct text {
+    char *s;
+    size_t len, cap;
+    bool oom;
+};
+
+static void text_add(struct text *t, const char *s, size_t n)
+{
+    if (t->oom)
+        return;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (cap < t->len + n + 1)
+            cap *= 2;
+        char *ns = realloc(t->s, cap);
+        if (!ns) {
+            t->oom = true;
+            return;
+        }
+        t->s = ns;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->len, s, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
+
+static void text_addf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_addf(struct text *t, const char *fmt, ...)
+{
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        t->oom = true;
+        return;
+    }
+    text_add(t, s, (size_t)n);
+    free(s);
+}
+
+static void text_done(struct mcp *m, struct mcp_call *c, struct text *t, bool is_error)
+{
+    if (t->oom)
+        mcp_call_done(m, c, true, "out of memory", 13);
+    else
+        mcp_call_done(m, c, is_error, t->s ? t->s : "", t->len);
+    free(t->s);
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+#define REPLY_ERRORS(m, c, error)                                                                  \
+    do {                                                                                           \
+        if (error) {                                                                               \
+            mcp_call_fail_daemon(m, c, error);                                                     \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* ---- bash ---- */
+
+static void bash_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *cmd, *cwd;
+    bool background;
+    double timeout = (double)mcp_default_timeout_ms(m) / 1000.0;
+    if (!arg_str(m, c, "command", true, &cmd) || !arg_str(m, c, "cwd", false, &cwd) ||
+        !arg_bool(m, c, "background", &background) || !arg_num(m, c, "timeout", &timeout))
+        return;
+    json_t *p = json_pack("{s:s}", "command", cmd);
+    if (cwd)
+        json_object_set_new(p, "cwd", json_string(cwd));
+    /* Both streams of the result fit in one tool result. */
+    size_t per_stream = mcp_max_output(m) / 2 > 1024 ? mcp_max_output(m) / 2 - 512 : 512;
+    json_object_set_new(p, "max_output", json_integer((json_int_t)per_stream));
+    if (background) {
+        c->stage = 1;
+        mcp_daemon_call(m, c, "job.start", p);
+        return;
+    }
+    json_object_set_new(p, "timeout", json_real(timeout));
+    mcp_daemon_call(m, c, "exec.run", p);
+}
+
+static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    if (c->stage == 1) {
+        const char *job = jstr(res, "job_id");
+        mcp_call_donef(m, c, false,
+                       "Started background job %s. Read its output with job_output "
+                       "{\"job_id\": \"%s\"} (each call returns what is new; \"wait\": S waits "
+                       "up to S seconds for it to end first); stop it with job_kill.",
+                       job, job);
+        return;
+    }
+    json_t *t = json_object_get(res, "text");
+    const char *kind = json_string_value(json_object_get(json_object_get(res, "error"), "kind"));
+    /* A command's own failure is a result (its exit code ends the text); a command that
+     * was stopped is an error. */
+    bool stopped = kind && strcmp(kind, "command");
+    const char *s = json_string_value(t) ? json_string_value(t) : "";
+    size_t len = json_string_length(t);
+    /* The notice of cut output names the spill file; one in the daemon's state dir is a host
+     * path that no tool can read: say what to do instead. */
+    struct text out = {0};
+    char needle[4200];
+    snprintf(needle, sizeof(needle), "; full output in %s/", mcp_state_dir(m));
+    for (const char *p = s; p < s + len;) {
+        const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
+        const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
+        if (!close) {
+            text_add(&out, p, (size_t)(s + len - p));
+            break;
+        }
+        text_add(&out, p, (size_t)(hit - p));
+        text_addf(&out, "; to see all of it, redirect it to a file and read parts of it");
+        p = close;
+    }
+    text_done(m, c, &out, stopped);
+}
+
+/* ---- job_output, job_kill ---- */
+
+static void job_output_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *job;
+    double wait = 0;
+    if (!arg_str(m, c, "job_id", true, &job) || !arg_num(m, c, "wait", &wait))
+        return;
+    if (wait > 0) {
+        c->stage = 1;
+        mcp_daemon_call(m, c, "job.wait",
+                        json_pack("{s:s,s:f}", "job_id", job, "timeout", wait > 600 ? 600 : wait));
+        return;
+    }
+    c->stage = 2;
+    json_t *off = json_object_get(mcp_job_offsets(m), job);
+    mcp_daemon_call(m, c, "job.output",
+                    json_pack("{s:s,s:I,s:I,s:I}", "job_id", job, "stdout_offset",
+                              json_integer_value(json_array_get(off, 0)), "stderr_offset",
+                              json_integer_value(json_array_get(off, 1)), "max_bytes",
+                              (json_int_t)(mcp_max_output(m) / 2)));
+}
+
+static void job_output_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    const char *job = json_string_value(json_object_get(c->args, "job_id"));
+    if (c->stage == 1) {
+        json_object_set_new(c->args, "wait", json_integer(0));
+        job_output_start(m, c);
+        return;
+    }
+    json_t *so = json_object_get(res, "stdout_offset"), *eo = json_object_get(res, "stderr_offset");
+    json_t *off = json_object_get(mcp_job_offsets(m), job);
+    json_int_t old_so = json_integer_value(json_array_get(off, 0));
+    json_int_t old_eo = json_integer_value(json_array_get(off, 1));
+    json_object_set_new(mcp_job_offsets(m), job, json_pack("[O,O]", so, eo));
+    json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
+    struct text t = {0};
+    if (json_string_length(out))
+        text_add(&t, json_string_value(out), json_string_length(out));
+    if (json_string_length(err)) {
+        if (t.len && t.s[t.len - 1] != '\n')
+            text_add(&t, "\n", 1);
+        text_add(&t, json_string_value(err), json_string_length(err));
+    }
+    if (t.len && t.s[t.len - 1] != '\n')
+        text_add(&t, "\n", 1);
+    bool more =
+        (size_t)(json_integer_value(so) - old_so) + (size_t)(json_integer_value(eo) - old_eo) >=
+        mcp_max_output(m) / 2;
+    if (!t.len)
+        text_addf(&t, "(no new output)\n");
+    if (json_is_true(json_object_get(res, "running")))
+        text_addf(&t, "[job %s is still running%s]", job,
+                  more ? "; more output is waiting: call job_output again" : "");
+    else
+        text_addf(&t, "[job %s exited; exit code: %lld%s]", job,
+                  (long long)json_integer_value(json_object_get(res, "exit_code")),
+                  more ? "; more output is waiting: call job_output again" : "");
+    text_done(m, c, &t, false);
+}
+
+static void job_kill_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *job, *sig;
+    if (!arg_str(m, c, "job_id", true, &job) || !arg_str(m, c, "signal", false, &sig))
+        return;
+    mcp_daemon_call(m, c, "job.kill",
+                    json_pack("{s:s,s:s}", "job_id", job, "signal", sig ? sig : "TERM"));
+}
+
+static void job_kill_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    mcp_call_donef(m, c, false, "Sent %s to every process of job %s.",
+                   json_string_value(json_object_get(c->args, "signal"))
+                       ? json_string_value(json_object_get(c->args, "signal"))
+                       : "TERM",
+                   json_string_value(json_object_get(c->args, "job_id")));
+}
+
+/* ---- files ---- */
+
+static void read_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *path;
+    double offset = 0, limit = 2000;
+    if (!arg_str(m, c, "path", true, &path) || !arg_num(m, c, "offset", &offset) ||
+        !arg_num(m, c, "limit", &limit))
+        return;
+    if (limit < 1)
+        limit = 1;
+    mcp_daemon_call(m, c, "fs.read",
+                    json_pack("{s:s,s:I,s:I}", "path", path, "offset", (json_int_t)offset, "limit",
+                              (json_int_t)limit));
+}
+
+static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    json_t *content = json_object_get(res, "content");
+    const char *s = json_string_value(content);
+    size_t len = json_string_length(content);
+    json_int_t first = json_integer_value(json_object_get(res, "offset"));
+    json_int_t lines = json_integer_value(json_object_get(res, "lines"));
+    json_int_t total = json_integer_value(json_object_get(res, "total_lines"));
+    struct text t = {0};
+    /* Whole lines only, as many as fit: a cut in the middle would hide which lines came. */
+    size_t budget = mcp_max_output(m) > 512 ? mcp_max_output(m) - 256 : mcp_max_output(m);
+    json_int_t shown = 0;
+    bool cut = false;
+    for (size_t i = 0; s && i < len;) {
+        const char *nl = memchr(s + i, '\n', len - i);
+        size_t end = nl ? (size_t)(nl - s) : len;
+        if (t.len + (end - i) + 8 > budget && shown > 0) {
+            cut = true;
+            break;
+        }
+        text_addf(&t, "%6lld\t", (long long)(first + shown + 1));
+        text_add(&t, s + i, end - i);
+        text_add(&t, "\n", 1);
+        shown++;
+        i = end + 1;
+    }
+    if (!len)
+        text_addf(&t,
+                  total ? "(no lines from line %lld on: the file has %lld)\n"
+                        : "(the file is empty)\n",
+                  (long long)first + 1, (long long)total);
+    else if (cut || json_is_true(json_object_get(res, "truncated")))
+        text_addf(&t, "[lines %lld-%lld of %lld%s; pass offset=%lld to read on]\n",
+                  (long long)first + 1, (long long)(first + shown), (long long)total,
+                  cut ? " (the rest did not fit in one result)" : "", (long long)(first + shown));
+    (void)lines;
+    text_done(m, c, &t, false);
+}
+
+static void write_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *path, *content;
+    if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "content", true, &content))
+        return;
+    mcp_daemon_call(
+        m, c, "fs.write",
+        json_pack("{s:s,s:O}", "path", path, "content", json_object_get(c->args, "content")));
+}
+
+static void write_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    mcp_call_donef(m, c, false, "%s %s (%lld bytes).",
+                   json_is_true(json_object_get(res, "created")) ? "Created" : "Overwrote",
+                   json_string_value(json_object_get(c->args, "path")),
+                   (long long)json_integer_value(json_object_get(res, "bytes_written")));
+}
+
+static void edit_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *path, *o, *n;
+    bool all;
+    if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "old_string", true, &o) ||
+        !arg_str(m, c, "new_string", true, &n) || !arg_bool(m, c, "replace_all", &all))
+        return;
+    mcp_daemon_call(m, c, "fs.edit",
+                    json_pack("{s:s,s:O,s:O,s:b}", "path", path, "old_string",
+                              json_object_get(c->args, "old_string"), "new_string",
+                              json_object_get(c->args, "new_string"), "replace_all", all));
+}
+
+static void edit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    json_int_t n = json_integer_value(json_object_get(res, "occurrences"));
+    mcp_call_donef(m, c, false, "Replaced %lld occurrence%s in %s.", (long long)n,
+                   n == 1 ? "" : "s", json_string_value(json_object_get(c->args, "path")));
+}
+
+static void ls_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *path;
+    if (!arg_str(m, c, "path", false, &path))
+        return;
+    mcp_daemon_call(m, c, "fs.ls", path ? json_pack("{s:s}", "path", path) : json_object());
+}
+
+static void ls_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct text t = {0};
+    size_t i;
+    json_t *e;
+    json_t *entries = json_object_get(res, "entries");
+    json_array_foreach(entries, i, e)
+    {
+        const char *type = jstr(e, "type");
+        const char *suffix = !strcmp(type, "d") ? "/" : !strcmp(type, "l") ? "@" : "";
+        if (!strcmp(type, "d"))
+            text_addf(&t, "%s %10s  %s%s\n", jstr(e, "mode"), "-", jstr(e, "name"), suffix);
+        else
+            text_addf(&t, "%s %10lld  %s%s\n", jstr(e, "mode"),
+                      (long long)json_integer_value(json_object_get(e, "size")), jstr(e, "name"),
+                      suffix);
+    }
+    if (!json_array_size(entries))
+        text_addf(&t, "(empty directory)\n");
+    text_done(m, c, &t, false);
+}
+
+static void glob_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *pattern, *path;
+    if (!arg_str(m, c, "pattern", true, &pattern) || !arg_str(m, c, "path", false, &path))
+        return;
+    json_t *p = json_pack("{s:s}", "pattern", pattern);
+    if (path)
+        json_object_set_new(p, "path", json_string(path));
+    mcp_daemon_call(m, c, "fs.glob", p);
+}
+
+static void glob_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct text t = {0};
+    size_t i;
+    json_t *e;
+    json_t *paths = json_object_get(res, "paths");
+    json_array_foreach(paths, i, e) text_addf(&t, "%s\n", json_string_value(e));
+    if (!json_array_size(paths))
+        text_addf(&t, "(no matches)\n");
+    if (json_is_true(json_object_get(res, "truncated")))
+        text_addf(&t, "[more matches left out: narrow the pattern]\n");
+    text_done(m, c, &t, false);
+}
+
+static void grep_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *pattern, *path, *glob;
+    bool icase, fixed;
+    if (!arg_str(m, c, "pattern", true, &pattern) || !arg_str(m, c, "path", false, &path) ||
+        !arg_str(m, c, "glob", false, &glob) || !arg_bool(m, c, "ignore_case", &icase) ||
+        !arg_bool(m, c, "fixed_string", &fixed))
+        return;
+    json_t *p =
+        json_pack("{s:s,s:b,s:b}", "pattern", pattern, "ignore_case", icase, "fixed_string", fixed);
+    if (path)
+        json_object_set_new(p, "path", json_string(path));
+    if (glob)
+        json_object_set_new(p, "glob", json_string(glob));
+    mcp_daemon_call(m, c, "fs.grep", p);
+}
+
+static void grep_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct text t = {0};
+    size_t i;
+    json_t *e;
+    json_t *matches = json_object_get(res, "matches");
+    json_array_foreach(matches, i, e)
+        text_addf(&t, "%s:%lld:%s\n", jstr(e, "path"),
+                  (long long)json_integer_value(json_object_get(e, "line")), jstr(e, "text"));
+    if (!json_array_size(matches))
+        text_addf(&t, "(no matches)\n");
+    if (json_is_true(json_object_get(res, "truncated")))
+        text_addf(&t, "[more matches left out: narrow the pattern, path or glob]\n");
+    text_done(m, c, &t, false);
+}
+
+/* ---- workspace ---- */
+
+static void changes_start(struct mcp *m, struct mcp_call *c)
+{
+    mcp_daemon_call(m, c, "workspace.changes", json_object());
+}
+
+static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct text t = {0};
+    size_t i;
+    json_t *e;
+    json_t *list = json_object_get(res, "changes");
+    json_array_foreach(list, i, e)
+    {
+        const char *kind = jstr(e, "kind");
+        char k = !strcmp(kind, "added")      ? 'A'
+                 : !strcmp(kind, "deleted")  ? 'D'
+                 : !strcmp(kind, "modified") ? 'M'
+                                             : 'T';
+        const char *skip = json_string_value(json_object_get(e, "skip"));
+        text_addf(&t, "%c %s%s%s%s%s\n", k, jstr(e, "path"),
+                  !strcmp(jstr(e, "type"), "d") ? "/" : "", skip ? "  [not committable: " : "",
+                  skip ? skip : "", skip ? "]" : "");
+    }
+    if (!json_array_size(list))
+        text_addf(&t, "No changes.\n");
+    else
+        text_addf(&t, "[%lld change%s (A added, M modified, D deleted, T type changed)%s]\n",
+                  (long long)json_integer_value(json_object_get(res, "changes_total")),
+                  json_integer_value(json_object_get(res, "changes_total")) == 1 ? "" : "s",
+                  json_is_true(json_object_get(res, "changes_truncated"))
+                      ? "; only the first ones are listed"
+                      : "");
+    text_done(m, c, &t, false);
+}
+
+static void diff_start(struct mcp *m, struct mcp_call *c)
+{
+    json_t *paths;
+    if (!arg_paths(m, c, "paths", &paths))
+        return;
+    mcp_daemon_call(m, c, "workspace.diff",
+                    paths ? json_pack("{s:O}", "paths", paths) : json_object());
+}
+
+static void diff_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    json_t *d = json_object_get(res, "diff");
+    if (!json_string_length(d)) {
+        mcp_call_donef(m, c, false, "No changes.");
+        return;
+    }
+    struct text t = {0};
+    text_add(&t, json_string_value(d), json_string_length(d));
+    json_int_t omitted = json_integer_value(json_object_get(res, "omitted"));
+    if (omitted)
+        text_addf(&t, "\n[%lld file%s left out of this diff: ask for them with paths]\n",
+                  (long long)omitted, omitted == 1 ? "" : "s");
+    text_done(m, c, &t, false);
+}
+
+static void commit_start(struct mcp *m, struct mcp_call *c)
+{
+    json_t *paths;
+    if (!arg_paths(m, c, "paths", &paths))
+        return;
+    mcp_daemon_call(m, c, "workspace.commit",
+                    paths ? json_pack("{s:O}", "paths", paths) : json_object());
+}
+
+static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct text t = {0};
+    size_t i;
+    json_t *e;
+    json_t *done = json_object_get(res, "committed"), *skipped = json_object_get(res, "skipped");
+    if (!json_array_size(done) && !json_array_size(skipped)) {
+        mcp_call_donef(m, c, false, "Nothing to commit: no changes.");
+        return;
+    }
+    text_addf(&t, "Committed %zu path%s to the host directory:\n", json_array_size(done),
+              json_array_size(done) == 1 ? "" : "s");
+    json_array_foreach(done, i, e) text_addf(&t, "  %s\n", json_string_value(e));
+    json_array_foreach(skipped, i, e)
+        text_addf(&t, "  skipped %s: %s\n", jstr(e, "path"), jstr(e, "reason"));
+    text_done(m, c, &t, false);
+}
+
+/* ---- the table ---- */
+
+#define PATH_DESC "\"description\": \"A path in the sandbox: relative to /workspace, or absolute\""
+
+const struct mcp_tool mcp_tools[] = {
+    {
+        .name = "bash",
+        .title = "Run a shell command",
+        .description =
+            "Run a command with bash (`bash -c COMMAND`) inside the sandbox, in /workspace unless "
+            "cwd says otherwise, and return its stdout, then its stderr, and a last line with the "
+            "exit code ([exit code: N], or [timed out; ...]). A command that is still running at "
+            "its timeout is killed with everything it started; so is anything left running when "
+            "it exits (use background for servers and long jobs). No network. Very long output "
+            "is cut in the middle with a note: redirect it to a file and read parts of it.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"command\": {\"type\": \"string\", \"description\": \"The command line, run "
+                  "by bash\"},"
+                  "\"timeout\": {\"type\": \"number\", \"minimum\": 0, \"description\": "
+                  "\"Seconds before the command is stopped (default: the server's, 120 unless "
+                  "configured; 0 = none)\"},"
+                  "\"background\": {\"type\": \"boolean\", \"description\": \"Start it as a "
+                  "background job and return its job id at once; read its output with "
+                  "job_output, stop it with job_kill\"},"
+                  "\"cwd\": {\"type\": \"string\", \"description\": \"Working directory (default "
+                  "/workspace)\"}},"
+                  "\"required\": [\"command\"]}",
+        .start = bash_start,
+        .reply = bash_reply,
+    },
+    {
+        .name = "job_output",
+        .title = "Read a background job's output",
+        .description =
+            "Return the output a background job (started by bash with background: true) wrote "
+            "since the last job_output call for it, and whether it is still running or its exit "
+            "code. With wait: S, first wait up to S seconds (at most 600) for the job to end.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"job_id\": {\"type\": \"string\", \"description\": \"The id bash returned\"},"
+                  "\"wait\": {\"type\": \"number\", \"minimum\": 0, \"maximum\": 600, "
+                  "\"description\": \"Seconds to wait for the job to end before reading "
+                  "(default 0)\"}},"
+                  "\"required\": [\"job_id\"]}",
+        .read_only = true,
+        .start = job_output_start,
+        .reply = job_output_reply,
+    },
+    {
+        .name = "job_kill",
+        .title = "Stop a background job",
+        .description = "Send a signal (default TERM) to every process of a background job.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"job_id\": {\"type\": \"string\", \"description\": \"The id bash returned\"},"
+                  "\"signal\": {\"type\": \"string\", \"description\": \"TERM (default), KILL, "
+                  "INT, HUP, ...\"}},"
+                  "\"required\": [\"job_id\"]}",
+        .destructive = true,
+        .start = job_kill_start,
+        .reply = job_kill_reply,
+    },
+    {
+        .name = "read_file",
+        .title = "Read a text file",
+        .description =
+            "Read a text file in the sandbox. Lines come numbered like `cat -n` (the number, a "
+            "tab, the line); the numbers are not part of the file. At most `limit` lines "
+            "(default 2000) from line `offset` + 1; a note at the end says how to read on.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"path\": {\"type\": \"string\", " PATH_DESC "},"
+                  "\"offset\": {\"type\": \"integer\", \"minimum\": 0, \"description\": \"Lines "
+                  "to skip (default 0)\"},"
+                  "\"limit\": {\"type\": \"integer\", \"minimum\": 1, \"description\": \"Lines "
+                  "to return (default 2000)\"}},"
+                  "\"required\": [\"path\"]}",
+        .read_only = true,
+        .start = read_start,
+        .reply = read_reply,
+    },
+    {
+        .name = "write_file",
+        .title = "Write a file",
+        .description = "Create or overwrite a file in the sandbox with the given text; missing "
+                       "parent directories are created.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"path\": {\"type\": \"string\", " PATH_DESC "},"
+                  "\"content\": {\"type\": \"string\", \"description\": \"The whole new "
+                  "content\"}},"
+                  "\"required\": [\"path\", \"content\"]}",
+        .destructive = true,
+        .start = write_start,
+        .reply = write_reply,
+    },
+    {
+        .name = "edit_file",
+        .title = "Edit a file",
+        .description =
+            "Replace old_string with new_string in a file. old_string must occur exactly once "
+            "(include enough surrounding lines to make it unique) unless replace_all is true. "
+            "Copy it exactly from the file, without read_file's line numbers.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"path\": {\"type\": \"string\", " PATH_DESC "},"
+                  "\"old_string\": {\"type\": \"string\", \"description\": \"The exact text to "
+                  "replace\"},"
+                  "\"new_string\": {\"type\": \"string\", \"description\": \"The text to put "
+                  "instead\"},"
+                  "\"replace_all\": {\"type\": \"boolean\", \"description\": \"Replace every "
+                  "occurrence (default false)\"}},"
+                  "\"required\": [\"path\", \"old_string\", \"new_string\"]}",
+        .destructive = true,
+        .start = edit_start,
+        .reply = edit_reply,
+    },
+    {
+        .name = "ls",
+        .title = "List a directory",
+        .description = "List a directory in the sandbox (default /workspace): mode, size and "
+                       "name of each entry, directories marked with /, symlinks with @.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"path\": {\"type\": \"string\", \"description\": \"The directory: relative "
+                  "to /workspace, or absolute (default /workspace)\"}}}",
+        .read_only = true,
+        .start = ls_start,
+        .reply = ls_reply,
+    },
+    {
+        .name = "glob",
+        .title = "Find files by name",
+        .description = "List the paths that match a glob pattern: * ? [...] within a name, ** "
+                       "across directories, {a,b} alternatives (e.g. **/*.py). Hidden names are "
+                       "skipped unless named.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"pattern\": {\"type\": \"string\", \"description\": \"The glob pattern\"},"
+                  "\"path\": {\"type\": \"string\", \"description\": \"Directory to search "
+                  "(default /workspace)\"}},"
+                  "\"required\": [\"pattern\"]}",
+        .read_only = true,
+        .start = glob_start,
+        .reply = glob_reply,
+    },
+    {
+        .name = "grep",
+        .title = "Search file contents",
+        .description = "Search files for a POSIX extended regular expression (or a fixed "
+                       "string) and list matching lines as path:line:text. Binary files and "
+                       "hidden names are skipped.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"pattern\": {\"type\": \"string\", \"description\": \"The regex (POSIX "
+                  "extended) or, with fixed_string, the text\"},"
+                  "\"path\": {\"type\": \"string\", \"description\": \"File or directory to "
+                  "search (default /workspace)\"},"
+                  "\"glob\": {\"type\": \"string\", \"description\": \"Only files whose name "
+                  "matches this glob, e.g. *.c\"},"
+                  "\"ignore_case\": {\"type\": \"boolean\"},"
+                  "\"fixed_string\": {\"type\": \"boolean\"}},"
+                  "\"required\": [\"pattern\"]}",
+        .read_only = true,
+        .start = grep_start,
+        .reply = grep_reply,
+    },
+    {
+        .name = "changes",
+        .title = "List the workspace's changes",
+        .description = "List what was added, modified or deleted in /workspace compared with "
+                       "the host directory (overlay mode): what commit would apply.",
+        .schema = "{\"type\": \"object\", \"properties\": {}}",
+        .read_only = true,
+        .start = changes_start,
+        .reply = changes_reply,
+    },
+    {
+        .name = "diff",
+        .title = "Show the workspace's changes as a diff",
+        .description = "A unified diff (git style) of the changes in /workspace against the "
+                       "host directory, for every changed file or the given paths.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"paths\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
+                  "\"description\": \"Only these paths (relative to /workspace)\"}}}",
+        .read_only = true,
+        .start = diff_start,
+        .reply = diff_reply,
+    },
+    {
+        .name = "commit",
+        .title = "Apply the changes to the host",
+        .description = "Apply the changes made in /workspace to the host directory (all of "
+                       "them, or the given paths): they leave the sandbox for the real "
+                       "project. Only in overlay mode.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"paths\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
+                  "\"description\": \"Only these paths (relative to /workspace; a directory "
+                  "includes what is beneath it)\"}}}",
+        .destructive = true,
+        .start = commit_start,
+        .reply = commit_reply,
+    },
+    {.name = NULL},
+};
