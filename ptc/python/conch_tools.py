@@ -49,6 +49,9 @@ class ToolError(Exception):
         self.kind = kind
         self.message = message
 
+    def __reduce__(self):  # picklable, e.g. across a multiprocessing pool
+        return (self.__class__, (self.kind, self.message))
+
 
 class UnknownTool(ToolError):
     """No tool of that name is registered."""
@@ -73,7 +76,10 @@ _ids = itertools.count(1)
 
 
 def _encode(req):
-    line = json.dumps(req, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+    try:
+        line = json.dumps(req, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+    except (TypeError, ValueError) as e:  # a set, NaN, a lone surrogate...
+        raise InvalidInput("invalid_input", f"the input cannot be sent as JSON: {e}") from None
     if len(line) > MAX_LINE:
         raise ToolError("too_large", f"the request is {len(line)} bytes, over the bridge's 4 MiB cap")
     return line

@@ -424,8 +424,18 @@ def test_python_call_proxy_errors(bridge):
             except cls as e:
                 assert isinstance(e, ct.ToolError) and e.kind == kind, (name, e.kind)
                 print(name, "->", e.message)
+                import pickle
+                e2 = pickle.loads(pickle.dumps(e))
+                assert type(e2) is type(e) and (e2.kind, e2.message, str(e2)) == (e.kind, e.message, str(e))
             else:
                 raise AssertionError(name + " did not raise")
+        for bad in ({"s": {1, 2}}, {"f": float("nan")}, {"t": "\\udcff"}):
+            try:
+                ct.call("echo", bad)
+            except ct.InvalidInput as e:
+                assert e.message.startswith("the input cannot be sent as JSON"), e.message
+            else:
+                raise AssertionError(f"{bad!r} was sent")
         assert ct.spawn_agent("t", type="analyst") == "agent analyst did: t"
         assert ct.spawn_agent("t", detach=True) == "req-2"
         lt = ct.list_tools()
