@@ -299,6 +299,9 @@ def test_tool_call_list_and_help(bridge):
     assert "Second line" not in out
     assert "  web_search  Search the web.\n" in out
     assert "agent types (spawn_agent TASK TYPE):\n  analyst     Digs into data.\n" in out
+    p = run([TOOL_CALL, "--list", "--json"], bridge)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"tools": TOOLS, "agents": AGENTS}
     p = run([TOOL_CALL, "--help", "web_search"], bridge)
     assert p.returncode == 0, p.stderr
     out = p.stdout.decode()
@@ -310,7 +313,7 @@ def test_tool_call_list_and_help(bridge):
     assert p.returncode == 2 and b'unknown tool "nosuch"' in p.stderr
     p = run([TOOL_CALL, "--help"], bridge)
     assert p.returncode == 0 and p.stdout.startswith(b"usage: tool_call NAME")
-    for bad in ([], ["--bogus"], ["echo", "{}", "extra"]):
+    for bad in ([], ["--bogus"], ["echo", "{}", "extra"], ["--list", "--yaml"]):
         p = run([TOOL_CALL, *bad], bridge)
         assert p.returncode == 2, bad
         assert p.stderr, bad
