@@ -63,6 +63,7 @@ class FakeBridge:
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.spawns = 0
+        self.connections = 0
 
     def start(self):
         self.thread.start()
@@ -95,6 +96,7 @@ class FakeBridge:
             return [r for r in self.requests if op is None or r.get("op") == op]
 
     async def _client(self, reader, writer):
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()
@@ -476,6 +478,7 @@ def test_python_threads_each_get_their_own_answer(bridge):
         """,
     )
     assert out.startswith("ok")
+    assert bridge.connections == 1, "the threads should share one connection"
 
 
 def test_python_asyncio_gather_pairs_out_of_order_answers(bridge):
@@ -615,6 +618,7 @@ def test_node_require_promise_all(bridge, node_dir):
     # Every call went over one connection (ids unique, one process).
     ids = [r["id"] for r in bridge.requests_of("call")]
     assert len(ids) == 100 and len(set(ids)) == 100
+    assert bridge.connections == 1
 
 
 @needs_node
