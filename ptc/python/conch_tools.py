@@ -300,9 +300,11 @@ class _AsyncConn:
                 fut = self.pending.pop(resp.get("id"), None)
                 if fut is not None and not fut.done():
                     fut.set_result(resp)
-        except (OSError, asyncio.CancelledError) as e:
-            if isinstance(e, OSError):
-                err = ToolError("unavailable", f"the tool bridge connection failed: {e}")
+        except OSError as e:
+            err = ToolError("unavailable", f"the tool bridge connection failed: {e}")
+        except asyncio.CancelledError:  # the loop is closing
+            err = ToolError("cancelled", "the event loop closed before the answer came")
+            raise
         finally:
             self.dead = True
             for fut in self.pending.values():

@@ -538,6 +538,24 @@ def test_python_bridge_closing_mid_call(bridge):
     assert "asyncio: the tool bridge closed the connection before answering" in out
 
 
+def test_python_loop_ending_with_a_call_pending(bridge):
+    p = subprocess.run(
+        [PYTHON, "-X", "dev", "-c", textwrap.dedent(
+            """
+            import asyncio, conch_tools as ct
+            async def main():
+                t = asyncio.ensure_future(ct.acall("hang"))
+                assert await ct.acall("echo", {"x": 1}) == {"x": 1}
+                return "done"
+            print(asyncio.run(main()))
+            """
+        )],
+        capture_output=True, env=env_for(bridge), timeout=20,
+    )
+    assert p.returncode == 0 and p.stdout == b"done\n", p.stderr
+    assert p.stderr == b"", p.stderr.decode()
+
+
 def test_python_fork_gets_its_own_connection(bridge):
     out = py(
         bridge,
@@ -653,6 +671,9 @@ def test_node_tools_proxy_errors_and_spawn(bridge, node_dir):
                                                   ['strict', { n: 'x' }, InvalidInput, 'invalid_input']]) {
             await assert.rejects(call(name, input), (e) => e instanceof cls && e instanceof ToolError && e.kind === kind);
           }
+          const circular = {}; circular.self = circular;
+          await assert.rejects(call('echo', circular), (e) => e instanceof InvalidInput && /cannot be sent as JSON/.test(e.message));
+          await assert.rejects(call('echo', { n: 1n }), (e) => e instanceof InvalidInput);
           await assert.rejects(tools.noSuchTool({}), (e) => e.kind === 'unknown_tool' && /no_such_tool/.test(e.message));
           assert.strictEqual(await spawnAgent('t', 'analyst'), 'agent analyst did: t');
           assert.strictEqual(await spawnAgent('t'), 'agent None did: t');
