@@ -8,9 +8,9 @@
 
 Every call is one JSON line over the tool bridge's unix socket ($CONCH_PTC_SOCK, default
 /run/conch/ptc.sock). Standard library only, Python 3.9+. Safe from any number of threads and
-asyncio tasks at once, and nothing serialises the calls: a thread borrows an idle connection
-from a small pool for its round trip (no lock is held while it waits); each event loop shares
-one connection on which its calls are multiplexed by id. Errors raise ToolError (.kind,
+asyncio tasks at once, and nothing serialises the calls: the threads of a process share one
+connection on which their calls are multiplexed by id (a reader thread hands each answer to
+its caller; no lock is held while a call waits); so do the tasks of each event loop. Errors raise ToolError (.kind,
 .message); UnknownTool and InvalidInput are its subclasses for those kinds.
 """
 
@@ -49,6 +49,9 @@ class ToolError(Exception):
         self.kind = kind
         self.message = message
 
+    def __reduce__(self):  # picklable, e.g. across a multiprocessing pool
+        return (self.__class__, (self.kind, self.message))
+
 
 class UnknownTool(ToolError):
     """No tool of that name is registered."""
@@ -73,7 +76,10 @@ _ids = itertools.count(1)
 
 
 def _encode(req):
-    line = json.dumps(req, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+    try:
+        line = json.dumps(req, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+    except (TypeError, ValueError) as e:  # a set, NaN, a lone surrogate...
+        raise InvalidInput("invalid_input", f"the input cannot be sent as JSON: {e}") from None
     if len(line) > MAX_LINE:
         raise ToolError("too_large", f"the request is {len(line)} bytes, over the bridge's 4 MiB cap")
     return line
@@ -110,12 +116,16 @@ def _connect_error(path, e):
     return ToolError("unavailable", f"cannot connect to the tool bridge at {path}: {e}")
 
 
-# ---- threads: a pool of idle connections, one in-flight call per connection ---------------
+# ---- threads: one connection per process, calls multiplexed by id ------------------------
+#
+# A reader thread reads the answers and wakes each caller; a caller holds the write lock only
+# while it writes its line. Measured against one connection per call and a pool of
+# connections (one call in flight on each): the same latency for one call at a time, and
+# more throughput with many threads (the bridge gets their calls in batches); one connection
+# per process also stays well clear of the bridge's limits.
 
 
-class _Conn:
-    __slots__ = ("sock", "rfile")
-
+class _Mux:
     def __init__(self):
         path = _sock_path()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # CLOEXEC by default (PEP 446)
@@ -126,46 +136,91 @@ class _Conn:
             raise _connect_error(path, e) from None
         self.sock = s
         self.rfile = s.makefile("rb")
+        self.wlock = threading.Lock()
+        self.mu = threading.Lock()  # guards pending and dead together
+        self.pending = {}
+        self.dead = None  # the ToolError every call gets once the connection is gone
+        threading.Thread(target=self._read, name="conch_tools reader", daemon=True).start()
 
-    def alive(self):
-        # A pooled connection the bridge closed while idle reads as EOF: drop it rather than
-        # send a call that would be lost.
+    def _read(self):
+        err = ToolError("unavailable", "the tool bridge closed the connection before answering")
         try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
+            while True:
+                line = self.rfile.readline(_READ_LIMIT)
+                try:
+                    resp = _decode(line)
+                except ToolError as e:
+                    err = e
+                    break
+                with self.mu:
+                    slot = self.pending.pop(resp.get("id"), None)
+                if slot is not None:
+                    slot[1] = resp
+                    slot[0].release()
+        except (OSError, ValueError) as e:
+            err = ToolError("unavailable", f"the tool bridge connection failed: {e}")
+        finally:
+            with self.mu:
+                self.dead = err
+                slots = list(self.pending.values())
+                self.pending.clear()
+            for slot in slots:
+                slot[1] = err
+                slot[0].release()
+            self.kill()
+
+    def kill(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
-            return False
+            pass
 
     def round_trip(self, req):
-        req["id"] = next(_ids)
+        rid = next(_ids)
+        req["id"] = rid
         line = _encode(req)
+        done = threading.Lock()
+        done.acquire()
+        slot = [done, None]
+        with self.mu:
+            if self.dead is not None:
+                raise _error(self.dead.kind, self.dead.message)
+            self.pending[rid] = slot
         try:
-            self.sock.sendall(line)
-            resp = _decode(self.rfile.readline(_READ_LIMIT))
-        except OSError as e:
-            raise ToolError("unavailable", f"the tool bridge connection failed: {e}") from None
-        if resp.get("id") != req["id"]:
-            raise ToolError("unavailable", "the tool bridge answered another request")
+            try:
+                with self.wlock:
+                    self.sock.sendall(line)
+            except BaseException as e:
+                # Half a line may have gone out: the stream is unusable for every caller.
+                self.kill()
+                if isinstance(e, OSError):
+                    raise ToolError("unavailable", f"the tool bridge connection failed: {e}") from None
+                raise
+            done.acquire()  # the reader releases it with the answer, or the error
+        finally:
+            with self.mu:
+                self.pending.pop(rid, None)
+        resp = slot[1]
+        if isinstance(resp, ToolError):
+            raise _error(resp.kind, resp.message)
         return resp
 
-    def close(self):
-        try:
-            self.rfile.close()
-        finally:
-            self.sock.close()
 
-
-_pool = []
-_pool_lock = threading.Lock()
-_POOL_MAX = 64
+_mux = None
+_mux_lock = threading.Lock()  # held only to create the connection
 
 
 def _reset_after_fork():
-    # The child must not share the parent's connections: answers would go to either process.
-    global _pool_lock
-    _pool_lock = threading.Lock()
-    _pool.clear()
+    # The child must not share the parent's connection (answers would go to either process),
+    # and its reader thread did not survive the fork.
+    global _mux, _mux_lock
+    _mux_lock = threading.Lock()
+    if _mux is not None:
+        try:
+            _mux.sock.close()
+        except OSError:
+            pass
+    _mux = None
     _loops.clear()
 
 
@@ -174,28 +229,14 @@ if hasattr(os, "register_at_fork"):
 
 
 def _round_trip(req):
-    conn = None
-    with _pool_lock:
-        while _pool:
-            c = _pool.pop()
-            if c.alive():
-                conn = c
-                break
-            c.close()
-    if conn is None:
-        conn = _Conn()
-    try:
-        resp = conn.round_trip(req)
-    except BaseException:
-        conn.close()  # a call interrupted mid-way leaves an answer in flight on it
-        raise
-    with _pool_lock:
-        if len(_pool) < _POOL_MAX:
-            _pool.append(conn)
-            conn = None
-    if conn is not None:
-        conn.close()
-    return _result(resp)
+    global _mux
+    m = _mux
+    if m is None or m.dead is not None:
+        with _mux_lock:
+            m = _mux
+            if m is None or m.dead is not None:
+                m = _mux = _Mux()
+    return _result(m.round_trip(req))
 
 
 def call(name, input=None):
@@ -259,9 +300,11 @@ class _AsyncConn:
                 fut = self.pending.pop(resp.get("id"), None)
                 if fut is not None and not fut.done():
                     fut.set_result(resp)
-        except (OSError, asyncio.CancelledError) as e:
-            if isinstance(e, OSError):
-                err = ToolError("unavailable", f"the tool bridge connection failed: {e}")
+        except OSError as e:
+            err = ToolError("unavailable", f"the tool bridge connection failed: {e}")
+        except asyncio.CancelledError:  # the loop is closing
+            err = ToolError("cancelled", "the event loop closed before the answer came")
+            raise
         finally:
             self.dead = True
             for fut in self.pending.values():

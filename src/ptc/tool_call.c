@@ -52,7 +52,9 @@ static int usage(FILE *f, int code)
                    "{};\n"
                    "                                   '-' reads it from stdin) and print the "
                    "result\n"
-                   "       tool_call --list            list the tools and agent types\n"
+                   "       tool_call --list [--json]   list the tools and agent types (--json: "
+                   "all of\n"
+                   "                                   it, input schemas included, as JSON)\n"
                    "       tool_call --help NAME       show a tool's description and input "
                    "schema\n"
                    "A string result is printed raw, any other as one line of JSON.\n"
@@ -307,12 +309,17 @@ static void first_line(FILE *f, const char *s)
     fprintf(f, "%.*s%s", (int)(n > 100 ? 97 : n), s, n > 100 ? "..." : "");
 }
 
-static int cmd_list(void)
+static int cmd_list(bool as_json)
 {
     int code;
     json_t *r = list_tools(&code);
     if (!r)
         return code;
+    if (as_json) {
+        code = print_result(r);
+        json_decref(r);
+        return code;
+    }
     json_t *tools = json_object_get(r, "tools"), *agents = json_object_get(r, "agents");
     size_t i, w = 4;
     json_t *t;
@@ -485,8 +492,12 @@ int main(int argc, char **argv)
     if (argc < 2)
         return usage(stderr, EXIT_USAGE);
     const char *a = argv[1];
-    if (strcmp(a, "--list") == 0 || strcmp(a, "-l") == 0)
-        return argc == 2 ? cmd_list() : usage(stderr, EXIT_USAGE);
+    if (strcmp(a, "--list") == 0 || strcmp(a, "-l") == 0) {
+        if (argc == 2)
+            return cmd_list(false);
+        bool json = argc == 3 && strcmp(argv[2], "--json") == 0;
+        return json ? cmd_list(true) : usage(stderr, EXIT_USAGE);
+    }
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
         if (argc == 2)
             return usage(stdout, EXIT_OK);

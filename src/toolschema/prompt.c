@@ -13,7 +13,11 @@ struct rctx {
     json_t *root;
     const char *stack[CONCH_TOOLSCHEMA_MAX_DEPTH + 1]; /* $refs being expanded */
     int nstack;
+    unsigned expansions; /* $refs expanded so far: shared subschemas are shown by name after
+                            MAX_EXPANSIONS, so that a DAG of $refs cannot blow up the text */
 };
+
+#define MAX_EXPANSIONS 64
 
 static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, int depth);
 
@@ -258,11 +262,13 @@ static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, i
         for (int i = 0; i < c->nstack; i++)
             if (strcmp(c->stack[i], r) == 0)
                 looping = true;
-        if (!target || looping || c->nstack >= CONCH_TOOLSCHEMA_MAX_DEPTH) {
+        if (!target || looping || c->nstack >= CONCH_TOOLSCHEMA_MAX_DEPTH ||
+            c->expansions >= MAX_EXPANSIONS) {
             const char *slash = strrchr(r, '/');
             conch__sb_puts(o, slash && slash[1] ? slash + 1 : "any");
             return;
         }
+        c->expansions++;
         c->stack[c->nstack++] = r;
         render(c, o, target, indent, depth + 1);
         c->nstack--;

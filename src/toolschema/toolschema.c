@@ -392,7 +392,8 @@ int conch_toolschema_check_agent(json_t *agent, struct conch_err *err)
 struct vctx {
     json_t *root;
     struct conch__sb path;
-    char *msg; /* the first failure, "path: problem" */
+    char *msg;            /* the first failure, "path: problem" */
+    unsigned long *steps; /* schema visits left, shared with the anyOf/oneOf trials */
 };
 
 static const char *kind_of(json_t *v)
@@ -616,7 +617,7 @@ static int valts(struct vctx *c, json_t *s, json_t *v, int depth, const char *ke
     char *fit_msg = NULL;
     for (size_t i = 0; i < n; i++) {
         json_t *alt = json_array_get(l, i);
-        struct vctx sub = {.root = c->root};
+        struct vctx sub = {.root = c->root, .steps = c->steps};
         conch__sb_puts(&sub.path, c->path.buf ? c->path.buf : "input");
         int r = vschema(&sub, alt, v, depth + 1);
         conch__sb_done(&sub.path);
@@ -654,6 +655,11 @@ static int valts(struct vctx *c, json_t *s, json_t *v, int depth, const char *ke
             r = vfail(c, "expected %s, got %s", w.buf ? w.buf : "one of the alternatives",
                       kind_of(v));
             conch__sb_done(&w);
+        } else if (fit_msg && strstr(fit_msg, ": matches none of the ")) {
+            /* nested alternatives: the innermost says it, once */
+            if (!c->msg)
+                c->msg = fit_msg, fit_msg = NULL;
+            r = -1;
         } else {
             r = vfail(c, "matches none of the %zu alternatives of %s (%s)", n, key,
                       fit_msg ? fit_msg : "");
@@ -667,6 +673,11 @@ static int valts(struct vctx *c, json_t *s, json_t *v, int depth, const char *ke
 
 static int vschema(struct vctx *c, json_t *s, json_t *v, int depth)
 {
+    /* $refs can share subschemas, so anyOf over refs over anyOf... is exponential in the
+     * schema's size when the value fails: a budget keeps a hostile value cheap. */
+    if (*c->steps == 0)
+        return vfail(c, "too complex to check");
+    --*c->steps;
     if (depth > CONCH_TOOLSCHEMA_MAX_DEPTH)
         return vfail(c, "schema nested deeper than %d levels", CONCH_TOOLSCHEMA_MAX_DEPTH);
     if (json_is_true(s))
@@ -826,10 +837,20 @@ static int vschema(struct vctx *c, json_t *s, json_t *v, int depth)
 
 int conch_toolschema_validate(json_t *schema, json_t *value, char **ret_msg)
 {
-    struct vctx c = {.root = schema};
+    unsigned long steps = CONCH_TOOLSCHEMA_MAX_STEPS;
+    struct vctx c = {.root = schema, .steps = &steps};
     conch__sb_puts(&c.path, "input");
     int r = vschema(&c, schema, value, 1);
     conch__sb_done(&c.path);
+    if (r < 0 && steps == 0) {
+        free(c.msg);
+        c.msg = NULL;
+        if (asprintf(&c.msg,
+                     "input: checking it against the schema took over %lu steps (the schema's "
+                     "$refs and alternatives multiply); simplify the input or the schema",
+                     (unsigned long)CONCH_TOOLSCHEMA_MAX_STEPS) < 0)
+            c.msg = NULL;
+    }
     if (r < 0) {
         if (ret_msg)
             *ret_msg = c.msg ? c.msg : strdup("input: does not match the schema");

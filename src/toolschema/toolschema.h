@@ -13,6 +13,9 @@
 /* Schemas (and the values validated against them) nest at most this deep; $ref hops count. */
 #define CONCH_TOOLSCHEMA_MAX_DEPTH 32
 
+/* conch_toolschema_validate() gives up (and fails) after this many schema visits. */
+#define CONCH_TOOLSCHEMA_MAX_STEPS 200000ul
+
 /* Languages for conch_toolschema_prompt(); 0 means all of them. */
 #define CONCH_TOOLSCHEMA_LANG_BASH 0x1u
 #define CONCH_TOOLSCHEMA_LANG_PYTHON 0x2u
@@ -55,7 +58,8 @@ int conch_toolschema_check_agent(json_t *agent, struct conch_err *err);
  * @ret_msg is not NULL, a new string (caller frees) naming the path and the problem, e.g.
  * "input.records[3].id: expected integer, got string" or
  * "input: missing required property \"query\"". A number with no fraction counts as an
- * integer; lengths count UTF-8 code points. Recursion is bounded.
+ * integer; lengths count UTF-8 code points. Recursion is bounded, and so is the work: after
+ * CONCH_TOOLSCHEMA_MAX_STEPS schema visits the value is refused as too complex to check.
  */
 int conch_toolschema_validate(json_t *schema, json_t *value, char **ret_msg);
 

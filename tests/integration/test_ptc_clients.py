@@ -63,6 +63,7 @@ class FakeBridge:
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.spawns = 0
+        self.connections = 0
 
     def start(self):
         self.thread.start()
@@ -95,6 +96,7 @@ class FakeBridge:
             return [r for r in self.requests if op is None or r.get("op") == op]
 
     async def _client(self, reader, writer):
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()
@@ -299,6 +301,9 @@ def test_tool_call_list_and_help(bridge):
     assert "Second line" not in out
     assert "  web_search  Search the web.\n" in out
     assert "agent types (spawn_agent TASK TYPE):\n  analyst     Digs into data.\n" in out
+    p = run([TOOL_CALL, "--list", "--json"], bridge)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"tools": TOOLS, "agents": AGENTS}
     p = run([TOOL_CALL, "--help", "web_search"], bridge)
     assert p.returncode == 0, p.stderr
     out = p.stdout.decode()
@@ -310,7 +315,7 @@ def test_tool_call_list_and_help(bridge):
     assert p.returncode == 2 and b'unknown tool "nosuch"' in p.stderr
     p = run([TOOL_CALL, "--help"], bridge)
     assert p.returncode == 0 and p.stdout.startswith(b"usage: tool_call NAME")
-    for bad in ([], ["--bogus"], ["echo", "{}", "extra"]):
+    for bad in ([], ["--bogus"], ["echo", "{}", "extra"], ["--list", "--yaml"]):
         p = run([TOOL_CALL, *bad], bridge)
         assert p.returncode == 2, bad
         assert p.stderr, bad
@@ -424,8 +429,18 @@ def test_python_call_proxy_errors(bridge):
             except cls as e:
                 assert isinstance(e, ct.ToolError) and e.kind == kind, (name, e.kind)
                 print(name, "->", e.message)
+                import pickle
+                e2 = pickle.loads(pickle.dumps(e))
+                assert type(e2) is type(e) and (e2.kind, e2.message, str(e2)) == (e.kind, e.message, str(e))
             else:
                 raise AssertionError(name + " did not raise")
+        for bad in ({"s": {1, 2}}, {"f": float("nan")}, {"t": "\\udcff"}):
+            try:
+                ct.call("echo", bad)
+            except ct.InvalidInput as e:
+                assert e.message.startswith("the input cannot be sent as JSON"), e.message
+            else:
+                raise AssertionError(f"{bad!r} was sent")
         assert ct.spawn_agent("t", type="analyst") == "agent analyst did: t"
         assert ct.spawn_agent("t", detach=True) == "req-2"
         lt = ct.list_tools()
@@ -463,6 +478,7 @@ def test_python_threads_each_get_their_own_answer(bridge):
         """,
     )
     assert out.startswith("ok")
+    assert bridge.connections == 1, "the threads should share one connection"
 
 
 def test_python_asyncio_gather_pairs_out_of_order_answers(bridge):
@@ -520,6 +536,24 @@ def test_python_bridge_closing_mid_call(bridge):
     )
     assert "thread: the tool bridge closed the connection before answering" in out
     assert "asyncio: the tool bridge closed the connection before answering" in out
+
+
+def test_python_loop_ending_with_a_call_pending(bridge):
+    p = subprocess.run(
+        [PYTHON, "-X", "dev", "-c", textwrap.dedent(
+            """
+            import asyncio, conch_tools as ct
+            async def main():
+                t = asyncio.ensure_future(ct.acall("hang"))
+                assert await ct.acall("echo", {"x": 1}) == {"x": 1}
+                return "done"
+            print(asyncio.run(main()))
+            """
+        )],
+        capture_output=True, env=env_for(bridge), timeout=20,
+    )
+    assert p.returncode == 0 and p.stdout == b"done\n", p.stderr
+    assert p.stderr == b"", p.stderr.decode()
 
 
 def test_python_fork_gets_its_own_connection(bridge):
@@ -602,6 +636,7 @@ def test_node_require_promise_all(bridge, node_dir):
     # Every call went over one connection (ids unique, one process).
     ids = [r["id"] for r in bridge.requests_of("call")]
     assert len(ids) == 100 and len(set(ids)) == 100
+    assert bridge.connections == 1
 
 
 @needs_node
@@ -636,6 +671,9 @@ def test_node_tools_proxy_errors_and_spawn(bridge, node_dir):
                                                   ['strict', { n: 'x' }, InvalidInput, 'invalid_input']]) {
             await assert.rejects(call(name, input), (e) => e instanceof cls && e instanceof ToolError && e.kind === kind);
           }
+          const circular = {}; circular.self = circular;
+          await assert.rejects(call('echo', circular), (e) => e instanceof InvalidInput && /cannot be sent as JSON/.test(e.message));
+          await assert.rejects(call('echo', { n: 1n }), (e) => e instanceof InvalidInput);
           await assert.rejects(tools.noSuchTool({}), (e) => e.kind === 'unknown_tool' && /no_such_tool/.test(e.message));
           assert.strictEqual(await spawnAgent('t', 'analyst'), 'agent analyst did: t');
           assert.strictEqual(await spawnAgent('t'), 'agent None did: t');

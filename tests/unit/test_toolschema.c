@@ -609,3 +609,43 @@ Test(ptcdir, env_override_and_clear_errors)
     rmdir(path);
     rmdir(dir);
 }
+
+/* A chain of $defs, each an anyOf of ten refs to the next: 10^n paths for a failing value. */
+static json_t *exponential_schema(int n)
+{
+    json_t *defs = json_object();
+    for (int i = 0; i < n; i++) {
+        char name[16], ref[32];
+        snprintf(name, sizeof(name), "D%d", i);
+        snprintf(ref, sizeof(ref), "#/$defs/D%d", i + 1);
+        json_t *alts = json_array();
+        for (int k = 0; k < 10; k++)
+            json_array_append_new(alts, json_pack("{s:s}", "$ref", ref));
+        json_object_set_new(defs, name, json_pack("{s:o}", "anyOf", alts));
+    }
+    char last[16];
+    snprintf(last, sizeof(last), "D%d", n);
+    json_object_set_new(defs, last, json_pack("{s:s}", "type", "string"));
+    return json_pack("{s:s,s:o}", "$ref", "#/$defs/D0", "$defs", defs);
+}
+
+Test(validate, exponential_schemas_are_bounded, .timeout = 20)
+{
+    json_t *s = exponential_schema(10);
+    struct conch_err err = {0};
+    cr_expect_eq(conch_toolschema_check(s, &err), 0, "%s", err.msg);
+    json_t *ok = json_string("fine"), *bad = json_integer(1);
+    char *msg = NULL;
+    cr_expect_eq(conch_toolschema_validate(s, ok, &msg), 0, "%s", msg);
+    cr_expect_eq(conch_toolschema_validate(s, bad, &msg), -1);
+    cr_expect(msg && strstr(msg, "input: checking it against the schema took over 200000 steps"),
+              "%s", msg);
+    free(msg);
+    char *sg = conch_toolschema_signature("x", s, NULL);
+    cr_assert_not_null(sg);
+    cr_expect_lt(strlen(sg), 100000, "%zu bytes", strlen(sg));
+    free(sg);
+    json_decref(ok);
+    json_decref(bad);
+    json_decref(s);
+}

@@ -125,7 +125,7 @@ function request(req) {
     try {
       line = JSON.stringify(req) + '\n';
     } catch (e) {
-      reject(new ToolError('invalid_input', `the input cannot be sent as JSON: ${e.message}`));
+      reject(makeError('invalid_input', `the input cannot be sent as JSON: ${e.message}`));
       return;
     }
     if (line.length > MAX_LINE / 4 && Buffer.byteLength(line) > MAX_LINE) {
