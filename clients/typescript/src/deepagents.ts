@@ -206,7 +206,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     if (r.stdout) parts.push(r.stdout);
     if (r.stderr) parts.push(...r.stderr.trim().split("\n").map((l) => `[stderr] ${l}`));
     let output = parts.length > 0 ? parts.join("\n") : "<no output>";
-    let truncated = r.stdout_truncated || r.stderr_truncated;
+    let truncated = !!(r.stdout_truncated || r.stderr_truncated);
     if (output.length > this.maxOutput) {
       output = output.slice(0, this.maxOutput) + `\n\n... Output truncated at ${this.maxOutput} bytes.`;
       truncated = true;
