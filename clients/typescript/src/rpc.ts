@@ -56,6 +56,8 @@ export interface Transport {
   readable: Readable;
   writable: Writable;
   close(): Promise<void>;
+  /** Why the other end went away, when the transport knows (a spawned daemon's exit status and last log lines). */
+  exitInfo?(): Promise<string | undefined>;
 }
 
 /** Connect to a daemon's unix socket. */
@@ -97,16 +99,28 @@ export function stdioTransport(opts: StdioOptions = {}): Promise<Transport & { c
     stdio: ["pipe", "pipe", opts.stderr === "inherit" ? "inherit" : "pipe"],
     env: opts.env ?? process.env,
   });
+  let tail = "";
   if (child.stderr) {
     const cb = typeof opts.stderr === "function" ? opts.stderr : null;
     child.stderr.setEncoding("utf8");
-    child.stderr.on("data", (d: string) => cb?.(d));
+    child.stderr.on("data", (d: string) => {
+      tail = (tail + d).slice(-2000);
+      cb?.(d);
+    });
   }
+  const exited = new Promise<string>((res) => child.once("exit", (code, sig) => res(sig ? `killed by ${sig}` : `status ${code}`)));
+  const exitInfo = async () => {
+    const how = await Promise.race([exited, new Promise<null>((r) => setTimeout(() => r(null), 500).unref())]);
+    if (how === null) return undefined;
+    const log = tail.trim().split("\n").slice(-3).join(" | ");
+    return `conch serve --stdio exited with ${how}${log ? `: ${log}` : ""}`;
+  };
   return new Promise((resolve, reject) => {
     child.once("error", (e) => reject(new ConchError(TRANSPORT_ERROR, `cannot start '${bin} serve --stdio': ${e.message} (set CONCH_BIN or the bin option)`, { code: "transport", kind: "infrastructure" })));
     child.once("spawn", () =>
       resolve({
         child,
+        exitInfo,
         readable: child.stdout!,
         writable: child.stdin!,
         close: () =>
@@ -146,7 +160,14 @@ export class RpcConnection extends EventEmitter {
     super();
     transport.readable.setEncoding?.("utf8");
     transport.readable.on("data", (chunk: string | Buffer) => this.onData(typeof chunk === "string" ? chunk : chunk.toString("utf8")));
-    const end = (why: string) => this.fail(new ConchError(TRANSPORT_ERROR, why, { code: "transport", kind: "infrastructure" }));
+    let ending = false;
+    const end = (why: string) => {
+      if (this.closed || ending) return;
+      ending = true;
+      const fail = (info?: string) => this.fail(new ConchError(TRANSPORT_ERROR, info ? `${why} (${info})` : why, { code: "transport", kind: "infrastructure" }));
+      if (transport.exitInfo) transport.exitInfo().then(fail, () => fail());
+      else fail();
+    };
     transport.readable.on("end", () => end("the conch daemon closed the connection"));
     transport.readable.on("close", () => end("the conch daemon closed the connection"));
     transport.readable.on("error", (e: Error) => end(`connection to the conch daemon failed: ${e.message}`));
