@@ -32,6 +32,10 @@ export interface SandboxCreateParams {
   disk?: number;
   idle_timeout?: number;
   name?: string;
+  /** Seconds a tool call may wait for its answer (default 300). */
+  tool_timeout?: number;
+  /** Tool calls one command may make (default 10,000). */
+  max_tool_calls?: number;
   [key: string]: unknown;
 }
 
@@ -128,6 +132,7 @@ export interface JobWaitResult {
   exit_code: number | null;
   signal: number | null;
   lost?: string;
+  tools_summary?: string;
   tool_calls?: CallRecord[];
   detached_agents?: { call_id: string; task: string; type: string | null }[];
 }
@@ -136,6 +141,8 @@ export interface JobExitedEvent {
   sandbox: string;
   exit_code: number | null;
   signal: number | null;
+  tool_calls?: CallRecord[];
+  detached_agents?: { call_id: string; task: string; type: string | null }[];
 }
 
 export interface FsReadText {
@@ -173,6 +180,8 @@ export interface ToolSpec {
   description: string;
   input_schema: Record<string, unknown>;
   output_schema?: Record<string, unknown>;
+  /** Seconds this tool's calls may take (default: the sandbox's tool_timeout). */
+  timeout?: number;
 }
 export interface AgentSpec {
   name: string;

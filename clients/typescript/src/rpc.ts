@@ -264,7 +264,9 @@ export class RpcConnection extends EventEmitter {
 
   private onNotification(method: string, params: any): void {
     if (method === "$/cancel") {
-      const c = params?.call_id !== undefined ? this.incomingByCallId.get(String(params.call_id)) : undefined;
+      const c =
+        (params?.call_id !== undefined ? this.incomingByCallId.get(String(params.call_id)) : undefined) ??
+        (params?.id !== undefined ? this.incoming.get(JSON.stringify(params.id)) : undefined);
       c?.abort(new ConchError(-32800, `cancelled by the daemon: ${params?.reason ?? "no reason given"}`, { code: "cancelled", kind: "usage" }));
     }
     this.emit("notification", method, params);
