@@ -129,5 +129,5 @@ test("the tools.prompt middleware puts the tool documentation in the system prom
   assert.ok(sysText.startsWith("Base prompt."), sysText.slice(0, 80));
   assert.ok(sysText.includes(text), "tools.prompt text in the system prompt");
   const tm = out.messages.find((m) => ToolMessage.isInstance(m));
-  assert.equal(tm.content, "42\n[Command succeeded with exit code 0]");
+  assert.equal(tm.content, "42\n\n[Command succeeded with exit code 0]");
 });
