@@ -157,6 +157,10 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
         if (bad) throw new Error(`initial file ${bad.path}: ${bad.error}`);
       }
     } catch (e) {
+      if (this.ownsClient && this._client) {
+        await this._client.close().catch(() => {});
+        this._client = null;
+      }
       if (SandboxError.isInstance(e)) throw e;
       throw new SandboxError(`cannot start the conch sandbox: ${errMsg(e)}`, "NOT_INITIALIZED", e as Error);
     }
