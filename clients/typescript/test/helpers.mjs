@@ -1,7 +1,7 @@
 // helpers.mjs - shared by the tests: a fake daemon on in-memory streams, and the real
 // build/conch (CONCH_BIN overrides) spawned as `conch serve --stdio` with a temp state dir.
 import { PassThrough } from "node:stream";
-import { mkdtempSync, existsSync } from "node:fs";
+import { mkdtempSync, existsSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -10,8 +10,22 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const conchBin = process.env.CONCH_BIN ?? resolve(here, "../../../build/conch");
 export const haveConch = existsSync(conchBin);
 
+const made = [];
+process.on("exit", () => {
+  for (const d of made) {
+    try {
+      rmSync(d, { recursive: true, force: true });
+    } catch {
+      /* a daemon's leftovers: best effort */
+    }
+  }
+});
+
+/** A temp dir, removed when the test process exits. */
 export function tmp(prefix = "conch-ts-") {
-  return mkdtempSync(join(tmpdir(), prefix));
+  const d = mkdtempSync(join(tmpdir(), prefix));
+  made.push(d);
+  return d;
 }
 
 /** Args for a private daemon: its own state dir, no pool. */
