@@ -205,3 +205,12 @@ test("ConchSandbox maps daemon errors to deepagents' messages and never throws",
   assert.match((await sb.glob("*")).error, /closed/);
   assert.match((await sb.grep("x")).error, /closed/);
 });
+
+test("an uninitialized ConchSandbox returns NOT_INITIALIZED errors instead of throwing", async () => {
+  const sb = new ConchSandbox();
+  assert.equal(sb.id, "");
+  assert.match((await sb.read("/workspace/x")).error, /not initialized/);
+  assert.match((await sb.execute("true")).output, /^Error executing command: .*not initialized/);
+  assert.match((await sb.ls("/workspace")).error, /not initialized/);
+  assert.deepEqual(await sb.downloadFiles(["/a"]), [{ path: "/a", content: null, error: "invalid_path" }]);
+});
