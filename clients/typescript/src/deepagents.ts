@@ -146,7 +146,8 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   async initialize(): Promise<void> {
     if (this.initialized) throw new SandboxError("ConchSandbox is already initialized", "ALREADY_INITIALIZED");
     try {
-      if (!this._client) this._client = await ConchClient.connect(this.opts);
+      // A daemon spawned for one sandbox needs no pool and must not destroy work when idle.
+      if (!this._client) this._client = await ConchClient.connect({ ...this.opts, args: this.opts.args ?? ["--pool", "0", "--idle-timeout", "0"] });
       if (this.opts.sandboxId) this._id = (await this._client.sandboxGet(this.opts.sandboxId)).id;
       else this._id = (await this._client.sandboxCreate(this.opts.sandbox ?? {})).id;
       this.initialized = true;
