@@ -1,0 +1,447 @@
+// client.ts - ConchClient: every method of docs/PROTOCOL.md (and the tool bridge of
+// notes/BRIDGE.md) as a typed async method over one RpcConnection.
+import { RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
+import { EventEmitter } from "node:events";
+import { join } from "node:path";
+
+export type SandboxMode = "overlay" | "ro" | "rw";
+
+export interface SandboxInfo {
+  id: string;
+  name: string | null;
+  state: "running" | "stopped" | string;
+  workspace: string | null;
+  mode: SandboxMode;
+  as_root: boolean;
+  created_at: number;
+  last_used_at: number;
+  commands: number;
+  [key: string]: unknown;
+}
+
+export interface SandboxCreateParams {
+  workspace?: string;
+  mode?: SandboxMode;
+  rootfs?: string;
+  as_root?: boolean;
+  env?: Record<string, string>;
+  memory?: number;
+  pids?: number;
+  cpu?: number;
+  tmp_size?: number;
+  disk?: number;
+  idle_timeout?: number;
+  name?: string;
+  /** Seconds a tool call may wait for its answer (default 300). */
+  tool_timeout?: number;
+  /** Tool calls one command may make (default 10,000). */
+  max_tool_calls?: number;
+  [key: string]: unknown;
+}
+
+export interface Change {
+  path: string;
+  kind: "added" | "modified" | "deleted" | string;
+  type: string;
+  size: number;
+  mode: string;
+  binary?: boolean;
+  skip?: string;
+  link_outside?: boolean;
+  [key: string]: unknown;
+}
+
+export interface CallRecord {
+  call_id: string;
+  kind: "tool" | "agent";
+  name: string;
+  input: unknown;
+  ok: boolean;
+  result?: unknown;
+  error?: { kind: string; message: string };
+  start: number;
+  duration_ms: number;
+  origin: { kind: string; id: string };
+  detached?: boolean;
+}
+
+export interface ExecParams {
+  sandbox?: string;
+  fresh?: boolean;
+  workspace?: string;
+  mode?: SandboxMode;
+  command: string;
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  timeout?: number;
+  grace?: number;
+  max_output?: number;
+  [key: string]: unknown;
+}
+
+export interface ExecResult {
+  exit_code: number | null;
+  signal: number | null;
+  timed_out: boolean;
+  duration_ms: number;
+  stdout: string;
+  stderr: string;
+  stdout_bytes: number;
+  stderr_bytes: number;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  stdout_spill: string | null;
+  stderr_spill: string | null;
+  changes: Change[];
+  changes_total: number;
+  changes_truncated: boolean;
+  usage: { cpu_ms: number; max_rss_kb: number };
+  error: null | { kind: "command" | "timeout" | "limit" | string; message: string };
+  text: string;
+  tool_calls?: CallRecord[];
+  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  [key: string]: unknown;
+}
+
+export interface ExecOutputEvent {
+  request_id: number | string;
+  stream: "stdout" | "stderr";
+  data: string;
+}
+
+export interface JobInfo {
+  job_id: string;
+  sandbox: string;
+  command: string;
+  running: boolean;
+  exit_code: number | null;
+  signal?: number | null;
+  started_at: number;
+}
+export interface JobOutput {
+  stdout: string;
+  stderr: string;
+  stdout_offset: number;
+  stderr_offset: number;
+  running: boolean;
+  exit_code: number | null;
+}
+export interface JobWaitResult {
+  running: boolean;
+  exit_code: number | null;
+  signal: number | null;
+  lost?: string;
+  tools_summary?: string;
+  tool_calls?: CallRecord[];
+  detached_agents?: { call_id: string; task: string; type: string | null }[];
+}
+export interface JobExitedEvent {
+  job_id: string;
+  sandbox: string;
+  exit_code: number | null;
+  signal: number | null;
+  tool_calls?: CallRecord[];
+  detached_agents?: { call_id: string; task: string; type: string | null }[];
+}
+
+export interface FsReadText {
+  content: string;
+  offset: number;
+  lines: number;
+  total_lines: number;
+  truncated: boolean;
+  size: number;
+}
+export interface FsReadBase64 {
+  content: string;
+  size: number;
+}
+export interface FsEntry {
+  name: string;
+  path: string;
+  type: "f" | "d" | "l" | "o";
+  size: number;
+  mode: string;
+  mtime: number;
+}
+export interface FsGrepMatch {
+  path: string;
+  line: number;
+  text: string;
+}
+export interface FsFileError {
+  code: string;
+  message: string;
+}
+
+export interface ToolSpec {
+  name: string;
+  description: string;
+  input_schema: Record<string, unknown>;
+  output_schema?: Record<string, unknown>;
+  /** Seconds this tool's calls may take (default: the sandbox's tool_timeout). */
+  timeout?: number;
+}
+export interface AgentSpec {
+  name: string;
+  description: string;
+}
+export interface ToolCallParams {
+  sandbox: string;
+  call_id: string;
+  name: string;
+  input: any;
+  origin: { kind: "exec" | "job" | "session" | string; id: string };
+}
+export interface AgentSpawnParams {
+  sandbox: string;
+  call_id: string;
+  task: string;
+  type: string | null;
+  origin: { kind: string; id: string };
+}
+
+export interface ConnectOptions extends StdioOptions {
+  /** Connect to this daemon socket instead of spawning `conch serve --stdio`. */
+  socket?: string;
+  /** Use this transport as it is (tests). */
+  transport?: Transport;
+}
+
+/** The default socket path of `conch serve` for this user (docs/PROTOCOL.md). */
+export function defaultSocketPath(): string {
+  const uid = process.getuid?.() ?? 0;
+  if (uid === 0) return "/run/conch/conch.sock";
+  if (process.env.XDG_RUNTIME_DIR) return join(process.env.XDG_RUNTIME_DIR, "conch", "conch.sock");
+  return `/tmp/conch-${uid}/conch.sock`;
+}
+
+/**
+ * A client of one conch daemon. Events: "exec.output" (ExecOutputEvent), "job.exited"
+ * (JobExitedEvent), "notification" (method, params), "close" (error).
+ */
+export class ConchClient extends EventEmitter {
+  readonly rpc: RpcConnection;
+  private streams = new Map<number | string, (e: ExecOutputEvent) => void>();
+  private streamIds = 0;
+
+  constructor(rpc: RpcConnection) {
+    super();
+    this.rpc = rpc;
+    rpc.on("notification", (method: string, params: any) => {
+      if (method === "exec.output") {
+        const cb = this.streams.get(params?.request_id);
+        cb?.(params);
+      }
+      this.emit(method, params);
+      this.emit("notification", method, params);
+    });
+    rpc.on("close", (e: Error) => this.emit("close", e));
+  }
+
+  /** Spawn `conch serve --stdio` (the default), or connect to `socket`, or use `transport`. */
+  static async connect(opts: ConnectOptions = {}): Promise<ConchClient> {
+    const t = opts.transport ?? (opts.socket ? await socketTransport(opts.socket) : await stdioTransport(opts));
+    return new ConchClient(new RpcConnection(t));
+  }
+
+  close(): Promise<void> {
+    return this.rpc.close();
+  }
+
+  /** Raw call of any method (for protocol additions not typed here yet). */
+  call<T = any>(method: string, params: object = {}): Promise<T> {
+    return this.rpc.request<T>(method, params);
+  }
+
+  /** Yields every notification of `method` until the connection closes or `signal` aborts. */
+  async *events<T = any>(method: string, signal?: AbortSignal): AsyncGenerator<T> {
+    const queue: T[] = [];
+    let wake: (() => void) | null = null;
+    let done = false;
+    const onEv = (p: T) => {
+      queue.push(p);
+      wake?.();
+    };
+    const stop = () => {
+      done = true;
+      wake?.();
+    };
+    this.on(method, onEv);
+    this.rpc.once("close", stop);
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      while (true) {
+        if (queue.length) {
+          yield queue.shift()!;
+          continue;
+        }
+        if (done) return;
+        await new Promise<void>((r) => (wake = r));
+        wake = null;
+      }
+    } finally {
+      this.off(method, onEv);
+      this.rpc.off("close", stop);
+      signal?.removeEventListener("abort", stop);
+    }
+  }
+
+  /** Answer daemon->client requests (`tool.call`, `agent.spawn`). */
+  onRequest(method: "tool.call", handler: (p: ToolCallParams, ctx: { signal: AbortSignal }) => unknown): void;
+  onRequest(method: "agent.spawn", handler: (p: AgentSpawnParams, ctx: { signal: AbortSignal }) => unknown): void;
+  onRequest(method: string, handler: RequestHandler | null): void;
+  onRequest(method: string, handler: any): void {
+    this.rpc.setRequestHandler(method, handler);
+  }
+
+  // daemon
+  ping(): Promise<{ version: string; pid: number; sandboxes: number }> {
+    return this.call("daemon.ping");
+  }
+
+  // sandbox.*
+  sandboxCreate(p: SandboxCreateParams = {}): Promise<SandboxInfo> {
+    return this.call("sandbox.create", p);
+  }
+  sandboxList(): Promise<{ sandboxes: SandboxInfo[] }> {
+    return this.call("sandbox.list");
+  }
+  sandboxGet(id: string): Promise<SandboxInfo> {
+    return this.call("sandbox.get", { id });
+  }
+  sandboxDestroy(id: string): Promise<{ destroyed: boolean }> {
+    return this.call("sandbox.destroy", { id });
+  }
+
+  // exec.run
+  /** Run a command; with `onOutput`, streams its output (exec.output notifications) while it runs. */
+  async execRun(p: ExecParams, onOutput?: (e: ExecOutputEvent) => void): Promise<ExecResult> {
+    if (!onOutput) return this.call("exec.run", p);
+    // The daemon tags each exec.output with the request's JSON-RPC id.
+    let id = -1;
+    try {
+      return await this.rpc.request<ExecResult>("exec.run", { ...p, stream: true }, (i) => {
+        id = i;
+        this.streams.set(i, onOutput);
+      });
+    } finally {
+      this.streams.delete(id);
+    }
+  }
+  /** exec.run with streaming as an async iterator of output events; the result is the iterator's return value. */
+  async *execStream(p: ExecParams): AsyncGenerator<ExecOutputEvent, ExecResult> {
+    const queue: ExecOutputEvent[] = [];
+    let wake: (() => void) | null = null;
+    let result: ExecResult | undefined;
+    let error: unknown;
+    let finished = false;
+    void this.execRun(p, (e) => {
+      queue.push(e);
+      wake?.();
+    }).then(
+      (r) => ((result = r), (finished = true), wake?.()),
+      (e) => ((error = e), (finished = true), wake?.()),
+    );
+    while (true) {
+      if (queue.length) {
+        yield queue.shift()!;
+        continue;
+      }
+      if (finished) break;
+      await new Promise<void>((r) => (wake = r));
+      wake = null;
+    }
+    if (error) throw error;
+    return result!;
+  }
+
+  // job.*
+  jobStart(p: { sandbox: string; command: string; cwd?: string; env?: Record<string, string>; stdin?: string; max_output?: number }): Promise<{ job_id: string }> {
+    return this.call("job.start", p);
+  }
+  jobOutput(p: { job_id: string; stdout_offset?: number; stderr_offset?: number; max_bytes?: number }): Promise<JobOutput> {
+    return this.call("job.output", p);
+  }
+  jobWait(job_id: string, timeout?: number): Promise<JobWaitResult> {
+    return this.call("job.wait", timeout === undefined ? { job_id } : { job_id, timeout });
+  }
+  jobKill(job_id: string, signal?: string | number): Promise<{ killed: boolean }> {
+    return this.call("job.kill", signal === undefined ? { job_id } : { job_id, signal });
+  }
+  jobList(sandbox?: string): Promise<{ jobs: JobInfo[] }> {
+    return this.call("job.list", sandbox ? { sandbox } : {});
+  }
+
+  // fs.*
+  fsRead(sandbox: string, path: string, opts: { offset?: number; limit?: number } = {}): Promise<FsReadText> {
+    return this.call("fs.read", { sandbox, path, ...opts });
+  }
+  fsReadBytes(sandbox: string, path: string): Promise<{ content: Uint8Array; size: number }> {
+    return this.call<FsReadBase64>("fs.read", { sandbox, path, encoding: "base64" }).then((r) => ({ content: new Uint8Array(Buffer.from(r.content, "base64")), size: r.size }));
+  }
+  fsWrite(sandbox: string, path: string, content: string | Uint8Array): Promise<{ bytes_written: number; created: boolean }> {
+    if (typeof content === "string") return this.call("fs.write", { sandbox, path, content });
+    return this.call("fs.write", { sandbox, path, content: Buffer.from(content).toString("base64"), encoding: "base64" });
+  }
+  fsEdit(sandbox: string, path: string, old_string: string, new_string: string, replace_all = false): Promise<{ occurrences: number }> {
+    return this.call("fs.edit", { sandbox, path, old_string, new_string, replace_all });
+  }
+  fsLs(sandbox: string, path?: string): Promise<{ entries: FsEntry[] }> {
+    return this.call("fs.ls", path === undefined ? { sandbox } : { sandbox, path });
+  }
+  fsGlob(sandbox: string, pattern: string, opts: { path?: string; max_results?: number } = {}): Promise<{ paths: string[]; truncated: boolean }> {
+    return this.call("fs.glob", { sandbox, pattern, ...opts });
+  }
+  fsGrep(sandbox: string, pattern: string, opts: { path?: string; glob?: string; fixed_string?: boolean; ignore_case?: boolean; max_matches?: number } = {}): Promise<{ matches: FsGrepMatch[]; truncated: boolean }> {
+    return this.call("fs.grep", { sandbox, pattern, ...opts });
+  }
+  fsDelete(sandbox: string, path: string, recursive = false): Promise<{ deleted: boolean }> {
+    return this.call("fs.delete", { sandbox, path, recursive });
+  }
+  fsUpload(sandbox: string, files: { path: string; content: Uint8Array }[]): Promise<{ results: { path: string; error?: FsFileError }[] }> {
+    return this.call("fs.upload", { sandbox, files: files.map((f) => ({ path: f.path, content: Buffer.from(f.content).toString("base64") })) });
+  }
+  async fsDownload(sandbox: string, paths: string[]): Promise<{ files: { path: string; content?: Uint8Array; error?: FsFileError }[] }> {
+    const r = await this.call<{ files: { path: string; content?: string; error?: FsFileError }[] }>("fs.download", { sandbox, paths });
+    return { files: r.files.map((f) => ({ path: f.path, ...(f.content !== undefined ? { content: new Uint8Array(Buffer.from(f.content, "base64")) } : {}), ...(f.error ? { error: f.error } : {}) })) };
+  }
+
+  // workspace.*
+  workspaceChanges(sandbox: string, opts: { offset?: number; limit?: number } = {}): Promise<{ changes: Change[]; changes_total: number; changes_truncated: boolean; next_offset?: number }> {
+    return this.call("workspace.changes", { sandbox, ...opts });
+  }
+  workspaceDiff(sandbox: string, paths?: string[]): Promise<{ diff: string; files: { path: string; kind: string; binary: boolean; diff: string; omitted?: boolean }[]; omitted: number }> {
+    return this.call("workspace.diff", paths ? { sandbox, paths } : { sandbox });
+  }
+  workspaceCommit(sandbox: string, paths?: string[]): Promise<{ committed: string[]; skipped: { path: string; reason: string }[] }> {
+    return this.call("workspace.commit", paths ? { sandbox, paths } : { sandbox });
+  }
+  workspaceDiscard(sandbox: string, paths?: string[]): Promise<{ discarded: string[] }> {
+    return this.call("workspace.discard", paths ? { sandbox, paths } : { sandbox });
+  }
+
+  // tools.* / agents.* (the tool bridge)
+  toolsRegister(sandbox: string, tools: ToolSpec[]): Promise<{ registered: string[] }> {
+    return this.call("tools.register", { sandbox, tools });
+  }
+  toolsUnregister(sandbox: string, names: string[]): Promise<{ removed: string[] }> {
+    return this.call("tools.unregister", { sandbox, names });
+  }
+  toolsList(sandbox: string): Promise<{ tools: ToolSpec[]; agents: AgentSpec[] }> {
+    return this.call("tools.list", { sandbox });
+  }
+  toolsTrace(sandbox: string, origin?: { kind: string; id: string }): Promise<{ calls: CallRecord[] }> {
+    return this.call("tools.trace", origin ? { sandbox, origin } : { sandbox });
+  }
+  toolsPrompt(sandbox: string, languages?: ("bash" | "python" | "node")[]): Promise<{ text: string }> {
+    return this.call("tools.prompt", languages ? { sandbox, languages } : { sandbox });
+  }
+  agentsRegister(sandbox: string, agents: AgentSpec[]): Promise<{ registered: string[] }> {
+    return this.call("agents.register", { sandbox, agents });
+  }
+  agentsUnregister(sandbox: string, names: string[]): Promise<{ removed: string[] }> {
+    return this.call("agents.unregister", { sandbox, names });
+  }
+}
