@@ -476,7 +476,9 @@ print("sent", sent)
     assert int(r["stdout"].split()[1]) < 200
     # The daemon stayed small and is still serving.
     rss_kb = int(open(f"/proc/{daemon.pid}/status").read().split("VmRSS:")[1].split()[0])
-    assert rss_kb < 200 * 1024, rss_kb
+    # (an ASan build keeps freed memory in quarantine: a looser bound there)
+    asan = b"__asan_init" in open(CONCH_BIN, "rb").read()
+    assert rss_kb < (600 if asan else 200) * 1024, rss_kb
     assert run("tool_call echo '{}'")["exit_code"] == 0
 
 
