@@ -1,0 +1,1353 @@
+/* sessions.c - sessions: a long-lived shell per session, on a pty of the sandbox's own devpts
+ * (the master is passed to us at start: jail/session-child.c), driven in two ways.
+ *
+ * Command mode (session.run): the shell is bash, started with an init script that defines
+ * two aliases. For each command we write its text, preceded by a fresh random nonce, on the
+ * session's control socket (fd 62 in the shell, close-on-exec: no program the shell runs can
+ * read or write it), then type " __conch_r" on the pty. The alias reads the record, prints a
+ * start marker \e]697;S<nonce>\a to the terminal, evals the command at top level (so cd,
+ * exports, functions, aliases, options and `declare` persist), prints the end marker
+ * \e]697;E<nonce>\a and writes "E <nonce> <status>" on the control socket. A command ends
+ * when both the status (socket) and the end marker (terminal, so that everything it printed
+ * before is read) are in; or when the shell dies (the supervisor's final event, with the real
+ * wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between the two
+ * markers. Nothing a program prints can end a command: it does not know the nonce, and the
+ * status comes only from the socket it cannot reach.
+ *
+ * Raw mode: session.write, session.output notifications (seq = offset of the first byte in
+ * the session's output stream), resize, signal, attach with one writer, a scrollback ring
+ * replayed on attach. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "daemon/daemon-internal.h"
+#include "daemon/sessions.h"
+#include "exec/result.h"
+#include "exec/run.h"
+
+#define SCROLLBACK_DEFAULT (1u << 20)
+#define MAX_SESSIONS_PER_DAEMON 4096
+#define MAX_QUEUE 256
+/* After the status arrived, how long to wait for the end marker on the terminal (it only
+ * lags by a workqueue hop of the pty) before finishing without it. */
+#define MARKER_WAIT_MS 500
+
+/* The init script, run by the shell before its first prompt (PROMPT_COMMAND from the
+ * environment: the shell runs with --norc, and a rcfile it would have to open by path, which
+ * a pipe or memfd of ours would not allow). Leading spaces keep the typed lines out of
+ * history. */
+static const char init_script[] =
+    "unset PROMPT_COMMAND __conch_init\n"
+    "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
+    "[ -r ~/.bashrc ] && . ~/.bashrc\n"
+    "HISTCONTROL=ignorespace\n"
+    "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; "
+    "fi\n"
+    "__conch_b() {\n"
+    "  local __h\n"
+    "  IFS= read -r -d '' -u 62 __h || return 0\n"
+    "  __conch_n=${__h%%$'\\n'*}\n"
+    "  __conch_c=${__h#*$'\\n'}\n"
+    "  if [[ $__conch_n == i* ]]; then IFS= read -r -d '' -u 62 __conch_in; fi\n"
+    "  __conch_n=${__conch_n:1}\n"
+    "  printf '\\e]697;S%s\\a' \"$__conch_n\" >/dev/tty\n"
+    "}\n"
+    "__conch_e() {\n"
+    "  printf '\\e]697;E%s\\a' \"$__conch_n\" >/dev/tty\n"
+    "  printf 'E %s %d\\n' \"$__conch_n\" \"$1\" >&62\n"
+    "  unset __conch_n __conch_c __conch_in\n"
+    "}\n"
+    "__conch_s() {\n"
+    "  local __n\n"
+    "  IFS= read -r -d '' -u 62 __n || return 0\n"
+    "  printf 'Y %s\\n' \"$__n\" >&62\n"
+    "}\n"
+    "alias __conch_r='__conch_b; eval \"$__conch_c\" </dev/null 62>&-; __conch_e $?'\n"
+    "alias __conch_ri='__conch_b; eval \"$__conch_c\" <<<\"$__conch_in\" 62>&-; __conch_e $?'\n"
+    "alias __conch_y='__conch_s'\n";
+
+enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
+
+struct sclient {
+    struct dlist link;
+    struct conch_rpc_sink *sink; /* a reference */
+    bool writer;
+};
+
+struct srun {
+    struct dlist link;
+    struct session *s;
+    struct conch_rpc_call *call;
+    char *command;
+    char *in;
+    size_t in_len;
+    bool has_in;
+    uint64_t timeout_ms, grace_ms;
+    size_t max_output;
+};
+
+enum { T_NONE, T_DEADLINE, T_GRACE, T_SYNC, T_MARKER };
+
+struct session {
+    struct dlist link;
+    struct daemon *d;
+    char id[32];
+    char sandbox_id[64];
+    json_t *env;
+    char *cwd;
+    enum sess_state state;
+    char end_reason[600];
+    char kill_reason[600]; /* why we killed the shell (idle, close), reported at its end */
+    int end_code;          /* the shell's exit code, -1 unknown */
+    struct conch_proc proc;
+    bool proc_live;
+    unsigned shells;  /* shells started so far */
+    bool new_shell;   /* the shell was restarted after dying: say so in the next result */
+    int sock, master; /* -1 when closed */
+    uv_poll_t *sock_poll, *master_poll;
+    char sockbuf[256];
+    size_t socklen;
+    char *wpend; /* control-socket bytes not yet written */
+    size_t wpend_len, wpend_off;
+    /* scrollback ring */
+    char *ring;
+    size_t ring_cap, ring_len, ring_pos;
+    uint64_t seq; /* bytes of output so far */
+    unsigned short rows, cols;
+    struct dlist clients;
+    /* command mode */
+    struct dlist queue;
+    struct srun *cur;
+    char nonce[17];
+    char mark_s[32], mark_e[32];
+    size_t mark_len;
+    int phase; /* 0: before the start marker, 1: capturing, 2: end marker seen */
+    char carry[32];
+    size_t carry_len;
+    bool pending_cr;
+    struct conch_output cap, nocap;
+    bool got_status;
+    int status_code;
+    bool timed_out, killed_fg, shell_died, synced;
+    uint64_t start_ms;
+    uv_timer_t *timer;
+    int tstage;
+    uv_timer_t *idle;
+    double idle_timeout;
+    double created_at, last_used_at;
+    bool closing;
+};
+
+static struct dlist sessions = {&sessions, &sessions};
+
+/* The session's sandbox, NULL once it is destroyed (looked up each time: a sandbox is freed
+ * after its destroy, and a session outlives it as an ended record). */
+static struct sandbox *sess_sb(struct session *s)
+{
+    return sandbox_find(s->d, s->sandbox_id);
+}
+static unsigned n_sessions;
+static uint64_t next_session;
+
+static void session_pump(struct session *s);
+static void run_finish(struct session *s);
+static int shell_start(struct session *s, struct conch_err *err);
+static void session_end(struct session *s, const char *why);
+static void session_record(struct session *s);
+static void session_free(struct session *s);
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void close_poll(uv_poll_t **p)
+{
+    if (*p) {
+        uv_poll_stop(*p);
+        uv_close((uv_handle_t *)*p, free_handle);
+        *p = NULL;
+    }
+}
+
+static struct session *session_find(const char *id)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sessions)
+    {
+        struct session *s = dlist_entry(pos, struct session, link);
+        if (!strcmp(s->id, id))
+            return s;
+    }
+    return NULL;
+}
+
+static void notify_all(struct session *s, const char *method, json_t *params)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        client_notify(c->sink, method, json_incref(params));
+    }
+    json_decref(params);
+}
+
+/* ---- scrollback ---- */
+
+static void ring_append(struct session *s, const char *buf, size_t len)
+{
+    if (!s->ring_cap)
+        return;
+    if (len >= s->ring_cap) {
+        memcpy(s->ring, buf + len - s->ring_cap, s->ring_cap);
+        s->ring_pos = 0;
+        s->ring_len = s->ring_cap;
+        return;
+    }
+    size_t first = s->ring_cap - s->ring_pos;
+    if (first > len)
+        first = len;
+    memcpy(s->ring + s->ring_pos, buf, first);
+    memcpy(s->ring, buf + first, len - first);
+    s->ring_pos = (s->ring_pos + len) % s->ring_cap;
+    s->ring_len = s->ring_len + len > s->ring_cap ? s->ring_cap : s->ring_len + len;
+}
+
+/* The scrollback in order, as a new buffer (*@ret_len bytes). */
+static char *ring_copy(const struct session *s, size_t *ret_len)
+{
+    char *b = malloc(s->ring_len + 1);
+    if (!b)
+        return NULL;
+    size_t start = (s->ring_pos + s->ring_cap - s->ring_len) % (s->ring_cap ? s->ring_cap : 1);
+    size_t first = s->ring_cap - start;
+    if (first > s->ring_len)
+        first = s->ring_len;
+    if (s->ring_len) {
+        memcpy(b, s->ring + start, first);
+        memcpy(b + first, s->ring, s->ring_len - first);
+    }
+    *ret_len = s->ring_len;
+    return b;
+}
+
+/* ---- capture of the current command's output ---- */
+
+static void cap_append(struct session *s, const char *buf, size_t len)
+{
+    /* The terminal turns \n into \r\n (onlcr): a command's output is plain \n again. */
+    char tmp[4096];
+    size_t t = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = buf[i];
+        if (s->pending_cr) {
+            s->pending_cr = false;
+            if (c != '\n')
+                tmp[t++] = '\r';
+        }
+        if (c == '\r') {
+            s->pending_cr = true;
+            continue;
+        }
+        tmp[t++] = c;
+        if (t >= sizeof(tmp) - 2) {
+            struct conch_err err = {0};
+            conch_output_append(&s->cap, tmp, t, &err);
+            t = 0;
+        }
+    }
+    if (t) {
+        struct conch_err err = {0};
+        conch_output_append(&s->cap, tmp, t, &err);
+    }
+}
+
+/* Feed the terminal's output to the current command: what lies between its markers. */
+static void feed(struct session *s, const char *buf, size_t len)
+{
+    while (len && s->phase < 2) {
+        const char *mark = s->phase == 0 ? s->mark_s : s->mark_e;
+        /* carry + buf: look for the marker across the boundary */
+        char joined[64 + 4096];
+        size_t jl = 0;
+        size_t take = len < 4096 ? len : 4096;
+        memcpy(joined, s->carry, s->carry_len);
+        jl = s->carry_len;
+        memcpy(joined + jl, buf, take);
+        jl += take;
+        s->carry_len = 0;
+        char *hit = memmem(joined, jl, mark, s->mark_len);
+        if (hit) {
+            size_t before = (size_t)(hit - joined);
+            if (s->phase == 1)
+                cap_append(s, joined, before);
+            s->phase++;
+            size_t used = before + s->mark_len; /* of joined */
+            size_t from_buf = used > jl - take ? used - (jl - take) : 0;
+            /* bytes of joined after the marker that came from carry (cannot happen: the
+             * carry is shorter than a marker) */
+            buf += from_buf;
+            len -= from_buf;
+            if (s->phase == 2 && s->got_status)
+                run_finish(s);
+            continue;
+        }
+        /* Keep the longest suffix that may begin a marker. */
+        size_t keep = 0;
+        for (size_t k = s->mark_len - 1; k > 0; k--) {
+            if (k <= jl && !memcmp(joined + jl - k, mark, k)) {
+                keep = k;
+                break;
+            }
+        }
+        if (s->phase == 1)
+            cap_append(s, joined, jl - keep);
+        memcpy(s->carry, joined + jl - keep, keep);
+        s->carry_len = keep;
+        buf += take;
+        len -= take;
+    }
+}
+
+static void on_master(uv_poll_t *h, int status, int events);
+
+static void master_output(struct session *s, const char *buf, size_t n)
+{
+    ring_append(s, buf, n);
+    if (!dlist_empty(&s->clients)) {
+        json_t *p = json_pack("{s:s,s:I,s:o}", "session", s->id, "seq", (json_int_t)s->seq, "data",
+                              conch_json_text(buf, n));
+        notify_all(s, "session.output", p);
+    }
+    s->seq += n;
+    if (s->cur)
+        feed(s, buf, n);
+}
+
+/* Read everything the terminal has. Returns false at EOF/EIO (the shell's side is closed). */
+static bool master_drain(struct session *s)
+{
+    char buf[65536];
+    for (int rounds = 0; s->master >= 0 && rounds < 64; rounds++) {
+        ssize_t n = read(s->master, buf, sizeof(buf));
+        if (n > 0) {
+            master_output(s, buf, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return true;
+        return false;
+    }
+    return true;
+}
+
+static void on_master(uv_poll_t *h, int status, int events)
+{
+    struct session *s = h->data;
+    (void)events;
+    if (status < 0 || !master_drain(s)) {
+        /* The slave side is gone: the shell's end comes from the supervisor. */
+        close_poll(&s->master_poll);
+    }
+}
+
+/* ---- the control socket ---- */
+
+static void sock_flush(struct session *s);
+static void on_timer(uv_timer_t *t);
+
+static void on_sock(uv_poll_t *h, int status, int events)
+{
+    struct session *s = h->data;
+    if (status < 0) {
+        close_poll(&s->sock_poll);
+        return;
+    }
+    if (events & UV_WRITABLE)
+        sock_flush(s);
+    if (!(events & UV_READABLE))
+        return;
+    for (;;) {
+        ssize_t n = read(s->sock, s->sockbuf + s->socklen, sizeof(s->sockbuf) - 1 - s->socklen);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0 || errno != EAGAIN)
+                close_poll(&s->sock_poll);
+            break;
+        }
+        s->socklen += (size_t)n;
+        s->sockbuf[s->socklen] = 0;
+        char *nl;
+        while ((nl = memchr(s->sockbuf, '\n', s->socklen))) {
+            *nl = 0;
+            char kind = 0, nonce[40] = "";
+            int code = 0;
+            int got = sscanf(s->sockbuf, "%c %39s %d", &kind, nonce, &code);
+            size_t used = (size_t)(nl + 1 - s->sockbuf);
+            memmove(s->sockbuf, nl + 1, s->socklen - used);
+            s->socklen -= used;
+            if (!s->cur || strcmp(nonce, s->nonce))
+                continue; /* stale or forged: not the current command's */
+            if (kind == 'E' && got == 3 && !s->got_status && s->tstage != T_SYNC) {
+                s->got_status = true;
+                s->status_code = code;
+                if (s->phase == 2) {
+                    run_finish(s);
+                } else {
+                    s->tstage = T_MARKER;
+                    uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
+                }
+            } else if (kind == 'Y' && s->tstage == T_SYNC) {
+                s->synced = true;
+                run_finish(s);
+            }
+        }
+        if (s->socklen >= sizeof(s->sockbuf) - 1)
+            s->socklen = 0; /* a line that long is not ours */
+    }
+}
+
+static void sock_poll_update(struct session *s)
+{
+    if (!s->sock_poll)
+        return;
+    int ev = UV_READABLE | (s->wpend ? UV_WRITABLE : 0);
+    uv_poll_start(s->sock_poll, ev, on_sock);
+}
+
+static void sock_flush(struct session *s)
+{
+    while (s->wpend && s->wpend_off < s->wpend_len) {
+        ssize_t n = send(s->sock, s->wpend + s->wpend_off, s->wpend_len - s->wpend_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        s->wpend_off += (size_t)n;
+    }
+    if (s->wpend && s->wpend_off >= s->wpend_len) {
+        free(s->wpend);
+        s->wpend = NULL;
+    }
+    sock_poll_update(s);
+}
+
+static void sock_write(struct session *s, const char *buf, size_t len)
+{
+    char *nb = realloc(s->wpend, s->wpend_len - s->wpend_off + len);
+    if (!nb)
+        return;
+    if (s->wpend) {
+        memmove(nb, nb + s->wpend_off, s->wpend_len - s->wpend_off);
+        s->wpend_len -= s->wpend_off;
+    } else {
+        s->wpend_len = 0;
+    }
+    s->wpend_off = 0;
+    memcpy(nb + s->wpend_len, buf, len);
+    s->wpend_len += len;
+    s->wpend = nb;
+    sock_flush(s);
+}
+
+static int master_write(struct session *s, const char *buf, size_t len)
+{
+    size_t off = 0;
+    int spins = 0;
+    while (off < len && s->master >= 0) {
+        ssize_t n = write(s->master, buf + off, len - off);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN && spins++ < 1000) {
+            /* The terminal's input queue is full (4 KiB in canonical mode): read its output
+             * meanwhile so that the shell's echo never blocks it. */
+            master_drain(s);
+            usleep(1000);
+            continue;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- timers ---- */
+
+static void on_timer(uv_timer_t *t)
+{
+    struct session *s = t->data;
+    if (!s->cur)
+        return;
+    switch (s->tstage) {
+    case T_DEADLINE:
+        /* Interrupt: SIGINT to the terminal's foreground process group (whatever the
+         * command did to its termios), then SIGKILL after the grace. */
+        s->timed_out = true;
+        if (s->master >= 0)
+            ioctl(s->master, TIOCSIG, SIGINT);
+        s->tstage = T_GRACE;
+        uv_timer_start(s->timer, on_timer, s->cur->grace_ms ? s->cur->grace_ms : 1, 0);
+        break;
+    case T_GRACE: {
+        /* Still not back: kill the foreground job unless it is the shell itself, then ask
+         * the shell to show it is reading commands again. */
+        pid_t pg = 0, sid = 0;
+        if (s->master >= 0 && ioctl(s->master, TIOCGPGRP, &pg) == 0 &&
+            ioctl(s->master, TIOCGSID, &sid) == 0 && pg != sid) {
+            ioctl(s->master, TIOCSIG, SIGKILL);
+            s->killed_fg = true;
+        }
+        s->tstage = T_SYNC;
+        char rec[40];
+        int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
+        sock_write(s, rec, (size_t)n + 1);
+        master_write(s, "\x15 __conch_y\n", 12);
+        uv_timer_start(s->timer, on_timer, 2000 + s->cur->grace_ms, 0);
+        break;
+    }
+    case T_SYNC:
+        /* The shell itself does not come back (it ignores SIGINT in a loop of builtins):
+         * kill it; the next command starts a new one. */
+        conch_super_signal(&s->proc, SIGKILL);
+        s->tstage = T_NONE;
+        break;
+    case T_MARKER:
+        run_finish(s);
+        break;
+    }
+}
+
+/* ---- the shell's life ---- */
+
+static void session_clear_run_state(struct session *s)
+{
+    s->phase = 0;
+    s->carry_len = 0;
+    s->pending_cr = false;
+    s->got_status = false;
+    s->timed_out = s->killed_fg = s->shell_died = s->synced = false;
+    s->tstage = T_NONE;
+}
+
+static void srun_free(struct srun *r)
+{
+    free(r->command);
+    free(r->in);
+    free(r);
+}
+
+/* Build and send the result of the current command, then start the next one. */
+static void run_finish(struct session *s)
+{
+    struct srun *r = s->cur;
+    if (!r)
+        return;
+    s->cur = NULL;
+    uv_timer_stop(s->timer);
+    struct conch_run_result res;
+    memset(&res, 0, sizeof(res));
+    res.out = s->cap;
+    res.err = s->nocap;
+    res.duration_ms = daemon_now_ms() - s->start_ms;
+    int code;
+    if (s->shell_died)
+        code = s->end_code >= 0 ? s->end_code : 137;
+    else if (s->got_status)
+        code = s->status_code;
+    else
+        code = s->killed_fg ? 128 + SIGKILL : 128 + SIGINT;
+    struct conch_run_end end = {
+        .status = W_EXITCODE(code & 0xff, 0),
+        .timed_out = s->timed_out,
+        .timeout_ms = r->timeout_ms,
+        .grace_ms = r->grace_ms,
+    };
+    conch_run_result_end(&res, &end);
+    json_t *o = conch_run_result_json(&res, NULL);
+    char *text = conch_run_result_text(&res);
+    if (o && text) {
+        if (s->shell_died) {
+            char *t2 = NULL;
+            if (asprintf(&t2, "%s\n[the shell exited: %s; the next command starts a new one]", text,
+                         s->end_reason) >= 0) {
+                free(text);
+                text = t2;
+            }
+        } else if (s->timed_out) {
+            char *t2 = NULL;
+            if (asprintf(&t2, "%s\n[interrupted; the session is still usable]", text) >= 0) {
+                free(text);
+                text = t2;
+            }
+        }
+        json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
+    }
+    free(text);
+    if (o) {
+        json_object_del(o, "committed");
+        json_object_set_new(o, "session", json_string(s->id));
+        json_object_set_new(o, "shell_exited", json_boolean(s->shell_died));
+        json_object_set_new(o, "new_shell", json_boolean(s->new_shell));
+        if (s->timed_out)
+            json_object_set_new(o, "session_usable", json_boolean(!s->shell_died));
+    }
+    s->new_shell = false;
+    conch_output_done(&s->cap);
+    conch_output_done(&s->nocap);
+    s->cap.spill_fd = s->nocap.spill_fd = -1;
+    conch_rpc_call_reply(r->call, o);
+    srun_free(r);
+    session_clear_run_state(s);
+    s->last_used_at = daemon_now();
+    struct sandbox *sb = sess_sb(s);
+    if (sb)
+        sandbox_touch(sb);
+    session_pump(s);
+}
+
+static void fail_queue(struct session *s, const char *why)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->queue)
+    {
+        struct srun *r = dlist_entry(pos, struct srun, link);
+        dlist_del(&r->link);
+        conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                             "session %s ended: %s", s->id, why);
+        srun_free(r);
+    }
+}
+
+/* Start the next queued command when the shell waits for one. */
+static void session_pump(struct session *s)
+{
+    if (s->cur || dlist_empty(&s->queue) || s->closing)
+        return;
+    if (s->state == SS_ENDED) {
+        struct sandbox *sb = sess_sb(s);
+        if (!sb || sb->state != SB_RUNNING || !sb->jail_up || sb->starting) {
+            fail_queue(s, s->end_reason);
+            return;
+        }
+        struct conch_err err = {0};
+        if (shell_start(s, &err) < 0) {
+            fail_queue(s, err.msg);
+            return;
+        }
+        s->new_shell = true;
+    }
+    if (s->state != SS_LIVE)
+        return; /* started again when the master arrives */
+    struct srun *r = dlist_entry(s->queue.next, struct srun, link);
+    /* A program of a person's (an editor, a pager) has the terminal: typing into it would
+     * be wrong. Commands run only when the shell itself is in the foreground. */
+    pid_t pg = 0, sid = 0;
+    if (ioctl(s->master, TIOCGPGRP, &pg) == 0 && ioctl(s->master, TIOCGSID, &sid) == 0 &&
+        pg != sid) {
+        dlist_del(&r->link);
+        conch_rpc_call_failf(r->call, CONCH_RPC_LIMIT, "session_busy", NULL,
+                             "session %s: a program is running in the foreground of its "
+                             "terminal; wait for it, or end it with session.signal",
+                             s->id);
+        srun_free(r);
+        session_pump(s);
+        return;
+    }
+    dlist_del(&r->link);
+    s->cur = r;
+    session_clear_run_state(s);
+    struct conch_err err = {0};
+    s->cap.spill_fd = s->nocap.spill_fd = -1;
+    if (conch_output_init(&s->cap, "stdout", r->max_output, 256ULL << 20,
+                          sess_sb(s) ? sandbox_spill_dir(sess_sb(s)) : NULL, &err) < 0 ||
+        conch_output_init(&s->nocap, "stderr", 0, 0, NULL, &err) < 0) {
+        s->cur = NULL;
+        conch_rpc_call_fail_err(r->call, 0, NULL, &err);
+        srun_free(r);
+        return;
+    }
+    unsigned char rnd[8];
+    if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd)) {
+        for (int i = 0; i < 8; i++)
+            rnd[i] = (unsigned char)rand();
+    }
+    for (int i = 0; i < 8; i++)
+        snprintf(s->nonce + 2 * i, 3, "%02x", rnd[i]);
+    s->mark_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
+    snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", s->nonce);
+    size_t clen = strlen(r->command);
+    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0);
+    char *rec = malloc(len);
+    if (!rec) {
+        s->cur = NULL;
+        conch_rpc_call_failf(r->call, -32603, "internal_error", NULL, "out of memory");
+        srun_free(r);
+        return;
+    }
+    size_t off = (size_t)sprintf(rec, "%c%s\n", r->has_in ? 'i' : 'r', s->nonce);
+    memcpy(rec + off, r->command, clen + 1);
+    off += clen + 1;
+    if (r->has_in) {
+        memcpy(rec + off, r->in, r->in_len);
+        rec[off + r->in_len] = 0;
+        off += r->in_len + 1;
+    }
+    s->start_ms = daemon_now_ms();
+    sock_write(s, rec, off);
+    free(rec);
+    if (r->has_in)
+        master_write(s, "\x15 __conch_ri\n", 13);
+    else
+        master_write(s, "\x15 __conch_r\n", 12);
+    if (r->timeout_ms) {
+        s->tstage = T_DEADLINE;
+        uv_timer_start(s->timer, on_timer, r->timeout_ms, 0);
+    }
+}
+
+static bool recv_fd(int sock, int *ret)
+{
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n != 1)
+        return false;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+        c->cmsg_len != CMSG_LEN(sizeof(int)))
+        return false;
+    memcpy(ret, CMSG_DATA(c), sizeof(int));
+    return true;
+}
+
+static void set_winsize(struct session *s)
+{
+    struct winsize ws = {.ws_row = s->rows, .ws_col = s->cols};
+    if (s->master >= 0)
+        ioctl(s->master, TIOCSWINSZ, &ws);
+}
+
+static void shell_started(struct conch_proc *p, pid_t pid)
+{
+    struct session *s = p->data;
+    (void)pid;
+    /* The shell sent the master before exec, and it started: the fd is waiting. */
+    int master = -1;
+    if (!recv_fd(s->sock, &master)) {
+        log_warn("session %s: no terminal from the shell", s->id);
+        conch_super_signal(&s->proc, SIGKILL);
+        return;
+    }
+    fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
+    fcntl(s->sock, F_SETFL, fcntl(s->sock, F_GETFL) | O_NONBLOCK);
+    s->master = master;
+    set_winsize(s);
+    s->master_poll = malloc(sizeof(*s->master_poll));
+    s->sock_poll = malloc(sizeof(*s->sock_poll));
+    uv_poll_init(&s->d->loop, s->master_poll, master);
+    uv_poll_init(&s->d->loop, s->sock_poll, s->sock);
+    s->master_poll->data = s->sock_poll->data = s;
+    uv_poll_start(s->master_poll, UV_READABLE, on_master);
+    sock_poll_update(s);
+    s->state = SS_LIVE;
+    json_t *params = json_pack("{s:s,s:i}", "session", s->id, "shell", s->shells);
+    notify_all(s, "session.started", params);
+    session_pump(s);
+}
+
+static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct session *s = p->data;
+    s->proc_live = false;
+    if (s->master >= 0 && !s->closing)
+        master_drain(s);
+    int sig = 0;
+    if (end->start_failed) {
+        s->end_code = 127;
+        snprintf(s->end_reason, sizeof(s->end_reason), "the shell could not start: %s",
+                 end->err.msg);
+    } else if (end->lost) {
+        s->end_code = conch_exit_code(end->status, &sig);
+        snprintf(s->end_reason, sizeof(s->end_reason), "%s", end->why ? end->why : "lost");
+    } else {
+        s->end_code = conch_exit_code(end->status, &sig);
+        if (sig)
+            snprintf(s->end_reason, sizeof(s->end_reason), "the shell was killed by signal %d",
+                     sig);
+        else
+            snprintf(s->end_reason, sizeof(s->end_reason), "the shell exited with code %d",
+                     s->end_code);
+    }
+    if (s->kill_reason[0])
+        snprintf(s->end_reason, sizeof(s->end_reason), "%s", s->kill_reason);
+    s->kill_reason[0] = 0;
+    if (s->closing) {
+        session_free(s);
+        return;
+    }
+    session_end(s, s->end_reason);
+}
+
+static const struct conch_proc_ops shell_ops = {.started = shell_started, .ended = shell_ended};
+
+static void session_close_fds(struct session *s)
+{
+    close_poll(&s->master_poll);
+    close_poll(&s->sock_poll);
+    if (s->master >= 0)
+        close(s->master);
+    if (s->sock >= 0)
+        close(s->sock);
+    s->master = s->sock = -1;
+    free(s->wpend);
+    s->wpend = NULL;
+    s->socklen = 0;
+}
+
+/* The shell is gone (exit, sandbox destroyed, idle, close): tell every client why. The
+ * current command ends with the shell's status; queued ones start a new shell. */
+static void session_end(struct session *s, const char *why)
+{
+    if (s->state == SS_ENDED)
+        return;
+    s->state = SS_ENDED;
+    if (why != s->end_reason)
+        snprintf(s->end_reason, sizeof(s->end_reason), "%s", why);
+    session_close_fds(s);
+    json_t *params = json_pack("{s:s,s:s,s:i}", "session", s->id, "reason", s->end_reason,
+                               "exit_code", s->end_code);
+    notify_all(s, "session.ended", params);
+    session_record(s);
+    if (s->cur) {
+        s->shell_died = true;
+        run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
+    } else {
+        session_pump(s);
+    }
+}
+
+static int shell_start(struct session *s, struct conch_err *err)
+{
+    struct sandbox *sb = sess_sb(s);
+    if (!sb || sb->state != SB_RUNNING || !sb->jail_up)
+        return conch_err_set(err, ESHUTDOWN, "sandbox %s is not running", s->sandbox_id);
+    int sp[2] = {-1, -1}, devnull = -1;
+    char **env = NULL;
+    int r = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
+        conch_err_set(err, errno, "socketpair: %s", strerror(errno));
+        goto out;
+    }
+    devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    size_t n = json_object_size(sb->env) + json_object_size(s->env) + 4;
+    char **extra = calloc(n + 1, sizeof(char *));
+    size_t i = 0;
+    if (extra) {
+        extra[i++] = strdup("TERM=xterm-256color");
+        if (asprintf(&extra[i], "__conch_init=%s", init_script) >= 0)
+            i++;
+        extra[i++] = strdup("PROMPT_COMMAND=eval \"$__conch_init\"");
+        json_t *objs[2] = {sb->env, s->env};
+        for (int k = 0; k < 2; k++) {
+            const char *key;
+            json_t *val;
+            json_object_foreach(objs[k], key, val)
+            {
+                if (json_is_string(val) &&
+                    asprintf(&extra[i], "%s=%s", key, json_string_value(val)) >= 0)
+                    i++;
+            }
+        }
+        env = conch_exec_env_build(extra, sb->as_root, err);
+        for (size_t j = 0; j < i; j++)
+            free(extra[j]);
+        free(extra);
+    }
+    if (!env) {
+        if (!err->code)
+            conch_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    char *argv[] = {"/bin/bash", "--noprofile", "--norc", "-i", NULL};
+    struct conch_jail_cmd cmd = {.argv = argv,
+                                 .envp = env,
+                                 .cwd = s->cwd,
+                                 .stdin_fd = sp[1],
+                                 .stdout_fd = devnull,
+                                 .stderr_fd = devnull,
+                                 .pty = true};
+    memset(&s->proc, 0, sizeof(s->proc));
+    s->proc.ops = &shell_ops;
+    s->proc.data = s;
+    if (conch_super_run(&sb->super, &s->proc, &cmd, 0, 0, err) < 0)
+        goto out;
+    s->proc_live = true;
+    s->sock = sp[0];
+    sp[0] = -1;
+    s->state = SS_STARTING;
+    s->shells++;
+    s->end_code = -1;
+    s->end_reason[0] = 0;
+    r = 0;
+out:
+    if (sp[0] >= 0)
+        close(sp[0]);
+    if (sp[1] >= 0)
+        close(sp[1]);
+    if (devnull >= 0)
+        close(devnull);
+    conch_exec_env_free(env);
+    return r;
+}
+
+/* ---- state db: sessions listed after a restart ---- */
+
+static void session_record(struct session *s)
+{
+    (void)s; /* see sessions_recover: not recorded yet */
+}
+
+/* ---- idle ---- */
+
+static void on_idle(uv_timer_t *t)
+{
+    struct session *s = t->data;
+    if (s->cur || !dlist_empty(&s->queue)) {
+        uv_timer_start(s->idle, on_idle, (uint64_t)(s->idle_timeout * 1000), 0);
+        return;
+    }
+    if (s->state != SS_ENDED && s->proc_live) {
+        snprintf(s->kill_reason, sizeof(s->kill_reason), "idle for %.0f s", s->idle_timeout);
+        conch_super_signal(&s->proc, SIGKILL);
+    }
+}
+
+static void touch(struct session *s)
+{
+    s->last_used_at = daemon_now();
+    if (s->idle_timeout > 0 && s->idle)
+        uv_timer_start(s->idle, on_idle, (uint64_t)(s->idle_timeout * 1000), 0);
+}
+
+/* ---- JSON ---- */
+
+static json_t *session_json(struct session *s)
+{
+    struct dlist *pos, *tmp;
+    int clients = 0, writers = 0;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        clients++;
+        if (dlist_entry(pos, struct sclient, link)->writer)
+            writers++;
+    }
+    json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:f,s:f,s:I,s:i,s:i}", "session", s->id,
+                          "sandbox", s->sandbox_id, "state",
+                          s->state == SS_ENDED  ? "ended"
+                          : s->state == SS_LIVE ? "running"
+                                                : "starting",
+                          "clients", clients, "rows", s->rows, "cols", s->cols, "created_at",
+                          s->created_at, "last_used_at", s->last_used_at, "output_bytes",
+                          (json_int_t)s->seq, "shells", (int)s->shells, "queued", s->cur ? 1 : 0);
+    if (s->state == SS_ENDED) {
+        json_object_set_new(o, "reason", json_string(s->end_reason));
+        json_object_set_new(o, "exit_code",
+                            s->end_code >= 0 ? json_integer(s->end_code) : json_null());
+    }
+    json_object_set_new(o, "writer", json_boolean(writers > 0));
+    return o;
+}
+
+static struct session *find_or_fail(struct conch_rpc_call *call, json_t *params)
+{
+    const char *id = conch_rpc_str(params, "session", "");
+    struct session *s = session_find(id);
+    if (!s)
+        conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "session_not_found", NULL,
+                             "no session '%s' (session.list shows them)", id);
+    return s;
+}
+
+static struct sclient *client_of(struct session *s, struct conch_rpc_sink *sink)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        if (c->sink == sink)
+            return c;
+    }
+    return NULL;
+}
+
+/* The ctx of a handler is the client the request came from. */
+static struct conch_rpc_sink *ctx_sink(void *ctx)
+{
+    struct client *c = ctx;
+    return c ? c->sink : NULL;
+}
+
+/* ---- handlers ---- */
+
+void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *cl = ctx;
+    struct daemon *d = cl->d;
+    const char *shell = conch_rpc_str(params, "shell", "bash");
+    if (strcmp(shell, "bash") && strcmp(shell, "/bin/bash")) {
+        conch_rpc_call_fail_param(call, "shell", "only bash is supported for now");
+        return;
+    }
+    if (n_sessions >= MAX_SESSIONS_PER_DAEMON) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL, "too many sessions (%d)",
+                             MAX_SESSIONS_PER_DAEMON);
+        return;
+    }
+    struct sandbox *sb = sandbox_find_running(d, call, conch_rpc_str(params, "sandbox", ""));
+    if (!sb)
+        return;
+    struct session *s = calloc(1, sizeof(*s));
+    if (!s) {
+        conch_rpc_call_failf(call, -32603, "internal_error", NULL, "out of memory");
+        return;
+    }
+    s->d = d;
+    s->sock = s->master = -1;
+    snprintf(s->id, sizeof(s->id), "ses-%llu-%04x", (unsigned long long)++next_session,
+             (unsigned)(rand() & 0xffff));
+    snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sb->id);
+    DLIST_INIT(&s->clients);
+    DLIST_INIT(&s->queue);
+    s->rows = (unsigned short)conch_rpc_int(params, "rows", 24);
+    s->cols = (unsigned short)conch_rpc_int(params, "cols", 80);
+    s->ring_cap = (size_t)conch_rpc_int(params, "scrollback", SCROLLBACK_DEFAULT);
+    s->ring = s->ring_cap ? malloc(s->ring_cap) : NULL;
+    s->env = json_incref(json_object_get(params, "env"));
+    const char *cwd = conch_rpc_str(params, "cwd", NULL);
+    if (cwd && cwd[0] == '/')
+        s->cwd = strdup(cwd);
+    else if (cwd && *cwd && asprintf(&s->cwd, "/workspace/%s", cwd) < 0)
+        s->cwd = NULL;
+    if (!s->cwd)
+        s->cwd = strdup("/workspace");
+    s->idle_timeout = conch_rpc_num(params, "idle_timeout", 3600);
+    s->created_at = s->last_used_at = daemon_now();
+    s->timer = malloc(sizeof(*s->timer));
+    s->idle = malloc(sizeof(*s->idle));
+    uv_timer_init(&d->loop, s->timer);
+    uv_timer_init(&d->loop, s->idle);
+    s->timer->data = s->idle->data = s;
+    s->cap.spill_fd = s->nocap.spill_fd = -1;
+    struct conch_err err = {0};
+    if ((s->ring_cap && !s->ring) || shell_start(s, &err) < 0) {
+        if (!err.code)
+            conch_err_set(&err, ENOMEM, "out of memory");
+        uv_close((uv_handle_t *)s->timer, free_handle);
+        uv_close((uv_handle_t *)s->idle, free_handle);
+        free(s->ring);
+        free(s->cwd);
+        json_decref(s->env);
+        free(s);
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
+        return;
+    }
+    dlist_add(&sessions, &s->link);
+    n_sessions++;
+    touch(s);
+    sandbox_touch(sb);
+    /* The client that opened it is attached (read-only unless it asks to write). */
+    struct conch_rpc_sink *sink = ctx_sink(ctx);
+    if (sink && conch_rpc_bool(params, "attach", false)) {
+        struct sclient *c = calloc(1, sizeof(*c));
+        if (c) {
+            c->sink = conch_rpc_sink_ref(sink);
+            c->writer = true;
+            dlist_add(&s->clients, &c->link);
+        }
+    }
+    conch_rpc_call_reply(call, session_json(s));
+}
+
+void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    (void)ctx;
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    size_t clen = 0, in_len = 0;
+    const char *command = conch_rpc_strn(params, "command", &clen);
+    if (!command || strlen(command) != clen) {
+        conch_rpc_call_fail_param(call, "command", "command must be a string without NUL bytes");
+        return;
+    }
+    const char *in = conch_rpc_strn(params, "stdin", &in_len);
+    if (in && strlen(in) != in_len) {
+        conch_rpc_call_fail_param(call, "stdin", "stdin must be text without NUL bytes");
+        return;
+    }
+    unsigned queued = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->queue) queued++;
+    if (queued >= MAX_QUEUE) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "too many commands queued on session %s (%d)", s->id, MAX_QUEUE);
+        return;
+    }
+    struct srun *r = calloc(1, sizeof(*r));
+    if (!r) {
+        conch_rpc_call_failf(call, -32603, "internal_error", NULL, "out of memory");
+        return;
+    }
+    r->s = s;
+    r->call = call;
+    r->command = strdup(command);
+    if (in) {
+        r->has_in = true;
+        /* A here-string adds the final newline back. */
+        if (in_len && in[in_len - 1] == '\n')
+            in_len--;
+        r->in = strndup(in, in_len);
+        r->in_len = in_len;
+    }
+    double timeout = conch_rpc_num(params, "timeout", 120);
+    double grace = conch_rpc_num(params, "grace", 2);
+    r->timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000) : 0;
+    r->grace_ms = (uint64_t)(grace * 1000);
+    long long mo = conch_rpc_int(params, "max_output", 1 << 20);
+    r->max_output = mo > 0 ? (size_t)mo : 1 << 20;
+    dlist_add(&s->queue, &r->link);
+    touch(s);
+    session_pump(s);
+}
+
+void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    struct conch_rpc_sink *sink = ctx_sink(ctx);
+    struct sclient *me = client_of(s, sink);
+    struct dlist *pos, *tmp;
+    bool other_writer = false;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        if (c != me && c->writer)
+            other_writer = true;
+    }
+    if (other_writer && !(me && me->writer)) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "not_writer", NULL,
+                             "another client writes to session %s; take over with "
+                             "session.attach {write: true}",
+                             s->id);
+        return;
+    }
+    if (s->state != SS_LIVE) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                             "session %s is not running (%s)", s->id,
+                             s->state == SS_ENDED ? s->end_reason : "starting");
+        return;
+    }
+    size_t len = 0;
+    const char *data = conch_rpc_strn(params, "data", &len);
+    if (master_write(s, data, len) < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                             "session %s: write to its terminal: %s", s->id, strerror(errno));
+        return;
+    }
+    touch(s);
+    conch_rpc_call_reply(call, json_pack("{s:I}", "written", (json_int_t)len));
+}
+
+void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    struct conch_rpc_sink *sink = ctx_sink(ctx);
+    if (!sink) {
+        conch_rpc_call_failf(call, -32602, "invalid_params", NULL, "no connection to attach");
+        return;
+    }
+    bool write = conch_rpc_bool(params, "write", false);
+    struct sclient *me = client_of(s, sink);
+    if (!me) {
+        me = calloc(1, sizeof(*me));
+        if (!me) {
+            conch_rpc_call_failf(call, -32603, "internal_error", NULL, "out of memory");
+            return;
+        }
+        me->sink = conch_rpc_sink_ref(sink);
+        dlist_add(&s->clients, &me->link);
+    }
+    if (write) {
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &s->clients)
+        {
+            struct sclient *c = dlist_entry(pos, struct sclient, link);
+            if (c != me && c->writer) {
+                c->writer = false;
+                client_notify(c->sink, "session.writer",
+                              json_pack("{s:s,s:b,s:s}", "session", s->id, "writer", 0, "reason",
+                                        "another client took over"));
+            }
+        }
+        me->writer = true;
+    }
+    size_t len = 0;
+    char *sbk = ring_copy(s, &len);
+    json_t *o = session_json(s);
+    json_object_set_new(o, "scrollback", conch_json_text(sbk ? sbk : "", sbk ? len : 0));
+    json_object_set_new(o, "seq", json_integer((json_int_t)(s->seq - len)));
+    json_object_set_new(o, "next_seq", json_integer((json_int_t)s->seq));
+    json_object_set_new(o, "you_write", json_boolean(me->writer));
+    free(sbk);
+    touch(s);
+    conch_rpc_call_reply(call, o);
+}
+
+void handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    struct sclient *me = client_of(s, ctx_sink(ctx));
+    if (me) {
+        dlist_del(&me->link);
+        conch_rpc_sink_unref(me->sink);
+        free(me);
+    }
+    conch_rpc_call_reply(call, json_pack("{s:b}", "detached", me != NULL));
+}
+
+void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    (void)ctx;
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    s->rows = (unsigned short)conch_rpc_int(params, "rows", s->rows);
+    s->cols = (unsigned short)conch_rpc_int(params, "cols", s->cols);
+    set_winsize(s);
+    conch_rpc_call_reply(call, json_pack("{s:i,s:i}", "rows", s->rows, "cols", s->cols));
+}
+
+void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    (void)ctx;
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    const char *name = conch_rpc_str(params, "signal", "INT");
+    static const struct {
+        const char *name;
+        int sig;
+    } sigs[] = {{"INT", SIGINT},   {"TERM", SIGTERM}, {"KILL", SIGKILL},
+                {"HUP", SIGHUP},   {"QUIT", SIGQUIT}, {"TSTP", SIGTSTP},
+                {"CONT", SIGCONT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}};
+    int sig = 0;
+    if (!strncmp(name, "SIG", 3))
+        name += 3;
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        if (!strcmp(name, sigs[i].name))
+            sig = sigs[i].sig;
+    if (!sig) {
+        conch_rpc_call_fail_param(call, "signal", "unknown signal '%s'", name);
+        return;
+    }
+    if (s->state != SS_LIVE || s->master < 0 || ioctl(s->master, TIOCSIG, sig) < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                             "session %s is not running", s->id);
+        return;
+    }
+    conch_rpc_call_reply(call, json_pack("{s:i}", "signal", sig));
+}
+
+void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    (void)ctx;
+    const char *sb = conch_rpc_str(params, "sandbox", NULL);
+    json_t *a = json_array();
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sessions)
+    {
+        struct session *s = dlist_entry(pos, struct session, link);
+        if (!sb || !strcmp(sb, s->sandbox_id))
+            json_array_append_new(a, session_json(s));
+    }
+    conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", a));
+}
+
+static void session_free(struct session *s)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        dlist_del(&c->link);
+        conch_rpc_sink_unref(c->sink);
+        free(c);
+    }
+    uv_close((uv_handle_t *)s->timer, free_handle);
+    uv_close((uv_handle_t *)s->idle, free_handle);
+    free(s->ring);
+    free(s->cwd);
+    json_decref(s->env);
+    free(s);
+}
+
+/* Forget @s: kill its shell (its end comes at once, synchronously or not), tell clients. */
+static void session_destroy(struct session *s, const char *why)
+{
+    s->closing = true;
+    fail_queue(s, why);
+    if (s->state != SS_ENDED)
+        session_end(s, why);
+    dlist_del(&s->link);
+    n_sessions--;
+    /* The proc stays the supervisor's until its final event: shell_ended frees @s then. */
+    if (s->proc_live)
+        conch_super_signal(&s->proc, SIGKILL);
+    else
+        session_free(s);
+}
+
+void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    (void)ctx;
+    struct session *s = find_or_fail(call, params);
+    if (!s)
+        return;
+    session_destroy(s, "closed by a client");
+    conch_rpc_call_reply(call, json_pack("{s:b}", "closed", 1));
+}
