@@ -114,7 +114,8 @@ struct session {
     int end_code;          /* the shell's exit code, -1 unknown */
     struct conch_proc proc;
     bool proc_live;
-    unsigned shells;  /* shells started so far */
+    struct conch_rpc_call *open_call; /* session.open, answered once the shell has started */
+    unsigned shells;                  /* shells started so far */
     bool new_shell;   /* the shell was restarted after dying: say so in the next result */
     int sock, master; /* -1 when closed */
     uv_poll_t *sock_poll, *master_poll;
@@ -168,6 +169,7 @@ static int shell_start(struct session *s, struct conch_err *err);
 static void session_end(struct session *s, const char *why);
 static void session_record(struct session *s);
 static void session_free(struct session *s);
+static json_t *session_json(struct session *s);
 
 static void free_handle(uv_handle_t *h)
 {
@@ -494,6 +496,22 @@ static int master_write(struct session *s, const char *buf, size_t len)
 
 /* ---- timers ---- */
 
+/* Send @sig to the terminal's foreground process group. TIOCSIG (which works whatever the
+ * program did to its termios) only takes SIGINT, SIGQUIT and SIGTSTP; other signals go by
+ * kill() to the group the terminal names (a host pid: the sandbox's pid namespaces are
+ * below ours), never to the shell's own group. */
+static int fg_signal(struct session *s, int sig)
+{
+    if (s->master < 0)
+        return -1;
+    if (sig == SIGINT || sig == SIGQUIT || sig == SIGTSTP)
+        return ioctl(s->master, TIOCSIG, sig);
+    pid_t pg = 0;
+    if (ioctl(s->master, TIOCGPGRP, &pg) < 0 || pg <= 1)
+        return -1;
+    return kill(-pg, sig);
+}
+
 static void on_timer(uv_timer_t *t)
 {
     struct session *s = t->data;
@@ -515,7 +533,7 @@ static void on_timer(uv_timer_t *t)
         pid_t pg = 0, sid = 0;
         if (s->master >= 0 && ioctl(s->master, TIOCGPGRP, &pg) == 0 &&
             ioctl(s->master, TIOCGSID, &sid) == 0 && pg != sid) {
-            ioctl(s->master, TIOCSIG, SIGKILL);
+            fg_signal(s, SIGKILL);
             s->killed_fg = true;
         }
         s->tstage = T_SYNC;
@@ -780,6 +798,10 @@ static void shell_started(struct conch_proc *p, pid_t pid)
     uv_poll_start(s->master_poll, UV_READABLE, on_master);
     sock_poll_update(s);
     s->state = SS_LIVE;
+    if (s->open_call) {
+        conch_rpc_call_reply(s->open_call, session_json(s));
+        s->open_call = NULL;
+    }
     json_t *params = json_pack("{s:s,s:i}", "session", s->id, "shell", s->shells);
     notify_all(s, "session.started", params);
     session_pump(s);
@@ -814,6 +836,12 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
     if (s->closing) {
         session_free(s);
         return;
+    }
+    if (s->open_call) {
+        struct conch_err err = {0};
+        conch_err_set(&err, EIO, "session.open: %s", s->end_reason);
+        conch_rpc_call_fail_err(s->open_call, 0, NULL, &err);
+        s->open_call = NULL;
     }
     session_end(s, s->end_reason);
 }
@@ -1095,7 +1123,7 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
             dlist_add(&s->clients, &c->link);
         }
     }
-    conch_rpc_call_reply(call, session_json(s));
+    s->open_call = call; /* answered when the shell has started (or failed to) */
 }
 
 void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
@@ -1285,7 +1313,7 @@ void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ct
         conch_rpc_call_fail_param(call, "signal", "unknown signal '%s'", name);
         return;
     }
-    if (s->state != SS_LIVE || s->master < 0 || ioctl(s->master, TIOCSIG, sig) < 0) {
+    if (s->state != SS_LIVE || s->master < 0 || fg_signal(s, sig) < 0) {
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
                              "session %s is not running", s->id);
         return;
