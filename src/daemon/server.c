@@ -826,6 +826,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     if (conch_recover_reap(d->state, &report, &rerr) < 0)
         log_warn("recovery: %s", rerr.msg);
     sandboxes_recover(d);
+    sessions_recover(d);
 
     signal(SIGPIPE, SIG_IGN);
     uv_signal_init(&d->loop, &d->sigchld);

@@ -17,6 +17,7 @@
  * Raw mode: session.write, session.output notifications (seq = offset of the first byte in
  * the session's output stream), resize, signal, attach with one writer, a scrollback ring
  * replayed on attach. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -27,6 +28,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -44,6 +46,8 @@
 /* After the status arrived, how long to wait for the end marker on the terminal (it only
  * lags by a workqueue hop of the pty) before finishing without it. */
 #define MARKER_WAIT_MS 500
+/* The scrollback of a session that prints is saved at most this often (see records). */
+#define SAVE_MS 2000
 
 /* The init script, run by the shell before its first prompt (PROMPT_COMMAND from the
  * environment: the shell runs with --norc, and a rcfile it would have to open by path, which
@@ -99,7 +103,11 @@ struct srun {
     size_t max_output;
 };
 
-enum { T_NONE, T_DEADLINE, T_GRACE, T_SYNC, T_MARKER };
+enum { T_NONE, T_DEADLINE, T_GRACE, T_SYNC, T_MARKER, T_BUSY };
+
+/* How long a command waits for a program in the terminal's foreground (typed by a person) to
+ * end before it is refused with session_busy. */
+#define BUSY_WAIT_MS 2000
 
 struct session {
     struct dlist link;
@@ -150,6 +158,10 @@ struct session {
     double idle_timeout;
     double created_at, last_used_at;
     bool closing;
+    bool recovered;      /* listed from a record of a previous daemon: nothing runs */
+    uint64_t saved_seq;  /* output bytes when the scrollback was last saved */
+    uint64_t busy_since; /* a program held the foreground when a command was due (ms) */
+    uv_timer_t *save;
 };
 
 static struct dlist sessions = {&sessions, &sessions};
@@ -169,6 +181,9 @@ static int shell_start(struct session *s, struct conch_err *err);
 static void session_end(struct session *s, const char *why);
 static void session_record(struct session *s);
 static void session_free(struct session *s);
+static void on_save(uv_timer_t *t);
+static void session_unrecord(struct session *s);
+static void sessions_trim(struct daemon *d);
 static json_t *session_json(struct session *s);
 
 static void free_handle(uv_handle_t *h)
@@ -336,6 +351,8 @@ static void master_output(struct session *s, const char *buf, size_t n)
         notify_all(s, "session.output", p);
     }
     s->seq += n;
+    if (s->save && !uv_is_active((uv_handle_t *)s->save))
+        uv_timer_start(s->save, on_save, SAVE_MS, 0);
     if (s->cur)
         feed(s, buf, n);
 }
@@ -515,8 +532,13 @@ static int fg_signal(struct session *s, int sig)
 static void on_timer(uv_timer_t *t)
 {
     struct session *s = t->data;
-    if (!s->cur)
+    if (!s->cur) {
+        if (s->tstage == T_BUSY) {
+            s->tstage = T_NONE;
+            session_pump(s);
+        }
         return;
+    }
     switch (s->tstage) {
     case T_DEADLINE:
         /* Interrupt: SIGINT to the terminal's foreground process group (whatever the
@@ -662,8 +684,12 @@ static void session_pump(struct session *s)
 {
     if (s->cur || dlist_empty(&s->queue) || s->closing)
         return;
+    if (s->d->stopping) {
+        fail_queue(s, "the daemon is shutting down");
+        return;
+    }
     if (s->state == SS_ENDED) {
-        struct sandbox *sb = sess_sb(s);
+        struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
         if (!sb || sb->state != SB_RUNNING || !sb->jail_up || sb->starting) {
             fail_queue(s, s->end_reason);
             return;
@@ -683,6 +709,14 @@ static void session_pump(struct session *s)
     pid_t pg = 0, sid = 0;
     if (ioctl(s->master, TIOCGPGRP, &pg) == 0 && ioctl(s->master, TIOCGSID, &sid) == 0 &&
         pg != sid) {
+        if (!s->busy_since)
+            s->busy_since = daemon_now_ms();
+        if (daemon_now_ms() - s->busy_since < BUSY_WAIT_MS) {
+            s->tstage = T_BUSY;
+            uv_timer_start(s->timer, on_timer, 20, 0);
+            return;
+        }
+        s->busy_since = 0;
         dlist_del(&r->link);
         conch_rpc_call_failf(r->call, CONCH_RPC_LIMIT, "session_busy", NULL,
                              "session %s: a program is running in the foreground of its "
@@ -692,6 +726,9 @@ static void session_pump(struct session *s)
         session_pump(s);
         return;
     }
+    s->busy_since = 0;
+    if (s->tstage == T_BUSY)
+        uv_timer_stop(s->timer);
     dlist_del(&r->link);
     s->cur = r;
     session_clear_run_state(s);
@@ -872,6 +909,8 @@ static void session_end(struct session *s, const char *why)
     if (why != s->end_reason)
         snprintf(s->end_reason, sizeof(s->end_reason), "%s", why);
     session_close_fds(s);
+    if (s->save)
+        uv_timer_stop(s->save);
     json_t *params = json_pack("{s:s,s:s,s:i}", "session", s->id, "reason", s->end_reason,
                                "exit_code", s->end_code);
     notify_all(s, "session.ended", params);
@@ -958,11 +997,111 @@ out:
     return r;
 }
 
-/* ---- state db: sessions listed after a restart ---- */
+/* ---- records: sessions listed after a restart ---- */
+
+/* Each session has a record in <state>/sessions/: <id>.json (what session.list shows) and
+ * <id>.out (the scrollback), written on open, at its end, and at most every SAVE_MS while it
+ * prints (so that a daemon killed by SIGKILL still leaves a recent scrollback). A restarted
+ * daemon lists them as ended. Files, not the SQLite database: a scrollback is a blob written
+ * often, and the schema stays the sandboxes'. At most MAX_RECORDS are kept (oldest ended
+ * ones go first). */
+#define MAX_RECORDS 256
+
+static int records_dir(struct daemon *d, char *buf, size_t size)
+{
+    int n = snprintf(buf, size, "%s/sessions", d->state_dir);
+    if (n < 0 || (size_t)n >= size)
+        return -1;
+    if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static void write_file(const char *dir, const char *name, const char *data, size_t len)
+{
+    char tmp[PATH_MAX + 64], dst[PATH_MAX + 64];
+    snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
+    snprintf(dst, sizeof(dst), "%s/%s", dir, name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    int r = conch_write_all(fd, data, len);
+    close(fd);
+    if (r < 0 || rename(tmp, dst) < 0) {
+        log_warn("session record %s: %s", dst, strerror(r < 0 ? -r : errno));
+        unlink(tmp);
+    }
+}
+
+static void session_save(struct session *s, bool with_scrollback)
+{
+    char dir[PATH_MAX];
+    if (s->recovered || records_dir(s->d, dir, sizeof(dir)) < 0)
+        return;
+    json_t *o = session_json(s);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    char name[64];
+    if (text) {
+        snprintf(name, sizeof(name), "%s.json", s->id);
+        write_file(dir, name, text, strlen(text));
+        free(text);
+    }
+    if (with_scrollback) {
+        size_t len = 0;
+        char *sbk = ring_copy(s, &len);
+        if (sbk) {
+            snprintf(name, sizeof(name), "%s.out", s->id);
+            write_file(dir, name, sbk, len);
+            free(sbk);
+        }
+        s->saved_seq = s->seq;
+    }
+}
+
+static void on_save(uv_timer_t *t)
+{
+    struct session *s = t->data;
+    if (s->saved_seq != s->seq)
+        session_save(s, true);
+}
 
 static void session_record(struct session *s)
 {
-    (void)s; /* see sessions_recover: not recorded yet */
+    session_save(s, true);
+}
+
+static void session_unrecord(struct session *s)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    if (records_dir(s->d, dir, sizeof(dir)) < 0)
+        return;
+    snprintf(path, sizeof(path), "%s/%s.json", dir, s->id);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/%s.out", dir, s->id);
+    unlink(path);
+}
+
+static char *read_file(const char *path, size_t max, size_t *ret_len)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *buf = malloc(max + 1);
+    size_t len = 0;
+    while (buf && len < max) {
+        ssize_t n = read(fd, buf + len, max - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (buf)
+        buf[len] = 0;
+    *ret_len = len;
+    return buf;
 }
 
 /* ---- idle ---- */
@@ -1092,9 +1231,11 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     s->created_at = s->last_used_at = daemon_now();
     s->timer = malloc(sizeof(*s->timer));
     s->idle = malloc(sizeof(*s->idle));
+    s->save = malloc(sizeof(*s->save));
     uv_timer_init(&d->loop, s->timer);
     uv_timer_init(&d->loop, s->idle);
-    s->timer->data = s->idle->data = s;
+    uv_timer_init(&d->loop, s->save);
+    s->timer->data = s->idle->data = s->save->data = s;
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
     if ((s->ring_cap && !s->ring) || shell_start(s, &err) < 0) {
@@ -1102,6 +1243,7 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
             conch_err_set(&err, ENOMEM, "out of memory");
         uv_close((uv_handle_t *)s->timer, free_handle);
         uv_close((uv_handle_t *)s->idle, free_handle);
+        uv_close((uv_handle_t *)s->save, free_handle);
         free(s->ring);
         free(s->cwd);
         json_decref(s->env);
@@ -1111,6 +1253,8 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     }
     dlist_add(&sessions, &s->link);
     n_sessions++;
+    sessions_trim(d);
+    session_save(s, false);
     touch(s);
     sandbox_touch(sb);
     /* The client that opened it is attached (read-only unless it asks to write). */
@@ -1348,6 +1492,7 @@ static void session_free(struct session *s)
     }
     uv_close((uv_handle_t *)s->timer, free_handle);
     uv_close((uv_handle_t *)s->idle, free_handle);
+    uv_close((uv_handle_t *)s->save, free_handle);
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
@@ -1361,6 +1506,7 @@ static void session_destroy(struct session *s, const char *why)
     fail_queue(s, why);
     if (s->state != SS_ENDED)
         session_end(s, why);
+    session_unrecord(s);
     dlist_del(&s->link);
     n_sessions--;
     /* The proc stays the supervisor's until its final event: shell_ended frees @s then. */
@@ -1378,4 +1524,94 @@ void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx
         return;
     session_destroy(s, "closed by a client");
     conch_rpc_call_reply(call, json_pack("{s:b}", "closed", 1));
+}
+
+/* Forget the oldest ended sessions past MAX_RECORDS (and their records). */
+static void sessions_trim(struct daemon *d)
+{
+    (void)d;
+    while (n_sessions > MAX_RECORDS) {
+        struct session *old = NULL;
+        struct dlist *pos, *tmp;
+        dlist_for_each_safe(pos, tmp, &sessions)
+        {
+            struct session *s = dlist_entry(pos, struct session, link);
+            if (s->state == SS_ENDED && !s->cur && dlist_empty(&s->queue) && !s->proc_live &&
+                (!old || s->created_at < old->created_at))
+                old = s;
+        }
+        if (!old)
+            return;
+        session_unrecord(old);
+        dlist_del(&old->link);
+        n_sessions--;
+        session_free(old);
+    }
+}
+
+void sessions_recover(struct daemon *d)
+{
+    char dir[PATH_MAX];
+    if (records_dir(d, dir, sizeof(dir)) < 0)
+        return;
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        size_t nl = strlen(e->d_name);
+        if (e->d_name[0] == '.' || nl < 6 || nl > 40 || strcmp(e->d_name + nl - 5, ".json"))
+            continue;
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        size_t len = 0;
+        char *text = read_file(path, 1 << 16, &len);
+        json_t *o = text ? json_loadb(text, len, 0, NULL) : NULL;
+        free(text);
+        const char *id = json_string_value(json_object_get(o, "session"));
+        const char *sb = json_string_value(json_object_get(o, "sandbox"));
+        struct session *s = id && sb && !session_find(id) ? calloc(1, sizeof(*s)) : NULL;
+        if (!s) {
+            json_decref(o);
+            continue;
+        }
+        s->d = d;
+        s->recovered = true;
+        s->state = SS_ENDED;
+        s->sock = s->master = -1;
+        snprintf(s->id, sizeof(s->id), "%s", id);
+        snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sb);
+        const char *why = json_string_value(json_object_get(o, "reason"));
+        if (!strcmp(json_string_value(json_object_get(o, "state")) ?: "", "ended") && why)
+            snprintf(s->end_reason, sizeof(s->end_reason), "%s", why);
+        else
+            snprintf(s->end_reason, sizeof(s->end_reason),
+                     "the daemon stopped while it ran (listed from its record)");
+        json_t *code = json_object_get(o, "exit_code");
+        s->end_code = json_is_integer(code) ? (int)json_integer_value(code) : -1;
+        s->rows = (unsigned short)json_integer_value(json_object_get(o, "rows"));
+        s->cols = (unsigned short)json_integer_value(json_object_get(o, "cols"));
+        s->created_at = json_real_value(json_object_get(o, "created_at"));
+        s->last_used_at = json_real_value(json_object_get(o, "last_used_at"));
+        json_decref(o);
+        DLIST_INIT(&s->clients);
+        DLIST_INIT(&s->queue);
+        snprintf(path, sizeof(path), "%s/%s.out", dir, s->id);
+        s->ring = read_file(path, 64u << 20, &len);
+        s->ring_cap = s->ring_len = s->ring ? len : 0;
+        s->ring_pos = 0;
+        s->seq = s->ring_len;
+        s->timer = malloc(sizeof(*s->timer));
+        s->idle = malloc(sizeof(*s->idle));
+        s->save = malloc(sizeof(*s->save));
+        uv_timer_init(&d->loop, s->timer);
+        uv_timer_init(&d->loop, s->idle);
+        uv_timer_init(&d->loop, s->save);
+        s->timer->data = s->idle->data = s->save->data = s;
+        s->cap.spill_fd = s->nocap.spill_fd = -1;
+        dlist_add(&sessions, &s->link);
+        n_sessions++;
+    }
+    closedir(dh);
+    sessions_trim(d);
 }

@@ -17,4 +17,9 @@ void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ct
 void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx);
 
+struct daemon;
+/* sessions_recover - list the sessions recorded by a previous daemon (<state>/sessions/) as
+ * ended, with their last scrollback. Call once at start. */
+void sessions_recover(struct daemon *d);
+
 #endif

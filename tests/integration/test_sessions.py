@@ -286,3 +286,53 @@ def test_idle_timeout_ends_the_session(rpc, session, daemon):
     w.call("session.attach", {"session": sid})
     p = w.wait_notification("session.ended", lambda p: p["session"] == sid, timeout=10)["params"]
     assert "idle" in p["reason"], p
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_sessions_listed_after_a_daemon_restart(daemon_factory, ws, how):
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    sid = c.call("session.open", {"sandbox": sb}, timeout=30)["session"]
+    assert run(c, sid, "echo persisted-$((20+3))")["stdout"] == "persisted-23\n"
+    ended = c.call("session.open", {"sandbox": sb}, timeout=30)["session"]
+    run(c, ended, "echo last-words; exit 4")
+    if how == "sigterm":
+        d.stop()
+    else:
+        time.sleep(2.5)  # the scrollback of a printing session is saved every 2 s
+        d.kill9()
+    d.start()
+    c = d.client()
+    listed = {s["session"]: s for s in c.call("session.list", {})["sessions"]}
+    assert listed[sid]["state"] == "ended" and listed[sid]["sandbox"] == sb, listed
+    assert listed[sid]["reason"], listed
+    assert listed[ended]["state"] == "ended" and listed[ended]["exit_code"] == 4, listed
+    a = c.call("session.attach", {"session": sid})
+    assert "persisted-23" in a["scrollback"] and a["state"] == "ended", a
+    assert "last-words" in c.call("session.attach", {"session": ended})["scrollback"]
+    with pytest.raises(RpcError) as ei:
+        run(c, sid, "true")
+    assert ei.value.data_code == "session_ended", ei.value
+    c.call("session.close", {"session": sid})
+    assert sid not in {s["session"] for s in c.call("session.list", {})["sessions"]}
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+def test_run_waits_for_a_program_typed_in_raw_mode(rpc, session, daemon):
+    sid = session()
+    w = daemon.client()
+    w.call("session.attach", {"session": sid, "write": True})
+    w.call("session.write", {"session": sid, "data": "sleep 0.7\n"})
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    r = run(rpc, sid, "echo after")
+    assert out(r) == "after\n" and time.monotonic() - t0 >= 0.3, r
+    # a program that holds the terminal longer: the command is refused, not typed into it
+    w.call("session.write", {"session": sid, "data": "sleep 100\n"})
+    time.sleep(0.2)
+    with pytest.raises(RpcError) as ei:
+        run(rpc, sid, "echo never")
+    assert ei.value.data_code == "session_busy", ei.value
+    w.call("session.signal", {"session": sid, "signal": "INT"})
+    assert out(run(rpc, sid, "echo back")) == "back\n"
