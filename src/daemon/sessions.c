@@ -161,6 +161,9 @@ struct session {
     bool recovered;      /* listed from a record of a previous daemon: nothing runs */
     uint64_t saved_seq;  /* output bytes when the scrollback was last saved */
     uint64_t busy_since; /* a program held the foreground when a command was due (ms) */
+    bool scanning;       /* the last result waits for the workspace's changes */
+    char u8[4];          /* the start of a UTF-8 character not yet sent to clients */
+    size_t u8_len;
     uv_timer_t *save;
 };
 
@@ -212,8 +215,25 @@ static struct session *session_find(const char *id)
     return NULL;
 }
 
+/* Forget attached clients that went away (their sink is closed): a writer that left frees
+ * the keyboard. */
+static void prune_clients(struct session *s)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->clients)
+    {
+        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        if (!conch_rpc_sink_ctx(c->sink)) {
+            dlist_del(&c->link);
+            conch_rpc_sink_unref(c->sink);
+            free(c);
+        }
+    }
+}
+
 static void notify_all(struct session *s, const char *method, json_t *params)
 {
+    prune_clients(s);
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &s->clients)
     {
@@ -346,8 +366,30 @@ static void master_output(struct session *s, const char *buf, size_t n)
 {
     ring_append(s, buf, n);
     if (!dlist_empty(&s->clients)) {
-        json_t *p = json_pack("{s:s,s:I,s:o}", "session", s->id, "seq", (json_int_t)s->seq, "data",
-                              conch_json_text(buf, n));
+        /* A character split between two reads would become two U+FFFD: the last bytes of an
+         * incomplete UTF-8 sequence wait for the next read (seq is the offset of the first
+         * byte sent). Reads are at most 64 KiB. */
+        char joined[sizeof(s->u8) + 65536];
+        size_t jl = s->u8_len;
+        size_t take = n < 65536 ? n : 65536;
+        memcpy(joined, s->u8, jl);
+        memcpy(joined + jl, buf, take);
+        jl += take;
+        size_t keep = 0;
+        for (size_t k = 1; k <= 3 && k <= jl; k++) {
+            unsigned char c = (unsigned char)joined[jl - k];
+            if ((c & 0xc0) == 0x80)
+                continue; /* a continuation byte: look further back */
+            size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+            if (need > k)
+                keep = k;
+            break;
+        }
+        json_t *p =
+            json_pack("{s:s,s:I,s:o}", "session", s->id, "seq", (json_int_t)(s->seq - s->u8_len),
+                      "data", conch_json_text(joined, jl - keep));
+        memcpy(s->u8, joined + jl - keep, keep);
+        s->u8_len = keep;
         notify_all(s, "session.output", p);
     }
     s->seq += n;
@@ -597,6 +639,29 @@ static void srun_free(struct srun *r)
     free(r);
 }
 
+/* A result waiting for the workspace's changes. */
+struct changes_wait {
+    struct conch_rpc_call *call;
+    json_t *result;
+    char session[32];
+};
+
+static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
+                         const struct conch_err *err)
+{
+    struct changes_wait *cw = arg;
+    (void)err;
+    if (rc == 0)
+        conch_ws_changes_json_set(cw->result, changes, 1000);
+    conch_rpc_call_reply(cw->call, cw->result);
+    struct session *s = session_find(cw->session);
+    free(cw);
+    if (s) {
+        s->scanning = false;
+        session_pump(s);
+    }
+}
+
 /* Build and send the result of the current command, then start the next one. */
 static void run_finish(struct session *s)
 {
@@ -649,20 +714,42 @@ static void run_finish(struct session *s)
         json_object_set_new(o, "session", json_string(s->id));
         json_object_set_new(o, "shell_exited", json_boolean(s->shell_died));
         json_object_set_new(o, "new_shell", json_boolean(s->new_shell));
-        if (s->timed_out)
+        if (s->timed_out) {
             json_object_set_new(o, "session_usable", json_boolean(!s->shell_died));
+            char msg[200];
+            snprintf(msg, sizeof(msg),
+                     "timed out after %.3g s (SIGINT to the terminal's foreground job, SIGKILL "
+                     "after %.3g s)",
+                     r->timeout_ms / 1000.0, r->grace_ms / 1000.0);
+            json_object_set_new(json_object_get(o, "error"), "message", json_string(msg));
+        }
     }
     s->new_shell = false;
     conch_output_done(&s->cap);
     conch_output_done(&s->nocap);
     s->cap.spill_fd = s->nocap.spill_fd = -1;
-    conch_rpc_call_reply(r->call, o);
+    struct conch_rpc_call *call = r->call;
     srun_free(r);
     session_clear_run_state(s);
     s->last_used_at = daemon_now();
     struct sandbox *sb = sess_sb(s);
     if (sb)
         sandbox_touch(sb);
+    /* The result lists the workspace's changes, as exec.run's does: a worker scans them, and
+     * the next command waits for the scan (it would otherwise see the next one's too). */
+    struct changes_wait *cw =
+        sb && o && sb->upper_dir[0] && !sb->super.gone ? calloc(1, sizeof(*cw)) : NULL;
+    if (cw) {
+        cw->call = call;
+        cw->result = o;
+        snprintf(cw->session, sizeof(cw->session), "%s", s->id);
+        if (sandbox_changes_async(sb, changes_done, cw) == 0) {
+            s->scanning = true;
+            return;
+        }
+        free(cw);
+    }
+    conch_rpc_call_reply(call, o);
     session_pump(s);
 }
 
@@ -682,7 +769,7 @@ static void fail_queue(struct session *s, const char *why)
 /* Start the next queued command when the shell waits for one. */
 static void session_pump(struct session *s)
 {
-    if (s->cur || dlist_empty(&s->queue) || s->closing)
+    if (s->cur || s->scanning || dlist_empty(&s->queue) || s->closing)
         return;
     if (s->d->stopping) {
         fail_queue(s, "the daemon is shutting down");
@@ -1130,6 +1217,7 @@ static void touch(struct session *s)
 
 static json_t *session_json(struct session *s)
 {
+    prune_clients(s);
     struct dlist *pos, *tmp;
     int clients = 0, writers = 0;
     dlist_for_each_safe(pos, tmp, &s->clients)
@@ -1328,6 +1416,7 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
     if (!s)
         return;
     struct conch_rpc_sink *sink = ctx_sink(ctx);
+    prune_clients(s);
     struct sclient *me = client_of(s, sink);
     struct dlist *pos, *tmp;
     bool other_writer = false;

@@ -336,3 +336,24 @@ def test_run_waits_for_a_program_typed_in_raw_mode(rpc, session, daemon):
     assert ei.value.data_code == "session_busy", ei.value
     w.call("session.signal", {"session": sid, "signal": "INT"})
     assert out(run(rpc, sid, "echo back")) == "back\n"
+
+
+def test_result_lists_workspace_changes(rpc, session):
+    sid = session()
+    r = run(rpc, sid, "echo hi > /workspace/made-in-session.txt")
+    assert [c["path"] for c in r["changes"]] == ["made-in-session.txt"], r
+    assert r["changes_total"] == 1, r
+
+
+def test_writer_that_leaves_frees_the_keyboard_and_utf8_survives(rpc, session, daemon):
+    sid = session()
+    a = daemon.client()
+    a.call("session.attach", {"session": sid, "write": True})
+    a.close()
+    b = daemon.client()
+    b.call("session.attach", {"session": sid})
+    b.call("session.write", {"session": sid, "data": "python3 -c 'print(\"é\" * 150000 + \"|end\")'\n"})
+    b.wait_for(lambda: "é|end" in outputs(b, sid), timeout=20, what="long UTF-8 line")
+    text = outputs(b, sid)
+    assert "\ufffd" not in text, "a character split between two reads was mangled"
+    assert "é" * 150000 in text
