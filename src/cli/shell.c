@@ -331,7 +331,8 @@ static int interact(struct sconn *c, const char *sid, bool write)
                         tty_restore();
                         fprintf(stderr, "\r\nconch: detached from session %s (conch attach %s)\n",
                                 sid, sid);
-                        sconn_call(c, "session.detach", json_pack("{s:s}", "session", sid));
+                        json_decref(
+                            sconn_call(c, "session.detach", json_pack("{s:s}", "session", sid)));
                         return 0;
                     }
                     pending_detach = true;
