@@ -62,26 +62,30 @@ static const char init_script[] =
     "fi\n"
     "__conch_b() {\n"
     "  local __h\n"
-    "  IFS= read -r -d '' -u 62 __h || return 0\n"
+    "  IFS= builtin read -r -d '' -u 62 __h || return 0\n"
     "  __conch_n=${__h%%$'\\n'*}\n"
     "  __conch_c=${__h#*$'\\n'}\n"
-    "  if [[ $__conch_n == i* ]]; then IFS= read -r -d '' -u 62 __conch_in; fi\n"
+    "  if [[ $__conch_n == i* ]]; then IFS= builtin read -r -d '' -u 62 __conch_in; fi\n"
     "  __conch_n=${__conch_n:1}\n"
-    "  printf '\\e]697;S%s\\a' \"$__conch_n\" >/dev/tty\n"
+    "  builtin printf '\\e]697;S%s\\a' \"$__conch_n\" >/dev/tty\n"
     "}\n"
     "__conch_e() {\n"
-    "  printf '\\e]697;E%s\\a' \"$__conch_n\" >/dev/tty\n"
-    "  printf 'E %s %d\\n' \"$__conch_n\" \"$1\" >&62\n"
-    "  unset __conch_n __conch_c __conch_in\n"
+    "  builtin printf '\\e]697;E%s\\a' \"$__conch_n\" >/dev/tty\n"
+    "  builtin printf 'E %s %d\\n' \"$__conch_n\" \"$1\" >&62\n"
+    "  builtin unset __conch_n __conch_c __conch_in\n"
     "}\n"
     "__conch_s() {\n"
     "  local __n\n"
-    "  IFS= read -r -d '' -u 62 __n || return 0\n"
-    "  printf 'Y %s\\n' \"$__n\" >&62\n"
+    "  IFS= builtin read -r -d '' -u 62 __n || return 0\n"
+    "  builtin printf 'Y %s\\n' \"$__n\" >&62\n"
     "}\n"
-    "alias __conch_r='__conch_b; eval \"$__conch_c\" </dev/null 62>&-; __conch_e $?'\n"
-    "alias __conch_ri='__conch_b; eval \"$__conch_c\" <<<\"$__conch_in\" 62>&-; __conch_e $?'\n"
-    "alias __conch_y='__conch_s'\n";
+    /* The wrappers run with stderr to /dev/null: under `set -x` their trace stays out of the
+     * output (and the nonce with it). Quoted words are not alias-expanded. */
+    "alias __conch_r='{ \\__conch_b; } 2>/dev/null; \\builtin eval \"$__conch_c\" </dev/null "
+    "62>&-; { \\__conch_e $?; } 2>/dev/null'\n"
+    "alias __conch_ri='{ \\__conch_b; } 2>/dev/null; \\builtin eval \"$__conch_c\" "
+    "<<<\"$__conch_in\" 62>&-; { \\__conch_e $?; } 2>/dev/null'\n"
+    "alias __conch_y='{ \\__conch_s; } 2>/dev/null'\n";
 
 enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
 

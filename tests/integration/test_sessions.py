@@ -97,6 +97,15 @@ def test_prompt_changes_and_traps_change_nothing(rpc, session):
     run(rpc, sid, "set -u -o pipefail")
     r = run(rpc, sid, "false | true")
     assert r["exit_code"] == 1, r
+    # functions and aliases named like the builtins the wrapper uses change nothing
+    run(rpc, sid, "printf() { :; }; read() { :; }; eval() { :; }; alias builtin=false")
+    r = run(rpc, sid, "echo still-$((1+1)); (exit 6)")
+    assert r["exit_code"] == 6 and "still-2\n" in r["stdout"], r
+    # under xtrace the wrapper's own trace (and its nonce) stays out of the output
+    r = run(rpc, sid, "set -x; echo traced")
+    assert "traced\n" in r["stdout"] and "__conch" not in r["stdout"], r
+    r = run(rpc, sid, "echo again")
+    assert "again\n" in r["stdout"] and "__conch" not in r["stdout"] and r["exit_code"] == 0, r
 
 
 def test_stdin(rpc, session):
