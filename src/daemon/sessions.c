@@ -188,6 +188,7 @@ static int shell_start(struct session *s, struct conch_err *err);
 static void session_end(struct session *s, const char *why);
 static void session_record(struct session *s);
 static void session_free(struct session *s);
+static void touch(struct session *s);
 static void on_save(uv_timer_t *t);
 static void session_unrecord(struct session *s);
 static void sessions_trim(struct daemon *d);
@@ -397,6 +398,9 @@ static void master_output(struct session *s, const char *buf, size_t n)
         notify_all(s, "session.output", p);
     }
     s->seq += n;
+    /* A shell that prints is not idle (a build a person started, say). */
+    if (daemon_now() - s->last_used_at > 1)
+        touch(s);
     if (s->save && !uv_is_active((uv_handle_t *)s->save))
         uv_timer_start(s->save, on_save, SAVE_MS, 0);
     if (s->cur)
@@ -1210,11 +1214,15 @@ static void on_idle(uv_timer_t *t)
     }
 }
 
+/* The session (and its sandbox, whose own idle timer knows nothing of sessions) is in use. */
 static void touch(struct session *s)
 {
     s->last_used_at = daemon_now();
     if (s->idle_timeout > 0 && s->idle)
         uv_timer_start(s->idle, on_idle, (uint64_t)(s->idle_timeout * 1000), 0);
+    struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
+    if (sb)
+        sandbox_touch(sb);
 }
 
 /* ---- JSON ---- */
