@@ -595,11 +595,16 @@ static const struct conch_rpc_param p_ws_changes[] = {
     P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
 
 /* sessions (sessions.c) */
-static const struct conch_rpc_param p_session_open[] = {
-    P("sandbox", S, true),      P("shell", S, false),           P("cwd", S, false),
-    P("env", O, false),         R("rows", I, 1, 1000, 0),       R("cols", I, 1, 1000, 0),
-    R("scrollback", I, 0, 64 * MiB, 0), R("idle_timeout", N, 0, 365 * DAY, 1),
-    P("attach", B, false),      END};
+static const struct conch_rpc_param p_session_open[] = {P("sandbox", S, true),
+                                                        P("shell", S, false),
+                                                        P("cwd", S, false),
+                                                        P("env", O, false),
+                                                        R("rows", I, 1, 1000, 0),
+                                                        R("cols", I, 1, 1000, 0),
+                                                        R("scrollback", I, 0, 64 * MiB, 0),
+                                                        R("idle_timeout", N, 0, 365 * DAY, 1),
+                                                        P("attach", B, false),
+                                                        END};
 static const struct conch_rpc_param p_session_run[] = {P("session", S, true),
                                                        P("command", S, true),
                                                        P("stdin", S, false),
@@ -607,8 +612,8 @@ static const struct conch_rpc_param p_session_run[] = {P("session", S, true),
                                                        R("grace", N, 0, 3600, 0.001),
                                                        R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
                                                        END};
-static const struct conch_rpc_param p_session_write[] = {P("session", S, true),
-                                                         P("data", S, true), END};
+static const struct conch_rpc_param p_session_write[] = {P("session", S, true), P("data", S, true),
+                                                         END};
 static const struct conch_rpc_param p_session_attach[] = {P("session", S, true),
                                                           P("write", B, false), END};
 static const struct conch_rpc_param p_session_id[] = {P("session", S, true), END};
