@@ -281,8 +281,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bo
         }
     }
     /* Only fds 0-2 reach the command (and the report fd 3, which is CLOEXEC; a session's
-     * shell also keeps fds 61-62, see session_pty_setup). */
-    if (syscall(SYS_close_range, 4, pty ? 60 : ~0U, 0) < 0 ||
+     * shell also keeps fd 62, see jail_session_pty_setup_child). */
+    if (syscall(SYS_close_range, 4, pty ? 61 : ~0U, 0) < 0 ||
         (pty && syscall(SYS_close_range, 63, ~0U, 0) < 0))
         goto fail_errno;
     if (chdir(cwd) < 0) {
