@@ -1227,6 +1227,14 @@ static void touch(struct session *s)
 
 /* ---- JSON ---- */
 
+static int queued_count(struct session *s)
+{
+    int n = s->cur ? 1 : 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &s->queue) n++;
+    return n;
+}
+
 static json_t *session_json(struct session *s)
 {
     prune_clients(s);
@@ -1245,7 +1253,7 @@ static json_t *session_json(struct session *s)
                                                 : "starting",
                           "clients", clients, "rows", s->rows, "cols", s->cols, "created_at",
                           s->created_at, "last_used_at", s->last_used_at, "output_bytes",
-                          (json_int_t)s->seq, "shells", (int)s->shells, "queued", s->cur ? 1 : 0);
+                          (json_int_t)s->seq, "shells", (int)s->shells, "queued", queued_count(s));
     if (s->state == SS_ENDED) {
         json_object_set_new(o, "reason", json_string(s->end_reason));
         json_object_set_new(o, "exit_code",
