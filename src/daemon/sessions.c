@@ -133,6 +133,8 @@ struct session {
     uv_poll_t *sock_poll, *master_poll;
     char sockbuf[256];
     size_t socklen;
+    char *mpend; /* keys not yet written to the terminal */
+    size_t mpend_len, mpend_off;
     char *wpend; /* control-socket bytes not yet written */
     size_t wpend_len, wpend_off;
     /* scrollback ring */
@@ -426,10 +428,13 @@ static bool master_drain(struct session *s)
     return true;
 }
 
+static void master_flush(struct session *s);
+
 static void on_master(uv_poll_t *h, int status, int events)
 {
     struct session *s = h->data;
-    (void)events;
+    if (status >= 0 && (events & UV_WRITABLE))
+        master_flush(s);
     if (status < 0 || !master_drain(s)) {
         /* The slave side is gone: the shell's end comes from the supervisor. */
         close_poll(&s->master_poll);
@@ -537,27 +542,59 @@ static void sock_write(struct session *s, const char *buf, size_t len)
     sock_flush(s);
 }
 
-static int master_write(struct session *s, const char *buf, size_t len)
+/* Keys wait in a queue while the terminal's input queue is full (4 KiB in canonical mode, a
+ * program that does not read): the loop never blocks on it, and a client gets `limit` past
+ * MAX_PENDING_KEYS. */
+#define MAX_PENDING_KEYS (1u << 20)
+
+static void master_poll_update(struct session *s)
 {
-    size_t off = 0;
-    int spins = 0;
-    while (off < len && s->master >= 0) {
-        ssize_t n = write(s->master, buf + off, len - off);
-        if (n > 0) {
-            off += (size_t)n;
-            continue;
-        }
+    if (s->master_poll)
+        uv_poll_start(s->master_poll, UV_READABLE | (s->mpend ? UV_WRITABLE : 0), on_master);
+}
+
+static void master_flush(struct session *s)
+{
+    while (s->mpend && s->mpend_off < s->mpend_len && s->master >= 0) {
+        ssize_t n = write(s->master, s->mpend + s->mpend_off, s->mpend_len - s->mpend_off);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && errno == EAGAIN && spins++ < 1000) {
-            /* The terminal's input queue is full (4 KiB in canonical mode): read its output
-             * meanwhile so that the shell's echo never blocks it. */
-            master_drain(s);
-            usleep(1000);
-            continue;
-        }
+        if (n <= 0)
+            break;
+        s->mpend_off += (size_t)n;
+    }
+    if (s->mpend && (s->mpend_off >= s->mpend_len || s->master < 0)) {
+        free(s->mpend);
+        s->mpend = NULL;
+        s->mpend_len = s->mpend_off = 0;
+    }
+    master_poll_update(s);
+}
+
+static int master_write(struct session *s, const char *buf, size_t len)
+{
+    if (s->master < 0) {
+        errno = EIO;
         return -1;
     }
+    size_t left = s->mpend ? s->mpend_len - s->mpend_off : 0;
+    if (left + len > MAX_PENDING_KEYS) {
+        errno = ENOBUFS;
+        return -1;
+    }
+    char *nb = malloc(left + len);
+    if (!nb) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (left)
+        memcpy(nb, s->mpend + s->mpend_off, left);
+    memcpy(nb + left, buf, len);
+    free(s->mpend);
+    s->mpend = nb;
+    s->mpend_len = left + len;
+    s->mpend_off = 0;
+    master_flush(s);
     return 0;
 }
 
@@ -991,6 +1028,9 @@ static void session_close_fds(struct session *s)
     s->master = s->sock = -1;
     free(s->wpend);
     s->wpend = NULL;
+    free(s->mpend);
+    s->mpend = NULL;
+    s->mpend_len = s->mpend_off = 0;
     s->socklen = 0;
 }
 
@@ -1462,8 +1502,14 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
     size_t len = 0;
     const char *data = conch_rpc_strn(params, "data", &len);
     if (master_write(s, data, len) < 0) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
-                             "session %s: write to its terminal: %s", s->id, strerror(errno));
+        if (errno == ENOBUFS)
+            conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                                 "session %s: %u bytes of keys wait already: the program in its "
+                                 "terminal does not read them",
+                                 s->id, MAX_PENDING_KEYS);
+        else
+            conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                                 "session %s: write to its terminal: %s", s->id, strerror(errno));
         return;
     }
     touch(s);

@@ -366,3 +366,24 @@ def test_writer_that_leaves_frees_the_keyboard_and_utf8_survives(rpc, session, d
     text = outputs(b, sid)
     assert "\ufffd" not in text, "a character split between two reads was mangled"
     assert "é" * 150000 in text
+
+
+def test_large_paste_is_queued_not_blocking(rpc, session, daemon):
+    sid = session()
+    w = daemon.client()
+    w.call("session.attach", {"session": sid, "write": True})
+    w.call("session.write", {"session": sid, "data": "stty -echo; cat > /tmp/pasted; stty echo\n"})
+    time.sleep(0.3)
+    paste = ("y" * 999 + "\n") * 100  # 100 KB: far more than the terminal's input queue
+    t0 = time.monotonic()
+    w.call("session.write", {"session": sid, "data": paste + "\x04"})
+    assert time.monotonic() - t0 < 1.0, "session.write blocked on a full terminal"
+    # meanwhile the daemon answers others
+    assert rpc.call("session.list", {}, timeout=5)["sessions"]
+    deadline = time.monotonic() + 20
+    while True:
+        r = run(rpc, sid, "wc -c < /tmp/pasted")
+        if r["stdout"].strip() == "100000" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r["stdout"].strip() == "100000", r
