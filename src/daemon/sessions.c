@@ -462,8 +462,16 @@ static void on_sock(uv_poll_t *h, int status, int events)
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            if (n == 0 || errno != EAGAIN)
+            if (n == 0 || errno != EAGAIN) {
                 close_poll(&s->sock_poll);
+                /* The shell closed its control socket (`exec 62>&-`): commands can no longer
+                 * be told apart. End it; the next run starts a new one. */
+                if (s->proc_live && s->state == SS_LIVE) {
+                    snprintf(s->kill_reason, sizeof(s->kill_reason),
+                             "the shell closed its control channel (fd 62)");
+                    conch_super_signal(&s->proc, SIGKILL);
+                }
+            }
             break;
         }
         s->socklen += (size_t)n;

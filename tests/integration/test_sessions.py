@@ -387,3 +387,17 @@ def test_large_paste_is_queued_not_blocking(rpc, session, daemon):
             break
         time.sleep(0.2)
     assert r["stdout"].strip() == "100000", r
+
+
+def test_closing_the_control_channel_ends_the_shell_at_once(rpc, session):
+    sid = session()
+    t0 = time.monotonic()
+    # the command runs with fd 62 closed, so `exec 62>&-` changes nothing; shell code that
+    # hunts down the shell's saved copy of the socket and closes it ends the shell
+    assert run(rpc, sid, "exec 62>&-; echo x")["shell_exited"] is False
+    assert run(rpc, sid, "echo y")["new_shell"] is False
+    close_all = 'for f in /proc/$$/fd/*; do [[ $(readlink $f) == socket:* ]] && eval "exec ${f##*/}>&-"; done; echo closed'
+    r = run(rpc, sid, close_all, timeout=30)
+    assert time.monotonic() - t0 < 5, r
+    assert r["shell_exited"] is True and "control channel" in r["text"], r
+    assert run(rpc, sid, "echo new")["new_shell"] is True
