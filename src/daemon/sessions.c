@@ -171,6 +171,8 @@ struct session {
     char u8[4];          /* the start of a UTF-8 character not yet sent to clients */
     size_t u8_len;
     uv_timer_t *save;
+    uv_timer_t *eof_timer; /* the control socket closed: is the shell gone too? */
+    unsigned eof_shell;
 };
 
 static struct dlist sessions = {&sessions, &sessions};
@@ -445,6 +447,7 @@ static void on_master(uv_poll_t *h, int status, int events)
 
 static void sock_flush(struct session *s);
 static void on_timer(uv_timer_t *t);
+static void on_eof_timer(uv_timer_t *t);
 
 static void on_sock(uv_poll_t *h, int status, int events)
 {
@@ -464,12 +467,12 @@ static void on_sock(uv_poll_t *h, int status, int events)
         if (n <= 0) {
             if (n == 0 || errno != EAGAIN) {
                 close_poll(&s->sock_poll);
-                /* The shell closed its control socket (`exec 62>&-`): commands can no longer
-                 * be told apart. End it; the next run starts a new one. */
+                /* The socket closes when the shell exits, and when shell code closes the
+                 * shell's copy: then commands can no longer be told apart. If the shell is
+                 * still there shortly after, end it; the next run starts a new one. */
                 if (s->proc_live && s->state == SS_LIVE) {
-                    snprintf(s->kill_reason, sizeof(s->kill_reason),
-                             "the shell closed its control channel (fd 62)");
-                    conch_super_signal(&s->proc, SIGKILL);
+                    s->eof_shell = s->shells;
+                    uv_timer_start(s->eof_timer, on_eof_timer, 300, 0);
                 }
             }
             break;
@@ -503,6 +506,16 @@ static void on_sock(uv_poll_t *h, int status, int events)
         }
         if (s->socklen >= sizeof(s->sockbuf) - 1)
             s->socklen = 0; /* a line that long is not ours */
+    }
+}
+
+static void on_eof_timer(uv_timer_t *t)
+{
+    struct session *s = t->data;
+    if (s->proc_live && s->shells == s->eof_shell && !s->closing) {
+        snprintf(s->kill_reason, sizeof(s->kill_reason),
+                 "the shell closed its control channel (fd 62)");
+        conch_super_signal(&s->proc, SIGKILL);
     }
 }
 
@@ -1388,10 +1401,12 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     s->timer = malloc(sizeof(*s->timer));
     s->idle = malloc(sizeof(*s->idle));
     s->save = malloc(sizeof(*s->save));
+    s->eof_timer = malloc(sizeof(*s->eof_timer));
     uv_timer_init(&d->loop, s->timer);
     uv_timer_init(&d->loop, s->idle);
     uv_timer_init(&d->loop, s->save);
-    s->timer->data = s->idle->data = s->save->data = s;
+    uv_timer_init(&d->loop, s->eof_timer);
+    s->timer->data = s->idle->data = s->save->data = s->eof_timer->data = s;
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
     if ((s->ring_cap && !s->ring) || shell_start(s, &err) < 0) {
@@ -1400,6 +1415,7 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
         uv_close((uv_handle_t *)s->timer, free_handle);
         uv_close((uv_handle_t *)s->idle, free_handle);
         uv_close((uv_handle_t *)s->save, free_handle);
+        uv_close((uv_handle_t *)s->eof_timer, free_handle);
         free(s->ring);
         free(s->cwd);
         json_decref(s->env);
@@ -1656,6 +1672,7 @@ static void session_free(struct session *s)
     uv_close((uv_handle_t *)s->timer, free_handle);
     uv_close((uv_handle_t *)s->idle, free_handle);
     uv_close((uv_handle_t *)s->save, free_handle);
+    uv_close((uv_handle_t *)s->eof_timer, free_handle);
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
@@ -1767,10 +1784,12 @@ void sessions_recover(struct daemon *d)
         s->timer = malloc(sizeof(*s->timer));
         s->idle = malloc(sizeof(*s->idle));
         s->save = malloc(sizeof(*s->save));
+        s->eof_timer = malloc(sizeof(*s->eof_timer));
         uv_timer_init(&d->loop, s->timer);
         uv_timer_init(&d->loop, s->idle);
         uv_timer_init(&d->loop, s->save);
-        s->timer->data = s->idle->data = s->save->data = s;
+        uv_timer_init(&d->loop, s->eof_timer);
+        s->timer->data = s->idle->data = s->save->data = s->eof_timer->data = s;
         s->cap.spill_fd = s->nocap.spill_fd = -1;
         dlist_add(&sessions, &s->link);
         n_sessions++;

@@ -399,5 +399,6 @@ def test_closing_the_control_channel_ends_the_shell_at_once(rpc, session):
     close_all = 'for f in /proc/$$/fd/*; do [[ $(readlink $f) == socket:* ]] && eval "exec ${f##*/}>&-"; done; echo closed'
     r = run(rpc, sid, close_all, timeout=30)
     assert time.monotonic() - t0 < 5, r
-    assert r["shell_exited"] is True and "control channel" in r["text"], r
+    # (bash may also give up by itself when it cannot restore its fds)
+    assert r["shell_exited"] is True and "[the shell exited:" in r["text"], r
     assert run(rpc, sid, "echo new")["new_shell"] is True
