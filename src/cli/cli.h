@@ -16,5 +16,8 @@ int conch_cli_ps(int argc, char **argv);
 int conch_cli_exec(int argc, char **argv);
 int conch_cli_rm(int argc, char **argv);
 int conch_cli_mcp(int argc, char **argv);
+int conch_cli_shell(int argc, char **argv);
+int conch_cli_attach(int argc, char **argv);
+int conch_cli_sessions(int argc, char **argv);
 
 #endif

@@ -16,6 +16,9 @@ static void usage(FILE *f)
           "  ps                               list the daemon's sandboxes\n"
           "  exec ID -- CMD [ARGS...]         run a command in a daemon sandbox\n"
           "  rm ID...                         destroy daemon sandboxes\n"
+          "  shell [SANDBOX]                  an interactive shell in a daemon sandbox\n"
+          "  attach SESSION                   join a running session (Ctrl-\\ Ctrl-\\ leaves)\n"
+          "  sessions                         list the daemon's sessions\n"
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
           "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
           "\n"
@@ -43,6 +46,12 @@ int main(int argc, char **argv)
         return conch_cli_exec(argc - 1, argv + 1);
     if (!strcmp(verb, "rm"))
         return conch_cli_rm(argc - 1, argv + 1);
+    if (!strcmp(verb, "shell"))
+        return conch_cli_shell(argc - 1, argv + 1);
+    if (!strcmp(verb, "attach"))
+        return conch_cli_attach(argc - 1, argv + 1);
+    if (!strcmp(verb, "sessions"))
+        return conch_cli_sessions(argc - 1, argv + 1);
     if (!strcmp(verb, "gc"))
         return conch_cli_gc(argc - 1, argv + 1);
     if (!strcmp(verb, "mcp"))

@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
+#include "daemon/sessions.h"
 #include "daemon/statedir.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
@@ -617,6 +618,34 @@ static const struct conch_rpc_param p_tools_trace[] = {P("sandbox", S, true),
                                                        P("origin", CONCH_RPC_OBJECT, false), END};
 static const struct conch_rpc_param p_tools_prompt[] = {P("sandbox", S, true),
                                                         P("languages", A, false), END};
+/* sessions (sessions.c) */
+static const struct conch_rpc_param p_session_open[] = {P("sandbox", S, true),
+                                                        P("shell", S, false),
+                                                        P("cwd", S, false),
+                                                        P("env", O, false),
+                                                        R("rows", I, 1, 1000, 0),
+                                                        R("cols", I, 1, 1000, 0),
+                                                        R("scrollback", I, 0, 64 * MiB, 0),
+                                                        R("idle_timeout", N, 0, 365 * DAY, 1),
+                                                        P("attach", B, false),
+                                                        END};
+static const struct conch_rpc_param p_session_run[] = {P("session", S, true),
+                                                       P("command", S, true),
+                                                       P("stdin", S, false),
+                                                       R("timeout", N, 0, 7 * DAY, 0.001),
+                                                       R("grace", N, 0, 3600, 0.001),
+                                                       R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                       END};
+static const struct conch_rpc_param p_session_write[] = {P("session", S, true), P("data", S, true),
+                                                         END};
+static const struct conch_rpc_param p_session_attach[] = {P("session", S, true),
+                                                          P("write", B, false), END};
+static const struct conch_rpc_param p_session_id[] = {P("session", S, true), END};
+static const struct conch_rpc_param p_session_resize[] = {
+    P("session", S, true), R("rows", I, 1, 1000, 0), R("cols", I, 1, 1000, 0), END};
+static const struct conch_rpc_param p_session_signal[] = {P("session", S, true),
+                                                          P("signal", S, false), END};
+static const struct conch_rpc_param p_session_list[] = {P("sandbox", S, false), END};
 
 const struct conch_rpc_method daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
@@ -650,6 +679,15 @@ const struct conch_rpc_method daemon_methods[] = {
     {"tools.prompt", p_tools_prompt, handle_tools_prompt},
     {"agents.register", p_agents_register, handle_agents_register},
     {"agents.unregister", p_names, handle_agents_unregister},
+    {"session.open", p_session_open, handle_session_open},
+    {"session.run", p_session_run, handle_session_run},
+    {"session.write", p_session_write, handle_session_write},
+    {"session.attach", p_session_attach, handle_session_attach},
+    {"session.detach", p_session_id, handle_session_detach},
+    {"session.resize", p_session_resize, handle_session_resize},
+    {"session.signal", p_session_signal, handle_session_signal},
+    {"session.list", p_session_list, handle_session_list},
+    {"session.close", p_session_id, handle_session_close},
     {NULL, NULL, NULL},
 };
 
@@ -872,6 +910,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     if (conch_recover_reap(d->state, &report, &rerr) < 0)
         log_warn("recovery: %s", rerr.msg);
     sandboxes_recover(d);
+    sessions_recover(d);
 
     signal(SIGPIPE, SIG_IGN);
     uv_signal_init(&d->loop, &d->sigchld);

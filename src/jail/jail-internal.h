@@ -126,6 +126,11 @@ enum jail_msg_type {
 #define JEXIT_TIMED_OUT 1u /* the warden's deadline fired (SIGTERM, then SIGKILL after grace) */
 #define JEXIT_LOST 2u      /* the shepherd died before reporting: the status is synthetic */
 
+/* JMSG_RUN flags (in b) */
+/* A session: the command gets a new pty of the sandbox's devpts as its controlling terminal
+ * and stdio; fds [unix socket, unused, unused, blob] (see conch_jail_cmd.pty). */
+#define JRUN_PTY 1u
+
 struct jail_msg {
     uint32_t version; /* JAIL_PROTO_VERSION; set by jail_send */
     uint32_t type;
@@ -154,6 +159,13 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
  * (or -1). Returns 0 or -errno with @err. No allocation. */
 int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
                             struct conch_err *err);
+
+/* jail_session_pty_setup_child - in a session's shell, after setsid(): open a new pty of the
+ * sandbox's devpts and make it the controlling terminal; send its master over @fds[0] (a unix
+ * socket to the daemon), keep that socket as fd 62 (inherited by the shell's exec), and put the
+ * pty's slave in @fds[0..2] for the stdio setup. Returns 0 or -1 with errno. No allocation.
+ * (session-child.c) */
+int jail_session_pty_setup_child(int fds[4]);
 
 /* jail_send / jail_recv - one message over the control socket, with up to @nfds fds.
  * jail_send stamps the protocol version; jail_recv returns -EPROTO for a message of another

@@ -135,6 +135,11 @@ struct conch_jail_cmd {
     char *const *envp; /* the whole environment; nothing else is inherited */
     const char *cwd;   /* inside the sandbox; NULL: /workspace or / */
     int stdin_fd, stdout_fd, stderr_fd;
+    /* A session's shell (sessions.c): the command gets a new pty of the sandbox's own devpts
+     * as controlling terminal and fds 0-2; it sends the pty's master back over @stdin_fd (a
+     * unix socket, SCM_RIGHTS) before exec, then keeps it as fd 62; @stdout_fd and @stderr_fd
+     * are not used. */
+    bool pty;
 };
 
 /*

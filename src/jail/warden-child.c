@@ -224,7 +224,7 @@ __attribute__((noreturn)) static void command_fail(int report_fd, const struct c
 /* The command, once it is known: map its argv/env/cwd blob, take its stdio, exec. Runs in a
  * child that is already fenced (command_zygote). On failure reports through @report_fd (fd
  * 3, CLOEXEC) and exits 127. */
-__attribute__((noreturn)) static void command_exec(int fds[4], int report_fd)
+__attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bool pty)
 {
     struct conch_err err = {0};
     const char *step = "map command";
@@ -269,6 +269,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd)
     step = "new session";
     if (setsid() < 0)
         goto fail_errno;
+    if (pty && jail_session_pty_setup_child(fds) < 0)
+        goto fail_errno;
     step = "set up stdio";
     for (int i = 0; i < 3; i++) {
         if (fds[i] == i) {
@@ -278,8 +280,10 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd)
             goto fail_errno;
         }
     }
-    /* Only fds 0-2 reach the command (and the report fd 3, which is CLOEXEC). */
-    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+    /* Only fds 0-2 reach the command (and the report fd 3, which is CLOEXEC; a session's
+     * shell also keeps fd 62, see jail_session_pty_setup_child). */
+    if (syscall(SYS_close_range, 4, pty ? 61 : ~0U, 0) < 0 ||
+        (pty && syscall(SYS_close_range, 63, ~0U, 0) < 0))
         goto fail_errno;
     if (chdir(cwd) < 0) {
         conch_err_setk(&err, CONCH_ERR_USAGE, errno, "chdir '%s' inside the sandbox: %s", cwd,
@@ -322,7 +326,7 @@ __attribute__((noreturn)) static void command_zygote(const struct jail_plan *pla
     r = jail_recv(3, &m, fds, 4, &nfds, 0);
     if (r <= 0 || nfds != 4)
         _exit(0); /* the shepherd went away: no command */
-    command_exec(fds, 3);
+    command_exec(fds, 3, m.b & JRUN_PTY);
 }
 
 /* The control socket, moved to fd 3 at start: every other fd inherited from the parent
@@ -421,10 +425,12 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     }
     close(wsock);
     int64_t id = m.id;
+    uint32_t run_flags = m.b;
     if (err.code)
         goto fail;
     memset(&m, 0, sizeof(m));
     m.type = JMSG_RUN;
+    m.b = run_flags;
     jail_send(csock[0], &m, fds, 4);
     for (int i = 0; i < 4; i++)
         close(fds[i]);
@@ -739,7 +745,7 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     struct proc_slot *s = &slots[i];
     slot_arm(s, m->id, m, false);
     /* If the shepherd died meanwhile the send fails; reaping it reports the start failure. */
-    struct jail_msg run = {.type = JMSG_RUN, .id = m->id};
+    struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
     jail_send(s->sock, &run, fds, 4);
     close(s->sock);
     s->sock = -1;

@@ -1,0 +1,471 @@
+/* shell.c - `conch shell`, `conch attach` and `conch sessions`: an interactive terminal on a
+ * daemon session (docs/PROTOCOL.md, session.*). The local tty goes raw; keys go to the session
+ * (session.write), its output comes back as session.output notifications, SIGWINCH becomes
+ * session.resize. Ctrl-\ twice detaches (the session goes on); when the shell exits, we exit
+ * with its status. */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/fsutil.h"
+#include "daemon/daemon.h"
+#include "exec/result.h"
+
+#define DETACH_KEY 0x1c /* Ctrl-\ */
+
+struct sconn {
+    int fd;
+    char *buf;
+    size_t len, cap;
+    int next_id;
+};
+
+static int sconn_open(struct sconn *c, const char *path)
+{
+    char def[PATH_MAX];
+    if (!path) {
+        conch_daemon_socket(def, sizeof(def));
+        path = def;
+    }
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    c->next_id = 1;
+    struct conch_err err = {0};
+    if (conch_daemon_socket_check(path, true, &err) < 0) {
+        fprintf(stderr, "conch: %s\n", err.msg);
+        return -1;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        fprintf(stderr, "conch: socket path too long: '%s'\n", path);
+        return -1;
+    }
+    strcpy(sa.sun_path, path);
+    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        fprintf(stderr,
+                "conch: cannot reach the daemon at '%s': %s (start it with 'conch serve')\n", path,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int sconn_send(struct sconn *c, const char *method, json_t *params, int *ret_id)
+{
+    int id = c->next_id++;
+    json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", id, "method", method,
+                            "params", params);
+    char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (!line)
+        return -1;
+    size_t n = strlen(line);
+    char *l2 = realloc(line, n + 2);
+    if (!l2) {
+        free(line);
+        return -1;
+    }
+    l2[n] = '\n';
+    int r = conch_write_all(c->fd, l2, n + 1);
+    free(l2);
+    if (ret_id)
+        *ret_id = id;
+    return r < 0 ? -1 : 0;
+}
+
+/* The next message from the daemon (blocking), or NULL at EOF. */
+static json_t *sconn_next(struct sconn *c, bool block)
+{
+    for (;;) {
+        char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
+        if (nl) {
+            size_t ll = (size_t)(nl - c->buf);
+            json_t *msg = json_loadb(c->buf, ll, 0, NULL);
+            memmove(c->buf, nl + 1, c->len - ll - 1);
+            c->len -= ll + 1;
+            if (msg)
+                return msg;
+            continue;
+        }
+        if (!block)
+            return NULL;
+        if (c->cap - c->len < 65536) {
+            size_t cap = c->cap ? c->cap * 2 : 131072;
+            char *nb = realloc(c->buf, cap);
+            if (!nb)
+                return NULL;
+            c->buf = nb;
+            c->cap = cap;
+        }
+        ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return NULL;
+        c->len += (size_t)got;
+    }
+}
+
+/* Read from the socket once (poll said readable). Returns false at EOF. */
+static bool sconn_fill(struct sconn *c)
+{
+    if (c->cap - c->len < 65536) {
+        size_t cap = c->cap ? c->cap * 2 : 131072;
+        char *nb = realloc(c->buf, cap);
+        if (!nb)
+            return false;
+        c->buf = nb;
+        c->cap = cap;
+    }
+    ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
+    if (got < 0 && errno == EINTR)
+        return true;
+    if (got <= 0)
+        return false;
+    c->len += (size_t)got;
+    return true;
+}
+
+/* A call answered before anything else matters (notifications meanwhile are dropped). */
+static json_t *sconn_call(struct sconn *c, const char *method, json_t *params)
+{
+    int id;
+    if (sconn_send(c, method, params, &id) < 0) {
+        fprintf(stderr, "conch: write to the daemon: %s\n", strerror(errno));
+        return NULL;
+    }
+    for (;;) {
+        json_t *msg = sconn_next(c, true);
+        if (!msg) {
+            fprintf(stderr, "conch: the daemon closed the connection\n");
+            return NULL;
+        }
+        json_t *jid = json_object_get(msg, "id");
+        if (!json_is_integer(jid) || json_integer_value(jid) != id) {
+            json_decref(msg);
+            continue;
+        }
+        json_t *res = json_object_get(msg, "result");
+        if (res) {
+            json_incref(res);
+            json_decref(msg);
+            return res;
+        }
+        const char *m =
+            json_string_value(json_object_get(json_object_get(msg, "error"), "message"));
+        fprintf(stderr, "conch: error: %s\n", m ? m : "unknown");
+        json_decref(msg);
+        return NULL;
+    }
+}
+
+static int socket_opt(int argc, char **argv, int i, const char **sock)
+{
+    while (i < argc && !strcmp(argv[i], "--socket") && i + 1 < argc) {
+        *sock = argv[i + 1];
+        i += 2;
+    }
+    return i;
+}
+
+/* ---- the terminal ---- */
+
+static struct termios saved_tio;
+static bool tio_saved;
+static volatile sig_atomic_t winch = 1;
+
+static void on_winch(int sig)
+{
+    (void)sig;
+    winch = 1;
+}
+
+static void tty_restore(void)
+{
+    if (tio_saved)
+        tcsetattr(STDIN_FILENO, TCSADRAIN, &saved_tio);
+    tio_saved = false;
+}
+
+static void tty_raw(void)
+{
+    if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &saved_tio) < 0)
+        return;
+    tio_saved = true;
+    struct termios t = saved_tio;
+    cfmakeraw(&t);
+    tcsetattr(STDIN_FILENO, TCSADRAIN, &t);
+    atexit(tty_restore);
+}
+
+static void send_resize(struct sconn *c, const char *sid)
+{
+    struct winsize ws;
+    if (ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) < 0 || !ws.ws_row || !ws.ws_col)
+        return;
+    sconn_send(c, "session.resize",
+               json_pack("{s:s,s:i,s:i}", "session", sid, "rows", ws.ws_row, "cols", ws.ws_col),
+               NULL);
+}
+
+static void write_out(const char *s, size_t n)
+{
+    if (conch_write_all(STDOUT_FILENO, s, n) < 0) {
+        /* the terminal is gone */
+    }
+}
+
+static void send_keys(struct sconn *c, const char *sid, const char *buf, size_t n)
+{
+    if (!n)
+        return;
+    sconn_send(c, "session.write",
+               json_pack("{s:s,s:o}", "session", sid, "data", conch_json_text(buf, n)), NULL);
+}
+
+/*
+ * The interactive loop: keys to the session, its output to the terminal. Returns the exit
+ * status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
+ */
+static int interact(struct sconn *c, const char *sid, bool write)
+{
+    json_t *a =
+        sconn_call(c, "session.attach", json_pack("{s:s,s:b}", "session", sid, "write", write));
+    if (!a)
+        return 1;
+    const char *sb = json_string_value(json_object_get(a, "scrollback"));
+    if (sb)
+        write_out(sb, json_string_length(json_object_get(a, "scrollback")));
+    json_int_t next_seq = json_integer_value(json_object_get(a, "next_seq"));
+    bool ended = !strcmp(json_string_value(json_object_get(a, "state")) ?: "", "ended");
+    json_decref(a);
+    if (ended) {
+        fprintf(stderr, "\r\nconch: session %s has ended\r\n", sid);
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_winch};
+    sigaction(SIGWINCH, &sa, NULL);
+    tty_raw();
+    int status = 1;
+    bool pending_detach = false;
+    for (;;) {
+        if (winch && write) {
+            winch = 0;
+            send_resize(c, sid);
+        }
+        /* messages already buffered first */
+        json_t *msg;
+        while ((msg = sconn_next(c, false))) {
+            const char *m = json_string_value(json_object_get(msg, "method"));
+            json_t *p = json_object_get(msg, "params");
+            if (m && !strcmp(m, "session.output") &&
+                !strcmp(json_string_value(json_object_get(p, "session")) ?: "", sid)) {
+                json_int_t seq = json_integer_value(json_object_get(p, "seq"));
+                json_t *d = json_object_get(p, "data");
+                size_t n = json_string_length(d);
+                /* the scrollback already held what came before next_seq */
+                if (seq + (json_int_t)n > next_seq) {
+                    size_t skip = seq < next_seq ? (size_t)(next_seq - seq) : 0;
+                    write_out(json_string_value(d) + skip, n - skip);
+                    next_seq = seq + (json_int_t)n;
+                }
+            } else if (m && !strcmp(m, "session.ended") &&
+                       !strcmp(json_string_value(json_object_get(p, "session")) ?: "", sid)) {
+                json_t *code = json_object_get(p, "exit_code");
+                status = json_is_integer(code) ? (int)json_integer_value(code) : 1;
+                tty_restore();
+                const char *why = json_string_value(json_object_get(p, "reason"));
+                if (status != 0 || (why && !strstr(why, "exited")))
+                    fprintf(stderr, "\nconch: session %s ended: %s\n", sid, why ? why : "?");
+                json_decref(msg);
+                return status;
+            } else if (m && !strcmp(m, "session.writer")) {
+                write = false;
+                tty_restore();
+                fprintf(stderr, "\r\nconch: another client took over the keyboard; watching "
+                                "only (Ctrl-\\ Ctrl-\\ to leave)\r\n");
+                tty_raw();
+            }
+            json_decref(msg);
+        }
+        struct pollfd pfd[2] = {{.fd = STDIN_FILENO, .events = POLLIN},
+                                {.fd = c->fd, .events = POLLIN}};
+        if (poll(pfd, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+            if (!sconn_fill(c)) {
+                tty_restore();
+                fprintf(stderr, "\r\nconch: the daemon closed the connection\n");
+                return 1;
+            }
+        }
+        if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char buf[4096], keys[4097];
+            ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                tty_restore();
+                return 0; /* our input ended: detach */
+            }
+            size_t k = 0;
+            for (ssize_t i = 0; i < n; i++) {
+                if (buf[i] == DETACH_KEY) {
+                    if (pending_detach) {
+                        send_keys(c, sid, keys, k);
+                        tty_restore();
+                        fprintf(stderr, "\r\nconch: detached from session %s (conch attach %s)\n",
+                                sid, sid);
+                        json_decref(
+                            sconn_call(c, "session.detach", json_pack("{s:s}", "session", sid)));
+                        return 0;
+                    }
+                    pending_detach = true;
+                    continue;
+                }
+                if (pending_detach) {
+                    keys[k++] = DETACH_KEY;
+                    pending_detach = false;
+                }
+                keys[k++] = buf[i];
+            }
+            if (write)
+                send_keys(c, sid, keys, k);
+        }
+    }
+    tty_restore();
+    return status;
+}
+
+static void shell_usage(FILE *f)
+{
+    fputs("usage: conch shell [--socket PATH] [SANDBOX]\n"
+          "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
+          "  when none is given). Ctrl-\\ Ctrl-\\ detaches; the session goes on (conch attach).\n"
+          "  The exit status is the shell's.\n",
+          f);
+}
+
+int conch_cli_shell(int argc, char **argv)
+{
+    const char *sock = NULL;
+    int i = socket_opt(argc, argv, 1, &sock);
+    if (i < argc && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
+        shell_usage(stdout);
+        return 0;
+    }
+    if (i + 1 < argc) {
+        shell_usage(stderr);
+        return CONCH_EXIT_USAGE;
+    }
+    struct sconn c;
+    if (sconn_open(&c, sock) < 0)
+        return CONCH_EXIT_INFRA;
+    char sbid[128];
+    if (i < argc) {
+        snprintf(sbid, sizeof(sbid), "%s", argv[i]);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof(cwd))) {
+            fprintf(stderr, "conch shell: current directory: %s\n", strerror(errno));
+            return CONCH_EXIT_USAGE;
+        }
+        json_t *sb = sconn_call(&c, "sandbox.create", json_pack("{s:s}", "workspace", cwd));
+        if (!sb)
+            return CONCH_EXIT_INFRA;
+        snprintf(sbid, sizeof(sbid), "%s", json_string_value(json_object_get(sb, "id")) ?: "");
+        json_decref(sb);
+        fprintf(stderr, "conch: sandbox %s over %s (conch rm %s removes it)\n", sbid, cwd, sbid);
+    }
+    struct winsize ws = {.ws_row = 24, .ws_col = 80};
+    if (isatty(STDIN_FILENO))
+        ioctl(STDIN_FILENO, TIOCGWINSZ, &ws);
+    json_t *params = json_pack("{s:s}", "sandbox", sbid);
+    if (ws.ws_row && ws.ws_col) {
+        json_object_set_new(params, "rows", json_integer(ws.ws_row));
+        json_object_set_new(params, "cols", json_integer(ws.ws_col));
+    }
+    json_t *s = sconn_call(&c, "session.open", params);
+    if (!s)
+        return CONCH_EXIT_INFRA;
+    char sid[64];
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
+    json_decref(s);
+    int st = interact(&c, sid, true);
+    close(c.fd);
+    free(c.buf);
+    return st;
+}
+
+int conch_cli_attach(int argc, char **argv)
+{
+    const char *sock = NULL;
+    int i = socket_opt(argc, argv, 1, &sock);
+    bool write = true;
+    if (i < argc && !strcmp(argv[i], "--read-only")) {
+        write = false;
+        i++;
+    }
+    if (i + 1 != argc || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        bool help = i < argc && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"));
+        fputs("usage: conch attach [--socket PATH] [--read-only] SESSION\n"
+              "  Join a running session and take over its keyboard (--read-only: watch).\n"
+              "  Ctrl-\\ Ctrl-\\ detaches; the session goes on.\n",
+              help ? stdout : stderr);
+        return help ? 0 : CONCH_EXIT_USAGE;
+    }
+    struct sconn c;
+    if (sconn_open(&c, sock) < 0)
+        return CONCH_EXIT_INFRA;
+    int st = interact(&c, argv[i], write);
+    close(c.fd);
+    free(c.buf);
+    return st;
+}
+
+int conch_cli_sessions(int argc, char **argv)
+{
+    const char *sock = NULL;
+    int i = socket_opt(argc, argv, 1, &sock);
+    if (i < argc) {
+        bool help = !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help");
+        fputs("usage: conch sessions [--socket PATH]\n", help ? stdout : stderr);
+        return help ? 0 : CONCH_EXIT_USAGE;
+    }
+    struct sconn c;
+    if (sconn_open(&c, sock) < 0)
+        return CONCH_EXIT_INFRA;
+    json_t *res = sconn_call(&c, "session.list", json_object());
+    close(c.fd);
+    free(c.buf);
+    if (!res)
+        return 1;
+    printf("%-18s %-14s %-8s %7s  %s\n", "SESSION", "SANDBOX", "STATE", "CLIENTS", "NOTE");
+    size_t k;
+    json_t *s;
+    json_array_foreach(json_object_get(res, "sessions"), k, s)
+    {
+        const char *why = json_string_value(json_object_get(s, "reason"));
+        printf("%-18s %-14s %-8s %7lld  %s\n", json_string_value(json_object_get(s, "session")),
+               json_string_value(json_object_get(s, "sandbox")),
+               json_string_value(json_object_get(s, "state")),
+               (long long)json_integer_value(json_object_get(s, "clients")), why ? why : "");
+    }
+    json_decref(res);
+    return 0;
+}

@@ -1,0 +1,25 @@
+/* sessions.h - sessions (sessions.c): a long-lived shell on a pty inside a sandbox, driven
+ * command by command (session.run) or as a raw terminal shared by attached clients. */
+#ifndef CONCH_DAEMON_SESSIONS_H
+#define CONCH_DAEMON_SESSIONS_H
+
+#include <jansson.h>
+
+#include "rpc/rpc.h"
+
+void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+struct daemon;
+/* sessions_recover - list the sessions recorded by a previous daemon (<state>/sessions/) as
+ * ended, with their last scrollback. Call once at start. */
+void sessions_recover(struct daemon *d);
+
+#endif
