@@ -129,9 +129,9 @@ struct sandbox {
     bool ws_running;
     double created_at, last_used_at;
     unsigned commands;
-    struct dlist runs;      /* struct run: exec.run and jobs not finished yet */
-    struct dlist done_jobs; /* struct run: finished jobs, output still readable */
-    struct dlist files;     /* struct file_req in flight */
+    struct dlist runs;           /* struct run: exec.run and jobs not finished yet */
+    struct dlist done_jobs;      /* struct run: finished jobs, output still readable */
+    struct dlist files;          /* struct file_req in flight */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
     double tool_timeout;         /* its limits (0: the bridge's defaults) */
     unsigned max_tool_calls;

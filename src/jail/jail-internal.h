@@ -96,8 +96,8 @@ struct jail_plan {
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
     /* the tool bridge */
-    bool ptc_socket;          /* listen on /run/conch/ptc.sock, hand the fd to the parent */
-    char ptc_lib[PATH_MAX];   /* before pivot: bound at /run/conch/lib; "" for none */
+    bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
+    char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
