@@ -1181,6 +1181,24 @@ void conch_bridge_origin_end(struct conch_bridge *b, const char *kind, const cha
     origin_free(o);
 }
 
+void conch_bridge_origin_take(struct conch_bridge *b, const char *kind, const char *id,
+                              struct conch_bridge_report *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    struct origin *o = origin_find(b, kind, id);
+    json_t *records = json_array(), *detached = json_array();
+    if (!o || !records || !detached) {
+        json_decref(records);
+        json_decref(detached);
+        return;
+    }
+    ret->calls = o->records;
+    ret->detached = o->detached;
+    ret->summary = summary_of(o->records);
+    o->records = records;
+    o->detached = detached;
+}
+
 void conch_bridge_report_done(struct conch_bridge_report *r)
 {
     json_decref(r->calls);

@@ -122,6 +122,12 @@ void conch_bridge_origin_end(struct conch_bridge *b, const char *kind, const cha
                              struct conch_bridge_report *ret);
 void conch_bridge_report_done(struct conch_bridge_report *r);
 
+/* conch_bridge_origin_take - what a live origin did since it began or since the last take
+ * (a session's shell lives on across its commands: each command's result takes its own
+ * calls). Calls still in flight stay with the origin. *@ret is zeroed when it is unknown. */
+void conch_bridge_origin_take(struct conch_bridge *b, const char *kind, const char *id,
+                              struct conch_bridge_report *ret);
+
 /* conch_bridge_trace - the recorded calls (the last max_trace), of one origin when @kind and
  * @id are given. New reference. */
 json_t *conch_bridge_trace(struct conch_bridge *b, const char *kind, const char *id);

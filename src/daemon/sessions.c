@@ -126,6 +126,7 @@ struct session {
     int end_code;          /* the shell's exit code, -1 unknown */
     struct conch_proc proc;
     bool proc_live;
+    struct conch_bridge_report tools; /* the current command's tool calls, once collected */
     struct conch_rpc_call *open_call; /* session.open, answered once the shell has started */
     unsigned shells;                  /* shells started so far */
     bool new_shell;   /* the shell was restarted after dying: say so in the next result */
@@ -755,8 +756,16 @@ static void run_finish(struct session *s)
         .grace_ms = r->grace_ms,
     };
     conch_run_result_end(&res, &end);
+    /* This command's tool calls (those of a shell that died were collected then). */
+    struct sandbox *bsb = sess_sb(s);
+    if (!s->tools.calls && bsb && bsb->bridge)
+        conch_bridge_origin_take(bsb->bridge, "session", s->id, &s->tools);
+    res.tools = s->tools;
+    res.tools_summary = s->tools.summary;
+    memset(&s->tools, 0, sizeof(s->tools));
     json_t *o = conch_run_result_json(&res, NULL);
     char *text = conch_run_result_text(&res);
+    conch_bridge_report_done(&res.tools);
     if (o && text) {
         if (s->shell_died) {
             char *t2 = NULL;
@@ -922,6 +931,16 @@ static void session_pump(struct session *s)
         off += r->in_len + 1;
     }
     s->start_ms = daemon_now_ms();
+    {
+        /* Calls made between commands (raw mode) are not this command's. */
+        struct sandbox *bsb = sess_sb(s);
+        struct conch_bridge_report before;
+        conch_bridge_report_done(&s->tools);
+        if (bsb && bsb->bridge) {
+            conch_bridge_origin_take(bsb->bridge, "session", s->id, &before);
+            conch_bridge_report_done(&before);
+        }
+    }
     sock_write(s, rec, off);
     free(rec);
     if (r->has_in)
@@ -967,6 +986,14 @@ static void set_winsize(struct session *s)
 
 static void shell_started(struct conch_proc *p, pid_t pid)
 {
+    {
+        struct session *s0 = p->data;
+        struct sandbox *bsb = sess_sb(s0);
+        /* Tool calls from the shell's pid namespace are this session's. */
+        if (bsb && bsb->bridge &&
+            conch_bridge_origin_begin(bsb->bridge, "session", s0->id, p->pidns_ino) < 0)
+            log_warn("session %s: out of memory tracing tool calls", s0->id);
+    }
     struct session *s = p->data;
     (void)pid;
     /* The shell sent the master before exec, and it started: the fd is waiting. */
@@ -1001,6 +1028,13 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
 {
     struct session *s = p->data;
     s->proc_live = false;
+    struct sandbox *bsb = sess_sb(s);
+    if (bsb && bsb->bridge) {
+        /* Its calls in flight are cancelled; those of the current command stay for its
+         * result. */
+        conch_bridge_report_done(&s->tools);
+        conch_bridge_origin_end(bsb->bridge, "session", s->id, &s->tools);
+    }
     if (s->master >= 0 && !s->closing)
         master_drain(s);
     int sig = 0;
@@ -1676,6 +1710,7 @@ static void session_free(struct session *s)
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
+    conch_bridge_report_done(&s->tools);
     free(s);
 }
 

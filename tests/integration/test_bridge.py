@@ -496,3 +496,21 @@ def test_a_call_made_at_once_is_never_orphaned(bridge):
         assert [x["origin"]["kind"] for x in r["tool_calls"]] == ["exec"]
     c.call("job.kill", {"job_id": hog})
     assert failures == []
+
+
+def test_calls_from_a_session_belong_to_the_session_and_its_command(bridge):
+    c, sb, run = bridge
+    sess = c.call("session.open", {"sandbox": sb}, timeout=30)["session"]
+    r = c.call("session.run", {"session": sess, "command": """cd /tmp; tool_call echo '{"s": 1}'"""}, timeout=30)
+    assert r["exit_code"] == 0, r["text"]
+    [call] = r["tool_calls"]
+    assert call["origin"] == {"kind": "session", "id": sess}
+    assert "[tools: 1 call (echo=1), 1 ok" in r["text"]
+    # The next command has its own calls only; the session's trace has both.
+    r = c.call("session.run", {"session": sess, "command": """tool_call echo '{"s": 2}'; tool_call echo '{"s": 3}'"""}, timeout=30)
+    assert [x["input"] for x in r["tool_calls"]] == [{"s": 2}, {"s": 3}]
+    r = c.call("session.run", {"session": sess, "command": "pwd"}, timeout=30)
+    assert r["tool_calls"] == [] and r["stdout"].strip() == "/tmp"
+    trace = c.call("tools.trace", {"sandbox": sb, "origin": {"kind": "session", "id": sess}})["calls"]
+    assert [x["input"] for x in trace] == [{"s": 1}, {"s": 2}, {"s": 3}]
+    c.call("session.close", {"session": sess}, timeout=30)
