@@ -196,8 +196,10 @@ struct daemon {
     unsigned n_sandboxes;
     uint64_t next_id;
     bool stopping;
-    struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
-    unsigned holds;            /* sandbox holds of work in flight, all sandboxes together */
+    struct rlimit nofile_orig;    /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
+    unsigned holds;               /* sandbox holds of work in flight, all sandboxes together */
+    bool private_state;           /* --stdio without --state-dir: state_dir is ours alone */
+    uv_shutdown_t stdio_shutdown; /* --stdio: flushing stdout after stdin closed */
 };
 
 /* server.c */

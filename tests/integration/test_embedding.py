@@ -1,0 +1,193 @@
+# test_embedding.py - conch as a harness embeds it: several `conch serve --stdio` side by
+# side with no options, what a --stdio daemon does when its client goes away, oversize lines
+# answered by their id wherever it is, and what a command's result tells a model.
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import CONCH_BIN, IS_ROOT, unique_marker
+from rpcclient import Client, RpcError, pids_matching, serve_available, wait_gone
+
+
+@pytest.fixture
+def serve_ok():
+    ok, why = serve_available(CONCH_BIN)
+    if not ok:
+        pytest.skip(f"daemon not available: {why}")
+
+
+@pytest.fixture
+def state_home(tmp_path):
+    """An $XDG_STATE_HOME of the test's own (an ordinary user's default state dir is under
+    it; root's is /var/lib/conch whatever the environment)."""
+    d = tmp_path / "xdg-state"
+    d.mkdir()
+    os.chmod(tmp_path, 0o711)
+    return d
+
+
+class Stdio:
+    """One `conch serve --stdio ARGS` with no --state-dir unless ARGS give one."""
+
+    def __init__(self, args=(), env_home=None):
+        env = dict(os.environ)
+        if env_home is not None:
+            env["XDG_STATE_HOME"] = str(env_home)
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([CONCH_BIN, "serve", "--stdio", *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=env,
+                                     start_new_session=True)
+        self.c = Client.stdio(self.proc)
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def close(self, timeout=20):
+        """EOF on stdin; returns the exit status."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(5)
+
+
+def test_stdio_instances_run_side_by_side_without_options(serve_ok, state_home, tmp_path):
+    """Two `conch serve --stdio` started at the same moment, each with a sandbox running
+    commands, 20 times: none refuses, none disturbs the other, each state dir goes away."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("shared\n")
+    failures = []
+
+    def agent(k, i, out):
+        s = Stdio(env_home=state_home)
+        try:
+            ping = s.c.call("daemon.ping", {}, timeout=20)
+            sb = s.c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+            for j in range(3):
+                r = s.c.call("exec.run", {"sandbox": sb, "command": f"echo {k}-{j} > out.txt; cat f.txt out.txt"},
+                             timeout=30)
+                assert r["exit_code"] == 0 and r["stdout"] == f"shared\n{k}-{j}\n", r
+            s.c.call("fs.write", {"sandbox": sb, "path": "w.txt", "content": k}, timeout=30)
+            assert s.c.call("fs.read", {"sandbox": sb, "path": "w.txt"}, timeout=30)["content"] == k
+            out[k] = ping["state_dir"]
+            rc = s.close()
+            assert rc == 0, f"exit {rc}"
+            assert not os.path.exists(ping["state_dir"]), f"{ping['state_dir']} left behind"
+        except BaseException as e:  # noqa: BLE001 - collected and reported below
+            failures.append(f"round {i} agent {k}: {e!r}\n{s.stderr()}")
+            s.close(5)
+
+    for i in range(20):
+        out = {}
+        ts = [threading.Thread(target=agent, args=(k, i, out)) for k in ("a", "b")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        if failures:
+            break
+        assert out["a"] != out["b"], out
+    assert not failures, "\n".join(failures)
+    assert sorted(p.name for p in ws.iterdir()) == ["f.txt"]
+
+
+def test_a_second_daemon_on_an_explicit_state_dir_is_refused_and_the_first_keeps_running(
+        serve_ok, tmp_path):
+    st = tmp_path / "state"
+    a = Stdio(["--state-dir", str(st)])
+    try:
+        sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+        m = unique_marker("lock")
+        job = a.c.call("job.start", {"sandbox": sb, "command": f"exec -a {m} sleep 100"})["job_id"]
+        deadline = time.monotonic() + 15
+        while not pids_matching(m) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        b = subprocess.run([CONCH_BIN, "serve", "--stdio", "--state-dir", str(st)], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=30)
+        assert b.returncode != 0 and b"in use by another conch daemon" in b.stderr, b
+        assert a.c.call("sandbox.get", {"id": sb})["state"] == "running"
+        assert a.c.call("job.list", {"sandbox": sb})["jobs"][0]["running"] is True
+        assert pids_matching(m), "the first daemon's job was killed"
+        assert a.c.call("job.kill", {"job_id": job, "signal": "KILL"})["killed"]
+    finally:
+        assert a.close() == 0, a.stderr()
+
+
+def test_stdio_defaults_no_pool_no_idle_timeout_nothing_left_stopped(serve_ok, tmp_path):
+    st = tmp_path / "state"
+    a = Stdio(["--state-dir", str(st)])
+    sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+    time.sleep(0.5)
+    # no pool sandboxes: the only warden is this sandbox's
+    wardens = [p for p in pids_matching(str(st)) if p != a.proc.pid]
+    assert a.c.call("daemon.ping", {})["sandboxes"] == 1
+    n_children = subprocess.run(["pgrep", "-P", str(a.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(n_children) == 1, (n_children, wardens)
+    assert a.close() == 0, a.stderr()
+    # the client went away: its sandbox is destroyed, not left `stopped` for the next daemon
+    b = Stdio(["--state-dir", str(st)])
+    try:
+        assert b.c.call("sandbox.list", {})["sandboxes"] == []
+        with pytest.raises(RpcError) as ei:
+            b.c.call("sandbox.get", {"id": sb})
+        assert ei.value.data_code == "sandbox_not_found"
+        assert not os.path.exists(st / "sandboxes" / sb)
+    finally:
+        assert b.close() == 0, b.stderr()
+
+
+def test_stdio_sandbox_has_no_idle_timeout_by_default(serve_ok, tmp_path):
+    a = Stdio(["--state-dir", str(tmp_path / "state")])
+    try:
+        sb = a.c.call("sandbox.create", {}, timeout=30)
+        # the daemon default (3600 s) would be visible as the sandbox's idle timeout
+        info = a.c.call("sandbox.get", {"id": sb["id"]})
+        assert info["idle_timeout"] == 0, info
+    finally:
+        assert a.close() == 0, a.stderr()
+
+
+def test_closing_stdin_kills_the_command_in_flight_and_answers_it(serve_ok, tmp_path):
+    a = Stdio(["--state-dir", str(tmp_path / "state")])
+    sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+    m = unique_marker("eof")
+    rid = a.c.request("exec.run", {"sandbox": sb, "command": f"exec -a {m} sleep 100"})
+    deadline = time.monotonic() + 15
+    while not pids_matching(m) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids_matching(m)
+    a.proc.stdin.close()
+    resp = a.c.wait(rid, 15)  # answered on stdout before the daemon exits
+    assert resp["error"]["data"]["code"] == "sandbox_stopped", resp
+    assert a.proc.wait(15) == 0, a.stderr()
+    assert wait_gone(m) == []
+    assert "stdin closed" in a.stderr(), a.stderr()
+
+
+def test_oversize_line_is_answered_by_its_id_after_params(serve_ok, tmp_path):
+    a = Stdio(["--state-dir", str(tmp_path / "state"), "--max-message", "4096"])
+    try:
+        for rid in (a.c.new_id(), "after-params", None):
+            line = json.dumps({"jsonrpc": "2.0", "method": "daemon.ping",
+                               "params": {"pad": "x" * 10000, "id": 99, "s": "}\"{"}, "id": rid}).encode() + b"\n"
+            a.c.send_raw(line[:6000])
+            time.sleep(0.1)
+            a.c.send_raw(line[6000:])
+            resp = a.c.wait_reply(rid if isinstance(rid, int) else None, 10)
+            assert resp["id"] == rid and resp["error"]["data"]["code"] == "message_too_large", resp
+        assert a.c.call("daemon.ping", {})["version"]
+    finally:
+        assert a.close() == 0, a.stderr()
