@@ -213,6 +213,10 @@ void conch_run_result_end(struct conch_run_result *res, const struct conch_run_e
         return;
     }
     res->exit_code = conch_exit_code(end->status, &res->signal);
+    /* One number for a timeout everywhere, as timeout(1) has it: `conch run` exits 124, and
+     * exit_code (JSON, exec.run, text) says the same; `signal` still says how it ended. */
+    if (end->timed_out)
+        res->exit_code = CONCH_RUN_EXIT_TIMEOUT;
     const struct rusage *ru = &end->usage;
     res->cpu_ms = (uint64_t)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec) * 1000 +
                   (uint64_t)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec) / 1000;

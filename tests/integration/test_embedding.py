@@ -191,3 +191,31 @@ def test_oversize_line_is_answered_by_its_id_after_params(serve_ok, tmp_path):
         assert a.c.call("daemon.ping", {})["version"]
     finally:
         assert a.close() == 0, a.stderr()
+
+
+def test_text_keeps_nul_bytes_and_its_exit_line(serve_ok, tmp_path):
+    a = Stdio(["--state-dir", str(tmp_path / "state")])
+    try:
+        sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+        r = a.c.call("exec.run", {"sandbox": sb, "command": "printf 'a\\0b\\n'; printf 'e\\0f\\1' >&2; exit 3"})
+        assert r["stdout"] == "a\0b\n" and r["stderr"] == "e\0f\1", r
+        assert r["text"] == "a\u2400b\ne\u2400f\1\n[exit code: 3]", r["text"]
+    finally:
+        assert a.close() == 0, a.stderr()
+
+
+def test_a_timeout_is_exit_code_124_over_json_rpc_and_from_the_cli(serve_ok, daemon_factory, tmp_path):
+    d = daemon_factory(extra_args=["--pool", "0"])
+    c = d.client()
+    sb = c.call("sandbox.create", {}, timeout=30)["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command": "sleep 10", "timeout": 0.3, "grace": 0.2}, timeout=30)
+    assert r["timed_out"] is True and r["exit_code"] == 124 and r["signal"] == 15, r
+    assert r["text"].endswith("[timed out; exit code: 124]"), r["text"]
+    assert r["error"]["kind"] == "timeout", r
+    # a command that ignores SIGTERM is killed after the grace: still 124
+    r = c.call("exec.run", {"sandbox": sb, "command": "trap '' TERM; sleep 10", "timeout": 0.3, "grace": 0.2},
+               timeout=30)
+    assert r["timed_out"] is True and r["exit_code"] == 124 and r["signal"] == 9, r
+    p = subprocess.run([CONCH_BIN, "run", "--json", "--workspace", str(tmp_path), "--timeout", "0.3", "--",
+                        "sleep", "10"], capture_output=True, timeout=60)
+    assert p.returncode == 124 and json.loads(p.stdout)["exit_code"] == 124, p
