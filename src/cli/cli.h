@@ -15,5 +15,11 @@ int conch_cli_gc(int argc, char **argv);
 int conch_cli_ps(int argc, char **argv);
 int conch_cli_exec(int argc, char **argv);
 int conch_cli_rm(int argc, char **argv);
+int conch_cli_create(int argc, char **argv);
+int conch_cli_changes(int argc, char **argv);
+int conch_cli_diff(int argc, char **argv);
+int conch_cli_commit(int argc, char **argv);
+int conch_cli_discard(int argc, char **argv);
+int conch_cli_cp(int argc, char **argv);
 
 #endif
