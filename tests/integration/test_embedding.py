@@ -219,3 +219,28 @@ def test_a_timeout_is_exit_code_124_over_json_rpc_and_from_the_cli(serve_ok, dae
     p = subprocess.run([CONCH_BIN, "run", "--json", "--workspace", str(tmp_path), "--timeout", "0.3", "--",
                         "sleep", "10"], capture_output=True, timeout=60)
     assert p.returncode == 124 and json.loads(p.stdout)["exit_code"] == 124, p
+
+
+@pytest.mark.user_only
+def test_gc_removes_the_private_state_dir_of_a_killed_stdio_daemon(serve_ok, state_home):
+    # (root's default state dir is /var/lib/conch, which a test must not garbage-collect)
+    dead = Stdio(env_home=state_home)
+    live = Stdio(env_home=state_home)
+    try:
+        dead_dir = dead.c.call("daemon.ping", {})["state_dir"]
+        live_dir = live.c.call("daemon.ping", {})["state_dir"]
+        dead.c.call("sandbox.create", {}, timeout=30)
+        live.c.call("sandbox.create", {}, timeout=30)
+        os.kill(dead.proc.pid, 9)
+        dead.proc.wait(10)
+        assert os.path.isdir(dead_dir)
+        env = dict(os.environ, XDG_STATE_HOME=str(state_home))
+        p = subprocess.run([CONCH_BIN, "gc"], capture_output=True, env=env, timeout=60)
+        assert p.returncode == 0, p
+        assert not os.path.exists(dead_dir), os.listdir(dead_dir)
+        assert os.path.isdir(live_dir)
+        assert live.c.call("sandbox.list", {})["sandboxes"][0]["state"] == "running"
+    finally:
+        dead.close(5)
+        assert live.close() == 0, live.stderr()
+    assert not os.path.exists(live_dir)
