@@ -223,6 +223,9 @@ bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
 /* client_sink_wait_cancel - disarm @w (no-op when not armed). */
 void client_sink_wait_cancel(struct sink_waiter *w);
 
+/* Where fs.* shows a sandbox's spill files (read-only, served from its spill dir). */
+#define CONCH_SPILL_SHOWN_DIR "/run/conch/output"
+
 /* sandboxes.c */
 struct sandbox_spec {
     const char *workspace;

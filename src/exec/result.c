@@ -97,8 +97,9 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
         snprintf(key, sizeof(key), "%s_truncated", names[i]);
         json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
         snprintf(key, sizeof(key), "%s_spill", names[i]);
-        json_object_set_new(
-            o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
+        char shown[sizeof(outs[i]->spill_path) + sizeof(outs[i]->shown_dir)];
+        conch_output_spill_shown(outs[i], shown, sizeof(shown));
+        json_object_set_new(o, key, shown[0] ? json_string(shown) : json_null());
     }
     conch_ws_changes_json_set(o, &res->changes, CONCH_WS_CHANGES_MAX);
     json_object_set_new(o, "committed", json_boolean(res->committed));

@@ -244,3 +244,41 @@ def test_gc_removes_the_private_state_dir_of_a_killed_stdio_daemon(serve_ok, sta
         dead.close(5)
         assert live.close() == 0, live.stderr()
     assert not os.path.exists(live_dir)
+
+
+def test_spilled_output_is_readable_through_fs_and_goes_with_its_sandbox(serve_ok, tmp_path):
+    import base64
+    st = tmp_path / "state"
+    a = Stdio(["--state-dir", str(st)])
+    try:
+        sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+        r = a.c.call("exec.run", {"sandbox": sb, "command": "seq 1 200000; echo done >&2", "max_output": 1000})
+        spill = r["stdout_spill"]
+        assert r["stdout_truncated"] and spill.startswith("/run/conch/output/conch-stdout-"), r
+        assert f"full output in {spill}" in r["text"] and r["text"].endswith("[exit code: 0]"), r["text"][-300:]
+        assert str(st) not in r["text"], "the text names a host path"
+        got = a.c.call("fs.read", {"sandbox": sb, "path": spill, "offset": 199998, "limit": 10})
+        assert got["content"] == "199999\n200000\n" and got["total_lines"] == 200000, got
+        whole = a.c.call("fs.download", {"sandbox": sb, "paths": [spill]})["files"][0]
+        assert base64.b64decode(whole["content"]) == b"".join(b"%d\n" % i for i in range(1, 200001))
+        names = [e["path"] for e in a.c.call("fs.ls", {"sandbox": sb, "path": "/run/conch/output"})["entries"]]
+        assert spill in names, names
+        m = a.c.call("fs.grep", {"sandbox": sb, "path": "/run/conch/output", "pattern": "^123456$"})["matches"]
+        assert m == [{"path": spill, "line": 123456, "text": "123456"}], m
+        for method, params in (("fs.write", {"path": spill, "content": "x"}),
+                               ("fs.delete", {"path": spill}),
+                               ("fs.edit", {"path": spill, "old_string": "1", "new_string": "2"})):
+            with pytest.raises(RpcError) as ei:
+                a.c.call(method, {"sandbox": sb, **params})
+            assert ei.value.data_code == "permission_denied", (method, ei.value)
+        with pytest.raises(RpcError) as ei:
+            a.c.call("fs.read", {"sandbox": sb, "path": "/run/conch/output/../../../../etc/passwd"})
+        assert ei.value.data_code == "invalid_path", ei.value
+        host_dir = st / "sandboxes" / sb
+        assert any((host_dir / "spill").iterdir())
+        a.c.call("sandbox.destroy", {"id": sb}, timeout=30)
+        assert not host_dir.exists(), list(host_dir.rglob("*"))
+    finally:
+        assert a.close() == 0, a.stderr()
+    p = subprocess.run([CONCH_BIN, "gc", "--state-dir", str(st)], capture_output=True, timeout=60)
+    assert p.returncode == 0 and not any((st / "spill").iterdir()), p
