@@ -41,17 +41,19 @@ int daemon_file_handler(int req_fd, int resp_fd)
     json_t *params = json_object_get(req, "params");
     if (!method || !json_is_object(params))
         return 1;
-    int root = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* The whole sandbox, as its user sees it: relative paths are under /workspace. */
+    int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct conch_fs_error ferr;
     memset(&ferr, 0, sizeof(ferr));
-    json_t *res = root >= 0 ? conch_fs_call(root, "/workspace", method, params, &ferr) : NULL;
+    json_t *res =
+        root >= 0 ? conch_fs_call_rooted(root, "/workspace", method, params, &ferr) : NULL;
     json_t *resp;
     if (res) {
         resp = json_pack("{s:o}", "result", res);
     } else {
         if (root < 0) {
             ferr.code = CONCH_FS_IO_ERROR;
-            snprintf(ferr.message, sizeof(ferr.message), "open /workspace: %s", strerror(errno));
+            snprintf(ferr.message, sizeof(ferr.message), "open /: %s", strerror(errno));
         }
         json_t *e = json_pack("{s:s,s:s}", "code", conch_fs_errcode_name(ferr.code), "message",
                               ferr.message);

@@ -124,7 +124,7 @@ json_t *conch_fs__ls(const struct conch_fs__ctx *ctx, json_t *params, struct con
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, true, &rel, ferr) < 0)
         return NULL;
-    const char *shown = *path ? path : ctx->root_name;
+    const char *shown = *path ? path : conch_fs__default_shown(ctx);
     int fd = conch_fs__open(ctx->root_fd, rel, O_RDONLY | O_DIRECTORY, 0);
     if (fd < 0) {
         conch_fs__fail_errno(ferr, -fd, "list", shown);

@@ -342,9 +342,9 @@ json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
         return NULL;
-    if (!*rel) {
-        conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "refusing to delete the workspace root '%s'",
-                       path);
+    if (!*rel || (*ctx->home && !strcmp(rel, ctx->home + 1))) {
+        conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "refusing to delete the %s root '%s'",
+                       *rel ? "workspace" : "sandbox", path);
         return NULL;
     }
     const char *name;
