@@ -282,3 +282,37 @@ def test_spilled_output_is_readable_through_fs_and_goes_with_its_sandbox(serve_o
         assert a.close() == 0, a.stderr()
     p = subprocess.run([CONCH_BIN, "gc", "--state-dir", str(st)], capture_output=True, timeout=60)
     assert p.returncode == 0 and not any((st / "spill").iterdir()), p
+
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_fs_reaches_the_whole_sandbox_and_deepagents_offload_dirs_are_writable(serve_ok, tmp_path, as_root):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    a = Stdio(["--state-dir", str(tmp_path / "state")])
+    try:
+        sb = a.c.call("sandbox.create", {"workspace": str(ws), "as_root": as_root}, timeout=30)["id"]
+        big = "".join(f"line {i} of a big tool result\n" for i in range(20000))
+        for d in ("/large_tool_results", "/conversation_history"):
+            r = a.c.call("fs.write", {"sandbox": sb, "path": f"{d}/call_abc", "content": big})
+            assert r["bytes_written"] == len(big), r
+            got = a.c.call("fs.read", {"sandbox": sb, "path": f"{d}/call_abc", "offset": 100, "limit": 2})
+            assert got["content"] == "line 100 of a big tool result\nline 101 of a big tool result\n", got
+            assert [e["name"] for e in a.c.call("fs.ls", {"sandbox": sb, "path": d})["entries"]] == ["call_abc"]
+            r = a.c.call("exec.run", {"sandbox": sb, "command": f"wc -l < {d}/call_abc; echo x >> {d}/call_abc"})
+            assert r["stdout"] == "20000\n", r
+        # the whole sandbox as its user sees it, resolved inside it
+        assert a.c.call("fs.read", {"sandbox": sb, "path": "/etc/hostname"})["content"]
+        assert a.c.call("fs.grep", {"sandbox": sb, "pattern": "^line 19999 ", "path": "/large_tool_results"})["matches"]
+        a.c.call("fs.write", {"sandbox": sb, "path": "/tmp/t.txt", "content": "t"})
+        assert a.c.call("exec.run", {"sandbox": sb, "command": "cat /tmp/t.txt"})["stdout"] == "t"
+        for bad in ("/etc/x", "/usr/bin/x", "/x"):
+            with pytest.raises(RpcError) as ei:
+                a.c.call("fs.write", {"sandbox": sb, "path": bad, "content": "x"})
+            assert ei.value.data_code == "permission_denied", (bad, ei.value)
+        # none of it is a workspace change, and the host saw none of it
+        assert a.c.call("workspace.changes", {"sandbox": sb})["changes"] == []
+        assert sorted(p.name for p in ws.iterdir()) == ["a.txt"]
+        assert not os.path.exists("/large_tool_results/call_abc")
+    finally:
+        assert a.close() == 0, a.stderr()
