@@ -23,6 +23,7 @@
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
+#include "fs/fs.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
 {
@@ -590,11 +591,16 @@ static const struct conch_rpc_param p_job_wait[] = {P("job_id", S, true),
 static const struct conch_rpc_param p_job_kill[] = {P("job_id", S, true),
                                                     P("signal", CONCH_RPC_ANY, false), END};
 static const struct conch_rpc_param p_job_list[] = {P("sandbox", S, false), END};
-static const struct conch_rpc_param p_fs_read[] = {
-    P("sandbox", S, true),     P("path", S, true),      R("offset", I, 0, 1e15, 0),
-    R("limit", I, 1, 1e15, 0), P("encoding", S, false), END};
-static const struct conch_rpc_param p_fs_write[] = {
-    P("sandbox", S, true), P("path", S, true), P("content", S, true), P("encoding", S, false), END};
+static const struct conch_rpc_param p_fs_read[] = {P("sandbox", S, true),
+                                                   P("path", S, true),
+                                                   R("offset", I, 0, 1e15, 0),
+                                                   R("limit", I, 1, 1e15, 0),
+                                                   P("encoding", S, false),
+                                                   R("length", I, 1, CONCH_FS_MAX_FILE, 0),
+                                                   END};
+static const struct conch_rpc_param p_fs_write[] = {P("sandbox", S, true), P("path", S, true),
+                                                    P("content", S, true), P("encoding", S, false),
+                                                    P("append", B, false), END};
 static const struct conch_rpc_param p_fs_edit[] = {
     P("sandbox", S, true),    P("path", S, true),         P("old_string", S, true),
     P("new_string", S, true), P("replace_all", B, false), END};

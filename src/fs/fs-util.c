@@ -236,8 +236,9 @@ int conch_fs__read_file(const struct conch_fs__ctx *ctx, const char *rel, const 
         return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
     if (st.st_size > CONCH_FS_MAX_FILE)
         return conch_fs__fail(ferr, CONCH_FS_TOO_LARGE,
-                              "'%s' is %lld bytes, above the limit of %lld bytes", given,
-                              (long long)st.st_size, CONCH_FS_MAX_FILE);
+                              "'%s' is %lld bytes, above the limit of %lld bytes for one request "
+                              "(read it in chunks: encoding base64 with offset and length)",
+                              given, (long long)st.st_size, CONCH_FS_MAX_FILE);
     int r = conch_fs__read_fd(fd, CONCH_FS_MAX_FILE, ret_buf, ret_len);
     if (r == -EFBIG)
         return conch_fs__fail(ferr, CONCH_FS_TOO_LARGE, "'%s' grew above the limit of %lld bytes",

@@ -316,3 +316,57 @@ def test_fs_reaches_the_whole_sandbox_and_deepagents_offload_dirs_are_writable(s
         assert not os.path.exists("/large_tool_results/call_abc")
     finally:
         assert a.close() == 0, a.stderr()
+
+
+def test_one_file_cap_and_chunked_reads_and_writes(serve_ok, tmp_path):
+    import base64
+    import hashlib
+    a = Stdio(["--state-dir", str(tmp_path / "state")])
+    try:
+        sb = a.c.call("sandbox.create", {}, timeout=30)["id"]
+        cap = 10 << 20
+        eleven = os.urandom(11 << 20)
+        # one request may not carry more than one may read back
+        r = a.c.call("fs.upload", {"sandbox": sb, "files": [{"path": "big.bin", "content": base64.b64encode(eleven).decode()}]},
+                     timeout=60)
+        assert r["results"][0]["error"]["code"] == "too_large", r
+        with pytest.raises(RpcError) as ei:
+            a.c.call("fs.write", {"sandbox": sb, "path": "big.bin", "encoding": "base64",
+                                  "content": base64.b64encode(eleven).decode()}, timeout=60)
+        assert ei.value.data_code == "too_large" and "append" in ei.value.message, ei.value
+        # in chunks: append, then read back by byte ranges
+        step = 4 << 20
+        for i in range(0, len(eleven), step):
+            r = a.c.call("fs.write", {"sandbox": sb, "path": "big.bin", "encoding": "base64", "append": i > 0,
+                                      "content": base64.b64encode(eleven[i:i + step]).decode()}, timeout=60)
+            assert r["bytes_written"] == len(eleven[i:i + step]) and r["created"] == (i == 0), r
+        sha = a.c.call("exec.run", {"sandbox": sb, "command": "sha256sum big.bin"})["stdout"].split()[0]
+        assert sha == hashlib.sha256(eleven).hexdigest()
+        with pytest.raises(RpcError) as ei:
+            a.c.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64"}, timeout=60)
+        assert ei.value.data_code == "too_large" and "offset and length" in ei.value.message, ei.value
+        got, off = b"", 0
+        while True:
+            r = a.c.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64", "offset": off,
+                                     "length": 3 << 20}, timeout=60)
+            chunk = base64.b64decode(r["content"])
+            assert r["offset"] == off and r["length"] == len(chunk) and r["size"] == len(eleven), {k: v for k, v in r.items() if k != "content"}
+            got += chunk
+            off += len(chunk)
+            if r["eof"]:
+                break
+        assert got == eleven
+        # a whole read is at most the cap; past the end is empty and eof
+        r = a.c.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64", "offset": 1, "length": cap})
+        assert r["length"] == cap, r["length"]
+        r = a.c.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64", "offset": len(eleven) + 5})
+        assert r["content"] == "" and r["eof"] is True, r
+        with pytest.raises(RpcError) as ei:
+            a.c.call("fs.read", {"sandbox": sb, "path": "big.bin", "length": 10})
+        assert ei.value.data_code == "invalid_params", ei.value
+        # text append
+        a.c.call("fs.write", {"sandbox": sb, "path": "log.txt", "content": "one\n", "append": True})
+        a.c.call("fs.write", {"sandbox": sb, "path": "log.txt", "content": "two\n", "append": True})
+        assert a.c.call("fs.read", {"sandbox": sb, "path": "log.txt"})["content"] == "one\ntwo\n"
+    finally:
+        assert a.close() == 0, a.stderr()
