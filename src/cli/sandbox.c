@@ -41,24 +41,6 @@ static int usage_error(const struct common *o, const char *what, const char *arg
     return CONCH_EXIT_USAGE;
 }
 
-/* Read exactly @n bytes; -1 with errno on failure or a short file. */
-static int read_exact(int fd, unsigned char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t got = read(fd, p, n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            if (got == 0)
-                errno = EIO; /* the file shrank */
-            return -1;
-        }
-        p += got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
 /* Print @res (taken) as one JSON line. */
 static void print_json(json_t *res)
 {
@@ -498,18 +480,8 @@ static const char *base_name(const char *p)
 /* Bytes moved per request: well below every cap of the protocol. */
 #define CP_CHUNK (4u << 20)
 
-/* The first error of a per-file result entry (fs.upload/fs.download), printed; true if any. */
-static bool file_error(const char *verb, json_t *entry, const char *path)
-{
-    json_t *e = json_object_get(entry, "error");
-    if (!e)
-        return false;
-    fprintf(stderr, "conch %s: '%s': %s (%s)\n", verb, path,
-            json_string_value(json_object_get(e, "message")),
-            json_string_value(json_object_get(e, "code")));
-    return true;
-}
-
+/* Into the sandbox, CP_CHUNK bytes per fs.write (the first replaces, the rest append): any
+ * size, constant memory. */
 static int cp_in(struct conch_cli_conn *c, const char *id, const char *src, const char *dst,
                  json_int_t *ret_bytes)
 {
@@ -523,57 +495,81 @@ static int cp_in(struct conch_cli_conn *c, const char *id, const char *src, cons
         fprintf(stderr, "conch cp: '%s' is not a regular file (only files are copied)\n", src);
         return -1;
     }
-    if ((uint64_t)st.st_size > 64u << 20) {
-        fprintf(stderr, "conch cp: '%s' is larger than 64 MiB\n", src);
+    _cleanup_free_ unsigned char *buf = malloc(CP_CHUNK);
+    if (!buf)
         return -1;
+    json_int_t total = 0;
+    for (bool first = true;; first = false) {
+        size_t n = 0;
+        while (n < CP_CHUNK) {
+            ssize_t got = read(fd, buf + n, CP_CHUNK - n);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0) {
+                fprintf(stderr, "conch cp: read '%s': %s\n", src, strerror(errno));
+                return -1;
+            }
+            if (got == 0)
+                break;
+            n += (size_t)got;
+        }
+        if (n == 0 && !first)
+            break;
+        _cleanup_free_ char *b64 = b64_encode(buf, n);
+        json_t *res = b64 ? conch_cli_conn_call(c, "fs.write",
+                                                json_pack("{s:s,s:s,s:s,s:s,s:b}", "sandbox", id,
+                                                          "path", dst, "encoding", "base64",
+                                                          "content", b64, "append", !first))
+                          : NULL;
+        if (!res)
+            return -1;
+        json_decref(res);
+        total += (json_int_t)n;
+        if (n < CP_CHUNK)
+            break;
     }
-    size_t n = (size_t)st.st_size;
-    _cleanup_free_ unsigned char *data = malloc(n ? n : 1);
-    if (!data || read_exact(fd, data, n) < 0) {
-        fprintf(stderr, "conch cp: read '%s': %s\n", src, strerror(errno));
-        return -1;
-    }
-    _cleanup_free_ char *b64 = b64_encode(data, n);
-    json_t *res = conch_cli_conn_call(
-        c, "fs.upload",
-        json_pack("{s:s,s:[{s:s,s:s}]}", "sandbox", id, "files", "path", dst, "content", b64));
-    if (!res)
-        return -1;
-    bool bad = file_error("cp", json_array_get(json_object_get(res, "results"), 0), dst);
-    json_decref(res);
-    *ret_bytes = (json_int_t)n;
-    return bad ? -1 : 0;
+    *ret_bytes = total;
+    return 0;
 }
 
+/* Out of the sandbox, by byte ranges of CP_CHUNK (fs.read base64 offset/length). */
 static int cp_out(struct conch_cli_conn *c, const char *id, const char *src, const char *dst,
                   json_int_t *ret_bytes)
 {
-    json_t *res = conch_cli_conn_call(c, "fs.download",
-                                      json_pack("{s:s,s:[s]}", "sandbox", id, "paths", src));
-    if (!res)
-        return -1;
-    json_t *f = json_array_get(json_object_get(res, "files"), 0);
-    json_t *content = json_object_get(f, "content");
-    if (file_error("cp", f, src) || !json_is_string(content)) {
+    _cleanup_close_ int fd = -1;
+    json_int_t off = 0;
+    for (;;) {
+        json_t *res = conch_cli_conn_call(c, "fs.read",
+                                          json_pack("{s:s,s:s,s:s,s:I,s:i}", "sandbox", id, "path",
+                                                    src, "encoding", "base64", "offset", off,
+                                                    "length", (int)CP_CHUNK));
+        if (!res)
+            return -1;
+        json_t *content = json_object_get(res, "content");
+        unsigned char *data = NULL;
+        size_t n = 0;
+        int r = json_is_string(content)
+                    ? b64_decode(json_string_value(content), json_string_length(content), &data, &n)
+                    : -EINVAL;
+        bool eof = json_is_true(json_object_get(res, "eof"));
         json_decref(res);
-        return -1;
-    }
-    unsigned char *data = NULL;
-    size_t n = 0;
-    int r = b64_decode(json_string_value(content), json_string_length(content), &data, &n);
-    json_decref(res);
-    if (r < 0) {
-        fprintf(stderr, "conch cp: the daemon sent invalid base64 for '%s'\n", src);
-        return -1;
-    }
-    _cleanup_close_ int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || conch_write_all(fd, data, n) < 0) {
-        fprintf(stderr, "conch cp: write '%s': %s\n", dst, strerror(errno));
+        if (r < 0) {
+            fprintf(stderr, "conch cp: the daemon sent invalid base64 for '%s'\n", src);
+            return -1;
+        }
+        if (fd < 0)
+            fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || conch_write_all(fd, data, n) < 0) {
+            fprintf(stderr, "conch cp: write '%s': %s\n", dst, strerror(errno));
+            free(data);
+            return -1;
+        }
         free(data);
-        return -1;
+        off += (json_int_t)n;
+        if (eof || n == 0)
+            break;
     }
-    free(data);
-    *ret_bytes = (json_int_t)n;
+    *ret_bytes = off;
     return 0;
 }
 
@@ -583,7 +579,8 @@ int conch_cli_cp(int argc, char **argv)
         .verb = "cp",
         .usage = "usage: conch cp [--socket PATH] [--json] SRC DST\n"
                  "\n"
-                 "Copy one file into or out of a sandbox: exactly one of SRC and DST is ID:PATH\n"
+                 "Copy one file (any size, in 4 MiB pieces) into or out of a sandbox: exactly\n"
+                 "one of SRC and DST is ID:PATH\n"
                  "(ID an id or a name; PATH relative to /workspace, or absolute inside the\n"
                  "sandbox). A DST ending in '/' (or a local directory) takes SRC's name. Write\n"
                  "a local path holding ':' as ./a:b.\n"};

@@ -125,6 +125,18 @@ def test_cp_into_and_out_of_a_sandbox(d, proj, tmp_path):
     # a DST ending in '/' inside the sandbox takes SRC's name; absolute sandbox paths work
     ok(cli(d, "cp", str(src), "cpy:/workspace/dir/"))
     assert ok(cli(d, "exec", "cpy", "--", "stat", "-c", "%s", "dir/blob.bin")).strip() == str(len(blob))
+    # larger than one request may carry (10 MiB): copied in pieces, both ways
+    big = os.urandom(13 << 20)
+    (tmp_path / "big.bin").write_bytes(big)
+    ok(cli(d, "cp", str(tmp_path / "big.bin"), "cpy:big.bin"))
+    assert ok(cli(d, "exec", "cpy", "--", "sha256sum", "big.bin")).split()[0] == hashlib.sha256(big).hexdigest()
+    ok(cli(d, "cp", "cpy:big.bin", str(tmp_path / "back.bin")))
+    assert (tmp_path / "back.bin").read_bytes() == big
+    # an empty file too
+    (tmp_path / "empty").write_bytes(b"")
+    ok(cli(d, "cp", str(tmp_path / "empty"), "cpy:empty"))
+    ok(cli(d, "cp", "cpy:empty", str(tmp_path / "empty2")))
+    assert (tmp_path / "empty2").read_bytes() == b""
     # errors: a missing file on either side, two local paths, a directory
     p = cli(d, "cp", "cpy:nope.txt", str(tmp_path / "x"))
     assert p.returncode == 1 and b"file_not_found" in p.stderr and not (tmp_path / "x").exists(), p
