@@ -66,7 +66,7 @@ int conch_rpc_idscan_feed(struct conch_rpc_idscan *s, const char *buf, size_t le
                     s->esc = true;
                 else if (ch == '"')
                     idscan_finish(s);
-            } else if (ws || ch == ',' || ch == '}') {
+            } else if (ws || ch == ',' || ch == '}' || ch == ']') {
                 idscan_finish(s);
             } else {
                 idscan_append(s, ch);
