@@ -722,14 +722,11 @@ static void on_request_line(void *ctx, const char *line, size_t len)
 static void on_request_oversize(void *ctx)
 {
     struct conn *c = ctx;
-    size_t n = 0;
-    const char *head = conch_rpc_framer_oversize_head(&c->framer, &n);
-    json_t *id = head ? conch_rpc_peek_id(head, n) : NULL;
+    json_t *id = conch_rpc_framer_oversize_id(&c->framer); /* borrowed */
     char msg[128];
     snprintf(msg, sizeof(msg), "a request is larger than the limit of %zu bytes",
              c->b->lim.max_payload);
     conn_send(c, error_msg(id, "too_large", msg));
-    json_decref(id);
 }
 
 /* ---- Connections ---------------------------------------------------------------------------- */

@@ -19,5 +19,11 @@ int conch_cli_mcp(int argc, char **argv);
 int conch_cli_shell(int argc, char **argv);
 int conch_cli_attach(int argc, char **argv);
 int conch_cli_sessions(int argc, char **argv);
+int conch_cli_create(int argc, char **argv);
+int conch_cli_changes(int argc, char **argv);
+int conch_cli_diff(int argc, char **argv);
+int conch_cli_commit(int argc, char **argv);
+int conch_cli_discard(int argc, char **argv);
+int conch_cli_cp(int argc, char **argv);
 
 #endif

@@ -11,17 +11,13 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "daemon/daemon.h"
+#include "workspace/workspace.h"
 
-struct conn {
-    int fd;
-    char *buf;
-    size_t len, cap;
-};
-
-static int conn_open(struct conn *c, const char *path)
+int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
 {
     char def[PATH_MAX];
     if (!path) {
@@ -53,9 +49,7 @@ static int conn_open(struct conn *c, const char *path)
     return 0;
 }
 
-/* Send one request and return its result (new reference), or NULL after printing the
- * error. */
-static json_t *conn_call(struct conn *c, const char *method, json_t *params)
+json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params)
 {
     json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", 1, "method", method,
                             "params", params);
@@ -76,10 +70,17 @@ static json_t *conn_call(struct conn *c, const char *method, json_t *params)
         char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
         if (nl) {
             size_t ll = (size_t)(nl - c->buf);
-            json_t *msg = json_loadb(c->buf, ll, 0, NULL);
+            /* Output may hold NUL bytes ("\u0000"): without JSON_ALLOW_NUL such a response
+             * would not parse, and the call would wait forever. */
+            json_error_t jerr;
+            json_t *msg = json_loadb(c->buf, ll, JSON_ALLOW_NUL, &jerr);
             memmove(c->buf, nl + 1, c->len - ll - 1);
             c->len -= ll + 1;
-            if (!msg || !json_object_get(msg, "id")) {
+            if (!msg) {
+                fprintf(stderr, "conch: the daemon sent a line that is not JSON: %s\n", jerr.text);
+                return NULL;
+            }
+            if (!json_object_get(msg, "id")) {
                 json_decref(msg); /* a notification */
                 continue;
             }
@@ -90,7 +91,10 @@ static json_t *conn_call(struct conn *c, const char *method, json_t *params)
                 return res;
             }
             json_t *e = json_object_get(msg, "error");
-            fprintf(stderr, "conch: error: %s\n",
+            const char *code =
+                json_string_value(json_object_get(json_object_get(e, "data"), "code"));
+            fprintf(stderr, "conch: error%s%s%s: %s\n", code ? " (" : "", code ? code : "",
+                    code ? ")" : "",
                     json_string_value(json_object_get(e, "message"))
                         ? json_string_value(json_object_get(e, "message"))
                         : "unknown");
@@ -110,11 +114,46 @@ static json_t *conn_call(struct conn *c, const char *method, json_t *params)
     }
 }
 
-static void conn_close(struct conn *c)
+void conch_cli_conn_close(struct conch_cli_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
     free(c->buf);
+}
+
+int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size_t size)
+{
+    json_t *res = conch_cli_conn_call(c, "sandbox.list", json_object());
+    if (!res)
+        return -1;
+    const char *found = NULL;
+    unsigned named = 0;
+    size_t i;
+    json_t *sb;
+    json_array_foreach(json_object_get(res, "sandboxes"), i, sb)
+    {
+        const char *id = json_string_value(json_object_get(sb, "id"));
+        const char *name = json_string_value(json_object_get(sb, "name"));
+        if (id && !strcmp(id, ref)) {
+            found = id;
+            named = 1;
+            break;
+        }
+        if (name && !strcmp(name, ref)) {
+            found = id;
+            named++;
+        }
+    }
+    int r = -1;
+    if (!found)
+        fprintf(stderr, "conch: no sandbox with id or name '%s' (see 'conch ps')\n", ref);
+    else if (named > 1)
+        fprintf(stderr, "conch: %u sandboxes are named '%s': give the id (see 'conch ps')\n", named,
+                ref);
+    else if ((size_t)snprintf(ret, size, "%s", found) < size)
+        r = 0;
+    json_decref(res);
+    return r;
 }
 
 /* Leading "--socket PATH"; returns the index of the first other argument. */
@@ -131,25 +170,50 @@ static int socket_arg(int argc, char **argv, const char **ret)
 
 int conch_cli_ps(int argc, char **argv)
 {
-    const char *sock;
-    socket_arg(argc, argv, &sock);
-    struct conn c;
-    if (conn_open(&c, sock) < 0)
+    const char *sock = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+            sock = argv[++i];
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else {
+            fprintf(stderr,
+                    "conch ps: unknown argument '%s'\nusage: conch ps [--socket PATH] "
+                    "[--json]\n",
+                    argv[i]);
+            return CONCH_EXIT_USAGE;
+        }
+    }
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0)
         return 1;
-    json_t *res = conn_call(&c, "sandbox.list", json_object());
-    conn_close(&c);
+    json_t *res = conch_cli_conn_call(&c, "sandbox.list", json_object());
+    conch_cli_conn_close(&c);
     if (!res)
         return 1;
-    printf("%-14s %-8s %-8s %8s  %s\n", "ID", "STATE", "MODE", "COMMANDS", "WORKSPACE");
+    if (json) {
+        char *s = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII);
+        if (s)
+            puts(s);
+        free(s);
+        json_decref(res);
+        return 0;
+    }
+    printf("%-14s %-16s %-8s %-8s %8s  %s\n", "ID", "NAME", "STATE", "MODE", "COMMANDS",
+           "WORKSPACE");
     size_t i;
     json_t *sb;
     json_array_foreach(json_object_get(res, "sandboxes"), i, sb)
     {
         const char *ws = json_string_value(json_object_get(sb, "workspace"));
-        printf("%-14s %-8s %-8s %8lld  %s\n", json_string_value(json_object_get(sb, "id")),
-               json_string_value(json_object_get(sb, "state")),
+        const char *name = json_string_value(json_object_get(sb, "name"));
+        _cleanup_free_ char *qname = name ? conch_ws_quote("", name, false) : NULL;
+        _cleanup_free_ char *qws = ws ? conch_ws_quote("", ws, false) : NULL;
+        printf("%-14s %-16s %-8s %-8s %8lld  %s\n", json_string_value(json_object_get(sb, "id")),
+               qname ? qname : "-", json_string_value(json_object_get(sb, "state")),
                json_string_value(json_object_get(sb, "mode")),
-               (long long)json_integer_value(json_object_get(sb, "commands")), ws ? ws : "-");
+               (long long)json_integer_value(json_object_get(sb, "commands")), qws ? qws : "-");
     }
     json_decref(res);
     return 0;
@@ -196,22 +260,27 @@ int conch_cli_exec(int argc, char **argv)
     size_t len = 0;
     for (; i < argc; i++)
         append_quoted(&cmd, &len, argv[i]);
-    struct conn c;
-    if (conn_open(&c, sock) < 0) {
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0) {
         free(cmd);
         return CONCH_EXIT_INFRA;
     }
-    json_t *res = conn_call(&c, "exec.run", json_pack("{s:s,s:s}", "sandbox", id, "command", cmd));
+    char sid[128];
+    json_t *res = NULL;
+    if (conch_cli_resolve(&c, id, sid, sizeof(sid)) == 0)
+        res = conch_cli_conn_call(&c, "exec.run",
+                                  json_pack("{s:s,s:s}", "sandbox", sid, "command", cmd));
     free(cmd);
-    conn_close(&c);
+    conch_cli_conn_close(&c);
     if (!res)
         return CONCH_EXIT_INFRA;
-    const char *out = json_string_value(json_object_get(res, "stdout"));
-    const char *err = json_string_value(json_object_get(res, "stderr"));
-    if (out)
-        fputs(out, stdout);
-    if (err)
-        fputs(err, stderr);
+    /* Whole streams, NUL bytes included. */
+    json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
+    if (json_is_string(out))
+        fwrite(json_string_value(out), 1, json_string_length(out), stdout);
+    fflush(stdout);
+    if (json_is_string(err))
+        fwrite(json_string_value(err), 1, json_string_length(err), stderr);
     int code = (int)json_integer_value(json_object_get(res, "exit_code"));
     if (json_is_true(json_object_get(res, "timed_out")))
         code = CONCH_EXIT_TIMEOUT;
@@ -227,16 +296,19 @@ int conch_cli_rm(int argc, char **argv)
         fputs("usage: conch rm [--socket PATH] ID...\n", stderr);
         return CONCH_EXIT_USAGE;
     }
-    struct conn c;
-    if (conn_open(&c, sock) < 0)
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0)
         return 1;
     int status = 0;
     for (; i < argc; i++) {
-        json_t *res = conn_call(&c, "sandbox.destroy", json_pack("{s:s}", "id", argv[i]));
+        char sid[128];
+        json_t *res = NULL;
+        if (conch_cli_resolve(&c, argv[i], sid, sizeof(sid)) == 0)
+            res = conch_cli_conn_call(&c, "sandbox.destroy", json_pack("{s:s}", "id", sid));
         if (!res)
             status = 1;
         json_decref(res);
     }
-    conn_close(&c);
+    conch_cli_conn_close(&c);
     return status;
 }

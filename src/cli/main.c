@@ -13,8 +13,14 @@ static void usage(FILE *f)
           "  run [options] -- CMD [ARGS...]   run one command in a fresh sandbox\n"
           "  doctor                           show which kernel fences this machine allows\n"
           "  serve [--socket P | --stdio]     run the daemon (JSON-RPC, docs/PROTOCOL.md)\n"
-          "  ps                               list the daemon's sandboxes\n"
+          "  ps [--json]                      list the daemon's sandboxes\n"
+          "  create [--workspace DIR] [--name N] [limits]  create one; prints its id\n"
           "  exec ID -- CMD [ARGS...]         run a command in a daemon sandbox\n"
+          "  changes ID                       list its uncommitted changes\n"
+          "  diff ID [PATH...]                print them as a unified diff\n"
+          "  commit ID [PATH...]              apply them to the workspace directory\n"
+          "  discard ID [PATH...]             drop them\n"
+          "  cp SRC DST                       copy a file in or out (ID:PATH)\n"
           "  rm ID...                         destroy daemon sandboxes\n"
           "  shell [SANDBOX]                  an interactive shell in a daemon sandbox\n"
           "  attach SESSION                   join a running session (Ctrl-\\ Ctrl-\\ leaves)\n"
@@ -22,7 +28,8 @@ static void usage(FILE *f)
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
           "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
           "\n"
-          "'conch run --help' lists the options of run.\n",
+          "ID is a sandbox id or name; the daemon's client commands take --socket PATH and\n"
+          "--json. 'conch run --help' lists the options of run; 'conch VERB --help' the others.\n",
           f);
 }
 
@@ -52,6 +59,15 @@ int main(int argc, char **argv)
         return conch_cli_attach(argc - 1, argv + 1);
     if (!strcmp(verb, "sessions"))
         return conch_cli_sessions(argc - 1, argv + 1);
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } verbs[] = {{"create", conch_cli_create},   {"changes", conch_cli_changes},
+                 {"diff", conch_cli_diff},       {"commit", conch_cli_commit},
+                 {"discard", conch_cli_discard}, {"cp", conch_cli_cp}};
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        if (!strcmp(verb, verbs[i].name))
+            return verbs[i].fn(argc - 1, argv + 1);
     if (!strcmp(verb, "gc"))
         return conch_cli_gc(argc - 1, argv + 1);
     if (!strcmp(verb, "mcp"))

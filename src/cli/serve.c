@@ -23,9 +23,14 @@ static const char serve_usage[] =
     "                      /tmp/conch-<uid>/conch.sock; /run/conch/conch.sock as root); mode\n"
     "                      0600, same uid or root only; its directory must be yours (or\n"
     "                      root's) and writable by no one else\n"
-    "  --stdio             serve one client on stdin/stdout; exit when stdin closes\n"
+    "  --stdio             serve one client on stdin/stdout; when stdin closes, destroy its\n"
+    "                      sandboxes (commands still running are killed) and exit. Without\n"
+    "                      --state-dir it keeps its state in a private directory of its own\n"
+    "                      (<default>/stdio/XXXXXX, removed on exit), so any number can run\n"
+    "                      side by side; defaults: --pool 0, --idle-timeout 0\n"
     "  --state-dir DIR     database, upper dirs and spill files (default: /var/lib/conch as\n"
-    "                      root, else $XDG_STATE_HOME/conch)\n"
+    "                      root, else $XDG_STATE_HOME/conch); one daemon per directory: a\n"
+    "                      second one is refused\n"
     "  --max-message BYTES largest JSON-RPC line (default 16M)\n"
     "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 4)\n"
     "  --max-sandboxes N   (default 256)\n"
@@ -47,6 +52,7 @@ int conch_cli_serve(int argc, char **argv)
     struct conch_err err = {0};
     int opt, r = 0;
     uint64_t v;
+    bool pool_set = false, idle_set = false;
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
@@ -69,6 +75,7 @@ int conch_cli_serve(int argc, char **argv)
         case 'p':
             v = strtoull(optarg, NULL, 10);
             o.pool_size = (unsigned)(v > 64 ? 64 : v);
+            pool_set = true;
             break;
         case 'n':
             r = conch_cli_parse_count(optarg, "--max-sandboxes", &v, &err);
@@ -78,6 +85,7 @@ int conch_cli_serve(int argc, char **argv)
             uint64_t ms;
             r = conch_cli_parse_seconds(optarg, "--idle-timeout", &ms, &err);
             o.idle_timeout = (double)ms / 1000;
+            idle_set = true;
             break;
         }
         case 'h':
@@ -93,6 +101,12 @@ int conch_cli_serve(int argc, char **argv)
             return CONCH_EXIT_USAGE;
         }
     }
+    /* A --stdio client asks for what it uses: no pool it did not ask for, and no timer
+     * destroying its uncommitted work while it thinks. */
+    if (o.stdio && !pool_set)
+        o.pool_size = 0;
+    if (o.stdio && !idle_set)
+        o.idle_timeout = 0;
     if (!o.stdio)
         conch_log_set_level(getenv("CONCH_DEBUG") ? CONCH_LOG_DEBUG : CONCH_LOG_INFO);
     if (conch_daemon_run(&o, &err) < 0) {

@@ -215,6 +215,12 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         run_free(r);
         return NULL;
     }
+    /* A sandbox's spill files are read through fs.* at /run/conch/output (files.c); a fresh
+     * sandbox's outlive it and keep their host path. */
+    if (!sb->fresh && !sb->pooled) {
+        conch_output_show_spill_in(&r->out_cap, CONCH_SPILL_SHOWN_DIR);
+        conch_output_show_spill_in(&r->err_cap, CONCH_SPILL_SHOWN_DIR);
+    }
     double timeout = conch_rpc_num(params, "timeout", is_job ? 0 : 120);
     double grace = conch_rpc_num(params, "grace", 2);
     r->timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000) : 0;

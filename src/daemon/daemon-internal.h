@@ -207,9 +207,11 @@ struct daemon {
     unsigned n_sandboxes;
     uint64_t next_id;
     bool stopping;
-    struct rlimit nofile_orig; /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
-    unsigned holds;            /* sandbox holds of work in flight, all sandboxes together */
-    bool ptc_warned;           /* said once that the tool-bridge clients are missing */
+    struct rlimit nofile_orig;    /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
+    unsigned holds;               /* sandbox holds of work in flight, all sandboxes together */
+    bool ptc_warned;              /* said once that the tool-bridge clients are missing */
+    bool private_state;           /* --stdio without --state-dir: state_dir is ours alone */
+    uv_shutdown_t stdio_shutdown; /* --stdio: flushing stdout after stdin closed */
 };
 
 /* server.c */
@@ -232,6 +234,9 @@ bool client_sink_congested(struct conch_rpc_sink *sink);
 bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
 /* client_sink_wait_cancel - disarm @w (no-op when not armed). */
 void client_sink_wait_cancel(struct sink_waiter *w);
+
+/* Where fs.* shows a sandbox's spill files (read-only, served from its spill dir). */
+#define CONCH_SPILL_SHOWN_DIR "/run/conch/output"
 
 /* sandboxes.c */
 struct sandbox_spec {

@@ -14,6 +14,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+#include "daemon/statedir.h"
 #include "exec/result.h"
 #include "fs/fs.h"
 #include "workspace/workspace.h"
@@ -40,17 +41,19 @@ int daemon_file_handler(int req_fd, int resp_fd)
     json_t *params = json_object_get(req, "params");
     if (!method || !json_is_object(params))
         return 1;
-    int root = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* The whole sandbox, as its user sees it: relative paths are under /workspace. */
+    int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct conch_fs_error ferr;
     memset(&ferr, 0, sizeof(ferr));
-    json_t *res = root >= 0 ? conch_fs_call(root, "/workspace", method, params, &ferr) : NULL;
+    json_t *res =
+        root >= 0 ? conch_fs_call_rooted(root, "/workspace", method, params, &ferr) : NULL;
     json_t *resp;
     if (res) {
         resp = json_pack("{s:o}", "result", res);
     } else {
         if (root < 0) {
             ferr.code = CONCH_FS_IO_ERROR;
-            snprintf(ferr.message, sizeof(ferr.message), "open /workspace: %s", strerror(errno));
+            snprintf(ferr.message, sizeof(ferr.message), "open /: %s", strerror(errno));
         }
         json_t *e = json_pack("{s:s,s:s}", "code", conch_fs_errcode_name(ferr.code), "message",
                               ferr.message);
@@ -244,6 +247,134 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         file_req_done(fr);
 }
 
+/* ---- the sandbox's spill files, read-only at /run/conch/output ---- */
+
+/* True when @path is /run/conch/output or beneath it (lexically; the fs module then
+ * resolves it beneath the spill dir and refuses any way out). */
+static bool in_output_dir(const char *path)
+{
+    size_t n = strlen(CONCH_SPILL_SHOWN_DIR);
+    return path && !strncmp(path, CONCH_SPILL_SHOWN_DIR, n) && (!path[n] || path[n] == '/');
+}
+
+/* Whether fs.@method with @params names the output dir: 1 all of its paths do, 0 none,
+ * -1 some do and some do not (download). */
+static int output_request(const char *method, json_t *params)
+{
+    if (!strcmp(method, "download")) {
+        size_t i, in = 0, n = json_array_size(json_object_get(params, "paths"));
+        json_t *p;
+        json_array_foreach(json_object_get(params, "paths"), i, p) in +=
+            in_output_dir(json_string_value(p));
+        return in == 0 ? 0 : in == n ? 1 : -1;
+    }
+    if (!strcmp(method, "upload")) {
+        size_t i;
+        json_t *f;
+        json_array_foreach(
+            json_object_get(params, "files"), i,
+            f) if (in_output_dir(json_string_value(json_object_get(f, "path")))) return 1;
+        return 0;
+    }
+    const char *path = json_string_value(json_object_get(params, "path"));
+    const char *pattern = json_string_value(json_object_get(params, "pattern"));
+    if (!strcmp(method, "glob") && !path && pattern && pattern[0] == '/')
+        path = pattern;
+    return in_output_dir(path);
+}
+
+struct output_op {
+    struct file_answer a; /* first: answer_done frees it as a file_answer */
+    struct sandbox *sb;   /* held */
+    int dirfd;
+    char method[16];
+    json_t *params;
+};
+
+static void output_work(uv_work_t *req)
+{
+    struct output_op *op = req->data;
+    struct conch_fs_error ferr;
+    memset(&ferr, 0, sizeof(ferr));
+    json_t *res = NULL;
+    if (op->dirfd >= 0) {
+        res = conch_fs_call(op->dirfd, CONCH_SPILL_SHOWN_DIR, op->method, op->params, &ferr);
+    } else {
+        ferr.code = CONCH_FS_FILE_NOT_FOUND;
+        snprintf(ferr.message, sizeof(ferr.message),
+                 "no output was spilled in this sandbox yet (" CONCH_SPILL_SHOWN_DIR
+                 " holds the output of commands past max_output)");
+    }
+    if (res) {
+        op->a.text = json_dumps(res, JSON_COMPACT | JSON_ENCODE_ANY);
+        json_decref(res);
+    } else {
+        op->a.error = json_pack("{s:s,s:s}", "code", conch_fs_errcode_name(ferr.code), "message",
+                                ferr.message);
+        if (ferr.param[0])
+            json_object_set_new(op->a.error, "param", json_string(ferr.param));
+        if (ferr.code == CONCH_FS_TOO_LARGE)
+            json_object_set_new(op->a.error, "limit", json_integer(CONCH_FS_MAX_FILE));
+    }
+}
+
+static void output_done(uv_work_t *req, int status)
+{
+    struct output_op *op = req->data;
+    if (op->dirfd >= 0)
+        close(op->dirfd);
+    json_decref(op->params);
+    sandbox_release(op->sb);
+    answer_done(&op->a.req, status); /* frees op */
+}
+
+/* fs.* on /run/conch/output: served on the host from the sandbox's spill dir (files the
+ * daemon wrote, which the sandbox cannot change), by the same fs code, off the loop. */
+static void handle_fs_output(struct sandbox *sb, struct conch_rpc_call *call, json_t *params,
+                             const char *method)
+{
+    static const char *const readers[] = {"read", "ls", "glob", "grep", "download"};
+    bool reads = false;
+    for (size_t i = 0; i < sizeof(readers) / sizeof(readers[0]); i++)
+        reads |= !strcmp(method, readers[i]);
+    if (!reads) {
+        conch_rpc_call_failf(call, CONCH_RPC_PERMISSION_DENIED, "permission_denied", NULL,
+                             CONCH_SPILL_SHOWN_DIR " is read-only (the daemon keeps commands' "
+                                                   "spilled output there)");
+        return;
+    }
+    struct output_op *op = calloc(1, sizeof(*op));
+    if (!op) {
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "out of memory");
+        return;
+    }
+    op->a.req.data = op;
+    op->a.call = call;
+    op->sb = sb;
+    snprintf(op->method, sizeof(op->method), "%s", method);
+    op->params = json_copy(params);
+    json_object_del(op->params, "sandbox");
+    op->dirfd = -1;
+    if (sb->spill_dir[0]) {
+        char rel[128];
+        snprintf(rel, sizeof(rel), "sandboxes/%s/spill", sb->id);
+        struct conch_err err = {0};
+        op->dirfd = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &err);
+        if (op->dirfd < 0 && err.code != ENOENT) {
+            json_decref(op->params);
+            free(op);
+            conch_rpc_call_fail_err(call, 0, NULL, &err);
+            return;
+        }
+    }
+    sandbox_hold(sb);
+    if (uv_queue_work(&sb->d->loop, &op->a.req, output_work, output_done) < 0) {
+        output_work(&op->a.req);
+        output_done(&op->a.req, 0);
+    }
+}
+
 void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method)
 {
     struct client *c = ctx;
@@ -251,6 +382,16 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     if (!sb)
         return;
     sandbox_touch(sb);
+    int out = output_request(method, params);
+    if (out != 0) {
+        if (out > 0)
+            handle_fs_output(sb, call, params, method);
+        else
+            conch_rpc_call_failf(call, CONCH_RPC_INVALID_PATH, "invalid_path", NULL,
+                                 "download " CONCH_SPILL_SHOWN_DIR " files on their own, not "
+                                 "with other paths");
+        return;
+    }
     bool writes = !strcmp(method, "write") || !strcmp(method, "edit") || !strcmp(method, "upload");
     if (writes && sandbox_disk_refuse(sb, call))
         return;

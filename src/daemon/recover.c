@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -563,6 +564,56 @@ static void gc_cgroup_dir(const char *parent, const char *prefix,
     closedir(d);
 }
 
+/* The private state dirs of `conch serve --stdio` (<state_dir>/stdio/XXXXXX) whose daemon is
+ * gone: nobody holds their database's lock (a live daemon always does). Their wardens died
+ * with the daemon, but a record may name one still alive: reap them, then remove it all. */
+static void gc_private(int state_fd, const char *state_dir, struct conch_recover_report *rep,
+                       int *first, struct conch_err *err)
+{
+    DIR *d = open_subdir(state_fd, "stdio", state_dir, rep, first, err);
+    if (!d)
+        return;
+    double now = conch_clock_wall();
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (is_dot(de->d_name))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/stdio/%s", state_dir, de->d_name);
+        int sub = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int db = sub < 0 ? -1 : openat(sub, "state.db", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub >= 0)
+            close(sub);
+        if (db < 0 && !older_than(&st, now, CONCH_RECOVER_GC_GRACE_S))
+            continue; /* being created */
+        if (db >= 0 && flock(db, LOCK_EX | LOCK_NB) < 0) {
+            close(db); /* in use */
+            continue;
+        }
+        if (db >= 0) {
+            char dbpath[PATH_MAX + 16];
+            snprintf(dbpath, sizeof(dbpath), "%s/state.db", path);
+            struct conch_state *ps = NULL;
+            struct conch_err e = {0};
+            if (conch_state_open(dbpath, &ps, &e) == 0) {
+                conch_recover_reap(ps, rep, &e);
+                conch_state_close(ps);
+            }
+        }
+        struct conch_err e = {0};
+        if (conch_recover_rm_tree(dirfd(d), de->d_name, path, &e) < 0)
+            fail(rep, first, err, &e);
+        else
+            rep->dirs_removed++;
+        if (db >= 0)
+            close(db);
+    }
+    closedir(d);
+}
+
 int conch_recover_gc(struct conch_state *st, const char *state_dir,
                      struct conch_recover_report *ret, struct conch_err *err)
 {
@@ -587,6 +638,7 @@ int conch_recover_gc(struct conch_state *st, const char *state_dir,
     if (state_fd >= 0) {
         gc_sandboxes(state_fd, state_dir, sbs, nsb, rep, &first, err);
         gc_spill(state_fd, state_dir, jobs, njobs, rep, &first, err);
+        gc_private(state_fd, state_dir, rep, &first, err);
         close(state_fd);
     } else if (state_fd != -ENOENT) {
         fail(rep, &first, err, &e);

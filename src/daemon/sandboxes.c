@@ -59,12 +59,12 @@ struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *ca
 
 json_t *sandbox_json(const struct sandbox *sb)
 {
-    return json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i}", "id", sb->id, "name",
-                     sb->name[0] ? sb->name : NULL, "state",
-                     sb->state == SB_RUNNING ? "running" : "stopped", "workspace",
-                     sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
-                     "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
-                     sb->last_used_at, "commands", (int)sb->commands);
+    return json_pack(
+        "{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f}", "id", sb->id, "name",
+        sb->name[0] ? sb->name : NULL, "state", sb->state == SB_RUNNING ? "running" : "stopped",
+        "workspace", sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
+        "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at", sb->last_used_at,
+        "commands", (int)sb->commands, "idle_timeout", sb->idle_timeout);
 }
 
 static void on_idle(uv_timer_t *t)

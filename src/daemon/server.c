@@ -24,6 +24,7 @@
 #include "daemon/recover.h"
 #include "daemon/sessions.h"
 #include "daemon/statedir.h"
+#include "fs/fs.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
 {
@@ -266,10 +267,8 @@ static void on_oversize(void *ctx)
     char msg[128];
     snprintf(msg, sizeof(msg), "message larger than %zu bytes (--max-message)",
              c->d->opts.max_message);
-    /* The id is usually near the start: answer the request by it when it can be read. */
-    size_t head_len = 0;
-    const char *head = conch_rpc_framer_oversize_head(&c->framer, &head_len);
-    json_t *id = head ? conch_rpc_peek_id(head, head_len) : NULL;
+    /* Answered by the request's id wherever it was in the line (the framer scans for it). */
+    json_t *id = json_incref(conch_rpc_framer_oversize_id(&c->framer));
     json_t *err = conch_rpc_error(id, CONCH_RPC_INVALID_REQUEST, "message_too_large", msg,
                                   json_pack("{sI}", "limit", (json_int_t)c->d->opts.max_message));
     json_decref(id);
@@ -285,11 +284,39 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(slab, sizeof(slab));
 }
 
+static void on_stdout_flushed(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    client_close(req->data);
+}
+
+/* --stdio and stdin closed: the client is gone, and so are its sandboxes. Destroying them
+ * kills their commands and answers every request still running (sandbox_stopped), on stdout
+ * while it is open; the daemon exits once that is written. */
+static void stdio_eof(struct client *c)
+{
+    struct daemon *d = c->d;
+    uv_read_stop((uv_stream_t *)&c->in);
+    if (d->n_sandboxes > 0)
+        log_warn("stdin closed: destroying %u sandbox(es), with the commands still running "
+                 "in them",
+                 d->n_sandboxes);
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+        sandbox_destroy(dlist_entry(pos, struct sandbox, link));
+    d->stdio_shutdown.data = c;
+    if (uv_shutdown(&d->stdio_shutdown, (uv_stream_t *)&c->out, on_stdout_flushed) < 0)
+        client_close(c);
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     struct client *c = s->data;
     if (n < 0) {
-        client_close(c);
+        if (c->stdio && !c->closing && !c->d->stopping)
+            stdio_eof(c);
+        else
+            client_close(c);
         return;
     }
     if (n > 0 &&
@@ -355,8 +382,9 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
         struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
         n += !sb->pooled && !sb->fresh;
     }
-    conch_rpc_call_reply(
-        call, json_pack("{s:s,s:i,s:i}", "version", "0.1.0", "pid", (int)getpid(), "sandboxes", n));
+    conch_rpc_call_reply(call,
+                         json_pack("{s:s,s:i,s:i,s:s}", "version", "0.1.0", "pid", (int)getpid(),
+                                   "sandboxes", n, "state_dir", c->d->state_dir));
 }
 
 static uint64_t num_bytes(json_t *params, const char *key)
@@ -578,11 +606,16 @@ static const struct conch_rpc_param p_job_wait[] = {P("job_id", S, true),
 static const struct conch_rpc_param p_job_kill[] = {P("job_id", S, true),
                                                     P("signal", CONCH_RPC_ANY, false), END};
 static const struct conch_rpc_param p_job_list[] = {P("sandbox", S, false), END};
-static const struct conch_rpc_param p_fs_read[] = {
-    P("sandbox", S, true),     P("path", S, true),      R("offset", I, 0, 1e15, 0),
-    R("limit", I, 1, 1e15, 0), P("encoding", S, false), END};
-static const struct conch_rpc_param p_fs_write[] = {
-    P("sandbox", S, true), P("path", S, true), P("content", S, true), P("encoding", S, false), END};
+static const struct conch_rpc_param p_fs_read[] = {P("sandbox", S, true),
+                                                   P("path", S, true),
+                                                   R("offset", I, 0, 1e15, 0),
+                                                   R("limit", I, 1, 1e15, 0),
+                                                   P("encoding", S, false),
+                                                   R("length", I, 1, CONCH_FS_MAX_FILE, 0),
+                                                   END};
+static const struct conch_rpc_param p_fs_write[] = {P("sandbox", S, true), P("path", S, true),
+                                                    P("content", S, true), P("encoding", S, false),
+                                                    P("append", B, false), END};
 static const struct conch_rpc_param p_fs_edit[] = {
     P("sandbox", S, true),    P("path", S, true),         P("old_string", S, true),
     P("new_string", S, true), P("replace_all", B, false), END};
@@ -858,6 +891,55 @@ static void tune_malloc(void)
     mallopt(M_ARENA_MAX, 4);
 }
 
+/* `conch serve --stdio` without --state-dir: a state dir of its own, <default>/stdio/XXXXXX,
+ * so any number of them run side by side (each holds its own database lock). It is removed
+ * when the daemon exits; `conch gc` removes those whose daemon was killed. */
+static int private_state_dir(struct daemon *d, struct conch_err *err)
+{
+    char parent[PATH_MAX];
+    int r, n = snprintf(parent, sizeof(parent), "%s/stdio", d->state_dir);
+    if (n < 0 || (size_t)n >= sizeof(parent) - 8)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if ((r = conch_statedir_prepare(d->state_dir, err)) < 0)
+        return r;
+    if (mkdir(parent, 0700) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", parent, strerror(errno));
+    _cleanup_close_ int fd = open(parent, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return conch_err_set(err, errno, "open '%s': %s (it must be a directory, not a link)",
+                             parent, strerror(errno));
+    if (st.st_uid != geteuid() || (st.st_mode & 077))
+        return conch_err_set(err, EPERM,
+                             "'%s' must be owned by uid %u and private (mode 0700): refusing to "
+                             "keep sandboxes there",
+                             parent, (unsigned)geteuid());
+    char dir[PATH_MAX];
+    n = snprintf(dir, sizeof(dir), "%s/XXXXXX", parent);
+    if (n < 0 || (size_t)n >= sizeof(dir))
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (!mkdtemp(dir))
+        return conch_err_set(err, errno, "mkdtemp '%s': %s", dir, strerror(errno));
+    snprintf(d->state_dir, sizeof(d->state_dir), "%s", dir);
+    d->private_state = true;
+    return 0;
+}
+
+static void private_state_remove(struct daemon *d)
+{
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s", d->state_dir);
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        return;
+    *slash = '\0';
+    _cleanup_close_ int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct conch_err err = {0};
+    if (pfd < 0 || conch_recover_rm_tree(pfd, slash + 1, d->state_dir, &err) < 0)
+        log_warn("remove the private state directory '%s': %s", d->state_dir,
+                 pfd < 0 ? strerror(errno) : err.msg);
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -878,6 +960,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     if (o->state_dir)
         snprintf(d->state_dir, sizeof(d->state_dir), "%s", o->state_dir);
     else if ((r = conch_state_default_dir(d->state_dir, sizeof(d->state_dir), err)) < 0)
+        goto out_free;
+    else if (o->stdio && (r = private_state_dir(d, err)) < 0)
         goto out_free;
     if (o->socket_path)
         snprintf(d->socket_path, sizeof(d->socket_path), "%s", o->socket_path);
@@ -942,8 +1026,12 @@ out_loop:
         dlist_for_each_safe(pos, tmp, &d->sandboxes)
         {
             struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
-            /* Shutting down kills every sandbox process; the records stay (stopped). */
-            sandbox_destroy_keep_record(sb);
+            /* Shutting down kills every sandbox process; the records stay (stopped), except
+             * for --stdio, whose sandboxes live as long as its one client. */
+            if (d->opts.stdio)
+                sandbox_destroy(sb);
+            else
+                sandbox_destroy_keep_record(sb);
         }
     }
     if (d->listening && !d->activated)
@@ -960,6 +1048,8 @@ out_loop:
 out_state:
     conch_state_close(d->state);
 out_free:
+    if (d->private_state)
+        private_state_remove(d);
     free(d);
     return r;
 }

@@ -191,6 +191,22 @@ int conch_output_append(struct conch_output *o, const void *buf, size_t len, str
     return o->spill_full ? 1 : 0;
 }
 
+void conch_output_show_spill_in(struct conch_output *o, const char *dir)
+{
+    snprintf(o->shown_dir, sizeof(o->shown_dir), "%s", dir ? dir : "");
+}
+
+void conch_output_spill_shown(const struct conch_output *o, char *buf, size_t size)
+{
+    const char *base = strrchr(o->spill_path, '/');
+    if (!o->spill_path[0])
+        snprintf(buf, size, "%s", "");
+    else if (o->shown_dir[0] && base)
+        snprintf(buf, size, "%s%s", o->shown_dir, base);
+    else
+        snprintf(buf, size, "%s", o->spill_path);
+}
+
 bool conch_output_truncated(const struct conch_output *o)
 {
     return o->total > o->max_bytes;
@@ -198,7 +214,7 @@ bool conch_output_truncated(const struct conch_output *o)
 
 int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len)
 {
-    char notice[sizeof(o->spill_path) + 160] = "";
+    char notice[sizeof(o->spill_path) + sizeof(o->shown_dir) + 160] = "";
     size_t nlen = 0;
 
     if (conch_output_truncated(o)) {
@@ -214,10 +230,13 @@ int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len)
                          "\n[... %" PRIu64 " bytes omitted; spill limit of %" PRIu64
                          " bytes reached, the rest was not kept ...]\n",
                          omitted, o->spill_max);
-        else
+        else {
+            char shown[sizeof(o->spill_path) + sizeof(o->shown_dir)];
+            conch_output_spill_shown(o, shown, sizeof(shown));
             n = snprintf(notice, sizeof(notice),
                          "\n[... %" PRIu64 " bytes omitted; full output in %s ...]\n", omitted,
-                         o->spill_path);
+                         shown);
+        }
         nlen = n < 0 ? 0 : (size_t)n >= sizeof(notice) ? sizeof(notice) - 1 : (size_t)n;
     }
 

@@ -16,6 +16,7 @@ struct conch_output {
     uint64_t spill_max;  /* bytes written to the spill file at most */
     char spill_dir[256]; /* where to create the spill file; "" = never spill */
     char name[32];       /* "stdout" / "stderr", used in the spill file's name */
+    char shown_dir[64];  /* where readers find the spill file ("" = spill_dir) */
     /* state */
     uint64_t total; /* bytes seen */
     char *head;     /* owned, max_bytes/2 capacity (NULL when 0) */
@@ -52,6 +53,19 @@ int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes
  * while still keeping the head and tail in memory.
  */
 int conch_output_append(struct conch_output *o, const void *buf, size_t len, struct conch_err *err);
+
+/*
+ * conch_output_show_spill_in - name the spill file as @dir/<its name> in results and text
+ * instead of its path on the host: where the caller makes it readable (the daemon serves a
+ * sandbox's spill files at /run/conch/output through fs.*). @dir is copied (< 64 bytes).
+ */
+void conch_output_show_spill_in(struct conch_output *o, const char *dir);
+
+/*
+ * conch_output_spill_shown - the spill file's name for readers (see above) into @buf, or ""
+ * when there is no spill file.
+ */
+void conch_output_spill_shown(const struct conch_output *o, char *buf, size_t size);
 
 /* conch_output_truncated - true when more was seen than is kept in memory. */
 bool conch_output_truncated(const struct conch_output *o);

@@ -97,8 +97,9 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
         snprintf(key, sizeof(key), "%s_truncated", names[i]);
         json_object_set_new(o, key, json_boolean(conch_output_truncated(outs[i])));
         snprintf(key, sizeof(key), "%s_spill", names[i]);
-        json_object_set_new(
-            o, key, outs[i]->spill_path[0] ? json_string(outs[i]->spill_path) : json_null());
+        char shown[sizeof(outs[i]->spill_path) + sizeof(outs[i]->shown_dir)];
+        conch_output_spill_shown(outs[i], shown, sizeof(shown));
+        json_object_set_new(o, key, shown[0] ? json_string(shown) : json_null());
     }
     conch_ws_changes_json_set(o, &res->changes, CONCH_WS_CHANGES_MAX);
     json_object_set_new(o, "committed", json_boolean(res->committed));
@@ -221,6 +222,10 @@ void conch_run_result_end(struct conch_run_result *res, const struct conch_run_e
         return;
     }
     res->exit_code = conch_exit_code(end->status, &res->signal);
+    /* One number for a timeout everywhere, as timeout(1) has it: `conch run` exits 124, and
+     * exit_code (JSON, exec.run, text) says the same; `signal` still says how it ended. */
+    if (end->timed_out)
+        res->exit_code = CONCH_RUN_EXIT_TIMEOUT;
     const struct rusage *ru = &end->usage;
     res->cpu_ms = (uint64_t)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec) * 1000 +
                   (uint64_t)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec) / 1000;

@@ -22,6 +22,10 @@ struct conch_run_end {
     const char *disk_full;    /* what filled up ("/tmp (256 MiB, --tmp-size)"); NULL: nothing */
 };
 
+/* The exit code of a command that ran past its deadline, whatever signal ended it (as
+ * timeout(1)): `conch run`'s exit status, and exit_code in every result. */
+#define CONCH_RUN_EXIT_TIMEOUT 124
+
 /*
  * conch_exit_code - a wait status the way a shell reports it: N, or 128+signal (the signal
  * in *@ret_signal, 0 when it exited; may be NULL).

@@ -17,7 +17,16 @@
 struct conch_fs__ctx {
     int root_fd;           /* borrowed */
     const char *root_name; /* borrowed; without trailing '/': "/workspace", or "" for "/" */
+    const char *home;      /* "" or, for conch_fs_call_rooted, "/workspace": where relative
+                            * paths and the default directory are */
 };
+
+/* Set for the duration of conch_fs_call_rooted: paths resolve with RESOLVE_IN_ROOT (absolute
+ * symlinks and ".." stay inside the root, as the kernel resolves them for the sandbox). */
+extern _Thread_local bool conch_fs__in_root;
+
+/* conch_fs__default_shown - the name of the default directory (home, else the root). */
+const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx);
 
 /* conch_fs__fail - set @ferr to @code with a printf message. Returns -1. */
 int conch_fs__fail(struct conch_fs_error *ferr, enum conch_fs_errcode code, const char *fmt, ...)

@@ -30,22 +30,77 @@ static json_t *b64_string(const char *buf, size_t len)
     return enc ? json_stringn(enc, elen) : NULL;
 }
 
+/* Bytes [@offset, @offset + @length) of a file of any size, base64: a chunk of a file too
+ * large for one request (length 0: the rest, at most the cap). */
+static json_t *read_chunk(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                          long long offset, long long length, struct conch_fs_error *ferr)
+{
+    _cleanup_close_ int fd = conch_fs__open(ctx->root_fd, rel, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+    struct stat st;
+    if (fd < 0)
+        return conch_fs__fail_errno(ferr, -fd, "open", given), NULL;
+    if (fstat(fd, &st) < 0)
+        return conch_fs__fail_errno(ferr, errno, "stat", given), NULL;
+    if (S_ISDIR(st.st_mode))
+        return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given), NULL;
+    if (!S_ISREG(st.st_mode))
+        return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given), NULL;
+    long long size = st.st_size;
+    long long want = offset >= size ? 0 : size - offset;
+    if (length > 0 && want > length)
+        want = length;
+    if (want > CONCH_FS_MAX_FILE)
+        want = CONCH_FS_MAX_FILE;
+    _cleanup_free_ char *buf = malloc((size_t)want + 1);
+    if (!buf)
+        return oom(ferr);
+    size_t got = 0;
+    while ((long long)got < want) {
+        ssize_t n = pread(fd, buf + got, (size_t)want - got, (off_t)offset + (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return conch_fs__fail_errno(ferr, errno, "read", given), NULL;
+        if (n == 0)
+            break; /* it shrank meanwhile */
+        got += (size_t)n;
+    }
+    json_t *content = b64_string(buf, got);
+    json_t *res = content ? json_pack("{s:o, s:I, s:I, s:I, s:b}", "content", content, "size",
+                                      (json_int_t)size, "offset", (json_int_t)offset, "length",
+                                      (json_int_t)got, "eof", offset + (long long)got >= size)
+                          : NULL;
+    return res ? res : oom(ferr);
+}
+
 json_t *conch_fs__read(const struct conch_fs__ctx *ctx, json_t *params, struct conch_fs_error *ferr)
 {
-    static const char *const keys[] = {"path", "offset", "limit", "encoding", NULL};
+    static const char *const keys[] = {"path", "offset", "limit", "length", "encoding", NULL};
     const char *path;
     size_t plen;
-    long long offset, limit;
+    long long offset, limit, length;
     bool base64;
     if (conch_fs__params_check(params, keys, ferr) < 0 ||
         conch_fs__param_str(params, "path", true, &path, &plen, ferr) < 0 ||
         conch_fs__param_int(params, "offset", 0, 0, LLONG_MAX / 2, &offset, ferr) < 0 ||
         conch_fs__param_int(params, "limit", 2000, 1, LLONG_MAX / 2, &limit, ferr) < 0 ||
+        conch_fs__param_int(params, "length", 0, 1, CONCH_FS_MAX_FILE, &length, ferr) < 0 ||
         conch_fs__param_encoding(params, &base64, ferr) < 0)
         return NULL;
+    bool chunked =
+        json_object_get(params, "length") && !json_is_null(json_object_get(params, "length"));
+    bool byte_offset = offset > 0 && base64;
+    if (chunked && !base64) {
+        conch_fs__fail_param(ferr, "length",
+                             "param 'length' (bytes) needs \"encoding\": \"base64\"; text reads "
+                             "take offset and limit in lines");
+        return NULL;
+    }
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
         return NULL;
+    if (chunked || byte_offset)
+        return read_chunk(ctx, rel, path, offset, length, ferr);
     _cleanup_free_ char *buf = NULL;
     size_t len;
     if (conch_fs__read_file(ctx, rel, path, &buf, &len, ferr) < 0)
@@ -124,7 +179,7 @@ json_t *conch_fs__ls(const struct conch_fs__ctx *ctx, json_t *params, struct con
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, true, &rel, ferr) < 0)
         return NULL;
-    const char *shown = *path ? path : ctx->root_name;
+    const char *shown = *path ? path : conch_fs__default_shown(ctx);
     int fd = conch_fs__open(ctx->root_fd, rel, O_RDONLY | O_DIRECTORY, 0);
     if (fd < 0) {
         conch_fs__fail_errno(ferr, -fd, "list", shown);

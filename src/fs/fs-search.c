@@ -378,7 +378,7 @@ json_t *conch_fs__glob(const struct conch_fs__ctx *ctx, json_t *params, struct c
     } else if (conch_fs__path_parse(ctx, path, plen, true, &base, ferr) < 0) {
         return NULL;
     }
-    const char *shown = *path ? path : ctx->root_name;
+    const char *shown = *path ? path : conch_fs__default_shown(ctx);
     _cleanup_close_ int dfd = conch_fs__open(ctx->root_fd, base, O_RDONLY | O_DIRECTORY, 0);
     if (dfd < 0) {
         conch_fs__fail_errno(ferr, -dfd, "glob in", shown);
@@ -674,7 +674,7 @@ json_t *conch_fs__grep(const struct conch_fs__ctx *ctx, json_t *params, struct c
     _cleanup_free_ char *base = NULL;
     if (conch_fs__path_parse(ctx, path, plen, true, &base, ferr) < 0)
         return NULL;
-    const char *shown = *path ? path : ctx->root_name;
+    const char *shown = *path ? path : conch_fs__default_shown(ctx);
 
     struct grepper g = {.ctx = ctx, .base = base, .max = (size_t)max};
     if (fixed && !icase) {

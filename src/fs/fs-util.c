@@ -64,6 +64,8 @@ static int walk(int dirfd, const char *rel, int flags, mode_t mode)
         if (strcmp(name, ".") == 0)
             continue;
         if (strcmp(name, "..") == 0) {
+            if (depth == 0 && conch_fs__in_root)
+                continue; /* "/.." is "/" */
             if (depth == 0) {
                 r = -EXDEV;
                 break;
@@ -123,7 +125,11 @@ static int walk(int dirfd, const char *rel, int flags, mode_t mode)
             break;
         }
         target[tn] = '\0';
-        if (target[0] == '/') {
+        if (target[0] == '/' && conch_fs__in_root) {
+            /* An absolute target starts again from the root. */
+            while (depth > 0)
+                close(stack[--depth]);
+        } else if (target[0] == '/') {
             r = -EXDEV;
             break;
         }
@@ -155,7 +161,8 @@ int conch_fs__open(int dirfd, const char *rel, int flags, mode_t mode)
         struct open_how how = {
             .flags = (uint64_t)(flags | O_CLOEXEC),
             .mode = (flags & O_CREAT) ? mode : 0,
-            .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+            .resolve =
+                (conch_fs__in_root ? RESOLVE_IN_ROOT : RESOLVE_BENEATH) | RESOLVE_NO_MAGICLINKS,
         };
         /* EAGAIN: a concurrent rename might have let the walk escape; the kernel's advice
          * is to retry. */
@@ -229,8 +236,9 @@ int conch_fs__read_file(const struct conch_fs__ctx *ctx, const char *rel, const 
         return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
     if (st.st_size > CONCH_FS_MAX_FILE)
         return conch_fs__fail(ferr, CONCH_FS_TOO_LARGE,
-                              "'%s' is %lld bytes, above the limit of %lld bytes", given,
-                              (long long)st.st_size, CONCH_FS_MAX_FILE);
+                              "'%s' is %lld bytes, above the limit of %lld bytes for one request "
+                              "(read it in chunks: encoding base64 with offset and length)",
+                              given, (long long)st.st_size, CONCH_FS_MAX_FILE);
     int r = conch_fs__read_fd(fd, CONCH_FS_MAX_FILE, ret_buf, ret_len);
     if (r == -EFBIG)
         return conch_fs__fail(ferr, CONCH_FS_TOO_LARGE, "'%s' grew above the limit of %lld bytes",

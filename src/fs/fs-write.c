@@ -171,17 +171,66 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
     return 0;
 }
 
+/* Append @len bytes to @rel (created 0644 if missing, through a final symlink). */
+static int append_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                       const char *data, size_t len, bool *ret_created, struct conch_fs_error *ferr)
+{
+    if (!*rel)
+        return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given);
+    const char *name;
+    _cleanup_close_ int pfd = open_parent(ctx, rel, given, true, &name, ferr);
+    if (pfd < 0)
+        return -1;
+    const int flags = O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK;
+    bool created = false;
+    int fd = conch_fs__open(ctx->root_fd, rel, flags, 0);
+    if (fd == -ENOENT) {
+        created = true;
+        fd = conch_fs__open(ctx->root_fd, rel, flags | O_CREAT | O_EXCL, 0644);
+    }
+    if (fd < 0)
+        return conch_fs__fail_errno(ferr, -fd, "append to", given);
+    struct stat st;
+    int r = fstat(fd, &st) < 0 ? -errno : 0;
+    if (r == 0 && S_ISDIR(st.st_mode))
+        r = -EISDIR;
+    else if (r == 0 && !S_ISREG(st.st_mode))
+        r = -EINVAL;
+    if (r == 0)
+        r = conch_write_all(fd, data, len);
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == -EINVAL)
+        return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
+    if (r < 0)
+        return conch_fs__fail_errno(ferr, -r, "append to", given);
+    *ret_created = created;
+    return 0;
+}
+
+/* One request carries at most CONCH_FS_MAX_FILE bytes of a file, as one may read back. */
+static int check_size(size_t len, const char *given, struct conch_fs_error *ferr)
+{
+    if ((long long)len <= CONCH_FS_MAX_FILE)
+        return 0;
+    return conch_fs__fail(ferr, CONCH_FS_TOO_LARGE,
+                          "content for '%s' is %zu bytes, above the limit of %lld bytes for one "
+                          "request (write it in chunks: fs.write with append)",
+                          given, len, CONCH_FS_MAX_FILE);
+}
+
 json_t *conch_fs__write(const struct conch_fs__ctx *ctx, json_t *params,
                         struct conch_fs_error *ferr)
 {
-    static const char *const keys[] = {"path", "content", "encoding", NULL};
+    static const char *const keys[] = {"path", "content", "encoding", "append", NULL};
     const char *path, *content;
     size_t plen, clen;
-    bool base64;
+    bool base64, append;
     if (conch_fs__params_check(params, keys, ferr) < 0 ||
         conch_fs__param_str(params, "path", true, &path, &plen, ferr) < 0 ||
         conch_fs__param_str(params, "content", true, &content, &clen, ferr) < 0 ||
-        conch_fs__param_encoding(params, &base64, ferr) < 0)
+        conch_fs__param_encoding(params, &base64, ferr) < 0 ||
+        conch_fs__param_bool(params, "append", false, &append, ferr) < 0)
         return NULL;
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
@@ -198,7 +247,10 @@ json_t *conch_fs__write(const struct conch_fs__ctx *ctx, json_t *params,
         content = (const char *)raw;
     }
     bool created;
-    if (conch_fs__write_file(ctx, rel, path, content, clen, &created, ferr) < 0)
+    if (check_size(clen, path, ferr) < 0)
+        return NULL;
+    if (append ? append_file(ctx, rel, path, content, clen, &created, ferr) < 0
+               : conch_fs__write_file(ctx, rel, path, content, clen, &created, ferr) < 0)
         return NULL;
     json_t *res = json_pack("{s:I, s:b}", "bytes_written", (json_int_t)clen, "created", created);
     return res ? res : oom(ferr);
@@ -342,9 +394,9 @@ json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
     _cleanup_free_ char *rel = NULL;
     if (conch_fs__path_parse(ctx, path, plen, false, &rel, ferr) < 0)
         return NULL;
-    if (!*rel) {
-        conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "refusing to delete the workspace root '%s'",
-                       path);
+    if (!*rel || (*ctx->home && !strcmp(rel, ctx->home + 1))) {
+        conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "refusing to delete the %s root '%s'",
+                       *rel ? "workspace" : "sandbox", path);
         return NULL;
     }
     const char *name;
@@ -431,7 +483,7 @@ json_t *conch_fs__upload(const struct conch_fs__ctx *ctx, json_t *params,
             if (r < 0)
                 conch_fs__fail(&e, r == -ENOMEM ? CONCH_FS_IO_ERROR : CONCH_FS_INVALID_PARAMS,
                                "content of '%s' is not valid base64", path);
-            else
+            else if (check_size(len, path, &e) == 0)
                 conch_fs__write_file(ctx, rel, path, (const char *)raw, len, &created, &e);
         }
         json_t *entry = json_pack("{s:O}", "path", jpath);

@@ -213,6 +213,14 @@ int conch_fs__path_parse(const struct conch_fs__ctx *ctx, const char *s, size_t 
     if (len >= PATH_MAX)
         return conch_fs__fail(ferr, CONCH_FS_INVALID_PATH, "path '%.64s...' is too long", s);
 
+    /* Rooted at the sandbox's "/": a relative path (and "") is under the home dir. */
+    _cleanup_free_ char *joined = NULL;
+    if (*ctx->home && (len == 0 || s[0] != '/')) {
+        if (asprintf(&joined, "%s/%s", ctx->home, s) < 0)
+            return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "out of memory");
+        s = joined;
+        len = strlen(joined);
+    }
     bool absolute = s[0] == '/';
     _cleanup_free_ char *out = malloc(len + 1);
     if (!out)
@@ -295,6 +303,27 @@ static const struct {
     {"delete", conch_fs__delete}, {"upload", conch_fs__upload}, {"download", conch_fs__download},
 };
 
+_Thread_local bool conch_fs__in_root;
+
+const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx)
+{
+    return *ctx->home ? ctx->home : *ctx->root_name ? ctx->root_name : "/";
+}
+
+static json_t *call_ctx(const struct conch_fs__ctx *ctx, const char *method, json_t *params,
+                        struct conch_fs_error *ferr);
+
+json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
+                             struct conch_fs_error *ferr)
+{
+    memset(ferr, 0, sizeof(*ferr));
+    struct conch_fs__ctx ctx = {.root_fd = sys_root_fd, .root_name = "", .home = home};
+    conch_fs__in_root = true;
+    json_t *res = call_ctx(&ctx, method, params, ferr);
+    conch_fs__in_root = false;
+    return res;
+}
+
 json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, json_t *params,
                       struct conch_fs_error *ferr)
 {
@@ -309,8 +338,13 @@ json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, js
                        root_name);
         return NULL;
     }
-    struct conch_fs__ctx ctx = {.root_fd = root_fd, .root_name = root};
+    struct conch_fs__ctx ctx = {.root_fd = root_fd, .root_name = root, .home = ""};
+    return call_ctx(&ctx, method, params, ferr);
+}
 
+static json_t *call_ctx(const struct conch_fs__ctx *ctx, const char *method, json_t *params,
+                        struct conch_fs_error *ferr)
+{
     json_t *empty = NULL;
     if (!params)
         params = empty = json_object();
@@ -324,7 +358,7 @@ json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, js
         for (size_t i = 0; i < ARRAY_SIZE(methods) && method; i++) {
             if (strcmp(methods[i].name, method) == 0) {
                 found = true;
-                res = methods[i].fn(&ctx, params, ferr);
+                res = methods[i].fn(ctx, params, ferr);
                 break;
             }
         }

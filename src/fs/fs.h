@@ -80,4 +80,15 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
 json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, json_t *params,
                       struct conch_fs_error *ferr);
 
+/*
+ * conch_fs_call_rooted - conch_fs_call over a whole sandbox: @sys_root_fd is its "/"
+ * (borrowed), every absolute path is resolved from it with RESOLVE_IN_ROOT (absolute
+ * symlinks and ".." stay inside, as the kernel resolves them for a process chrooted there),
+ * and relative paths, "" and the default directory of ls, glob and grep are under @home
+ * (e.g. "/workspace"). Deleting "/" or @home is invalid_path. What the caller may read or
+ * write is what the process may: run it under the sandbox's fences.
+ */
+json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
+                             struct conch_fs_error *ferr);
+
 #endif

@@ -422,6 +422,21 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         return r;
     if (symlink("/tmp", "/var/tmp") < 0 && errno != EEXIST)
         return fail(err, "symlink", "/var/tmp", errno);
+    /* Where agent frameworks write outside the workspace (deepagents offloads big tool
+     * results to /large_tool_results and history to /conversation_history): links into
+     * /tmp, so the root stays read-only and they count against the size of /tmp. */
+    static const char *const agent_dirs[][2] = {
+        {"/tmp/large_tool_results", "/large_tool_results"},
+        {"/tmp/conversation_history", "/conversation_history"},
+    };
+    for (size_t i = 0; i < sizeof(agent_dirs) / sizeof(agent_dirs[0]); i++) {
+        if ((r = make_dir(agent_dirs[i][0], 0755, err)) < 0)
+            return r;
+        if (chown(agent_dirs[i][0], plan->cmd_uid, plan->cmd_gid) < 0)
+            return fail(err, "chown", agent_dirs[i][0], errno);
+        if (symlink(agent_dirs[i][0], agent_dirs[i][1]) < 0 && errno != EEXIST)
+            return fail(err, "symlink", agent_dirs[i][1], errno);
+    }
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
         (r = setup_ptc(plan, ret_ptc_fd, err)) < 0)
         return r;

@@ -20,7 +20,136 @@ void conch_rpc_framer_done(struct conch_rpc_framer *f)
     free(f->buf);
     f->buf = NULL;
     f->len = f->cap = 0;
-    f->discarding = false;
+    f->discarding = f->scanning = false;
+    conch_rpc_idscan_init(&f->ids);
+}
+
+void conch_rpc_idscan_init(struct conch_rpc_idscan *s)
+{
+    json_decref(s->id);
+    memset(s, 0, sizeof(*s));
+}
+
+/* The id's value is complete in s->idbuf: keep it if it is a valid JSON-RPC id. */
+static void idscan_finish(struct conch_rpc_idscan *s)
+{
+    json_t *v = json_loadb(s->idbuf, s->id_len, JSON_DECODE_ANY, NULL);
+    if (v && (json_is_string(v) || json_is_integer(v) || json_is_null(v))) {
+        s->id = v;
+        s->result = 1;
+        return;
+    }
+    json_decref(v);
+    s->result = -1;
+}
+
+static void idscan_append(struct conch_rpc_idscan *s, char ch)
+{
+    if (s->id_len >= sizeof(s->idbuf)) {
+        s->result = -1; /* an id this long is not worth keeping the line for */
+        return;
+    }
+    s->idbuf[s->id_len++] = ch;
+}
+
+int conch_rpc_idscan_feed(struct conch_rpc_idscan *s, const char *buf, size_t len)
+{
+    for (size_t i = 0; i < len && s->result == 0; i++) {
+        char ch = buf[i];
+        bool ws = ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n';
+        if (s->in_id) {
+            if (s->id_is_string) {
+                idscan_append(s, ch);
+                if (s->esc)
+                    s->esc = false;
+                else if (ch == '\\')
+                    s->esc = true;
+                else if (ch == '"')
+                    idscan_finish(s);
+            } else if (ws || ch == ',' || ch == '}' || ch == ']') {
+                idscan_finish(s);
+            } else {
+                idscan_append(s, ch);
+            }
+            continue;
+        }
+        if (s->in_str) {
+            if (s->esc) {
+                s->esc = false;
+                s->key_bad = true; /* an escaped name is not spelt "id" here */
+            } else if (ch == '\\') {
+                s->esc = true;
+            } else if (ch == '"') {
+                s->in_str = false;
+                if (s->in_key) {
+                    s->in_key = false;
+                    s->key_is_id = !s->key_bad && s->key_len == 2;
+                }
+            } else if (s->in_key) {
+                if (s->key_len < 2 && ch == "id"[s->key_len])
+                    s->key_len++;
+                else
+                    s->key_bad = true;
+            }
+            continue;
+        }
+        if (ws)
+            continue;
+        if (!s->started) {
+            if (ch != '{') {
+                s->result = -1; /* not an object (a batch, garbage): no one id to answer */
+                continue;
+            }
+            s->started = true;
+            s->depth = 1;
+            s->expect_key = true;
+            continue;
+        }
+        bool id_value = s->depth == 1 && !s->expect_key && s->key_is_id;
+        switch (ch) {
+        case '"':
+            s->in_str = true;
+            if (s->depth == 1 && s->expect_key) {
+                s->in_key = true;
+                s->key_bad = false;
+                s->key_len = 0;
+            } else if (id_value) {
+                s->in_str = false;
+                s->in_id = s->id_is_string = true;
+                idscan_append(s, ch);
+            }
+            break;
+        case '{':
+        case '[':
+            if (id_value)
+                s->result = -1; /* an object or array is no id */
+            s->depth++;
+            break;
+        case '}':
+        case ']':
+            if (--s->depth == 0)
+                s->result = -1; /* the object ended without an id */
+            break;
+        case ':':
+            if (s->depth == 1)
+                s->expect_key = false;
+            break;
+        case ',':
+            if (s->depth == 1) {
+                s->expect_key = true;
+                s->key_is_id = false;
+            }
+            break;
+        default:
+            if (id_value) {
+                s->in_id = true;
+                s->id_is_string = false;
+                idscan_append(s, ch);
+            }
+            break;
+        }
+    }
+    return s->result;
 }
 
 size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f)
@@ -28,22 +157,32 @@ size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f)
     return f->len;
 }
 
-const char *conch_rpc_framer_oversize_head(const struct conch_rpc_framer *f, size_t *ret_len)
+json_t *conch_rpc_framer_oversize_id(const struct conch_rpc_framer *f)
 {
-    *ret_len = f->over_head ? f->over_head_len : 0;
-    return f->over_head;
+    return f->over_id;
 }
 
-static void report_oversize(struct conch_rpc_framer *f, const char *head, size_t len,
-                            void (*on_oversize)(void *ctx), void *ctx)
+/* Tell the caller about the oversize line, with its id when the scan found one. */
+static void report_oversize(struct conch_rpc_framer *f, void (*on_oversize)(void *ctx), void *ctx)
 {
-    if (!on_oversize)
+    f->scanning = false;
+    if (on_oversize) {
+        f->over_id = f->ids.result == 1 ? f->ids.id : NULL;
+        on_oversize(ctx);
+        f->over_id = NULL;
+    }
+    conch_rpc_idscan_init(&f->ids);
+}
+
+/* Scan @n more bytes of an oversize line for its id; report once it is decided or, with
+ * @line_ended, once the line is over. */
+static void scan_oversize(struct conch_rpc_framer *f, const char *p, size_t n, bool line_ended,
+                          void (*on_oversize)(void *ctx), void *ctx)
+{
+    if (!f->scanning)
         return;
-    f->over_head = head;
-    f->over_head_len = len;
-    on_oversize(ctx);
-    f->over_head = NULL;
-    f->over_head_len = 0;
+    if (conch_rpc_idscan_feed(&f->ids, p, n) != 0 || line_ended)
+        report_oversize(f, on_oversize, ctx);
 }
 
 /* Append to the partial line; the caller has checked that the total stays within max + 1. */
@@ -80,18 +219,18 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
         size_t used = nl ? seg + 1 : len;
 
         if (f->discarding) {
+            scan_oversize(f, buf, seg, nl != NULL, on_oversize, ctx);
             if (nl)
                 f->discarding = false;
         } else if (f->len + seg > f->max + 1) {
-            /* Too long even if its last byte turns out to be a '\r' to strip. Report it now,
-             * before the newline arrives, so a client streaming an endless line is told and
-             * nothing more of it is kept. */
+            /* Too long even if its last byte turns out to be a '\r' to strip. Nothing more
+             * of it is kept; it is reported as soon as its id is known, which a
+             * constant-memory scan finds wherever it is in the line. */
             f->discarding = !nl;
-            /* Its beginning (where the id usually is) is in the buffer or in this feed. */
-            if (f->len > 0)
-                report_oversize(f, f->buf, f->len, on_oversize, ctx);
-            else
-                report_oversize(f, buf, seg, on_oversize, ctx);
+            conch_rpc_idscan_init(&f->ids);
+            f->scanning = true;
+            scan_oversize(f, f->buf, f->len, false, on_oversize, ctx);
+            scan_oversize(f, buf, seg, nl != NULL, on_oversize, ctx);
             f->len = 0;
         } else if (!nl) {
             if (append(f, buf, seg) < 0) {
@@ -114,7 +253,9 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
             if (n > 0 && line[n - 1] == '\r')
                 n--;
             if (n > f->max) {
-                report_oversize(f, line, n, on_oversize, ctx);
+                conch_rpc_idscan_init(&f->ids);
+                f->scanning = true;
+                scan_oversize(f, line, n, true, on_oversize, ctx);
             } else if (n > 0) {
                 on_line(ctx, line, n);
             }

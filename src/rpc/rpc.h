@@ -40,14 +40,44 @@
  * struct conch_rpc_framer - splits a byte stream into lines. Caller-allocated; the fields are
  * private. Memory stays bounded: at most @max_message + 2 bytes are ever buffered.
  */
+/*
+ * struct conch_rpc_idscan - finds the "id" member of a request object fed in pieces, in
+ * constant memory: it skips every other member's value (however long) and copies only the
+ * id's, so the id of an oversize line is found wherever it is, even after `params`.
+ * Caller-allocated; zero it (or conch_rpc_idscan_init) before the first feed.
+ */
+struct conch_rpc_idscan {
+    int result;        /* 0 scanning, 1 found (@id set), -1 not recoverable */
+    json_t *id;        /* owned: the id once found */
+    size_t depth;      /* nesting depth outside strings; 1 = the top object's members */
+    bool started;      /* the opening '{' was seen */
+    bool in_str, esc;  /* inside a string, after a backslash */
+    bool expect_key;   /* at depth 1: the next string is a member name */
+    bool in_key;       /* reading a member name at depth 1 */
+    bool key_bad;      /* the name being read is not "id" */
+    unsigned key_len;  /* bytes of "id" matched so far */
+    bool key_is_id;    /* the current member's name is "id" */
+    bool in_id;        /* copying the id's value */
+    bool id_is_string; /* the id's value is a string */
+    size_t id_len;
+    char idbuf[256];
+};
+
+/* conch_rpc_idscan_init - reset @s (freeing a found id). */
+void conch_rpc_idscan_init(struct conch_rpc_idscan *s);
+
+/* conch_rpc_idscan_feed - scan @len more bytes of @buf (borrowed). Returns s->result. */
+int conch_rpc_idscan_feed(struct conch_rpc_idscan *s, const char *buf, size_t len);
+
 struct conch_rpc_framer {
-    char *buf;             /* the start of a line split across feeds */
-    size_t len;            /* bytes in buf */
-    size_t cap;            /* bytes allocated for buf */
-    size_t max;            /* the longest line accepted, without its "\r\n" */
-    bool discarding;       /* skipping the rest of an oversize line up to its newline */
-    const char *over_head; /* during on_oversize only: the line's first bytes */
-    size_t over_head_len;
+    char *buf;                   /* the start of a line split across feeds */
+    size_t len;                  /* bytes in buf */
+    size_t cap;                  /* bytes allocated for buf */
+    size_t max;                  /* the longest line accepted, without its "\r\n" */
+    bool discarding;             /* skipping the rest of an oversize line up to its newline */
+    bool scanning;               /* ... and still looking for its id */
+    struct conch_rpc_idscan ids; /* the id of the oversize line being skipped */
+    json_t *over_id;             /* during on_oversize only: its id, or NULL */
 };
 
 /*
@@ -64,13 +94,14 @@ void conch_rpc_framer_done(struct conch_rpc_framer *f);
  * conch_rpc_framer_feed - consume @len bytes of @buf (borrowed; any split of the stream).
  * For each complete line, with one trailing '\r' stripped, calls @on_line(@ctx, line, len);
  * empty lines are skipped. @line is NOT NUL-terminated and is valid only during the call.
- * A line longer than the maximum calls @on_oversize(@ctx) exactly once, as soon as it is
- * known (possibly before its newline arrives), and is then discarded up to its newline without
- * being buffered. A partial line at the end of @buf is kept for the next feed.
- * The callbacks must not feed or done @f themselves (to stop, set a flag and act after feed
- * returns). Returns 0, or -ENOMEM if a partial line could not be buffered: that line is then
- * discarded like an oversize one (without calling @on_oversize) and the rest of @buf is
- * dropped; the caller should close the connection.
+ * A line longer than the maximum calls @on_oversize(@ctx) exactly once, as soon as its id is
+ * known (conch_rpc_framer_oversize_id; possibly before its newline arrives) or cannot be (the
+ * line ended, it is not an object, the id is of a wrong type), and is discarded up to its
+ * newline without being buffered: the id is found by a constant-memory scan of the stream. A
+ * partial line at the end of @buf is kept for the next feed. The callbacks must not feed or done @f
+ * themselves (to stop, set a flag and act after feed returns). Returns 0, or -ENOMEM if a partial
+ * line could not be buffered: that line is then discarded like an oversize one (without calling
+ * @on_oversize) and the rest of @buf is dropped; the caller should close the connection.
  */
 int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t len,
                           void (*on_line)(void *ctx, const char *line, size_t len),
@@ -80,12 +111,10 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
 size_t conch_rpc_framer_pending(const struct conch_rpc_framer *f);
 
 /*
- * conch_rpc_framer_oversize_head - valid only inside @on_oversize: the first bytes of the
- * oversize line that were seen (borrowed, at least the first @max bytes unless the line
- * ended sooner), so the caller can recover the request's id with conch_rpc_peek_id().
- * Stores their count in *@ret_len; NULL and 0 outside the callback.
+ * conch_rpc_framer_oversize_id - valid only inside @on_oversize: the oversize request's id
+ * (borrowed; a string, an integer or JSON null), or NULL when it could not be recovered.
  */
-const char *conch_rpc_framer_oversize_head(const struct conch_rpc_framer *f, size_t *ret_len);
+json_t *conch_rpc_framer_oversize_id(const struct conch_rpc_framer *f);
 
 /*
  * conch_rpc_peek_id - the "id" member of a request object whose text (@s, @len borrowed) may

@@ -94,9 +94,15 @@ def test_read_errors(fsb):
     expect_error(lambda: call("fs.read", path="missing.txt"), -32010, "file_not_found")
     expect_error(lambda: call("fs.read", path="sub"), -32012, "is_directory")
     expect_error(lambda: call("fs.read", path="a.txt/x"), -32014, "not_a_directory")
-    for bad in ("../x", "sub/../../x", "/etc/passwd", "/workspace/../etc/passwd", "a\x00b", ""):
+    for bad in ("a\x00b", ""):
         expect_error(lambda: call("fs.read", path=bad), -32013, "invalid_path")
-    expect_error(lambda: call("fs.read", path="nope/../../../etc/passwd"), -32013, "invalid_path")
+    # paths reach the whole sandbox, as its user sees it: ".." climbs out of /workspace
+    expect_error(lambda: call("fs.read", path="../x"), -32010, "file_not_found")
+    for p in ("/etc/passwd", "/workspace/../etc/passwd", "nope/../../../etc/passwd", "sub/../../etc/passwd"):
+        assert "agent:x:1000" in call("fs.read", path=p)["content"], p
+    # but not what the sandbox's user may not read, nor anything of the host
+    expect_error(lambda: call("fs.read", path="/etc/shadow"), -32010, "file_not_found")
+    expect_error(lambda: call("fs.read", path="/proc/1/environ"), -32011, "permission_denied")
 
 
 def test_read_too_large(rpc, fsb):
@@ -106,21 +112,24 @@ def test_read_too_large(rpc, fsb):
     assert isinstance(e.data.get("limit"), int) and e.data["limit"] >= 10 << 20, e
 
 
-def test_read_symlink_out_of_workspace_refused(rpc, ws, fsb):
+def test_symlinks_resolve_inside_the_sandbox_never_on_the_host(rpc, ws, fsb):
     call, sb = fsb
     # planted on the host before the sandbox: an absolute link and a relative one that climbs out
     os.symlink("/etc/hostname", ws / "abs_link")
     os.symlink("../../../../../../etc/passwd", ws / "rel_link")
     os.symlink("/", ws / "root_link")
-    for p in ("abs_link", "rel_link", "root_link/etc/passwd"):
-        expect_error(lambda: call("fs.read", path=p), -32013, "invalid_path")
+    # they lead where they lead inside the sandbox (its /etc, its /), as for a command
+    for p in ("rel_link", "root_link/etc/passwd"):
+        assert call("fs.read", path=p)["content"] == sh(rpc, sb, "cat /etc/passwd"), p
+    assert call("fs.read", path="abs_link")["content"] == sh(rpc, sb, "cat /etc/hostname")
     # and one made inside the sandbox by a command
     sh(rpc, sb, "ln -s /etc/hostname made_link; ln -s .. up")
-    expect_error(lambda: call("fs.read", path="made_link"), -32013, "invalid_path")
-    expect_error(lambda: call("fs.read", path="up/etc/passwd"), -32013, "invalid_path")
-    # writes through such links are refused too, and nothing lands outside
-    expect_error(lambda: call("fs.write", path="made_link", content="x"), -32013, "invalid_path")
-    expect_error(lambda: call("fs.write", path="root_link/tmp/conchit-escape", content="x"), -32013, "invalid_path")
+    assert call("fs.read", path="made_link")["content"] == sh(rpc, sb, "cat /etc/hostname")
+    assert "agent:x:1000" in call("fs.read", path="up/etc/passwd")["content"]
+    # writes through such links land inside the sandbox where its user may write, else fail
+    expect_error(lambda: call("fs.write", path="made_link", content="x"), -32011, "permission_denied")
+    call("fs.write", path="root_link/tmp/conchit-escape", content="x")
+    assert sh(rpc, sb, "cat /tmp/conchit-escape") == "x"
     assert not os.path.exists("/tmp/conchit-escape")
 
 
@@ -150,8 +159,13 @@ def test_write_errors(fsb):
     call, _ = fsb
     expect_error(lambda: call("fs.write", path="sub", content="x"), -32012, "is_directory")
     expect_error(lambda: call("fs.write", path="a.txt/x", content="x"), -32014, "not_a_directory")
-    for bad in ("../x", "/etc/x", "/tmp/x", "a\x00b", ""):
+    for bad in ("a\x00b", ""):
         expect_error(lambda: call("fs.write", path=bad, content="x"), -32013, "invalid_path")
+    # outside /workspace: where the sandbox's user may write (its /tmp), not elsewhere
+    for bad in ("../x", "/etc/x", "/usr/x"):
+        expect_error(lambda: call("fs.write", path=bad, content="x"), -32011, "permission_denied")
+    call("fs.write", path="/tmp/x", content="in tmp")
+    assert call("fs.read", path="/tmp/x")["content"] == "in tmp"
 
 
 def test_write_ro_sandbox_denied(rpc, ws, sandbox):
@@ -210,8 +224,8 @@ def test_ls_errors(fsb):
     call, _ = fsb
     expect_error(lambda: call("fs.ls", path="a.txt"), -32014, "not_a_directory")
     expect_error(lambda: call("fs.ls", path="nodir"), -32010, "file_not_found")
-    expect_error(lambda: call("fs.ls", path="/etc"), -32013, "invalid_path")
-    expect_error(lambda: call("fs.ls", path=".."), -32013, "invalid_path")
+    assert "passwd" in [e["name"] for e in call("fs.ls", path="/etc")["entries"]]
+    assert "workspace" in [e["name"] for e in call("fs.ls", path="..")["entries"]]
 
 
 def test_glob(fsb):
@@ -230,7 +244,7 @@ def test_glob(fsb):
     r = call("fs.glob", pattern="**/*", max_results=2)
     assert len(r["paths"]) == 2 and r["truncated"] is True, r
     assert call("fs.glob", pattern="*.nothing")["paths"] == []
-    expect_error(lambda: call("fs.glob", pattern="*", path="/etc"), -32013, "invalid_path")
+    assert "/etc/passwd" in call("fs.glob", pattern="*", path="/etc")["paths"]
 
 
 def test_grep(fsb):
@@ -256,7 +270,7 @@ def test_grep(fsb):
     assert len(r["matches"]) == 3 and r["truncated"] is True, r
     r = call("fs.grep", pattern="import", path="sub")
     assert [(rel(m["path"]), m["line"]) for m in r["matches"]] == [("sub/b.py", 1)], r
-    expect_error(lambda: call("fs.grep", pattern="x", path="/etc"), -32013, "invalid_path")
+    assert any(m["path"] == "/etc/passwd" for m in call("fs.grep", pattern="^agent:", path="/etc")["matches"])
 
 
 # ---- fs.delete / upload / download ----------------------------------------------------------
@@ -273,8 +287,10 @@ def test_delete(rpc, ws, fsb):
     assert sh(rpc, sb, "ls sub/b.py") == "sub/b.py\n"
     assert call("fs.delete", path="sub", recursive=True) == {"deleted": True}
     expect_error(lambda: call("fs.ls", path="sub"), -32010, "file_not_found")
-    for bad in ("../x", "/etc/passwd", "/workspace/..", "a\x00b", ""):
+    for bad in ("/workspace/..", "/", "a\x00b", ""):
         expect_error(lambda: call("fs.delete", path=bad, recursive=True), -32013, "invalid_path")
+    expect_error(lambda: call("fs.delete", path="../x", recursive=True), -32010, "file_not_found")
+    expect_error(lambda: call("fs.delete", path="/etc/passwd"), -32011, "permission_denied")
     # the workspace root itself cannot be deleted
     with pytest.raises(RpcError):
         call("fs.delete", path="/workspace", recursive=True)
@@ -297,7 +313,7 @@ def test_upload_download_binary(rpc, fsb):
     res = r["results"]
     assert len(res) == 3 and rel(res[0]["path"]) == "up/blob.bin" and rel(res[2]["path"]) == "small.txt", r
     assert not res[0].get("error") and not res[2].get("error"), r
-    assert res[1]["error"]["code"] == "invalid_path", r
+    assert res[1]["error"]["code"] == "permission_denied", r  # "/escape.bin": the root is read-only
     # the sandbox sees exactly those bytes
     out = sh(rpc, sb, "sha256sum up/blob.bin | cut -d' ' -f1; cat small.txt")
     assert out == hashlib.sha256(blob).hexdigest() + "\nsmall\n"

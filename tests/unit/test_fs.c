@@ -1018,3 +1018,99 @@ Test(fs, base64_codec)
         cr_assert_eq(conch_fs__base64_decode(bad[i], strlen(bad[i]), &d, &n), -EINVAL, "%s",
                      bad[i]);
 }
+
+/* ---- conch_fs_call_rooted: the whole sandbox, relative paths under a home dir ---- */
+
+static json_t *rooted(const char *method, json_t *params)
+{
+    json_t *res = conch_fs_call_rooted(root_fd, "/workspace", method, params, &ferr);
+    json_decref(params);
+    return res;
+}
+
+static void rooted_cases(void)
+{
+    /* the temp dir plays the sandbox's "/": workspace/ is the home */
+    char home[128];
+    snprintf(home, sizeof(home), "%s/workspace", dir);
+    cr_assert_eq(mkdir(home, 0755), 0);
+    put("workspace/w.txt", "in ws\n", 6);
+    put("etc/conf", "conf\n", 5);
+    char link[128];
+    snprintf(link, sizeof(link), "%s/workspace/abs", dir);
+    cr_assert_eq(symlink("/etc/conf", link), 0); /* absolute: inside the root, not the host */
+    snprintf(link, sizeof(link), "%s/workspace/up", dir);
+    cr_assert_eq(symlink("../../../../..", link), 0); /* climbs to the root and stays */
+    const char *reads[][2] = {{"w.txt", "in ws\n"},
+                              {"/workspace/w.txt", "in ws\n"},
+                              {"../etc/conf", "conf\n"},
+                              {"/etc/conf", "conf\n"},
+                              {"abs", "conf\n"},
+                              {"up/etc/conf", "conf\n"},
+                              {"/../../etc/conf", "conf\n"},
+                              {"up/workspace/w.txt", "in ws\n"}};
+    for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
+        json_t *r = rooted("read", json_pack("{s:s}", "path", reads[i][0]));
+        cr_assert_not_null(r, "%s: %s", reads[i][0], ferr.message);
+        cr_assert_str_eq(json_string_value(json_object_get(r, "content")), reads[i][1], "%s",
+                         reads[i][0]);
+        json_decref(r);
+    }
+    /* the default directory is the home; its entries are shown by their sandbox path */
+    json_t *r = rooted("ls", json_object());
+    cr_assert_not_null(r, "%s", ferr.message);
+    cr_assert_str_eq(json_string_value(
+                         json_object_get(json_array_get(json_object_get(r, "entries"), 0), "path")),
+                     "/workspace/abs");
+    json_decref(r);
+    /* neither the root nor the home may be deleted */
+    cr_assert_null(rooted("delete", json_pack("{s:s,s:b}", "path", "/", "recursive", 1)));
+    cr_assert_eq(ferr.code, CONCH_FS_INVALID_PATH);
+    cr_assert_null(rooted("delete", json_pack("{s:s,s:b}", "path", "..", "recursive", 1)));
+    cr_assert_eq(ferr.code, CONCH_FS_INVALID_PATH);
+    cr_assert_null(rooted("delete", json_pack("{s:s,s:b}", "path", "/workspace", "recursive", 1)));
+    cr_assert_eq(ferr.code, CONCH_FS_INVALID_PATH);
+    /* a write through the absolute link lands in the root's etc */
+    r = rooted("write", json_pack("{s:s,s:s}", "path", "abs", "content", "new\n"));
+    cr_assert_not_null(r, "%s", ferr.message);
+    json_decref(r);
+    r = rooted("read", json_pack("{s:s}", "path", "/etc/conf"));
+    cr_assert_str_eq(json_string_value(json_object_get(r, "content")), "new\n");
+    json_decref(r);
+}
+
+Test(fs, rooted_resolves_in_the_root)
+{
+    rooted_cases();
+}
+
+Test(fs, rooted_resolves_in_the_root_with_the_walk)
+{
+    conch_fs__force_walk = true;
+    rooted_cases();
+    conch_fs__force_walk = false;
+}
+
+Test(fs, chunked_read_and_append)
+{
+    json_t *r = call_ok("write",
+                        json_pack("{s:s,s:s,s:b}", "path", "a.bin", "content", "abc", "append", 1));
+    json_decref(r);
+    r = call_ok("write",
+                json_pack("{s:s,s:s,s:b}", "path", "a.bin", "content", "def", "append", 1));
+    cr_assert(json_is_false(json_object_get(r, "created")));
+    json_decref(r);
+    r = call_ok("read", json_pack("{s:s,s:s,s:i,s:i}", "path", "a.bin", "encoding", "base64",
+                                  "offset", 2, "length", 3));
+    cr_assert_str_eq(json_string_value(json_object_get(r, "content")), "Y2Rl"); /* "cde" */
+    cr_assert_eq(json_integer_value(json_object_get(r, "size")), 6);
+    cr_assert(json_is_false(json_object_get(r, "eof")));
+    json_decref(r);
+    r = call_ok("read",
+                json_pack("{s:s,s:s,s:i}", "path", "a.bin", "encoding", "base64", "offset", 5));
+    cr_assert_str_eq(json_string_value(json_object_get(r, "content")), "Zg=="); /* "f" */
+    cr_assert(json_is_true(json_object_get(r, "eof")));
+    json_decref(r);
+    call_fail("read", json_pack("{s:s,s:i}", "path", "a.bin", "length", 2),
+              CONCH_FS_INVALID_PARAMS);
+}

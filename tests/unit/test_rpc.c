@@ -951,13 +951,12 @@ Test(peek_id, finds_the_id_before_the_cut)
     expect_peek("{\"id\":5,", 6, NULL); /* cut after the 5 */
 }
 
-struct head_seen {
-    char head[64];
-    size_t len;
+struct id_seen {
+    char id[64];
     int calls;
 };
 
-static struct conch_rpc_framer *head_framer;
+static struct conch_rpc_framer *id_framer;
 
 static void on_line_ignore(void *ctx, const char *line, size_t len)
 {
@@ -966,48 +965,81 @@ static void on_line_ignore(void *ctx, const char *line, size_t len)
     (void)len;
 }
 
-static void on_oversize_head(void *ctx)
+static void on_oversize_id(void *ctx)
 {
-    struct head_seen *h = ctx;
-    size_t len = 0;
-    const char *p = conch_rpc_framer_oversize_head(head_framer, &len);
-    cr_assert_not_null(p);
-    h->len = len < sizeof(h->head) - 1 ? len : sizeof(h->head) - 1;
-    memcpy(h->head, p, h->len);
-    h->head[h->len] = '\0';
+    struct id_seen *h = ctx;
+    json_t *id = conch_rpc_framer_oversize_id(id_framer);
+    char *s = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(h->id, sizeof(h->id), "%s", s ? s : "(none)");
+    free(s);
     h->calls++;
 }
 
-Test(framer, oversize_reports_the_head_and_stays_bounded)
+static void feed_parts(struct conch_rpc_framer *f, struct id_seen *h, const char *const *parts,
+                       size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(
+            conch_rpc_framer_feed(f, parts[i], strlen(parts[i]), on_line_ignore, on_oversize_id, h),
+            0);
+        cr_assert_leq(conch_rpc_framer_pending(f), 17);
+    }
+}
+
+Test(framer, oversize_finds_the_id_anywhere_and_stays_bounded)
 {
     struct conch_rpc_framer f;
-    struct head_seen h = {0};
-    head_framer = &f;
+    struct id_seen h = {0};
+    id_framer = &f;
     conch_rpc_framer_init(&f, 16);
     /* the start arrives in small pieces, then the line goes past the cap */
-    const char *parts[] = {"{\"id\":4", "2,\"p\":\"", "xxxxxxxxxxxxxxxxxxxxxxxxx", "yyyy\n"};
-    for (size_t i = 0; i < 4; i++) {
-        cr_assert_eq(conch_rpc_framer_feed(&f, parts[i], strlen(parts[i]), on_line_ignore,
-                                           on_oversize_head, &h),
-                     0);
+    const char *a[] = {"{\"id\":4", "2,\"p\":\"", "xxxxxxxxxxxxxxxxxxxxxxxxx", "yyyy\n"};
+    feed_parts(&f, &h, a, 4);
+    cr_assert_eq(h.calls, 1);
+    cr_assert_str_eq(h.id, "42");
+    cr_assert_null(conch_rpc_framer_oversize_id(&f));
+    /* the id after a long params, split in the middle of the id and of a nested string */
+    h.calls = 0;
+    const char *b[] = {"{\"jsonrpc\":\"2.0\",\"params\":{\"id\":1,\"s\":\"}\\\"",
+                       "xxxxxxxxxxxxxxxxx",
+                       "\",\"z\":[{\"id\":2}]},\"method\":\"m\",\"i",
+                       "d\" : \"r",
+                       "-1\"",
+                       ",\"x\":1}\n"};
+    for (size_t i = 0; i < 6; i++) {
+        conch_rpc_framer_feed(&f, b[i], strlen(b[i]), on_line_ignore, on_oversize_id, &h);
+        if (i < 4)
+            cr_assert_eq(h.calls, 0, "part %zu", i);
         cr_assert_leq(conch_rpc_framer_pending(&f), 17);
     }
     cr_assert_eq(h.calls, 1);
-    cr_assert_eq(strncmp(h.head, "{\"id\":42,", 9), 0, "%s", h.head);
-    json_t *id = conch_rpc_peek_id(h.head, h.len);
-    cr_assert_eq(json_integer_value(id), 42);
-    json_decref(id);
-    size_t len = 1;
-    cr_assert_null(conch_rpc_framer_oversize_head(&f, &len));
-    cr_assert_eq(len, 0);
-    /* an oversize line in one feed */
+    cr_assert_str_eq(h.id, "\"r-1\"");
+    /* a number id is complete only once something follows it */
     h.calls = 0;
-    const char *one = "{\"id\":\"q\",\"pad\":\"zzzzzzzzzzzzzzzzzzzz\"}\n";
-    conch_rpc_framer_feed(&f, one, strlen(one), on_line_ignore, on_oversize_head, &h);
+    const char *c[] = {"{\"pad\":\"zzzzzzzzzzzzzzzzzzzz\",\"id\":12", "3}\n"};
+    feed_parts(&f, &h, c, 2);
     cr_assert_eq(h.calls, 1);
-    id = conch_rpc_peek_id(h.head, h.len);
-    cr_assert_str_eq(json_string_value(id), "q");
-    json_decref(id);
+    cr_assert_str_eq(h.id, "123");
+    /* no id at all, a bad id type, not an object: reported without one */
+    const char *d[] = {"{\"pad\":\"zzzzzzzzzzzzzzzzzzzz\"}\n",
+                       "{\"id\":[1],\"pad\":\"zzzzzzzzzzzzzzzz\"}\n",
+                       "[{\"id\":1},{\"id\":2},{\"id\":3}]\n"};
+    for (size_t i = 0; i < 3; i++) {
+        h.calls = 0;
+        feed_parts(&f, &h, d + i, 1);
+        cr_assert_eq(h.calls, 1);
+        cr_assert_str_eq(h.id, "(none)");
+    }
+    /* a line that never ends and has no id yet: nothing kept, not reported */
+    h.calls = 0;
+    feed_parts(&f, &h, (const char *[]){"{\"params\":\""}, 1);
+    for (int i = 0; i < 1000; i++)
+        feed_parts(&f, &h, (const char *[]){"abcdefghijklmnopqrstuvwxyz"}, 1);
+    cr_assert_eq(h.calls, 0);
+    cr_assert_leq(f.cap, 17);
+    feed_parts(&f, &h, (const char *[]){"\",\"id\":null}\n"}, 1);
+    cr_assert_eq(h.calls, 1);
+    cr_assert_str_eq(h.id, "null");
     conch_rpc_framer_done(&f);
 }
 

@@ -1,0 +1,149 @@
+# test_cli_daemon.py - the CLI covers the daemon: `conch create`, `ps`, `exec`, `changes`,
+# `diff`, `commit`, `discard`, `cp` and `rm` run as a newcomer would, against a real
+# `conch serve` on a temporary socket, by id and by name, with and without --json.
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import CONCH_BIN
+
+
+def cli(d, *args, timeout=60, input=None):
+    verb, rest = args[0], list(args[1:])
+    return subprocess.run([CONCH_BIN, verb, "--socket", d.sock, *rest], capture_output=True,
+                          timeout=timeout, input=input)
+
+
+def ok(p):
+    assert p.returncode == 0, (p.args, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    return p.stdout.decode()
+
+
+@pytest.fixture
+def d(daemon_factory):
+    return daemon_factory(extra_args=["--pool", "0"])
+
+
+@pytest.fixture
+def proj(tmp_path):
+    p = tmp_path / "proj"
+    p.mkdir()
+    (p / "a.txt").write_text("hello\n")
+    (p / "old.txt").write_text("old\n")
+    os.chmod(tmp_path, 0o755)
+    return p
+
+
+def test_create_prints_the_id_and_names_work_everywhere(d, proj):
+    sid = ok(cli(d, "create", "--workspace", str(proj), "--name", "dev", "--memory", "512M",
+                 "--pids", "200", "--disk", "64M", "--env", "GREETING=hi")).strip()
+    assert sid.startswith("sb-") and "\n" not in sid, sid
+    c = d.client()
+    info = c.call("sandbox.get", {"id": sid})
+    assert info["name"] == "dev" and info["workspace"] == str(proj) and info["mode"] == "overlay", info
+    out = ok(cli(d, "ps"))
+    assert sid in out and "dev" in out, out
+    listed = json.loads(ok(cli(d, "ps", "--json")))["sandboxes"]
+    assert [s["id"] for s in listed] == [sid], listed
+    assert ok(cli(d, "exec", "dev", "--", "bash", "-c", "echo $GREETING; cat a.txt")) == "hi\nhello\n"
+    assert ok(cli(d, "exec", sid, "--", "ulimit", "-f")).strip() != ""
+    # --json gives the whole sandbox object; a relative --workspace is made absolute
+    p = subprocess.run([CONCH_BIN, "create", "--socket", d.sock, "--json", "--workspace", ".", "--name",
+                        "two", "--mode", "ro"], capture_output=True, cwd=proj, timeout=60)
+    obj = json.loads(ok(p))
+    assert obj["name"] == "two" and obj["workspace"] == str(proj) and obj["mode"] == "ro", obj
+    ok(cli(d, "rm", "two"))
+    ok(cli(d, "rm", "dev"))
+    assert json.loads(ok(cli(d, "ps", "--json")))["sandboxes"] == []
+
+
+def test_unknown_and_ambiguous_names_are_refused(d, proj):
+    a = ok(cli(d, "create", "--name", "same")).strip()
+    b = ok(cli(d, "create", "--name", "same")).strip()
+    p = cli(d, "exec", "same", "--", "true")
+    assert p.returncode != 0 and b"2 sandboxes are named 'same'" in p.stderr, p
+    p = cli(d, "changes", "nope")
+    assert p.returncode == 1 and b"no sandbox with id or name 'nope'" in p.stderr, p
+    p = cli(d, "rm", "nope")
+    assert p.returncode == 1, p
+    p = cli(d, "create", "--bogus")
+    assert p.returncode == 2 and b"usage: conch create" in p.stderr, p
+    ok(cli(d, "rm", a, b))
+
+
+def test_exec_prints_output_with_nul_bytes(d):
+    sid = ok(cli(d, "create")).strip()
+    p = cli(d, "exec", sid, "--", "bash", "-c", "printf 'x\\0y\\n'; printf 'e\\0' >&2; exit 3", timeout=30)
+    assert p.returncode == 3 and p.stdout == b"x\0y\n" and p.stderr == b"e\0", p
+
+
+def test_changes_diff_commit_discard(d, proj):
+    sid = ok(cli(d, "create", "--workspace", str(proj), "--name", "w")).strip()
+    ok(cli(d, "exec", "w", "--", "bash", "-c",
+           "echo more >> a.txt; rm old.txt; mkdir -p sub; echo n > sub/new.txt; echo t > tmp.txt"))
+    out = ok(cli(d, "changes", "w"))
+    assert out.splitlines() == ["M a.txt", "D old.txt", "A sub", "A sub/new.txt", "A tmp.txt"], out
+    js = json.loads(ok(cli(d, "changes", "--json", sid)))
+    assert js["changes_total"] == 5 and {c["path"]: c["kind"] for c in js["changes"]}["a.txt"] == "modified", js
+    diff = ok(cli(d, "diff", "w", "a.txt"))
+    assert "--- a/a.txt\n+++ b/a.txt\n" in diff and "+more\n" in diff and "old.txt" not in diff, diff
+    whole = json.loads(ok(cli(d, "diff", "--json", "w")))
+    assert {f["path"] for f in whole["files"]} >= {"a.txt", "old.txt", "sub/new.txt"}, whole
+    # the diff applies to a copy of the host dir
+    out = ok(cli(d, "commit", "w", "a.txt", "sub"))
+    assert out.splitlines() == ["committed a.txt", "committed sub", "committed sub/new.txt"], out
+    assert (proj / "a.txt").read_text() == "hello\nmore\n" and (proj / "sub" / "new.txt").read_text() == "n\n"
+    assert (proj / "old.txt").exists()
+    res = json.loads(ok(cli(d, "discard", "--json", "w", "tmp.txt")))
+    assert res["discarded"] == ["tmp.txt"], res
+    assert ok(cli(d, "changes", "w")).splitlines() == ["D old.txt"]
+    res = json.loads(ok(cli(d, "commit", "--json", "w")))
+    assert res["committed"] == ["old.txt"], res
+    assert not (proj / "old.txt").exists() and not (proj / "tmp.txt").exists()
+    assert ok(cli(d, "changes", "w")) == ""
+    ok(cli(d, "rm", sid))
+
+
+def test_cp_into_and_out_of_a_sandbox(d, proj, tmp_path):
+    sid = ok(cli(d, "create", "--workspace", str(proj), "--name", "cpy")).strip()
+    blob = bytes(range(256)) * 4099  # binary, ~1 MiB
+    src = tmp_path / "blob.bin"
+    src.write_bytes(blob)
+    ok(cli(d, "cp", str(src), "cpy:in/blob.bin"))
+    r = ok(cli(d, "exec", "cpy", "--", "sha256sum", "in/blob.bin"))
+    import hashlib
+    assert r.split()[0] == hashlib.sha256(blob).hexdigest()
+    assert not (proj / "in").exists(), "cp into an overlay sandbox must not touch the host"
+    # out, into a local directory (takes the name), with --json
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    js = json.loads(ok(cli(d, "cp", "--json", f"{sid}:in/blob.bin", str(outdir))))
+    assert js["bytes"] == len(blob) and js["dst"] == str(outdir / "blob.bin"), js
+    assert (outdir / "blob.bin").read_bytes() == blob
+    # a DST ending in '/' inside the sandbox takes SRC's name; absolute sandbox paths work
+    ok(cli(d, "cp", str(src), "cpy:/workspace/dir/"))
+    assert ok(cli(d, "exec", "cpy", "--", "stat", "-c", "%s", "dir/blob.bin")).strip() == str(len(blob))
+    # larger than one request may carry (10 MiB): copied in pieces, both ways
+    big = os.urandom(13 << 20)
+    (tmp_path / "big.bin").write_bytes(big)
+    ok(cli(d, "cp", str(tmp_path / "big.bin"), "cpy:big.bin"))
+    assert ok(cli(d, "exec", "cpy", "--", "sha256sum", "big.bin")).split()[0] == hashlib.sha256(big).hexdigest()
+    ok(cli(d, "cp", "cpy:big.bin", str(tmp_path / "back.bin")))
+    assert (tmp_path / "back.bin").read_bytes() == big
+    # an empty file too
+    (tmp_path / "empty").write_bytes(b"")
+    ok(cli(d, "cp", str(tmp_path / "empty"), "cpy:empty"))
+    ok(cli(d, "cp", "cpy:empty", str(tmp_path / "empty2")))
+    assert (tmp_path / "empty2").read_bytes() == b""
+    # errors: a missing file on either side, two local paths, a directory
+    p = cli(d, "cp", "cpy:nope.txt", str(tmp_path / "x"))
+    assert p.returncode == 1 and b"file_not_found" in p.stderr and not (tmp_path / "x").exists(), p
+    p = cli(d, "cp", str(tmp_path / "missing"), "cpy:x")
+    assert p.returncode == 1 and b"No such file" in p.stderr, p
+    p = cli(d, "cp", str(src), str(tmp_path / "y"))
+    assert p.returncode == 2 and b"neither SRC nor DST" in p.stderr, p
+    p = cli(d, "cp", str(tmp_path), "cpy:x")
+    assert p.returncode == 1 and b"not a regular file" in p.stderr, p
+    ok(cli(d, "rm", "cpy"))
