@@ -444,7 +444,9 @@ def test_caller_environment_not_inherited(py, ws):
     for k in ("CONCH_TEST_SECRET", "SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY"):
         assert k not in env_in, env_in
     assert env_in.get("HOME") == "/home/agent", env_in
-    assert env_in.get("PATH") == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", env_in
+    # the host's PATH is not inherited; /run/conch/bin holds the tool bridge's tool_call
+    assert env_in.get("PATH") == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/conch/bin", env_in
+    assert env_in.get("PYTHONPATH") == "/run/conch/python", env_in
     for k, v in {"LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat"}.items():
         assert env_in.get(k) == v, (k, env_in)
 
