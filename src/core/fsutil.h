@@ -34,4 +34,33 @@ int conch_parse_size(const char *s, const char *what, uint64_t *ret, struct conc
 /* conch_write_all - write all of @buf to @fd, retrying on EINTR and short writes. */
 int conch_write_all(int fd, const void *buf, size_t len);
 
+/* A directory's entry names ("." and ".." left out), sorted by strcmp. */
+struct conch_names {
+    char **v;
+    size_t n;
+};
+
+/* conch_names_done - free @ns's names; safe on a zeroed struct. */
+void conch_names_done(struct conch_names *ns);
+
+/* conch_names_read - read the names of the directory @fd (taken: it is closed) into *@ret,
+ * sorted. Returns 0 or -errno. */
+int conch_names_read(int fd, struct conch_names *ret);
+
+/* conch_rm_* flags */
+#define CONCH_RM_ONE_FS 1u /* leave what lies on another filesystem alone (-EXDEV) */
+
+/*
+ * conch_rm_contents - remove everything inside the dir @fd (borrowed; O_PATH will do), by
+ * fds alone: no path is built, so depth is unbounded, and two fds are open at a time. Never
+ * follows a symlink (it is unlinked, not its target); climbing back by ".." checks that it
+ * reaches the dir it came from (-ESTALE otherwise). Dirs without owner rwx get it first.
+ * Returns 0 or the first error, after trying everything.
+ */
+int conch_rm_contents(int fd, unsigned flags);
+
+/* conch_rm_at - remove @name in @dfd: a non-dir itself, a dir with everything in it
+ * (conch_rm_contents). A missing entry is not an error. Returns 0 or -errno. */
+int conch_rm_at(int dfd, const char *name, unsigned flags);
+
 #endif

@@ -20,12 +20,11 @@
 
 #include "core/cleanup.h"
 #include "core/clock.h"
+#include "core/fsutil.h"
 #include "jail/cgroup.h"
 
 #define CGROUP_ROOT "/sys/fs/cgroup"
 #define WAIT_GONE_MS 2000
-/* Directories held open at once while removing a tree; deeper levels are hoisted. */
-#define RM_MAX_DEPTH 48
 
 static const char *const v1_controllers[] = {"memory", "pids", "cpu"};
 
@@ -223,173 +222,12 @@ int conch_recover_reap(struct conch_state *st, struct conch_recover_report *ret,
 
 /* ---- recursive removal ---- */
 
-struct rm {
-    int top_fd;   /* the tree's root, where too-deep subtrees are hoisted */
-    dev_t dev;    /* the tree's filesystem: never cross into another mount */
-    bool hoisted; /* something was moved to top_fd during this pass */
-    unsigned long seq;
-    int r; /* first failure */
-    struct conch_err *err;
-    const char *root; /* for messages */
-};
-
-static void rm_fail(struct rm *c, int code, const char *what, const char *name)
-{
-    if (c->r == 0)
-        c->r = conch_err_set(c->err, code, "remove '%s': %s '%s': %s", c->root, what, name,
-                             strerror(code));
-}
-
-/* Open the directory @name of @dfd (whose lstat is @st) without following symlinks;
- * make it readable and writable for us if we own it. Returns an fd or -errno. */
-static int open_dir(int dfd, const char *name, const struct stat *st)
-{
-    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && errno == EACCES && st->st_uid == geteuid()) {
-        /* A sandbox may leave a mode-000 directory; as its owner we may fix that. */
-        if (fchmodat(dfd, name, 0700, AT_SYMLINK_NOFOLLOW) < 0) {
-            /* the open below reports the cause */
-        }
-        fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    }
-    if (fd < 0)
-        return -errno;
-    struct stat now;
-    if (fstat(fd, &now) < 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
-        close(fd);
-        return -ESTALE; /* replaced between lstat and open */
-    }
-    if ((now.st_mode & S_IRWXU) != S_IRWXU && now.st_uid == geteuid())
-        (void)fchmod(fd, (now.st_mode & 07777) | S_IRWXU);
-    return fd;
-}
-
-/* Move subtree @name of @dfd to a fresh name in the top directory. */
-static bool hoist(struct rm *c, int dfd, const char *name)
-{
-    for (int tries = 0; tries < 1000; tries++) {
-        char tmp[64];
-        snprintf(tmp, sizeof(tmp), ".conch-gc-%lu", c->seq++);
-        if (renameat2(dfd, name, c->top_fd, tmp, RENAME_NOREPLACE) == 0) {
-            c->hoisted = true;
-            return true;
-        }
-        if (errno != EEXIST) {
-            rm_fail(c, errno, "move deep directory", name);
-            return false;
-        }
-    }
-    rm_fail(c, EEXIST, "move deep directory", name);
-    return false;
-}
-
-/* Remove entry @name of @dfd (at @depth below the top). Returns true if it is gone. */
-static bool rm_entry(struct rm *c, int dfd, const char *name, unsigned depth);
-
-/* Remove everything in the directory @fd (taken over and closed). */
-static void rm_children(struct rm *c, int fd, unsigned depth)
-{
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        rm_fail(c, errno, "read directory at depth", "?");
-        close(fd);
-        return;
-    }
-    /* Repeat while a pass removed something: whether readdir still returns entries that
-     * follow a removed one is unspecified. A pass without progress ends it. */
-    for (bool progress = true; progress;) {
-        progress = false;
-        rewinddir(d);
-        struct dirent *de;
-        errno = 0;
-        while ((de = readdir(d))) {
-            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-                continue;
-            if (rm_entry(c, dirfd(d), de->d_name, depth + 1))
-                progress = true;
-            errno = 0;
-        }
-        if (errno) {
-            rm_fail(c, errno, "read directory", "");
-            break;
-        }
-    }
-    closedir(d);
-}
-
-static bool rm_entry(struct rm *c, int dfd, const char *name, unsigned depth)
-{
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-        if (errno == ENOENT)
-            return true;
-        rm_fail(c, errno, "stat", name);
-        return false;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT)
-            return true;
-        rm_fail(c, errno, "unlink", name);
-        return false;
-    }
-    if (st.st_dev != c->dev) {
-        rm_fail(c, EXDEV, "directory is a mount point, not crossing into", name);
-        return false;
-    }
-    /* An empty directory needs no descent. */
-    if (unlinkat(dfd, name, AT_REMOVEDIR) == 0)
-        return true;
-    if (depth >= RM_MAX_DEPTH)
-        return hoist(c, dfd, name);
-    int fd = open_dir(dfd, name, &st);
-    if (fd < 0) {
-        rm_fail(c, -fd, "open directory", name);
-        return false;
-    }
-    rm_children(c, fd, depth);
-    if (unlinkat(dfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
-        return true;
-    rm_fail(c, errno, "rmdir", name);
-    return false;
-}
-
-/*
- * Remove @name of @dfd and everything beneath it without following a symlink or leaving
- * its filesystem. At most RM_MAX_DEPTH directories are open at once: a deeper subtree is
- * renamed up into the top directory and removed in a further pass, so a sandbox cannot
- * exhaust our fds or stack with a very deep tree. @what names the tree in errors.
- */
 int conch_recover_rm_tree(int dfd, const char *name, const char *what, struct conch_err *err)
 {
-    struct rm c = {.top_fd = -1, .err = err, .root = what};
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT
-                   ? 0
-                   : conch_err_set(err, errno, "remove '%s': %s", what, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) {
-        if (unlinkat(dfd, name, 0) < 0 && errno != ENOENT)
-            return conch_err_set(err, errno, "remove '%s': %s", what, strerror(errno));
-        return 0;
-    }
-    c.dev = st.st_dev;
-    c.top_fd = open_dir(dfd, name, &st);
-    if (c.top_fd < 0)
-        return conch_err_set(err, -c.top_fd, "remove '%s': open: %s", what, strerror(-c.top_fd));
-    do {
-        c.hoisted = false;
-        /* rm_children closes what it is given; top_fd stays open for hoisting. */
-        int fd = fcntl(c.top_fd, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0) {
-            rm_fail(&c, errno, "dup", what);
-            break;
-        }
-        rm_children(&c, fd, 0);
-    } while (c.hoisted && c.r == 0);
-    close(c.top_fd);
-    if (unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && c.r == 0)
-        rm_fail(&c, errno, "rmdir", what);
-    return c.r;
+    int r = conch_rm_at(dfd, name, CONCH_RM_ONE_FS);
+    if (r < 0)
+        return conch_err_set(err, -r, "remove '%s': %s", what, strerror(-r));
+    return 0;
 }
 
 /* ---- gc ---- */

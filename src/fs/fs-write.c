@@ -20,7 +20,6 @@
 /* Largest file fs.edit will produce. */
 #define MAX_EDIT_RESULT (64LL * 1024 * 1024)
 /* Directory levels a recursive delete descends; deeper trees fail rather than exhaust fds. */
-#define MAX_DELETE_DEPTH 256
 
 static json_t *oom(struct conch_fs_error *ferr)
 {
@@ -323,63 +322,6 @@ json_t *conch_fs__edit(const struct conch_fs__ctx *ctx, json_t *params, struct c
     return res ? res : oom(ferr);
 }
 
-/* Remove the directory @name in @pfd and everything beneath it, never following a
- * symlink (each level is opened O_NOFOLLOW relative to its parent). On failure
- * @failed gets the path (relative to @pfd) that could not be removed. */
-static int rm_tree(int pfd, const char *name, int depth, char **failed)
-{
-    if (depth > MAX_DELETE_DEPTH) {
-        *failed = strdup(name);
-        return -ENAMETOOLONG;
-    }
-    int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        int r = -errno;
-        *failed = strdup(name);
-        return r;
-    }
-    _cleanup_closedir_ DIR *d = fdopendir(fd);
-    if (!d) {
-        int r = -errno;
-        close(fd);
-        *failed = strdup(name);
-        return r;
-    }
-    struct dirent *de;
-    int r = 0;
-    while (r == 0 && (errno = 0, de = readdir(d))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        bool isdir = de->d_type == DT_DIR;
-        struct stat st;
-        if (de->d_type == DT_UNKNOWN &&
-            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
-            isdir = S_ISDIR(st.st_mode);
-        if (isdir) {
-            char *sub = NULL;
-            r = rm_tree(dirfd(d), de->d_name, depth + 1, &sub);
-            if (r < 0) {
-                if (!sub || asprintf(failed, "%s/%s", name, sub) < 0)
-                    *failed = NULL;
-                free(sub);
-            }
-        } else if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT) {
-            r = -errno;
-            if (asprintf(failed, "%s/%s", name, de->d_name) < 0)
-                *failed = NULL;
-        }
-    }
-    if (r == 0 && errno) {
-        r = -errno;
-        *failed = strdup(name);
-    }
-    if (r == 0 && unlinkat(pfd, name, AT_REMOVEDIR) < 0) {
-        r = -errno;
-        *failed = strdup(name);
-    }
-    return r;
-}
-
 json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
                          struct conch_fs_error *ferr)
 {
@@ -414,17 +356,10 @@ json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
                            "'%s' is a directory: set recursive to delete it", path);
             return NULL;
         }
-        _cleanup_free_ char *failed = NULL;
-        int r = rm_tree(pfd, name, 0, &failed);
+        /* Never following a symlink, nor into another mount; any depth. */
+        int r = conch_rm_at(pfd, name, CONCH_RM_ONE_FS);
         if (r < 0) {
-            /* @failed is relative to the parent: put the parent's path back in front. */
-            const char *slash = strrchr(rel, '/');
-            _cleanup_free_ char *full = NULL;
-            if (failed &&
-                asprintf(&full, "%.*s%s", slash ? (int)(slash - rel + 1) : 0, rel, failed) < 0)
-                full = NULL;
-            _cleanup_free_ char *shown = full ? conch_fs__path_display(ctx, full) : NULL;
-            conch_fs__fail_errno(ferr, -r, "delete", shown ? shown : path);
+            conch_fs__fail_errno(ferr, -r, "delete", path);
             return NULL;
         }
     } else if (unlinkat(pfd, name, 0) < 0) {

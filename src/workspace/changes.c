@@ -63,74 +63,19 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static bool names_has(const struct conch_ws__names *ns, const char *name)
+static bool names_has(const struct conch_names *ns, const char *name)
 {
     return ns->n && bsearch(&name, ns->v, ns->n, sizeof(*ns->v), cmp_str);
 }
 
-void conch_ws__names_done(struct conch_ws__names *ns)
-{
-    for (size_t i = 0; i < ns->n; i++)
-        free(ns->v[i]);
-    free(ns->v);
-    ns->v = NULL;
-    ns->n = 0;
-}
-
-int conch_ws__names_read(int fd, struct conch_ws__names *ret)
-{
-    _cleanup_closedir_ DIR *d = fdopendir(fd);
-    if (!d) {
-        int r = -errno;
-        close(fd);
-        return r;
-    }
-    struct conch_ws__names ns = {0};
-    size_t cap = 0;
-    for (;;) {
-        errno = 0;
-        struct dirent *de = readdir(d);
-        if (!de) {
-            if (errno) {
-                int r = -errno;
-                conch_ws__names_done(&ns);
-                return r;
-            }
-            break;
-        }
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        if (ns.n == cap) {
-            size_t ncap = cap ? cap * 2 : 16;
-            char **v = realloc(ns.v, ncap * sizeof(*v));
-            if (!v) {
-                conch_ws__names_done(&ns);
-                return -ENOMEM;
-            }
-            ns.v = v;
-            cap = ncap;
-        }
-        ns.v[ns.n] = strdup(de->d_name);
-        if (!ns.v[ns.n]) {
-            conch_ws__names_done(&ns);
-            return -ENOMEM;
-        }
-        ns.n++;
-    }
-    if (ns.n)
-        qsort(ns.v, ns.n, sizeof(*ns.v), cmp_str);
-    *ret = ns;
-    return 0;
-}
-
 /* Reads the names in @dfd (borrowed) into @ret, sorted so that opaque dirs can look names
  * up. */
-static int read_names(int dfd, struct conch_ws__names *ret)
+static int read_names(int dfd, struct conch_names *ret)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    return conch_ws__names_read(fd, ret);
+    return conch_names_read(fd, ret);
 }
 
 static char *join(const char *dir, const char *name)
@@ -484,13 +429,13 @@ static int entries_too_deep(int ufd, const char *name, size_t len, bool *ret)
     int fd = openat(ufd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    struct conch_ws__names ns = {0};
-    int r = conch_ws__names_read(fd, &ns);
+    struct conch_names ns = {0};
+    int r = conch_names_read(fd, &ns);
     if (r < 0)
         return r;
     for (size_t i = 0; i < ns.n && !*ret; i++)
         *ret = len + 1 + strlen(ns.v[i]) > MAX_PATH_LEN;
-    conch_ws__names_done(&ns);
+    conch_names_done(&ns);
     return 0;
 }
 
@@ -539,13 +484,13 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
             if (lfd < 0)
                 return fail(s, lfd, path, "open host dir");
         }
-        struct conch_ws__names un = {0};
+        struct conch_names un = {0};
         r = read_names(ufd, &un);
         if (r < 0)
             return fail(s, r, path, "read upper dir");
         subs = calloc(un.n ? un.n : 1, sizeof(*subs));
         if (!subs) {
-            conch_ws__names_done(&un);
+            conch_names_done(&un);
             return conch_err_set(s->err, ENOMEM, "scan workspace: out of memory");
         }
 
@@ -607,7 +552,7 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
 
         /* What an opaque dir hides is deleted; report each hidden top entry once. */
         if (r >= 0 && opaque && lfd >= 0) {
-            struct conch_ws__names ln = {0};
+            struct conch_names ln = {0};
             r = read_names(lfd, &ln);
             if (r < 0)
                 r = fail(s, r, path, "read host dir");
@@ -625,9 +570,9 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
                 }
                 r = emit_deleted(s, path, ln.v[i], &lst);
             }
-            conch_ws__names_done(&ln);
+            conch_names_done(&ln);
         }
-        conch_ws__names_done(&un);
+        conch_names_done(&un);
     }
 
     for (size_t i = 0; r >= 0 && i < nsubs; i++) {

@@ -69,7 +69,7 @@ static void tmp_name(char *buf, size_t size)
  * directory with all it holds, never crossing a mount point. */
 static int remove_entry(int dfd, const char *name)
 {
-    return conch_ws__remove_at(dfd, name, true);
+    return conch_rm_at(dfd, name, CONCH_RM_ONE_FS);
 }
 
 /* Copies @len bytes at @off from @src to the same offset in @dst. */

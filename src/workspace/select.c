@@ -195,12 +195,12 @@ static char *join(const char *dir, const char *name)
 
 /* The entry names of the dir @rel beneath @base (never through a symlink). The dir is
  * closed again before the caller descends, so deep trees cannot exhaust fds. */
-static int list_dir(int base, const char *rel, struct conch_ws__names *ret)
+static int list_dir(int base, const char *rel, struct conch_names *ret)
 {
     int fd = conch_ws__openat2(base, rel, O_RDONLY | O_DIRECTORY, false);
     if (fd < 0)
         return fd;
-    return conch_ws__names_read(fd, ret);
+    return conch_names_read(fd, ret);
 }
 
 /* Removes the entry @rel beneath @base: a file, symlink (never its target), whiteout or
@@ -216,7 +216,7 @@ static int remove_at(int base, const char *rel)
         return 0;
     if (pfd < 0)
         return pfd;
-    return conch_ws__remove_at(pfd, name, false);
+    return conch_rm_at(pfd, name, 0);
 }
 
 static bool fd_opaque(int fd)
@@ -340,13 +340,13 @@ static int copy_in(int upper_fd, int lower_fd, const char *rel)
     case S_IFDIR: {
         if (mkdirat(upfd, name, 0700) < 0)
             return -errno;
-        struct conch_ws__names ns = {0};
+        struct conch_names ns = {0};
         r = list_dir(lower_fd, rel, &ns);
         for (size_t i = 0; r >= 0 && i < ns.n; i++) {
             _cleanup_free_ char *child = join(rel, ns.v[i]);
             r = child ? copy_in(upper_fd, lower_fd, child) : -ENOMEM;
         }
-        conch_ws__names_done(&ns);
+        conch_names_done(&ns);
         break;
     }
     case S_IFIFO:
@@ -436,7 +436,7 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
 
 int conch_ws_upper_clear(int upper_fd, struct conch_err *err)
 {
-    int r = conch_ws__empty_fd(upper_fd, false);
+    int r = conch_rm_contents(upper_fd, 0);
     if (r < 0)
         return conch_err_set(err, -r, "clear the sandbox's layer: %s", strerror(-r));
     /* An opaque root would go on hiding the host dir. */

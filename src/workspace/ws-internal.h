@@ -14,6 +14,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/fsutil.h"
+
 /* Size of the prefix read to decide whether content is binary (git uses the same rule). */
 #define CONCH_WS__BINARY_PROBE 8192
 
@@ -203,34 +205,5 @@ static inline char *conch_ws__qname(const char *path)
     free(q);
     return out;
 }
-
-/* A directory's entry names ("." and ".." left out), sorted by strcmp. */
-struct conch_ws__names {
-    char **v;
-    size_t n;
-};
-
-/* conch_ws__names_done - free @ns's names; safe on a zeroed struct. */
-void conch_ws__names_done(struct conch_ws__names *ns);
-
-/*
- * conch_ws__names_read - read the names of the directory @fd (taken: it is closed) into
- * *@ret, sorted. Returns 0 or -errno.
- */
-int conch_ws__names_read(int fd, struct conch_ws__names *ret);
-
-/*
- * conch_ws__empty_fd - remove everything inside the dir @fd (borrowed; O_PATH will do),
- * by fds alone: no path is built, so depth is unbounded, and two fds are open at a time.
- * Never follows a symlink (it is unlinked, not its target); climbing back by ".." checks
- * that it reaches the dir it came from (-ESTALE otherwise). Dirs without owner rwx get it
- * first. With @no_xdev, what lies on another filesystem is left alone (-EXDEV). Returns 0
- * or the first error, after trying everything.
- */
-int conch_ws__empty_fd(int fd, bool no_xdev);
-
-/* conch_ws__remove_at - remove @name in @dfd: a non-dir itself, a dir with everything in it
- * (conch_ws__empty_fd). A missing entry is not an error. */
-int conch_ws__remove_at(int dfd, const char *name, bool no_xdev);
 
 #endif

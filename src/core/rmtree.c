@@ -1,20 +1,84 @@
-/* rmtree.c - removing a directory tree by file descriptors alone, for the upper dir (discard,
- * after a commit) and the host dir (a committed deletion). No path is ever built, so a chain
- * deeper than PATH_MAX goes like any other, and only two fds are open at a time. */
+/* rmtree.c - removing a directory tree by file descriptors alone: the one recursive removal
+ * of conch (a workspace's upper dir on discard, a committed deletion on the host, a
+ * sandbox's state dir, fs.delete inside the sandbox), and reading a directory's names. No path
+ * is ever built, so a chain deeper than PATH_MAX goes like any other, and only two fds are
+ * open at a time. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "workspace/ws-internal.h"
+#include "core/cleanup.h"
+#include "core/fsutil.h"
+
+static int names_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void conch_names_done(struct conch_names *ns)
+{
+    for (size_t i = 0; i < ns->n; i++)
+        free(ns->v[i]);
+    free(ns->v);
+    ns->v = NULL;
+    ns->n = 0;
+}
+
+int conch_names_read(int fd, struct conch_names *ret)
+{
+    _cleanup_closedir_ DIR *d = fdopendir(fd);
+    if (!d) {
+        int r = -errno;
+        close(fd);
+        return r;
+    }
+    struct conch_names ns = {0};
+    size_t cap = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno) {
+                int r = -errno;
+                conch_names_done(&ns);
+                return r;
+            }
+            break;
+        }
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        if (ns.n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            char **v = realloc(ns.v, ncap * sizeof(*v));
+            if (!v) {
+                conch_names_done(&ns);
+                return -ENOMEM;
+            }
+            ns.v = v;
+            cap = ncap;
+        }
+        ns.v[ns.n] = strdup(de->d_name);
+        if (!ns.v[ns.n]) {
+            conch_names_done(&ns);
+            return -ENOMEM;
+        }
+        ns.n++;
+    }
+    if (ns.n)
+        qsort(ns.v, ns.n, sizeof(*ns.v), names_cmp);
+    *ret = ns;
+    return 0;
+}
 
 /* One directory on the way down: the subdirs still to remove, and its identity, checked
  * when we climb back to it through "..". */
 struct frame {
-    struct conch_ws__names subs;
+    struct conch_names subs;
     size_t next;
     dev_t dev;
     ino_t ino;
@@ -27,18 +91,18 @@ static void keep_first(int *first, int r)
 }
 
 /* Unlinks every non-directory in @fd (borrowed; O_PATH will do) and lists its subdirs. */
-static int clear_level(int fd, struct conch_ws__names *ret_subs, int *first)
+static int clear_level(int fd, struct conch_names *ret_subs, int *first)
 {
     int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return -errno;
-    struct conch_ws__names all = {0};
-    int r = conch_ws__names_read(dfd, &all);
+    struct conch_names all = {0};
+    int r = conch_names_read(dfd, &all);
     if (r < 0)
         return r;
-    struct conch_ws__names subs = {.v = calloc(all.n ? all.n : 1, sizeof(char *))};
+    struct conch_names subs = {.v = calloc(all.n ? all.n : 1, sizeof(char *))};
     if (!subs.v) {
-        conch_ws__names_done(&all);
+        conch_names_done(&all);
         return -ENOMEM;
     }
     for (size_t i = 0; i < all.n; i++) {
@@ -55,7 +119,7 @@ static int clear_level(int fd, struct conch_ws__names *ret_subs, int *first)
             keep_first(first, -errno);
         }
     }
-    conch_ws__names_done(&all);
+    conch_names_done(&all);
     *ret_subs = subs;
     return 0;
 }
@@ -81,8 +145,9 @@ static int push(struct frame **v, size_t *n, size_t *cap, int fd, int *first)
     return 0;
 }
 
-int conch_ws__empty_fd(int fd, bool no_xdev)
+int conch_rm_contents(int fd, unsigned flags)
 {
+    bool no_xdev = flags & CONCH_RM_ONE_FS;
     struct frame *v = NULL;
     size_t n = 0, cap = 0;
     int first = 0;
@@ -129,7 +194,7 @@ int conch_ws__empty_fd(int fd, bool no_xdev)
             continue;
         }
         if (n == 1) {
-            conch_ws__names_done(&top->subs);
+            conch_names_done(&top->subs);
             n--;
             break;
         }
@@ -144,7 +209,7 @@ int conch_ws__empty_fd(int fd, bool no_xdev)
         }
         close(cur);
         cur = up;
-        conch_ws__names_done(&top->subs);
+        conch_names_done(&top->subs);
         n--;
         if (r < 0)
             break;
@@ -153,15 +218,16 @@ int conch_ws__empty_fd(int fd, bool no_xdev)
             keep_first(&first, -errno);
     }
     for (size_t i = 0; i < n; i++)
-        conch_ws__names_done(&v[i].subs);
+        conch_names_done(&v[i].subs);
     free(v);
     if (cur >= 0)
         close(cur);
     return r < 0 ? r : first;
 }
 
-int conch_ws__remove_at(int dfd, const char *name, bool no_xdev)
+int conch_rm_at(int dfd, const char *name, unsigned flags)
 {
+    bool no_xdev = flags & CONCH_RM_ONE_FS;
     struct stat st;
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : -errno;
@@ -181,7 +247,7 @@ int conch_ws__remove_at(int dfd, const char *name, bool no_xdev)
     int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? 0 : -errno;
-    int r = conch_ws__empty_fd(fd, no_xdev);
+    int r = conch_rm_contents(fd, flags);
     close(fd);
     if (r < 0)
         return r;
