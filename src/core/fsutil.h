@@ -49,6 +49,9 @@ int conch_names_read(int fd, struct conch_names *ret);
 
 /* conch_rm_* flags */
 #define CONCH_RM_ONE_FS 1u /* leave what lies on another filesystem alone (-EXDEV) */
+#define CONCH_RM_KEEP_MODES                                                                        \
+    2u /* do not give a dir owner rwx first (a removal on a user's                                 \
+        * behalf: a read-only dir stops it, as it stops rm -r) */
 
 /*
  * conch_rm_contents - remove everything inside the dir @fd (borrowed; O_PATH will do), by
@@ -62,5 +65,10 @@ int conch_rm_contents(int fd, unsigned flags);
 /* conch_rm_at - remove @name in @dfd: a non-dir itself, a dir with everything in it
  * (conch_rm_contents). A missing entry is not an error. Returns 0 or -errno. */
 int conch_rm_at(int dfd, const char *name, unsigned flags);
+
+/* conch_rm_at_named - conch_rm_at, and on failure *@ret_failed (malloc'd, or NULL if out of
+ * memory) names the first entry that could not be removed, as a path relative to @dfd
+ * ("name/sub/file"). */
+int conch_rm_at_named(int dfd, const char *name, unsigned flags, char **ret_failed);
 
 #endif

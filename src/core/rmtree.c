@@ -84,14 +84,42 @@ struct frame {
     ino_t ino;
 };
 
-static void keep_first(int *first, int r)
+/* One removal in progress: the stack of dirs on the way down, and its first failure. */
+struct rm_run {
+    struct frame *v;
+    size_t n, cap;
+    int first;
+    char *failed; /* the first failure's path, relative to the top dir (NULL: not wanted) */
+    bool want_failed;
+};
+
+/* Keep the first failure @r, on entry @name of the dir at the top of the stack (@depth
+ * frames deep: the new level being read is not pushed yet). */
+static void note(struct rm_run *x, int r, size_t depth, const char *name)
 {
-    if (r < 0 && *first == 0)
-        *first = r;
+    if (r >= 0 || x->first != 0)
+        return;
+    x->first = r;
+    if (!x->want_failed)
+        return;
+    size_t len = strlen(name) + 1;
+    for (size_t k = 0; k < depth; k++)
+        len += strlen(x->v[k].subs.v[x->v[k].next - 1]) + 1;
+    char *p = malloc(len);
+    if (!p)
+        return;
+    p[0] = '\0';
+    for (size_t k = 0; k < depth; k++) {
+        strcat(p, x->v[k].subs.v[x->v[k].next - 1]);
+        strcat(p, "/");
+    }
+    strcat(p, name);
+    x->failed = p;
 }
 
-/* Unlinks every non-directory in @fd (borrowed; O_PATH will do) and lists its subdirs. */
-static int clear_level(int fd, struct conch_names *ret_subs, int *first)
+/* Unlinks every non-directory in @fd (borrowed; O_PATH will do), which is @depth levels
+ * below the top, and lists its subdirs. */
+static int clear_level(struct rm_run *x, int fd, size_t depth, struct conch_names *ret_subs)
 {
     int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
@@ -109,14 +137,14 @@ static int clear_level(int fd, struct conch_names *ret_subs, int *first)
         struct stat st;
         if (fstatat(fd, all.v[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
             if (errno != ENOENT)
-                keep_first(first, -errno);
+                note(x, -errno, depth, all.v[i]);
             continue;
         }
         if (S_ISDIR(st.st_mode)) {
             subs.v[subs.n++] = all.v[i];
             all.v[i] = NULL;
         } else if (unlinkat(fd, all.v[i], 0) < 0 && errno != ENOENT) {
-            keep_first(first, -errno);
+            note(x, -errno, depth, all.v[i]);
         }
     }
     conch_names_done(&all);
@@ -124,40 +152,50 @@ static int clear_level(int fd, struct conch_names *ret_subs, int *first)
     return 0;
 }
 
-static int push(struct frame **v, size_t *n, size_t *cap, int fd, int *first)
+static int push(struct rm_run *x, int fd)
 {
-    if (*n == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 16;
-        struct frame *nv = realloc(*v, ncap * sizeof(*nv));
+    if (x->n == x->cap) {
+        size_t ncap = x->cap ? x->cap * 2 : 16;
+        struct frame *nv = realloc(x->v, ncap * sizeof(*nv));
         if (!nv)
             return -ENOMEM;
-        *v = nv;
-        *cap = ncap;
+        x->v = nv;
+        x->cap = ncap;
     }
     struct stat st;
     if (fstat(fd, &st) < 0)
         return -errno;
     struct frame f = {.dev = st.st_dev, .ino = st.st_ino};
-    int r = clear_level(fd, &f.subs, first);
+    int r = clear_level(x, fd, x->n, &f.subs);
     if (r < 0)
         return r;
-    (*v)[(*n)++] = f;
+    x->v[x->n++] = f;
     return 0;
 }
 
-int conch_rm_contents(int fd, unsigned flags)
+/* A dir may have been left unreadable or read-only by a sandbox; unless told not to (a
+ * removal on a user's behalf, as rm -r does), it goes anyway. AT_SYMLINK_NOFOLLOW: glibc
+ * then never follows a symlink swapped in. Best effort: opening or emptying it reports the
+ * real failure. */
+static void make_removable(int dfd, const char *name, const struct stat *st, unsigned flags)
+{
+    if (!(flags & CONCH_RM_KEEP_MODES) && (st->st_mode & 0700) != 0700 &&
+        fchmodat(dfd, name, (st->st_mode & 07777) | 0700, AT_SYMLINK_NOFOLLOW) < 0) {
+        /* see above */
+    }
+}
+
+static int rm_contents(struct rm_run *x, int fd, unsigned flags)
 {
     bool no_xdev = flags & CONCH_RM_ONE_FS;
-    struct frame *v = NULL;
-    size_t n = 0, cap = 0;
-    int first = 0;
     int cur = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (cur < 0)
         return -errno;
-    int r = push(&v, &n, &cap, cur, &first);
-    dev_t root_dev = n ? v[0].dev : 0;
-    while (r >= 0 && n > 0) {
-        struct frame *top = &v[n - 1];
+    int r = push(x, cur);
+    dev_t root_dev = x->n ? x->v[0].dev : 0;
+    while (r >= 0 && x->n > 0) {
+        size_t n = x->n;
+        struct frame *top = &x->v[n - 1];
         if (top->next < top->subs.n) {
             const char *name = top->subs.v[top->next++];
             if (unlinkat(cur, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
@@ -165,37 +203,32 @@ int conch_rm_contents(int fd, unsigned flags)
             struct stat st;
             if (fstatat(cur, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
                 if (errno != ENOENT)
-                    keep_first(&first, -errno);
+                    note(x, -errno, n - 1, name);
                 continue;
             }
             if (!S_ISDIR(st.st_mode)) {
                 if (unlinkat(cur, name, 0) < 0 && errno != ENOENT)
-                    keep_first(&first, -errno);
+                    note(x, -errno, n - 1, name);
                 continue;
             }
             if (no_xdev && st.st_dev != root_dev) {
-                keep_first(&first, -EXDEV);
+                note(x, -EXDEV, n - 1, name);
                 continue;
             }
-            /* The sandbox may have left a dir unreadable or read-only; it goes anyway.
-             * AT_SYMLINK_NOFOLLOW: glibc then never follows a symlink swapped in. */
-            if ((st.st_mode & 0700) != 0700 &&
-                fchmodat(cur, name, (st.st_mode & 07777) | 0700, AT_SYMLINK_NOFOLLOW) < 0) {
-                /* best effort: opening or emptying it reports the real failure */
-            }
+            make_removable(cur, name, &st, flags);
             int next = openat(cur, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (next < 0) {
-                keep_first(&first, errno == ENOTDIR ? -ESTALE : -errno);
+                note(x, errno == ENOTDIR ? -ESTALE : -errno, n - 1, name);
                 continue;
             }
-            r = push(&v, &n, &cap, next, &first);
+            r = push(x, next);
             close(cur);
             cur = next;
             continue;
         }
         if (n == 1) {
             conch_names_done(&top->subs);
-            n--;
+            x->n--;
             break;
         }
         /* Climb back by "..", and make sure it is the dir we came from: a tree renamed
@@ -204,52 +237,79 @@ int conch_rm_contents(int fd, unsigned flags)
         struct stat st;
         if (up < 0 || fstat(up, &st) < 0) {
             r = -errno;
-        } else if (st.st_dev != v[n - 2].dev || st.st_ino != v[n - 2].ino) {
+        } else if (st.st_dev != x->v[n - 2].dev || st.st_ino != x->v[n - 2].ino) {
             r = -ESTALE;
         }
         close(cur);
         cur = up;
         conch_names_done(&top->subs);
-        n--;
+        x->n--;
         if (r < 0)
             break;
-        const char *child = v[n - 1].subs.v[v[n - 1].next - 1];
-        if (unlinkat(cur, child, AT_REMOVEDIR) < 0 && errno != ENOENT)
-            keep_first(&first, -errno);
+        struct frame *parent = &x->v[x->n - 1];
+        const char *child = parent->subs.v[parent->next - 1];
+        if (unlinkat(cur, child, AT_REMOVEDIR) < 0 && errno != ENOENT) {
+            /* named as a dir of @parent's level: undo the "descended into it" index */
+            note(x, -errno, x->n - 1, child);
+        }
     }
-    for (size_t i = 0; i < n; i++)
-        conch_names_done(&v[i].subs);
-    free(v);
+    for (size_t i = 0; i < x->n; i++)
+        conch_names_done(&x->v[i].subs);
+    free(x->v);
+    x->v = NULL;
+    x->n = x->cap = 0;
     if (cur >= 0)
         close(cur);
-    return r < 0 ? r : first;
+    return r < 0 ? r : x->first;
+}
+
+int conch_rm_contents(int fd, unsigned flags)
+{
+    struct rm_run x = {0};
+    return rm_contents(&x, fd, flags);
+}
+
+int conch_rm_at_named(int dfd, const char *name, unsigned flags, char **ret_failed)
+{
+    bool no_xdev = flags & CONCH_RM_ONE_FS;
+    if (ret_failed)
+        *ret_failed = NULL;
+    struct rm_run x = {.want_failed = ret_failed != NULL};
+    struct stat st;
+    int r = 0;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        r = errno == ENOENT ? 0 : -errno;
+    } else if (!S_ISDIR(st.st_mode)) {
+        r = unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+    } else {
+        struct stat parent;
+        if (no_xdev && (fstat(dfd, &parent) < 0 || parent.st_dev != st.st_dev)) {
+            r = fstat(dfd, &parent) < 0 ? -errno : -EXDEV;
+        } else {
+            make_removable(dfd, name, &st, flags);
+            int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0) {
+                r = errno == ENOENT ? 0 : -errno;
+            } else {
+                r = rm_contents(&x, fd, flags);
+                close(fd);
+                if (r == 0 && unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+                    r = -errno;
+            }
+        }
+    }
+    if (r < 0 && ret_failed) {
+        /* the entry that failed, below @name, or @name itself */
+        if (x.failed && asprintf(ret_failed, "%s/%s", name, x.failed) < 0)
+            *ret_failed = NULL;
+        else if (!x.failed)
+            *ret_failed = strdup(name);
+    }
+    free(x.failed);
+    return r;
 }
 
 int conch_rm_at(int dfd, const char *name, unsigned flags)
 {
-    bool no_xdev = flags & CONCH_RM_ONE_FS;
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    if (no_xdev) {
-        struct stat parent;
-        if (fstat(dfd, &parent) < 0)
-            return -errno;
-        if (parent.st_dev != st.st_dev)
-            return -EXDEV;
-    }
-    if ((st.st_mode & 0700) != 0700 &&
-        fchmodat(dfd, name, (st.st_mode & 07777) | 0700, AT_SYMLINK_NOFOLLOW) < 0) {
-        /* best effort, as above */
-    }
-    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : -errno;
-    int r = conch_rm_contents(fd, flags);
-    close(fd);
-    if (r < 0)
-        return r;
-    return unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? -errno : 0;
+    return conch_rm_at_named(dfd, name, flags, NULL);
 }

@@ -356,10 +356,19 @@ json_t *conch_fs__delete(const struct conch_fs__ctx *ctx, json_t *params,
                            "'%s' is a directory: set recursive to delete it", path);
             return NULL;
         }
-        /* Never following a symlink, nor into another mount; any depth. */
-        int r = conch_rm_at(pfd, name, CONCH_RM_ONE_FS);
+        /* Never following a symlink, nor into another mount; any depth; a read-only dir
+         * stops it, as it stops rm -r. */
+        _cleanup_free_ char *failed = NULL;
+        int r = conch_rm_at_named(pfd, name, CONCH_RM_ONE_FS | CONCH_RM_KEEP_MODES, &failed);
         if (r < 0) {
-            conch_fs__fail_errno(ferr, -r, "delete", path);
+            /* @failed is relative to the parent: put the parent's path back in front. */
+            const char *slash = strrchr(rel, '/');
+            _cleanup_free_ char *full = NULL;
+            if (failed &&
+                asprintf(&full, "%.*s%s", slash ? (int)(slash - rel + 1) : 0, rel, failed) < 0)
+                full = NULL;
+            _cleanup_free_ char *shown = full ? conch_fs__path_display(ctx, full) : NULL;
+            conch_fs__fail_errno(ferr, -r, "delete", shown ? shown : path);
             return NULL;
         }
     } else if (unlinkat(pfd, name, 0) < 0) {
