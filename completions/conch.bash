@@ -1,24 +1,35 @@
-# bash completion for conch(1): commands, their options, option values, and sandbox ids of a
-# running daemon for exec and rm. Installed as
-# $datadir/bash-completion/completions/conch.
+# bash completion for conch(1): commands, their options, option values, and the sandbox ids
+# and names (and session ids) of the running daemon for the commands that take them. Installed
+# as $datadir/bash-completion/completions/conch.
 
+# The daemon's sandbox ids, then the names of those that have one (ps prints "-" for none).
 _conch_sandbox_ids()
 {
+    local sock=$1 names=$2
+    conch ps ${sock:+--socket "$sock"} 2>/dev/null |
+        awk -v names="$names" 'NR > 1 { print $1; if (names && $2 != "-") print $2 }'
+}
+
+# The daemon's session ids.
+_conch_session_ids()
+{
     local sock=$1
-    conch ps ${sock:+--socket "$sock"} 2>/dev/null | awk 'NR > 1 { print $1 }'
+    conch sessions ${sock:+--socket "$sock"} 2>/dev/null | awk 'NR > 1 { print $1 }'
 }
 
 _conch()
 {
     local cur prev words cword
-    _init_completion 2>/dev/null || {
+    # -n : keeps "ID:PATH" (conch cp) one word.
+    _init_completion -n : 2>/dev/null || {
         cur=${COMP_WORDS[COMP_CWORD]}
         prev=${COMP_WORDS[COMP_CWORD-1]}
         words=("${COMP_WORDS[@]}")
         cword=$COMP_CWORD
     }
 
-    local commands="run doctor serve mcp ps exec rm gc help --help --version"
+    local commands="run doctor serve ps create exec changes diff commit discard cp rm shell
+                    attach sessions gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
         return
@@ -38,23 +49,34 @@ _conch()
         --workspace|--rootfs|--state-dir|--cwd)
             COMPREPLY=($(compgen -d -- "$cur"))
             return ;;
-        --socket)
+        --socket|--tools)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --mode)
             COMPREPLY=($(compgen -W "overlay ro rw" -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
-        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout)
+        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name)
             return ;;
     esac
+
+    # The daemon's clients: the --socket given so far, and how many arguments (not options)
+    # precede the word being completed.
+    local sock="" args=0
+    for ((i = 2; i < cword; i++)); do
+        case ${words[i]} in
+            --socket) sock=${words[i+1]}; ((i++)) ;;
+            -*) ;;
+            *) ((args++)) ;;
+        esac
+    done
 
     local opts
     case $cmd in
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --json --quiet -q --help -h --" ;;
+                  --tools --json --quiet -q --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
         serve)
@@ -64,27 +86,76 @@ _conch()
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;
         ps)
-            opts="--socket" ;;
+            opts="--socket --json" ;;
+        create)
+            opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
+                  --cpu --tmp-size --disk --idle-timeout --help -h" ;;
         exec|rm)
-            local sock="" ids=0
-            for ((i = 2; i < cword; i++)); do
-                if [[ ${words[i]} == --socket ]]; then
-                    sock=${words[i+1]}
-                    ((i++))
-                else
-                    ((ids++))
-                fi
-            done
-            # exec takes one id, then "--" and the command.
-            if [[ $cmd == exec && $ids -ge 1 ]]; then
+            # exec takes one sandbox, then "--" and the command.
+            if [[ $cmd == exec && $args -ge 1 ]]; then
                 COMPREPLY=($(compgen -W "--" -- "$cur"))
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
+                return
+            fi
+            if [[ $cmd == exec ]]; then
+                opts="--socket --help -h"
+            else
+                opts="--socket"
+            fi ;;
+        changes|diff|commit|discard)
+            # Options, then the sandbox, then (but for changes) paths inside it.
+            if [[ $args -ge 1 ]]; then
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
+                return
+            fi
+            opts="--socket --json --help -h" ;;
+        cp)
+            # SRC and DST: a local file, or ID:PATH in a sandbox.
+            if [[ $args -ge 2 ]]; then
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                local ids
+                ids=$(_conch_sandbox_ids "$sock" names | sed 's/$/:/')
+                COMPREPLY=($(compgen -W "$ids" -- "$cur") $(compgen -f -- "$cur"))
+                # A sandbox's "ID:" is completed further by hand, not ended with a space.
+                if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *: ]]; then
+                    compopt -o nospace 2>/dev/null
+                fi
+                # readline breaks words at ':': offer what follows the last one of $cur.
+                if declare -F __ltrim_colon_completions >/dev/null; then
+                    __ltrim_colon_completions "$cur"
+                fi
+                return
+            fi
+            opts="--socket --json --help -h" ;;
+        shell)
+            # One sandbox, by id (shell does not resolve names).
+            if [[ $args -ge 1 ]]; then
                 return
             fi
             if [[ $cur != -* ]]; then
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock")" -- "$cur"))
                 return
             fi
-            opts="--socket" ;;
+            opts="--socket --help -h" ;;
+        attach)
+            if [[ $args -ge 1 ]]; then
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_session_ids "$sock")" -- "$cur"))
+                return
+            fi
+            opts="--socket --read-only --help -h" ;;
+        sessions)
+            opts="--socket --help -h" ;;
         gc)
             opts="--state-dir --help -h" ;;
         *)

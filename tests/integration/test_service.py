@@ -289,13 +289,38 @@ def test_bash_completion_offers_sandbox_ids(installed, activated):
 
 
 @needs_build_dir
+def test_bash_completion_offers_names_and_session_ids(installed, activated):
+    dest, paths = installed
+    sock, p = activated
+    complete = completer(under(dest, paths["completion"]))
+    named = rpc(sock, "sandbox.create", {"name": "web"}, rid=1)["result"]["id"]
+    anon = rpc(sock, "sandbox.create", {}, rid=2)["result"]["id"]
+    # Where a sandbox is resolved by the client, its name is offered too ("-" is not a name).
+    for verb in ("exec", "rm", "changes", "diff", "commit", "discard"):
+        assert complete(verb, "--socket", sock, "") == {named, anon, "web"}, verb
+    assert complete("diff", "--socket", sock, "--") >= {"--json", "--socket"}
+    assert complete("changes", "--socket", sock, "web", "") == set()
+    # shell takes an id only; cp offers ID: next to local files.
+    assert complete("shell", "--socket", sock, "") == {named, anon}
+    assert complete("shell", "--socket", sock, named, "") == set()
+    assert complete("cp", "--socket", sock, "we") == {"web:"}
+    assert complete("cp", "--socket", sock, "web:x", "") >= {f"{named}:", f"{anon}:"}
+    # attach offers the daemon's sessions.
+    ses = rpc(sock, "session.open", {"sandbox": anon}, rid=3)["result"]["session"]
+    assert complete("attach", "--socket", sock, "") == {ses}
+    assert complete("attach", "--socket", sock, "--read-only", "") == {ses}
+    assert complete("attach", "--socket", sock, ses, "") == set()
+
+
+@needs_build_dir
 def test_bash_completion_offers_commands_and_options(installed):
     dest, paths = installed
     complete = completer(under(dest, paths["completion"]))
 
     opts = all_options()
     assert set(opts) <= complete("")
-    assert complete("s") == {"serve"}
+    assert complete("s") == {"serve", "sessions", "shell"}
+    assert complete("c") == {"changes", "commit", "cp", "create"}
     for cmd, cmd_opts in opts.items():
         if cmd_opts:
             assert cmd_opts <= complete(cmd, "--"), f"completion of conch {cmd} misses options"
