@@ -71,7 +71,10 @@ struct conn {
     uint64_t pidns;
     bool have_pidns;
     bool closing;
+    bool read_eof;  /* the caller shut its side: answer what it asked, then close */
+    bool shutting;  /* uv_shutdown in progress */
     unsigned calls; /* in flight from this connection */
+    uv_shutdown_t shutdown;
 };
 
 struct conch_bridge_call {
@@ -93,7 +96,8 @@ struct conch_bridge_call {
     double start_ms; /* monotonic, fractional */
     uv_timer_t timer;
     bool delivered;
-    size_t bytes; /* its request line, counted in b->inflight_bytes */
+    bool finishing; /* answered or failed: out of b->calls, whatever a send re-enters */
+    size_t bytes;   /* its request line, counted in b->inflight_bytes */
 };
 
 /* A call that arrived before its command's origin began (the command can connect before
@@ -150,9 +154,15 @@ static void bridge_maybe_free(struct conch_bridge *b)
 #define CONN_OUTPUT_MAX (16u << 20)
 /* A call's input and result are kept whole in its record up to this size (serialised);
  * larger ones are kept as a preview, so a trace stays small whatever the payloads. */
-#define RECORD_VALUE_MAX 4096
+#define RECORD_VALUE_MAX 1024
 /* Bytes of calls in flight in one sandbox (each is held here and sent to the harness). */
-#define INFLIGHT_BYTES_MAX (64u << 20)
+#define INFLIGHT_BYTES_MAX (16u << 20)
+/* Input nested deeper than this is refused inside: common JSON parsers (Python's) fail on
+ * a few hundred levels, and a harness's reader must not be killed by one call. */
+#define INPUT_DEPTH_MAX 64
+/* spawn_agent --detach: the requests are kept for the command's result. */
+#define DETACHED_MAX 256
+#define DETACHED_TASK_MAX (256u << 10)
 
 struct write_req {
     uv_write_t req;
@@ -168,6 +178,26 @@ static void on_written(uv_write_t *req, int status)
 }
 
 static void conn_close(struct conn *c);
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    conn_close(req->data);
+}
+
+static bool conn_has_deferred(struct conn *c);
+
+/* A caller that shut its side is closed once its calls are answered (and the answers sent:
+ * uv_shutdown waits for the queued writes). */
+static void conn_maybe_finish(struct conn *c)
+{
+    if (c->closing || c->shutting || !c->read_eof || c->calls || conn_has_deferred(c))
+        return;
+    c->shutting = true;
+    c->shutdown.data = c;
+    if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->pipe, on_shutdown) < 0)
+        conn_close(c);
+}
 
 /* Send @msg (taken over) to @c as one line. */
 static void conn_send(struct conn *c, json_t *msg)
@@ -196,7 +226,9 @@ static void conn_send(struct conn *c, json_t *msg)
         free(line);
         free(w);
         conn_close(c);
+        return;
     }
+    conn_maybe_finish(c);
 }
 
 static json_t *error_msg(json_t *id, const char *kind, const char *message)
@@ -236,7 +268,7 @@ static json_t *record_value(json_t *v)
         free(text);
         return json_incref(v);
     }
-    size_t cut = 1024;
+    size_t cut = 512;
     while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
         cut--; /* not inside a UTF-8 sequence */
     json_t *r =
@@ -295,9 +327,21 @@ static void on_call_timer_closed(uv_handle_t *h)
 }
 
 /* Take @c out of the live set and free it (after libuv closed its timer). */
+/* Take @c out of b->calls before anything about it is sent: a send may close a connection or
+ * a client, which fails or cancels the calls it finds there, and must not find @c. Returns
+ * false when @c is already finishing. */
+static bool call_unlink(struct conch_bridge_call *c)
+{
+    if (c->finishing)
+        return false;
+    c->finishing = true;
+    node_del(&c->link);
+    return true;
+}
+
 static void call_release(struct conch_bridge_call *c)
 {
-    node_del(&c->link);
+    call_unlink(c);
     c->b->n_pending--;
     c->b->inflight_bytes -= c->bytes;
     if (c->conn)
@@ -324,6 +368,8 @@ static void call_fail(struct conch_bridge_call *c, const char *kind, const char 
                       const char *cancel_reason)
 {
     struct conch_bridge *b = c->b;
+    if (!call_unlink(c))
+        return;
     call_record(c, NULL, kind, message, false);
     conn_send(call_take_conn(c), error_msg(c->req_id, kind, message));
     if (c->delivered && cancel_reason && b->ops->cancel)
@@ -333,6 +379,10 @@ static void call_fail(struct conch_bridge_call *c, const char *kind, const char 
 
 void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result)
 {
+    if (c->finishing) {
+        json_decref(result);
+        return;
+    }
     if (!result)
         result = json_null();
     char *text = json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -347,6 +397,7 @@ void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result)
         call_fail(c, "too_large", msg, NULL);
         return;
     }
+    call_unlink(c);
     call_record(c, result, NULL, NULL, false);
     conn_send(call_take_conn(c),
               json_pack("{s:O,s:b,s:o}", "id", c->req_id, "ok", 1, "result", result));
@@ -434,6 +485,24 @@ static struct origin *origin_of(struct conn *c)
     return NULL;
 }
 
+/* Whether @v nests deeper than @left levels. */
+static bool too_deep(json_t *v, int left)
+{
+    if (!json_is_object(v) && !json_is_array(v))
+        return false;
+    if (left <= 0)
+        return true;
+    size_t i;
+    json_t *x;
+    const char *k;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, x) if (too_deep(x, left - 1)) return true;
+    } else {
+        json_object_foreach(v, k, x) if (too_deep(x, left - 1)) return true;
+    }
+    return false;
+}
+
 static void names_of(struct node *head, char *buf, size_t size)
 {
     size_t len = 0;
@@ -475,6 +544,12 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
         }
         input = json_object_get(req, "input");
         input = input && !json_is_null(input) ? json_incref(input) : json_object();
+        if (too_deep(input, INPUT_DEPTH_MAX)) {
+            snprintf(msg, sizeof(msg), "input: nested deeper than %d levels", INPUT_DEPTH_MAX);
+            conn_send(c, error_msg(id, "invalid_input", msg));
+            json_decref(input);
+            return;
+        }
         char *why = NULL;
         json_t *schema = json_object_get(e->def, "input_schema");
         if (schema && conch_toolschema_validate(schema, input, &why) < 0) {
@@ -521,6 +596,16 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
         json_decref(input);
         conn_send(
             c, error_msg(id, "unavailable", "this process belongs to no command of the sandbox"));
+        return;
+    }
+    if (detach &&
+        (json_array_size(o->detached) >= DETACHED_MAX || strlen(task) > DETACHED_TASK_MAX)) {
+        snprintf(msg, sizeof(msg),
+                 json_array_size(o->detached) >= DETACHED_MAX
+                     ? "this command made %u detached requests, the limit"
+                     : "a detached request's task may hold at most %u bytes",
+                 json_array_size(o->detached) >= DETACHED_MAX ? DETACHED_MAX : DETACHED_TASK_MAX);
+        conn_send(c, error_msg(id, "limit", msg));
         return;
     }
     if (o->calls >= b->lim.max_calls) {
@@ -615,6 +700,14 @@ static json_t *list_json(struct conch_bridge *b, bool full)
     for (struct node *n = b->agents.next; n != &b->agents; n = n->next)
         json_array_append(agents, node_entry(n, struct entry, link)->def);
     return json_pack("{s:o,s:o}", "tools", tools, "agents", agents);
+}
+
+static bool conn_has_deferred(struct conn *c)
+{
+    for (struct node *n = c->b->deferred.next; n != &c->b->deferred; n = n->next)
+        if (node_entry(n, struct deferred, link)->c == c)
+            return true;
+    return false;
 }
 
 static void deferred_free(struct conch_bridge *b, struct deferred *d)
@@ -747,15 +840,18 @@ static void conn_close(struct conn *c)
         return;
     c->closing = true;
     struct conch_bridge *b = c->b;
-    /* Its calls lose their caller: nobody reads the answer now. */
-    for (struct node *n = b->calls.next, *next; n != &b->calls; n = next) {
-        next = n->next;
+    /* Its calls lose their caller: nobody reads the answer now. Each failure may re-enter
+     * (a $/cancel that disconnects a client): scan again from the start after each. */
+    for (struct node *n = b->calls.next; n != &b->calls;) {
         struct conch_bridge_call *call = node_entry(n, struct conch_bridge_call, link);
-        if (call->conn == c) {
-            c->calls--;
-            call->conn = NULL;
-            call_fail(call, "cancelled", "the caller went away", "the caller went away");
+        if (call->conn != c) {
+            n = n->next;
+            continue;
         }
+        c->calls--;
+        call->conn = NULL;
+        call_fail(call, "cancelled", "the caller went away", "the caller went away");
+        n = b->calls.next;
     }
     for (struct node *n = b->deferred.next, *next; n != &b->deferred; n = next) {
         next = n->next;
@@ -779,6 +875,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
+    if (n == UV_EOF && !c->closing) {
+        /* Half-closed (nc -N, a here-string): its calls still get their answers. */
+        c->read_eof = true;
+        uv_read_stop(s);
+        conn_maybe_finish(c);
+        return;
+    }
     if (n < 0) {
         conn_close(c);
         return;
@@ -1044,16 +1147,18 @@ void conch_bridge_drop_owner(struct conch_bridge *b, void *owner)
             json_decref(e->def);
             free(e);
         }
-    for (struct node *n = b->calls.next, *next; n != &b->calls; n = next) {
-        next = n->next;
+    for (struct node *n = b->calls.next; n != &b->calls;) {
         struct conch_bridge_call *c = node_entry(n, struct conch_bridge_call, link);
-        if (c->owner != owner || !c->delivered)
+        if (c->owner != owner || !c->delivered) {
+            n = n->next;
             continue;
+        }
         char msg[200];
         snprintf(msg, sizeof(msg), "the harness answering %s '%s' went away",
                  c->kind == CONCH_BRIDGE_TOOL ? "tool" : "agent", c->name);
         c->delivered = false; /* nobody to cancel for */
         call_fail(c, "unavailable", msg, NULL);
+        n = b->calls.next; /* the failure may have re-entered: scan again */
     }
 }
 
@@ -1166,11 +1271,14 @@ void conch_bridge_origin_end(struct conch_bridge *b, const char *kind, const cha
     struct origin *o = origin_find(b, kind, id);
     if (!o)
         return;
-    for (struct node *n = b->calls.next, *next; n != &b->calls; n = next) {
-        next = n->next;
+    for (struct node *n = b->calls.next; n != &b->calls;) {
         struct conch_bridge_call *c = node_entry(n, struct conch_bridge_call, link);
-        if (!strcmp(c->origin_kind, kind) && !strcmp(c->origin_id, id))
-            call_fail(c, "cancelled", "the command ended", "the command ended");
+        if (strcmp(c->origin_kind, kind) || strcmp(c->origin_id, id)) {
+            n = n->next;
+            continue;
+        }
+        call_fail(c, "cancelled", "the command ended", "the command ended");
+        n = b->calls.next; /* the failure may have re-entered: scan again */
     }
     ret->calls = json_incref(o->records);
     ret->detached = json_incref(o->detached);

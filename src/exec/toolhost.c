@@ -13,7 +13,10 @@
 #include "exec/toolhost.h"
 
 #define MAX_CAPTURE (4u << 20) /* bytes of a host command's stdout kept (the payload cap) */
-#define MAX_STDERR 2048        /* bytes of its stderr kept for the error message */
+/* Host commands running at once: more calls wait for a turn (they run outside the sandbox's
+ * limits, so a command must not be able to start hundreds). */
+#define MAX_RUNNING 16
+#define MAX_STDERR 2048 /* bytes of its stderr kept for the error message */
 
 struct conch_toolhost {
     json_t *tools, *agents; /* the file's definitions, "command" included */
@@ -24,6 +27,14 @@ struct conch_toolhost {
     struct conch_bridge *bridge;
     struct conch_bridge_report report;
     unsigned running; /* host commands not reaped yet */
+    /* calls waiting for a turn (MAX_RUNNING), in order */
+    struct waiting *wait_head, **wait_tail;
+};
+
+struct waiting {
+    struct waiting *next;
+    struct conch_bridge_call *call;
+    json_t *def;
 };
 
 /* One host command answering one call. */
@@ -98,6 +109,7 @@ int conch_toolhost_load(const char *path, struct conch_toolhost **ret, struct co
         json_decref(root);
         return conch_err_set(err, -r, "tool host: %s", uv_strerror(r));
     }
+    h->wait_tail = &h->wait_head;
     h->tools = tools ? json_incref(tools) : json_array();
     h->agents = agents ? json_incref(agents) : json_array();
     json_decref(root);
@@ -140,6 +152,8 @@ int conch_toolhost_load(const char *path, struct conch_toolhost **ret, struct co
 }
 
 /* ---- answering a call --------------------------------------------------------------------- */
+
+static void host_next(struct conch_toolhost *h);
 
 static void host_call_finish(struct host_call *hc)
 {
@@ -184,6 +198,7 @@ static void host_call_finish(struct host_call *hc)
     free(hc->outbuf);
     free(hc);
     h->running--;
+    host_next(h);
 }
 
 static void on_hc_closed(uv_handle_t *hd)
@@ -245,10 +260,8 @@ static void on_hc_written(uv_write_t *w, int status)
     uv_close((uv_handle_t *)&hc->in, on_hc_closed);
 }
 
-static int host_deliver(void *ctx, void *owner, struct conch_bridge_call *call)
+static int host_start(struct conch_toolhost *h, json_t *def, struct conch_bridge_call *call)
 {
-    struct conch_toolhost *h = ctx;
-    json_t *def = owner;
     json_t *cmd = json_object_get(def, "command");
     if (!h || !json_is_array(cmd))
         return -1;
@@ -306,6 +319,7 @@ static int host_deliver(void *ctx, void *owner, struct conch_bridge_call *call)
         .env = env,
         .stdio_count = 3,
         .stdio = stdio,
+        .flags = UV_PROCESS_DETACHED, /* a process group of its own, killed as one */
     };
     h->running++;
     int r = uv_spawn(&h->loop, &hc->proc, &opts);
@@ -336,17 +350,58 @@ static int host_deliver(void *ctx, void *owner, struct conch_bridge_call *call)
     return 0;
 }
 
+static int host_deliver(void *ctx, void *owner, struct conch_bridge_call *call)
+{
+    struct conch_toolhost *h = ctx;
+    if (h->running < MAX_RUNNING)
+        return host_start(h, owner, call);
+    struct waiting *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -1;
+    w->call = call;
+    w->def = owner;
+    *h->wait_tail = w;
+    h->wait_tail = &w->next;
+    return 0;
+}
+
+/* A host command ended: the next waiting call gets its turn. */
+static void host_next(struct conch_toolhost *h)
+{
+    while (h->wait_head && h->running < MAX_RUNNING) {
+        struct waiting *w = h->wait_head;
+        h->wait_head = w->next;
+        if (!h->wait_head)
+            h->wait_tail = &h->wait_head;
+        struct conch_bridge_call *call = w->call;
+        json_t *def = w->def;
+        free(w);
+        if (host_start(h, def, call) < 0)
+            conch_bridge_call_fail(call, "tool_error", "cannot start the tool's command");
+    }
+}
+
 static void host_cancel(void *ctx, void *owner, struct conch_bridge_call *call, const char *reason)
 {
-    (void)ctx;
+    struct conch_toolhost *h = ctx;
     (void)owner;
     (void)reason;
+    for (struct waiting **pw = &h->wait_head; *pw; pw = &(*pw)->next) {
+        if ((*pw)->call == call) {
+            struct waiting *w = *pw;
+            *pw = w->next;
+            if (!*pw)
+                h->wait_tail = pw;
+            free(w);
+            return;
+        }
+    }
     struct host_call *hc = conch_bridge_call_handle(call);
     if (!hc)
         return;
     hc->call = NULL;
-    if (!hc->exited)
-        uv_process_kill(&hc->proc, SIGKILL);
+    if (!hc->exited && hc->proc.pid > 0)
+        kill(-hc->proc.pid, SIGKILL); /* its process group: what it started too */
 }
 
 static const struct conch_bridge_ops host_ops = {

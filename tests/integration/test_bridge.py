@@ -451,7 +451,7 @@ def test_records_keep_big_payloads_as_previews(bridge):
     assert int(r["stdout"]) > 200000
     [call] = r["tool_calls"]
     for v in (call["input"], call["result"]):
-        assert v["truncated"] is True and v["bytes"] > 200000 and len(v["preview"]) <= 1024
+        assert v["truncated"] is True and v["bytes"] > 200000 and len(v["preview"]) <= 512
         assert v["preview"].startswith('{"big":"é')
 
 
