@@ -156,7 +156,7 @@ def test_timeout_interrupts_and_the_session_stays_usable(rpc, session, command):
     r = run(rpc, sid, command, timeout=0.5, grace=0.5)
     took = time.monotonic() - t0
     assert r["timed_out"] is True and r["session_usable"] is True and r["shell_exited"] is False, r
-    assert r["exit_code"] in (130, 137), r
+    assert r["exit_code"] == 124, r  # a timeout is 124, as for exec.run
     assert "[interrupted; the session is still usable]" in r["text"], r
     assert took < 8, took
     r = run(rpc, sid, "trap - INT; pwd; echo $MARK")
