@@ -15,7 +15,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const conch = path.resolve(process.env.CONCH_BIN || path.join(here, '../../build/conch'));
-const TOOLS = ['bash', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
+const TOOLS = ['bash', 'shell', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
   'glob', 'grep', 'changes', 'diff', 'commit'];
 
 function tempWorkspace() {
@@ -85,6 +85,10 @@ test('initialize, tools/list and every tool through the SDK', async () => {
     assert.deepEqual(bash.inputSchema.required, ['command']);
     assert.deepEqual(Object.keys(bash.inputSchema.properties).sort(),
       ['background', 'command', 'cwd', 'timeout']);
+    const shell = tools.find((t) => t.name === 'shell');
+    assert.deepEqual(shell.inputSchema.required, ['command']);
+    assert.deepEqual(Object.keys(shell.inputSchema.properties).sort(), ['command', 'timeout']);
+    assert.match(shell.description, /persistent bash session/);
     assert.deepEqual(tools.find((t) => t.name === 'edit_file').inputSchema.required,
       ['path', 'old_string', 'new_string']);
 
@@ -246,6 +250,65 @@ test('background bash: job_output and job_kill', async () => {
   } finally {
     await client.close();
   }
+});
+
+test('shell: one persistent bash per MCP session', async () => {
+  const state = fs.mkdtempSync(path.join(os.tmpdir(), 'conch-mcp-state-'));
+  const { client, stderr } = await connect(['--state-dir', state]);
+  try {
+    // Two first calls at once share the one session that the first opens.
+    const [a, b] = await Promise.all([call(client, 'shell', { command: 'echo pid=$$' }),
+      call(client, 'shell', { command: 'echo pid=$$' })]);
+    assert.equal(text(a), text(b));
+    assert.match(text(a), /^pid=\d+\n\[exit code: 0\]$/);
+
+    let r = await call(client, 'shell', { command: 'pwd' });
+    assert.equal(text(r), '/workspace\n[exit code: 0]');
+    r = await call(client, 'shell', { command: "mkdir -p /tmp/w && cd /tmp/w && export V=42 && f() { echo fn-$1; }; alias ll='echo aliased'" });
+    assert.equal(r.isError, false);
+    assert.equal(text(r), '[exit code: 0]');
+    r = await call(client, 'shell', { command: 'pwd; echo $V; f x; ll' });
+    assert.equal(text(r), '/tmp/w\n42\nfn-x\naliased\n[exit code: 0]');
+    // bash still starts afresh
+    r = await call(client, 'bash', { command: 'pwd; echo "[$V]"' });
+    assert.equal(text(r), '/workspace\n[]\n[exit code: 0]');
+
+    r = await call(client, 'shell', { command: 'echo out; echo err >&2; (exit 3)' });
+    assert.equal(r.isError, false, 'a failing command is a result');
+    assert.equal(text(r), 'out\nerr\n[exit code: 3]');
+
+    // A timeout interrupts the command; the shell and its state stay.
+    const t0 = Date.now();
+    r = await call(client, 'shell', { command: 'sleep 30', timeout: 1 });
+    assert.ok(Date.now() - t0 < 15000);
+    assert.equal(r.isError, true, 'a stopped command is an error, as with bash');
+    assert.match(text(r), /timed out/);
+    assert.match(text(r), /\[interrupted; the session is still usable\]$/);
+    r = await call(client, 'shell', { command: 'pwd; echo $V' });
+    assert.equal(text(r), '/tmp/w\n42\n[exit code: 0]');
+
+    // exit ends the shell; the next call says a new one started, with fresh state.
+    r = await call(client, 'shell', { command: 'exit 7' });
+    assert.match(text(r), /\[exit code: 7\]/);
+    assert.match(text(r), /the shell exited/);
+    r = await call(client, 'shell', { command: 'pwd; echo "[$V]"' });
+    assert.match(text(r), /^\[a new shell: /);
+    assert.match(text(r), /\n\/workspace\n\[\]\n\[exit code: 0\]$/);
+
+    r = await call(client, 'shell', {});
+    assert.equal(r.isError, true);
+    assert.match(text(r), /argument 'command' is required/);
+    r = await call(client, 'shell', { command: 'true', timeout: -1 });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /'timeout' must be a number >= 0/);
+  } finally {
+    await client.close();
+  }
+  // The session was closed at the end (session.close forgets its record).
+  assert.doesNotMatch(stderr(), /closing the shell session/);
+  const recs = fs.existsSync(path.join(state, 'sessions')) ? fs.readdirSync(path.join(state, 'sessions')) : [];
+  assert.deepEqual(recs, []);
+  fs.rmSync(state, { recursive: true, force: true });
 });
 
 test('the session ends cleanly: --commit applies the changes, processes are gone', async () => {
