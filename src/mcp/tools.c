@@ -435,23 +435,54 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     text_done(m, c, &t, false);
 }
 
+/* The daemon takes at most 10 MiB of content per fs.write: larger content goes in chunks
+ * (the first replaces the file, the others append), cut between UTF-8 sequences. c->stage is
+ * the offset of the next chunk; whether the first write created the file is kept in the
+ * call's arguments. */
+#define WRITE_CHUNK ((size_t)8 << 20)
+#define WRITE_CREATED "\x01created"
+
+static void write_next(struct mcp *m, struct mcp_call *c)
+{
+    json_t *content = json_object_get(c->args, "content");
+    const char *s = json_string_value(content);
+    size_t len = json_string_length(content), off = (size_t)c->stage, n = len - off;
+    if (n > WRITE_CHUNK) {
+        n = WRITE_CHUNK;
+        while (n > 1 && ((unsigned char)s[off + n] & 0xC0) == 0x80)
+            n--;
+    }
+    json_t *p =
+        json_pack("{s:O,s:s%}", "path", json_object_get(c->args, "path"), "content", s + off, n);
+    if (p && off)
+        json_object_set_new(p, "append", json_true());
+    c->stage = (int)(off + n);
+    mcp_daemon_call(m, c, "fs.write", p);
+}
+
 static void write_start(struct mcp *m, struct mcp_call *c)
 {
     const char *path, *content;
     if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "content", true, &content))
         return;
-    mcp_daemon_call(
-        m, c, "fs.write",
-        json_pack("{s:s,s:O}", "path", path, "content", json_object_get(c->args, "content")));
+    c->stage = 0;
+    write_next(m, c);
 }
 
 static void write_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    mcp_call_donef(m, c, false, "%s %s (%lld bytes).",
-                   json_is_true(json_object_get(res, "created")) ? "Created" : "Overwrote",
-                   json_string_value(json_object_get(c->args, "path")),
-                   (long long)json_integer_value(json_object_get(res, "bytes_written")));
+    size_t len = json_string_length(json_object_get(c->args, "content"));
+    if (!json_object_get(c->args, WRITE_CREATED))
+        json_object_set_new(c->args, WRITE_CREATED,
+                            json_boolean(json_is_true(json_object_get(res, "created"))));
+    if ((size_t)c->stage < len) {
+        write_next(m, c);
+        return;
+    }
+    mcp_call_donef(m, c, false, "%s %s (%zu bytes).",
+                   json_is_true(json_object_get(c->args, WRITE_CREATED)) ? "Created" : "Overwrote",
+                   json_string_value(json_object_get(c->args, "path")), len);
 }
 
 static void edit_start(struct mcp *m, struct mcp_call *c)
@@ -672,7 +703,8 @@ const struct mcp_tool mcp_tools[] = {
             "exit code ([exit code: N], or [timed out; ...]). A command that is still running at "
             "its timeout is killed with everything it started; so is anything left running when "
             "it exits (use background for servers and long jobs). No network. Very long output "
-            "is cut in the middle with a note: redirect it to a file and read parts of it.",
+            "is cut in the middle with a note naming a file that holds all of it (read parts "
+            "of it with read_file, or search it with grep).",
         .schema = "{\"type\": \"object\", \"properties\": {"
                   "\"command\": {\"type\": \"string\", \"description\": \"The command line, run "
                   "by bash\"},"

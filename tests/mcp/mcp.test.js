@@ -182,6 +182,14 @@ test('errors: tool errors with clear text, protocol errors as JSON-RPC errors', 
       (e) => e.code === -32600 && /message too large/.test(e.message));
     r = await call(client, 'write_file', { path: 'large', content: 'y'.repeat(20 << 20) });
     assert.equal(text(r), 'Created large (20971520 bytes).');
+    // Content above the daemon's 10 MiB per fs.write goes in chunks, never splitting a
+    // character; rewriting a file says so.
+    const big = 'x' + '\u00e9'.repeat(6 << 20) + 'end';
+    r = await call(client, 'write_file', { path: 'large', content: big });
+    assert.equal(text(r), `Overwrote large (${Buffer.byteLength(big)} bytes).`);
+    r = await call(client, 'bash', { command: 'sha256sum < large' });
+    const sum = (await import('node:crypto')).createHash('sha256').update(big).digest('hex');
+    assert.equal(text(r), `${sum}  -\n[exit code: 0]`);
     // The session still works after each of them.
     r = await call(client, 'bash', { command: 'echo still here' });
     assert.equal(text(r), 'still here\n[exit code: 0]');
@@ -199,9 +207,13 @@ test('big outputs are capped with a note', async () => {
     assert.equal(r.isError, false);
     assert.ok(t.length <= 8192 + 400, `bash text is capped (${t.length} bytes)`);
     assert.ok(t.startsWith('1\n2\n3\n'), 'the head is kept');
-    assert.match(t, /\[\.\.\. \d+ bytes omitted; to see all of it, redirect it to a file and read parts of it \.\.\.\]/,
-      'a note says output was left out, and names no host path');
-    assert.doesNotMatch(t, /conch\/mcp-|spill/);
+    // The note names the whole output's spill file in the sandbox, which read_file reads.
+    const note = t.match(/\[\.\.\. \d+ bytes omitted; full output in (\/run\/conch\/output\/[^ ]+) \.\.\.\]/);
+    assert.ok(note, 'a note says output was left out and where all of it is');
+    assert.doesNotMatch(t, /conch\/mcp-/, 'no host path');
+    const spill = await call(client, 'read_file', { path: note[1], offset: 199990, limit: 2 });
+    assert.equal(text(spill), '199991\t199991\n199992\t199992\n' +
+      '[lines 199991-199992 of 200000; pass offset=199992 to read on]\n');
     assert.match(t, /200000\n/, 'the tail is kept');
     assert.match(t, /END\n\[exit code: 0\]$/, 'stderr and the exit code survive');
 
