@@ -32,6 +32,7 @@ struct mcp_call {
     json_t *args;       /* the tool's arguments (an object); owned */
     uint64_t daemon_id; /* the daemon request it awaits; 0 = none */
     int stage;          /* for tools that make more than one request */
+    bool parked;        /* waits for another call of its tool (mcp_call_park) */
 };
 
 extern const struct mcp_tool mcp_tools[]; /* ends with a NULL name */
@@ -56,6 +57,18 @@ size_t mcp_max_output(const struct mcp *m);
 /* The child daemon's state dir: host paths under it mean nothing inside the sandbox. */
 const char *mcp_state_dir(const struct mcp *m);
 uint64_t mcp_default_timeout_ms(const struct mcp *m);
+/* mcp_call_park - keep @c until mcp_call_unpark returns it (it waits for another call of its
+ * tool, e.g. the opening of the shell session); parked calls fail if the daemon exits. */
+void mcp_call_park(struct mcp *m, struct mcp_call *c);
+/* mcp_call_unpark - the oldest parked call of @tool, no longer parked, or NULL. */
+struct mcp_call *mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool);
+
+/* The session of the `shell` tool: its id ("" until opened), set with NULL or "" to forget
+ * it, and whether its session.open is in flight. Closed at the end of the MCP session. */
+const char *mcp_shell_session(const struct mcp *m);
+void mcp_shell_set_session(struct mcp *m, const char *id);
+bool *mcp_shell_opening(struct mcp *m);
+
 /* The read offsets of each background job the model has read (job id -> [stdout, stderr]). */
 json_t *mcp_job_offsets(struct mcp *m);
 

@@ -47,6 +47,8 @@ struct mcp {
     json_t *tools_list; /* the tools/list result */
     json_t *jobs;       /* job id -> [stdout offset, stderr offset] */
     char sandbox[128];  /* "" until sandbox.create answered */
+    char shell[128];    /* the shell tool's session id; "" until opened */
+    bool shell_opening; /* its session.open is in flight */
     char sandbox_err[512];
     const char *version; /* negotiated protocol version; NULL before initialize */
     bool creating;
@@ -126,6 +128,21 @@ json_t *mcp_job_offsets(struct mcp *m)
     return m->jobs;
 }
 
+const char *mcp_shell_session(const struct mcp *m)
+{
+    return m->shell;
+}
+
+void mcp_shell_set_session(struct mcp *m, const char *id)
+{
+    snprintf(m->shell, sizeof(m->shell), "%s", id ? id : "");
+}
+
+bool *mcp_shell_opening(struct mcp *m)
+{
+    return &m->shell_opening;
+}
+
 static void call_free(struct mcp_call *c)
 {
     if (!c)
@@ -143,6 +160,28 @@ static void unlink_pending(struct mcp *m, struct mcp_call *c)
             c->next = NULL;
             return;
         }
+}
+
+void mcp_call_park(struct mcp *m, struct mcp_call *c)
+{
+    unlink_pending(m, c);
+    c->daemon_id = 0; /* no daemon answer matches it */
+    c->parked = true;
+    c->next = m->pending;
+    m->pending = c;
+}
+
+struct mcp_call *mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool)
+{
+    struct mcp_call *oldest = NULL; /* the list is newest first */
+    for (struct mcp_call *c = m->pending; c; c = c->next)
+        if (c->parked && c->tool == tool)
+            oldest = c;
+    if (oldest) {
+        unlink_pending(m, oldest);
+        oldest->parked = false;
+    }
+    return oldest;
 }
 
 void mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text, size_t len)
@@ -217,9 +256,10 @@ static int daemon_send(struct mcp *m, const char *method, json_t *params, uint64
 
 void mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params)
 {
-    /* Every method but those that name a job works on the session's sandbox. */
-    bool by_job =
-        !strcmp(method, "job.output") || !strcmp(method, "job.wait") || !strcmp(method, "job.kill");
+    /* Every method but those that name a job or a session works on the session's sandbox. */
+    bool by_job = !strcmp(method, "job.output") || !strcmp(method, "job.wait") ||
+                  !strcmp(method, "job.kill") ||
+                  (!strncmp(method, "session.", 8) && strcmp(method, "session.open"));
     if (params && m->sandbox[0] && !by_job && !json_object_get(params, "sandbox"))
         json_object_set_new(params, "sandbox", json_string(m->sandbox));
     uint64_t id = 0;
@@ -667,6 +707,14 @@ static int end_session(struct mcp *m, struct conch_err *err)
 {
     int ret = 0;
     if (m->sandbox[0] && !m->child_gone) {
+        if (m->shell[0]) { /* the shell tool's session: its shell goes, its record too */
+            struct conch_err serr = {0};
+            json_t *res =
+                call_sync(m, "session.close", json_pack("{s:s}", "session", m->shell), &serr);
+            if (!res)
+                fprintf(stderr, "conch mcp: closing the shell session: %s\n", serr.msg);
+            json_decref(res);
+        }
         if (m->o->commit_on_exit) {
             json_t *res =
                 call_sync(m, "workspace.commit", json_pack("{s:s}", "sandbox", m->sandbox), err);

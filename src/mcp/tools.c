@@ -146,6 +146,34 @@ static const char *jstr(json_t *o, const char *key)
         }                                                                                          \
     } while (0)
 
+/* Add the text of an exec.run / session.run result @res to @out; returns true when the
+ * command was stopped (a timeout, a limit): an error, while a command's own failure is a
+ * result (its exit code ends the text). */
+static bool run_text(struct mcp *m, json_t *res, struct text *out)
+{
+    json_t *t = json_object_get(res, "text");
+    const char *kind = json_string_value(json_object_get(json_object_get(res, "error"), "kind"));
+    bool stopped = kind && strcmp(kind, "command");
+    const char *s = json_string_value(t) ? json_string_value(t) : "";
+    size_t len = json_string_length(t);
+    /* The notice of cut output names the spill file; one in the daemon's state dir is a host
+     * path that no tool can read: say what to do instead. */
+    char needle[4200];
+    snprintf(needle, sizeof(needle), "; full output in %s/", mcp_state_dir(m));
+    for (const char *p = s; p < s + len;) {
+        const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
+        const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
+        if (!close) {
+            text_add(out, p, (size_t)(s + len - p));
+            break;
+        }
+        text_add(out, p, (size_t)(hit - p));
+        text_addf(out, "; to see all of it, redirect it to a file and read parts of it");
+        p = close;
+    }
+    return stopped;
+}
+
 /* ---- bash ---- */
 
 static void bash_start(struct mcp *m, struct mcp_call *c)
@@ -183,30 +211,90 @@ static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
                        job, job);
         return;
     }
-    json_t *t = json_object_get(res, "text");
-    const char *kind = json_string_value(json_object_get(json_object_get(res, "error"), "kind"));
-    /* A command's own failure is a result (its exit code ends the text); a command that
-     * was stopped is an error. */
-    bool stopped = kind && strcmp(kind, "command");
-    const char *s = json_string_value(t) ? json_string_value(t) : "";
-    size_t len = json_string_length(t);
-    /* The notice of cut output names the spill file; one in the daemon's state dir is a host
-     * path that no tool can read: say what to do instead. */
     struct text out = {0};
-    char needle[4200];
-    snprintf(needle, sizeof(needle), "; full output in %s/", mcp_state_dir(m));
-    for (const char *p = s; p < s + len;) {
-        const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
-        const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
-        if (!close) {
-            text_add(&out, p, (size_t)(s + len - p));
-            break;
-        }
-        text_add(&out, p, (size_t)(hit - p));
-        text_addf(&out, "; to see all of it, redirect it to a file and read parts of it");
-        p = close;
+    text_done(m, c, &out, run_text(m, res, &out));
+}
+
+/* ---- shell: one persistent session (session.*) per MCP session ---- */
+
+enum { SHELL_OPEN = 1, SHELL_RUN = 2, SHELL_RETRIED = 4 };
+/* The session a run went to, kept in the call's arguments (no tool argument has this name). */
+#define RUN_SESSION "\x01session"
+
+static void shell_run(struct mcp *m, struct mcp_call *c)
+{
+    double timeout = (double)mcp_default_timeout_ms(m) / 1000.0;
+    arg_num(m, c, "timeout", &timeout); /* checked by shell_start */
+    size_t max = mcp_max_output(m) > 2048 ? mcp_max_output(m) - 1024 : 1024;
+    c->stage = SHELL_RUN | (c->stage & SHELL_RETRIED);
+    json_object_set_new(c->args, RUN_SESSION, json_string(mcp_shell_session(m)));
+    mcp_daemon_call(m, c, "session.run",
+                    json_pack("{s:s,s:O,s:f,s:I}", "session", mcp_shell_session(m), "command",
+                              json_object_get(c->args, "command"), "timeout", timeout, "max_output",
+                              (json_int_t)max));
+}
+
+static void shell_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *cmd;
+    double timeout = 0;
+    if (!arg_str(m, c, "command", true, &cmd) || !arg_num(m, c, "timeout", &timeout))
+        return;
+    if (mcp_shell_session(m)[0]) {
+        shell_run(m, c);
+    } else if (*mcp_shell_opening(m)) { /* a call that came while the session opens */
+        mcp_call_park(m, c);
+    } else {
+        *mcp_shell_opening(m) = true;
+        c->stage = SHELL_OPEN | (c->stage & SHELL_RETRIED);
+        mcp_daemon_call(m, c, "session.open", json_object());
     }
-    text_done(m, c, &out, stopped);
+}
+
+static void shell_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    const struct mcp_tool *self = c->tool;
+    if (c->stage & SHELL_OPEN) {
+        *mcp_shell_opening(m) = false;
+        const char *id = json_string_value(json_object_get(res, "session"));
+        if (error || !id) {
+            json_t *e = error ? error : json_pack("{s:s}", "message", "no session id");
+            struct mcp_call *w;
+            while ((w = mcp_call_unpark(m, self)))
+                mcp_call_fail_daemon(m, w, e);
+            mcp_call_fail_daemon(m, c, e);
+            if (!error)
+                json_decref(e);
+            return;
+        }
+        mcp_shell_set_session(m, id);
+        shell_run(m, c);
+        struct mcp_call *w;
+        while ((w = mcp_call_unpark(m, self)))
+            shell_run(m, w);
+        return;
+    }
+    if (error) {
+        const char *code =
+            json_string_value(json_object_get(json_object_get(error, "data"), "code"));
+        /* The session was forgotten (closed, or dropped by the daemon's limit): open a new
+         * one, once. */
+        if (code && !strcmp(code, "session_not_found") && !(c->stage & SHELL_RETRIED)) {
+            const char *used = json_string_value(json_object_get(c->args, RUN_SESSION));
+            if (used && !strcmp(used, mcp_shell_session(m))) /* not reopened meanwhile */
+                mcp_shell_set_session(m, NULL);
+            c->stage = SHELL_RETRIED;
+            shell_start(m, c);
+            return;
+        }
+        mcp_call_fail_daemon(m, c, error);
+        return;
+    }
+    struct text out = {0};
+    if (json_is_true(json_object_get(res, "new_shell")))
+        text_addf(&out, "[a new shell: the previous one had exited, so the working directory, "
+                        "variables and functions were reset]\n");
+    text_done(m, c, &out, run_text(m, res, &out));
 }
 
 /* ---- job_output, job_kill ---- */
@@ -347,23 +435,54 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     text_done(m, c, &t, false);
 }
 
+/* The daemon takes at most 10 MiB of content per fs.write: larger content goes in chunks
+ * (the first replaces the file, the others append), cut between UTF-8 sequences. c->stage is
+ * the offset of the next chunk; whether the first write created the file is kept in the
+ * call's arguments. */
+#define WRITE_CHUNK ((size_t)8 << 20)
+#define WRITE_CREATED "\x01created"
+
+static void write_next(struct mcp *m, struct mcp_call *c)
+{
+    json_t *content = json_object_get(c->args, "content");
+    const char *s = json_string_value(content);
+    size_t len = json_string_length(content), off = (size_t)c->stage, n = len - off;
+    if (n > WRITE_CHUNK) {
+        n = WRITE_CHUNK;
+        while (n > 1 && ((unsigned char)s[off + n] & 0xC0) == 0x80)
+            n--;
+    }
+    json_t *p =
+        json_pack("{s:O,s:s%}", "path", json_object_get(c->args, "path"), "content", s + off, n);
+    if (p && off)
+        json_object_set_new(p, "append", json_true());
+    c->stage = (int)(off + n);
+    mcp_daemon_call(m, c, "fs.write", p);
+}
+
 static void write_start(struct mcp *m, struct mcp_call *c)
 {
     const char *path, *content;
     if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "content", true, &content))
         return;
-    mcp_daemon_call(
-        m, c, "fs.write",
-        json_pack("{s:s,s:O}", "path", path, "content", json_object_get(c->args, "content")));
+    c->stage = 0;
+    write_next(m, c);
 }
 
 static void write_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    mcp_call_donef(m, c, false, "%s %s (%lld bytes).",
-                   json_is_true(json_object_get(res, "created")) ? "Created" : "Overwrote",
-                   json_string_value(json_object_get(c->args, "path")),
-                   (long long)json_integer_value(json_object_get(res, "bytes_written")));
+    size_t len = json_string_length(json_object_get(c->args, "content"));
+    if (!json_object_get(c->args, WRITE_CREATED))
+        json_object_set_new(c->args, WRITE_CREATED,
+                            json_boolean(json_is_true(json_object_get(res, "created"))));
+    if ((size_t)c->stage < len) {
+        write_next(m, c);
+        return;
+    }
+    mcp_call_donef(m, c, false, "%s %s (%zu bytes).",
+                   json_is_true(json_object_get(c->args, WRITE_CREATED)) ? "Created" : "Overwrote",
+                   json_string_value(json_object_get(c->args, "path")), len);
 }
 
 static void edit_start(struct mcp *m, struct mcp_call *c)
@@ -584,7 +703,8 @@ const struct mcp_tool mcp_tools[] = {
             "exit code ([exit code: N], or [timed out; ...]). A command that is still running at "
             "its timeout is killed with everything it started; so is anything left running when "
             "it exits (use background for servers and long jobs). No network. Very long output "
-            "is cut in the middle with a note: redirect it to a file and read parts of it.",
+            "is cut in the middle with a note naming a file that holds all of it (read parts "
+            "of it with read_file, or search it with grep).",
         .schema = "{\"type\": \"object\", \"properties\": {"
                   "\"command\": {\"type\": \"string\", \"description\": \"The command line, run "
                   "by bash\"},"
@@ -599,6 +719,28 @@ const struct mcp_tool mcp_tools[] = {
                   "\"required\": [\"command\"]}",
         .start = bash_start,
         .reply = bash_reply,
+    },
+    {
+        .name = "shell",
+        .title = "Run a command in a persistent shell",
+        .description =
+            "Run a command in a persistent bash session of this sandbox: cwd, exported "
+            "variables, functions, aliases and an activated virtualenv persist between calls "
+            "(unlike bash, where every call starts afresh in /workspace). Returns the output "
+            "(stdout and stderr together, as a terminal shows them) and a last line with the "
+            "exit code ([exit code: N]). A command still running at its timeout is interrupted "
+            "(Ctrl-C, then killed) and the shell stays usable with its state. If the command "
+            "ends the shell (exit, exec, set -e), the next call starts a new shell and says so. "
+            "Commands must not wait for keyboard input. No network.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"command\": {\"type\": \"string\", \"description\": \"The command "
+                  "line, run by the session's bash as if typed\"},"
+                  "\"timeout\": {\"type\": \"number\", \"minimum\": 0, \"description\": "
+                  "\"Seconds before the command is interrupted (default: the server's, 120 "
+                  "unless configured; 0 = none)\"}},"
+                  "\"required\": [\"command\"]}",
+        .start = shell_start,
+        .reply = shell_reply,
     },
     {
         .name = "job_output",

@@ -15,7 +15,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const conch = path.resolve(process.env.CONCH_BIN || path.join(here, '../../build/conch'));
-const TOOLS = ['bash', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
+const TOOLS = ['bash', 'shell', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
   'glob', 'grep', 'changes', 'diff', 'commit'];
 
 function tempWorkspace() {
@@ -85,6 +85,10 @@ test('initialize, tools/list and every tool through the SDK', async () => {
     assert.deepEqual(bash.inputSchema.required, ['command']);
     assert.deepEqual(Object.keys(bash.inputSchema.properties).sort(),
       ['background', 'command', 'cwd', 'timeout']);
+    const shell = tools.find((t) => t.name === 'shell');
+    assert.deepEqual(shell.inputSchema.required, ['command']);
+    assert.deepEqual(Object.keys(shell.inputSchema.properties).sort(), ['command', 'timeout']);
+    assert.match(shell.description, /persistent bash session/);
     assert.deepEqual(tools.find((t) => t.name === 'edit_file').inputSchema.required,
       ['path', 'old_string', 'new_string']);
 
@@ -178,6 +182,14 @@ test('errors: tool errors with clear text, protocol errors as JSON-RPC errors', 
       (e) => e.code === -32600 && /message too large/.test(e.message));
     r = await call(client, 'write_file', { path: 'large', content: 'y'.repeat(20 << 20) });
     assert.equal(text(r), 'Created large (20971520 bytes).');
+    // Content above the daemon's 10 MiB per fs.write goes in chunks, never splitting a
+    // character; rewriting a file says so.
+    const big = 'x' + '\u00e9'.repeat(6 << 20) + 'end';
+    r = await call(client, 'write_file', { path: 'large', content: big });
+    assert.equal(text(r), `Overwrote large (${Buffer.byteLength(big)} bytes).`);
+    r = await call(client, 'bash', { command: 'sha256sum < large' });
+    const sum = (await import('node:crypto')).createHash('sha256').update(big).digest('hex');
+    assert.equal(text(r), `${sum}  -\n[exit code: 0]`);
     // The session still works after each of them.
     r = await call(client, 'bash', { command: 'echo still here' });
     assert.equal(text(r), 'still here\n[exit code: 0]');
@@ -195,9 +207,13 @@ test('big outputs are capped with a note', async () => {
     assert.equal(r.isError, false);
     assert.ok(t.length <= 8192 + 400, `bash text is capped (${t.length} bytes)`);
     assert.ok(t.startsWith('1\n2\n3\n'), 'the head is kept');
-    assert.match(t, /\[\.\.\. \d+ bytes omitted; to see all of it, redirect it to a file and read parts of it \.\.\.\]/,
-      'a note says output was left out, and names no host path');
-    assert.doesNotMatch(t, /conch\/mcp-|spill/);
+    // The note names the whole output's spill file in the sandbox, which read_file reads.
+    const note = t.match(/\[\.\.\. \d+ bytes omitted; full output in (\/run\/conch\/output\/[^ ]+) \.\.\.\]/);
+    assert.ok(note, 'a note says output was left out and where all of it is');
+    assert.doesNotMatch(t, /conch\/mcp-/, 'no host path');
+    const spill = await call(client, 'read_file', { path: note[1], offset: 199990, limit: 2 });
+    assert.equal(text(spill), '199991\t199991\n199992\t199992\n' +
+      '[lines 199991-199992 of 200000; pass offset=199992 to read on]\n');
     assert.match(t, /200000\n/, 'the tail is kept');
     assert.match(t, /END\n\[exit code: 0\]$/, 'stderr and the exit code survive');
 
@@ -246,6 +262,65 @@ test('background bash: job_output and job_kill', async () => {
   } finally {
     await client.close();
   }
+});
+
+test('shell: one persistent bash per MCP session', async () => {
+  const state = fs.mkdtempSync(path.join(os.tmpdir(), 'conch-mcp-state-'));
+  const { client, stderr } = await connect(['--state-dir', state]);
+  try {
+    // Two first calls at once share the one session that the first opens.
+    const [a, b] = await Promise.all([call(client, 'shell', { command: 'echo pid=$$' }),
+      call(client, 'shell', { command: 'echo pid=$$' })]);
+    assert.equal(text(a), text(b));
+    assert.match(text(a), /^pid=\d+\n\[exit code: 0\]$/);
+
+    let r = await call(client, 'shell', { command: 'pwd' });
+    assert.equal(text(r), '/workspace\n[exit code: 0]');
+    r = await call(client, 'shell', { command: "mkdir -p /tmp/w && cd /tmp/w && export V=42 && f() { echo fn-$1; }; alias ll='echo aliased'" });
+    assert.equal(r.isError, false);
+    assert.equal(text(r), '[exit code: 0]');
+    r = await call(client, 'shell', { command: 'pwd; echo $V; f x; ll' });
+    assert.equal(text(r), '/tmp/w\n42\nfn-x\naliased\n[exit code: 0]');
+    // bash still starts afresh
+    r = await call(client, 'bash', { command: 'pwd; echo "[$V]"' });
+    assert.equal(text(r), '/workspace\n[]\n[exit code: 0]');
+
+    r = await call(client, 'shell', { command: 'echo out; echo err >&2; (exit 3)' });
+    assert.equal(r.isError, false, 'a failing command is a result');
+    assert.equal(text(r), 'out\nerr\n[exit code: 3]');
+
+    // A timeout interrupts the command; the shell and its state stay.
+    const t0 = Date.now();
+    r = await call(client, 'shell', { command: 'sleep 30', timeout: 1 });
+    assert.ok(Date.now() - t0 < 15000);
+    assert.equal(r.isError, true, 'a stopped command is an error, as with bash');
+    assert.match(text(r), /timed out/);
+    assert.match(text(r), /\[interrupted; the session is still usable\]$/);
+    r = await call(client, 'shell', { command: 'pwd; echo $V' });
+    assert.equal(text(r), '/tmp/w\n42\n[exit code: 0]');
+
+    // exit ends the shell; the next call says a new one started, with fresh state.
+    r = await call(client, 'shell', { command: 'exit 7' });
+    assert.match(text(r), /\[exit code: 7\]/);
+    assert.match(text(r), /the shell exited/);
+    r = await call(client, 'shell', { command: 'pwd; echo "[$V]"' });
+    assert.match(text(r), /^\[a new shell: /);
+    assert.match(text(r), /\n\/workspace\n\[\]\n\[exit code: 0\]$/);
+
+    r = await call(client, 'shell', {});
+    assert.equal(r.isError, true);
+    assert.match(text(r), /argument 'command' is required/);
+    r = await call(client, 'shell', { command: 'true', timeout: -1 });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /'timeout' must be a number >= 0/);
+  } finally {
+    await client.close();
+  }
+  // The session was closed at the end (session.close forgets its record).
+  assert.doesNotMatch(stderr(), /closing the shell session/);
+  const recs = fs.existsSync(path.join(state, 'sessions')) ? fs.readdirSync(path.join(state, 'sessions')) : [];
+  assert.deepEqual(recs, []);
+  fs.rmSync(state, { recursive: true, force: true });
 });
 
 test('the session ends cleanly: --commit applies the changes, processes are gone', async () => {

@@ -15,14 +15,18 @@ from .errors import (AmbiguousMatch, ConchError, ConnectionLost, FileNotFound,
                      InfrastructureError, InternalError, InvalidParams, InvalidPath,
                      InvalidRequest, IOFailure, IsADirectory, JobNotFound, LimitError,
                      MessageTooLarge, MethodNotFound, NotADirectory, ParseError,
-                     PermissionDenied, RequestTimeout, SandboxNotFound, SandboxStopped,
+                     NotWriter, PermissionDenied, RequestTimeout, SandboxNotFound,
+                     SandboxStopped, SessionBusy, SessionEnded, SessionNotFound,
                      StringNotFound, ToolError, TooLarge, error_class)
 from .sandbox import AsyncJob, AsyncSandbox, Job, RunResult, Sandbox
+from .session import AsyncSession, Session
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AmbiguousMatch", "AsyncClient", "AsyncJob", "AsyncSandbox", "AsyncSubscription",
+    "AmbiguousMatch", "AsyncClient", "AsyncJob", "AsyncSandbox", "AsyncSession",
+    "AsyncSubscription", "NotWriter", "Session", "SessionBusy", "SessionEnded",
+    "SessionNotFound",
     "CallContext", "Client", "ConchError", "ConnectionLost", "FileNotFound",
     "InfrastructureError", "InternalError", "InvalidParams", "InvalidPath", "InvalidRequest",
     "IOFailure", "IsADirectory", "Job", "JobNotFound", "LimitError", "MessageTooLarge",

@@ -229,6 +229,70 @@ class ProtocolMethods:
         """workspace.discard -> ``{"discarded": [...]}`` (restarts a running sandbox)."""
         return self._request("workspace.discard", _params(sandbox=sandbox, paths=paths))
 
+    # -- session.* (persistent shells on a terminal) ----------------------------------
+    def session_open(self, sandbox: str, *, shell: Optional[str] = None,
+                     cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                     rows: Optional[int] = None, cols: Optional[int] = None,
+                     scrollback: Optional[int] = None, idle_timeout: Optional[float] = None,
+                     attach: Optional[bool] = None, **extra: Any):
+        """session.open: a long-lived bash on a terminal of the sandbox -> the session
+        object (``{"session", "sandbox", "state", "clients", "writer", "rows", "cols",
+        ...}``). ``attach=True`` attaches this connection as the writer."""
+        return self._request("session.open", _params(
+            extra, sandbox=sandbox, shell=shell, cwd=cwd, env=env, rows=rows, cols=cols,
+            scrollback=scrollback, idle_timeout=idle_timeout, attach=attach))
+
+    def session_run(self, session: str, command: str, *, stdin: Optional[str] = None,
+                    timeout: Optional[float] = None, grace: Optional[float] = None,
+                    max_output: Optional[int] = None, **extra: Any):
+        """session.run: run ``command`` in the session's shell (cwd, exports, functions,
+        aliases, venvs persist) -> the exec.run result plus ``session``, ``shell_exited``,
+        ``new_shell`` and, after a timeout, ``session_usable``. ``timeout`` (s, daemon
+        default 120) is the command's; the request waits for it (runs queue in order)."""
+        wait = None
+        if self.timeout is not None:  # type: ignore[attr-defined]
+            wait = max(self.timeout,  # type: ignore[attr-defined]
+                       (120 if timeout is None else timeout) + (grace or 2) + 30)
+        return self._request("session.run", _params(
+            extra, session=session, command=command, stdin=stdin, timeout=timeout,
+            grace=grace, max_output=max_output), timeout=wait)
+
+    def session_write(self, session: str, data: str):
+        """session.write: keys to the session's terminal -> the number of bytes written
+        (NotWriter when another client is the writer)."""
+        return self._request("session.write", {"session": session, "data": data},
+                             post=_key("written"))
+
+    def session_attach(self, session: str, write: Optional[bool] = None):
+        """session.attach: receive its session.output notifications -> the session object
+        plus ``scrollback``, ``seq``, ``next_seq``, ``you_write``. ``write=True`` takes the
+        keyboard (the previous writer gets session.writer)."""
+        return self._request("session.attach", _params(session=session, write=write))
+
+    def session_detach(self, session: str):
+        """session.detach -> True when this connection was attached."""
+        return self._request("session.detach", {"session": session}, post=_key("detached"))
+
+    def session_resize(self, session: str, rows: int, cols: int):
+        """session.resize: the terminal's size (the program gets SIGWINCH) -> ``{"rows",
+        "cols"}``."""
+        return self._request("session.resize", {"session": session, "rows": rows,
+                                                "cols": cols})
+
+    def session_signal(self, session: str, signal: Union[str, int, None] = None):
+        """session.signal: to the terminal's foreground process group (default INT) ->
+        the signal number."""
+        return self._request("session.signal", _params(session=session, signal=signal),
+                             post=_key("signal"))
+
+    def session_list(self, sandbox: Optional[str] = None):
+        """session.list -> list of session objects (ended ones included)."""
+        return self._request("session.list", _params(sandbox=sandbox), post=_key("sessions"))
+
+    def session_close(self, session: str):
+        """session.close: kill the shell and forget the session -> ``{"closed": true}``."""
+        return self._request("session.close", {"session": session})
+
     # -- tools.* / agents.* (the tool bridge) -------------------------------------------
     def tools_register(self, sandbox: str, tools: List[Dict[str, Any]]):
         """tools.register (raw): declare tools; THIS connection answers their tool.call

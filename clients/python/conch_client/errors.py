@@ -138,6 +138,23 @@ class TooLarge(ConchError):
         return self.data.get("limit")
 
 
+class SessionNotFound(ConchError):
+    """-32003 session_not_found: no session with that id."""
+
+
+class SessionBusy(LimitError):
+    """-32004 session_busy: a program a person started holds the session's terminal."""
+
+
+class NotWriter(LimitError):
+    """-32004 not_writer: another client is the session's writer (take over with
+    ``session_attach(write=True)``)."""
+
+
+class SessionEnded(SandboxStopped):
+    """-32005 session_ended: the session's shell is gone and cannot be restarted."""
+
+
 class ToolError(Exception):
     """Raise from a tool or agent handler to answer the daemon with a chosen error.
 
@@ -162,6 +179,10 @@ _BY_DATA_CODE: Dict[str, Type[ConchError]] = {
     "infrastructure": InfrastructureError,
     "sandbox_not_found": SandboxNotFound,
     "job_not_found": JobNotFound,
+    "session_not_found": SessionNotFound,
+    "session_busy": SessionBusy,
+    "not_writer": NotWriter,
+    "session_ended": SessionEnded,
     "limit": LimitError,
     "sandbox_stopped": SandboxStopped,
     "file_not_found": FileNotFound,

@@ -35,6 +35,12 @@ class RunResult:
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)
     detached_agents: List[Dict[str, Any]] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    #: session.run only: a new shell ran this command (the previous one had exited; the
+    #: session's state was lost), the shell exited during it (``exit``, ``exec``, ``set -e``),
+    #: and, after a timeout, whether the shell is still there with its state.
+    new_shell: bool = False
+    shell_exited: bool = False
+    session_usable: Optional[bool] = None
 
     @property
     def ok(self) -> bool:
@@ -49,7 +55,10 @@ class RunResult:
                    duration_ms=r.get("duration_ms"), error=r.get("error"),
                    changes=list(r.get("changes") or []),
                    tool_calls=list(r.get("tool_calls") or []),
-                   detached_agents=list(r.get("detached_agents") or []), raw=r)
+                   detached_agents=list(r.get("detached_agents") or []), raw=r,
+                   new_shell=bool(r.get("new_shell")),
+                   shell_exited=bool(r.get("shell_exited")),
+                   session_usable=r.get("session_usable"))
 
     def __str__(self) -> str:
         return self.text
@@ -358,6 +367,19 @@ class Sandbox(_Lifecycle):
         return Job(self.client, self.client.job_start(self.id, command, cwd=cwd, env=env,
                                                       stdin=stdin))
 
+    def session(self, *, shell: Optional[str] = None, cwd: Optional[str] = None,
+                env: Optional[Dict[str, str]] = None, rows: Optional[int] = None,
+                cols: Optional[int] = None, **params: Any) -> "Session":
+        """Open a persistent shell session (session.open params: ``scrollback``,
+        ``idle_timeout``, ``attach``...) -> Session; closed when its ``with`` block ends."""
+        from .session import Session
+        return Session._open(self.client, self.id, dict(
+            params, shell=shell, cwd=cwd, env=env, rows=rows, cols=cols))
+
+    def sessions(self) -> List[Dict[str, Any]]:
+        """The sandbox's session objects (session.list)."""
+        return self.client.session_list(self.id)
+
     def destroy(self) -> None:
         """Destroy the sandbox now (uncommitted changes are lost)."""
         if not self.destroyed:
@@ -422,6 +444,19 @@ class AsyncSandbox(_Lifecycle):
         """Start a background job -> AsyncJob."""
         jid = await self.client.job_start(self.id, command, cwd=cwd, env=env, stdin=stdin)
         return AsyncJob(self.client, jid)
+
+    def session(self, *, shell: Optional[str] = None, cwd: Optional[str] = None,
+                env: Optional[Dict[str, str]] = None, rows: Optional[int] = None,
+                cols: Optional[int] = None, **params: Any) -> "_AsyncSessionOpen":
+        """Open a persistent shell session -> AsyncSession: ``s = await sb.session()`` or
+        ``async with sb.session() as s`` (closed at the end of the block)."""
+        from .session import _AsyncSessionOpen
+        return _AsyncSessionOpen(self.client, self.id, dict(
+            params, shell=shell, cwd=cwd, env=env, rows=rows, cols=cols))
+
+    async def sessions(self) -> List[Dict[str, Any]]:
+        """The sandbox's session objects (session.list)."""
+        return await self.client.session_list(self.id)
 
     async def destroy(self) -> None:
         """Destroy the sandbox now."""

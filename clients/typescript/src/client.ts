@@ -2,6 +2,7 @@
 // notes/BRIDGE.md) as a typed async method over one RpcConnection.
 import { RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
 import { EventEmitter } from "node:events";
+import { ConchSession } from "./session.js";
 import { join } from "node:path";
 
 export type SandboxMode = "overlay" | "ro" | "rw";
@@ -202,6 +203,95 @@ export interface AgentSpawnParams {
   origin: { kind: string; id: string };
 }
 
+export interface SessionOpenParams {
+  sandbox: string;
+  /** Only "bash" is supported. */
+  shell?: "bash";
+  cwd?: string;
+  env?: Record<string, string>;
+  rows?: number;
+  cols?: number;
+  /** Bytes of output kept for late attachers (default 1 MiB). */
+  scrollback?: number;
+  /** Seconds without a run, write or attach before the session ends (default 3600). */
+  idle_timeout?: number;
+  /** Attach the opening client as the writer. */
+  attach?: boolean;
+  [key: string]: unknown;
+}
+
+/** The session object of docs/PROTOCOL.md ("session.*"). */
+export interface SessionInfo {
+  session: string;
+  sandbox: string;
+  state: "starting" | "running" | "ended" | string;
+  clients: number;
+  writer: boolean;
+  rows: number;
+  cols: number;
+  created_at: number;
+  last_used_at: number;
+  output_bytes: number;
+  shells: number;
+  queued: number;
+  reason?: string;
+  exit_code?: number | null;
+  [key: string]: unknown;
+}
+
+export interface SessionRunParams {
+  session: string;
+  command: string;
+  stdin?: string;
+  /** Seconds (default 120); on expiry the command is interrupted and the shell stays. */
+  timeout?: number;
+  grace?: number;
+  max_output?: number;
+  [key: string]: unknown;
+}
+
+/** exec.run's result plus the session's flags. Output (stdout and stderr merged) is in `stdout`. */
+export interface SessionRunResult extends ExecResult {
+  session: string;
+  /** The shell ended during this command (`exit`, `exec`, `set -e`); the next run starts a new one. */
+  shell_exited: boolean;
+  /** A new shell ran this command: the previous one had exited and its state is lost. */
+  new_shell: boolean;
+  /** After a timeout: the command was interrupted and the shell (with its state) stays. */
+  session_usable?: boolean;
+}
+
+export interface SessionAttachResult extends SessionInfo {
+  /** The last `scrollback` bytes of output. */
+  scrollback: string;
+  /** Offset of the scrollback's first byte in the session's output. */
+  seq: number;
+  next_seq: number;
+  you_write: boolean;
+}
+
+export interface SessionOutputEvent {
+  session: string;
+  /** Byte offset of `data` in the session's output. */
+  seq: number;
+  data: string;
+}
+export interface SessionStartedEvent {
+  session: string;
+  /** Shells started so far: 1, 2, ... */
+  shell: number;
+}
+export interface SessionWriterEvent {
+  session: string;
+  writer: boolean;
+  reason: string;
+}
+export interface SessionEndedEvent {
+  session: string;
+  reason: string;
+  exit_code: number | null;
+}
+
 export interface ConnectOptions extends StdioOptions {
   /** Connect to this daemon socket instead of spawning `conch serve --stdio`. */
   socket?: string;
@@ -219,7 +309,9 @@ export function defaultSocketPath(): string {
 
 /**
  * A client of one conch daemon. Events: "exec.output" (ExecOutputEvent), "job.exited"
- * (JobExitedEvent), "notification" (method, params), "close" (error).
+ * (JobExitedEvent), "session.output" (SessionOutputEvent), "session.started"
+ * (SessionStartedEvent), "session.writer" (SessionWriterEvent), "session.ended"
+ * (SessionEndedEvent), "notification" (method, params), "close" (error).
  */
 export class ConchClient extends EventEmitter {
   readonly rpc: RpcConnection;
@@ -443,5 +535,43 @@ export class ConchClient extends EventEmitter {
   }
   agentsUnregister(sandbox: string, names: string[]): Promise<{ removed: string[] }> {
     return this.call("agents.unregister", { sandbox, names });
+  }
+  // session.* (persistent shells on a terminal of the sandbox)
+  /** Open a session of `sandbox` as a ConchSession (run, write, attach, output, close). */
+  openSession(sandbox: string, opts: Omit<SessionOpenParams, "sandbox"> = {}): Promise<ConchSession> {
+    return ConchSession.open(this, sandbox, opts);
+  }
+  /** session.open: a long-lived bash on a pty of the sandbox. */
+  sessionOpen(p: SessionOpenParams): Promise<SessionInfo> {
+    return this.call("session.open", p);
+  }
+  /** session.run: a command in the session's shell; cwd, exports, functions, aliases and venvs persist. */
+  sessionRun(p: SessionRunParams): Promise<SessionRunResult> {
+    return this.call("session.run", p);
+  }
+  /** session.write: keys to the terminal (not_writer when another client writes). */
+  sessionWrite(session: string, data: string): Promise<{ written: number }> {
+    return this.call("session.write", { session, data });
+  }
+  /** session.attach: this client then receives session.output; `write: true` takes the keyboard. */
+  sessionAttach(session: string, write?: boolean): Promise<SessionAttachResult> {
+    return this.call("session.attach", write === undefined ? { session } : { session, write });
+  }
+  sessionDetach(session: string): Promise<{ detached: boolean }> {
+    return this.call("session.detach", { session });
+  }
+  sessionResize(session: string, rows: number, cols: number): Promise<{ rows: number; cols: number }> {
+    return this.call("session.resize", { session, rows, cols });
+  }
+  /** session.signal: to the terminal's foreground process group (default "INT"). */
+  sessionSignal(session: string, signal?: string | number): Promise<{ signal: number }> {
+    return this.call("session.signal", signal === undefined ? { session } : { session, signal });
+  }
+  sessionList(sandbox?: string): Promise<{ sessions: SessionInfo[] }> {
+    return this.call("session.list", sandbox ? { sandbox } : {});
+  }
+  /** session.close: kills the shell and forgets the session. */
+  sessionClose(session: string): Promise<{ closed: boolean }> {
+    return this.call("session.close", { session });
   }
 }

@@ -2,3 +2,4 @@
 // (ConchSandbox) lives in "@conch/client/deepagents" so that this entry needs no LangChain.
 export * from "./rpc.js";
 export * from "./client.js";
+export * from "./session.js";
