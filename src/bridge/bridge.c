@@ -162,6 +162,8 @@ static void bridge_maybe_free(struct conch_bridge *b)
 #define INPUT_DEPTH_MAX 64
 /* spawn_agent --detach: the requests are kept for the command's result. */
 #define DETACHED_MAX 256
+/* Tools (and agent types) a sandbox may have registered. */
+#define REGISTRY_MAX 4096
 #define DETACHED_TASK_MAX (256u << 10)
 
 struct write_req {
@@ -1085,6 +1087,22 @@ int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, voi
         if (r < 0)
             return r;
     }
+    /* A bounded registry: at most REGISTRY_MAX entries of each kind (names replaced count
+     * once). Counted before anything changes. */
+    size_t have = 0;
+    struct node *heads = agents ? &b->agents : &b->tools;
+    for (struct node *n = heads->next; n != heads; n = n->next)
+        have++;
+    size_t fresh = 0;
+    json_array_foreach(defs, i, d)
+    {
+        if (!entry_find(heads, json_string_value(json_object_get(d, "name"))))
+            fresh++;
+    }
+    if (have + fresh > REGISTRY_MAX)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, E2BIG,
+                              "a sandbox may have at most %d %s (it has %zu; %zu more asked for)",
+                              REGISTRY_MAX, agents ? "agent types" : "tools", have, fresh);
     json_t *names = json_array();
     json_array_foreach(defs, i, d)
     {

@@ -180,7 +180,10 @@ static void do_register(struct conch_rpc_call *call, json_t *params, void *ctx, 
     if (conch_bridge_register(sb->bridge, agents,
                               json_object_get(params, agents ? "agents" : "tools"), c, &names,
                               &err) < 0) {
-        conch_rpc_call_fail_param(call, agents ? "agents" : "tools", "%s", err.msg);
+        if (err.kind == CONCH_ERR_LIMIT)
+            conch_rpc_call_fail_err(call, 0, NULL, &err);
+        else
+            conch_rpc_call_fail_param(call, agents ? "agents" : "tools", "%s", err.msg);
         return;
     }
     conch_rpc_call_reply(call, json_pack("{s:o}", "registered", names));
