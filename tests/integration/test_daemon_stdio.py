@@ -17,7 +17,7 @@ def test_stdio_session(daemon_factory, ws):
     assert r["stdout"] == "hi\nfrom host\n" and r["stderr"] == "err\n" and r["exit_code"] == 0, r
     m = unique_marker("stdio")
     job = c.call("job.start", {"sandbox": sb, "command": f"exec -a {m} sleep 1000"})["job_id"]
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while not pids_matching(m) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pids_matching(m), f"job did not start: {c.call('job.output', {'job_id': job})}\n{d.log()}"
