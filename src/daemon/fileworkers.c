@@ -21,6 +21,12 @@
 #include "daemon/daemon-internal.h"
 
 #define FILE_POOL_MAX 2
+/* Forked workers in flight when every persistent one is busy; past this, requests wait in
+ * the pool's queue for a persistent worker (the warden's control socket takes only so many
+ * messages at once: a burst of forks overflowed it). */
+#define FILE_FORK_MAX 8
+/* Requests waiting for a worker; past this, the request is refused (busy). */
+#define FILE_QUEUE_MAX 4096
 /* Workers that died before their first answer: past this many, the sandbox forks a worker
  * per request again (a pool that cannot start must not fail every request). */
 #define FILE_POOL_MAX_FAILURES 3
@@ -49,10 +55,9 @@ static int write_frame(int fd, const char *text, uint64_t len)
     size_t total = sizeof(len) + len, done = 0;
     while (done < total) {
         /* The first write takes both pieces at once; the rest, if any, follows. */
-        ssize_t n = done == 0 ? writev(fd, iov, 2)
-                    : done < sizeof(len)
-                        ? write(fd, (char *)&len + done, sizeof(len) - done)
-                        : write(fd, text + (done - sizeof(len)), total - done);
+        ssize_t n = done == 0            ? writev(fd, iov, 2)
+                    : done < sizeof(len) ? write(fd, (char *)&len + done, sizeof(len) - done)
+                                         : write(fd, text + (done - sizeof(len)), total - done);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -94,7 +99,18 @@ struct file_pool {
     struct dlist workers; /* struct fworker */
     unsigned n;
     unsigned failures;
+    struct dlist queue; /* struct queued: requests waiting for a worker, oldest first */
+    unsigned queued;
 };
+
+struct queued {
+    struct dlist link;
+    struct conch_rpc_call *call;
+    char *text;
+    bool measure, frees;
+};
+
+static void pool_next(struct file_pool *pool);
 
 struct fworker {
     struct dlist link;
@@ -172,25 +188,33 @@ static void fw_answer(struct fworker *w, char *buf, size_t len)
     w->busy = false;
     uv_timer_stop(&w->timer);
     file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
+    pool_next(w->pool);
 }
 
 /* The worker died, hung or misbehaved: fail its request as a per-request worker's would
  * (no answer), and replace it (the next request starts a new one). */
 static void fw_fail(struct fworker *w)
 {
-    if (w->busy) {
-        free(w->buf);
-        w->buf = NULL;
-        fw_answer(w, NULL, 0);
-    }
+    struct file_pool *pool = w->pool;
+    if (!pool)
+        return;
+    bool busy = w->busy;
+    struct conch_rpc_call *call = w->call;
+    w->call = NULL;
+    w->busy = false;
+    free(w->buf);
+    w->buf = NULL;
     fw_retire(w, true);
+    if (busy)
+        file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
+    pool_next(pool);
 }
 
 static void fw_on_timeout(uv_timer_t *t)
 {
     struct fworker *w = t->data;
-    log_warn("sandbox %s: a file request ran past %d s: its worker is killed",
-                   w->pool->sb->id, CONCH_FILE_TIMEOUT_MS / 1000);
+    log_warn("sandbox %s: a file request ran past %d s: its worker is killed", w->pool->sb->id,
+             CONCH_FILE_TIMEOUT_MS / 1000);
     fw_fail(w);
 }
 
@@ -231,7 +255,9 @@ static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
             w->busy = false;
             conch_rpc_call_failf(call, CONCH_RPC_TOO_LARGE, "too_large", NULL,
                                  "the answer is larger than %u bytes", CONCH_FILE_MAX_RESPONSE);
+            struct file_pool *pool = w->pool;
             fw_retire(w, true);
+            pool_next(pool);
             return;
         }
         w->want = (size_t)want;
@@ -288,6 +314,82 @@ static struct fworker *fw_start(struct file_pool *pool)
     return w;
 }
 
+/* A free worker of @pool (starting one if the pool has room), or NULL. */
+static struct fworker *pool_free_worker(struct file_pool *pool)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &pool->workers)
+    {
+        struct fworker *c = dlist_entry(pos, struct fworker, link);
+        if (!c->busy && !c->writing)
+            return c;
+    }
+    if (pool->n >= FILE_POOL_MAX || pool->failures >= FILE_POOL_MAX_FAILURES || !pool->sb->jail_up)
+        return NULL;
+    return fw_start(pool);
+}
+
+/* Send @text (owned on success) to @w. */
+static int fw_send(struct fworker *w, struct conch_rpc_call *call, char *text, bool measure,
+                   bool frees)
+{
+    size_t len = strlen(text);
+    w->out_len = len;
+    w->text = text;
+    uv_buf_t bufs[2] = {uv_buf_init((char *)&w->out_len, sizeof(w->out_len)),
+                        uv_buf_init(text, (unsigned)len)};
+    if (uv_write(&w->wreq, (uv_stream_t *)&w->pipe, bufs, 2, fw_on_written) < 0) {
+        w->text = NULL;
+        fw_retire(w, true);
+        return -1;
+    }
+    w->writing = true;
+    w->busy = true;
+    w->call = call;
+    w->measure = measure;
+    w->frees = frees;
+    w->hdr_got = 0;
+    w->len = w->want = 0;
+    uv_timer_start(&w->timer, fw_on_timeout, CONCH_FILE_TIMEOUT_MS, 0);
+    return 0;
+}
+
+/* Give queued requests to free workers. */
+static void pool_next(struct file_pool *pool)
+{
+    while (!dlist_empty(&pool->queue)) {
+        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
+        if (conch_rpc_call_cancelled(q->call)) {
+            conch_rpc_call_fail(q->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled",
+                                NULL);
+        } else {
+            struct fworker *w = pool_free_worker(pool);
+            if (!w && pool->n > 0)
+                return; /* its turn comes when one is free */
+            if (!w || fw_send(w, q->call, q->text, q->measure, q->frees) < 0) {
+                if (w && pool->n > 0)
+                    continue; /* that one is gone: the next */
+                conch_rpc_call_failf(q->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                                     "no file worker could be started in the sandbox");
+            } else {
+                q->text = NULL;
+            }
+        }
+        dlist_del(&q->link);
+        pool->queued--;
+        free(q->text);
+        free(q);
+    }
+}
+
+static unsigned forked_in_flight(struct sandbox *sb)
+{
+    unsigned n = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->files) n++;
+    return n;
+}
+
 bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
                       bool frees)
 {
@@ -299,41 +401,26 @@ bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *tex
             return false;
         pool->sb = sb;
         DLIST_INIT(&pool->workers);
+        DLIST_INIT(&pool->queue);
         sb->file_pool = pool;
     }
-    size_t len = strlen(text);
-    if (pool->failures >= FILE_POOL_MAX_FAILURES || len > CONCH_FILE_MAX_REQUEST)
+    if (strlen(text) > CONCH_FILE_MAX_REQUEST)
         return false;
-    struct fworker *w = NULL;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &pool->workers)
-    {
-        struct fworker *c = dlist_entry(pos, struct fworker, link);
-        if (!c->busy && !c->writing) {
-            w = c;
-            break;
-        }
-    }
-    if (!w && (pool->n >= FILE_POOL_MAX || !(w = fw_start(pool))))
+    struct fworker *w = dlist_empty(&pool->queue) ? pool_free_worker(pool) : NULL;
+    if (w && fw_send(w, call, text, measure, frees) == 0)
+        return true;
+    /* All busy: fork a worker for it, unless many are already forked (then wait in line). */
+    if (pool->n == 0 || forked_in_flight(sb) < FILE_FORK_MAX || pool->queued >= FILE_QUEUE_MAX)
         return false;
-    char *copy = text;
-    w->out_len = len;
-    w->text = copy;
-    uv_buf_t bufs[2] = {uv_buf_init((char *)&w->out_len, sizeof(w->out_len)),
-                        uv_buf_init(copy, (unsigned)len)};
-    if (uv_write(&w->wreq, (uv_stream_t *)&w->pipe, bufs, 2, fw_on_written) < 0) {
-        w->text = NULL;
-        fw_retire(w, true);
+    struct queued *q = calloc(1, sizeof(*q));
+    if (!q)
         return false;
-    }
-    w->writing = true;
-    w->busy = true;
-    w->call = call;
-    w->measure = measure;
-    w->frees = frees;
-    w->hdr_got = 0;
-    w->len = w->want = 0;
-    uv_timer_start(&w->timer, fw_on_timeout, CONCH_FILE_TIMEOUT_MS, 0);
+    q->call = call;
+    q->text = text;
+    q->measure = measure;
+    q->frees = frees;
+    dlist_add(&pool->queue, &q->link);
+    pool->queued++;
     return true;
 }
 
@@ -351,6 +438,14 @@ void file_pool_stop(struct sandbox *sb)
         w->busy = false;
         /* The warden goes down with everything in the sandbox: no signal needed. */
         fw_retire(w, false);
+    }
+    while (!dlist_empty(&pool->queue)) {
+        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
+        dlist_del(&q->link);
+        conch_rpc_call_failf(q->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "the file request could not complete: the sandbox stopped");
+        free(q->text);
+        free(q);
     }
     free(pool);
     sb->file_pool = NULL;

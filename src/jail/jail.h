@@ -73,7 +73,7 @@ struct conch_jail_spec {
     /* Host dir holding the overlay's upper/ and work/, kept after the sandbox (for changes
      * and commit); NULL: a tmpfs of disk_bytes that lives as long as the warden. */
     const char *upper_dir;
-    conch_jail_file_fn file_handler; /* NULL: conch_jail_file() is refused */
+    conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* Host root: the sandbox's ids 0..65535 map onto host ids host_id_base.. (+65535), a
      * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
