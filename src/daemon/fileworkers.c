@@ -124,10 +124,6 @@ struct fworker {
     bool busy;
     struct conch_rpc_call *call;
     bool measure, frees;
-    uint64_t out_len; /* the request's frame header */
-    char *text;       /* the request, until written */
-    uv_write_t wreq;
-    bool writing;
     /* its answer */
     unsigned char hdr[8];
     size_t hdr_got;
@@ -136,10 +132,17 @@ struct fworker {
     char scratch[64]; /* where bytes read when no answer is due go */
 };
 
+/* A request on its way to a worker: owns the frame, freed when written (or cancelled). */
+struct fw_write {
+    uv_write_t req;
+    uint64_t len; /* the frame's header */
+    char *text;
+};
+
 static void fw_on_closed(uv_handle_t *h)
 {
     struct fworker *w = h->data;
-    if (--w->handles == 0 && !w->writing) {
+    if (--w->handles == 0) {
         free(w->buf);
         free(w);
     }
@@ -147,15 +150,10 @@ static void fw_on_closed(uv_handle_t *h)
 
 static void fw_on_written(uv_write_t *req, int status)
 {
-    struct fworker *w = req->data;
+    struct fw_write *wr = req->data;
     (void)status; /* a worker that is gone shows as EOF on the read side */
-    free(w->text);
-    w->text = NULL;
-    w->writing = false;
-    if (w->handles == 0) {
-        free(w->buf);
-        free(w);
-    }
+    free(wr->text);
+    free(wr);
 }
 
 /* Take @w out of its pool, kill it and close its handles. */
@@ -301,7 +299,7 @@ static struct fworker *fw_start(struct file_pool *pool)
     w->id = id;
     uv_pipe_init(&sb->d->loop, &w->pipe, 0);
     uv_timer_init(&sb->d->loop, &w->timer);
-    w->pipe.data = w->timer.data = w->wreq.data = w;
+    w->pipe.data = w->timer.data = w;
     w->handles = 2;
     dlist_add(&pool->workers, &w->link);
     pool->n++;
@@ -321,7 +319,7 @@ static struct fworker *pool_free_worker(struct file_pool *pool)
     dlist_for_each_safe(pos, tmp, &pool->workers)
     {
         struct fworker *c = dlist_entry(pos, struct fworker, link);
-        if (!c->busy && !c->writing)
+        if (!c->busy)
             return c;
     }
     if (pool->n >= FILE_POOL_MAX || pool->failures >= FILE_POOL_MAX_FAILURES || !pool->sb->jail_up)
@@ -333,17 +331,21 @@ static struct fworker *pool_free_worker(struct file_pool *pool)
 static int fw_send(struct fworker *w, struct conch_rpc_call *call, char *text, bool measure,
                    bool frees)
 {
-    size_t len = strlen(text);
-    w->out_len = len;
-    w->text = text;
-    uv_buf_t bufs[2] = {uv_buf_init((char *)&w->out_len, sizeof(w->out_len)),
-                        uv_buf_init(text, (unsigned)len)};
-    if (uv_write(&w->wreq, (uv_stream_t *)&w->pipe, bufs, 2, fw_on_written) < 0) {
-        w->text = NULL;
+    struct fw_write *wr = malloc(sizeof(*wr));
+    if (!wr) {
+        fw_retire(w, true); /* so that a caller's next try does not loop on it */
+        return -1;
+    }
+    wr->req.data = wr;
+    wr->len = strlen(text);
+    wr->text = text;
+    uv_buf_t bufs[2] = {uv_buf_init((char *)&wr->len, sizeof(wr->len)),
+                        uv_buf_init(text, (unsigned)wr->len)};
+    if (uv_write(&wr->req, (uv_stream_t *)&w->pipe, bufs, 2, fw_on_written) < 0) {
+        free(wr);
         fw_retire(w, true);
         return -1;
     }
-    w->writing = true;
     w->busy = true;
     w->call = call;
     w->measure = measure;

@@ -48,6 +48,13 @@ def _status(pid):
         return None
 
 
+def _fd_count(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except PermissionError:
+        return None
+
+
 def workers(daemon):
     """Host pids of the live persistent file workers under @daemon."""
     found = []
@@ -88,6 +95,7 @@ def test_a_worker_serves_many_requests(daemon, fsw):
     assert call("fs.read", path="a.txt")["content"] == "alpha\nbeta\n"
     first = wait_workers(daemon, lambda w: len(w) >= 1)
     assert len(first) == 1, first
+    fds_before = _fd_count(first[0])
     for i in range(300):
         call("fs.write", path=f"f{i % 7}.txt", content=f"n{i}")
         assert call("fs.read", path=f"f{i % 7}.txt")["content"] == f"n{i}"
@@ -95,6 +103,10 @@ def test_a_worker_serves_many_requests(daemon, fsw):
         "fs.ls", path=".") else None
     # One request at a time from one client: the one worker served all 900 of them.
     assert workers(daemon) == first
+    # and leaked no fd (readable by root only: the worker is not dumpable)
+    assert _fd_count(first[0]) == fds_before, (fds_before, _fd_count(first[0]))
+    if fds_before is not None:
+        assert fds_before <= 5, os.listdir(f"/proc/{first[0]}/fd")
     assert names is None or {f"f{k}.txt" for k in range(7)} <= {os.path.basename(n) for n in names}
 
 
@@ -231,3 +243,23 @@ def test_workers_go_with_the_sandbox(daemon, rpc, fsw):
     assert new and not set(old) & set(new), (old, new)
     rpc.call("sandbox.destroy", {"id": sb}, timeout=30)
     assert wait_workers(daemon, lambda w: not w) == []
+
+
+def test_pooled_and_forked_answers_are_identical(daemon, fsw, ws):
+    """Pipelined, the first requests go to the two persistent workers, the next ones to
+    forked workers, the rest wait in line: every answer must be the same."""
+    call, sb = fsw
+    (ws / "d").mkdir()
+    for i in range(5):
+        (ws / "d" / f"{i}.py").write_text(f"def f{i}():\n    return {i}\n")
+    rpc = daemon.client()
+    reqs = [("fs.ls", {"path": "d"}), ("fs.read", {"path": "d/3.py", "offset": 1}),
+            ("fs.grep", {"pattern": "return [0-9]", "path": "d"}),
+            ("fs.read", {"path": "missing.txt"}), ("fs.glob", {"pattern": "d/*.py"})]
+    for method, params in reqs:
+        ids = [rpc.request(method, {"sandbox": sb, **params}) for _ in range(16)]
+        answers = [rpc.wait(i, timeout=60) for i in ids]
+        for a in answers:
+            a.pop("id")
+        assert all(a == answers[0] for a in answers), (method, answers)
+    assert len(workers(daemon)) == 2
