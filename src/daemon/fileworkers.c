@@ -27,8 +27,8 @@
 #define FILE_FORK_MAX 8
 /* Requests waiting for a worker; past this, the request is refused (busy). */
 #define FILE_QUEUE_MAX 4096
-/* Workers that died before their first answer: past this many, the sandbox forks a worker
- * per request again (a pool that cannot start must not fail every request). */
+/* Workers in a row that died before their first answer: past this many, the sandbox forks
+ * a worker per request again (a pool that cannot start must not fail every request). */
 #define FILE_POOL_MAX_FAILURES 3
 
 /* ---- inside the sandbox ---- */
@@ -272,6 +272,7 @@ static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
         char *buf = w->buf;
         w->buf = NULL;
         w->served++;
+        w->pool->failures = 0; /* the pool works: only failures in a row count */
         fw_answer(w, buf, w->len);
     }
 }
