@@ -28,8 +28,10 @@
 /* Requests waiting for a worker; past this, the request is refused (busy). */
 #define FILE_QUEUE_MAX 4096
 /* Workers in a row that died before their first answer: past this many, the sandbox forks
- * a worker per request again (a pool that cannot start must not fail every request). */
+ * a worker per request again for a while (a pool that cannot start must not fail every
+ * request), then tries one more. */
 #define FILE_POOL_MAX_FAILURES 3
+#define FILE_POOL_RETRY_MS 30000
 
 /* ---- inside the sandbox ---- */
 
@@ -101,7 +103,27 @@ struct file_pool {
     unsigned failures;
     struct dlist queue; /* struct queued: requests waiting for a worker, oldest first */
     unsigned queued;
+    uint64_t retry_at; /* loop time: after too many failures, no new worker before this */
 };
+
+/* Whether @pool may start a worker now. */
+static bool pool_may_start(struct file_pool *pool)
+{
+    if (pool->failures < FILE_POOL_MAX_FAILURES)
+        return true;
+    uint64_t now = uv_now(&pool->sb->d->loop);
+    if (!pool->retry_at) {
+        pool->retry_at = now + FILE_POOL_RETRY_MS;
+        log_warn("sandbox %s: %u file workers in a row died before answering: a worker is "
+                 "forked per request for %d s",
+                 pool->sb->id, pool->failures, FILE_POOL_RETRY_MS / 1000);
+    }
+    if (now < pool->retry_at)
+        return false;
+    pool->retry_at = 0;
+    pool->failures = FILE_POOL_MAX_FAILURES - 1; /* one more try */
+    return true;
+}
 
 struct queued {
     struct dlist link;
@@ -323,7 +345,7 @@ static struct fworker *pool_free_worker(struct file_pool *pool)
         if (!c->busy)
             return c;
     }
-    if (pool->n >= FILE_POOL_MAX || pool->failures >= FILE_POOL_MAX_FAILURES || !pool->sb->jail_up)
+    if (pool->n >= FILE_POOL_MAX || !pool->sb->jail_up || !pool_may_start(pool))
         return NULL;
     return fw_start(pool);
 }
