@@ -342,10 +342,10 @@ int daemon_file_serve(int sock);
  * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). */
 void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,
                        bool measure, bool frees);
-/* file_pool_submit - give the request @text (owned when it returns true) to a free persistent file
- * worker of
- * @sb (starting one if fewer run than the pool holds) and return true; false when all are
- * busy or none can be had: the caller forks a worker for it. */
+/* file_pool_submit - give the request @text (owned when it returns true) to a free
+ * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
+ * when all are busy and many forked workers are in flight, and return true; false: the
+ * caller forks a worker for it. */
 bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
                       bool frees);
 /* file_pool_stop - fail the requests of @sb's persistent workers and end them. */
