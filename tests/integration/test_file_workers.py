@@ -159,9 +159,25 @@ for d in os.listdir('/proc'):
         continue
     if b'conch-file' in cmd or b'conch-warden' in cmd:
         seen.append(d)
+    # the command's own processes may be traceable (Yama permitting): conch's must not be
     if libc.ptrace(16, int(d), 0, 0) == 0:  # PTRACE_ATTACH
-        traced.append((d, cmd[:40]))
+        if b'conch' in cmd:
+            traced.append((d, cmd[:40]))
         libc.ptrace(17, int(d), 0, 0)  # PTRACE_DETACH
+# and pids the scan cannot list: none of 1..4096 but our own namespace's may answer
+listed = set(os.listdir('/proc'))
+for pid in range(1, 4097):
+    if str(pid) in listed:
+        continue
+    try:
+        os.kill(pid, 0)
+        traced.append((pid, 'hidden'))
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        traced.append((pid, 'hidden, exists'))
+    if libc.ptrace(16, pid, 0, 0) == 0:
+        traced.append((pid, 'hidden, traced'))
 print('seen', seen)
 print('traced', traced)
 """
