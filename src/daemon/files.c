@@ -57,7 +57,7 @@ char *daemon_file_answer(const char *buf, size_t len)
     }
     if (root >= 0)
         close(root);
-    char *text = json_dumps(resp, JSON_COMPACT | JSON_ALLOW_NUL);
+    char *text = json_dumps(resp, JSON_COMPACT);
     json_decref(resp);
     json_decref(req);
     return text;
@@ -412,7 +412,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     json_t *p = json_copy(params);
     json_object_del(p, "sandbox");
     json_t *req = json_pack("{s:s,s:o}", "method", method, "params", p);
-    char *text = req ? json_dumps(req, JSON_COMPACT | JSON_ALLOW_NUL) : NULL;
+    char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     int memfd = -1, pipefd[2] = {-1, -1};
     struct conch_err err = {0};
