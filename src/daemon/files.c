@@ -124,9 +124,39 @@ struct file_answer {
     json_t *error; /* or the error object */
 };
 
+/* The common answer, {"result":{...}} as the worker's json_dumps wrote it, is checked by
+ * parsing its result (one object, no duplicate keys, nothing after it) and sent as it is,
+ * without serialising it again. A raw CR or LF can only be whitespace between tokens in
+ * valid JSON and would end the client's line: an answer with one takes the full path,
+ * which writes it anew. */
+static bool answer_verbatim(struct file_answer *a)
+{
+    static const char prefix[] = "{\"result\":{";
+    size_t np = sizeof(prefix) - 2; /* up to the result's '{' */
+    if (a->len < np + 3 || memcmp(a->buf, prefix, np + 1) || a->buf[a->len - 1] != '}')
+        return false;
+    char *r = a->buf + np;
+    size_t rlen = a->len - np - 1;
+    if (memchr(r, '\n', rlen) || memchr(r, '\r', rlen))
+        return false;
+    json_error_t jerr;
+    json_t *v = json_loadb(r, rlen, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    bool ok = json_is_object(v);
+    json_decref(v);
+    if (!ok)
+        return false;
+    memmove(a->buf, r, rlen);
+    a->buf[rlen] = '\0';
+    a->text = a->buf;
+    a->buf = NULL;
+    return true;
+}
+
 static void answer_work(uv_work_t *req)
 {
     struct file_answer *a = req->data;
+    if (answer_verbatim(a))
+        return;
     json_error_t jerr;
     json_t *resp = a->len ? json_loadb(a->buf, a->len, JSON_ALLOW_NUL, &jerr) : NULL;
     free(a->buf);

@@ -279,3 +279,20 @@ def test_pooled_and_forked_answers_are_identical(daemon, fsw, ws):
             a.pop("id")
         assert all(a == answers[0] for a in answers), (method, answers)
     assert len(workers(daemon)) == 2
+
+
+def test_awkward_content_round_trips(fsw):
+    """Answers pass the daemon's check as they are when they are one well-formed result
+    (files.c answer_verbatim): content with escapes, NUL, line separators and non-ASCII
+    must come back exactly."""
+    call, sb = fsw
+    text = 'q"uote\\back\tslash\r\nnl\u2028ls\u2029ps\x7fdel é 日本 \U0001f600 ' * 50
+    call("fs.write", path="awk.txt", content=text)
+    got = call("fs.read", path="awk.txt", limit=100000)["content"]
+    assert got == text, (len(got), len(text), got[:200])
+    data = bytes(range(256)) * 20
+    call("fs.write", path="awk.bin", content=base64.b64encode(data).decode(), encoding="base64")
+    got = call("fs.read", path="awk.bin", encoding="base64")
+    assert base64.b64decode(got["content"]) == data
+    names = [e["name"] for e in call("fs.ls", path=".")["entries"]]
+    assert "awk.txt" in names and "awk.bin" in names
