@@ -132,6 +132,7 @@ struct sandbox {
     struct dlist runs;           /* struct run: exec.run and jobs not finished yet */
     struct dlist done_jobs;      /* struct run: finished jobs, output still readable */
     struct dlist files;          /* struct file_req in flight */
+    struct file_pool *file_pool; /* persistent file workers (fileworkers.c); NULL: none yet */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
     double tool_timeout;         /* its limits (0: the bridge's defaults) */
     unsigned max_tool_calls;
@@ -325,7 +326,30 @@ void sandbox_measure(struct sandbox *sb);
 bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call);
 /* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
 void ws_ops_cancel(struct sandbox *sb, const char *why);
+/* The largest fs.* request a file worker takes. */
+#define CONCH_FILE_MAX_REQUEST (256u << 20)
+/* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
+#define CONCH_FILE_TIMEOUT_MS (120 * 1000)
+/* The largest answer of a file worker. */
+#define CONCH_FILE_MAX_RESPONSE (64u << 20)
 int daemon_file_handler(int req_fd, int resp_fd);
+/* daemon_file_answer - inside the sandbox: do the fs.* request @buf (JSON {method, params})
+ * and return the answer's JSON text (malloc'd), or NULL for a malformed request. */
+char *daemon_file_answer(const char *buf, size_t len);
+/* daemon_file_serve - inside the sandbox: a persistent file worker's loop (fileworkers.c). */
+int daemon_file_serve(int sock);
+/* file_answer_queue - parse the worker's answer @buf (owned) off the loop and complete
+ * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). */
+void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,
+                       bool measure, bool frees);
+/* file_pool_submit - give the request @text (owned when it returns true) to a free
+ * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
+ * when all are busy and many forked workers are in flight, and return true; false: the
+ * caller forks a worker for it. */
+bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
+                      bool frees);
+/* file_pool_stop - fail the requests of @sb's persistent workers and end them. */
+void file_pool_stop(struct sandbox *sb);
 void file_req_abort(struct file_req *fr);
 /* handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
 void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method);

@@ -19,28 +19,18 @@
 #include "fs/fs.h"
 #include "workspace/workspace.h"
 
-/* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
-#define FILE_TIMEOUT_MS (120 * 1000)
-
-#define MAX_FILE_RESPONSE (64u << 20)
-
 /* ---- inside the sandbox ---- */
 
-int daemon_file_handler(int req_fd, int resp_fd)
+char *daemon_file_answer(const char *buf, size_t len)
 {
-    struct stat st;
-    if (fstat(req_fd, &st) < 0 || st.st_size <= 0 || st.st_size > (256 << 20))
-        return 1;
-    char *buf = malloc((size_t)st.st_size);
-    if (!buf || pread(req_fd, buf, (size_t)st.st_size, 0) != st.st_size)
-        return 1;
     json_error_t jerr;
-    json_t *req = json_loadb(buf, (size_t)st.st_size, JSON_ALLOW_NUL, &jerr);
-    free(buf);
+    json_t *req = json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
     const char *method = json_string_value(json_object_get(req, "method"));
     json_t *params = json_object_get(req, "params");
-    if (!method || !json_is_object(params))
-        return 1;
+    if (!method || !json_is_object(params)) {
+        json_decref(req);
+        return NULL;
+    }
     /* The whole sandbox, as its user sees it: relative paths are under /workspace. */
     int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct conch_fs_error ferr;
@@ -65,10 +55,27 @@ int daemon_file_handler(int req_fd, int resp_fd)
             json_object_set_new(e, "limit", json_integer(CONCH_FS_MAX_FILE));
         resp = json_pack("{s:o}", "error", e);
     }
-    char *text = json_dumps(resp, JSON_COMPACT | JSON_ALLOW_NUL);
+    if (root >= 0)
+        close(root);
+    char *text = json_dumps(resp, JSON_COMPACT);
     json_decref(resp);
     json_decref(req);
-    int r = text ? conch_write_all(resp_fd, text, strlen(text)) : -ENOMEM;
+    return text;
+}
+
+int daemon_file_handler(int req_fd, int resp_fd)
+{
+    struct stat st;
+    if (fstat(req_fd, &st) < 0 || st.st_size <= 0 || st.st_size > CONCH_FILE_MAX_REQUEST)
+        return 1;
+    char *buf = malloc((size_t)st.st_size);
+    if (!buf || pread(req_fd, buf, (size_t)st.st_size, 0) != st.st_size)
+        return 1;
+    char *text = daemon_file_answer(buf, (size_t)st.st_size);
+    free(buf);
+    if (!text)
+        return 1;
+    int r = conch_write_all(resp_fd, text, strlen(text));
     free(text);
     return r < 0 ? 1 : 0;
 }
@@ -117,9 +124,39 @@ struct file_answer {
     json_t *error; /* or the error object */
 };
 
+/* The common answer, {"result":{...}} as the worker's json_dumps wrote it, is checked by
+ * parsing its result (one object, no duplicate keys, nothing after it) and sent as it is,
+ * without serialising it again. A raw CR or LF can only be whitespace between tokens in
+ * valid JSON and would end the client's line: an answer with one takes the full path,
+ * which writes it anew. */
+static bool answer_verbatim(struct file_answer *a)
+{
+    static const char prefix[] = "{\"result\":{";
+    size_t np = sizeof(prefix) - 2; /* up to the result's '{' */
+    if (a->len < np + 3 || memcmp(a->buf, prefix, np + 1) || a->buf[a->len - 1] != '}')
+        return false;
+    char *r = a->buf + np;
+    size_t rlen = a->len - np - 1;
+    if (memchr(r, '\n', rlen) || memchr(r, '\r', rlen))
+        return false;
+    json_error_t jerr;
+    json_t *v = json_loadb(r, rlen, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    bool ok = json_is_object(v);
+    json_decref(v);
+    if (!ok)
+        return false;
+    memmove(a->buf, r, rlen);
+    a->buf[rlen] = '\0';
+    a->text = a->buf;
+    a->buf = NULL;
+    return true;
+}
+
 static void answer_work(uv_work_t *req)
 {
     struct file_answer *a = req->data;
+    if (answer_verbatim(a))
+        return;
     json_error_t jerr;
     json_t *resp = a->len ? json_loadb(a->buf, a->len, JSON_ALLOW_NUL, &jerr) : NULL;
     free(a->buf);
@@ -171,45 +208,51 @@ static void answer_done(uv_work_t *req, int status)
     free(a);
 }
 
-static void file_req_done(struct file_req *fr)
+void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,
+                       bool measure, bool frees)
 {
     /* Nobody will read the answer (its client went away, or was cut off past its output
      * buffer limit): do not parse it. */
-    if (fr->call && conch_rpc_call_cancelled(fr->call)) {
-        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled",
-                            NULL);
-        fr->call = NULL;
-        file_req_close(fr);
+    struct file_answer *a = NULL;
+    if (call && conch_rpc_call_cancelled(call)) {
+        conch_rpc_call_fail(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled", NULL);
+        free(buf);
         return;
     }
-    struct file_answer *a = calloc(1, sizeof(*a));
-    if (!a) {
-        conch_rpc_call_fail(fr->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
+    if (!(a = calloc(1, sizeof(*a)))) {
+        conch_rpc_call_fail(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "out of memory",
                             NULL);
-        fr->call = NULL;
-        file_req_close(fr);
+        free(buf);
         return;
     }
     /* What a write added, or a delete freed, counts at once: measure. A delete opens the
      * way again until the measurement says otherwise. */
-    if (fr->measure) {
-        if (fr->frees)
-            fr->sb->disk_over = false;
-        sandbox_measure(fr->sb);
+    if (measure) {
+        if (frees)
+            sb->disk_over = false;
+        sandbox_measure(sb);
     }
     /* The answer leaves the request (and its sandbox): a stop meanwhile changes nothing. */
     a->req.data = a;
-    a->call = fr->call;
-    a->buf = fr->buf;
-    a->len = fr->len;
+    a->call = call;
+    a->buf = buf;
+    a->len = len;
+    if (uv_queue_work(&sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+        answer_work(&a->req);
+        answer_done(&a->req, 0);
+    }
+}
+
+static void file_req_done(struct file_req *fr)
+{
+    struct conch_rpc_call *call = fr->call;
+    char *buf = fr->buf;
+    size_t len = fr->len;
     fr->call = NULL;
     fr->buf = NULL;
     fr->len = fr->cap = 0;
     file_req_close(fr);
-    if (uv_queue_work(&fr->sb->d->loop, &a->req, answer_work, answer_done) < 0) {
-        answer_work(&a->req);
-        answer_done(&a->req, 0);
-    }
+    file_answer_queue(fr->sb, call, buf, len, fr->measure, fr->frees);
 }
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -235,9 +278,9 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     (void)buf;
     if (n > 0) {
         fr->len += (size_t)n;
-        if (fr->len > MAX_FILE_RESPONSE) {
+        if (fr->len > CONCH_FILE_MAX_RESPONSE) {
             conch_rpc_call_failf(fr->call, CONCH_RPC_TOO_LARGE, "too_large", NULL,
-                                 "the answer is larger than %u bytes", MAX_FILE_RESPONSE);
+                                 "the answer is larger than %u bytes", CONCH_FILE_MAX_RESPONSE);
             fr->call = NULL;
             file_req_close(fr);
         }
@@ -399,7 +442,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     json_t *p = json_copy(params);
     json_object_del(p, "sandbox");
     json_t *req = json_pack("{s:s,s:o}", "method", method, "params", p);
-    char *text = req ? json_dumps(req, JSON_COMPACT | JSON_ALLOW_NUL) : NULL;
+    char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     int memfd = -1, pipefd[2] = {-1, -1};
     struct conch_err err = {0};
@@ -408,6 +451,9 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
         conch_err_set(&err, ENOMEM, "out of memory");
         goto fail;
     }
+    /* A persistent worker when one is free (fileworkers.c); else one forked for it. */
+    if (file_pool_submit(sb, call, text, writes || frees, frees))
+        return;
     memfd = memfd_create("conch-file-req", MFD_CLOEXEC);
     if (memfd < 0 || conch_write_all(memfd, text, strlen(text)) < 0 ||
         pipe2(pipefd, O_CLOEXEC) < 0) {
@@ -424,7 +470,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     fr->frees = frees;
     fr->id = conch_super_next_id(&sb->super);
     /* The warden kills a worker that runs past this: a request never hangs forever. */
-    if (conch_jail_send_file(sb->jail, fr->id, memfd, pipefd[1], FILE_TIMEOUT_MS, &err) < 0)
+    if (conch_jail_send_file(sb->jail, fr->id, memfd, pipefd[1], CONCH_FILE_TIMEOUT_MS, &err) < 0)
         goto fail;
     close(memfd);
     close(pipefd[1]);

@@ -115,6 +115,7 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : DEFAULT_DISK_BYTES;
     spec.file_handler = daemon_file_handler;
+    spec.file_server = daemon_file_serve;
     /* The daemon raised its open files limit; commands keep the usual one. */
     spec.nofile = sb->d->nofile_orig;
     /* The tool bridge: its socket inside, and the in-sandbox clients (tool_call, conch_tools,
@@ -361,6 +362,7 @@ static void sandbox_stop_handles(struct sandbox *sb, const char *why)
         conch_bridge_listen(sb->bridge, -1, NULL);
     dlist_for_each_safe(pos, tmp, &sb->files)
         file_req_abort(dlist_entry(pos, struct file_req, link));
+    file_pool_stop(sb);
     if (sb->ctl_poll) {
         uv_poll_stop(sb->ctl_poll);
         uv_close((uv_handle_t *)sb->ctl_poll, on_poll_closed);

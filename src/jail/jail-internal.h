@@ -92,6 +92,7 @@ struct jail_plan {
     struct rlimit rlimit_nofile; /* rlim_cur 0: inherited */
     /* file requests: run in a fenced worker with the request and response fds */
     conch_jail_file_fn file_handler;
+    conch_jail_file_serve_fn file_server; /* persistent file workers */
     /* workspace upper on disk (persistent) instead of a tmpfs */
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
@@ -104,7 +105,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0003u /* "co" + version 3 */
+#define JAIL_PROTO_VERSION 0x636f0004u /* "co" + version 4 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -120,6 +121,7 @@ enum jail_msg_type {
     JMSG_SIGNAL,       /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
     JMSG_FILE,         /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
+    JMSG_FILE_SERVE,   /* parent → warden: id; fds [stream socket]: a persistent file worker */
 };
 
 /* JMSG_EXITED flags */

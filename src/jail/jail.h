@@ -44,6 +44,14 @@ const char *conch_ws_mode_name(enum conch_ws_mode mode);
  */
 typedef int (*conch_jail_file_fn)(int req_fd, int resp_fd);
 
+/*
+ * A persistent file worker's loop, run inside the sandbox under the same fences as
+ * conch_jail_file_fn: it serves framed requests from @sock (a stream socket whose other end
+ * the caller holds) one at a time until EOF; the worker exits with its return value. See
+ * conch_jail_send_file_server().
+ */
+typedef int (*conch_jail_file_serve_fn)(int sock);
+
 /* What a sandbox is made of. Strings are borrowed for the duration of conch_jail_start. */
 struct conch_jail_spec {
     const char *rootfs;    /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
@@ -65,7 +73,8 @@ struct conch_jail_spec {
     /* Host dir holding the overlay's upper/ and work/, kept after the sandbox (for changes
      * and commit); NULL: a tmpfs of disk_bytes that lives as long as the warden. */
     const char *upper_dir;
-    conch_jail_file_fn file_handler; /* NULL: conch_jail_file() is refused */
+    conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
+    conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* Host root: the sandbox's ids 0..65535 map onto host ids host_id_base.. (+65535), a
      * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
      * 0: conch_jail_spawn claims one and releases it in conch_jail_destroy. */
@@ -195,6 +204,17 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret,
  */
 int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
                          uint64_t timeout_ms, struct conch_err *err);
+
+/*
+ * conch_jail_send_file_server - start persistent file worker @id: the warden forks a worker
+ * fenced like the one of conch_jail_send_file (and in the same place: the warden's pid
+ * namespace, where no command can see it), which runs the spec's file_server on @sock
+ * (borrowed: the caller closes its copy and keeps the other end). It has no deadline of the
+ * warden's: the caller ends it by closing its end, or with conch_jail_send_signal(@id,
+ * SIGKILL). If the warden cannot start it, a START_FAILED event with @id arrives and @sock's
+ * peer sees EOF.
+ */
+int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err);
 
 /*
  * conch_jail_upper_open - open the overlay upper dir of @j (host side, through the

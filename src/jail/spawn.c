@@ -255,6 +255,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->rlimit_fsize = spec->file_bytes;
     plan->rlimit_nofile = spec->nofile;
     plan->file_handler = spec->file_handler;
+    plan->file_server = spec->file_handler ? spec->file_server : NULL;
     plan->ptc_socket = spec->ptc_socket;
     if (spec->ptc_dir) {
         if (spec->ptc_dir[0] != '/' || strlen(spec->ptc_dir) + 9 >= sizeof(plan->ptc_lib))
@@ -671,6 +672,15 @@ int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_
     int r = jail_send(j->ctl_fd, &m, fds, 2);
     if (r < 0)
         return conch_err_set(err, -r, "send file request to the warden: %s", strerror(-r));
+    return 0;
+}
+
+int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_FILE_SERVE, .id = id};
+    int r = jail_send(j->ctl_fd, &m, &sock, 1);
+    if (r < 0)
+        return conch_err_set(err, -r, "start a file worker in the warden: %s", strerror(-r));
     return 0;
 }
 

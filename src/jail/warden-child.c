@@ -506,10 +506,11 @@ fail:
     _exit(1);
 }
 
-/* A file worker: fenced like a command, then the caller's handler does the request. */
-__attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int fds[2])
+/* A file worker: fenced like a command, then the caller's handler does the request. A
+ * persistent one (@nfds 1) serves requests from its socket until EOF. */
+__attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int *fds, int nfds)
 {
-    if (dup3(fds[0], 3, O_CLOEXEC) < 0 || dup3(fds[1], 4, O_CLOEXEC) < 0)
+    if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds == 2 && dup3(fds[1], 4, O_CLOEXEC) < 0))
         _exit(120);
     if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
         _exit(120);
@@ -527,10 +528,16 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     signal(SIGXFSZ, SIG_IGN);
     oom_score_raise();
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    conch_proctitle_set_child("conch-file-worker");
+    conch_proctitle_set_child(nfds == 1 ? "conch-file-server" : "conch-file-worker");
     const char *step;
     if (fence_self(plan, plan->seccomp_file, &step) < 0 || chdir("/workspace") < 0)
         _exit(121);
+    if (nfds == 1) {
+        /* It lives long, beside other workers of the same uid: nothing may read its memory. */
+        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+            _exit(121);
+        _exit(plan->file_server(3) & 0x7f);
+    }
     _exit(plan->file_handler(3, 4) & 0x7f);
 }
 
@@ -756,7 +763,8 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
                              int nfds, struct jail_msg *reply)
 {
     int i = slot_alloc();
-    if (nfds != 2 || !plan->file_handler)
+    bool serve = m->type == JMSG_FILE_SERVE;
+    if (nfds != (serve ? 1 : 2) || (serve ? !plan->file_server : !plan->file_handler))
         return conch_err_set(&reply->err, EINVAL, "warden: file requests are not enabled"), -1;
     if (i < 0)
         return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
@@ -764,7 +772,7 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
                -1;
     pid_t pid = raw_fork();
     if (pid == 0)
-        file_worker(plan, fds);
+        file_worker(plan, fds, nfds);
     if (pid < 0)
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
     memset(&slots[i], 0, sizeof(slots[i]));
@@ -892,6 +900,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             started = start_command(plan, &m, fds, nfds, &reply);
             break;
         case JMSG_FILE:
+        case JMSG_FILE_SERVE:
             started = start_file_worker(plan, &m, fds, nfds, &reply);
             break;
         case JMSG_SIGNAL: {

@@ -323,7 +323,7 @@ def test_file_worker_killed_fails_only_its_request(daemon, rpc, sandbox, ws):
                     continue
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        if f.read().startswith(b"conch-file-worker"):
+                        if f.read().startswith(b"conch-file-"):  # -worker or -server
                             os.kill(int(pid), signal.SIGKILL)
                             killed[0] += 1
                 except OSError:

@@ -1,0 +1,477 @@
+/* fileworkers.c - persistent file workers: per sandbox, up to FILE_POOL_MAX long-lived
+ * fenced workers (forked by the warden like the per-request ones, in its pid namespace, with
+ * every fence of a command) that serve fs.* requests one at a time over a stream socket
+ * pair. Frames both ways are a native-endian uint64_t length and that many bytes of JSON:
+ * the request as the per-request worker reads it from its memfd, the answer as it writes it
+ * to its pipe. The daemon side times each request out (CONCH_FILE_TIMEOUT_MS) and kills a
+ * worker that dies, hangs or misbehaves; its request fails as a per-request worker's would,
+ * and the next request starts a new worker. When every worker is busy, files.c forks one
+ * for the request, as before. */
+#include <errno.h>
+#include <malloc.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "daemon/daemon-internal.h"
+
+#define FILE_POOL_MAX 2
+/* Forked workers in flight when every persistent one is busy; past this, requests wait in
+ * the pool's queue for a persistent worker (the warden's control socket takes only so many
+ * messages at once: a burst of forks overflowed it). */
+#define FILE_FORK_MAX 8
+/* Requests waiting for a worker; past this, the request is refused (busy). */
+#define FILE_QUEUE_MAX 4096
+/* Workers in a row that died before their first answer: past this many, the sandbox forks
+ * a worker per request again for a while (a pool that cannot start must not fail every
+ * request), then tries one more. */
+#define FILE_POOL_MAX_FAILURES 3
+#define FILE_POOL_RETRY_MS 30000
+
+/* ---- inside the sandbox ---- */
+
+/* Read exactly @len bytes; 1 done, 0 EOF before any, -1 error or EOF midway. */
+static int read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n == 0 && got == 0 ? 0 : -1;
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+static int write_frame(int fd, const char *text, uint64_t len)
+{
+    struct iovec iov[2] = {{.iov_base = &len, .iov_len = sizeof(len)},
+                           {.iov_base = (void *)text, .iov_len = len}};
+    size_t total = sizeof(len) + len, done = 0;
+    while (done < total) {
+        /* The first write takes both pieces at once; the rest, if any, follows. */
+        ssize_t n = done == 0            ? writev(fd, iov, 2)
+                    : done < sizeof(len) ? write(fd, (char *)&len + done, sizeof(len) - done)
+                                         : write(fd, text + (done - sizeof(len)), total - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+int daemon_file_serve(int sock)
+{
+    for (;;) {
+        uint64_t len;
+        int r = read_full(sock, &len, sizeof(len));
+        if (r == 0)
+            return 0; /* the daemon closed its end: done */
+        if (r < 0 || len == 0 || len > CONCH_FILE_MAX_REQUEST)
+            return 1;
+        char *buf = malloc(len);
+        if (!buf || read_full(sock, buf, len) != 1)
+            return 1;
+        char *text = daemon_file_answer(buf, len);
+        free(buf);
+        /* An empty answer: the request was malformed (the daemon answers "no answer"). */
+        r = write_frame(sock, text ? text : "", text ? strlen(text) : 0);
+        free(text);
+        if (r < 0)
+            return 1;
+        /* An upload or a big read leaves its peak in the heap: give it back. */
+        if (len > (1u << 20))
+            malloc_trim(0);
+    }
+}
+
+/* ---- the daemon side ---- */
+
+struct file_pool {
+    struct sandbox *sb;
+    struct dlist workers; /* struct fworker */
+    unsigned n;
+    unsigned failures;
+    struct dlist queue; /* struct queued: requests waiting for a worker, oldest first */
+    unsigned queued;
+    uint64_t retry_at; /* loop time: after too many failures, no new worker before this */
+};
+
+/* Whether @pool may start a worker now. */
+static bool pool_may_start(struct file_pool *pool)
+{
+    if (pool->failures < FILE_POOL_MAX_FAILURES)
+        return true;
+    uint64_t now = uv_now(&pool->sb->d->loop);
+    if (!pool->retry_at) {
+        pool->retry_at = now + FILE_POOL_RETRY_MS;
+        log_warn("sandbox %s: %u file workers in a row died before answering: a worker is "
+                 "forked per request for %d s",
+                 pool->sb->id, pool->failures, FILE_POOL_RETRY_MS / 1000);
+    }
+    if (now < pool->retry_at)
+        return false;
+    pool->retry_at = 0;
+    pool->failures = FILE_POOL_MAX_FAILURES - 1; /* one more try */
+    return true;
+}
+
+struct queued {
+    struct dlist link;
+    struct conch_rpc_call *call;
+    char *text;
+    bool measure, frees;
+};
+
+static void pool_next(struct file_pool *pool);
+
+struct fworker {
+    struct dlist link;
+    struct file_pool *pool; /* NULL once retired */
+    int64_t id;             /* the warden's id of it (for SIGKILL) */
+    uv_pipe_t pipe;
+    uv_timer_t timer;
+    int handles; /* open libuv handles: freed when none is left */
+    unsigned served;
+    /* the request in flight */
+    bool busy;
+    struct conch_rpc_call *call;
+    bool measure, frees;
+    /* its answer */
+    unsigned char hdr[8];
+    size_t hdr_got;
+    char *buf;
+    size_t len, want;
+    char scratch[64]; /* where bytes read when no answer is due go */
+};
+
+/* A request on its way to a worker: owns the frame, freed when written (or cancelled). */
+struct fw_write {
+    uv_write_t req;
+    uint64_t len; /* the frame's header */
+    char *text;
+};
+
+static void fw_on_closed(uv_handle_t *h)
+{
+    struct fworker *w = h->data;
+    if (--w->handles == 0) {
+        free(w->buf);
+        free(w);
+    }
+}
+
+static void fw_on_written(uv_write_t *req, int status)
+{
+    struct fw_write *wr = req->data;
+    (void)status; /* a worker that is gone shows as EOF on the read side */
+    free(wr->text);
+    free(wr);
+}
+
+/* Take @w out of its pool, kill it and close its handles. */
+static void fw_retire(struct fworker *w, bool kill_it)
+{
+    struct file_pool *pool = w->pool;
+    if (!pool)
+        return;
+    dlist_del(&w->link);
+    pool->n--;
+    if (!w->served)
+        pool->failures++;
+    w->pool = NULL;
+    struct conch_err err = {0};
+    if (kill_it && pool->sb->jail_up &&
+        conch_jail_send_signal(pool->sb->jail, w->id, SIGKILL, &err) < 0)
+        log_warn("sandbox %s: kill a file worker: %s", pool->sb->id, err.msg);
+    uv_read_stop((uv_stream_t *)&w->pipe);
+    uv_timer_stop(&w->timer);
+    uv_close((uv_handle_t *)&w->pipe, fw_on_closed);
+    uv_close((uv_handle_t *)&w->timer, fw_on_closed);
+}
+
+/* The request in flight ends: its answer (@buf owned, may be NULL: "no answer") goes to be
+ * parsed and to its client. */
+static void fw_answer(struct fworker *w, char *buf, size_t len)
+{
+    struct conch_rpc_call *call = w->call;
+    w->call = NULL;
+    w->busy = false;
+    uv_timer_stop(&w->timer);
+    file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
+    pool_next(w->pool);
+}
+
+/* The worker died, hung or misbehaved: fail its request as a per-request worker's would
+ * (no answer), and replace it (the next request starts a new one). */
+static void fw_fail(struct fworker *w)
+{
+    struct file_pool *pool = w->pool;
+    if (!pool)
+        return;
+    bool busy = w->busy;
+    struct conch_rpc_call *call = w->call;
+    w->call = NULL;
+    w->busy = false;
+    free(w->buf);
+    w->buf = NULL;
+    fw_retire(w, true);
+    if (busy)
+        file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
+    pool_next(pool);
+}
+
+static void fw_on_timeout(uv_timer_t *t)
+{
+    struct fworker *w = t->data;
+    log_warn("sandbox %s: a file request ran past %d s: its worker is killed", w->pool->sb->id,
+             CONCH_FILE_TIMEOUT_MS / 1000);
+    fw_fail(w);
+}
+
+static void fw_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct fworker *w = h->data;
+    (void)suggested;
+    if (!w->busy)
+        *buf = uv_buf_init(w->scratch, sizeof(w->scratch));
+    else if (w->hdr_got < sizeof(w->hdr))
+        *buf = uv_buf_init((char *)w->hdr + w->hdr_got, (unsigned)(sizeof(w->hdr) - w->hdr_got));
+    else
+        *buf = uv_buf_init(w->buf + w->len, (unsigned)(w->want - w->len));
+}
+
+static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    struct fworker *w = s->data;
+    (void)b;
+    if (n == 0)
+        return;
+    if (n < 0 || !w->busy) {
+        /* EOF (it died or was killed), an error, or bytes nobody asked for. */
+        if (n > 0)
+            log_warn("sandbox %s: a file worker wrote out of turn: killed", w->pool->sb->id);
+        fw_fail(w);
+        return;
+    }
+    if (w->hdr_got < sizeof(w->hdr)) {
+        w->hdr_got += (size_t)n;
+        if (w->hdr_got < sizeof(w->hdr))
+            return;
+        uint64_t want;
+        memcpy(&want, w->hdr, sizeof(want));
+        if (want > CONCH_FILE_MAX_RESPONSE) {
+            struct conch_rpc_call *call = w->call;
+            w->call = NULL;
+            w->busy = false;
+            conch_rpc_call_failf(call, CONCH_RPC_TOO_LARGE, "too_large", NULL,
+                                 "the answer is larger than %u bytes", CONCH_FILE_MAX_RESPONSE);
+            struct file_pool *pool = w->pool;
+            fw_retire(w, true);
+            pool_next(pool);
+            return;
+        }
+        w->want = (size_t)want;
+        w->len = 0;
+        w->buf = want ? malloc(w->want) : NULL;
+        if (want && !w->buf) {
+            fw_fail(w);
+            return;
+        }
+    } else {
+        w->len += (size_t)n;
+    }
+    if (w->len == w->want) {
+        char *buf = w->buf;
+        w->buf = NULL;
+        w->served++;
+        w->pool->failures = 0; /* the pool works: only failures in a row count */
+        fw_answer(w, buf, w->len);
+    }
+}
+
+static struct fworker *fw_start(struct file_pool *pool)
+{
+    struct sandbox *sb = pool->sb;
+    int sp[2];
+    struct conch_err err = {0};
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+        return NULL;
+    struct fworker *w = calloc(1, sizeof(*w));
+    int64_t id = conch_super_next_id(&sb->super);
+    if (!w || conch_jail_send_file_server(sb->jail, id, sp[1], &err) < 0) {
+        if (w)
+            log_warn("sandbox %s: %s", sb->id, err.msg);
+        free(w);
+        close(sp[0]);
+        close(sp[1]);
+        pool->failures++;
+        return NULL;
+    }
+    close(sp[1]);
+    w->pool = pool;
+    w->id = id;
+    uv_pipe_init(&sb->d->loop, &w->pipe, 0);
+    uv_timer_init(&sb->d->loop, &w->timer);
+    w->pipe.data = w->timer.data = w;
+    w->handles = 2;
+    dlist_add(&pool->workers, &w->link);
+    pool->n++;
+    if (uv_pipe_open(&w->pipe, sp[0]) < 0) {
+        close(sp[0]);
+        fw_retire(w, true);
+        return NULL;
+    }
+    uv_read_start((uv_stream_t *)&w->pipe, fw_alloc, fw_on_read);
+    return w;
+}
+
+/* A free worker of @pool (starting one if the pool has room), or NULL. */
+static struct fworker *pool_free_worker(struct file_pool *pool)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &pool->workers)
+    {
+        struct fworker *c = dlist_entry(pos, struct fworker, link);
+        if (!c->busy)
+            return c;
+    }
+    if (pool->n >= FILE_POOL_MAX || !pool->sb->jail_up || !pool_may_start(pool))
+        return NULL;
+    return fw_start(pool);
+}
+
+/* Send @text (owned on success) to @w. */
+static int fw_send(struct fworker *w, struct conch_rpc_call *call, char *text, bool measure,
+                   bool frees)
+{
+    struct fw_write *wr = malloc(sizeof(*wr));
+    if (!wr) {
+        fw_retire(w, true); /* so that a caller's next try does not loop on it */
+        return -1;
+    }
+    wr->req.data = wr;
+    wr->len = strlen(text);
+    wr->text = text;
+    uv_buf_t bufs[2] = {uv_buf_init((char *)&wr->len, sizeof(wr->len)),
+                        uv_buf_init(text, (unsigned)wr->len)};
+    if (uv_write(&wr->req, (uv_stream_t *)&w->pipe, bufs, 2, fw_on_written) < 0) {
+        free(wr);
+        fw_retire(w, true);
+        return -1;
+    }
+    w->busy = true;
+    w->call = call;
+    w->measure = measure;
+    w->frees = frees;
+    w->hdr_got = 0;
+    w->len = w->want = 0;
+    uv_timer_start(&w->timer, fw_on_timeout, CONCH_FILE_TIMEOUT_MS, 0);
+    return 0;
+}
+
+/* Give queued requests to free workers. */
+static void pool_next(struct file_pool *pool)
+{
+    while (!dlist_empty(&pool->queue)) {
+        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
+        if (conch_rpc_call_cancelled(q->call)) {
+            conch_rpc_call_fail(q->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled",
+                                NULL);
+        } else {
+            struct fworker *w = pool_free_worker(pool);
+            if (!w && pool->n > 0)
+                return; /* its turn comes when one is free */
+            if (!w || fw_send(w, q->call, q->text, q->measure, q->frees) < 0) {
+                if (w && pool->n > 0)
+                    continue; /* that one is gone: the next */
+                conch_rpc_call_failf(q->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                                     "no file worker could be started in the sandbox");
+            } else {
+                q->text = NULL;
+            }
+        }
+        dlist_del(&q->link);
+        pool->queued--;
+        free(q->text);
+        free(q);
+    }
+}
+
+static unsigned forked_in_flight(struct sandbox *sb)
+{
+    unsigned n = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->files) n++;
+    return n;
+}
+
+bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
+                      bool frees)
+{
+    if (!sb->jail_up || !sb->jail)
+        return false;
+    struct file_pool *pool = sb->file_pool;
+    if (!pool) {
+        if (!(pool = calloc(1, sizeof(*pool))))
+            return false;
+        pool->sb = sb;
+        DLIST_INIT(&pool->workers);
+        DLIST_INIT(&pool->queue);
+        sb->file_pool = pool;
+    }
+    if (strlen(text) > CONCH_FILE_MAX_REQUEST)
+        return false;
+    struct fworker *w = dlist_empty(&pool->queue) ? pool_free_worker(pool) : NULL;
+    if (w && fw_send(w, call, text, measure, frees) == 0)
+        return true;
+    /* All busy: fork a worker for it, unless many are already forked (then wait in line). */
+    if (pool->n == 0 || forked_in_flight(sb) < FILE_FORK_MAX || pool->queued >= FILE_QUEUE_MAX)
+        return false;
+    struct queued *q = calloc(1, sizeof(*q));
+    if (!q)
+        return false;
+    q->call = call;
+    q->text = text;
+    q->measure = measure;
+    q->frees = frees;
+    dlist_add(&pool->queue, &q->link);
+    pool->queued++;
+    return true;
+}
+
+void file_pool_stop(struct sandbox *sb)
+{
+    struct file_pool *pool = sb->file_pool;
+    if (!pool)
+        return;
+    while (!dlist_empty(&pool->workers)) {
+        struct fworker *w = dlist_entry(pool->workers.next, struct fworker, link);
+        if (w->busy && w->call)
+            conch_rpc_call_failf(w->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                                 "the file request could not complete: the sandbox stopped");
+        w->call = NULL;
+        w->busy = false;
+        /* The warden goes down with everything in the sandbox: no signal needed. */
+        fw_retire(w, false);
+    }
+    while (!dlist_empty(&pool->queue)) {
+        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
+        dlist_del(&q->link);
+        conch_rpc_call_failf(q->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "the file request could not complete: the sandbox stopped");
+        free(q->text);
+        free(q);
+    }
+    free(pool);
+    sb->file_pool = NULL;
+}
