@@ -297,11 +297,17 @@ static void stdio_eof(struct client *c)
 {
     struct daemon *d = c->d;
     uv_read_stop((uv_stream_t *)&c->in);
-    if (d->n_sandboxes > 0)
-        log_warn("stdin closed: destroying %u sandbox(es), with the commands still running "
-                 "in them",
-                 d->n_sandboxes);
+    unsigned running = 0;
     struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct dlist *r, *rt;
+        dlist_for_each_safe(r, rt, &dlist_entry(pos, struct sandbox, link)->runs) running++;
+    }
+    if (running > 0)
+        log_warn("stdin closed: destroying %u sandbox(es), killing the %u command(s) still "
+                 "running in them",
+                 d->n_sandboxes, running);
     dlist_for_each_safe(pos, tmp, &d->sandboxes)
         sandbox_destroy(dlist_entry(pos, struct sandbox, link));
     d->stdio_shutdown.data = c;
