@@ -136,12 +136,12 @@ _conch()
             fi
             opts="--socket --json --help -h" ;;
         shell)
-            # One sandbox, by id (shell does not resolve names).
+            # One sandbox, by id or name.
             if [[ $args -ge 1 ]]; then
                 return
             fi
             if [[ $cur != -* ]]; then
-                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock")" -- "$cur"))
+                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" 1)" -- "$cur"))
                 return
             fi
             opts="--socket --help -h" ;;

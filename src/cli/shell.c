@@ -13,11 +13,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "core/fsutil.h"
 #include "daemon/daemon.h"
 #include "exec/result.h"
@@ -31,34 +31,27 @@ struct sconn {
     int next_id;
 };
 
+/* Take over @cc (opened by conch_cli_conn_open, maybe used for a call with id 1): its socket
+ * and whatever it has buffered. */
+static void sconn_adopt(struct sconn *c, struct conch_cli_conn *cc)
+{
+    c->fd = cc->fd;
+    c->buf = cc->buf;
+    c->len = cc->len;
+    c->cap = cc->cap;
+    c->next_id = 2;
+    memset(cc, 0, sizeof(*cc));
+    cc->fd = -1;
+}
+
 static int sconn_open(struct sconn *c, const char *path)
 {
-    char def[PATH_MAX];
-    if (!path) {
-        conch_daemon_socket(def, sizeof(def));
-        path = def;
-    }
+    struct conch_cli_conn cc;
     memset(c, 0, sizeof(*c));
     c->fd = -1;
-    c->next_id = 1;
-    struct conch_err err = {0};
-    if (conch_daemon_socket_check(path, true, &err) < 0) {
-        fprintf(stderr, "conch: %s\n", err.msg);
+    if (conch_cli_conn_open(&cc, path) < 0)
         return -1;
-    }
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        fprintf(stderr, "conch: socket path too long: '%s'\n", path);
-        return -1;
-    }
-    strcpy(sa.sun_path, path);
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        fprintf(stderr,
-                "conch: cannot reach the daemon at '%s': %s (start it with 'conch serve')\n", path,
-                strerror(errno));
-        return -1;
-    }
+    sconn_adopt(c, &cc);
     return 0;
 }
 
@@ -374,12 +367,19 @@ int conch_cli_shell(int argc, char **argv)
         return CONCH_EXIT_USAGE;
     }
     struct sconn c;
-    if (sconn_open(&c, sock) < 0)
+    struct conch_cli_conn cc;
+    memset(&c, 0, sizeof(c));
+    c.fd = -1;
+    if (conch_cli_conn_open(&cc, sock) < 0)
         return CONCH_EXIT_INFRA;
     char sbid[128];
-    if (i < argc) {
-        snprintf(sbid, sizeof(sbid), "%s", argv[i]);
-    } else {
+    /* an id, or a name (as every client verb takes) */
+    if (i < argc && conch_cli_resolve(&cc, argv[i], sbid, sizeof(sbid)) < 0) {
+        conch_cli_conn_close(&cc);
+        return CONCH_EXIT_INFRA;
+    }
+    sconn_adopt(&c, &cc);
+    if (i >= argc) {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof(cwd))) {
             fprintf(stderr, "conch shell: current directory: %s\n", strerror(errno));

@@ -147,3 +147,16 @@ def test_cp_into_and_out_of_a_sandbox(d, proj, tmp_path):
     p = cli(d, "cp", str(tmp_path), "cpy:x")
     assert p.returncode == 1 and b"not a regular file" in p.stderr, p
     ok(cli(d, "rm", "cpy"))
+
+
+def test_shell_takes_a_name_too(d, proj):
+    # `conch shell NAME` (it took ids only, though names work wherever an id does)
+    ok(cli(d, "create", "--workspace", str(proj), "--name", "web"))
+    # (typed once the shell is up, stdin kept open meanwhile: EOF on stdin detaches)
+    p = subprocess.run(["bash", "-c", "(sleep 1; printf 'echo from-$(cat a.txt)\\nexit 3\\n'; sleep 3) | "
+                        '"$0" shell --socket "$1" web', CONCH_BIN, d.sock], capture_output=True, timeout=60)
+    out, err = p.stdout, p.stderr
+    assert p.returncode == 3, (out, err)
+    assert b"from-hello" in out, out
+    q = cli(d, "shell", "nosuch", input=b"exit 0\n")
+    assert q.returncode != 0 and b"no sandbox with id or name 'nosuch'" in q.stderr, q.stderr

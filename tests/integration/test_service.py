@@ -300,8 +300,8 @@ def test_bash_completion_offers_names_and_session_ids(installed, activated):
         assert complete(verb, "--socket", sock, "") == {named, anon, "web"}, verb
     assert complete("diff", "--socket", sock, "--") >= {"--json", "--socket"}
     assert complete("changes", "--socket", sock, "web", "") == set()
-    # shell takes an id only; cp offers ID: next to local files.
-    assert complete("shell", "--socket", sock, "") == {named, anon}
+    # shell takes a name too; cp offers ID: next to local files.
+    assert complete("shell", "--socket", sock, "") == {named, anon, "web"}
     assert complete("shell", "--socket", sock, named, "") == set()
     assert complete("cp", "--socket", sock, "we") == {"web:"}
     assert complete("cp", "--socket", sock, "web:x", "") >= {f"{named}:", f"{anon}:"}
