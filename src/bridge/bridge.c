@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bridge/bridge.h"
+#include "core/cleanup.h"
 #include "core/clock.h"
 #include "rpc/rpc.h"
 #include "toolschema/toolschema.h"
@@ -260,39 +261,48 @@ static json_t *call_origin_json(const struct conch_bridge_call *c)
 
 /* @v as a call record keeps it: whole when small, else {"truncated": true, "bytes": N,
  * "preview": the first bytes of its JSON}. New reference. */
-static json_t *record_value(json_t *v)
+static json_t *record_preview(json_t *v, const char *text, size_t len)
 {
-    if (!v)
-        return json_null();
-    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    size_t len = text ? strlen(text) : 0;
-    if (len <= RECORD_VALUE_MAX) {
-        free(text);
+    if (len <= RECORD_VALUE_MAX)
         return json_incref(v);
-    }
     size_t cut = 512;
     while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
         cut--; /* not inside a UTF-8 sequence */
     json_t *r =
         json_pack("{s:b,s:I,s:s%}", "truncated", 1, "bytes", (json_int_t)len, "preview", text, cut);
-    free(text);
     return r ? r : json_null();
 }
 
-/* Record @c's outcome (@result or @ekind/@emsg) in the trace and its origin. */
-static void call_record(struct conch_bridge_call *c, json_t *result, const char *ekind,
-                        const char *emsg, bool detached)
+/* @v as a call record keeps it (see record_preview). @at_most bounds the length of its JSON
+ * when known (the request line that carried it): a small value is kept without serialising
+ * it again. */
+static json_t *record_value(json_t *v, size_t at_most)
+{
+    if (!v)
+        return json_null();
+    if (at_most <= RECORD_VALUE_MAX)
+        return json_incref(v);
+    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_t *r = text ? record_preview(v, text, strlen(text)) : json_null();
+    free(text);
+    return r;
+}
+
+/* Record @c's outcome (@result, whose JSON is @result_text when the caller has it, or
+ * @ekind/@emsg) in the trace and its origin. */
+static void call_record(struct conch_bridge_call *c, json_t *result, const char *result_text,
+                        const char *ekind, const char *emsg, bool detached)
 {
     struct conch_bridge *b = c->b;
     json_t *spawn = c->kind == CONCH_BRIDGE_AGENT
                         ? json_pack("{s:s,s:s?}", "task", c->task, "type", c->type)
                         : NULL;
     double dur = mono_ms() - c->start_ms;
-    json_t *rec = json_pack("{s:s,s:s,s:s,s:o,s:b,s:f,s:f,s:o}", "call_id", c->call_id, "kind",
-                            c->kind == CONCH_BRIDGE_TOOL ? "tool" : "agent", "name", c->name,
-                            "input", record_value(c->kind == CONCH_BRIDGE_TOOL ? c->input : spawn),
-                            "ok", ekind == NULL, "start", c->start_wall, "duration_ms", dur,
-                            "origin", call_origin_json(c));
+    json_t *rec = json_pack(
+        "{s:s,s:s,s:s,s:o,s:b,s:f,s:f,s:o}", "call_id", c->call_id, "kind",
+        c->kind == CONCH_BRIDGE_TOOL ? "tool" : "agent", "name", c->name, "input",
+        record_value(c->kind == CONCH_BRIDGE_TOOL ? c->input : spawn, c->bytes), "ok",
+        ekind == NULL, "start", c->start_wall, "duration_ms", dur, "origin", call_origin_json(c));
     json_decref(spawn);
     if (!rec)
         return;
@@ -300,7 +310,9 @@ static void call_record(struct conch_bridge_call *c, json_t *result, const char 
         json_object_set_new(rec, "error",
                             json_pack("{s:s,s:s}", "kind", ekind, "message", emsg ? emsg : ""));
     else if (!detached)
-        json_object_set_new(rec, "result", record_value(result));
+        json_object_set_new(rec, "result",
+                            result_text ? record_preview(result, result_text, strlen(result_text))
+                                        : record_value(result, SIZE_MAX));
     if (detached)
         json_object_set_new(rec, "detached", json_true());
     if (b->trace) {
@@ -372,7 +384,7 @@ static void call_fail(struct conch_bridge_call *c, const char *kind, const char 
     struct conch_bridge *b = c->b;
     if (!call_unlink(c))
         return;
-    call_record(c, NULL, kind, message, false);
+    call_record(c, NULL, NULL, kind, message, false);
     conn_send(call_take_conn(c), error_msg(c->req_id, kind, message));
     if (c->delivered && cancel_reason && b->ops->cancel)
         b->ops->cancel(b->ctx, c->owner, c, cancel_reason);
@@ -387,9 +399,8 @@ void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result)
     }
     if (!result)
         result = json_null();
-    char *text = json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY);
+    _cleanup_free_ char *text = json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY);
     size_t len = text ? strlen(text) : 0;
-    free(text);
     if (len > c->b->lim.max_payload) {
         char msg[160];
         snprintf(msg, sizeof(msg), "the answer of %s is %zu bytes, over the limit of %zu", c->name,
@@ -400,7 +411,7 @@ void conch_bridge_call_answer(struct conch_bridge_call *c, json_t *result)
         return;
     }
     call_unlink(c);
-    call_record(c, result, NULL, NULL, false);
+    call_record(c, result, text, NULL, NULL, false);
     conn_send(call_take_conn(c),
               json_pack("{s:O,s:b,s:o}", "id", c->req_id, "ok", 1, "result", result));
     call_release(c);
@@ -667,7 +678,7 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
     if (detach) {
         json_array_append_new(o->detached, json_pack("{s:s,s:s,s:s?}", "call_id", call->call_id,
                                                      "task", call->task, "type", call->type));
-        call_record(call, NULL, NULL, NULL, true);
+        call_record(call, NULL, NULL, NULL, NULL, true);
         call_take_conn(call);
         conn_send(c, json_pack("{s:O,s:b,s:{s:s}}", "id", id, "ok", 1, "result", "request_id",
                                call->call_id));
@@ -1070,8 +1081,7 @@ static int check_def(bool agent, json_t *d, size_t i, struct conch_err *err)
     return 0;
 }
 
-int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, void *owner,
-                          json_t **ret_names, struct conch_err *err)
+int conch_bridge_check_defs(bool agents, json_t *defs, struct conch_err *err)
 {
     if (!json_is_array(defs))
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "%s: expected an array",
@@ -1087,6 +1097,17 @@ int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, voi
         if (r < 0)
             return r;
     }
+    return 0;
+}
+
+int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, void *owner,
+                          json_t **ret_names, struct conch_err *err)
+{
+    int r = conch_bridge_check_defs(agents, defs, err);
+    if (r < 0)
+        return r;
+    size_t i;
+    json_t *d;
     /* A bounded registry: at most REGISTRY_MAX entries of each kind (names replaced count
      * once). Counted before anything changes. */
     size_t have = 0;

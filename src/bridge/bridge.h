@@ -84,6 +84,10 @@ void conch_bridge_free(struct conch_bridge *b);
 int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, void *owner,
                           json_t **ret_names, struct conch_err *err);
 
+/* conch_bridge_check_defs - the checks of conch_bridge_register on @defs alone (a tools
+ * file read before any sandbox exists). Returns 0 or -EINVAL with @err. */
+int conch_bridge_check_defs(bool agents, json_t *defs, struct conch_err *err);
+
 /* conch_bridge_unregister - remove tools (or agent types) by name, whoever owns them.
  * Returns a new array of the names that were there. */
 json_t *conch_bridge_unregister(struct conch_bridge *b, bool agents, json_t *names);

@@ -126,23 +126,10 @@ int conch_toolhost_load(const char *path, struct conch_toolhost **ret, struct co
             if ((r = check_command(d, "agents", i, err)) < 0)
                 break;
         }
-    /* Names and schemas: the bridge's own checks, on a scratch bridge. */
-    if (r == 0) {
-        struct conch_bridge *b = NULL;
-        json_t *names = NULL;
-        static const struct conch_bridge_ops none = {0};
-        if ((r = conch_bridge_new(&h->loop, "run", NULL, &none, NULL, &b, err)) == 0) {
-            if ((r = conch_bridge_register(b, false, h->tools, NULL, &names, err)) == 0) {
-                json_decref(names);
-                r = conch_bridge_register(b, true, h->agents, NULL, &names, err);
-                json_decref(names);
-            }
-            conch_bridge_free(b);
-            uv_run(&h->loop, UV_RUN_DEFAULT);
-        }
-        if (r < 0)
-            conch_err_wrap(err, "--tools '%s'", path);
-    }
+    /* Names and schemas: the checks tools.register makes. */
+    if (r == 0 && ((r = conch_bridge_check_defs(false, h->tools, err)) < 0 ||
+                   (r = conch_bridge_check_defs(true, h->agents, err)) < 0))
+        conch_err_wrap(err, "--tools '%s'", path);
     if (r < 0) {
         conch_toolhost_free(h);
         return r;
