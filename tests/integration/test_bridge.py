@@ -61,12 +61,7 @@ def answer_tools(client):
             return {"ok": inp["count"]}
         raise AssertionError(f"unexpected tool {name}")
 
-    def wrapped(p):
-        if p["name"] == "never":
-            return None
-        return tool_call(p)
-
-    client.handlers["tool.call"] = wrapped
+    client.handlers["tool.call"] = tool_call
     client.handlers["agent.spawn"] = lambda p: f"analysis of {p['task']} by {p['type']}"
     # 'never' must not be answered at all: suppress the reply for it.
     orig = client._answer

@@ -230,7 +230,7 @@ def test_conch_run_tools_host_processes_are_bounded(tmp_path):
         time.sleep(0.2)
     out, _ = p.communicate(timeout=120)
     assert most <= 16, f"{most} host tool processes ran at once for one command limited to --pids 32"
-    assert json.loads(out)["stdout"]["text"].strip() == "100" if isinstance(json.loads(out)["stdout"], dict) else json.loads(out)["stdout"].strip() == "100"
+    assert json.loads(out)["stdout"].strip() == "100", out  # every call was answered
 
 
 # ---- F7: no cap on registered tools, and registering costs O(tools) each ---------------------
