@@ -522,8 +522,9 @@ static unsigned entry_kind(const struct entry *e, const struct conch_seccomp_opt
  * emitting them directly a few microseconds. libseccomp still names the syscalls.
  *
  * Layout: check the architecture (foreign: kill), on x86_64 refuse x32 numbers (bit 30:
- * kill), then a binary search over the sorted allowlist whose leaves return ALLOW or EPERM or
- * jump to a block that inspects arguments; anything the search does not find returns ENOSYS.
+ * kill), then a binary search over runs of consecutive numbers treated alike (runs_build)
+ * whose leaves return ALLOW, EPERM or ENOSYS (everything unlisted) or jump to a block that
+ * inspects arguments.
  * Every conditional jump goes to the next instruction or skips one (jt/jf are 8-bit), and
  * longer jumps are BPF_JA with a 32-bit offset, fixed up once the target is placed.
  * Arguments are compared in their low 32 bits only: every value checked (modes, open flags,
@@ -617,8 +618,41 @@ struct actions {
     uint32_t allow, eperm, enosys;
 };
 
-/* The leaf for one syscall: a single instruction. */
-static void emit_leaf(struct emitter *m, const struct rule *r, const struct actions *a)
+/* One run of consecutive syscall numbers that the filter treats alike: [lo, next run's lo).
+ * Runs of ALLOW, EPERM or ENOSYS merge; a call whose arguments are inspected is a run of
+ * its own, pointing at its argument block. */
+struct run {
+    uint32_t lo;
+    unsigned kind;
+    unsigned label;
+};
+
+/* Cover every number from 0 up with runs, from the sorted @rules. Returns the count; @runs
+ * has room for 2 * @n + 1. */
+static size_t runs_build(const struct rule *rules, size_t n, struct run *runs)
+{
+    size_t k = 0;
+    uint32_t next = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || (uint32_t)rules[i].nr > next) {
+            if (k && runs[k - 1].kind == K_ENOSYS)
+                ; /* the gap extends the previous ENOSYS run */
+            else
+                runs[k++] = (struct run){.lo = next, .kind = K_ENOSYS};
+        }
+        if (i == n)
+            break;
+        const struct rule *r = &rules[i];
+        bool plain = r->kind == K_ALLOW || r->kind == K_EPERM;
+        if (!(plain && k && runs[k - 1].kind == r->kind))
+            runs[k++] = (struct run){.lo = (uint32_t)r->nr, .kind = r->kind, .label = r->label};
+        next = (uint32_t)r->nr + 1;
+    }
+    return k;
+}
+
+/* The leaf for one run: a single instruction. */
+static void emit_leaf(struct emitter *m, const struct run *r, const struct actions *a)
 {
     switch (r->kind) {
     case K_ALLOW:
@@ -627,31 +661,33 @@ static void emit_leaf(struct emitter *m, const struct rule *r, const struct acti
     case K_EPERM:
         emit_ret(m, a->eperm);
         break;
+    case K_ENOSYS:
+        emit_ret(m, a->enosys);
+        break;
     default:
         emit_ja(m, r->label);
         break;
     }
 }
 
-/* Binary search over @rules[lo, hi), the syscall number in the accumulator. */
-static void emit_range(struct emitter *m, const struct rule *rules, size_t lo, size_t hi,
+/* Binary search over @runs[lo, hi), the syscall number in the accumulator: each node tests
+ * the first number of its right half, each leaf is the action of one run (its bounds are
+ * implied by the path to it). About three instructions per run: the kernel converts and
+ * JIT-compiles every instruction of a filter at each install, once per command. */
+static void emit_range(struct emitter *m, const struct run *runs, size_t lo, size_t hi,
                        unsigned *next_label, const struct actions *a)
 {
-    if (hi - lo <= 4) {
-        for (size_t i = lo; i < hi; i++) {
-            emit(m, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)rules[i].nr);
-            emit_leaf(m, &rules[i], a);
-        }
-        emit_ret(m, a->enosys);
+    if (hi - lo == 1) {
+        emit_leaf(m, &runs[lo], a);
         return;
     }
     size_t mid = lo + (hi - lo) / 2;
     unsigned right = (*next_label)++;
-    emit(m, BPF_JMP | BPF_JGE | BPF_K, 0, 1, (uint32_t)rules[mid].nr);
+    emit(m, BPF_JMP | BPF_JGE | BPF_K, 0, 1, runs[mid].lo);
     emit_ja(m, right);
-    emit_range(m, rules, lo, mid, next_label, a);
+    emit_range(m, runs, lo, mid, next_label, a);
     place(m, right);
-    emit_range(m, rules, mid, hi, next_label, a);
+    emit_range(m, runs, mid, hi, next_label, a);
 }
 
 /* The argument block of @r: decides ALLOW or EPERM and returns. */
@@ -779,8 +815,13 @@ int conch_seccomp__prog_build_errnos(const struct conch_seccomp_opts *opts, int 
         if (rules[i].nr == rules[i - 1].nr)
             return conch_err_set(err, EINVAL, "seccomp: syscall %d listed twice", rules[i].nr);
 
+    _cleanup_free_ struct run *runs = calloc(2 * n + 1, sizeof(*runs));
+    if (!runs)
+        return conch_err_set(err, ENOMEM, "seccomp: allocate rules");
+    size_t n_runs = runs_build(rules, n, runs);
+
     struct emitter m = {0};
-    m.n_labels = next_label + (unsigned)n + 2; /* argument blocks, then search nodes */
+    m.n_labels = next_label + (unsigned)n_runs + 2; /* argument blocks, then search nodes */
     m.labels = malloc(m.n_labels * sizeof(*m.labels));
     if (!m.labels)
         return conch_err_set(err, ENOMEM, "seccomp: allocate filter");
@@ -800,7 +841,7 @@ int conch_seccomp__prog_build_errnos(const struct conch_seccomp_opts *opts, int 
         emit_ret(&m, SECCOMP_RET_KILL_PROCESS);
     }
     unsigned search_label = next_label;
-    emit_range(&m, rules, 0, n, &search_label, &act);
+    emit_range(&m, runs, 0, n_runs, &search_label, &act);
     for (size_t i = 0; i < n; i++)
         if (rules[i].kind != K_ALLOW && rules[i].kind != K_EPERM)
             emit_arg_block(&m, &rules[i], &act);
