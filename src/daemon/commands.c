@@ -461,6 +461,9 @@ static void run_answer(struct run *r, struct conch_ws_changes *changes)
     struct sandbox *sb = r->sb;
     conch_rpc_call_reply(r->call, run_result(r, changes));
     r->call = NULL;
+    /* A short command ends between two samples of the disk: measure what it left, once the
+     * answer is on its way (the worker's wake-up would delay it). */
+    sandbox_measure(sb);
     if (sb->fresh && !sb->super.gone && !sb->destroying)
         sandbox_destroy(sb);
 }
@@ -483,13 +486,13 @@ static void run_try_finish(struct run *r)
     r->end_ms = daemon_now_ms();
     dlist_del(&r->link);
     struct sandbox *sb = r->sb;
-    /* A short command ends between two samples of the disk: measure what it left. */
-    sandbox_measure(sb);
     /* The spill files stay (a job's output is read back from them by offset); their fds
      * need not: a finished run holds none. */
     close_spill(&r->out_cap);
     close_spill(&r->err_cap);
     if (r->is_job) {
+        /* A short command ends between two samples of the disk: measure what it left. */
+        sandbox_measure(sb);
         job_record_exit(r);
         struct dlist *pos, *tmp;
         dlist_for_each_safe(pos, tmp, &r->waiters)
@@ -505,8 +508,10 @@ static void run_try_finish(struct run *r)
         forget_old_jobs(sb->d, r);
         return;
     }
-    if (!r->call)
+    if (!r->call) {
+        sandbox_measure(sb);
         return;
+    }
     if (r->end.lost && sb->super.gone) {
         conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                              "the command was stopped: %s", r->end.why);
@@ -515,6 +520,11 @@ static void run_try_finish(struct run *r)
     }
     /* The result lists the workspace's changes: scanning them costs the size of the upper
      * dir (seconds for 300,000 files), so a worker does it and run_answer replies. */
+    if (sb->upper_dir[0] && !sb->super.gone && sandbox_changes_none(sb)) {
+        struct conch_ws_changes none = {0};
+        run_answer(r, &none);
+        return;
+    }
     if (sb->upper_dir[0] && !sb->super.gone &&
         sandbox_changes_async(sb, run_changes_done, r) == 0) {
         r->scanning = true;

@@ -317,6 +317,10 @@ void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 typedef void (*sandbox_changes_fn)(void *arg, int r, struct conch_ws_changes *changes,
                                    const struct conch_err *err);
 int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
+/* sandbox_changes_none - true when @sb's workspace has no changes and that is known at the
+ * cost of one directory read (no workspace request queued or running, the upper dir empty):
+ * a command that changed nothing is then answered without a worker's round trip. */
+bool sandbox_changes_none(struct sandbox *sb);
 /* sandbox_measure - measure @sb's disk use soon, in a worker (after a command or a file
  * write: short commands end between two samples). A measurement over the limit kills the
  * running commands and sets sb->disk_over until one finds room again. */

@@ -299,6 +299,29 @@ static void measure_start(struct sandbox *sb)
     sandbox_hold(sb);
 }
 
+bool sandbox_changes_none(struct sandbox *sb)
+{
+    if (!sb->upper_dir[0] || sb->ws_running || !dlist_empty(&sb->ws_ops))
+        return false;
+    char rel[128];
+    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
+    struct conch_err err = {0};
+    int fd = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &err);
+    if (fd < 0)
+        return false; /* the worker's scan says why, or that nothing was ever written */
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return false;
+    }
+    bool empty = true;
+    struct dirent *e;
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
 void sandbox_measure(struct sandbox *sb)
 {
     /* Requests coalesce, and the throttle holds (a tree that takes seconds to measure is not

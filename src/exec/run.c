@@ -424,6 +424,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
      * serves them); the socket only with --tools. */
     struct conch_jail_spec spec = o->jail;
     spec.ptc_socket = o->tools != NULL;
+    spec.one_command = true;
     _cleanup_free_ char *ptc_dir = NULL;
     struct conch_err ptc_err = {0};
     if (conch_ptc_find_dir(&ptc_dir, &ptc_err) < 0 && o->tools) {

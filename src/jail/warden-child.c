@@ -366,6 +366,13 @@ static struct proc_slot slots[MAX_PROCS];
 static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
 static int ready_slot = -1;         /* the shepherd started ahead of need, or -1 */
 static int ready_failures;
+static int shepherds_started;
+/* When the next ready shepherd may be started (monotonic µs; 0: now). Building one right
+ * after a command took the last would hold the CPU that the command's own shepherd was just
+ * woken on: the command would wait for it. So the refill waits until the command has had
+ * time to reach its exec (REFILL_DELAY_US), then runs beside it. */
+#define REFILL_DELAY_US 300
+static uint64_t refill_after_us;
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
  * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked
@@ -487,6 +494,10 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
      * delay it: every process of the command is gone already. The warden sends it only if we
      * die before this is marked sent; a duplicate (killed between send and mark) is dropped
      * by the parent, which knows the id has ended. */
+    /* What is left of us is our exit: the teardown of the command's namespaces, which waits
+     * on RCU. It must not take the CPU from the parent that our message wakes. */
+    struct sched_param idle = {0};
+    sched_setscheduler(0, SCHED_IDLE, &idle);
     memset(&m, 0, sizeof(m));
     m.type = JMSG_EXITED;
     m.id = id;
@@ -712,6 +723,7 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
     slots[i].sock = sp[0];
+    shepherds_started++;
     return 0;
 }
 
@@ -719,7 +731,8 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
  * it is asked for: off the critical path of exec.run. */
 static void ensure_ready(const struct jail_plan *plan)
 {
-    if (ready_slot >= 0 || ready_failures >= 3)
+    if (ready_slot >= 0 || ready_failures >= 3 || (plan->one_command && shepherds_started) ||
+        conch_clock_us() < refill_after_us)
         return;
     int i = slot_alloc();
     if (i < 0 || spawn_shepherd(plan, i) < 0)
@@ -737,6 +750,7 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
     int i = ready_slot;
     ready_slot = -1;
+    refill_after_us = conch_clock_us() + REFILL_DELAY_US;
     if (i < 0) {
         i = slot_alloc();
         if (i < 0)
@@ -874,7 +888,19 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         ensure_ready(plan);
         struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         int timeout = slots_tick();
-        if (poll(pfd, 2, timeout) < 0) {
+        struct timespec ts, *tsp = NULL;
+        if (timeout >= 0) {
+            ts = (struct timespec){.tv_sec = timeout / 1000, .tv_nsec = timeout % 1000 * 1000000L};
+            tsp = &ts;
+        }
+        uint64_t now_us = conch_clock_us();
+        if (ready_slot < 0 && refill_after_us > now_us &&
+            (!tsp || (uint64_t)timeout * 1000 > refill_after_us - now_us)) {
+            uint64_t wait = refill_after_us - now_us;
+            ts = (struct timespec){.tv_sec = 0, .tv_nsec = (long)(wait * 1000)};
+            tsp = &ts;
+        }
+        if (ppoll(pfd, 2, tsp, NULL) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
