@@ -1,6 +1,7 @@
 /* output.c - one output stream of a command: the first max/2 bytes and the last
  * max - max/2 bytes kept in memory, the whole stream spilled to a file once it outgrows
- * memory, up to a cap. Buffers are allocated once at init; append never allocates. */
+ * memory, up to a cap. The buffers grow with the output: most commands print little, and a
+ * megabyte allocated (mmap) and freed (munmap) per command was a tenth of the daemon's time. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -53,50 +54,59 @@ int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes
      * in the text says plainly that the rest was not kept. */
     o->spill_max = *spill_dir ? spill_max : 0;
 
-    if (head_cap(o) > 0) {
-        o->head = malloc(head_cap(o));
-        if (!o->head)
-            return conch_err_set(err, ENOMEM, "output '%s': allocating %zu bytes", name,
-                                 head_cap(o));
-    }
-    if (tail_cap(o) > 0) {
-        o->tail = malloc(tail_cap(o));
-        if (!o->tail) {
-            free(o->head);
-            o->head = NULL;
-            return conch_err_set(err, ENOMEM, "output '%s': allocating %zu bytes", name,
-                                 tail_cap(o));
-        }
-    }
     return 0;
 }
 
-/* keep - record @len bytes in the head, then the rest in the tail ring. */
-static void keep(struct conch_output *o, const char *p, size_t len)
+/* Room for @need bytes of head: doubling from 4 KiB up to the head's cap. */
+static int head_reserve(struct conch_output *o, size_t need)
+{
+    if (need <= o->head_alloc)
+        return 0;
+    size_t n = o->head_alloc ? o->head_alloc : 4096;
+    while (n < need)
+        n *= 2;
+    if (n > head_cap(o))
+        n = head_cap(o);
+    char *h = realloc(o->head, n);
+    if (!h)
+        return -ENOMEM;
+    o->head = h;
+    o->head_alloc = n;
+    return 0;
+}
+
+/* keep - record @len bytes in the head, then the rest in the tail ring (allocated whole
+ * when the head is full). Returns 0 or -ENOMEM (the bytes are then counted, not kept). */
+static int keep(struct conch_output *o, const char *p, size_t len)
 {
     size_t hcap = head_cap(o), tcap = tail_cap(o);
 
     if (o->head_len < hcap) {
         size_t n = hcap - o->head_len < len ? hcap - o->head_len : len;
+        if (head_reserve(o, o->head_len + n) < 0)
+            return -ENOMEM;
         memcpy(o->head + o->head_len, p, n);
         o->head_len += n;
         p += n;
         len -= n;
     }
     if (len == 0 || tcap == 0)
-        return;
+        return 0;
+    if (!o->tail && !(o->tail = malloc(tcap)))
+        return -ENOMEM;
     if (len >= tcap) {
         /* Only the last tcap bytes survive: copy them straight, ring restarts at 0. */
         memcpy(o->tail, p + len - tcap, tcap);
         o->tail_len = tcap;
         o->tail_pos = 0;
-        return;
+        return 0;
     }
     size_t first = tcap - o->tail_pos < len ? tcap - o->tail_pos : len;
     memcpy(o->tail + o->tail_pos, p, first);
     memcpy(o->tail, p + first, len - first);
     o->tail_pos = (o->tail_pos + len) % tcap;
     o->tail_len = o->tail_len + len > tcap ? tcap : o->tail_len + len;
+    return 0;
 }
 
 /* tail_parts - the tail in stream order as at most two slices of the ring. */
@@ -184,10 +194,12 @@ int conch_output_append(struct conch_output *o, const void *buf, size_t len, str
         if (r >= 0 && !o->spill_err)
             r = spill_write(o, buf, len, err);
     }
-    keep(o, buf, len);
+    int k = keep(o, buf, len);
     o->total += len;
     if (r < 0)
         return r;
+    if (k < 0)
+        return conch_err_set(err, -k, "output '%s': out of memory keeping %zu bytes", o->name, len);
     return o->spill_full ? 1 : 0;
 }
 
@@ -273,5 +285,5 @@ void conch_output_done(struct conch_output *o)
     o->head = NULL;
     free(o->tail);
     o->tail = NULL;
-    o->head_len = o->tail_len = o->tail_pos = 0;
+    o->head_len = o->head_alloc = o->tail_len = o->tail_pos = 0;
 }

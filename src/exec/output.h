@@ -19,9 +19,9 @@ struct conch_output {
     char shown_dir[64];  /* where readers find the spill file ("" = spill_dir) */
     /* state */
     uint64_t total; /* bytes seen */
-    char *head;     /* owned, max_bytes/2 capacity (NULL when 0) */
-    size_t head_len;
-    char *tail; /* owned ring buffer, max_bytes - max_bytes/2 capacity (NULL when 0) */
+    char *head;     /* owned, grows up to max_bytes/2 (NULL until the first byte) */
+    size_t head_len, head_alloc;
+    char *tail; /* owned ring, max_bytes - max_bytes/2, allocated when the head is full */
     size_t tail_len, tail_pos; /* tail_pos: next write index (the oldest byte once full) */
     int spill_fd;              /* -1 until the output first exceeds max_bytes */
     char spill_path[512];      /* set when spill_fd was opened; "" otherwise */
@@ -37,8 +37,8 @@ struct conch_output {
  * file holds the whole stream from its first byte. @max_bytes may be 0 (nothing kept in
  * memory, every byte spills). A NULL or empty @spill_dir, or a @spill_max of 0, means no
  * spill file: output past @max_bytes is counted and dropped, as if the spill cap were hit.
- * @name must be short and contain no '/'. Both buffers are allocated here, once.
- * Returns 0, or -EINVAL/-ENAMETOOLONG/-ENOMEM with @err filled; on failure @o is still
+ * @name must be short and contain no '/'. The buffers grow as output arrives.
+ * Returns 0, or -EINVAL/-ENAMETOOLONG with @err filled; on failure @o is still
  * safe to pass to conch_output_done().
  */
 int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes,
@@ -48,7 +48,8 @@ int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes
  * conch_output_append - account for @len bytes of @buf (borrowed; may contain NULs).
  * Returns 0; 1 when the spill cap has been exceeded by this or an earlier call (bytes past
  * the cap are counted but not stored; the caller decides whether to stop the command); or
- * -errno with @err filled when the spill file could not be created or written. After such
+ * -errno with @err filled when the spill file could not be created or written (or, -ENOMEM,
+ * memory to keep the bytes could not be had: they are counted, not kept). After such
  * a failure spilling stops for good (the file would have a gap) and later calls return 0
  * while still keeping the head and tail in memory.
  */
