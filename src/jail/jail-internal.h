@@ -123,6 +123,8 @@ enum jail_msg_type {
     JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
     JMSG_FILE,         /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
     JMSG_FILE_SERVE,   /* parent → warden: id; fds [stream socket]: a persistent file worker */
+    JMSG_READY,        /* shepherd → warden: its command's process is fenced and waits;
+                        * fds [that process's socket]: the warden hands it RUN's fds itself */
 };
 
 /* JMSG_EXITED flags */

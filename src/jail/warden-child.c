@@ -351,9 +351,11 @@ struct shep_report {
  * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
 struct proc_slot {
     int64_t id;
-    pid_t pid;  /* 0: free */
-    int sock;   /* a shepherd waiting for its command: the warden's end of its socket */
-    bool ready; /* a shepherd started ahead of need, no command yet */
+    pid_t pid;       /* 0: free */
+    int sock;        /* a shepherd waiting for its command: the warden's end of its socket */
+    int zsock;       /* its command's process, once the shepherd reported READY; else -1 */
+    bool ready;      /* a shepherd started ahead of need, no command yet */
+    bool ready_dead; /* it will never report READY: stop waiting for it */
     bool is_file;
     bool timed_out;
     bool killed;          /* the warden sent SIGKILL itself */
@@ -394,7 +396,7 @@ static int ctl_signal(void)
  * when the command exits kills (kill(-1), atomic) and reaps everything it left, reports the
  * exit and leaves it in @rep for the warden too. */
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock,
-                                               struct shep_report *rep)
+                                               struct shep_report *rep, bool announce)
 {
     int ctl = warden_ctl;
     struct jail_msg m;
@@ -424,9 +426,18 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     if (csock[1] >= 0)
         close(csock[1]);
 
-    /* Wait for our command. EOF: the warden shuts down (or no longer needs us). */
+    /* Ready: the warden may hand the command's fds to its process directly, one hop less
+     * on the way to its exec. Only a shepherd started ahead of need says so: the warden keeps
+     * its end open until it reaps one (a SEQPACKET send to a closed peer would purge our own
+     * queue, the RUN in it). */
+    if (announce && !err.code) {
+        struct jail_msg ready = {.type = JMSG_READY};
+        jail_send(wsock, &ready, &csock[0], 1);
+    }
+    /* Wait for our command: with its fds to pass on, or without when the warden passed them
+     * itself. EOF: the warden shuts down (or no longer needs us). */
     int r = jail_recv(wsock, &m, fds, 4, &nfds, 0);
-    if (r <= 0 || nfds != 4 || m.type != JMSG_RUN) {
+    if (r <= 0 || (nfds != 4 && nfds != 0) || m.type != JMSG_RUN || (nfds == 0 && err.code)) {
         kill(-1, SIGKILL);
         _exit(0);
     }
@@ -435,12 +446,14 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     uint32_t run_flags = m.b;
     if (err.code)
         goto fail;
-    memset(&m, 0, sizeof(m));
-    m.type = JMSG_RUN;
-    m.b = run_flags;
-    jail_send(csock[0], &m, fds, 4);
-    for (int i = 0; i < 4; i++)
-        close(fds[i]);
+    if (nfds == 4) {
+        memset(&m, 0, sizeof(m));
+        m.type = JMSG_RUN;
+        m.b = run_flags;
+        jail_send(csock[0], &m, fds, 4);
+        for (int i = 0; i < 4; i++)
+            close(fds[i]);
+    }
     ssize_t n;
     do
         n = read(csock[0], &m, sizeof(m));
@@ -641,7 +654,9 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     s->pid = 0;
     if (s->sock >= 0)
         close(s->sock);
-    s->sock = -1;
+    if (s->zsock >= 0)
+        close(s->zsock);
+    s->sock = s->zsock = -1;
     if (s->ready) {
         /* A shepherd started ahead of need died before it had a command: nothing to report;
          * after a few such deaths, shepherds are only started on demand. */
@@ -702,7 +717,7 @@ static struct proc_slot *slot_find(int64_t id)
 
 /* Start a shepherd (in new pid and mount namespaces) in free slot @i; it prepares itself
  * and waits for its command on the slot's socket. Returns 0 or -errno. */
-static int spawn_shepherd(const struct jail_plan *plan, int i)
+static int spawn_shepherd(const struct jail_plan *plan, int i, bool announce)
 {
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
@@ -712,7 +727,7 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
         (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         close(sp[0]);
-        shepherd(plan, sp[1], &reports[i]);
+        shepherd(plan, sp[1], &reports[i], announce);
     }
     int e = errno;
     close(sp[1]);
@@ -723,6 +738,7 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
     slots[i].sock = sp[0];
+    slots[i].zsock = -1;
     shepherds_started++;
     return 0;
 }
@@ -735,7 +751,7 @@ static void ensure_ready(const struct jail_plan *plan)
         conch_clock_us() < refill_after_us)
         return;
     int i = slot_alloc();
-    if (i < 0 || spawn_shepherd(plan, i) < 0)
+    if (i < 0 || spawn_shepherd(plan, i, true) < 0)
         return;
     slots[i].ready = true;
     ready_slot = i;
@@ -749,6 +765,7 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
     int i = ready_slot;
+    bool was_ready = i >= 0;
     ready_slot = -1;
     refill_after_us = conch_clock_us() + REFILL_DELAY_US;
     if (i < 0) {
@@ -757,7 +774,7 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
             return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
                                   "too many commands running in this sandbox (%d)", MAX_PROCS),
                    -1;
-        int r = spawn_shepherd(plan, i);
+        int r = spawn_shepherd(plan, i, false);
         if (r < 0)
             return conch_err_set(&reply->err, -r, "start command: create its pid namespace: %s",
                                  strerror(-r)),
@@ -765,12 +782,42 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     }
     struct proc_slot *s = &slots[i];
     slot_arm(s, m->id, m, false);
-    /* If the shepherd died meanwhile the send fails; reaping it reports the start failure. */
+    /* If the shepherd died meanwhile the send fails; reaping it reports the start failure.
+     * A shepherd that reported READY gets only the id: its command's process gets the fds
+     * from us, one hop less (the shepherd still waits for the exec or the start error). */
     struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
-    jail_send(s->sock, &run, fds, 4);
-    close(s->sock);
-    s->sock = -1;
+    if (s->zsock >= 0) {
+        jail_send(s->zsock, &run, fds, 4);
+        close(s->zsock);
+        s->zsock = -1;
+        jail_send(s->sock, &run, NULL, 0);
+    } else {
+        jail_send(s->sock, &run, fds, 4);
+    }
+    if (!was_ready) {
+        close(s->sock);
+        s->sock = -1;
+    }
     return 0;
+}
+
+/* The ready shepherd's READY: keep its command's socket. Anything else (EOF when it died,
+ * which reaping handles) ends the wait for it. */
+static void take_ready(int i)
+{
+    struct proc_slot *s = &slots[i];
+    struct jail_msg m;
+    int fd = -1, nfds = 0;
+    int r = jail_recv(s->sock, &m, &fd, 1, &nfds, MSG_DONTWAIT);
+    if (r == -EAGAIN)
+        return;
+    if (r > 0 && m.type == JMSG_READY && nfds == 1) {
+        s->zsock = fd;
+        return;
+    }
+    if (nfds == 1)
+        close(fd);
+    s->ready_dead = true;
 }
 
 static int start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
@@ -791,7 +838,7 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
-    slots[i].sock = -1;
+    slots[i].sock = slots[i].zsock = -1;
     slot_arm(&slots[i], m->id, m, true);
     return 0;
 }
@@ -886,7 +933,13 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 
     for (;;) {
         ensure_ready(plan);
-        struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        /* The ready shepherd's socket, until it reported READY. */
+        int rs = ready_slot >= 0 && slots[ready_slot].zsock < 0 && !slots[ready_slot].ready_dead
+                     ? slots[ready_slot].sock
+                     : -1;
+        struct pollfd pfd[3] = {{.fd = ctl, .events = POLLIN},
+                                {.fd = sfd, .events = POLLIN},
+                                {.fd = rs, .events = POLLIN}};
         int timeout = slots_tick();
         struct timespec ts, *tsp = NULL;
         if (timeout >= 0) {
@@ -900,7 +953,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             ts = (struct timespec){.tv_sec = 0, .tv_nsec = (long)(wait * 1000)};
             tsp = &ts;
         }
-        if (ppoll(pfd, 2, tsp, NULL) < 0) {
+        if (ppoll(pfd, 3, tsp, NULL) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
@@ -912,6 +965,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             /* Shepherds, file workers, and orphans of file workers: reap them all. */
             reap_children();
         }
+        if (rs >= 0 && ready_slot >= 0 && slots[ready_slot].sock == rs &&
+            (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)))
+            take_ready(ready_slot);
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
         int r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
