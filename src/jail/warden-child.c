@@ -507,10 +507,6 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
      * delay it: every process of the command is gone already. The warden sends it only if we
      * die before this is marked sent; a duplicate (killed between send and mark) is dropped
      * by the parent, which knows the id has ended. */
-    /* What is left of us is our exit: the teardown of the command's namespaces, which waits
-     * on RCU. It must not take the CPU from the parent that our message wakes. */
-    struct sched_param idle = {0};
-    sched_setscheduler(0, SCHED_IDLE, &idle);
     memset(&m, 0, sizeof(m));
     m.type = JMSG_EXITED;
     m.id = id;
@@ -519,6 +515,11 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     getrusage(RUSAGE_CHILDREN, &m.usage);
     if (jail_send(ctl, &m, NULL, 0) == 0)
         rep->state = SHEP_EXIT_SENT;
+    /* What is left of us is our exit: the teardown of the command's namespaces, which waits
+     * on RCU. It must not take the CPU from the parent that our message woke (sent first, so
+     * that a busy machine does not delay the report itself). */
+    struct sched_param idle = {0};
+    sched_setscheduler(0, SCHED_IDLE, &idle);
     _exit(0);
 
 fail:
