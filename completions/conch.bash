@@ -86,7 +86,7 @@ _conch()
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;
         ps)
-            opts="--socket --json" ;;
+            opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
                   --cpu --tmp-size --disk --idle-timeout --help -h" ;;
@@ -100,11 +100,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            if [[ $cmd == exec ]]; then
-                opts="--socket --help -h"
-            else
-                opts="--socket"
-            fi ;;
+            opts="--socket --json --help -h" ;;
         changes|diff|commit|discard)
             # Options, then the sandbox, then (but for changes) paths inside it.
             if [[ $args -ge 1 ]]; then

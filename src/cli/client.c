@@ -156,16 +156,33 @@ int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size
     return r;
 }
 
-/* Leading "--socket PATH"; returns the index of the first other argument. */
-static int socket_arg(int argc, char **argv, const char **ret)
+/* The leading options of exec and rm: "--socket PATH", "--json", "-h"/"--help" (*@ret_help).
+ * Returns the index of the first other argument. */
+static int leading_opts(int argc, char **argv, const char **ret_sock, bool *ret_json,
+                        bool *ret_help)
 {
     int i = 1;
-    *ret = NULL;
-    while (i < argc && !strcmp(argv[i], "--socket") && i + 1 < argc) {
-        *ret = argv[i + 1];
-        i += 2;
+    *ret_sock = NULL;
+    *ret_json = *ret_help = false;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--socket") && i + 1 < argc)
+            *ret_sock = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            *ret_json = true;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            *ret_help = true;
+        else
+            break;
     }
     return i;
+}
+
+static void print_json(json_t *v)
+{
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (s)
+        puts(s);
+    free(s);
 }
 
 int conch_cli_ps(int argc, char **argv)
@@ -177,6 +194,11 @@ int conch_cli_ps(int argc, char **argv)
             sock = argv[++i];
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs("usage: conch ps [--socket PATH] [--json]\n"
+                  "List the daemon's sandboxes (--json: the sandbox.list result).\n",
+                  stdout);
+            return 0;
         } else {
             fprintf(stderr,
                     "conch ps: unknown argument '%s'\nusage: conch ps [--socket PATH] "
@@ -193,10 +215,7 @@ int conch_cli_ps(int argc, char **argv)
     if (!res)
         return 1;
     if (json) {
-        char *s = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII);
-        if (s)
-            puts(s);
-        free(s);
+        print_json(res);
         json_decref(res);
         return 0;
     }
@@ -243,11 +262,14 @@ static void append_quoted(char **buf, size_t *len, const char *s)
 int conch_cli_exec(int argc, char **argv)
 {
     const char *sock;
-    int i = socket_arg(argc, argv, &sock);
-    if (i >= argc || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-        fputs("usage: conch exec [--socket PATH] ID -- CMD [ARGS...]\n",
-              i >= argc ? stderr : stdout);
-        return i >= argc ? CONCH_EXIT_USAGE : 0;
+    bool json, help;
+    int i = leading_opts(argc, argv, &sock, &json, &help);
+    if (help || i >= argc) {
+        fputs("usage: conch exec [--socket PATH] [--json] ID -- CMD [ARGS...]\n"
+              "Run CMD in the daemon sandbox ID (an id or a name) and exit with its status;\n"
+              "--json prints the whole exec.run result instead of the output.\n",
+              help ? stdout : stderr);
+        return help ? 0 : CONCH_EXIT_USAGE;
     }
     const char *id = argv[i++];
     if (i < argc && !strcmp(argv[i], "--"))
@@ -274,6 +296,14 @@ int conch_cli_exec(int argc, char **argv)
     conch_cli_conn_close(&c);
     if (!res)
         return CONCH_EXIT_INFRA;
+    int code = (int)json_integer_value(json_object_get(res, "exit_code"));
+    if (json_is_true(json_object_get(res, "timed_out")))
+        code = CONCH_EXIT_TIMEOUT;
+    if (json) {
+        print_json(res);
+        json_decref(res);
+        return code;
+    }
     /* Whole streams, NUL bytes included. */
     json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
     if (json_is_string(out))
@@ -281,9 +311,6 @@ int conch_cli_exec(int argc, char **argv)
     fflush(stdout);
     if (json_is_string(err))
         fwrite(json_string_value(err), 1, json_string_length(err), stderr);
-    int code = (int)json_integer_value(json_object_get(res, "exit_code"));
-    if (json_is_true(json_object_get(res, "timed_out")))
-        code = CONCH_EXIT_TIMEOUT;
     json_decref(res);
     return code;
 }
@@ -291,15 +318,20 @@ int conch_cli_exec(int argc, char **argv)
 int conch_cli_rm(int argc, char **argv)
 {
     const char *sock;
-    int i = socket_arg(argc, argv, &sock);
-    if (i >= argc) {
-        fputs("usage: conch rm [--socket PATH] ID...\n", stderr);
-        return CONCH_EXIT_USAGE;
+    bool json, help;
+    int i = leading_opts(argc, argv, &sock, &json, &help);
+    if (help || i >= argc) {
+        fputs("usage: conch rm [--socket PATH] [--json] ID...\n"
+              "Destroy daemon sandboxes (ids or names), dropping their uncommitted changes;\n"
+              "--json prints {\"destroyed\": [ids], \"failed\": [ID arguments]}.\n",
+              help ? stdout : stderr);
+        return help ? 0 : CONCH_EXIT_USAGE;
     }
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
         return 1;
     int status = 0;
+    json_t *destroyed = json_array(), *failed = json_array();
     for (; i < argc; i++) {
         char sid[128];
         json_t *res = NULL;
@@ -307,8 +339,17 @@ int conch_cli_rm(int argc, char **argv)
             res = conch_cli_conn_call(&c, "sandbox.destroy", json_pack("{s:s}", "id", sid));
         if (!res)
             status = 1;
+        json_array_append_new(res ? destroyed : failed, json_string(res ? sid : argv[i]));
         json_decref(res);
     }
     conch_cli_conn_close(&c);
+    if (json) {
+        json_t *out = json_pack("{s:o,s:o}", "destroyed", destroyed, "failed", failed);
+        print_json(out);
+        json_decref(out);
+    } else {
+        json_decref(destroyed);
+        json_decref(failed);
+    }
     return status;
 }

@@ -160,3 +160,22 @@ def test_shell_takes_a_name_too(d, proj):
     assert b"from-hello" in out, out
     q = cli(d, "shell", "nosuch", input=b"exit 0\n")
     assert q.returncode != 0 and b"no sandbox with id or name 'nosuch'" in q.stderr, q.stderr
+
+
+def test_exec_and_rm_take_json_and_every_client_verb_has_help(d, proj):
+    sid = ok(cli(d, "create", "--workspace", str(proj), "--name", "js")).strip()
+    # exec --json: the whole exec.run result, and still the command's status
+    p = cli(d, "exec", "--json", "js", "--", "bash", "-c", "echo out; echo n > new.txt; exit 4")
+    assert p.returncode == 4, p
+    res = json.loads(p.stdout)
+    assert res["stdout"] == "out\n" and res["exit_code"] == 4, res
+    assert [c["path"] for c in res["changes"]] == ["new.txt"], res["changes"]
+    # rm --json names what went and what did not; a failure still exits 1
+    p = cli(d, "rm", "--json", "js", "nope")
+    assert p.returncode == 1, p
+    assert json.loads(p.stdout) == {"destroyed": [sid], "failed": ["nope"]}, p.stdout
+    assert json.loads(ok(cli(d, "ps", "--json")))["sandboxes"] == []
+    # --help is help (stdout, status 0), not an id or an unknown argument
+    for verb in ("ps", "exec", "rm"):
+        p = cli(d, verb, "--help")
+        assert p.returncode == 0 and p.stdout.startswith(f"usage: conch {verb}".encode()), (verb, p)
