@@ -5,6 +5,8 @@
 #define CONCH_FS_FS_H
 
 #include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 /* Largest file fs.read / fs.download / fs.edit / fs.grep will load (the error's data.limit). */
 #define CONCH_FS_MAX_FILE (10LL * 1024 * 1024)
@@ -90,5 +92,16 @@ json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, js
  */
 json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
                              struct conch_fs_error *ferr);
+
+/*
+ * conch_fs_json_object_check - whether the @n bytes at @text are exactly one JSON object
+ * (surrounded by spaces or tabs at most) that may be spliced as it is into a JSON-RPC line:
+ * no raw CR, LF or other control character anywhere, strings of valid UTF-8 with valid
+ * escapes, no duplicate key within an object. Stricter than JSON, to stay cheap (one pass,
+ * no allocation): false also for escaped keys, \u escapes of surrogates, more than 32 keys
+ * in one object or nesting deeper than 32; such text takes the caller's slow path (parse
+ * and serialise anew).
+ */
+bool conch_fs_json_object_check(const char *text, size_t n);
 
 #endif
