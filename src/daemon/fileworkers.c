@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+#include "fs/fs.h"
 
 #define FILE_POOL_MAX 2
 /* Forked workers in flight when every persistent one is busy; past this, requests wait in
@@ -86,6 +87,8 @@ int daemon_file_serve(int sock)
         /* An empty answer: the request was malformed (the daemon answers "no answer"). */
         r = write_frame(sock, text ? text : "", text ? strlen(text) : 0);
         free(text);
+        /* What a write replaced is freed now, while the daemon forwards the answer. */
+        conch_fs_release_deferred();
         if (r < 0)
             return 1;
         /* An upload or a big read leaves its peak in the heap: give it back. */

@@ -25,6 +25,10 @@ struct conch_fs__ctx {
  * symlinks and ".." stay inside the root, as the kernel resolves them for the sandbox). */
 extern _Thread_local bool conch_fs__in_root;
 
+/* conch_fs__defer_close - close @fd at the next conch_fs_release_deferred (at once when too
+ * many wait). */
+void conch_fs__defer_close(int fd);
+
 /* conch_fs__default_shown - the name of the default directory (home, else the root). */
 const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx);
 

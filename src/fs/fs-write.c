@@ -142,6 +142,15 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         return conch_fs__fail_errno(ferr, errno, "write", given);
     }
 
+    /* Created with its final mode when the umask leaves it whole (no fchmod: one inode
+     * update less); else 0600 and fchmod. The temporary file shows nothing the old one at
+     * the same mode did not. */
+    static mode_t umask_now = (mode_t)-1;
+    if (umask_now == (mode_t)-1) {
+        umask_now = umask(022);
+        umask(umask_now);
+    }
+    bool direct = (mode & ~(mode_t)0777) == 0 && (mode & umask_now) == 0;
     char tmp[64];
     int tfd = -1;
     for (int tries = 0; tfd < 0 && tries < 16; tries++) {
@@ -149,23 +158,30 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
             rnd = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)tries;
         snprintf(tmp, sizeof(tmp), ".conch-write-%016llx", (unsigned long long)rnd);
-        tfd = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        tfd = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     direct ? mode : 0600);
         if (tfd < 0 && errno != EEXIST)
             break;
     }
     if (tfd < 0)
         return conch_fs__fail_errno(ferr, errno, "write", given);
     int r = conch_write_all(tfd, data, len);
-    if (r == 0 && fchmod(tfd, mode) < 0)
+    if (r == 0 && !direct && fchmod(tfd, mode) < 0)
         r = -errno;
     if (close(tfd) < 0 && r == 0)
         r = -errno;
+    /* The file replaced stays referenced until the answer is out (conch_fs__defer_close):
+     * freeing it is then no part of the write's latency. */
+    int old = exists ? openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC) : -1;
     if (r == 0 && renameat(pfd, tmp, pfd, name) < 0)
         r = -errno;
     if (r < 0) {
         unlinkat(pfd, tmp, 0);
+        if (old >= 0)
+            close(old);
         return conch_fs__fail_errno(ferr, -r, "write", given);
     }
+    conch_fs__defer_close(old);
     *ret_created = !exists;
     return 0;
 }

@@ -94,6 +94,14 @@ json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *meth
                              struct conch_fs_error *ferr);
 
 /*
+ * conch_fs_release_deferred - finish what a write left for after its answer: a file a
+ * write or edit replaced stays referenced (so the kernel frees it later, not while the
+ * caller waits) until this runs, or until the next conch_fs_call*. Call it once the answer
+ * is sent.
+ */
+void conch_fs_release_deferred(void);
+
+/*
  * conch_fs_json_object_check - whether the @n bytes at @text are exactly one JSON object
  * (surrounded by spaces or tabs at most) that may be spliced as it is into a JSON-RPC line:
  * no raw CR, LF or other control character anywhere, strings of valid UTF-8 with valid

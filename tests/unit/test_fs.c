@@ -2,7 +2,9 @@
  * the workspace root, path escapes (lexical and through symlinks, with openat2 and with
  * the user-space walk), encodings, and each error code. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -1304,4 +1306,57 @@ Test(fs_json, a_lying_worker_cannot_inject)
         }
         splice_is_safe(buf, n);
     }
+}
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* A replaced file is held (not freed) until the answer is out: one fd per replacement,
+ * released by conch_fs_release_deferred or the next call; modes the umask would cut are
+ * still kept (the fchmod path). */
+Test(fs, replaced_files_are_released_after_the_answer)
+{
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d.txt", "content", "one")));
+    char p[512];
+    snprintf(p, sizeof(p), "%s/d.txt", dir);
+    cr_assert_eq(chmod(p, 0666), 0);
+    conch_fs_release_deferred();
+    int base = open_fds();
+    struct stat st0, st;
+    cr_assert_eq(stat(p, &st0), 0);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d.txt", "content", "two")));
+    cr_assert_eq(open_fds(), base + 1);
+    /* The held fd is the old inode, no longer linked. */
+    char link[64], target[PATH_MAX];
+    bool found = false;
+    for (int fd = 3; fd < 1024 && !found; fd++) {
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        if (fstat(fd, &st) == 0 && st.st_ino == st0.st_ino && st.st_dev == st0.st_dev) {
+            found = true;
+            cr_assert_eq(st.st_nlink, 0);
+            ssize_t n = readlink(link, target, sizeof(target) - 1);
+            cr_assert_gt(n, 0);
+        }
+    }
+    cr_assert(found, "the replaced inode is not held");
+    cr_assert_eq(stat(p, &st), 0);
+    cr_assert_eq(st.st_mode & 07777, 0666);
+    conch_fs_release_deferred();
+    cr_assert_eq(open_fds(), base);
+    /* The next call releases them too; edits defer as writes do. */
+    json_decref(call_ok("edit", json_pack("{s:s, s:s, s:s}", "path", "d.txt", "old_string", "two",
+                                          "new_string", "three")));
+    cr_assert_eq(open_fds(), base + 1);
+    json_decref(call_ok("ls", json_pack("{s:s}", "path", ".")));
+    cr_assert_eq(open_fds(), base);
+    _cleanup_free_ char *c = get("d.txt", NULL);
+    cr_assert_str_eq(c, "three");
 }
