@@ -513,6 +513,10 @@ static void run_try_finish(struct run *r)
         r->call = NULL;
         return;
     }
+    if (r->no_changes) {
+        run_answer(r, NULL);
+        return;
+    }
     /* The result lists the workspace's changes: scanning them costs the size of the upper
      * dir (seconds for 300,000 files), so a worker does it and run_answer replies. */
     if (sb->upper_dir[0] && !sb->super.gone &&
@@ -679,6 +683,7 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     }
     r->call = call;
     r->stream = conch_rpc_bool(params, "stream", false);
+    r->no_changes = !conch_rpc_bool(params, "changes", true);
     r->request_id = json_incref(conch_rpc_call_id(call));
     if (r->stream && c->sink)
         r->notify = conch_rpc_sink_ref(c->sink);

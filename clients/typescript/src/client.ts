@@ -78,6 +78,8 @@ export interface ExecParams {
   timeout?: number;
   grace?: number;
   max_output?: number;
+  /** false: the result lists no workspace changes (the daemon skips scanning them). */
+  changes?: boolean;
   [key: string]: unknown;
 }
 

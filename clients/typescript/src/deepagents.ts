@@ -230,6 +230,8 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
         cwd: this.opts.cwd ?? "/workspace",
         timeout: this.timeout,
         max_output: Math.min(64 * 1024 * 1024, this.maxOutput * 4 + 16),
+        // deepagents never sees the workspace's changes: the daemon need not scan for them.
+        changes: false,
         ...(this.opts.env ? { env: this.opts.env } : {}),
       });
     } catch (e) {
