@@ -222,13 +222,6 @@ void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *bu
         free(buf);
         return;
     }
-    /* What a write added, or a delete freed, counts at once: measure. A delete opens the
-     * way again until the measurement says otherwise. */
-    if (measure) {
-        if (frees)
-            sb->disk_over = false;
-        sandbox_measure(sb);
-    }
     /* The answer leaves the request (and its sandbox): a stop meanwhile changes nothing. */
     a->req.data = a;
     a->call = call;
@@ -236,11 +229,17 @@ void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *bu
     a->len = len;
     if (len <= FILE_ANSWER_INLINE_MAX && answer_verbatim(a)) {
         answer_done(&a->req, 0);
-        return;
-    }
-    if (uv_queue_work(&sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+    } else if (uv_queue_work(&sb->d->loop, &a->req, answer_work, answer_done) < 0) {
         answer_work(&a->req);
         answer_done(&a->req, 0);
+    }
+    /* What a write added, or a delete freed, counts at once: measure, once the answer is on
+     * its way (the measuring thread's wake-up would delay it). A delete opens the way again
+     * until the measurement says otherwise. */
+    if (measure) {
+        if (frees)
+            sb->disk_over = false;
+        sandbox_measure(sb);
     }
 }
 
