@@ -6,7 +6,8 @@
 // the load average before and after.
 // Usage: (cd clients/typescript && npm ci && npm run build) && node bench/deepagents_backend.mjs [N]
 // N timed operations per backend and row (default 200). CONCH_BIN picks the binary (default
-// build/conch); BENCH_BLOCK the block size (default 20).
+// build/conch); BENCH_BLOCK the block size (default 20); BENCH_OPS=write,execute times only
+// those rows.
 import { mkdtempSync, mkdirSync, writeFileSync } from "node:fs";
 import { tmpdir, loadavg } from "node:os";
 import { join, resolve, dirname } from "node:path";
@@ -84,7 +85,9 @@ console.log(`deepagents backend operations, median of ${N} each, in alternating 
 console.log(`load average before: ${load()}`);
 console.log(`${"operation".padEnd(18)}${"LocalShellBackend".padStart(18)}${"ConchSandbox".padStart(14)}${"ratio".padStart(8)}`);
 try {
+  const only = process.env.BENCH_OPS ? process.env.BENCH_OPS.split(",") : null;
   for (const [name, fn] of Object.entries(ops)) {
+    if (only && !only.some((o) => name.startsWith(o))) continue;
     const { l, c } = await timeBoth(fn);
     console.log(`${name.padEnd(18)}${l.toFixed(3).padStart(18)}${c.toFixed(3).padStart(14)}${(c / l).toFixed(2).padStart(8)}`);
   }

@@ -72,6 +72,8 @@ static int write_frame(int fd, const char *text, uint64_t len)
 
 int daemon_file_serve(int sock)
 {
+    /* A file a write replaces is unlinked after the answer (below), not inside the write. */
+    conch_fs_defer_replaced(true);
     for (;;) {
         uint64_t len;
         int r = read_full(sock, &len, sizeof(len));
@@ -87,7 +89,7 @@ int daemon_file_serve(int sock)
         /* An empty answer: the request was malformed (the daemon answers "no answer"). */
         r = write_frame(sock, text ? text : "", text ? strlen(text) : 0);
         free(text);
-        /* What a write replaced is freed now, while the daemon forwards the answer. */
+        /* What a write replaced goes now, while the daemon forwards the answer. */
         conch_fs_release_deferred();
         if (r < 0)
             return 1;

@@ -170,18 +170,28 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         r = -errno;
     if (close(tfd) < 0 && r == 0)
         r = -errno;
-    /* The file replaced stays referenced until the answer is out (conch_fs__defer_close):
-     * freeing it is then no part of the write's latency. */
-    int old = exists ? openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC) : -1;
+    /* Replacing a file with deferral on (conch_fs_defer_replaced): swap the two names, and
+     * the old file, now under the temporary one, goes after the answer. Where the exchange
+     * is not to be had, or the file went meanwhile, a rename over it. */
+    if (r == 0 && exists && conch_fs__defer_unlink(pfd, tmp)) {
+        if (renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE) == 0) {
+            /* A directory put there meanwhile would not go with an unlink: swap it back, and
+             * the rename over it fails as it would have. */
+            struct stat xst;
+            if (fstatat(pfd, tmp, &xst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(xst.st_mode)) {
+                *ret_created = false;
+                return 0;
+            }
+            renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE);
+        }
+        conch_fs__undefer_last();
+    }
     if (r == 0 && renameat(pfd, tmp, pfd, name) < 0)
         r = -errno;
     if (r < 0) {
         unlinkat(pfd, tmp, 0);
-        if (old >= 0)
-            close(old);
         return conch_fs__fail_errno(ferr, -r, "write", given);
     }
-    conch_fs__defer_close(old);
     *ret_created = !exists;
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -306,27 +307,48 @@ static const struct {
 
 _Thread_local bool conch_fs__in_root;
 
-/* Files replaced by writes, held until the answer is out: the last reference to a replaced
- * inode frees it (its blocks, a discard with -o discard), which costs a write 10-30% of its
- * time when done inside the rename. */
+/* Files replaced by writes, left under their temporary names until the answer is out
+ * (conch_fs_defer_replaced): dirfd (owned, O_PATH) and name of each, unlinked by
+ * conch_fs_release_deferred. */
 #define MAX_DEFERRED 64
-static _Thread_local int deferred[MAX_DEFERRED];
+static _Thread_local bool defer_on;
+static _Thread_local struct {
+    int dirfd;
+    char name[32];
+} deferred[MAX_DEFERRED];
 static _Thread_local unsigned ndeferred;
 
-void conch_fs__defer_close(int fd)
+void conch_fs_defer_replaced(bool on)
 {
+    defer_on = on;
+}
+
+bool conch_fs__defer_unlink(int dirfd, const char *name)
+{
+    if (!defer_on || ndeferred == MAX_DEFERRED || strlen(name) >= sizeof(deferred[0].name))
+        return false;
+    int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
     if (fd < 0)
-        return;
-    if (ndeferred == MAX_DEFERRED)
-        close(fd);
-    else
-        deferred[ndeferred++] = fd;
+        return false;
+    deferred[ndeferred].dirfd = fd;
+    strcpy(deferred[ndeferred].name, name);
+    ndeferred++;
+    return true;
+}
+
+void conch_fs__undefer_last(void)
+{
+    if (ndeferred > 0)
+        close(deferred[--ndeferred].dirfd);
 }
 
 void conch_fs_release_deferred(void)
 {
-    while (ndeferred > 0)
-        close(deferred[--ndeferred]);
+    while (ndeferred > 0) {
+        ndeferred--;
+        unlinkat(deferred[ndeferred].dirfd, deferred[ndeferred].name, 0);
+        close(deferred[ndeferred].dirfd);
+    }
 }
 
 const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx)

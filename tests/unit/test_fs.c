@@ -1308,55 +1308,64 @@ Test(fs_json, a_lying_worker_cannot_inject)
     }
 }
 
-static int open_fds(void)
+/* The names in dir/@sub starting with ".conch-write-". */
+static int leftovers(const char *sub)
 {
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, sub);
+    DIR *d = opendir(p);
     cr_assert_not_null(d);
-    while (readdir(d))
-        n++;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, ".conch-write-", 13);
     closedir(d);
     return n;
 }
 
-/* A replaced file is held (not freed) until the answer is out: one fd per replacement,
- * released by conch_fs_release_deferred or the next call; modes the umask would cut are
- * still kept (the fchmod path). */
-Test(fs, replaced_files_are_released_after_the_answer)
+/* With deferral on, a replaced file is swapped out (RENAME_EXCHANGE) and unlinked only by
+ * conch_fs_release_deferred or the next call: readers of the old file keep it, the new one
+ * is whole at once, modes are kept (those the umask would cut too: the fchmod path). Off,
+ * nothing is left behind. */
+Test(fs, replaced_files_go_after_the_answer)
 {
-    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d.txt", "content", "one")));
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "one")));
     char p[512];
-    snprintf(p, sizeof(p), "%s/d.txt", dir);
+    snprintf(p, sizeof(p), "%s/d/d.txt", dir);
     cr_assert_eq(chmod(p, 0666), 0);
-    conch_fs_release_deferred();
-    int base = open_fds();
     struct stat st0, st;
     cr_assert_eq(stat(p, &st0), 0);
-    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d.txt", "content", "two")));
-    cr_assert_eq(open_fds(), base + 1);
-    /* The held fd is the old inode, no longer linked. */
-    char link[64], target[PATH_MAX];
-    bool found = false;
-    for (int fd = 3; fd < 1024 && !found; fd++) {
-        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-        if (fstat(fd, &st) == 0 && st.st_ino == st0.st_ino && st.st_dev == st0.st_dev) {
-            found = true;
-            cr_assert_eq(st.st_nlink, 0);
-            ssize_t n = readlink(link, target, sizeof(target) - 1);
-            cr_assert_gt(n, 0);
-        }
-    }
-    cr_assert(found, "the replaced inode is not held");
+    _cleanup_close_ int reader = open(p, O_RDONLY | O_CLOEXEC);
+    conch_fs_defer_replaced(true);
+    json_t *r = call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "two"));
+    cr_assert(!flag(r, "created"));
+    json_decref(r);
+    cr_assert_eq(leftovers("d"), 1);
     cr_assert_eq(stat(p, &st), 0);
+    cr_assert_neq(st.st_ino, st0.st_ino);
     cr_assert_eq(st.st_mode & 07777, 0666);
+    _cleanup_free_ char *c = get("d/d.txt", NULL);
+    cr_assert_str_eq(c, "two");
+    char old[8] = {0};
+    cr_assert_eq(read(reader, old, sizeof(old) - 1), 3);
+    cr_assert_str_eq(old, "one");
     conch_fs_release_deferred();
-    cr_assert_eq(open_fds(), base);
-    /* The next call releases them too; edits defer as writes do. */
-    json_decref(call_ok("edit", json_pack("{s:s, s:s, s:s}", "path", "d.txt", "old_string", "two",
+    cr_assert_eq(leftovers("d"), 0);
+    cr_assert_eq(fstat(reader, &st), 0);
+    cr_assert_eq(st.st_nlink, 0);
+    /* The next call releases them too; edits defer as writes do; a new file has nothing to
+     * leave. */
+    json_decref(call_ok("edit", json_pack("{s:s, s:s, s:s}", "path", "d/d.txt", "old_string", "two",
                                           "new_string", "three")));
-    cr_assert_eq(open_fds(), base + 1);
-    json_decref(call_ok("ls", json_pack("{s:s}", "path", ".")));
-    cr_assert_eq(open_fds(), base);
-    _cleanup_free_ char *c = get("d.txt", NULL);
-    cr_assert_str_eq(c, "three");
+    cr_assert_eq(leftovers("d"), 1);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/new.txt", "content", "n")));
+    cr_assert_eq(leftovers("d"), 0);
+    _cleanup_free_ char *c2 = get("d/d.txt", NULL);
+    cr_assert_str_eq(c2, "three");
+    /* Off: a plain rename over the file. */
+    conch_fs_defer_replaced(false);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "four")));
+    cr_assert_eq(leftovers("d"), 0);
+    _cleanup_free_ char *c3 = get("d/d.txt", NULL);
+    cr_assert_str_eq(c3, "four");
 }
