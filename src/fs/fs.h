@@ -62,8 +62,8 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
  * pattern component names them (bash globstar rules).
  *
  * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
- * file + rename in the same directory, mode kept, new files 0644, new dirs 0755 less the
- * umask); a final symlink is written through in place instead, and an existing file the
+ * file + rename in the same directory, or an exchange with conch_fs_defer_replaced; mode
+ * kept, new files 0644, new dirs 0755 less the umask); a final symlink is written through in place instead, and an existing file the
  * caller may not write is permission_denied even in a writable directory. Deleting the
  * root is invalid_path. ls fails with too_large past 100000 entries. glob returns files
  * and directories; a trailing "**" matches everything beneath (not the directory itself);
