@@ -1,11 +1,11 @@
 /* fs.c - the fs module's entry point: method dispatch, error codes and messages, param
  * checking, and parsing the caller's workspace paths into clean relative ones. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
