@@ -260,7 +260,10 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     } else {
         in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    char *argv[] = {"/bin/bash", "-c", (char *)command, NULL};
+    /* exec.run's "shell": "sh" runs /bin/sh as deepagents' LocalShellBackend does. */
+    const char *shell =
+        strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
+    char *argv[] = {(char *)shell, "-c", (char *)command, NULL};
     struct conch_jail_cmd cmd = {.argv = argv,
                                  .envp = env,
                                  .cwd = cwd,
@@ -643,6 +646,11 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     struct sandbox *sb = NULL;
     if (!command_params_ok(call, params))
         return;
+    const char *shell = conch_rpc_str(params, "shell", "bash");
+    if (strcmp(shell, "bash") && strcmp(shell, "sh")) {
+        conch_rpc_call_fail_param(call, "shell", "shell must be \"bash\" or \"sh\"");
+        return;
+    }
     const char *id = conch_rpc_str(params, "sandbox", NULL);
     if (conch_rpc_bool(params, "fresh", false)) {
         if (id) {

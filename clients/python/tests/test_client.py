@@ -57,6 +57,21 @@ def test_exec_run_changes_false_skips_the_list(client, ws):
         client.sandbox_destroy(sid)
 
 
+def test_exec_run_shell(client):
+    sid = client.sandbox_create()["id"]
+    try:
+        cmd = 'echo $0; [ -n "$BASH_VERSION" ] && echo bash || echo not bash'
+        assert client.exec_run(sid, cmd)["stdout"] == "/bin/bash\nbash\n"
+        assert client.exec_run(sid, cmd, shell="bash")["stdout"] == "/bin/bash\nbash\n"
+        r = client.exec_run(sid, cmd, shell="sh")
+        assert (r["stdout"], r["exit_code"]) == ("/bin/sh\nnot bash\n", 0)
+        with pytest.raises(InvalidParams) as ei:
+            client.exec_run(sid, "true", shell="zsh")
+        assert ei.value.data.get("param") == "shell"
+    finally:
+        client.sandbox_destroy(sid)
+
+
 def test_run_results(sb):
     r = sb.run("echo out; echo err >&2; exit 3")
     assert isinstance(r, RunResult)

@@ -80,6 +80,8 @@ export interface ExecParams {
   max_output?: number;
   /** false: the result lists no workspace changes (the daemon skips scanning them). */
   changes?: boolean;
+  /** "bash" (default: /bin/bash -c) or "sh" (/bin/sh -c). */
+  shell?: "bash" | "sh";
   [key: string]: unknown;
 }
 

@@ -106,6 +106,11 @@ export interface ConchSandboxOptions extends ConnectOptions {
   onClose?: "commit" | "discard";
   /** Working directory of execute() commands (default /workspace). */
   cwd?: string;
+  /**
+   * The shell of execute() commands: "sh" (default: /bin/sh -c, as LocalShellBackend's
+   * spawn with shell: true; 0.4 ms faster to start than bash) or "bash" (/bin/bash -c).
+   */
+  shell?: "sh" | "bash";
   /** execute() timeout in seconds (default 120, as LocalShellBackend). */
   timeout?: number;
   /** execute() output cap in characters (default 100000, as LocalShellBackend). */
@@ -232,6 +237,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
         max_output: Math.min(64 * 1024 * 1024, this.maxOutput * 4 + 16),
         // deepagents never sees the workspace's changes: the daemon need not scan for them.
         changes: false,
+        shell: this.opts.shell ?? "sh",
         ...(this.opts.env ? { env: this.opts.env } : {}),
       });
     } catch (e) {

@@ -70,6 +70,8 @@ const STEPS = [
   ["execute", { command: "od -An -tx1 -N16 workspace/pic.png; wc -c < workspace/pic.png" }],
   ["execute", { command: "cat workspace/hello.txt; echo oops >&2; exit 3" }],
   ["execute", { command: "true" }],
+  // The shell is /bin/sh on both (LocalShellBackend spawns with shell: true).
+  ["execute", { command: "echo $0; [ -n \"$BASH_VERSION\" ] && echo bash || echo not bash" }],
   ["execute", { command: "ls workspace/src | sort" }],
   ["delete", { file_path: `${W}/src/lib` }],
   ["delete", { file_path: `${W}/notes.md` }],
@@ -137,7 +139,8 @@ test("a deepagents agent over ConchSandbox prints what LocalShellBackend prints 
   assert.match(text(33), /^ 89 50 4e 47 0d 0a 1a 0a/);
   assert.equal(text(34), "hello there\nsecond line\nthird there\n\n[stderr] oops\n\nExit code: 3\n[Command failed with exit code 3]");
   assert.equal(text(35), "<no output>\n[Command succeeded with exit code 0]");
-  assert.equal(conchMsgs[39].status, "error");
+  assert.equal(text(36), "/bin/sh\nnot bash\n\n[Command succeeded with exit code 0]");
+  assert.equal(conchMsgs[40].status, "error");
   // The host directory is untouched until commit.
   assert.equal(existsSync(join(wsHost, "hello.txt")), false);
 });

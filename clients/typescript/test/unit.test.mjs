@@ -182,6 +182,9 @@ test("ConchSandbox.execute formats output as LocalShellBackend does", async () =
   const { sb, stop } = await fakeSandbox(async (m, p) => {
     assert.equal(m, "exec.run");
     assert.equal(p.cwd, "/workspace");
+    // /bin/sh as LocalShellBackend's spawn(shell: true); no change list asked for.
+    assert.equal(p.shell, "sh");
+    assert.equal(p.changes, false);
     return answers.shift();
   });
   assert.deepEqual(await sb.execute("a"), { output: "out\n", exitCode: 0, truncated: false });
