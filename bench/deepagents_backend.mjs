@@ -8,7 +8,7 @@
 // N timed operations per backend and row (default 200). CONCH_BIN picks the binary (default
 // build/conch); BENCH_BLOCK the block size (default 20); BENCH_OPS=write,execute times only
 // those rows.
-import { mkdtempSync, mkdirSync, writeFileSync } from "node:fs";
+import { mkdtempSync, mkdirSync, writeFileSync, rmSync } from "node:fs";
 import { tmpdir, loadavg } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -43,7 +43,8 @@ makeTree(ws);
 
 const local = new LocalShellBackend({ rootDir: localRoot, virtualMode: true, inheritEnv: true });
 await local.initialize();
-const conch = await ConchSandbox.create({ bin, args: ["--state-dir", mkdtempSync(join(tmpdir(), "conch-bench-state-")), "--pool", "0"], sandbox: { workspace: ws } });
+const stateDir = mkdtempSync(join(tmpdir(), "conch-bench-state-"));
+const conch = await ConchSandbox.create({ bin, args: ["--state-dir", stateDir, "--pool", "0"], sandbox: { workspace: ws } });
 
 const W = "/workspace";
 let k = 0;
@@ -93,5 +94,6 @@ try {
   }
 } finally {
   await conch.close();
+  for (const d of [localRoot, ws, stateDir]) rmSync(d, { recursive: true, force: true });
 }
 console.log(`load average after: ${load()}`);
