@@ -1,11 +1,15 @@
 // deepagents_backend.mjs - one run: deepagents' read, ls, grep, write and execute("true")
 // through ConchSandbox (conch serve --stdio, native fs.*) against deepagents' own
-// LocalShellBackend on the host (no sandbox), on the same small tree. Prints the median time
-// per operation of each and the ratio conch / local (goal: <= 1.0).
+// LocalShellBackend on the host (no sandbox), on the same small tree. The two backends take
+// turns in blocks of BENCH_BLOCK operations (so that a change of load hits both alike);
+// prints the median time per operation of each, the ratio conch / local (goal: <= 1.0) and
+// the load average before and after.
 // Usage: (cd clients/typescript && npm ci && npm run build) && node bench/deepagents_backend.mjs [N]
-// CONCH_BIN picks the binary (default build/conch).
-import { mkdtempSync, mkdirSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+// N timed operations per backend and row (default 200). CONCH_BIN picks the binary (default
+// build/conch); BENCH_BLOCK the block size (default 20); BENCH_OPS=write,execute times only
+// those rows.
+import { mkdtempSync, mkdirSync, writeFileSync, rmSync } from "node:fs";
+import { tmpdir, loadavg } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createRequire } from "node:module";
@@ -39,7 +43,8 @@ makeTree(ws);
 
 const local = new LocalShellBackend({ rootDir: localRoot, virtualMode: true, inheritEnv: true });
 await local.initialize();
-const conch = await ConchSandbox.create({ bin, args: ["--state-dir", mkdtempSync(join(tmpdir(), "conch-bench-state-")), "--pool", "0"], sandbox: { workspace: ws } });
+const stateDir = mkdtempSync(join(tmpdir(), "conch-bench-state-"));
+const conch = await ConchSandbox.create({ bin, args: ["--state-dir", stateDir, "--pool", "0"], sandbox: { workspace: ws } });
 
 const W = "/workspace";
 let k = 0;
@@ -51,27 +56,44 @@ const ops = {
   'execute("true")': (b) => b.execute("true"),
 };
 
-async function time(b, fn) {
-  const r0 = await fn(b); // warm-up, and a check that it works
-  if (r0?.error || (r0?.exitCode !== undefined && r0.exitCode !== 0)) throw new Error(`warm-up failed: ${JSON.stringify(r0).slice(0, 200)}`);
-  const t = [];
-  for (let i = 0; i < N; i++) {
-    const s = process.hrtime.bigint();
-    await fn(b);
-    t.push(Number(process.hrtime.bigint() - s) / 1e6);
+const BLOCK = Math.max(1, Number(process.env.BENCH_BLOCK ?? 20));
+
+/** Times @fn on both backends in alternating blocks, after a checked warm-up of each. */
+async function timeBoth(fn) {
+  const t = { local: [], conch: [] };
+  for (const [name, b] of [["local", local], ["conch", conch]]) {
+    const r0 = await fn(b); // warm-up, and a check that it works
+    if (r0?.error || (r0?.exitCode !== undefined && r0.exitCode !== 0)) throw new Error(`${name}: warm-up failed: ${JSON.stringify(r0).slice(0, 200)}`);
+    for (let i = 0; i < 10; i++) await fn(b);
   }
-  t.sort((a, c) => a - c);
-  return t[Math.floor(t.length / 2)];
+  for (let done = 0; done < N; done += BLOCK) {
+    const n = Math.min(BLOCK, N - done);
+    // Which one goes first alternates too.
+    const order = (done / BLOCK) % 2 ? [["conch", conch], ["local", local]] : [["local", local], ["conch", conch]];
+    for (const [name, b] of order)
+      for (let i = 0; i < n; i++) {
+        const s = process.hrtime.bigint();
+        await fn(b);
+        t[name].push(Number(process.hrtime.bigint() - s) / 1e6);
+      }
+  }
+  const median = (a) => (a.sort((x, y) => x - y), a[Math.floor(a.length / 2)]);
+  return { l: median(t.local), c: median(t.conch) };
 }
 
-console.log(`deepagents backend operations, median of ${N} (ms); ratio = ConchSandbox / LocalShellBackend`);
+const load = () => loadavg().map((x) => x.toFixed(2)).join(" ");
+console.log(`deepagents backend operations, median of ${N} each, in alternating blocks of ${BLOCK} (ms); ratio = ConchSandbox / LocalShellBackend`);
+console.log(`load average before: ${load()}`);
 console.log(`${"operation".padEnd(18)}${"LocalShellBackend".padStart(18)}${"ConchSandbox".padStart(14)}${"ratio".padStart(8)}`);
 try {
+  const only = process.env.BENCH_OPS ? process.env.BENCH_OPS.split(",") : null;
   for (const [name, fn] of Object.entries(ops)) {
-    const l = await time(local, fn);
-    const c = await time(conch, fn);
+    if (only && !only.some((o) => name.startsWith(o))) continue;
+    const { l, c } = await timeBoth(fn);
     console.log(`${name.padEnd(18)}${l.toFixed(3).padStart(18)}${c.toFixed(3).padStart(14)}${(c / l).toFixed(2).padStart(8)}`);
   }
 } finally {
   await conch.close();
+  for (const d of [localRoot, ws, stateDir]) rmSync(d, { recursive: true, force: true });
 }
+console.log(`load average after: ${load()}`);

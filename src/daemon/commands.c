@@ -260,7 +260,10 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     } else {
         in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    char *argv[] = {"/bin/bash", "-c", (char *)command, NULL};
+    /* exec.run's "shell": "sh" runs /bin/sh as deepagents' LocalShellBackend does. */
+    const char *shell =
+        strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
+    char *argv[] = {(char *)shell, "-c", (char *)command, NULL};
     struct conch_jail_cmd cmd = {.argv = argv,
                                  .envp = env,
                                  .cwd = cwd,
@@ -518,6 +521,10 @@ static void run_try_finish(struct run *r)
         r->call = NULL;
         return;
     }
+    if (r->no_changes) {
+        run_answer(r, NULL);
+        return;
+    }
     /* The result lists the workspace's changes: scanning them costs the size of the upper
      * dir (seconds for 300,000 files), so a worker does it and run_answer replies. */
     if (sb->upper_dir[0] && !sb->super.gone && sandbox_changes_none(sb)) {
@@ -649,6 +656,11 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     struct sandbox *sb = NULL;
     if (!command_params_ok(call, params))
         return;
+    const char *shell = conch_rpc_str(params, "shell", "bash");
+    if (strcmp(shell, "bash") && strcmp(shell, "sh")) {
+        conch_rpc_call_fail_param(call, "shell", "shell must be \"bash\" or \"sh\"");
+        return;
+    }
     const char *id = conch_rpc_str(params, "sandbox", NULL);
     if (conch_rpc_bool(params, "fresh", false)) {
         if (id) {
@@ -689,6 +701,7 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     }
     r->call = call;
     r->stream = conch_rpc_bool(params, "stream", false);
+    r->no_changes = !conch_rpc_bool(params, "changes", true);
     r->request_id = json_incref(conch_rpc_call_id(call));
     if (r->stream && c->sink)
         r->notify = conch_rpc_sink_ref(c->sink);

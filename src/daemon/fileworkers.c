@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+#include "fs/fs.h"
 
 #define FILE_POOL_MAX 2
 /* Forked workers in flight when every persistent one is busy; past this, requests wait in
@@ -71,6 +72,8 @@ static int write_frame(int fd, const char *text, uint64_t len)
 
 int daemon_file_serve(int sock)
 {
+    /* A file a write replaces is unlinked after the answer (below), not inside the write. */
+    conch_fs_defer_replaced(true);
     for (;;) {
         uint64_t len;
         int r = read_full(sock, &len, sizeof(len));
@@ -86,6 +89,8 @@ int daemon_file_serve(int sock)
         /* An empty answer: the request was malformed (the daemon answers "no answer"). */
         r = write_frame(sock, text ? text : "", text ? strlen(text) : 0);
         free(text);
+        /* What a write replaced goes now, while the daemon forwards the answer. */
+        conch_fs_release_deferred();
         if (r < 0)
             return 1;
         /* An upload or a big read leaves its peak in the heap: give it back. */

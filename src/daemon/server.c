@@ -596,6 +596,8 @@ static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 R("grace", N, 0, 3600, 0.001),
                                                 R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
                                                 P("stream", B, false),
+                                                P("changes", B, false),
+                                                P("shell", S, false),
                                                 END};
 static const struct conch_rpc_param p_job_start[] = {P("sandbox", S, true),
                                                      P("command", S, true),

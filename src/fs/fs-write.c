@@ -142,6 +142,15 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         return conch_fs__fail_errno(ferr, errno, "write", given);
     }
 
+    /* Created with its final mode when the umask leaves it whole (no fchmod: one inode
+     * update less); else 0600 and fchmod. The temporary file shows nothing the old one at
+     * the same mode did not. */
+    static mode_t umask_now = (mode_t)-1;
+    if (umask_now == (mode_t)-1) {
+        umask_now = umask(022);
+        umask(umask_now);
+    }
+    bool direct = (mode & ~(mode_t)0777) == 0 && (mode & umask_now) == 0;
     char tmp[64];
     int tfd = -1;
     for (int tries = 0; tfd < 0 && tries < 16; tries++) {
@@ -149,17 +158,34 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
             rnd = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)tries;
         snprintf(tmp, sizeof(tmp), ".conch-write-%016llx", (unsigned long long)rnd);
-        tfd = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        tfd = openat(pfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     direct ? mode : 0600);
         if (tfd < 0 && errno != EEXIST)
             break;
     }
     if (tfd < 0)
         return conch_fs__fail_errno(ferr, errno, "write", given);
     int r = conch_write_all(tfd, data, len);
-    if (r == 0 && fchmod(tfd, mode) < 0)
+    if (r == 0 && !direct && fchmod(tfd, mode) < 0)
         r = -errno;
     if (close(tfd) < 0 && r == 0)
         r = -errno;
+    /* Replacing a file with deferral on (conch_fs_defer_replaced): swap the two names, and
+     * the old file, now under the temporary one, goes after the answer. Where the exchange
+     * is not to be had, or the file went meanwhile, a rename over it. */
+    if (r == 0 && exists && conch_fs__defer_unlink(pfd, tmp)) {
+        if (renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE) == 0) {
+            /* A directory put there meanwhile would not go with an unlink: swap it back, and
+             * the rename over it fails as it would have. */
+            struct stat xst;
+            if (fstatat(pfd, tmp, &xst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(xst.st_mode)) {
+                *ret_created = false;
+                return 0;
+            }
+            renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE);
+        }
+        conch_fs__undefer_last();
+    }
     if (r == 0 && renameat(pfd, tmp, pfd, name) < 0)
         r = -errno;
     if (r < 0) {

@@ -1,11 +1,13 @@
 /* fs.c - the fs module's entry point: method dispatch, error codes and messages, param
  * checking, and parsing the caller's workspace paths into clean relative ones. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/cleanup.h"
 #include "fs/fs-internal.h"
@@ -305,6 +307,50 @@ static const struct {
 
 _Thread_local bool conch_fs__in_root;
 
+/* Files replaced by writes, left under their temporary names until the answer is out
+ * (conch_fs_defer_replaced): dirfd (owned, O_PATH) and name of each, unlinked by
+ * conch_fs_release_deferred. */
+#define MAX_DEFERRED 64
+static _Thread_local bool defer_on;
+static _Thread_local struct {
+    int dirfd;
+    char name[32];
+} deferred[MAX_DEFERRED];
+static _Thread_local unsigned ndeferred;
+
+void conch_fs_defer_replaced(bool on)
+{
+    defer_on = on;
+}
+
+bool conch_fs__defer_unlink(int dirfd, const char *name)
+{
+    if (!defer_on || ndeferred == MAX_DEFERRED || strlen(name) >= sizeof(deferred[0].name))
+        return false;
+    int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        return false;
+    deferred[ndeferred].dirfd = fd;
+    strcpy(deferred[ndeferred].name, name);
+    ndeferred++;
+    return true;
+}
+
+void conch_fs__undefer_last(void)
+{
+    if (ndeferred > 0)
+        close(deferred[--ndeferred].dirfd);
+}
+
+void conch_fs_release_deferred(void)
+{
+    while (ndeferred > 0) {
+        ndeferred--;
+        unlinkat(deferred[ndeferred].dirfd, deferred[ndeferred].name, 0);
+        close(deferred[ndeferred].dirfd);
+    }
+}
+
 const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx)
 {
     return *ctx->home ? ctx->home : *ctx->root_name ? ctx->root_name : "/";
@@ -316,6 +362,7 @@ static json_t *call_ctx(const struct conch_fs__ctx *ctx, const char *method, jso
 json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
                              struct conch_fs_error *ferr)
 {
+    conch_fs_release_deferred();
     memset(ferr, 0, sizeof(*ferr));
     struct conch_fs__ctx ctx = {.root_fd = sys_root_fd, .root_name = "", .home = home};
     conch_fs__in_root = true;
@@ -327,6 +374,7 @@ json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *meth
 json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, json_t *params,
                       struct conch_fs_error *ferr)
 {
+    conch_fs_release_deferred();
     memset(ferr, 0, sizeof(*ferr));
     char root[PATH_MAX];
     snprintf(root, sizeof(root), "%s", root_name && *root_name ? root_name : "/workspace");

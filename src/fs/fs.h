@@ -5,6 +5,8 @@
 #define CONCH_FS_FS_H
 
 #include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 /* Largest file fs.read / fs.download / fs.edit / fs.grep will load (the error's data.limit). */
 #define CONCH_FS_MAX_FILE (10LL * 1024 * 1024)
@@ -60,8 +62,8 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
  * pattern component names them (bash globstar rules).
  *
  * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
- * file + rename in the same directory, mode kept, new files 0644, new dirs 0755 less the
- * umask); a final symlink is written through in place instead, and an existing file the
+ * file + rename in the same directory, or an exchange with conch_fs_defer_replaced; mode
+ * kept, new files 0644, new dirs 0755 less the umask); a final symlink is written through in place instead, and an existing file the
  * caller may not write is permission_denied even in a writable directory. Deleting the
  * root is invalid_path. ls fails with too_large past 100000 entries. glob returns files
  * and directories; a trailing "**" matches everything beneath (not the directory itself);
@@ -90,5 +92,33 @@ json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, js
  */
 json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
                              struct conch_fs_error *ferr);
+
+/*
+ * conch_fs_defer_replaced - with @on, a write or edit that replaces a regular file swaps the
+ * new file in with renameat2(RENAME_EXCHANGE) (atomic, as a rename over it) and leaves the
+ * old one under the temporary name for conch_fs_release_deferred to unlink, once the
+ * answer is sent: freeing it, and the writeback ext4 starts on a rename over a file, are
+ * then no part of the write's latency (a third of it). Off by default (a plain rename over
+ * the file); the caller that turns it on must call conch_fs_release_deferred after each
+ * answer. Per thread.
+ */
+void conch_fs_defer_replaced(bool on);
+
+/*
+ * conch_fs_release_deferred - unlink what writes left for after their answer (see
+ * conch_fs_defer_replaced); the next conch_fs_call* does it too.
+ */
+void conch_fs_release_deferred(void);
+
+/*
+ * conch_fs_json_object_check - whether the @n bytes at @text are exactly one JSON object
+ * (surrounded by spaces or tabs at most) that may be spliced as it is into a JSON-RPC line:
+ * no raw CR, LF or other control character anywhere, strings of valid UTF-8 with valid
+ * escapes, no duplicate key within an object. Stricter than JSON, to stay cheap (one pass,
+ * no allocation): false also for escaped keys, \u escapes of surrogates, more than 32 keys
+ * in one object or nesting deeper than 32; such text takes the caller's slow path (parse
+ * and serialise anew).
+ */
+bool conch_fs_json_object_check(const char *text, size_t n);
 
 #endif

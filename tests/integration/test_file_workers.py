@@ -296,3 +296,41 @@ def test_awkward_content_round_trips(fsw):
     assert base64.b64decode(got["content"]) == data
     names = [e["name"] for e in call("fs.ls", path=".")["entries"]]
     assert "awk.txt" in names and "awk.bin" in names
+
+
+def test_replaced_files_leave_nothing_behind(daemon, fsw, ws):
+    """A persistent worker swaps a replaced file out (RENAME_EXCHANGE) and unlinks the old
+    one after its answer: readers see the old content or the new, whole; the mode is kept;
+    no temporary name outlives the request that made it, and the worker keeps no fd."""
+    call, sb = fsw
+    call("fs.write", path="r/x.txt", content="v0")
+    r = call("exec.run", command="chmod 640 r/x.txt")
+    assert r["exit_code"] == 0
+    w = wait_workers(daemon, lambda w: len(w) >= 1)
+    fds_before = _fd_count(w[0])
+    stop = threading.Event()
+    seen, bad = [], []
+
+    def reader():
+        while not stop.is_set():
+            got = call("fs.read", path="r/x.txt")["content"]
+            seen.append(got)
+            if not (got.startswith("v") and got[1:].isdigit()):
+                bad.append(got)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i in range(1, 200):
+            assert call("fs.write", path="r/x.txt", content=f"v{i}") == {"bytes_written": len(f"v{i}"), "created": False}
+    finally:
+        stop.set()
+        t.join()
+    assert not bad and seen, bad[:5]
+    assert call("fs.read", path="r/x.txt")["content"] == "v199"
+    # The worker unlinks right after writing its answer: give a loaded machine 2 s for it.
+    r = call("exec.run", command="for i in $(seq 100); do [ \"$(ls -A r)\" = x.txt ] && break; "
+             "sleep 0.02; done; ls -A r; stat -c %a r/x.txt")
+    assert r["stdout"] == "x.txt\n640\n", r["stdout"]
+    assert [e["name"] for e in call("fs.ls", path="r")["entries"]] == ["x.txt"]
+    assert _fd_count(w[0]) == fds_before

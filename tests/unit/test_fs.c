@@ -2,7 +2,9 @@
  * the workspace root, path escapes (lexical and through symlinks, with openat2 and with
  * the user-space walk), encodings, and each error code. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -1113,4 +1115,257 @@ Test(fs, chunked_read_and_append)
     json_decref(r);
     call_fail("read", json_pack("{s:s,s:i}", "path", "a.bin", "length", 2),
               CONCH_FS_INVALID_PARAMS);
+}
+
+/* ---- conch_fs_json_object_check: what the daemon may splice as it is ---- */
+
+static bool jcheck(const char *s)
+{
+    return conch_fs_json_object_check(s, strlen(s));
+}
+
+Test(fs_json, accepts_what_the_worker_writes)
+{
+    cr_assert(jcheck("{}"));
+    cr_assert(jcheck(
+        "{\"content\":\"a\\nb\\t\\\"q\\\" \\\\ \\/ \\u0000 \\u00e9 \xc3\xa9 \xf0\x9f\x98\x80\","
+        "\"size\":12,\"eof\":true,\"x\":null,\"f\":false}"));
+    cr_assert(jcheck("{\"entries\":[{\"name\":\"a\",\"size\":0,\"mtime\":1733000000.25},"
+                     "{\"name\":\"b\",\"mtime\":-1.5e+20,\"m\":2E-3}],\"t\":[[],{}]}"));
+    cr_assert(jcheck(" {\"a\": [1, 2 ,3]}\t"));
+    /* The same key in two objects is no duplicate. */
+    cr_assert(jcheck("{\"a\":{\"k\":1},\"b\":{\"k\":2}}"));
+    /* The whole of the answer of a real fs.read, as the worker would send it. */
+    json_t *res = json_pack("{s:s, s:i, s:b}", "content", "line 1\nline 2\r\n\x01 caf\xc3\xa9",
+                            "size", 20, "truncated", 0);
+    char *text = json_dumps(res, JSON_COMPACT);
+    cr_assert(conch_fs_json_object_check(text, strlen(text)));
+    free(text);
+    json_decref(res);
+}
+
+Test(fs_json, refuses_what_could_break_the_line_or_the_stream)
+{
+    /* Not one object. */
+    cr_assert_not(jcheck(""));
+    cr_assert_not(jcheck("[]"));
+    cr_assert_not(jcheck("\"s\""));
+    cr_assert_not(jcheck("{}{}"));
+    cr_assert_not(jcheck("{},"));
+    cr_assert_not(jcheck("{\"a\":1}, \"id\": 5, \"error\": {}"));
+    cr_assert_not(jcheck("{\"a\":1}}"));
+    cr_assert_not(jcheck("{\"a\":1"));
+    cr_assert_not(jcheck("{\"a\":[1}"));
+    cr_assert_not(jcheck("{\"a\":{]}"));
+    cr_assert_not(jcheck("{\"a\"}"));
+    cr_assert_not(jcheck("{\"a\":}"));
+    cr_assert_not(jcheck("{\"a\":1,}"));
+    cr_assert_not(jcheck("{,\"a\":1}"));
+    cr_assert_not(jcheck("{\"a\":[1,]}"));
+    cr_assert_not(jcheck("{1:2}"));
+    /* Raw line breaks and control characters, inside strings or between tokens. */
+    cr_assert_not(jcheck("{\"a\":\"x\ny\"}"));
+    cr_assert_not(jcheck("{\"a\":\"x\ry\"}"));
+    cr_assert_not(jcheck("{\"a\":1,\n\"b\":2}"));
+    cr_assert_not(jcheck("{\"a\":\"\x01\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\x1f\"}"));
+    /* Strings: unterminated, bad escapes, bad UTF-8. */
+    cr_assert_not(jcheck("{\"a\":\"x}"));
+    cr_assert_not(jcheck("{\"a\":\"x\\\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\\x\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\\u12\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\\u12g4\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\\ud800\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\xff\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\xc3\"}"));
+    cr_assert_not(jcheck("{\"a\":\"\xc0\xaf\"}"));         /* overlong */
+    cr_assert_not(jcheck("{\"a\":\"\xed\xa0\x80\"}"));     /* a surrogate */
+    cr_assert_not(jcheck("{\"a\":\"\xf4\x90\x80\x80\"}")); /* past U+10FFFF */
+    /* Numbers and literals. */
+    cr_assert_not(jcheck("{\"a\":01}"));
+    cr_assert_not(jcheck("{\"a\":1.}"));
+    cr_assert_not(jcheck("{\"a\":.5}"));
+    cr_assert_not(jcheck("{\"a\":1e}"));
+    cr_assert_not(jcheck("{\"a\":-}"));
+    cr_assert_not(jcheck("{\"a\":NaN}"));
+    cr_assert_not(jcheck("{\"a\":Infinity}"));
+    cr_assert_not(jcheck("{\"a\":tru}"));
+    cr_assert_not(jcheck("{\"a\":nul}"));
+    /* Duplicate keys, escaped keys: the slow path's business. */
+    cr_assert_not(jcheck("{\"a\":1,\"a\":2}"));
+    cr_assert_not(jcheck("{\"a\":{\"k\":1,\"j\":2,\"k\":3}}"));
+    cr_assert_not(jcheck("{\"\\u0061\":1}"));
+    /* Embedded NUL bytes (raw) are control characters. */
+    cr_assert_not(conch_fs_json_object_check("{\"a\":\"\0\"}", 8));
+    cr_assert_not(conch_fs_json_object_check("{}\0", 3));
+}
+
+Test(fs_json, bounds_depth_and_keys)
+{
+    char deep[200] = "{\"a\":";
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "[");
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "]");
+    strcat(deep, "}");
+    cr_assert_not(jcheck(deep));
+    char ok[200] = "{\"a\":";
+    for (int i = 0; i < 30; i++)
+        strcat(ok, "[");
+    for (int i = 0; i < 30; i++)
+        strcat(ok, "]");
+    strcat(ok, "}");
+    cr_assert(jcheck(ok));
+    char many[600] = "{";
+    for (int i = 0; i < 33; i++)
+        sprintf(many + strlen(many), "%s\"k%d\":%d", i ? "," : "", i, i);
+    strcat(many, "}");
+    cr_assert_not(jcheck(many));
+    many[0] = '\0';
+    strcat(many, "{");
+    for (int i = 0; i < 32; i++)
+        sprintf(many + strlen(many), "%s\"k%d\":%d", i ? "," : "", i, i);
+    strcat(many, "}");
+    cr_assert(jcheck(many));
+}
+
+/* A lying worker cannot reach past its result: whatever the check lets through, spliced
+ * into the daemon's response line as the result, is one line holding one object whose only
+ * members are the daemon's own (jsonrpc, id, result), the result being what was sent. */
+static void splice_is_safe(const char *ans, size_t n)
+{
+    if (!conch_fs_json_object_check(ans, n))
+        return;
+    size_t cap = n + 64;
+    char *line = malloc(cap);
+    cr_assert_not_null(line);
+    int h = snprintf(line, cap, "{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":");
+    memcpy(line + h, ans, n);
+    memcpy(line + h + n, "}", 2);
+    size_t len = (size_t)h + n + 1;
+    cr_assert_null(memchr(line, '\n', len), "a line break got through: %.*s", (int)n, ans);
+    cr_assert_null(memchr(line, '\r', len));
+    json_error_t jerr;
+    json_t *v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    cr_assert_not_null(v, "spliced answer does not parse (%s): %.*s", jerr.text, (int)n, ans);
+    cr_assert_eq(json_object_size(v), 3);
+    cr_assert_eq(json_integer_value(json_object_get(v, "id")), 7);
+    cr_assert(json_is_object(json_object_get(v, "result")));
+    json_t *alone = json_loadb(ans, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    cr_assert(json_equal(alone, json_object_get(v, "result")));
+    json_decref(alone);
+    json_decref(v);
+    free(line);
+}
+
+Test(fs_json, a_lying_worker_cannot_inject)
+{
+    static const char *const lies[] = {
+        "{\"content\":\"x\"},\"id\":8,\"error\":{\"code\":1}",
+        "{\"content\":\"x\"}\n{\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{}}",
+        "{\"content\":\"x\"}}\n{\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{",
+        "{\"content\":\"x\\\"},\"id\":8,\"x\":\"\"}",
+        "{\"content\":\"x\"} ",
+        "{\"id\":8,\"id\":9}",
+        "{\"content\":\"\xc0\x22},\\\"id\\\":8\"}",
+        "{\"content\":\"\xe2\x80\"},\"id\":8}",
+        "{\"a\":[1,2}],\"id\":8}",
+    };
+    for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++)
+        splice_is_safe(lies[i], strlen(lies[i]));
+    /* Random corruptions of a real answer: flipped, inserted and removed bytes. */
+    const char *base =
+        "{\"entries\":[{\"name\":\"a\\\"b\",\"path\":\"/workspace/a\",\"type\":\"f\","
+        "\"size\":12,\"mode\":\"0644\",\"mtime\":1733000000.5}],\"x\":[true,false,"
+        "null,-1.5e3,\"\\u00e9\xc3\xa9\\n\"]}";
+    size_t bn = strlen(base);
+    cr_assert(conch_fs_json_object_check(base, bn));
+    static const char alphabet[] = "{}[]\",:\\\n\r\t 0123456789.eE+-tfnul\x01\x7f\x80\xc3\xa9\xff";
+    unsigned seed = 12345;
+    char buf[512];
+    for (int round = 0; round < 200000; round++) {
+        memcpy(buf, base, bn);
+        size_t n = bn;
+        int edits = 1 + (int)(rand_r(&seed) % 3);
+        for (int e = 0; e < edits; e++) {
+            size_t at = (size_t)rand_r(&seed) % n;
+            char c = alphabet[(size_t)rand_r(&seed) % (sizeof(alphabet) - 1)];
+            switch (rand_r(&seed) % 3) {
+            case 0:
+                buf[at] = c;
+                break;
+            case 1:
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = c;
+                n++;
+                break;
+            default:
+                memmove(buf + at, buf + at + 1, n - at - 1);
+                n--;
+            }
+        }
+        splice_is_safe(buf, n);
+    }
+}
+
+/* The names in dir/@sub starting with ".conch-write-". */
+static int leftovers(const char *sub)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, sub);
+    DIR *d = opendir(p);
+    cr_assert_not_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, ".conch-write-", 13);
+    closedir(d);
+    return n;
+}
+
+/* With deferral on, a replaced file is swapped out (RENAME_EXCHANGE) and unlinked only by
+ * conch_fs_release_deferred or the next call: readers of the old file keep it, the new one
+ * is whole at once, modes are kept (those the umask would cut too: the fchmod path). Off,
+ * nothing is left behind. */
+Test(fs, replaced_files_go_after_the_answer)
+{
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "one")));
+    char p[512];
+    snprintf(p, sizeof(p), "%s/d/d.txt", dir);
+    cr_assert_eq(chmod(p, 0666), 0);
+    struct stat st0, st;
+    cr_assert_eq(stat(p, &st0), 0);
+    _cleanup_close_ int reader = open(p, O_RDONLY | O_CLOEXEC);
+    conch_fs_defer_replaced(true);
+    json_t *r = call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "two"));
+    cr_assert(!flag(r, "created"));
+    json_decref(r);
+    cr_assert_eq(leftovers("d"), 1);
+    cr_assert_eq(stat(p, &st), 0);
+    cr_assert_neq(st.st_ino, st0.st_ino);
+    cr_assert_eq(st.st_mode & 07777, 0666);
+    _cleanup_free_ char *c = get("d/d.txt", NULL);
+    cr_assert_str_eq(c, "two");
+    char old[8] = {0};
+    cr_assert_eq(read(reader, old, sizeof(old) - 1), 3);
+    cr_assert_str_eq(old, "one");
+    conch_fs_release_deferred();
+    cr_assert_eq(leftovers("d"), 0);
+    cr_assert_eq(fstat(reader, &st), 0);
+    cr_assert_eq(st.st_nlink, 0);
+    /* The next call releases them too; edits defer as writes do; a new file has nothing to
+     * leave. */
+    json_decref(call_ok("edit", json_pack("{s:s, s:s, s:s}", "path", "d/d.txt", "old_string", "two",
+                                          "new_string", "three")));
+    cr_assert_eq(leftovers("d"), 1);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/new.txt", "content", "n")));
+    cr_assert_eq(leftovers("d"), 0);
+    _cleanup_free_ char *c2 = get("d/d.txt", NULL);
+    cr_assert_str_eq(c2, "three");
+    /* Off: a plain rename over the file. */
+    conch_fs_defer_replaced(false);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "four")));
+    cr_assert_eq(leftovers("d"), 0);
+    _cleanup_free_ char *c3 = get("d/d.txt", NULL);
+    cr_assert_str_eq(c3, "four");
 }

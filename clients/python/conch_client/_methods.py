@@ -101,9 +101,13 @@ class ProtocolMethods:
                  timeout: Optional[float] = None, grace: Optional[float] = None,
                  max_output: Optional[int] = None, fresh: Optional[bool] = None,
                  workspace: Optional[str] = None, mode: Optional[str] = None,
+                 changes: Optional[bool] = None, shell: Optional[str] = None,
                  on_output: Optional[Callable[[str, str], Any]] = None, **extra: Any):
         """exec.run: run ``bash -c command`` -> the result dict (exit_code, stdout, stderr,
         text, changes, tool_calls, error...). A failing command is a result, not an error.
+        ``changes=False`` leaves the workspace's changes out of the result (the daemon
+        then skips scanning for them after the command).
+        ``shell="sh"`` runs ``/bin/sh -c command`` instead of bash.
 
         ``timeout`` is the command's timeout in the sandbox (s; daemon default 120).
         ``on_output(stream, data)`` turns on streaming: it is called for every
@@ -111,7 +115,8 @@ class ProtocolMethods:
         result is returned. ``sandbox=None, fresh=True`` runs in a throwaway sandbox."""
         p = _params(extra, sandbox=sandbox, command=command, cwd=cwd, env=env, stdin=stdin,
                     timeout=timeout, grace=grace, max_output=max_output, fresh=fresh,
-                    workspace=workspace, mode=mode)
+                    workspace=workspace, mode=mode, changes=changes,
+                    shell=shell)
         if on_output is not None:
             p["stream"] = True
         return self._request("exec.run", p, on_output=on_output)

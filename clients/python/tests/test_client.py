@@ -41,6 +41,37 @@ def test_sandbox_lifecycle(client, ws):
     assert sid in ei.value.message
 
 
+def test_exec_run_changes_false_skips_the_list(client, ws):
+    sid = client.sandbox_create(workspace=ws)["id"]
+    try:
+        r = client.exec_run(sid, "echo new > made.txt")
+        assert [c["path"] for c in r["changes"]] == ["made.txt"] and r["changes_total"] == 1
+        r = client.exec_run(sid, "echo again >> made.txt; cat made.txt", changes=False)
+        assert r["stdout"] == "new\nagain\n" and r["exit_code"] == 0
+        assert (r["changes"], r["changes_total"], r["changes_truncated"]) == ([], 0, False)
+        # The changes are still there, only not listed: the next default run lists them.
+        assert [c["path"] for c in client.exec_run(sid, "true")["changes"]] == ["made.txt"]
+        with pytest.raises(InvalidParams):
+            client.exec_run(sid, "true", changes="no")
+    finally:
+        client.sandbox_destroy(sid)
+
+
+def test_exec_run_shell(client):
+    sid = client.sandbox_create()["id"]
+    try:
+        cmd = 'echo $0; [ -n "$BASH_VERSION" ] && echo bash || echo not bash'
+        assert client.exec_run(sid, cmd)["stdout"] == "/bin/bash\nbash\n"
+        assert client.exec_run(sid, cmd, shell="bash")["stdout"] == "/bin/bash\nbash\n"
+        r = client.exec_run(sid, cmd, shell="sh")
+        assert (r["stdout"], r["exit_code"]) == ("/bin/sh\nnot bash\n", 0)
+        with pytest.raises(InvalidParams) as ei:
+            client.exec_run(sid, "true", shell="zsh")
+        assert ei.value.data.get("param") == "shell"
+    finally:
+        client.sandbox_destroy(sid)
+
+
 def test_run_results(sb):
     r = sb.run("echo out; echo err >&2; exit 3")
     assert isinstance(r, RunResult)

@@ -78,6 +78,10 @@ export interface ExecParams {
   timeout?: number;
   grace?: number;
   max_output?: number;
+  /** false: the result lists no workspace changes (the daemon skips scanning them). */
+  changes?: boolean;
+  /** "bash" (default: /bin/bash -c) or "sh" (/bin/sh -c). */
+  shell?: "bash" | "sh";
   [key: string]: unknown;
 }
 

@@ -153,7 +153,8 @@ export class RpcConnection extends EventEmitter {
   /** In-flight daemon->client requests: JSON-RPC id -> controller, and call_id -> controller. */
   private incoming = new Map<string, AbortController>();
   private incomingByCallId = new Map<string, AbortController>();
-  private buf = "";
+  /** The pieces of a line not yet ended by "\n" (joined once, when its end comes). */
+  private partial: string[] = [];
   private closed: Error | null = null;
 
   constructor(readonly transport: Transport) {
@@ -225,21 +226,34 @@ export class RpcConnection extends EventEmitter {
   }
 
   private onData(chunk: string): void {
-    this.buf += chunk;
+    // Only the new chunk is searched for line ends, and a line that came in many chunks is
+    // joined once: a 10 MiB answer arriving in 64 KiB pieces is not copied over and over.
+    let start = 0;
     let nl: number;
-    while ((nl = this.buf.indexOf("\n")) >= 0) {
-      const line = this.buf.slice(0, nl);
-      this.buf = this.buf.slice(nl + 1);
-      if (line.trim() === "") continue;
-      let msg: any;
-      try {
-        msg = JSON.parse(line);
-      } catch (e) {
-        this.emit("protocol-error", line, e);
-        continue;
+    while ((nl = chunk.indexOf("\n", start)) >= 0) {
+      let line = chunk.slice(start, nl);
+      start = nl + 1;
+      if (this.partial.length) {
+        this.partial.push(line);
+        line = this.partial.join("");
+        this.partial = [];
       }
-      for (const m of Array.isArray(msg) ? msg : [msg]) this.dispatch(m);
+      this.onLine(line);
     }
+    if (start < chunk.length) this.partial.push(start === 0 ? chunk : chunk.slice(start));
+  }
+
+  private onLine(line: string): void {
+    if (line.length === 0 || (line.charCodeAt(0) <= 32 && line.trim() === "")) return;
+    let msg: any;
+    try {
+      msg = JSON.parse(line);
+    } catch (e) {
+      this.emit("protocol-error", line, e);
+      return;
+    }
+    if (Array.isArray(msg)) for (const m of msg) this.dispatch(m);
+    else this.dispatch(msg);
   }
 
   private dispatch(msg: any): void {

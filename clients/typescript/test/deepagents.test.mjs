@@ -70,6 +70,8 @@ const STEPS = [
   ["execute", { command: "od -An -tx1 -N16 workspace/pic.png; wc -c < workspace/pic.png" }],
   ["execute", { command: "cat workspace/hello.txt; echo oops >&2; exit 3" }],
   ["execute", { command: "true" }],
+  // The shell is /bin/sh on both (LocalShellBackend spawns with shell: true).
+  ["execute", { command: "echo $0; [ -n \"$BASH_VERSION\" ] && echo bash || echo not bash" }],
   ["execute", { command: "ls workspace/src | sort" }],
   ["delete", { file_path: `${W}/src/lib` }],
   ["delete", { file_path: `${W}/notes.md` }],
@@ -137,7 +139,8 @@ test("a deepagents agent over ConchSandbox prints what LocalShellBackend prints 
   assert.match(text(33), /^ 89 50 4e 47 0d 0a 1a 0a/);
   assert.equal(text(34), "hello there\nsecond line\nthird there\n\n[stderr] oops\n\nExit code: 3\n[Command failed with exit code 3]");
   assert.equal(text(35), "<no output>\n[Command succeeded with exit code 0]");
-  assert.equal(conchMsgs[39].status, "error");
+  assert.equal(text(36), "/bin/sh\nnot bash\n\n[Command succeeded with exit code 0]");
+  assert.equal(conchMsgs[40].status, "error");
   // The host directory is untouched until commit.
   assert.equal(existsSync(join(wsHost, "hello.txt")), false);
 });
@@ -169,6 +172,48 @@ test("uploadFiles/downloadFiles/readRaw match FilesystemBackend, binary and erro
   assert.deepEqual((await sandbox.readRaw(`${W}/up/raw.png`)).data.content, bytes);
   assert.equal((await sandbox.readRaw(`${W}/up/raw.png`)).data.mimeType, "image/png");
   assert.deepEqual(await sandbox.readRaw(`${W}/up/none`), { error: `File '${W}/up/none' not found` });
+});
+
+test("read() gives exactly LocalShellBackend's result for awkward files, offsets and limits (text fast path and whole-file path)", { skip }, async () => {
+  const enc = (s) => Buffer.from(s, "utf8");
+  const files = {
+    "empty.txt": enc(""),
+    "nl.txt": enc("\n"),
+    "nlnl.txt": enc("\n\n"),
+    "one.txt": enc("a"),
+    "onenl.txt": enc("a\n"),
+    "two.txt": enc("a\nb"),
+    "twonl.txt": enc("a\nb\n"),
+    "blank.txt": enc("  \n \t\n"),
+    "blankmid.txt": enc("x\n   \n\t\n\u00a0\n\ny\n"),
+    "gaps.txt": enc("x\n\n\ny\n\n"),
+    "bom.txt": Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), enc("first\nsecond\n")]),
+    "crlf.txt": enc("a\r\nb\r\n\r\nc"),
+    "bad.txt": Buffer.concat([enc("ok\n"), Buffer.from([0xe2, 0x82, 0x41, 0x0a, 0xff, 0xc3]), enc("\nend\n")]),
+    "fffd.txt": enc("a\n\ufffd\nb\n"),
+    "nul.txt": enc("a\u0000b\n\u0000\n"),
+    "seps.txt": enc("l\u2028s\u2029p \u00e9 \ud83d\ude00 \"q\" \\ \u007f\n2\n"),
+    "long.md": enc(Array.from({ length: 300 }, (_, i) => `line ${i} ${"x".repeat(i % 50)}`).join("\n") + "\n"),
+  };
+  const host = join(refRoot, "workspace", "rd");
+  mkdirSync(host, { recursive: true });
+  for (const [n, b] of Object.entries(files)) writeFileSync(join(host, n), b);
+  const up = await sandbox.uploadFiles(Object.entries(files).map(([n, b]) => [`${W}/rd/${n}`, new Uint8Array(b)]));
+  assert.deepEqual(up.map((u) => u.error), Object.keys(files).map(() => null));
+  const offsets = [0, 1, 2, 3, 5, 6, 7, 150, 299, 300, 301, -1, 1.7, NaN];
+  const limits = [0, 1, 2, 3, 5, 100, 500, 1.5, -2, NaN, Infinity, 1e16];
+  let n = 0;
+  for (const name of [...Object.keys(files), "missing.txt"])
+    for (const off of offsets)
+      for (const lim of limits) {
+        const p = `${W}/rd/${name}`;
+        assert.deepEqual(await sandbox.read(p, off, lim), await ref.read(p, off, lim), `${name} offset ${off} limit ${lim}`);
+        n++;
+      }
+  assert.ok(n > 2000);
+  // The default arguments, and a directory.
+  assert.deepEqual(await sandbox.read(`${W}/rd/long.md`), await ref.read(`${W}/rd/long.md`));
+  assert.deepEqual(await sandbox.read(`${W}/rd`), await ref.read(`${W}/rd`));
 });
 
 test("lifecycle: close commits or discards the workspace as asked; initialize twice is ALREADY_INITIALIZED", { skip }, async () => {

@@ -141,6 +141,26 @@ test("unparseable lines are reported and skipped", async () => {
   assert.deepEqual(bad, ["{not json"]);
 });
 
+test("line framing: a line in many pieces, many lines in one piece, UTF-8 split between pieces", async () => {
+  const fd = fakeDaemon();
+  const c = await ConchClient.connect({ transport: fd.transport });
+  const ps = [c.ping(), c.ping(), c.ping(), c.ping()];
+  const ids = [];
+  for (let i = 0; i < 4; i++) ids.push((await fd.next((m) => m.method === "daemon.ping" && !ids.includes(m.id))).id);
+  const big = "é日\u2028x\n".repeat(40000);
+  const line = (id, v) => JSON.stringify({ jsonrpc: "2.0", id, result: { v } }) + "\n";
+  // The first answer a byte at a time for a while (a two-byte character cut in half), then in 1000-byte pieces.
+  const b = Buffer.from(line(ids[0], big));
+  for (let i = 0; i < 50; i++) fd.transport.readable.write(b.subarray(i, i + 1));
+  for (let i = 50; i < b.length; i += 1000) fd.transport.readable.write(b.subarray(i, Math.min(b.length, i + 1000)));
+  // Then three answers and blank lines in one piece, the last one unfinished until later.
+  const l3 = line(ids[3], "d");
+  fd.sendRaw(line(ids[1], "b") + "\n  \n" + line(ids[2], "c") + l3.slice(0, 7));
+  fd.sendRaw(l3.slice(7));
+  assert.equal((await ps[0]).v, big);
+  assert.deepEqual((await Promise.all(ps.slice(1))).map((r) => r.v), ["b", "c", "d"]);
+});
+
 async function fakeSandbox(handler) {
   const fd = fakeDaemon();
   const stop = serveFake(fd, async (method, params) => {
@@ -162,6 +182,9 @@ test("ConchSandbox.execute formats output as LocalShellBackend does", async () =
   const { sb, stop } = await fakeSandbox(async (m, p) => {
     assert.equal(m, "exec.run");
     assert.equal(p.cwd, "/workspace");
+    // /bin/sh as LocalShellBackend's spawn(shell: true); no change list asked for.
+    assert.equal(p.shell, "sh");
+    assert.equal(p.changes, false);
     return answers.shift();
   });
   assert.deepEqual(await sb.execute("a"), { output: "out\n", exitCode: 0, truncated: false });
