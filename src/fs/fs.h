@@ -63,10 +63,11 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
  *
  * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
  * file + rename in the same directory, or an exchange with conch_fs_defer_replaced; mode
- * kept, new files 0644, new dirs 0755 less the umask); a final symlink is written through in place instead, and an existing file the
- * caller may not write is permission_denied even in a writable directory. Deleting the
- * root is invalid_path. ls fails with too_large past 100000 entries. glob returns files
- * and directories; a trailing "**" matches everything beneath (not the directory itself);
+ * kept, new files 0644, new dirs 0755 less the umask); a final symlink is written through
+ * in place instead, and an existing file the caller may not write is permission_denied
+ * even in a writable directory. Deleting the root is invalid_path. ls fails with too_large
+ * past 100000 entries. glob returns files and directories; a trailing "**" matches
+ * everything beneath (not the directory itself);
  * "{a,b}" alternatives are expanded; an absolute pattern (under @root_name) ignores
  * "path"; ".." in a pattern is invalid_params. grep's "glob" filter matches the file name,
  * or with a '/' the path relative to the start directory; grep match text is cut at 4096
