@@ -787,7 +787,8 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
      * A shepherd that reported READY gets only the id: its command's process gets the fds
      * from us, one hop less (the shepherd still waits for the exec or the start error). */
     struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
-    if (s->zsock >= 0) {
+    bool direct = s->zsock >= 0;
+    if (direct) {
         jail_send(s->zsock, &run, fds, 4);
         close(s->zsock);
         s->zsock = -1;
@@ -795,7 +796,9 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     } else {
         jail_send(s->sock, &run, fds, 4);
     }
-    if (!was_ready) {
+    /* A shepherd started ahead of need whose READY has not come yet will still send it: our
+     * end stays open until we reap it (see shepherd()). Any other has nothing more to say. */
+    if (!was_ready || direct) {
         close(s->sock);
         s->sock = -1;
     }
