@@ -78,24 +78,26 @@ static int open_parent(const struct conch_fs__ctx *ctx, const char *rel, const c
     return fd;
 }
 
-/* A final symlink: write through it in place (following it beneath the root). Not atomic,
- * but replacing the link by a file would silently detach it from its target. */
-static int write_through(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                         const char *data, size_t len, bool *ret_created,
-                         struct conch_fs_error *ferr)
+/* Open @rel with @flags (beneath the root; created 0644 without O_TRUNC when missing), check
+ * that it is a regular file and write @data to it. @verb names the action in errors
+ * ("write", "append to"). */
+static int write_regular(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                         int flags, const char *verb, const char *data, size_t len,
+                         bool *ret_created, struct conch_fs_error *ferr)
 {
-    const int flags = O_WRONLY | O_NOCTTY | O_NONBLOCK;
     bool created = false;
-    int fd = conch_fs__open(ctx->root_fd, rel, flags | O_TRUNC, 0);
+    int fd = conch_fs__open(ctx->root_fd, rel, flags, 0);
     if (fd == -ENOENT) {
         created = true;
-        fd = conch_fs__open(ctx->root_fd, rel, flags | O_CREAT | O_EXCL, 0644);
+        fd = conch_fs__open(ctx->root_fd, rel, (flags & ~O_TRUNC) | O_CREAT | O_EXCL, 0644);
     }
     if (fd < 0)
-        return conch_fs__fail_errno(ferr, -fd, "write", given);
+        return conch_fs__fail_errno(ferr, -fd, verb, given);
     struct stat st;
     int r = fstat(fd, &st) < 0 ? -errno : 0;
-    if (r == 0 && !S_ISREG(st.st_mode))
+    if (r == 0 && S_ISDIR(st.st_mode))
+        r = -EISDIR;
+    else if (r == 0 && !S_ISREG(st.st_mode))
         r = -EINVAL;
     if (r == 0)
         r = conch_write_all(fd, data, len);
@@ -104,9 +106,19 @@ static int write_through(const struct conch_fs__ctx *ctx, const char *rel, const
     if (r == -EINVAL)
         return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
     if (r < 0)
-        return conch_fs__fail_errno(ferr, -r, "write", given);
+        return conch_fs__fail_errno(ferr, -r, verb, given);
     *ret_created = created;
     return 0;
+}
+
+/* A final symlink: write through it in place (following it beneath the root). Not atomic,
+ * but replacing the link by a file would silently detach it from its target. */
+static int write_through(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                         const char *data, size_t len, bool *ret_created,
+                         struct conch_fs_error *ferr)
+{
+    return write_regular(ctx, rel, given, O_WRONLY | O_TRUNC | O_NOCTTY | O_NONBLOCK, "write", data,
+                         len, ret_created, ferr);
 }
 
 int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
@@ -206,31 +218,8 @@ static int append_file(const struct conch_fs__ctx *ctx, const char *rel, const c
     _cleanup_close_ int pfd = open_parent(ctx, rel, given, true, &name, ferr);
     if (pfd < 0)
         return -1;
-    const int flags = O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK;
-    bool created = false;
-    int fd = conch_fs__open(ctx->root_fd, rel, flags, 0);
-    if (fd == -ENOENT) {
-        created = true;
-        fd = conch_fs__open(ctx->root_fd, rel, flags | O_CREAT | O_EXCL, 0644);
-    }
-    if (fd < 0)
-        return conch_fs__fail_errno(ferr, -fd, "append to", given);
-    struct stat st;
-    int r = fstat(fd, &st) < 0 ? -errno : 0;
-    if (r == 0 && S_ISDIR(st.st_mode))
-        r = -EISDIR;
-    else if (r == 0 && !S_ISREG(st.st_mode))
-        r = -EINVAL;
-    if (r == 0)
-        r = conch_write_all(fd, data, len);
-    if (close(fd) < 0 && r == 0)
-        r = -errno;
-    if (r == -EINVAL)
-        return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
-    if (r < 0)
-        return conch_fs__fail_errno(ferr, -r, "append to", given);
-    *ret_created = created;
-    return 0;
+    return write_regular(ctx, rel, given, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK, "append to",
+                         data, len, ret_created, ferr);
 }
 
 /* One request carries at most CONCH_FS_MAX_FILE bytes of a file, as one may read back. */
