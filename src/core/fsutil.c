@@ -27,16 +27,38 @@ int conch_read_file(const char *path, size_t max, char **ret_buf, size_t *ret_le
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return conch_err_set(err, errno, "open '%s': %s", path, strerror(errno));
-    _cleanup_free_ char *buf = malloc(max + 1);
+    return conch_read_fd(fd, path, max, ret_buf, ret_len, err);
+}
+
+int conch_read_fd(int fd, const char *name, size_t max, char **ret_buf, size_t *ret_len,
+                  struct conch_err *err)
+{
+    /* The buffer starts at the file's size (4 KiB when it says none, as /proc and sysfs
+     * files do) and grows to @max while there is more: a small file costs little. */
+    struct stat st;
+    size_t cap = fstat(fd, &st) == 0 && st.st_size > 0 ? (size_t)st.st_size : 4096;
+    if (cap > max)
+        cap = max;
+    _cleanup_free_ char *buf = malloc(cap + 1);
     if (!buf)
-        return conch_err_set(err, ENOMEM, "read '%s': out of memory", path);
+        return conch_err_set(err, ENOMEM, "read '%s': out of memory", name);
     size_t len = 0;
-    while (len < max) {
-        ssize_t n = read(fd, buf + len, max - len);
+    for (;;) {
+        if (len == cap) {
+            if (cap == max)
+                break;
+            size_t ncap = cap > max / 2 ? max : cap * 2;
+            char *n = realloc(buf, ncap + 1);
+            if (!n)
+                return conch_err_set(err, ENOMEM, "read '%s': out of memory", name);
+            buf = n;
+            cap = ncap;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return conch_err_set(err, errno, "read '%s': %s", path, strerror(errno));
+            return conch_err_set(err, errno, "read '%s': %s", name, strerror(errno));
         if (n == 0)
             break;
         len += (size_t)n;

@@ -22,6 +22,14 @@ int conch_write_file(const char *path, const char *data, size_t len, struct conc
 int conch_read_file(const char *path, size_t max, char **ret_buf, size_t *ret_len,
                     struct conch_err *err);
 
+/*
+ * conch_read_fd - the same from an open @fd (borrowed; @name names it in errors), for a
+ * caller that opened it its own way (O_NOFOLLOW, beneath a dir fd). The buffer is sized
+ * by the file's size when it has one (at most @max), not by @max.
+ */
+int conch_read_fd(int fd, const char *name, size_t max, char **ret_buf, size_t *ret_len,
+                  struct conch_err *err);
+
 /* conch_mkdir_p - create @path and missing parents with @mode; existing dirs are fine. */
 int conch_mkdir_p(const char *path, mode_t mode, struct conch_err *err);
 

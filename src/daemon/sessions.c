@@ -33,6 +33,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
@@ -202,6 +203,39 @@ static json_t *session_json(struct session *s);
 static void free_handle(uv_handle_t *h)
 {
     free(h);
+}
+
+/* A session's four timers (command deadline, idle timeout, record save, EOF grace), each a
+ * handle of its own; all or none. Returns 0 or -ENOMEM. */
+static int session_timers_open(struct session *s)
+{
+    uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
+    for (size_t i = 0; i < ARRAY_SIZE(t); i++)
+        *t[i] = malloc(sizeof(**t[i]));
+    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
+        if (*t[i])
+            continue;
+        for (size_t k = 0; k < ARRAY_SIZE(t); k++) {
+            free(*t[k]);
+            *t[k] = NULL;
+        }
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
+        uv_timer_init(&s->d->loop, *t[i]);
+        (*t[i])->data = s;
+    }
+    return 0;
+}
+
+static void session_timers_close(struct session *s)
+{
+    uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
+    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
+        if (*t[i])
+            uv_close((uv_handle_t *)*t[i], free_handle);
+        *t[i] = NULL;
+    }
 }
 
 static void close_poll(uv_poll_t **p)
@@ -1272,25 +1306,14 @@ static void session_unrecord(struct session *s)
     unlink(path);
 }
 
-static char *read_file(const char *path, size_t max, size_t *ret_len)
+/* A record of ours: never through a link planted in its place. NULL when unreadable. */
+static char *read_record(const char *path, size_t max, size_t *ret_len)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    char *buf = NULL;
+    *ret_len = 0;
+    if (fd < 0 || conch_read_fd(fd, path, max, &buf, ret_len, NULL) < 0)
         return NULL;
-    char *buf = malloc(max + 1);
-    size_t len = 0;
-    while (buf && len < max) {
-        ssize_t n = read(fd, buf + len, max - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-    }
-    close(fd);
-    if (buf)
-        buf[len] = 0;
-    *ret_len = len;
     return buf;
 }
 
@@ -1432,24 +1455,12 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
         s->cwd = strdup("/workspace");
     s->idle_timeout = conch_rpc_num(params, "idle_timeout", 3600);
     s->created_at = s->last_used_at = daemon_now();
-    s->timer = malloc(sizeof(*s->timer));
-    s->idle = malloc(sizeof(*s->idle));
-    s->save = malloc(sizeof(*s->save));
-    s->eof_timer = malloc(sizeof(*s->eof_timer));
-    uv_timer_init(&d->loop, s->timer);
-    uv_timer_init(&d->loop, s->idle);
-    uv_timer_init(&d->loop, s->save);
-    uv_timer_init(&d->loop, s->eof_timer);
-    s->timer->data = s->idle->data = s->save->data = s->eof_timer->data = s;
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
-    if ((s->ring_cap && !s->ring) || shell_start(s, &err) < 0) {
+    if ((s->ring_cap && !s->ring) || session_timers_open(s) < 0 || shell_start(s, &err) < 0) {
         if (!err.code)
             conch_err_set(&err, ENOMEM, "out of memory");
-        uv_close((uv_handle_t *)s->timer, free_handle);
-        uv_close((uv_handle_t *)s->idle, free_handle);
-        uv_close((uv_handle_t *)s->save, free_handle);
-        uv_close((uv_handle_t *)s->eof_timer, free_handle);
+        session_timers_close(s);
         free(s->ring);
         free(s->cwd);
         json_decref(s->env);
@@ -1703,10 +1714,7 @@ static void session_free(struct session *s)
         conch_rpc_sink_unref(c->sink);
         free(c);
     }
-    uv_close((uv_handle_t *)s->timer, free_handle);
-    uv_close((uv_handle_t *)s->idle, free_handle);
-    uv_close((uv_handle_t *)s->save, free_handle);
-    uv_close((uv_handle_t *)s->eof_timer, free_handle);
+    session_timers_close(s);
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
@@ -1780,7 +1788,7 @@ void sessions_recover(struct daemon *d)
         char path[PATH_MAX + 64];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         size_t len = 0;
-        char *text = read_file(path, 1 << 16, &len);
+        char *text = read_record(path, 1 << 16, &len);
         json_t *o = text ? json_loadb(text, len, 0, NULL) : NULL;
         free(text);
         const char *id = json_string_value(json_object_get(o, "session"));
@@ -1812,20 +1820,16 @@ void sessions_recover(struct daemon *d)
         DLIST_INIT(&s->clients);
         DLIST_INIT(&s->queue);
         snprintf(path, sizeof(path), "%s/%s.out", dir, s->id);
-        s->ring = read_file(path, 64u << 20, &len);
+        s->ring = read_record(path, 64u << 20, &len);
         s->ring_cap = s->ring_len = s->ring ? len : 0;
         s->ring_pos = 0;
         s->seq = s->ring_len;
-        s->timer = malloc(sizeof(*s->timer));
-        s->idle = malloc(sizeof(*s->idle));
-        s->save = malloc(sizeof(*s->save));
-        s->eof_timer = malloc(sizeof(*s->eof_timer));
-        uv_timer_init(&d->loop, s->timer);
-        uv_timer_init(&d->loop, s->idle);
-        uv_timer_init(&d->loop, s->save);
-        uv_timer_init(&d->loop, s->eof_timer);
-        s->timer->data = s->idle->data = s->save->data = s->eof_timer->data = s;
         s->cap.spill_fd = s->nocap.spill_fd = -1;
+        if (session_timers_open(s) < 0) {
+            free(s->ring);
+            free(s);
+            continue;
+        }
         dlist_add(&sessions, &s->link);
         n_sessions++;
     }
