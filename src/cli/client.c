@@ -49,68 +49,108 @@ int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
     return 0;
 }
 
-json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params)
+int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *params, int *ret_id)
 {
-    json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", 1, "method", method,
+    int id = ++c->next_id;
+    json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", id, "method", method,
                             "params", params);
-    char *line = json_dumps(req, JSON_COMPACT);
+    _cleanup_free_ char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
-    if (!line)
-        return NULL;
+    if (!line) {
+        errno = ENOMEM;
+        return -1;
+    }
     size_t n = strlen(line);
-    line = realloc(line, n + 2);
+    char *l2 = realloc(line, n + 2);
+    if (!l2) {
+        errno = ENOMEM;
+        return -1;
+    }
+    line = l2;
     line[n] = '\n';
     int r = conch_write_all(c->fd, line, n + 1);
-    free(line);
     if (r < 0) {
-        fprintf(stderr, "conch: write to the daemon: %s\n", strerror(-r));
-        return NULL;
+        errno = -r;
+        return -1;
     }
+    if (ret_id)
+        *ret_id = id;
+    return 0;
+}
+
+bool conch_cli_conn_fill(struct conch_cli_conn *c)
+{
+    if (c->cap - c->len < 65536) {
+        size_t cap = c->cap ? c->cap * 2 : 131072;
+        char *nb = realloc(c->buf, cap);
+        if (!nb)
+            return false;
+        c->buf = nb;
+        c->cap = cap;
+    }
+    ssize_t got;
+    do
+        got = read(c->fd, c->buf + c->len, c->cap - c->len);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0)
+        return false;
+    c->len += (size_t)got;
+    return true;
+}
+
+json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block)
+{
     for (;;) {
         char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
         if (nl) {
             size_t ll = (size_t)(nl - c->buf);
-            /* Output may hold NUL bytes ("\u0000"): without JSON_ALLOW_NUL such a response
-             * would not parse, and the call would wait forever. */
+            /* Output may hold NUL bytes ("\u0000"): without JSON_ALLOW_NUL such a message
+             * would not parse. */
             json_error_t jerr;
             json_t *msg = json_loadb(c->buf, ll, JSON_ALLOW_NUL, &jerr);
             memmove(c->buf, nl + 1, c->len - ll - 1);
             c->len -= ll + 1;
-            if (!msg) {
-                fprintf(stderr, "conch: the daemon sent a line that is not JSON: %s\n", jerr.text);
-                return NULL;
-            }
-            if (!json_object_get(msg, "id")) {
-                json_decref(msg); /* a notification */
-                continue;
-            }
-            json_t *res = json_object_get(msg, "result");
-            if (res) {
-                json_incref(res);
-                json_decref(msg);
-                return res;
-            }
-            json_t *e = json_object_get(msg, "error");
-            const char *code =
-                json_string_value(json_object_get(json_object_get(e, "data"), "code"));
-            fprintf(stderr, "conch: error%s%s%s: %s\n", code ? " (" : "", code ? code : "",
-                    code ? ")" : "",
-                    json_string_value(json_object_get(e, "message"))
-                        ? json_string_value(json_object_get(e, "message"))
-                        : "unknown");
-            json_decref(msg);
+            if (msg)
+                return msg;
+            fprintf(stderr, "conch: the daemon sent a line that is not JSON: %s\n", jerr.text);
+            continue;
+        }
+        if (!block || !conch_cli_conn_fill(c))
             return NULL;
-        }
-        if (c->cap - c->len < 65536) {
-            c->cap = c->cap ? c->cap * 2 : 131072;
-            c->buf = realloc(c->buf, c->cap);
-        }
-        ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
-        if (got <= 0) {
+    }
+}
+
+json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params)
+{
+    int id;
+    if (conch_cli_conn_send(c, method, params, &id) < 0) {
+        fprintf(stderr, "conch: write to the daemon: %s\n", strerror(errno));
+        return NULL;
+    }
+    for (;;) {
+        json_t *msg = conch_cli_conn_next(c, true);
+        if (!msg) {
             fprintf(stderr, "conch: the daemon closed the connection\n");
             return NULL;
         }
-        c->len += (size_t)got;
+        json_t *jid = json_object_get(msg, "id");
+        if (!json_is_integer(jid) || json_integer_value(jid) != id) {
+            json_decref(msg); /* a notification, or an answer to a request not waited for */
+            continue;
+        }
+        json_t *res = json_object_get(msg, "result");
+        if (res) {
+            json_incref(res);
+            json_decref(msg);
+            return res;
+        }
+        json_t *e = json_object_get(msg, "error");
+        const char *code = json_string_value(json_object_get(json_object_get(e, "data"), "code"));
+        const char *m = json_string_value(json_object_get(e, "message"));
+        fprintf(stderr, "conch: error%s%s%s: %s\n", code ? " (" : "", code ? code : "",
+                code ? ")" : "", m ? m : "unknown");
+        json_decref(msg);
+        return NULL;
     }
 }
 

@@ -1,15 +1,18 @@
-/* conn.h - the blocking JSON-RPC connection the daemon's client verbs (ps, exec, rm, create,
- * changes, diff, commit, discard, cp) share, and resolving a sandbox by id or name. */
+/* conn.h - the JSON-RPC connection the daemon's client verbs (ps, exec, rm, create, changes,
+ * diff, commit, discard, cp, shell, attach, sessions) share, and resolving a sandbox by id or
+ * name. */
 #ifndef CONCH_CLI_CONN_H
 #define CONCH_CLI_CONN_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 struct conch_cli_conn {
     int fd;
-    char *buf;
+    char *buf; /* what was read and not yet taken as messages */
     size_t len, cap;
+    int next_id; /* of the next request */
 };
 
 /* conch_cli_conn_open - connect to the daemon at @path (NULL: the default socket), after
@@ -17,8 +20,21 @@ struct conch_cli_conn {
 int conch_cli_conn_open(struct conch_cli_conn *c, const char *path);
 
 /* conch_cli_conn_call - send one request (takes @params) and return its result (a new
- * reference), or NULL after printing the error on stderr. */
+ * reference), or NULL after printing the error on stderr. Notifications and answers to
+ * other requests that arrive meanwhile are dropped. */
 json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params);
+
+/* conch_cli_conn_send - send one request (takes @params) without waiting; its id in *@ret_id
+ * (may be NULL). Returns 0 or -1 (errno set). */
+int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *params, int *ret_id);
+
+/* conch_cli_conn_fill - read from the socket once (poll said readable, or to block for more).
+ * Returns false at EOF or on an error. */
+bool conch_cli_conn_fill(struct conch_cli_conn *c);
+
+/* conch_cli_conn_next - the next whole message (a new reference): from what is buffered, and
+ * when @block, reading until one is complete. NULL: none buffered (!@block), or EOF. */
+json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block);
 
 /* conch_cli_conn_close - close @c and free its buffer. */
 void conch_cli_conn_close(struct conch_cli_conn *c);

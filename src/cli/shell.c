@@ -24,146 +24,6 @@
 
 #define DETACH_KEY 0x1c /* Ctrl-\ */
 
-struct sconn {
-    int fd;
-    char *buf;
-    size_t len, cap;
-    int next_id;
-};
-
-/* Take over @cc (opened by conch_cli_conn_open, maybe used for a call with id 1): its socket
- * and whatever it has buffered. */
-static void sconn_adopt(struct sconn *c, struct conch_cli_conn *cc)
-{
-    c->fd = cc->fd;
-    c->buf = cc->buf;
-    c->len = cc->len;
-    c->cap = cc->cap;
-    c->next_id = 2;
-    memset(cc, 0, sizeof(*cc));
-    cc->fd = -1;
-}
-
-static int sconn_open(struct sconn *c, const char *path)
-{
-    struct conch_cli_conn cc;
-    memset(c, 0, sizeof(*c));
-    c->fd = -1;
-    if (conch_cli_conn_open(&cc, path) < 0)
-        return -1;
-    sconn_adopt(c, &cc);
-    return 0;
-}
-
-static int sconn_send(struct sconn *c, const char *method, json_t *params, int *ret_id)
-{
-    int id = c->next_id++;
-    json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", id, "method", method,
-                            "params", params);
-    char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
-    json_decref(req);
-    if (!line)
-        return -1;
-    size_t n = strlen(line);
-    char *l2 = realloc(line, n + 2);
-    if (!l2) {
-        free(line);
-        return -1;
-    }
-    l2[n] = '\n';
-    int r = conch_write_all(c->fd, l2, n + 1);
-    free(l2);
-    if (ret_id)
-        *ret_id = id;
-    return r < 0 ? -1 : 0;
-}
-
-/* The next message from the daemon (blocking), or NULL at EOF. */
-static json_t *sconn_next(struct sconn *c, bool block)
-{
-    for (;;) {
-        char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
-        if (nl) {
-            size_t ll = (size_t)(nl - c->buf);
-            json_t *msg = json_loadb(c->buf, ll, 0, NULL);
-            memmove(c->buf, nl + 1, c->len - ll - 1);
-            c->len -= ll + 1;
-            if (msg)
-                return msg;
-            continue;
-        }
-        if (!block)
-            return NULL;
-        if (c->cap - c->len < 65536) {
-            size_t cap = c->cap ? c->cap * 2 : 131072;
-            char *nb = realloc(c->buf, cap);
-            if (!nb)
-                return NULL;
-            c->buf = nb;
-            c->cap = cap;
-        }
-        ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return NULL;
-        c->len += (size_t)got;
-    }
-}
-
-/* Read from the socket once (poll said readable). Returns false at EOF. */
-static bool sconn_fill(struct sconn *c)
-{
-    if (c->cap - c->len < 65536) {
-        size_t cap = c->cap ? c->cap * 2 : 131072;
-        char *nb = realloc(c->buf, cap);
-        if (!nb)
-            return false;
-        c->buf = nb;
-        c->cap = cap;
-    }
-    ssize_t got = read(c->fd, c->buf + c->len, c->cap - c->len);
-    if (got < 0 && errno == EINTR)
-        return true;
-    if (got <= 0)
-        return false;
-    c->len += (size_t)got;
-    return true;
-}
-
-/* A call answered before anything else matters (notifications meanwhile are dropped). */
-static json_t *sconn_call(struct sconn *c, const char *method, json_t *params)
-{
-    int id;
-    if (sconn_send(c, method, params, &id) < 0) {
-        fprintf(stderr, "conch: write to the daemon: %s\n", strerror(errno));
-        return NULL;
-    }
-    for (;;) {
-        json_t *msg = sconn_next(c, true);
-        if (!msg) {
-            fprintf(stderr, "conch: the daemon closed the connection\n");
-            return NULL;
-        }
-        json_t *jid = json_object_get(msg, "id");
-        if (!json_is_integer(jid) || json_integer_value(jid) != id) {
-            json_decref(msg);
-            continue;
-        }
-        json_t *res = json_object_get(msg, "result");
-        if (res) {
-            json_incref(res);
-            json_decref(msg);
-            return res;
-        }
-        const char *m =
-            json_string_value(json_object_get(json_object_get(msg, "error"), "message"));
-        fprintf(stderr, "conch: error: %s\n", m ? m : "unknown");
-        json_decref(msg);
-        return NULL;
-    }
-}
-
 static int socket_opt(int argc, char **argv, int i, const char **sock)
 {
     while (i < argc && !strcmp(argv[i], "--socket") && i + 1 < argc) {
@@ -203,14 +63,14 @@ static void tty_raw(void)
     atexit(tty_restore);
 }
 
-static void send_resize(struct sconn *c, const char *sid)
+static void send_resize(struct conch_cli_conn *c, const char *sid)
 {
     struct winsize ws;
     if (ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) < 0 || !ws.ws_row || !ws.ws_col)
         return;
-    sconn_send(c, "session.resize",
-               json_pack("{s:s,s:i,s:i}", "session", sid, "rows", ws.ws_row, "cols", ws.ws_col),
-               NULL);
+    conch_cli_conn_send(
+        c, "session.resize",
+        json_pack("{s:s,s:i,s:i}", "session", sid, "rows", ws.ws_row, "cols", ws.ws_col), NULL);
 }
 
 static void write_out(const char *s, size_t n)
@@ -220,22 +80,23 @@ static void write_out(const char *s, size_t n)
     }
 }
 
-static void send_keys(struct sconn *c, const char *sid, const char *buf, size_t n)
+static void send_keys(struct conch_cli_conn *c, const char *sid, const char *buf, size_t n)
 {
     if (!n)
         return;
-    sconn_send(c, "session.write",
-               json_pack("{s:s,s:o}", "session", sid, "data", conch_json_text(buf, n)), NULL);
+    conch_cli_conn_send(c, "session.write",
+                        json_pack("{s:s,s:o}", "session", sid, "data", conch_json_text(buf, n)),
+                        NULL);
 }
 
 /*
  * The interactive loop: keys to the session, its output to the terminal. Returns the exit
  * status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
  */
-static int interact(struct sconn *c, const char *sid, bool write)
+static int interact(struct conch_cli_conn *c, const char *sid, bool write)
 {
-    json_t *a =
-        sconn_call(c, "session.attach", json_pack("{s:s,s:b}", "session", sid, "write", write));
+    json_t *a = conch_cli_conn_call(c, "session.attach",
+                                    json_pack("{s:s,s:b}", "session", sid, "write", write));
     if (!a)
         return 1;
     const char *sb = json_string_value(json_object_get(a, "scrollback"));
@@ -260,7 +121,7 @@ static int interact(struct sconn *c, const char *sid, bool write)
         }
         /* messages already buffered first */
         json_t *msg;
-        while ((msg = sconn_next(c, false))) {
+        while ((msg = conch_cli_conn_next(c, false))) {
             const char *m = json_string_value(json_object_get(msg, "method"));
             json_t *p = json_object_get(msg, "params");
             if (m && !strcmp(m, "session.output") &&
@@ -301,7 +162,7 @@ static int interact(struct sconn *c, const char *sid, bool write)
             break;
         }
         if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
-            if (!sconn_fill(c)) {
+            if (!conch_cli_conn_fill(c)) {
                 tty_restore();
                 fprintf(stderr, "\r\nconch: the daemon closed the connection\n");
                 return 1;
@@ -324,8 +185,8 @@ static int interact(struct sconn *c, const char *sid, bool write)
                         tty_restore();
                         fprintf(stderr, "\r\nconch: detached from session %s (conch attach %s)\n",
                                 sid, sid);
-                        json_decref(
-                            sconn_call(c, "session.detach", json_pack("{s:s}", "session", sid)));
+                        json_decref(conch_cli_conn_call(c, "session.detach",
+                                                        json_pack("{s:s}", "session", sid)));
                         return 0;
                     }
                     pending_detach = true;
@@ -366,26 +227,23 @@ int conch_cli_shell(int argc, char **argv)
         shell_usage(stderr);
         return CONCH_EXIT_USAGE;
     }
-    struct sconn c;
-    struct conch_cli_conn cc;
-    memset(&c, 0, sizeof(c));
-    c.fd = -1;
-    if (conch_cli_conn_open(&cc, sock) < 0)
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
     char sbid[128];
     /* an id, or a name (as every client verb takes) */
-    if (i < argc && conch_cli_resolve(&cc, argv[i], sbid, sizeof(sbid)) < 0) {
-        conch_cli_conn_close(&cc);
+    if (i < argc && conch_cli_resolve(&c, argv[i], sbid, sizeof(sbid)) < 0) {
+        conch_cli_conn_close(&c);
         return CONCH_EXIT_INFRA;
     }
-    sconn_adopt(&c, &cc);
     if (i >= argc) {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof(cwd))) {
             fprintf(stderr, "conch shell: current directory: %s\n", strerror(errno));
             return CONCH_EXIT_USAGE;
         }
-        json_t *sb = sconn_call(&c, "sandbox.create", json_pack("{s:s}", "workspace", cwd));
+        json_t *sb =
+            conch_cli_conn_call(&c, "sandbox.create", json_pack("{s:s}", "workspace", cwd));
         if (!sb)
             return CONCH_EXIT_INFRA;
         snprintf(sbid, sizeof(sbid), "%s", json_string_value(json_object_get(sb, "id")) ?: "");
@@ -400,15 +258,14 @@ int conch_cli_shell(int argc, char **argv)
         json_object_set_new(params, "rows", json_integer(ws.ws_row));
         json_object_set_new(params, "cols", json_integer(ws.ws_col));
     }
-    json_t *s = sconn_call(&c, "session.open", params);
+    json_t *s = conch_cli_conn_call(&c, "session.open", params);
     if (!s)
         return CONCH_EXIT_INFRA;
     char sid[64];
     snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
     json_decref(s);
     int st = interact(&c, sid, true);
-    close(c.fd);
-    free(c.buf);
+    conch_cli_conn_close(&c);
     return st;
 }
 
@@ -429,12 +286,11 @@ int conch_cli_attach(int argc, char **argv)
               help ? stdout : stderr);
         return help ? 0 : CONCH_EXIT_USAGE;
     }
-    struct sconn c;
-    if (sconn_open(&c, sock) < 0)
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
     int st = interact(&c, argv[i], write);
-    close(c.fd);
-    free(c.buf);
+    conch_cli_conn_close(&c);
     return st;
 }
 
@@ -447,12 +303,11 @@ int conch_cli_sessions(int argc, char **argv)
         fputs("usage: conch sessions [--socket PATH]\n", help ? stdout : stderr);
         return help ? 0 : CONCH_EXIT_USAGE;
     }
-    struct sconn c;
-    if (sconn_open(&c, sock) < 0)
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
-    json_t *res = sconn_call(&c, "session.list", json_object());
-    close(c.fd);
-    free(c.buf);
+    json_t *res = conch_cli_conn_call(&c, "session.list", json_object());
+    conch_cli_conn_close(&c);
     if (!res)
         return 1;
     printf("%-18s %-14s %-8s %7s  %s\n", "SESSION", "SANDBOX", "STATE", "CLIENTS", "NOTE");
