@@ -112,20 +112,22 @@ static bool write_all(int fd, const char *p, size_t n, bool sock)
     return true;
 }
 
-/* Read stdin whole (at most MAX_LINE bytes); NULL on error (reported). */
-static char *read_stdin(size_t *ret_len)
+/* Read @fd into a new buffer (its length in *@ret_len) until EOF or, with @to_newline, until
+ * a line end has arrived; more than @max bytes is too much. Returns the buffer, or NULL with
+ * *@ret_err: -E2BIG, -ENOMEM, -errno of a read, or 0 for EOF before a line end. */
+static char *read_until(int fd, size_t max, bool to_newline, size_t *ret_len, int *ret_err)
 {
     size_t cap = 65536, len = 0;
     char *buf = malloc(cap);
     for (;;) {
         if (!buf) {
-            die(EXIT_FAILED, "out of memory");
+            *ret_err = -ENOMEM;
             return NULL;
         }
         if (len == cap) {
-            if (cap > MAX_LINE) {
+            if (cap >= max) {
                 free(buf);
-                die(EXIT_FAILED, "stdin is larger than the bridge's %u MiB cap", MAX_LINE >> 20);
+                *ret_err = -E2BIG;
                 return NULL;
             }
             char *nb = realloc(buf, cap * 2);
@@ -135,19 +137,34 @@ static char *read_stdin(size_t *ret_len)
             cap *= 2;
             continue;
         }
-        ssize_t r = read(0, buf + len, cap - len);
+        ssize_t r = read(fd, buf + len, cap - len);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0) {
+        if (r < 0 || (r == 0 && to_newline)) {
+            *ret_err = r < 0 ? -errno : 0;
             free(buf);
-            die(EXIT_FAILED, "reading stdin: %s", strerror(errno));
             return NULL;
         }
         if (r == 0)
             break;
+        bool nl = to_newline && memchr(buf + len, '\n', (size_t)r);
         len += (size_t)r;
+        if (nl)
+            break;
     }
     *ret_len = len;
+    return buf;
+}
+
+/* Read stdin whole (at most MAX_LINE bytes); NULL on error (reported). */
+static char *read_stdin(size_t *ret_len)
+{
+    int e = 0;
+    char *buf = read_until(0, MAX_LINE, false, ret_len, &e);
+    if (!buf && e == -E2BIG)
+        die(EXIT_FAILED, "stdin is larger than the bridge's %u MiB cap", MAX_LINE >> 20);
+    else if (!buf)
+        die(EXIT_FAILED, "reading stdin: %s", strerror(-e));
     return buf;
 }
 
@@ -181,43 +198,21 @@ static json_t *round_trip(json_t *req, int *ret_code)
         die(EXIT_FAILED, "the tool bridge closed the connection (sending: %s)", strerror(errno));
         return NULL;
     }
-    size_t cap = 65536, len = 0;
-    char *buf = malloc(cap);
-    char *nl = NULL;
-    while (buf && !nl) {
-        if (len == cap) {
-            if (cap >= MAX_REPLY) {
-                free(buf);
-                close(fd);
-                die(EXIT_FAILED, "the answer is larger than the bridge's %u MiB cap",
-                    MAX_LINE >> 20);
-                return NULL;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-            cap *= 2;
-            continue;
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            free(buf);
-            close(fd);
-            die(EXIT_FAILED, "the tool bridge closed the connection before answering%s%s",
-                r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
-            return NULL;
-        }
-        nl = memchr(buf + len, '\n', (size_t)r);
-        len += (size_t)r;
-    }
+    size_t len = 0;
+    int e = 0;
+    char *buf = read_until(fd, MAX_REPLY, true, &len, &e);
     close(fd);
     if (!buf) {
-        die(EXIT_FAILED, "out of memory");
+        if (e == -E2BIG)
+            die(EXIT_FAILED, "the answer is larger than the bridge's %u MiB cap", MAX_REPLY >> 20);
+        else if (e == -ENOMEM)
+            die(EXIT_FAILED, "out of memory");
+        else
+            die(EXIT_FAILED, "the tool bridge closed the connection before answering%s%s",
+                e < 0 ? ": " : "", e < 0 ? strerror(-e) : "");
         return NULL;
     }
+    char *nl = memchr(buf, '\n', len);
     json_error_t je;
     json_t *resp = json_loadb(buf, (size_t)(nl - buf), 0, &je);
     free(buf);
