@@ -531,6 +531,17 @@ static void names_of(struct node *head, char *buf, size_t size)
     }
 }
 
+/* Answer @id with unknown_tool: @name is not among @list's entries (named in the message). */
+static void send_unknown(struct conn *c, json_t *id, struct node *list, const char *what,
+                         const char *name, const char *names_label, const char *none)
+{
+    char names[400], msg[600];
+    names_of(list, names, sizeof(names));
+    snprintf(msg, sizeof(msg), "unknown %s '%.100s' (%s%s)", what, name,
+             names[0] ? names_label : none, names);
+    conn_send(c, error_msg(id, "unknown_tool", msg));
+}
+
 /* Start a call (op "call" or "spawn") from @c. */
 static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes)
 {
@@ -548,11 +559,7 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
             return;
         }
         if (!(e = entry_find(&b->tools, name))) {
-            char names[400];
-            names_of(&b->tools, names, sizeof(names));
-            snprintf(msg, sizeof(msg), "unknown tool '%.100s' (%s%s)", name,
-                     names[0] ? "tools: " : "no tools are registered", names);
-            conn_send(c, error_msg(id, "unknown_tool", msg));
+            send_unknown(c, id, &b->tools, "tool", name, "tools: ", "no tools are registered");
             return;
         }
         input = json_object_get(req, "input");
@@ -583,11 +590,8 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
             return;
         }
         if (type && !(e = entry_find(&b->agents, type))) {
-            char names[400];
-            names_of(&b->agents, names, sizeof(names));
-            snprintf(msg, sizeof(msg), "unknown agent type '%.100s' (%s%s)", type,
-                     names[0] ? "types: " : "no agent types are registered", names);
-            conn_send(c, error_msg(id, "unknown_tool", msg));
+            send_unknown(c, id, &b->agents, "agent type", type,
+                         "types: ", "no agent types are registered");
             return;
         }
         if (!e && b->agents.next != &b->agents)
