@@ -263,6 +263,30 @@ def proc_status(pid):
         return None
 
 
+def descendants(pid):
+    """Live (non-zombie) descendants of pid."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                st = f.read()
+        except OSError:
+            continue
+        rest = st[st.rindex(b")") + 2:].split()
+        if rest[0] == b"Z":
+            continue
+        children.setdefault(int(rest[1]), []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def is_zombie(pid):
     s = proc_status(pid)
     return s is None or s.get("State", "").startswith("Z")

@@ -5,7 +5,7 @@ import os
 import threading
 import time
 
-from conftest import unique_marker
+from conftest import descendants, unique_marker
 from rpcclient import result_of, wait_gone
 
 N_SANDBOXES = 50
@@ -26,30 +26,6 @@ def mount_points(pid):
 
 def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def descendants(pid):
-    """Live (non-zombie) descendants of pid."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                st = f.read()
-        except OSError:
-            continue
-        rest = st[st.rindex(b")") + 2:].split()
-        if rest[0] == b"Z":
-            continue
-        children.setdefault(int(rest[1]), []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def settle(fn, want, timeout=5.0):

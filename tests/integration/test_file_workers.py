@@ -11,41 +11,10 @@ import time
 
 import pytest
 
+from conftest import descendants, proc_status
 from rpcclient import RpcError, result_of
 
 TITLE = b"conch-file-server"
-
-
-def _ppid(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _descendants(root):
-    kids = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            pp = _ppid(int(d))
-            if pp is not None:
-                kids.setdefault(pp, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        for k in kids.get(p, []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
-def _status(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    except OSError:
-        return None
 
 
 def _fd_count(pid):
@@ -58,13 +27,13 @@ def _fd_count(pid):
 def workers(daemon):
     """Host pids of the live persistent file workers under @daemon."""
     found = []
-    for p in _descendants(daemon.pid):
+    for p in descendants(daemon.pid):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 cmd = f.read()
         except OSError:
             continue
-        st = _status(p)
+        st = proc_status(p)
         if cmd.startswith(TITLE) and st and not st.get("State", "").startswith("Z"):
             found.append(p)
     return sorted(found)
@@ -114,7 +83,7 @@ def test_worker_is_fenced_like_a_command(daemon, fsw):
     call, sb = fsw
     call("fs.ls", path=".")
     (pid,) = wait_workers(daemon, lambda w: len(w) == 1)
-    st = _status(pid)
+    st = proc_status(pid)
     assert st["CapEff"].strip("0") == "" and st["CapPrm"].strip("0") == "", st
     assert st["NoNewPrivs"] == "1", st
     assert st["Seccomp"] == "2", st
