@@ -1,8 +1,9 @@
-/* test_core.c - unit tests for src/core: errors and size parsing. */
+/* test_core.c - unit tests for src/core: errors, size parsing, reading whole files, UTF-8. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -69,4 +70,43 @@ Test(utf8, repair_replaces_each_bad_byte_and_keeps_nul)
     cr_assert_eq(n, 10);
     cr_assert(memcmp(s, "a\xef\xbf\xbd\0\xc3\xa9\xef\xbf\xbd", 10) == 0);
     free(s);
+}
+
+/* conch_read_fd sizes its buffer from the file and grows it for files that report no size
+ * (pipes, /proc): the whole content comes back, and never more than @max. */
+Test(fsutil, read_fd_whole_truncated_and_sizeless)
+{
+    char path[] = "/tmp/conch-test-read-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    char data[10000];
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (char)('a' + i % 26);
+    cr_assert_eq(write(fd, data, sizeof(data)), (ssize_t)sizeof(data));
+    close(fd);
+    char *buf = NULL;
+    size_t len = 0;
+    struct conch_err err = {0};
+    cr_assert_eq(conch_read_file(path, 1 << 20, &buf, &len, &err), 0, "%s", err.msg);
+    cr_assert_eq(len, sizeof(data));
+    cr_assert(!memcmp(buf, data, len) && buf[len] == '\0');
+    free(buf);
+    cr_assert_eq(conch_read_file(path, 100, &buf, &len, &err), 0);
+    cr_assert_eq(len, 100);
+    cr_assert(!memcmp(buf, data, 100) && buf[100] == '\0');
+    free(buf);
+    unlink(path);
+
+    /* a pipe says size 0: the buffer starts at 4 KiB and must grow to take 20,000 bytes */
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    char big[20000];
+    memset(big, 'z', sizeof(big));
+    cr_assert_eq(write(p[1], big, sizeof(big)), (ssize_t)sizeof(big));
+    close(p[1]);
+    cr_assert_eq(conch_read_fd(p[0], "pipe", 1 << 20, &buf, &len, &err), 0, "%s", err.msg);
+    cr_assert_eq(len, sizeof(big));
+    cr_assert(!memcmp(buf, big, len));
+    free(buf);
+    close(p[0]);
 }
