@@ -944,20 +944,15 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         struct pollfd pfd[3] = {{.fd = ctl, .events = POLLIN},
                                 {.fd = sfd, .events = POLLIN},
                                 {.fd = rs, .events = POLLIN}};
+        /* Wake for the next deadline, or for the refill when that comes first. */
         int timeout = slots_tick();
-        struct timespec ts, *tsp = NULL;
-        if (timeout >= 0) {
-            ts = (struct timespec){.tv_sec = timeout / 1000, .tv_nsec = timeout % 1000 * 1000000L};
-            tsp = &ts;
-        }
+        int64_t wait_us = timeout >= 0 ? (int64_t)timeout * 1000 : -1;
         uint64_t now_us = conch_clock_us();
         if (ready_slot < 0 && refill_after_us > now_us &&
-            (!tsp || (uint64_t)timeout * 1000 > refill_after_us - now_us)) {
-            uint64_t wait = refill_after_us - now_us;
-            ts = (struct timespec){.tv_sec = 0, .tv_nsec = (long)(wait * 1000)};
-            tsp = &ts;
-        }
-        if (ppoll(pfd, 3, tsp, NULL) < 0) {
+            (wait_us < 0 || (uint64_t)wait_us > refill_after_us - now_us))
+            wait_us = (int64_t)(refill_after_us - now_us);
+        struct timespec ts = {.tv_sec = wait_us / 1000000, .tv_nsec = wait_us % 1000000 * 1000};
+        if (ppoll(pfd, 3, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
