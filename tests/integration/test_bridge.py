@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN
+from conftest import ASAN, CONCH_BIN
 from rpcclient import RpcError, ToolFailure
 
 STRICT_SCHEMA = {
@@ -472,8 +472,7 @@ print("sent", sent)
     # The daemon stayed small and is still serving.
     rss_kb = int(open(f"/proc/{daemon.pid}/status").read().split("VmRSS:")[1].split()[0])
     # (an ASan build keeps freed memory in quarantine: a looser bound there)
-    asan = b"__asan_init" in open(CONCH_BIN, "rb").read()
-    assert rss_kb < (600 if asan else 200) * 1024, rss_kb
+    assert rss_kb < (600 if ASAN else 200) * 1024, rss_kb
     assert run("tool_call echo '{}'")["exit_code"] == 0
 
 

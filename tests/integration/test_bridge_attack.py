@@ -10,11 +10,9 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN
+from conftest import ASAN, CONCH_BIN
 
-# The daemon's memory figures mean nothing under ASan (shadow memory, quarantine of freed
-# blocks): the memory bounds are checked on the plain build.
-ASAN = os.path.exists(CONCH_BIN) and b"__asan_init" in open(CONCH_BIN, "rb").read()
+# The daemon's memory bounds are checked on the plain build (conftest.ASAN).
 not_under_asan = pytest.mark.skipif(ASAN, reason="memory bounds are measured on the plain build, not under ASan")
 from rpcclient import Client, RpcError
 
