@@ -106,7 +106,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0004u /* "co" + version 4 */
+#define JAIL_PROTO_VERSION 0x636f0005u /* "co" + version 5 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -114,17 +114,15 @@ enum jail_msg_type {
     JMSG_SETUP_ERR,    /* warden → parent: err */
     JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
                         * fds [stdin, stdout, stderr, blob memfd] */
-    JMSG_STARTED,      /* shepherd → parent: id, a = pid of the command in its pid namespace,
-                        * ns = the inode of that pid namespace */
-    JMSG_RUN_ERR,      /* warden → parent: id, err (could not start); final for @id */
-    JMSG_EXITED,       /* warden → parent: id, a = wait status, b = JEXIT_* flags, usage;
-                        * final for @id, sent exactly once whatever happened to the shepherd */
-    JMSG_SIGNAL,       /* parent → warden: id, a = signal (to every process of it) */
-    JMSG_SHUTDOWN,     /* parent → warden: kill everything and exit */
-    JMSG_FILE,         /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
-    JMSG_FILE_SERVE,   /* parent → warden: id; fds [stream socket]: a persistent file worker */
-    JMSG_READY,        /* shepherd → warden: its command's process is fenced and waits;
-                        * fds [that process's socket]: the warden hands it RUN's fds itself */
+    JMSG_STARTED, /* warden or shepherd → parent: id, a = pid of the command in its pid namespace,
+                   * ns = the inode of that pid namespace */
+    JMSG_RUN_ERR, /* warden → parent: id, err (could not start); final for @id */
+    JMSG_EXITED,  /* warden → parent: id, a = wait status, b = JEXIT_* flags, usage;
+                   * final for @id, sent exactly once whatever happened to the shepherd */
+    JMSG_SIGNAL,  /* parent → warden: id, a = signal (to every process of it) */
+    JMSG_SHUTDOWN,   /* parent → warden: kill everything and exit */
+    JMSG_FILE,       /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
+    JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker */
 };
 
 /* JMSG_EXITED flags */

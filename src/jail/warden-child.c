@@ -143,10 +143,8 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
         if (setrlimit(RLIMIT_AS, &rl) < 0)
             return -errno;
     }
-    *step = "drop capabilities from the bounding set";
-    int r = drop_bounding_caps(plan->keep_caps);
-    if (r < 0)
-        return r;
+    /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
+    int r;
     *step = "switch to the command's identity";
     if (plan->can_setgroups && setgroups(0, NULL) < 0)
         return -errno;
@@ -193,38 +191,47 @@ static void reset_signals(void)
 /* An OOM kill in the sandbox's memory cgroup (or on the host) must pick a command, not the
  * warden or a shepherd, whose death would stop the sandbox: commands and file workers raise
  * their own oom_score_adj to the top (raising needs no privilege; lowering the warden's would
- * need CAP_SYS_RESOURCE, which a container's root may lack). The shepherd made us
- * non-dumpable, which makes /proc/self ours no longer: dumpable again first (execve resets it
- * from the command's credentials anyway). */
+ * need CAP_SYS_RESOURCE, which a container's root may lack). The shepherd made its memory
+ * non-dumpable, which makes /proc/self ours no longer: dumpable for the write, then not
+ * again, since a command's process shares its shepherd's memory until it execs (execve sets
+ * it anew from the command's credentials). */
 static void oom_score_raise(void)
 {
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    if (write(fd, "1000", 4) < 0) {
-        /* best effort */
+    if (fd >= 0) {
+        if (write(fd, "1000", 4) < 0) {
+            /* best effort */
+        }
+        close(fd);
     }
-    close(fd);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-/* Report a start failure through @report_fd (CLOEXEC: a successful exec closes it instead)
- * and exit 127. */
-__attribute__((noreturn)) static void command_fail(int report_fd, const struct conch_err *err)
+/* What the command's process leaves for its shepherd. It is a CLONE_VM | CLONE_VFORK child:
+ * it shares the shepherd's memory, and the shepherd sleeps until it has exec'd or exited, so
+ * this needs no lock and no channel. */
+struct zygote_out {
+    struct jail_msg run; /* the RUN it took (id, flags), once got_run */
+    bool got_run;
+    bool failed; /* it exits instead of exec'ing: @err says why */
+    struct conch_err err;
+    int32_t *cpu; /* in the warden's shared reports: the CPU it execs on */
+};
+
+/* Leave @err for the shepherd and exit 127. */
+__attribute__((noreturn)) static void command_fail(struct zygote_out *out,
+                                                   const struct conch_err *err)
 {
-    struct jail_msg m = {.type = JMSG_RUN_ERR};
-    m.err = *err;
-    m.a = err->code;
-    if (write(report_fd, &m, sizeof(m)) < 0) {
-        /* nothing more to do: the parent sees exit status 127 */
-    }
+    out->err = *err;
+    out->failed = true;
     _exit(127);
 }
 
 /* The command, once it is known: map its argv/env/cwd blob, take its stdio, exec. Runs in a
- * child that is already fenced (command_zygote). On failure reports through @report_fd (fd
- * 3, CLOEXEC) and exits 127. */
-__attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bool pty)
+ * child that is already fenced (command_zygote). On failure leaves the error in @out and
+ * exits 127. */
+__attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out *out, bool pty)
 {
     struct conch_err err = {0};
     const char *step = "map command";
@@ -280,8 +287,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bo
             goto fail_errno;
         }
     }
-    /* Only fds 0-2 reach the command (and the report fd 3, which is CLOEXEC; a session's
-     * shell also keeps fd 62, see jail_session_pty_setup_child). */
+    /* Only fds 0-2 reach the command (and fd 3, its shepherd's socket, which is CLOEXEC; a
+     * session's shell also keeps fd 62, see jail_session_pty_setup_child). */
     if (syscall(SYS_close_range, 4, pty ? 61 : ~0U, 0) < 0 ||
         (pty && syscall(SYS_close_range, 63, ~0U, 0) < 0))
         goto fail_errno;
@@ -290,6 +297,10 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bo
                        strerror(errno));
         goto report;
     }
+    /* Not sched_getcpu(): it reads the rseq area in our TLS, which is the shepherd's (the
+     * kernel does not register rseq for a CLONE_VM child), so it names the shepherd's CPU. */
+    unsigned int cpu;
+    *out->cpu = syscall(SYS_getcpu, &cpu, NULL, NULL) == 0 ? (int32_t)cpu : -1;
     exec_in_path(argv[0], argv, envp, path);
     conch_err_setk(&err, CONCH_ERR_COMMAND, errno, "execute '%s': %s", argv[0], strerror(errno));
     goto report;
@@ -297,41 +308,56 @@ __attribute__((noreturn)) static void command_exec(int fds[4], int report_fd, bo
 fail_errno:
     conch_err_set(&err, errno, "start command: %s: %s", step, strerror(errno));
 report:
-    command_fail(report_fd, &err);
+    command_fail(out, &err);
 }
 
 /* The command's process before the command is known: it applies every fence (rlimits,
  * identity, capabilities, no_new_privs, Landlock, seccomp) ahead of time, then waits on
- * @sock for the command's stdio and blob, and execs it. Fencing first is safe: the fds it
- * receives were opened outside (Landlock checks at open time), and all it does after the
- * fences is map, dup, chdir and exec, which the filter allows. @sock becomes fd 3 (CLOEXEC):
- * start failures go back through it, a successful exec closes it. */
-__attribute__((noreturn)) static void command_zygote(const struct jail_plan *plan, int sock)
+ * @sock, its shepherd's socket from the warden, for the RUN message (the command's id, flags
+ * and fds), and execs it. Fencing first is safe: the fds it receives were opened outside
+ * (Landlock checks at open time), and all it does after the fences is map, dup, chdir and
+ * exec, which the filter allows. It runs as a vfork child of its shepherd (shared memory,
+ * its own stack, the shepherd asleep): what it learns and any failure go back through
+ * @out. No allocation. */
+struct zygote_args {
+    const struct jail_plan *plan;
+    int sock;
+    struct zygote_out *out;
+};
+
+static int command_zygote(void *arg)
 {
+    const struct zygote_args *a = arg;
+    struct zygote_out *out = a->out;
     struct conch_err err = {0};
-    if (sock != 3 && dup3(sock, 3, O_CLOEXEC) < 0)
-        _exit(127);
-    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
-        _exit(127);
-    reset_signals();
+    if ((a->sock != 3 && dup3(a->sock, 3, O_CLOEXEC) < 0) ||
+        syscall(SYS_close_range, 4, ~0U, 0) < 0) {
+        conch_err_set(&err, errno, "start command: set up its fds: %s", strerror(errno));
+        command_fail(out, &err);
+    }
+    /* The warden reset every signal's disposition when it started and none is set since;
+     * the shepherd's blocked signals must not stay blocked in the command. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     oom_score_raise();
     const char *step;
-    int r = fence_self(plan, plan->seccomp, &step);
+    int r = fence_self(a->plan, a->plan->seccomp, &step);
     if (r < 0) {
         conch_err_set(&err, -r, "start command: %s: %s", step, strerror(-r));
-        command_fail(3, &err);
+        command_fail(out, &err);
     }
-    struct jail_msg m;
     int fds[4], nfds = 0;
-    r = jail_recv(3, &m, fds, 4, &nfds, 0);
-    if (r <= 0 || nfds != 4)
-        _exit(0); /* the shepherd went away: no command */
-    command_exec(fds, 3, m.b & JRUN_PTY);
+    r = jail_recv(3, &out->run, fds, 4, &nfds, 0);
+    if (r <= 0 || nfds != 4 || out->run.type != JMSG_RUN) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        _exit(0); /* the warden went away: no command */
+    }
+    out->got_run = true;
+    command_exec(fds, out, out->run.b & JRUN_PTY);
 }
 
-/* The control socket, moved to fd 3 at start: every other fd inherited from the parent
- * (the daemon's listening socket, its clients' connections, its stdio) is closed, so that
- * no sandbox process keeps them open. */
 static int warden_ctl = -1;
 
 #define MAX_PROCS 1024
@@ -342,8 +368,11 @@ static int warden_ctl = -1;
 enum { SHEP_NONE = 0, SHEP_STARTED, SHEP_START_FAILED, SHEP_EXITED, SHEP_EXIT_SENT };
 struct shep_report {
     int32_t state;
-    int32_t status;    /* SHEP_EXITED: the command's wait status */
-    int32_t timed_out; /* written by the warden when the deadline fires, before it signals */
+    int32_t status;       /* SHEP_EXITED: the command's wait status */
+    int32_t timed_out;    /* written by the warden when the deadline fires, before it signals */
+    int32_t cpu;          /* the CPU the command's process exec'd on, -1: not yet */
+    int32_t started_sent; /* the warden reported STARTED itself (before handing RUN over) */
+    uint64_t ns_ino;      /* the shepherd's pid namespace, once its /proc is up; 0: not yet */
     struct conch_err err;
 };
 
@@ -351,11 +380,9 @@ struct shep_report {
  * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
 struct proc_slot {
     int64_t id;
-    pid_t pid;       /* 0: free */
-    int sock;        /* a shepherd waiting for its command: the warden's end of its socket */
-    int zsock;       /* its command's process, once the shepherd reported READY; else -1 */
-    bool ready;      /* a shepherd started ahead of need, no command yet */
-    bool ready_dead; /* it will never report READY: stop waiting for it */
+    pid_t pid;  /* 0: free */
+    int sock;   /* a shepherd waiting for its command: the warden's end of its socket */
+    bool ready; /* a shepherd started ahead of need, no command yet */
     bool is_file;
     bool timed_out;
     bool killed;          /* the warden sent SIGKILL itself */
@@ -375,6 +402,13 @@ static int shepherds_started;
  * time to reach its exec (REFILL_DELAY_US), then runs beside it. */
 #define REFILL_DELAY_US 300
 static uint64_t refill_after_us;
+/* The CPUs we may run on, and the slot of the last command started: a refill that finds
+ * itself on the CPU that command exec'd on moves to another for the build (see
+ * ensure_ready). */
+static cpu_set_t warden_cpus;
+static bool warden_cpus_known;
+static bool refill_moved; /* the shepherd being built inherits a narrowed mask */
+static int last_cmd_slot = -1;
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
  * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked
@@ -390,23 +424,29 @@ static int ctl_signal(void)
  * process of the command in one kernel operation, forks in flight included.
  *
  * The warden starts shepherds ahead of need: this one builds its namespace and /proc and
- * forks the command's process, which fences itself (command_zygote), then waits on @wsock
- * for the RUN message (the command's id and fds). It hands the fds to the command's process,
- * reports that the command started, signals the whole namespace when the warden asks, and
- * when the command exits kills (kill(-1), atomic) and reaps everything it left, reports the
- * exit and leaves it in @rep for the warden too. */
+ * starts the command's process, which fences itself (command_zygote) and waits on @wsock
+ * for the RUN message (the command's id and fds) from the warden, one hop from the exec.
+ * That process is a vfork child (CLONE_VM | CLONE_VFORK) on a stack of ours: no copy of our
+ * memory to make, and none to tear down at its exec, which is on the command's critical
+ * path. We sleep until it has exec'd or exited, then report that the command started,
+ * signal the whole namespace when the warden asks, and when the command exits kill
+ * (kill(-1), atomic) and reap everything it left, report the exit and leave it in @rep for
+ * the warden too. */
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock,
-                                               struct shep_report *rep, bool announce)
+                                               struct shep_report *rep)
 {
+    /* The command's process runs on this stack, in our memory, while we sleep. */
+    static char zygote_stack[64 * 1024] __attribute__((aligned(64)));
+    static struct zygote_out zout;
     int ctl = warden_ctl;
     struct jail_msg m;
     struct conch_err err = {0};
-    int fds[4], nfds = 0;
     pid_t cmd = -1;
-    int csock[2] = {-1, -1};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
+    if (refill_moved) /* our command may run on any CPU the warden may */
+        sched_setaffinity(0, sizeof(warden_cpus), &warden_cpus);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -415,68 +455,48 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
-    } else if (sfd < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, csock) < 0) {
-        conch_err_set(&err, errno, "start command: signalfd/socketpair: %s", strerror(errno));
-    } else if ((cmd = raw_fork()) == 0) {
-        close(csock[0]);
-        command_zygote(plan, csock[1]);
-    } else if (cmd < 0) {
-        conch_err_set(&err, errno, "fork command: %s", strerror(errno));
+    } else if (sfd < 0) {
+        conch_err_set(&err, errno, "start command: signalfd: %s", strerror(errno));
+    } else {
+        struct stat ns;
+        if (stat("/proc/self/ns/pid", &ns) == 0)
+            __atomic_store_n(&rep->ns_ino, (uint64_t)ns.st_ino, __ATOMIC_RELEASE);
+        zout.cpu = &rep->cpu;
+        struct zygote_args za = {.plan = plan, .sock = wsock, .out = &zout};
+        cmd = clone(command_zygote, zygote_stack + sizeof(zygote_stack),
+                    CLONE_VM | CLONE_VFORK | SIGCHLD, &za);
+        if (cmd < 0)
+            conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
     }
-    if (csock[1] >= 0)
-        close(csock[1]);
-
-    /* Ready: the warden may hand the command's fds to its process directly, one hop less
-     * on the way to its exec. Only a shepherd started ahead of need says so: the warden keeps
-     * its end open until it reaps one (a SEQPACKET send to a closed peer would purge our own
-     * queue, the RUN in it). */
-    if (announce && !err.code) {
-        struct jail_msg ready = {.type = JMSG_READY};
-        jail_send(wsock, &ready, &csock[0], 1);
-    }
-    /* Wait for our command: with its fds to pass on, or without when the warden passed them
-     * itself. EOF: the warden shuts down (or no longer needs us). */
-    int r = jail_recv(wsock, &m, fds, 4, &nfds, 0);
-    if (r <= 0 || (nfds != 4 && nfds != 0) || m.type != JMSG_RUN || (nfds == 0 && err.code)) {
+    /* The command's process has exec'd or exited. Nothing more comes on @wsock: the warden
+     * sends one RUN, which that process took. */
+    close(wsock);
+    if (!err.code && zout.failed)
+        err = zout.err;
+    if (err.code)
+        goto fail;
+    if (!zout.got_run) {
+        /* It exited without a command: the warden shut down or sent no RUN. */
         kill(-1, SIGKILL);
         _exit(0);
     }
-    close(wsock);
-    int64_t id = m.id;
-    uint32_t run_flags = m.b;
-    if (err.code)
-        goto fail;
-    if (nfds == 4) {
+    int64_t id = zout.run.id;
+    /* Unless the warden said so already (it does for a shepherd it found ready): the daemon
+     * need not wait for us to be scheduled after the exec, nor be woken mid-command. */
+    if (!__atomic_load_n(&rep->started_sent, __ATOMIC_ACQUIRE)) {
         memset(&m, 0, sizeof(m));
-        m.type = JMSG_RUN;
-        m.b = run_flags;
-        jail_send(csock[0], &m, fds, 4);
-        for (int i = 0; i < 4; i++)
-            close(fds[i]);
+        m.type = JMSG_STARTED;
+        m.id = id;
+        m.a = cmd;
+        m.ns = rep->ns_ino; /* who the command's tool-bridge connections come from */
+        jail_send(ctl, &m, NULL, 0);
     }
-    ssize_t n;
-    do
-        n = read(csock[0], &m, sizeof(m));
-    while (n < 0 && errno == EINTR);
-    close(csock[0]);
-    if (n == (ssize_t)sizeof(m)) {
-        err = m.err;
-        goto fail;
-    }
-    memset(&m, 0, sizeof(m));
-    m.type = JMSG_STARTED;
-    m.id = id;
-    m.a = cmd;
-    struct stat ns;
-    if (stat("/proc/self/ns/pid", &ns) == 0)
-        m.ns = ns.st_ino; /* who the command's tool-bridge connections come from */
-    jail_send(ctl, &m, NULL, 0);
     rep->state = SHEP_STARTED;
 
     int status = 0;
     for (bool done = false; !done;) {
         struct signalfd_siginfo si;
-        n = read(sfd, &si, sizeof(si));
+        ssize_t n = read(sfd, &si, sizeof(si));
         if (n < 0 && errno == EINTR)
             continue;
         if (n != (ssize_t)sizeof(si))
@@ -655,9 +675,7 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     s->pid = 0;
     if (s->sock >= 0)
         close(s->sock);
-    if (s->zsock >= 0)
-        close(s->zsock);
-    s->sock = s->zsock = -1;
+    s->sock = -1;
     if (s->ready) {
         /* A shepherd started ahead of need died before it had a command: nothing to report;
          * after a few such deaths, shepherds are only started on demand. */
@@ -718,17 +736,18 @@ static struct proc_slot *slot_find(int64_t id)
 
 /* Start a shepherd (in new pid and mount namespaces) in free slot @i; it prepares itself
  * and waits for its command on the slot's socket. Returns 0 or -errno. */
-static int spawn_shepherd(const struct jail_plan *plan, int i, bool announce)
+static int spawn_shepherd(const struct jail_plan *plan, int i)
 {
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
         return -errno;
     memset(&reports[i], 0, sizeof(reports[i]));
+    reports[i].cpu = -1;
     pid_t pid =
         (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         close(sp[0]);
-        shepherd(plan, sp[1], &reports[i], announce);
+        shepherd(plan, sp[1], &reports[i]);
     }
     int e = errno;
     close(sp[1]);
@@ -739,20 +758,40 @@ static int spawn_shepherd(const struct jail_plan *plan, int i, bool announce)
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
     slots[i].sock = sp[0];
-    slots[i].zsock = -1;
     shepherds_started++;
     return 0;
 }
 
 /* Keep one shepherd ready, so that a command's namespaces, /proc and fences are built before
- * it is asked for: off the critical path of exec.run. */
+ * it is asked for: off the critical path of exec.run.
+ *
+ * The build takes a few hundred microseconds of CPU. Woken by the refill timer on the CPU
+ * where the last command's process exec'd (the timer fires where we slept, which is where we
+ * woke that process), we would take that CPU from the command for the whole build, while
+ * another may be idle: so we move ourselves off it first (the migration costs a few
+ * microseconds of the command's time, the build none), and back after the clone. */
 static void ensure_ready(const struct jail_plan *plan)
 {
     if (ready_slot >= 0 || ready_failures >= 3 || (plan->one_command && shepherds_started) ||
         conch_clock_us() < refill_after_us)
         return;
     int i = slot_alloc();
-    if (i < 0 || spawn_shepherd(plan, i, true) < 0)
+    if (i < 0)
+        return;
+    refill_moved = false;
+    if (warden_cpus_known && last_cmd_slot >= 0 && CPU_COUNT(&warden_cpus) > 1) {
+        int busy = reports[last_cmd_slot].cpu;
+        if (busy >= 0 && busy < CPU_SETSIZE && busy == sched_getcpu()) {
+            cpu_set_t others = warden_cpus;
+            CPU_CLR(busy, &others);
+            refill_moved =
+                CPU_COUNT(&others) > 0 && sched_setaffinity(0, sizeof(others), &others) == 0;
+        }
+    }
+    int r = spawn_shepherd(plan, i);
+    if (refill_moved)
+        sched_setaffinity(0, sizeof(warden_cpus), &warden_cpus);
+    if (r < 0)
         return;
     slots[i].ready = true;
     ready_slot = i;
@@ -766,7 +805,6 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
     int i = ready_slot;
-    bool was_ready = i >= 0;
     ready_slot = -1;
     refill_after_us = conch_clock_us() + REFILL_DELAY_US;
     if (i < 0) {
@@ -775,7 +813,7 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
             return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
                                   "too many commands running in this sandbox (%d)", MAX_PROCS),
                    -1;
-        int r = spawn_shepherd(plan, i, false);
+        int r = spawn_shepherd(plan, i);
         if (r < 0)
             return conch_err_set(&reply->err, -r, "start command: create its pid namespace: %s",
                                  strerror(-r)),
@@ -783,45 +821,23 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     }
     struct proc_slot *s = &slots[i];
     slot_arm(s, m->id, m, false);
-    /* If the shepherd died meanwhile the send fails; reaping it reports the start failure.
-     * A shepherd that reported READY gets only the id: its command's process gets the fds
-     * from us, one hop less (the shepherd still waits for the exec or the start error). */
+    last_cmd_slot = i;
+    /* A shepherd that is up (its pid namespace known) has its command's start reported by
+     * us, before the RUN, so that it comes before the end: the shepherd then has nothing to
+     * say at the exec. The command's process is its first child: pid 2 there. */
+    uint64_t ino = __atomic_load_n(&reports[i].ns_ino, __ATOMIC_ACQUIRE);
+    if (ino) {
+        __atomic_store_n(&reports[i].started_sent, 1, __ATOMIC_RELEASE);
+        struct jail_msg st = {.type = JMSG_STARTED, .id = m->id, .a = 2, .ns = ino};
+        jail_send(warden_ctl, &st, NULL, 0);
+    }
+    /* To the command's process itself, which waits on this socket fenced (command_zygote).
+     * If its shepherd died meanwhile the send fails; reaping it reports the start failure. */
     struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
-    bool direct = s->zsock >= 0;
-    if (direct) {
-        jail_send(s->zsock, &run, fds, 4);
-        close(s->zsock);
-        s->zsock = -1;
-        jail_send(s->sock, &run, NULL, 0);
-    } else {
-        jail_send(s->sock, &run, fds, 4);
-    }
-    /* A shepherd started ahead of need whose READY has not come yet will still send it: our
-     * end stays open until we reap it (see shepherd()). Any other has nothing more to say. */
-    if (!was_ready || direct) {
-        close(s->sock);
-        s->sock = -1;
-    }
+    jail_send(s->sock, &run, fds, 4);
+    close(s->sock);
+    s->sock = -1;
     return 0;
-}
-
-/* The ready shepherd's READY: keep its command's socket. Anything else (EOF when it died,
- * which reaping handles) ends the wait for it. */
-static void take_ready(int i)
-{
-    struct proc_slot *s = &slots[i];
-    struct jail_msg m;
-    int fd = -1, nfds = 0;
-    int r = jail_recv(s->sock, &m, &fd, 1, &nfds, MSG_DONTWAIT);
-    if (r == -EAGAIN)
-        return;
-    if (r > 0 && m.type == JMSG_READY && nfds == 1) {
-        s->zsock = fd;
-        return;
-    }
-    if (nfds == 1)
-        close(fd);
-    s->ready_dead = true;
 }
 
 static int start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
@@ -842,7 +858,7 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
-    slots[i].sock = slots[i].zsock = -1;
+    slots[i].sock = -1;
     slot_arm(&slots[i], m->id, m, true);
     return 0;
 }
@@ -878,6 +894,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         _exit(1);
     warden_ctl = ctl;
     scrub_inherited_memory();
+    warden_cpus_known = sched_getaffinity(0, sizeof(warden_cpus), &warden_cpus) == 0;
     reports = mmap(NULL, MAX_PROCS * sizeof(*reports), PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (reports == MAP_FAILED)
@@ -918,6 +935,14 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     int ptc_fd = -1;
     if (jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
         goto setup_failed;
+    /* Nothing we start may ever gain a capability beyond @plan->keep_caps: cut the bounding
+     * set here, once, rather than in every command's process (64 calls each). We keep our
+     * own effective set: the bounding set only limits what an execve can grant. */
+    int r = drop_bounding_caps(plan->keep_caps);
+    if (r < 0) {
+        conch_err_set(&err, -r, "drop capabilities from the bounding set: %s", strerror(-r));
+        goto setup_failed;
+    }
 
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_OK;
@@ -937,13 +962,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 
     for (;;) {
         ensure_ready(plan);
-        /* The ready shepherd's socket, until it reported READY. */
-        int rs = ready_slot >= 0 && slots[ready_slot].zsock < 0 && !slots[ready_slot].ready_dead
-                     ? slots[ready_slot].sock
-                     : -1;
-        struct pollfd pfd[3] = {{.fd = ctl, .events = POLLIN},
-                                {.fd = sfd, .events = POLLIN},
-                                {.fd = rs, .events = POLLIN}};
+        struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         /* Wake for the next deadline, or for the refill when that comes first. */
         int timeout = slots_tick();
         int64_t wait_us = timeout >= 0 ? (int64_t)timeout * 1000 : -1;
@@ -952,7 +971,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             (wait_us < 0 || (uint64_t)wait_us > refill_after_us - now_us))
             wait_us = (int64_t)(refill_after_us - now_us);
         struct timespec ts = {.tv_sec = wait_us / 1000000, .tv_nsec = wait_us % 1000000 * 1000};
-        if (ppoll(pfd, 3, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
+        if (ppoll(pfd, 2, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
@@ -964,12 +983,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             /* Shepherds, file workers, and orphans of file workers: reap them all. */
             reap_children();
         }
-        if (rs >= 0 && ready_slot >= 0 && slots[ready_slot].sock == rs &&
-            (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)))
-            take_ready(ready_slot);
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
-        int r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
+        r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
         if (r == -EAGAIN || r == -EPROTO)
             continue; /* a message of another version is dropped, its fds closed */
         if (r <= 0)
