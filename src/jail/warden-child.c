@@ -208,9 +208,9 @@ static void oom_score_raise(void)
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-/* What the command's process leaves for its shepherd. It is a CLONE_VM | CLONE_VFORK child:
- * it shares the shepherd's memory, and the shepherd sleeps until it has exec'd or exited, so
- * this needs no lock and no channel. */
+/* What the command's process leaves for its shepherd. It is a CLONE_VM child: it shares the
+ * shepherd's memory, and the shepherd waits (on the gate, see command_zygote) until it has
+ * exec'd or exited before it reads this or touches anything else, so no lock is needed. */
 struct zygote_out {
     struct jail_msg run; /* the RUN it took (id, flags), once got_run */
     bool got_run;
@@ -287,9 +287,9 @@ __attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out
             goto fail_errno;
         }
     }
-    /* Only fds 0-2 reach the command (and fd 3, its shepherd's socket, which is CLOEXEC; a
-     * session's shell also keeps fd 62, see jail_session_pty_setup_child). */
-    if (syscall(SYS_close_range, 4, pty ? 61 : ~0U, 0) < 0 ||
+    /* Only fds 0-2 reach the command (fds 3 and 4, its shepherd's socket and gate, are
+     * close-on-exec; a session's shell also keeps fd 62, see jail_session_pty_setup_child). */
+    if (syscall(SYS_close_range, 5, pty ? 61 : ~0U, 0) < 0 ||
         (pty && syscall(SYS_close_range, 63, ~0U, 0) < 0))
         goto fail_errno;
     if (chdir(cwd) < 0) {
@@ -316,12 +316,17 @@ report:
  * @sock, its shepherd's socket from the warden, for the RUN message (the command's id, flags
  * and fds), and execs it. Fencing first is safe: the fds it receives were opened outside
  * (Landlock checks at open time), and all it does after the fences is map, dup, chdir and
- * exec, which the filter allows. It runs as a vfork child of its shepherd (shared memory,
- * its own stack, the shepherd asleep): what it learns and any failure go back through
- * @out. No allocation. */
+ * exec, which the filter allows. It shares its shepherd's memory (CLONE_VM, on a stack of
+ * the shepherd's) and holds the write end of @gate (fd 4, close-on-exec): the kernel closes
+ * it after the exec has left that memory, or at exit after the memory is released, and only
+ * then does the shepherd, blocked reading the gate, go on. What it learns and any failure go
+ * back through @out. No allocation. (Not CLONE_VFORK, which would do the same wait in the
+ * kernel: a shepherd asleep in it counts as uninterruptible, so every idle sandbox would add
+ * one to the load average.) */
 struct zygote_args {
     const struct jail_plan *plan;
     int sock;
+    int gate;
     struct zygote_out *out;
 };
 
@@ -331,7 +336,8 @@ static int command_zygote(void *arg)
     struct zygote_out *out = a->out;
     struct conch_err err = {0};
     if ((a->sock != 3 && dup3(a->sock, 3, O_CLOEXEC) < 0) ||
-        syscall(SYS_close_range, 4, ~0U, 0) < 0) {
+        (a->gate != 4 && dup3(a->gate, 4, O_CLOEXEC) < 0) ||
+        syscall(SYS_close_range, 5, ~0U, 0) < 0) {
         conch_err_set(&err, errno, "start command: set up its fds: %s", strerror(errno));
         command_fail(out, &err);
     }
@@ -426,9 +432,9 @@ static int ctl_signal(void)
  * The warden starts shepherds ahead of need: this one builds its namespace and /proc and
  * starts the command's process, which fences itself (command_zygote) and waits on @wsock
  * for the RUN message (the command's id and fds) from the warden, one hop from the exec.
- * That process is a vfork child (CLONE_VM | CLONE_VFORK) on a stack of ours: no copy of our
- * memory to make, and none to tear down at its exec, which is on the command's critical
- * path. We sleep until it has exec'd or exited, then report that the command started,
+ * That process shares our memory (CLONE_VM, on a stack of ours): no copy of our memory to
+ * make, and none to tear down at its exec, which is on the command's critical path. We
+ * sleep until it has exec'd or exited (the gate), then report that the command started,
  * signal the whole namespace when the warden asks, and when the command exits kill
  * (kill(-1), atomic) and reap everything it left, report the exit and leave it in @rep for
  * the warden too. */
@@ -442,6 +448,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     struct jail_msg m;
     struct conch_err err = {0};
     pid_t cmd = -1;
+    int gate[2] = {-1, -1};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
@@ -455,18 +462,23 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
-    } else if (sfd < 0) {
-        conch_err_set(&err, errno, "start command: signalfd: %s", strerror(errno));
+    } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0) {
+        conch_err_set(&err, errno, "start command: signalfd/pipe: %s", strerror(errno));
     } else {
         struct stat ns;
         if (stat("/proc/self/ns/pid", &ns) == 0)
             __atomic_store_n(&rep->ns_ino, (uint64_t)ns.st_ino, __ATOMIC_RELEASE);
         zout.cpu = &rep->cpu;
-        struct zygote_args za = {.plan = plan, .sock = wsock, .out = &zout};
-        cmd = clone(command_zygote, zygote_stack + sizeof(zygote_stack),
-                    CLONE_VM | CLONE_VFORK | SIGCHLD, &za);
+        struct zygote_args za = {.plan = plan, .sock = wsock, .gate = gate[1], .out = &zout};
+        cmd = clone(command_zygote, zygote_stack + sizeof(zygote_stack), CLONE_VM | SIGCHLD, &za);
         if (cmd < 0)
             conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
+        /* Nothing but these two calls until the gate opens: the memory is shared. */
+        close(gate[1]);
+        char byte;
+        while (cmd > 0 && read(gate[0], &byte, 1) < 0)
+            ;
+        close(gate[0]);
     }
     /* The command's process has exec'd or exited. Nothing more comes on @wsock: the warden
      * sends one RUN, which that process took. */

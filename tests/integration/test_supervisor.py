@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN, IS_ROOT, conch, unique_marker, wait_no_pids, host_pids_matching
+from conftest import (CONCH_BIN, IS_ROOT, conch, descendants, unique_marker, wait_no_pids,
+                      host_pids_matching)
 from rpcclient import result_of, wait_gone
 
 
@@ -192,6 +193,32 @@ def test_shepherd_killed_gives_a_final_event(daemon, rpc, sandbox):
     assert res["exit_code"] == 137 and res["signal"] == 9, res
     assert wait_gone(marker, 3) == []
     assert rpc.call("exec.run", {"sandbox": sb, "command": "echo ok"})["stdout"] == "ok\n"
+
+
+def test_idle_sandboxes_do_not_load_the_host(daemon, rpc, sandbox):
+    """An idle sandbox keeps a shepherd ready, whose command's process shares its memory and
+    waits, fenced, for a command. Nothing of it may sleep uninterruptibly (state D): that
+    counts in the host's load average, one per idle sandbox (the shepherd used to wait in
+    vfork, which does). The ready process is really there and really fenced."""
+    for _ in range(3):
+        sb = sandbox()
+        assert rpc.call("exec.run", {"sandbox": sb, "command": "true"})["exit_code"] == 0
+    time.sleep(0.5)  # the refill after the last command
+    states, fenced = {}, 0
+    for pid in descendants(daemon.pid):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                st = f.read()
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        states[pid] = st[st.rindex(b")") + 2:].split()[0].decode()
+        if "\nSeccomp:\t2" in status and "\nNoNewPrivs:\t1" in status:
+            fenced += 1
+    assert states, "the daemon has no sandbox processes"
+    assert fenced >= 3, f"no fenced process waits for a command: {states}"
+    assert not [p for p, s in states.items() if s == "D"], states
 
 
 def test_finished_jobs_neither_pin_the_sandbox_nor_keep_fds(daemon, rpc, ws):
