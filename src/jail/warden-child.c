@@ -366,6 +366,9 @@ static int command_zygote(void *arg)
 
 static int warden_ctl = -1;
 
+#define ZYGOTE_STACK (128 * 1024)
+#define ZYGOTE_GUARD 4096
+
 #define MAX_PROCS 1024
 
 /* What a shepherd leaves for the warden: written by the shepherd just before it exits, read
@@ -441,14 +444,15 @@ static int ctl_signal(void)
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock,
                                                struct shep_report *rep)
 {
-    /* The command's process runs on this stack, in our memory, while we sleep. */
-    static char zygote_stack[64 * 1024] __attribute__((aligned(64)));
     static struct zygote_out zout;
     int ctl = warden_ctl;
     struct jail_msg m;
     struct conch_err err = {0};
     pid_t cmd = -1;
     int gate[2] = {-1, -1};
+    /* The command's process runs on this stack, in our memory, until it execs; a guard page
+     * below it turns an overflow into a crash of that process, not a write into ours. */
+    char *stack = MAP_FAILED;
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
@@ -462,15 +466,18 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
-    } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0) {
-        conch_err_set(&err, errno, "start command: signalfd/pipe: %s", strerror(errno));
+    } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0 ||
+               (stack = mmap(NULL, ZYGOTE_STACK + ZYGOTE_GUARD, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED ||
+               mprotect(stack, ZYGOTE_GUARD, PROT_NONE) < 0) {
+        conch_err_set(&err, errno, "start command: signalfd/pipe/stack: %s", strerror(errno));
     } else {
         struct stat ns;
         if (stat("/proc/self/ns/pid", &ns) == 0)
             __atomic_store_n(&rep->ns_ino, (uint64_t)ns.st_ino, __ATOMIC_RELEASE);
         zout.cpu = &rep->cpu;
         struct zygote_args za = {.plan = plan, .sock = wsock, .gate = gate[1], .out = &zout};
-        cmd = clone(command_zygote, zygote_stack + sizeof(zygote_stack), CLONE_VM | SIGCHLD, &za);
+        cmd = clone(command_zygote, stack + ZYGOTE_GUARD + ZYGOTE_STACK, CLONE_VM | SIGCHLD, &za);
         if (cmd < 0)
             conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
         /* Nothing but these two calls until the gate opens: the memory is shared. */
