@@ -554,11 +554,15 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     getrusage(RUSAGE_CHILDREN, &m.usage);
     if (jail_send(ctl, &m, NULL, 0) == 0)
         rep->state = SHEP_EXIT_SENT;
-    /* What is left of us is our exit: the teardown of the command's namespaces, which waits
-     * on RCU. It must not take the CPU from the parent that our message woke (sent first, so
-     * that a busy machine does not delay the report itself). */
+    /* What is left of us is our exit: the teardown of the command's namespaces and memory,
+     * ~150 µs of kernel work that waits on RCU. It must not take the CPU from the parent that
+     * our message woke (sent first, so that a busy machine does not delay the report itself).
+     * SCHED_IDLE alone does not hand the CPU over: the change of policy does not reschedule,
+     * and the kernel (preempt=none) does not preempt its own exit path, so a parent woken
+     * onto our CPU waited for the whole teardown. Yielding once idle lets it run first. */
     struct sched_param idle = {0};
     sched_setscheduler(0, SCHED_IDLE, &idle);
+    sched_yield();
     _exit(0);
 
 fail:
