@@ -364,6 +364,9 @@ static int command_zygote(void *arg)
     command_exec(fds, out, out->run.b & JRUN_PTY);
 }
 
+/* The control socket, moved to fd 3 at start: every other fd inherited from the parent
+ * (the daemon's listening socket, its clients' connections, its stdio) is closed, so that
+ * no sandbox process keeps them open. */
 static int warden_ctl = -1;
 
 #define ZYGOTE_STACK (128 * 1024)
@@ -814,6 +817,7 @@ static void ensure_ready(const struct jail_plan *plan)
     int r = spawn_shepherd(plan, i);
     if (refill_moved)
         sched_setaffinity(0, sizeof(warden_cpus), &warden_cpus);
+    refill_moved = false;
     if (r < 0)
         return;
     slots[i].ready = true;

@@ -369,6 +369,15 @@ def test_no_setid_devices_or_caps_reach_the_host(py, ws, opts, mode):
     assert host_privileges(ws) == [], r.describe()
 
 
+def test_commands_have_an_empty_bounding_set(sh):
+    """The warden cuts the capability bounding set once for the whole sandbox (not each
+    command's process): a command can never gain a capability, whatever it execs."""
+    r = sh("grep -E '^Cap(Eff|Prm|Bnd|Amb):' /proc/self/status")
+    assert r.rc == 0, r.describe()
+    caps = {line.split(":")[0]: int(line.split()[1], 16) for line in r.out.splitlines()}
+    assert caps == {"CapEff": 0, "CapPrm": 0, "CapBnd": 0, "CapAmb": 0}, caps
+
+
 @pytest.mark.root_only
 def test_as_root_keeps_no_setfcap_or_fsetid(sh):
     r = sh("grep -E '^Cap(Eff|Bnd):' /proc/self/status", "--as-root")

@@ -215,6 +215,7 @@ def test_idle_sandboxes_do_not_load_the_host(daemon, rpc, sandbox):
             continue
         states[pid] = st[st.rindex(b")") + 2:].split()[0].decode()
         if "\nSeccomp:\t2" in status and "\nNoNewPrivs:\t1" in status:
+            assert "\nCapBnd:\t0000000000000000" in status, status
             fenced += 1
     assert states, "the daemon has no sandbox processes"
     assert fenced >= 3, f"no fenced process waits for a command: {states}"
