@@ -269,7 +269,8 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
                                  .cwd = cwd,
                                  .stdin_fd = in,
                                  .stdout_fd = out[1],
-                                 .stderr_fd = errp[1]};
+                                 .stderr_fd = errp[1],
+                                 .last = sb->fresh};
     if (conch_super_run(&sb->super, &r->proc, &cmd, r->timeout_ms, r->grace_ms, err) < 0)
         goto fail;
     close(in);

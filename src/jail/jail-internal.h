@@ -133,6 +133,8 @@ enum jail_msg_type {
 /* A session: the command gets a new pty of the sandbox's devpts as its controlling terminal
  * and stdio; fds [unix socket, unused, unused, blob] (see conch_jail_cmd.pty). */
 #define JRUN_PTY 1u
+/* The sandbox's last command: no spare shepherd after it. */
+#define JRUN_LAST 2u
 
 struct jail_msg {
     uint32_t version; /* JAIL_PROTO_VERSION; set by jail_send */

@@ -152,6 +152,9 @@ struct conch_jail_cmd {
      * unix socket, SCM_RIGHTS) before exec, then keeps it as fd 62; @stdout_fd and @stderr_fd
      * are not used. */
     bool pty;
+    /* The sandbox's last command (a fresh sandbox's one): the warden builds no spare
+     * shepherd after it, which nothing would use. */
+    bool last;
 };
 
 /*

@@ -613,6 +613,8 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
         .type = JMSG_RUN, .id = id, .timeout_ms = timeout_ms, .grace_ms = grace_ms};
     if (cmd->pty)
         m.b |= JRUN_PTY;
+    if (cmd->last)
+        m.b |= JRUN_LAST;
     int r = jail_send(j->ctl_fd, &m, fds, 4);
     if (r < 0)
         return conch_err_set(err, -r, "send command to the warden: %s", strerror(-r));

@@ -115,6 +115,9 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
     errno = saved;
 }
 
+/* The queued signals a sandbox's commands may hold (see fence_self). */
+#define CMD_SIGPENDING 256
+
 /* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
  * no_new_privs, Landlock, seccomp. On failure returns -errno with *@step naming what failed.
  * Run after the fds are in place: Landlock checks rights at open time. */
@@ -141,6 +144,16 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     if (plan->set_rlimit_as) {
         rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
         if (setrlimit(RLIMIT_AS, &rl) < 0)
+            return -errno;
+    }
+    /* Queued signals are charged up the user namespaces to the host user who owns the
+     * sandbox: with the host's limit (~96,000), one command that queued real-time signals to
+     * itself held that user's whole quota, and nothing of that user could queue one any more.
+     * A sandbox's commands share one count (one uid in one namespace), so this bounds what a
+     * sandbox can hold; the daemon's 256 sandboxes stay below the host's quota. */
+    if (getrlimit(RLIMIT_SIGPENDING, &rl) == 0 && rl.rlim_max > CMD_SIGPENDING) {
+        rl.rlim_cur = rl.rlim_max = CMD_SIGPENDING;
+        if (setrlimit(RLIMIT_SIGPENDING, &rl) < 0)
             return -errno;
     }
     /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
@@ -217,6 +230,10 @@ struct zygote_out {
     bool failed; /* it exits instead of exec'ing: @err says why */
     struct conch_err err;
     int32_t *cpu; /* in the warden's shared reports: the CPU it execs on */
+    /* What it mapped in the shared memory (the command's argv/env/cwd and the vectors
+     * into it), for the shepherd to unmap: an execve leaves them in the shepherd's. */
+    void *blob, *vec;
+    size_t blob_len, vec_len;
 };
 
 /* Leave @err for the shepherd and exit 127. */
@@ -242,6 +259,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out
     char *blob = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fds[3], 0);
     if (blob == MAP_FAILED)
         goto fail_errno;
+    out->blob = blob;
+    out->blob_len = (size_t)st.st_size;
     const struct jail_cmd_blob *hdr = (const struct jail_cmd_blob *)blob;
     if (hdr->argc == 0 || hdr->argc + hdr->envc + 2 > MAX_ARGS || hdr->size > st.st_size) {
         errno = E2BIG;
@@ -251,6 +270,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (vec == MAP_FAILED)
         goto fail_errno;
+    out->vec = vec;
+    out->vec_len = MAX_ARGS * sizeof(char *);
     char *p = blob + sizeof(*hdr);
     char *end = blob + hdr->size;
     char **argv = vec, **envp = vec + hdr->argc + 1;
@@ -385,6 +406,8 @@ struct shep_report {
     int32_t cpu;          /* the CPU the command's process exec'd on, -1: not yet */
     int32_t started_sent; /* the warden reported STARTED itself (before handing RUN over) */
     uint64_t ns_ino;      /* the shepherd's pid namespace, once its /proc is up; 0: not yet */
+    uint64_t sig_req;     /* signals (bit n-1: signal n) the warden asks it to send, see
+                           * ctl_signal */
     struct conch_err err;
 };
 
@@ -420,14 +443,21 @@ static uint64_t refill_after_us;
 static cpu_set_t warden_cpus;
 static bool warden_cpus_known;
 static bool refill_moved; /* the shepherd being built inherits a narrowed mask */
+static bool refill_never; /* the last command was started (JRUN_LAST): no more spares */
 static int last_cmd_slot = -1;
 
-/* The signal a warden uses to ask a shepherd to signal its whole pid namespace; the value
- * carries the signal to send. Blocked in the shepherd and read from a signalfd: a blocked
- * signal reaches a pid namespace's init even without a handler. */
+/* The signal a warden uses to ask a shepherd to signal its whole pid namespace: the signals
+ * to send are in the shepherd's report slot (sig_req), the signal only wakes it. Blocked in
+ * the shepherd and read from a signalfd: a blocked signal reaches a pid namespace's init even
+ * without a handler. A standard signal sent with kill() is always delivered; a queued
+ * real-time one (sigqueue, as before) is charged to the receiver's user and fails when that
+ * user's RLIMIT_SIGPENDING is used up, which any command could do by queueing signals to
+ * itself, so that kills and timeouts were lost in every sandbox of the same host user. A
+ * command can also send it to its shepherd (PID 1 in its view): the shepherd then only finds
+ * no request. */
 static int ctl_signal(void)
 {
-    return SIGRTMIN;
+    return SIGUSR1;
 }
 
 /* The shepherd of one command: PID 1 of a pid namespace of its own, with its own mount
@@ -491,8 +521,15 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         close(gate[0]);
     }
     /* The command's process has exec'd or exited. Nothing more comes on @wsock: the warden
-     * sends one RUN, which that process took. */
+     * sends one RUN, which that process took. What it mapped is ours now: the command's
+     * argv and environment must not stay in our memory while it runs. */
     close(wsock);
+    if (zout.blob)
+        munmap(zout.blob, zout.blob_len);
+    if (zout.vec)
+        munmap(zout.vec, zout.vec_len);
+    if (stack != MAP_FAILED)
+        munmap(stack, ZYGOTE_STACK + ZYGOTE_GUARD);
     if (!err.code && zout.failed)
         err = zout.err;
     if (err.code)
@@ -524,9 +561,12 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         if (n != (ssize_t)sizeof(si))
             break;
         if ((int)si.ssi_signo == ctl_signal()) {
-            int sig = si.ssi_int;
-            if (sig > 0 && sig < NSIG)
-                kill(-1, sig);
+            uint64_t req = __atomic_exchange_n(&rep->sig_req, 0, __ATOMIC_ACQ_REL);
+            for (int sig = 1; sig <= 64 && req; sig++)
+                if (req & (1ULL << (sig - 1))) {
+                    req &= ~(1ULL << (sig - 1));
+                    kill(-1, sig);
+                }
             continue;
         }
         int st;
@@ -652,8 +692,10 @@ static void slot_signal(struct proc_slot *s, int sig)
         kill(s->pid, SIGKILL);
         return;
     }
-    union sigval v = {.sival_int = sig};
-    sigqueue(s->pid, ctl_signal(), v);
+    if (sig < 1 || sig > 64)
+        return;
+    __atomic_fetch_or(&reports[s - slots].sig_req, 1ULL << (sig - 1), __ATOMIC_RELEASE);
+    kill(s->pid, ctl_signal());
 }
 
 /* Fire the deadlines that are due; returns the poll timeout until the next one (-1: none). */
@@ -799,7 +841,7 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
 static void ensure_ready(const struct jail_plan *plan)
 {
     if (ready_slot >= 0 || ready_failures >= 3 || (plan->one_command && shepherds_started) ||
-        conch_clock_us() < refill_after_us)
+        refill_never || conch_clock_us() < refill_after_us)
         return;
     int i = slot_alloc();
     if (i < 0)
@@ -849,11 +891,15 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     struct proc_slot *s = &slots[i];
     slot_arm(s, m->id, m, false);
     last_cmd_slot = i;
+    if (m->b & JRUN_LAST)
+        refill_never = true;
     /* A shepherd that is up (its pid namespace known) has its command's start reported by
      * us, before the RUN, so that it comes before the end: the shepherd then has nothing to
-     * say at the exec. The command's process is its first child: pid 2 there. */
+     * say at the exec. The command's process is its first child: pid 2 there. Not for a
+     * session: the daemon takes the start as the sign that the pty's master is on its way
+     * (the process sends it just before its exec) and reads it then. */
     uint64_t ino = __atomic_load_n(&reports[i].ns_ino, __ATOMIC_ACQUIRE);
-    if (ino) {
+    if (ino && !(m->b & JRUN_PTY)) {
         __atomic_store_n(&reports[i].started_sent, 1, __ATOMIC_RELEASE);
         struct jail_msg st = {.type = JMSG_STARTED, .id = m->id, .a = 2, .ns = ino};
         jail_send(warden_ctl, &st, NULL, 0);
