@@ -469,7 +469,7 @@ static void run_answer(struct run *r, struct conch_ws_changes *changes)
      * answer is on its way (the worker's wake-up would delay it). */
     sandbox_measure(sb);
     if (sb->fresh && !sb->super.gone && !sb->destroying)
-        sandbox_destroy(sb);
+        sandbox_retire(sb);
 }
 
 static void run_changes_done(void *arg, int rc, struct conch_ws_changes *changes,
@@ -672,8 +672,8 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
         json_t *sp = json_pack("{s:O?,s:O?}", "workspace", json_object_get(params, "workspace"),
                                "mode", json_object_get(params, "mode"));
         bool ok = daemon_spec_from_params(call, sp, &spec);
-        if (ok && !spec.workspace)
-            sb = pool_take(c->d);
+        if (ok && !spec.workspace && (sb = pool_take(c->d)))
+            sb->from_pool = true;
         if (ok && !sb && sandbox_create(c->d, &spec, &sb, &err) < 0) {
             json_decref(sp);
             conch_rpc_call_fail_err(call, 0, NULL, &err);

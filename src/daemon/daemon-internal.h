@@ -83,9 +83,11 @@ struct sandbox {
     char id[64];
     char name[128];
     enum sandbox_state state;
-    bool pooled;   /* waiting in the pool for a `fresh` request */
-    bool fresh;    /* destroy when its one command ends */
-    bool recorded; /* in the state database (pool sandboxes are not) */
+    bool pooled;    /* waiting in the pool for a `fresh` request */
+    bool fresh;     /* destroy (or recycle) when its one command ends */
+    bool from_pool; /* a `fresh` one taken from the pool: recycled when the pool has room */
+    bool recycling; /* its warden makes it as new; the answer is read like a setup's */
+    bool recorded;  /* in the state database (pool sandboxes are not) */
     bool destroying;
     struct conch_jail *jail;  /* while jail_up (owned) */
     struct conch_super super; /* drives jail's warden while jail_up */
@@ -278,6 +280,9 @@ void sandbox_stop(struct sandbox *sb, const char *why);
 void sandboxes_recover(struct daemon *d);
 void pool_fill(struct daemon *d);
 struct sandbox *pool_take(struct daemon *d);
+/* sandbox_retire - a `fresh` sandbox's one command was answered: back into the pool, made as
+ * new by its warden, when it came from there and nothing else uses it; destroyed otherwise. */
+void sandbox_retire(struct sandbox *sb);
 void sandbox_warden_gone(struct sandbox *sb);
 /* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
  * in a worker thread; a destroyed sandbox is freed (and its directory removed) by the last

@@ -784,7 +784,10 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
             return;
         }
         sb->state = SB_RUNNING;
-        sandbox_bridge_listen(sb);
+        if (sb->recycling)
+            sb->recycling = false; /* its bridge listens already */
+        else
+            sandbox_bridge_listen(sb);
         return;
     }
     (void)events;
@@ -853,6 +856,37 @@ void pool_fill(struct daemon *d)
 static void pool_timer_cb(uv_timer_t *t)
 {
     pool_fill(t->data);
+}
+
+/* Recycling is worth it only as a whole: building a sandbox costs ~2.5 ms of CPU and
+ * destroying one ~1 ms (namespaces, ~75 mounts, the network namespace), making one as new
+ * ~0.3 ms. What a command could have changed is renewed (see the warden's recycle()); what
+ * is kept is read-only to commands. A sandbox that anything else touched (another run, file
+ * requests, workspace operations) is destroyed as before. */
+void sandbox_retire(struct sandbox *sb)
+{
+    struct daemon *d = sb->d;
+    unsigned runs = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &sb->runs) runs++;
+    struct conch_err err = {0};
+    if (!sb->from_pool || d->stopping || sb->as_root || sb->workspace[0] || sb->upper_dir[0] ||
+        !sb->jail_up || runs > 1 || !dlist_empty(&sb->done_jobs) || !dlist_empty(&sb->files) ||
+        sb->file_pool || sb->ws_running || !dlist_empty(&sb->ws_ops) ||
+        pool_count(d) >= d->opts.pool_size || conch_jail_send_recycle(sb->jail, &err) < 0) {
+        sandbox_destroy(sb);
+        return;
+    }
+    /* A new identity: whoever learnt the old id finds nothing under it. */
+    daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
+    sb->fresh = sb->from_pool = false;
+    sb->pooled = true;
+    sb->recycling = true;
+    sb->starting = true; /* not taken before the warden's answer (on_ctl_readable) */
+    sb->state = SB_STOPPED;
+    sb->commands = 0;
+    sb->disk_over = sb->measure_wanted = false;
+    sb->created_at = sb->last_used_at = daemon_now();
 }
 
 struct sandbox *pool_take(struct daemon *d)

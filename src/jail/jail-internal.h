@@ -106,7 +106,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0005u /* "co" + version 5 */
+#define JAIL_PROTO_VERSION 0x636f0006u /* "co" + version 6 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -123,6 +123,9 @@ enum jail_msg_type {
     JMSG_SHUTDOWN,   /* parent → warden: kill everything and exit */
     JMSG_FILE,       /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
     JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker */
+    JMSG_RECYCLE,    /* parent → warden: kill every process, renew the namespaces and the
+                      * writable mounts (a sandbox without a workspace, for its next user);
+                      * answered by SETUP_OK or SETUP_ERR as a new sandbox's setup is */
 };
 
 /* JMSG_EXITED flags */
@@ -177,6 +180,12 @@ int jail_session_pty_setup_child(int fds[4]);
  * version or size (its fds are closed), 0 at EOF, 1 with a message. @flags: MSG_DONTWAIT. */
 int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds);
 int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
+
+/* jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
+ * once every process but the warden is gone: every mount a command can write (/tmp,
+ * /home/agent, /dev/shm, /dev/pts, /workspace) is replaced by a new, empty one. The rest of
+ * the tree is read-only to commands. Runs in the warden. */
+int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err);
 
 /* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the

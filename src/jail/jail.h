@@ -174,6 +174,12 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
  * pid namespace at once), or kill file request @id. Unknown ids are ignored. */
 int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err);
 
+/* conch_jail_send_recycle - ask the warden of a sandbox without a workspace, once every
+ * command of it has ended, to make the sandbox as new (every process killed, new network,
+ * IPC and UTS namespaces, new empty writable mounts). Its answer is read like a new
+ * sandbox's setup: conch_jail_await_setup. */
+int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err);
+
 enum conch_jail_event_type {
     CONCH_JAIL_STARTED = 1,
     CONCH_JAIL_START_FAILED,

@@ -162,6 +162,18 @@ int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *e
     return 0;
 }
 
+/* The sandbox's own terminals: a devpts instance of its own. */
+static int mount_devpts(struct conch_err *err)
+{
+    return do_mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                    "newinstance,ptmxmode=0666,mode=620", err);
+}
+
+static int mount_shm(struct conch_err *err)
+{
+    return do_mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m", err);
+}
+
 static int setup_dev(struct conch_err *err)
 {
     int r = make_dir("/dev", 0755, err);
@@ -186,19 +198,12 @@ static int setup_dev(struct conch_err *err)
             return fail(err, "remount nosuid", dst, errno);
     }
     r = make_dir("/dev/pts", 0755, err);
-    if (r < 0)
-        return r;
-    r = do_mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                 "newinstance,ptmxmode=0666,mode=620", err);
-    if (r < 0)
+    if (r < 0 || (r = mount_devpts(err)) < 0)
         return r;
     if (symlink("pts/ptmx", "/dev/ptmx") < 0)
         return fail(err, "symlink", "/dev/ptmx", errno);
     r = make_dir("/dev/shm", 01777, err);
-    if (r < 0)
-        return r;
-    r = do_mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m", err);
-    if (r < 0)
+    if (r < 0 || (r = mount_shm(err)) < 0)
         return r;
     static const char *const links[][2] = {{"/proc/self/fd", "/dev/fd"},
                                            {"/proc/self/fd/0", "/dev/stdin"},
@@ -219,18 +224,52 @@ static unsigned long long tmpfs_inodes(uint64_t bytes)
     return n < 1024 ? 1024 : n;
 }
 
+/* A sandbox without a workspace gets a tmpfs at /workspace, sized by its disk limit. */
+static int mount_workspace_tmpfs(const struct jail_plan *plan, struct conch_err *err)
+{
+    char opts[128];
+    snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
+             (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes), plan->cmd_uid,
+             plan->cmd_gid);
+    return do_mount("tmpfs", "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+}
+
+/* /tmp, with the directories agent frameworks expect there (see jail_mounts_setup_child). */
+static int mount_tmp(const struct jail_plan *plan, struct conch_err *err)
+{
+    char opts[128];
+    snprintf(opts, sizeof(opts), "mode=1777,size=%llu,nr_inodes=%llu",
+             (unsigned long long)plan->tmp_bytes, tmpfs_inodes(plan->tmp_bytes));
+    int r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    if (r < 0)
+        return r;
+    static const char *const agent_dirs[] = {"/tmp/large_tool_results",
+                                             "/tmp/conversation_history"};
+    for (size_t i = 0; i < sizeof(agent_dirs) / sizeof(agent_dirs[0]); i++) {
+        if ((r = make_dir(agent_dirs[i], 0755, err)) < 0)
+            return r;
+        if (chown(agent_dirs[i], plan->cmd_uid, plan->cmd_gid) < 0)
+            return fail(err, "chown", agent_dirs[i], errno);
+    }
+    return 0;
+}
+
+static int mount_home(const struct jail_plan *plan, struct conch_err *err)
+{
+    char opts[128];
+    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
+             (unsigned long long)plan->home_bytes, tmpfs_inodes(plan->home_bytes), plan->cmd_uid,
+             plan->cmd_gid);
+    return do_mount("tmpfs", "/home/agent", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+}
+
 static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
 {
     int r = make_dir("/workspace", 0755, err);
     if (r < 0)
         return r;
-    if (!plan->has_workspace) {
-        char opts[128];
-        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
-                 (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes),
-                 plan->cmd_uid, plan->cmd_gid);
-        return do_mount("tmpfs", "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
-    }
+    if (!plan->has_workspace)
+        return mount_workspace_tmpfs(plan, err);
     if (plan->ws_mode != CONCH_WS_OVERLAY)
         return bind_mount(plan->ws_lower, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
 
@@ -402,19 +441,10 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         (r = setup_dev(err)) < 0)
         return r;
 
-    char opts[128];
-    if ((r = make_dir("/tmp", 01777, err)) < 0)
+    if ((r = make_dir("/tmp", 01777, err)) < 0 || (r = mount_tmp(plan, err)) < 0)
         return r;
-    snprintf(opts, sizeof(opts), "mode=1777,size=%llu,nr_inodes=%llu",
-             (unsigned long long)plan->tmp_bytes, tmpfs_inodes(plan->tmp_bytes));
-    if ((r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
-        return r;
-    if ((r = make_dir("/home", 0755, err)) < 0 || (r = make_dir("/home/agent", 0700, err)) < 0)
-        return r;
-    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
-             (unsigned long long)plan->home_bytes, tmpfs_inodes(plan->home_bytes), plan->cmd_uid,
-             plan->cmd_gid);
-    if ((r = do_mount("tmpfs", "/home/agent", "tmpfs", MS_NOSUID | MS_NODEV, opts, err)) < 0)
+    if ((r = make_dir("/home", 0755, err)) < 0 || (r = make_dir("/home/agent", 0700, err)) < 0 ||
+        (r = mount_home(plan, err)) < 0)
         return r;
     if ((r = make_dir("/run", 0755, err)) < 0 || (r = make_dir("/var", 0755, err)) < 0)
         return r;
@@ -422,19 +452,15 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         return fail(err, "symlink", "/var/tmp", errno);
     /* Where agent frameworks write outside the workspace (deepagents offloads big tool
      * results to /large_tool_results and history to /conversation_history): links into
-     * /tmp, so the root stays read-only and they count against the size of /tmp. */
-    static const char *const agent_dirs[][2] = {
+     * /tmp (made there by mount_tmp), so the root stays read-only and they count against
+     * the size of /tmp. */
+    static const char *const agent_links[][2] = {
         {"/tmp/large_tool_results", "/large_tool_results"},
         {"/tmp/conversation_history", "/conversation_history"},
     };
-    for (size_t i = 0; i < sizeof(agent_dirs) / sizeof(agent_dirs[0]); i++) {
-        if ((r = make_dir(agent_dirs[i][0], 0755, err)) < 0)
-            return r;
-        if (chown(agent_dirs[i][0], plan->cmd_uid, plan->cmd_gid) < 0)
-            return fail(err, "chown", agent_dirs[i][0], errno);
-        if (symlink(agent_dirs[i][0], agent_dirs[i][1]) < 0 && errno != EEXIST)
-            return fail(err, "symlink", agent_dirs[i][1], errno);
-    }
+    for (size_t i = 0; i < sizeof(agent_links) / sizeof(agent_links[0]); i++)
+        if (symlink(agent_links[i][0], agent_links[i][1]) < 0 && errno != EEXIST)
+            return fail(err, "symlink", agent_links[i][1], errno);
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
         (r = setup_ptc(plan, ret_ptc_fd, err)) < 0)
         return r;
@@ -445,5 +471,40 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         return fail(err, "rmdir", OLDROOT, errno);
     if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
         return fail(err, "remount read-only", "/", errno);
+    return 0;
+}
+
+/* Replace the mount at @path (a tmpfs or devpts of ours) by a new one from @mount_fn. */
+static int renew(const char *path, int (*mount_fn)(const struct jail_plan *, struct conch_err *),
+                 const struct jail_plan *plan, struct conch_err *err)
+{
+    if (umount2(path, MNT_DETACH) < 0)
+        return fail(err, "unmount", path, errno);
+    return mount_fn(plan, err);
+}
+
+static int renew_shm(const struct jail_plan *plan, struct conch_err *err)
+{
+    (void)plan;
+    return mount_shm(err);
+}
+
+static int renew_devpts(const struct jail_plan *plan, struct conch_err *err)
+{
+    (void)plan;
+    return mount_devpts(err);
+}
+
+int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
+{
+    if (plan->has_workspace)
+        return conch_err_set(err, EINVAL, "a sandbox with a workspace is not reused");
+    int r;
+    if ((r = renew("/tmp", mount_tmp, plan, err)) < 0 ||
+        (r = renew("/home/agent", mount_home, plan, err)) < 0 ||
+        (r = renew("/dev/shm", renew_shm, plan, err)) < 0 ||
+        (r = renew("/dev/pts", renew_devpts, plan, err)) < 0 ||
+        (r = renew("/workspace", mount_workspace_tmpfs, plan, err)) < 0)
+        return r;
     return 0;
 }

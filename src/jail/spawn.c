@@ -667,6 +667,15 @@ int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct con
     return 0;
 }
 
+int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_RECYCLE};
+    int r = jail_send(j->ctl_fd, &m, NULL, 0);
+    if (r < 0)
+        return conch_err_set(err, -r, "ask the warden to recycle: %s", strerror(-r));
+    return 0;
+}
+
 int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
                          uint64_t timeout_ms, struct conch_err *err)
 {

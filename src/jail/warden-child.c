@@ -936,6 +936,35 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
     return 0;
 }
 
+/* JMSG_RECYCLE: make this sandbox (one without a workspace) as new for its next user. Every
+ * process but us dies (commands, shepherds, file workers); the network, IPC and UTS
+ * namespaces are replaced by new ones (the old die with their last user: us); every mount a
+ * command could write is replaced by a new, empty one (jail_mounts_scrub_child); our records
+ * start over. What stays is read-only to commands (the root, /usr, /etc, /dev's nodes) or
+ * ours (the user, mount and pid namespaces, the cgroup). */
+static int recycle(const struct jail_plan *plan, struct conch_err *err)
+{
+    kill_all_and_reap();
+    for (int i = 0; i < MAX_PROCS; i++)
+        if (slots[i].pid && slots[i].sock >= 0)
+            close(slots[i].sock);
+    memset(slots, 0, sizeof(slots));
+    memset(reports, 0, MAX_PROCS * sizeof(*reports));
+    ready_slot = last_cmd_slot = -1;
+    ready_failures = shepherds_started = 0;
+    refill_never = false;
+    refill_after_us = 0;
+    if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
+        return conch_err_set(err, errno, "renew the network, ipc and uts namespaces: %s",
+                             strerror(errno));
+    if (sethostname("conch", 5) < 0)
+        return conch_err_set(err, errno, "set hostname in the UTS namespace: %s", strerror(errno));
+    int r = loopback_up(err);
+    if (r < 0)
+        return r;
+    return jail_mounts_scrub_child(plan, err);
+}
+
 /* The daemon's command line and environment are still in our memory (we are a fork of it):
  * overwrite both, so that /proc/1/cmdline shows no host path and nothing of them lingers. */
 static void scrub_inherited_memory(void)
@@ -1073,6 +1102,14 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         case JMSG_FILE_SERVE:
             started = start_file_worker(plan, &m, fds, nfds, &reply);
             break;
+        case JMSG_RECYCLE: {
+            struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
+            if (recycle(plan, &done.err) < 0)
+                done.type = JMSG_SETUP_ERR;
+            if (jail_send(ctl, &done, NULL, 0) < 0 || done.type == JMSG_SETUP_ERR)
+                _exit(1);
+            break;
+        }
         case JMSG_SIGNAL: {
             struct proc_slot *s = slot_find(m.id);
             if (s && m.a > 0 && m.a < NSIG)

@@ -457,9 +457,6 @@ def test_sandbox_cannot_take_the_callers_inotify_instances(ws):
     assert fd >= 0, f"the host's inotify_init1 failed with errno {err} while the sandbox held {line.split()[1].decode()}"
 
 
-@pytest.mark.xfail(strict=True, reason="queued signals of a sandbox are charged to the caller's uid on the host "
-                   "(RLIMIT_SIGPENDING ucounts): one sandbox fills them and the host user's sigqueue/timer_create "
-                   "fail with EAGAIN")
 def test_sandbox_cannot_take_the_callers_pending_signals(ws):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
