@@ -861,8 +861,9 @@ static void pool_timer_cb(uv_timer_t *t)
 /* Recycling is worth it only as a whole: building a sandbox costs ~2.5 ms of CPU and
  * destroying one ~1 ms (namespaces, ~75 mounts, the network namespace), making one as new
  * ~0.3 ms. What a command could have changed is renewed (see the warden's recycle()); what
- * is kept is read-only to commands. A sandbox that anything else touched (another run, file
- * requests, workspace operations) is destroyed as before. */
+ * is kept is read-only to commands. A sandbox that anything else touched (another run or a
+ * session by its id, file requests, workspace operations) is destroyed as before: the
+ * warden's recycle ends processes without final events, so none may be live. */
 void sandbox_retire(struct sandbox *sb)
 {
     struct daemon *d = sb->d;
@@ -871,8 +872,8 @@ void sandbox_retire(struct sandbox *sb)
     dlist_for_each_safe(pos, tmp, &sb->runs) runs++;
     struct conch_err err = {0};
     if (!sb->from_pool || d->stopping || sb->as_root || sb->workspace[0] || sb->upper_dir[0] ||
-        !sb->jail_up || runs > 1 || !dlist_empty(&sb->done_jobs) || !dlist_empty(&sb->files) ||
-        sb->file_pool || sb->ws_running || !dlist_empty(&sb->ws_ops) ||
+        !sb->jail_up || runs > 1 || sb->super.live || !dlist_empty(&sb->done_jobs) ||
+        !dlist_empty(&sb->files) || sb->file_pool || sb->ws_running || !dlist_empty(&sb->ws_ops) ||
         pool_count(d) >= d->opts.pool_size || conch_jail_send_recycle(sb->jail, &err) < 0) {
         sandbox_destroy(sb);
         return;
