@@ -165,6 +165,26 @@ def test_command_cannot_read_trace_or_steal_from_its_shepherd(ws, as_root):
 
 
 @pytest.mark.parametrize("as_root", [False, True])
+def test_exec_run_cannot_read_trace_or_steal_from_its_shepherd(rpc, sandbox, as_root):
+    """The same through the daemon, whose sandboxes keep a ready shepherd (the command's
+    process was fenced long before it got its command), also with sandbox.create
+    {as_root: true}, and for the second command of a sandbox (a shepherd built ahead)."""
+    sb = sandbox(as_root=True) if as_root else sandbox()
+    uid = rpc.call("exec.run", {"sandbox": sb, "command": "id -u"})["stdout"]
+    assert (uid == "0\n") == as_root, uid
+    time.sleep(0.3)
+    for _ in range(2):
+        res = rpc.call("exec.run", {"sandbox": sb, "command": "python3 - <<'EOF'\n" + PROBE + "\nEOF"},
+                       timeout=60)
+        assert res["exit_code"] == 0, res
+        got = json.loads(res["stdout"])
+        status = got.pop("status")
+        opened = {k: v for k, v in got.items() if v.startswith("ok:")}
+        assert opened == {}, f"the command reached into its shepherd: {opened} (shepherd {status})"
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("as_root", [False, True])
 def test_command_cannot_steer_its_shepherd_with_signals(ws, as_root):
     """The shepherd blocks SIGCHLD and its control signal (SIGRTMIN) and reads them from a
     signalfd; a blocked signal reaches a namespace's init even from inside. A command (root in
@@ -216,10 +236,12 @@ def test_ready_shepherd_killed_while_idle(daemon, rpc, sandbox):
     assert _wait_ready(daemon, 1, timeout=5), "no ready shepherd after the kill"
 
 
-def test_zygote_killed_with_the_run_in_flight(daemon, rpc, sandbox):
+@pytest.mark.parametrize("victim", ["zygote", "shepherd"])
+def test_killed_with_the_run_in_flight(daemon, rpc, sandbox, victim):
     """The warden reports STARTED for a ready shepherd before its command's process took the
-    RUN. If that process dies right then (stopped, RUN sent, then kill -9), exec.run gets one
-    answer (a start failure or a SIGKILL end, not a hang), and the next one works."""
+    RUN. If that process (or its shepherd) dies right then (the process stopped, RUN sent,
+    then kill -9), exec.run gets one answer (a start failure or a SIGKILL end, not a hang),
+    and the next one works."""
     sb = sandbox()
     _echo(rpc, sb)
     pairs = _wait_ready(daemon)
@@ -230,15 +252,40 @@ def test_zygote_killed_with_the_run_in_flight(daemon, rpc, sandbox):
         req = rpc.request("exec.run", {"sandbox": sb, "command": "echo never", "timeout": 20})
         time.sleep(0.5)
     finally:
-        os.kill(zyg, signal.SIGKILL)
+        os.kill(zyg if victim == "zygote" else shep, signal.SIGKILL)
+        if victim == "shepherd":
+            try:
+                os.kill(zyg, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     resp = rpc.wait(req, timeout=15)
     if "error" in resp:
         assert resp["error"]["message"], resp
     else:
         res = resp["result"]
         assert res["stdout"] == "" and res["exit_code"] != 0, res
-    # exactly one answer: nothing more comes for it
+    # exactly one answer: the next request's answer is its own
     time.sleep(0.5)
+    _echo(rpc, sb, "next")
+
+
+def test_command_killed_from_the_host_is_answered_as_killed(daemon, rpc, sandbox):
+    """kill -9 from the host of the command's process (the former zygote, PID 2 in its
+    namespace): exec.run says SIGKILL, not lost, and the sandbox goes on."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    marker = unique_marker("cmd")
+    time.sleep(0.2)
+    req = rpc.request("exec.run", {"sandbox": sb, "command": f"exec -a {marker} sleep 60"})
+    deadline = time.monotonic() + 10
+    pids = []
+    while time.monotonic() < deadline and not pids:
+        pids = [p for p in descendants(daemon.pid) if marker.encode() in _cmdline(p)]
+        time.sleep(0.02)
+    assert pids, "the command did not start"
+    os.kill(pids[0], signal.SIGKILL)
+    res = result_of(rpc.wait(req, timeout=10))
+    assert res["exit_code"] == 137 and res["signal"] == 9 and not res.get("lost"), res
     _echo(rpc, sb, "next")
 
 
