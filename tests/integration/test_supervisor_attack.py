@@ -142,6 +142,15 @@ def pidfd_getfd():
         raise OSError(ctypes.get_errno(), "pidfd_getfd")
     return r
 attempt("pidfd_getfd", pidfd_getfd)
+def setns_pidfd():
+    fd = libc.syscall(434, 1, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_open")
+    r = libc.setns(fd, 0x00020000)  # CLONE_NEWNS: the shepherd's mount namespace
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "setns")
+    return r
+attempt("setns pidfd", setns_pidfd)
 st = dict(l.rstrip("\n").split(":\t", 1) for l in open("/proc/1/status") if ":\t" in l)
 out["status"] = {k: st.get(k) for k in ("Uid", "NoNewPrivs", "Seccomp", "CapEff", "CapBnd")}
 print(json.dumps(out))
@@ -182,6 +191,22 @@ def test_exec_run_cannot_read_trace_or_steal_from_its_shepherd(rpc, sandbox, as_
         opened = {k: v for k, v in got.items() if v.startswith("ok:")}
         assert opened == {}, f"the command reached into its shepherd: {opened} (shepherd {status})"
         time.sleep(0.3)
+
+
+def test_command_gets_only_its_stdio(rpc, sandbox):
+    """The command's process held its shepherd's socket from the warden (fd 3) and the gate
+    (fd 4) until the exec; the shepherd holds the warden's control socket. None of them may
+    reach the command: it has fds 0-2 only (3 below is the directory listdir opens), for a
+    ready shepherd and for ones built on demand."""
+    sb = sandbox()
+    cmd = "exec python3 -c 'import os; print(sorted(int(x) for x in os.listdir(\"/proc/self/fd\")))'"
+    reqs = [rpc.request("exec.run", {"sandbox": sb, "command": cmd}) for _ in range(3)]
+    for req in reqs:
+        res = result_of(rpc.wait(req, timeout=30))
+        assert res["stdout"] == "[0, 1, 2, 3]\n", res
+    time.sleep(0.3)
+    res = rpc.call("exec.run", {"sandbox": sb, "command": cmd})
+    assert res["stdout"] == "[0, 1, 2, 3]\n", res
 
 
 @pytest.mark.parametrize("as_root", [False, True])
