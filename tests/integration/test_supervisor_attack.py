@@ -17,6 +17,13 @@ from conftest import IS_ROOT, conch, descendants, unique_marker
 from rpcclient import RpcError, result_of, wait_gone
 
 
+@pytest.fixture
+def daemon(daemon_factory):
+    """The conftest daemon without its pool of prepared sandboxes: the ready shepherds found
+    under it are then those of the test's own sandboxes (rpc and sandbox use this one)."""
+    return daemon_factory(extra_args=["--pool", "0"])
+
+
 # ---- helpers ---------------------------------------------------------------------------------
 
 def _stat(pid):
