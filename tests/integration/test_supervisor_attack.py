@@ -407,6 +407,8 @@ def test_a_busy_cpu_limited_sandbox_does_not_stall_the_daemon_on_session_open(da
         t.start()
         try:
             for _ in range(10):
+                # through a shepherd built ahead (the refill is throttled too)
+                assert _wait_ready(daemon, 1, timeout=10), "no ready shepherd"
                 sid = rpc.call("session.open", {"sandbox": sb}, timeout=30)["session"]
                 rpc.call("session.close", {"session": sid})
                 time.sleep(0.3)
@@ -422,12 +424,12 @@ def test_a_busy_cpu_limited_sandbox_does_not_stall_the_daemon_on_session_open(da
 @pytest.mark.xfail(strict=True, reason="the pty master is sent before chdir and STARTED comes "
                    "before the RUN (02ef168): session.open is answered with a running session, "
                    "and the start failure (chdir) only ends the session afterwards")
-def test_session_open_with_a_missing_cwd_fails(rpc, sandbox):
+def test_session_open_with_a_missing_cwd_fails(daemon, rpc, sandbox):
     """session.open in a directory that does not exist must fail (the shell cannot start
     there), not answer with a live session that then ends."""
     sb = sandbox()
     _echo(rpc, sb)
-    time.sleep(0.3)  # a ready shepherd
+    assert _wait_ready(daemon), "no ready shepherd"  # built ahead: the case under test
     try:
         res = rpc.call("session.open", {"sandbox": sb, "cwd": "/workspace/no/such/dir"}, timeout=30)
     except RpcError as e:
