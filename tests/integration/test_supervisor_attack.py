@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from conftest import IS_ROOT, conch, descendants, unique_marker
-from rpcclient import RpcError, result_of, wait_gone
+from conftest import conch, descendants, unique_marker
+from rpcclient import RpcError, result_of
 
 
 @pytest.fixture
