@@ -1,0 +1,745 @@
+# test_supervisor_attack.py - attacks on the ready shepherd and its CLONE_VM command process
+# (the "zygote", commits 02ef168..29c80c0): a command must not read, trace or steer the
+# shepherd (PID 1 in its view) whose memory the zygote shared; kill -9 / SIGSTOP of the
+# shepherd, the zygote or the warden from the host at each stage must still give every
+# exec.run exactly one answer and leave the sandbox usable; floods of exec.run are answered
+# right; start failures keep their error kind; no sandbox process sleeps in state D; a
+# command may use every CPU the daemon may. Run as root and as the unprivileged user.
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from conftest import conch, descendants, unique_marker
+from rpcclient import RpcError, result_of
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    """The conftest daemon without its pool of prepared sandboxes: the ready shepherds found
+    under it are then those of the test's own sandboxes (rpc and sandbox use this one)."""
+    return daemon_factory(extra_args=["--pool", "0"])
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _stat(pid):
+    """(state, ppid) of @pid, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            st = f.read()
+    except OSError:
+        return None
+    rest = st[st.rindex(b")") + 2:].split()
+    return rest[0].decode(), int(rest[1])
+
+
+def _status(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(l.rstrip("\n").split(":\t", 1) for l in f if ":\t" in l)
+    except OSError:
+        return None
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _ready_pairs(daemon):
+    """(shepherd, zygote) host pids of every ready shepherd under @daemon: a conch-shepherd
+    whose only child is a fenced process (Seccomp 2) still showing the shepherd's memory."""
+    pairs = []
+    for pid in descendants(daemon.pid):
+        st = _stat(pid)
+        if not st or not _cmdline(pid).startswith(b"conch-shepherd"):
+            continue
+        s = _status(pid)
+        if not s or s.get("Seccomp", "").strip() != "2":
+            continue
+        parent = st[1]
+        if _cmdline(parent).startswith(b"conch-shepherd"):
+            pairs.append((parent, pid))
+    return pairs
+
+
+def _wait_ready(daemon, n=1, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        pairs = _ready_pairs(daemon)
+        if len(pairs) >= n or time.monotonic() > deadline:
+            return pairs
+        time.sleep(0.02)
+
+
+def _wardens(daemon):
+    return [p for p in descendants(daemon.pid)
+            if _cmdline(p).startswith(b"conch-warden") and (_stat(p) or ("", 0))[1] == daemon.pid]
+
+
+def _echo(rpc, sb, text="ok", timeout=30):
+    res = rpc.call("exec.run", {"sandbox": sb, "command": f"echo {text}", "timeout": 20},
+                   timeout=timeout)
+    assert res["exit_code"] == 0 and res["stdout"] == f"{text}\n", res
+    return res
+
+
+# ---- from inside a command: the shepherd (PID 1) ---------------------------------------------
+
+PROBE = r"""
+import ctypes, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(name, fn):
+    try:
+        r = fn()
+        out[name] = "ok:" + repr(r)[:60]
+    except OSError as e:
+        out[name] = "err:%d" % e.errno
+for f in ("mem", "environ", "maps", "auxv", "stack", "syscall", "pagemap", "io"):
+    attempt("read " + f, lambda f=f: open("/proc/1/" + f, "rb").read(64))
+attempt("mem rw", lambda: os.open("/proc/1/mem", os.O_RDWR))
+attempt("fd list", lambda: os.listdir("/proc/1/fd"))
+attempt("root link", lambda: os.readlink("/proc/1/root"))
+attempt("cwd link", lambda: os.readlink("/proc/1/cwd"))
+attempt("exe link", lambda: os.readlink("/proc/1/exe"))
+attempt("ns link", lambda: os.readlink("/proc/1/ns/mnt"))
+def ptrace_attach():
+    libc.ptrace.restype = ctypes.c_long
+    r = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+    return r
+attempt("ptrace attach", ptrace_attach)
+def ptrace_seize():
+    r = libc.ptrace(0x4206, 1, None, None)  # PTRACE_SEIZE
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+    return r
+attempt("ptrace seize", ptrace_seize)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+def vm(name, fn):
+    buf = ctypes.create_string_buffer(4096)
+    # the shepherd's stack and the mappings it shares with us are at the addresses its
+    # /proc/1/stat shows; any address will do for the permission check
+    local = iovec(ctypes.addressof(buf), 4096)
+    remote = iovec(0x400000, 4096)
+    f = getattr(libc, fn)
+    f.restype = ctypes.c_ssize_t
+    r = f(1, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), fn)
+    return r
+attempt("process_vm_readv", lambda: vm("r", "process_vm_readv"))
+attempt("process_vm_writev", lambda: vm("w", "process_vm_writev"))
+def pidfd_getfd():
+    fd = libc.syscall(434, 1, 0)  # pidfd_open
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_open")
+    r = libc.syscall(438, fd, 3, 0)  # pidfd_getfd: the shepherd's fd 3 (the warden's socket)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    return r
+attempt("pidfd_getfd", pidfd_getfd)
+def setns_pidfd():
+    fd = libc.syscall(434, 1, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_open")
+    r = libc.setns(fd, 0x00020000)  # CLONE_NEWNS: the shepherd's mount namespace
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "setns")
+    return r
+attempt("setns pidfd", setns_pidfd)
+st = dict(l.rstrip("\n").split(":\t", 1) for l in open("/proc/1/status") if ":\t" in l)
+out["status"] = {k: st.get(k) for k in ("Uid", "NoNewPrivs", "Seccomp", "CapEff", "CapBnd")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_command_cannot_read_trace_or_steal_from_its_shepherd(ws, as_root):
+    """The shepherd shared its memory with the command's process until the exec, and keeps
+    (with the capabilities of the sandbox's root) the warden's control socket as fd 3. From
+    the command (also with --as-root): no /proc/1 file that needs ptrace access opens, no
+    ptrace, no process_vm_readv/writev, no pidfd_getfd of its fds."""
+    opts = ["--as-root"] if as_root else []
+    r = conch(["run", "--workspace", str(ws), "--json", "--timeout", "30", *opts, "--",
+               "python3", "-c", PROBE], want_json=True, timeout=60)
+    assert r.j["exit_code"] == 0, r.describe()
+    got = json.loads(r.j["stdout"])
+    status = got.pop("status")
+    opened = {k: v for k, v in got.items() if v.startswith("ok:")}
+    assert opened == {}, f"the command reached into its shepherd: {opened} (shepherd {status})"
+
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_exec_run_cannot_read_trace_or_steal_from_its_shepherd(rpc, sandbox, as_root):
+    """The same through the daemon, whose sandboxes keep a ready shepherd (the command's
+    process was fenced long before it got its command), also with sandbox.create
+    {as_root: true}, and for the second command of a sandbox (a shepherd built ahead)."""
+    sb = sandbox(as_root=True) if as_root else sandbox()
+    uid = rpc.call("exec.run", {"sandbox": sb, "command": "id -u"})["stdout"]
+    assert (uid == "0\n") == as_root, uid
+    time.sleep(0.3)
+    for _ in range(2):
+        res = rpc.call("exec.run", {"sandbox": sb, "command": "python3 - <<'EOF'\n" + PROBE + "\nEOF"},
+                       timeout=60)
+        assert res["exit_code"] == 0, res
+        got = json.loads(res["stdout"])
+        status = got.pop("status")
+        opened = {k: v for k, v in got.items() if v.startswith("ok:")}
+        assert opened == {}, f"the command reached into its shepherd: {opened} (shepherd {status})"
+        time.sleep(0.3)
+
+
+def test_command_gets_only_its_stdio(rpc, sandbox):
+    """The command's process held its shepherd's socket from the warden (fd 3) and the gate
+    (fd 4) until the exec; the shepherd holds the warden's control socket. None of them may
+    reach the command: it has fds 0-2 only (3 below is the directory listdir opens), for a
+    ready shepherd and for ones built on demand."""
+    sb = sandbox()
+    cmd = "exec python3 -c 'import os; print(sorted(int(x) for x in os.listdir(\"/proc/self/fd\")))'"
+    reqs = [rpc.request("exec.run", {"sandbox": sb, "command": cmd}) for _ in range(3)]
+    for req in reqs:
+        res = result_of(rpc.wait(req, timeout=30))
+        assert res["stdout"] == "[0, 1, 2, 3]\n", res
+    time.sleep(0.3)
+    res = rpc.call("exec.run", {"sandbox": sb, "command": cmd})
+    assert res["stdout"] == "[0, 1, 2, 3]\n", res
+
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_command_cannot_steer_its_shepherd_with_signals(ws, as_root):
+    """The shepherd blocks SIGCHLD and its control signal (SIGRTMIN) and reads them from a
+    signalfd; a blocked signal reaches a namespace's init even from inside. A command (root in
+    the sandbox can signal PID 1) that sends them, a fake SIGRTMIN carrying SIGKILL among
+    them, only reaches its own processes: the answer is still its own exit code, and the
+    sandbox works after it."""
+    opts = ["--as-root"] if as_root else []
+    script = ("import ctypes, os, signal, time\n"
+              "libc = ctypes.CDLL(None, use_errno=True)\n"
+              "class SV(ctypes.Union):\n    _fields_ = [('i', ctypes.c_int), ('p', ctypes.c_void_p)]\n"
+              "rt = signal.SIGRTMIN\n"
+              "for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP):\n"
+              "    try: os.kill(1, s)\n    except OSError: pass\n"
+              "for v in (0, -5, 999, 19):\n"
+              "    libc.sigqueue(1, rt, SV(i=v))\n"
+              "time.sleep(0.3)\n"
+              "print('alive', flush=True)\n"
+              "os._exit(5)\n")
+    r = conch(["run", "--workspace", str(ws), "--json", "--timeout", "20", *opts, "--",
+               "python3", "-c", script], want_json=True, timeout=60)
+    assert r.j["exit_code"] == 5 and r.j["stdout"] == "alive\n", r.describe()
+    assert r.j["timed_out"] is False, r.describe()
+
+
+# ---- the host kills or stops sandbox processes at each stage -----------------------------------
+
+def test_ready_zygote_killed_while_idle_again_and_again(daemon, rpc, sandbox):
+    """kill -9 of the ready command process (and so of its shepherd's memory) while the
+    sandbox idles, five times: every next exec.run still works, right."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    for i in range(5):
+        pairs = _wait_ready(daemon, 1, timeout=3)
+        if pairs:
+            os.kill(pairs[0][1], signal.SIGKILL)
+            time.sleep(0.2)
+        _echo(rpc, sb, f"round{i}")
+
+
+def test_ready_shepherd_killed_while_idle(daemon, rpc, sandbox):
+    sb = sandbox()
+    _echo(rpc, sb)
+    pairs = _wait_ready(daemon)
+    assert pairs, "no ready shepherd in an idle sandbox"
+    os.kill(pairs[0][0], signal.SIGKILL)
+    time.sleep(0.2)
+    _echo(rpc, sb, "after")
+    # and it keeps a ready one again
+    assert _wait_ready(daemon, 1, timeout=5), "no ready shepherd after the kill"
+
+
+@pytest.mark.parametrize("victim", ["zygote", "shepherd"])
+def test_killed_with_the_run_in_flight(daemon, rpc, sandbox, victim):
+    """The warden reports STARTED for a ready shepherd before its command's process took the
+    RUN. If that process (or its shepherd) dies right then (the process stopped, RUN sent,
+    then kill -9), exec.run gets one answer (a start failure or a SIGKILL end, not a hang),
+    and the next one works."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    pairs = _wait_ready(daemon)
+    assert pairs
+    shep, zyg = pairs[0]
+    os.kill(zyg, signal.SIGSTOP)
+    try:
+        req = rpc.request("exec.run", {"sandbox": sb, "command": "echo never", "timeout": 20})
+        time.sleep(0.5)
+    finally:
+        os.kill(zyg if victim == "zygote" else shep, signal.SIGKILL)
+        if victim == "shepherd":
+            try:
+                os.kill(zyg, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    resp = rpc.wait(req, timeout=15)
+    if "error" in resp:
+        assert resp["error"]["message"], resp
+    else:
+        res = resp["result"]
+        assert res["stdout"] == "" and res["exit_code"] != 0, res
+    # exactly one answer: the next request's answer is its own
+    time.sleep(0.5)
+    _echo(rpc, sb, "next")
+
+
+def test_command_killed_from_the_host_is_answered_as_killed(daemon, rpc, sandbox):
+    """kill -9 from the host of the command's process (the former zygote, PID 2 in its
+    namespace): exec.run says SIGKILL, not lost, and the sandbox goes on."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    marker = unique_marker("cmd")
+    time.sleep(0.2)
+    req = rpc.request("exec.run", {"sandbox": sb, "command": f"exec -a {marker} sleep 60"})
+    deadline = time.monotonic() + 10
+    pids = []
+    while time.monotonic() < deadline and not pids:
+        pids = [p for p in descendants(daemon.pid) if marker.encode() in _cmdline(p)]
+        time.sleep(0.02)
+    assert pids, "the command did not start"
+    os.kill(pids[0], signal.SIGKILL)
+    res = result_of(rpc.wait(req, timeout=10))
+    assert res["exit_code"] == 137 and res["signal"] == 9 and not res.get("lost"), res
+    _echo(rpc, sb, "next")
+
+
+def test_stopped_zygote_exec_run_times_out(daemon, rpc, sandbox):
+    """A command process that never gets to its exec (SIGSTOP from the host) does not hang
+    exec.run: the warden's deadline kills the shepherd; the daemon keeps serving meanwhile."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    pairs = _wait_ready(daemon)
+    assert pairs
+    os.kill(pairs[0][1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    req = rpc.request("exec.run", {"sandbox": sb, "command": "echo never", "timeout": 2, "grace": 1})
+    other = daemon.client()
+    assert other.call("sandbox.list", {}, timeout=3), "the daemon stopped answering"
+    res = result_of(rpc.wait(req, timeout=20))
+    assert time.monotonic() - t0 < 15
+    assert res["timed_out"] is True and res["stdout"] == "", res
+    _echo(rpc, sb, "next")
+
+
+@pytest.mark.xfail(strict=True, reason="the warden reports STARTED before the RUN (02ef168), so "
+                   "shell_started() (src/daemon/sessions.c) does a blocking recvmsg on the shell's "
+                   "socket before the command's process has sent the pty master: the daemon's "
+                   "whole loop waits on a sandbox process (seen in unix_stream_read_generic)")
+def test_session_open_with_a_stopped_zygote_does_not_block_the_daemon(daemon, rpc, sandbox):
+    """session.open takes the ready shepherd; the warden now reports STARTED before the RUN,
+    and the daemon's shell_started() reads the terminal's master from the shell's socket,
+    which is blocking at that point. If the command's process is slow to send it (here:
+    stopped by the host), the daemon must not stop answering everyone else."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    pairs = _wait_ready(daemon)
+    assert pairs
+    zyg = pairs[0][1]
+    os.kill(zyg, signal.SIGSTOP)
+    other = daemon.client()
+    try:
+        req = rpc.request("session.open", {"sandbox": sb})
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        try:
+            other.call("daemon.ping", {}, timeout=3)
+            answered = True
+        except AssertionError:
+            answered = False
+        took = time.monotonic() - t0
+        try:
+            with open(f"/proc/{daemon.pid}/wchan") as f:
+                wchan = f.read()
+        except OSError:
+            wchan = "?"
+    finally:
+        os.kill(zyg, signal.SIGCONT)
+    rpc.wait(req, timeout=20)
+    assert answered and took < 2, f"the daemon did not answer a ping for {took:.1f} s while a " \
+                                  f"session's command process was stopped (daemon in {wchan})"
+
+
+@pytest.mark.root_only
+@pytest.mark.xfail(strict=True, reason="shell_started() (src/daemon/sessions.c) does a blocking "
+                   "recvmsg for the pty master as soon as STARTED arrives, which the warden now "
+                   "sends before the RUN (02ef168): in a sandbox whose CPU quota its own jobs use "
+                   "up, the command's process is throttled before it sends the master, and the "
+                   "whole daemon stops answering (every client, every sandbox) meanwhile")
+def test_a_busy_cpu_limited_sandbox_does_not_stall_the_daemon_on_session_open(daemon, ws):
+    """A sandbox limited to 5% of a CPU whose jobs spin: session.open there may be slow, but
+    another client's daemon.ping must keep being answered (exec.run in the same conditions
+    does not stall it: ~5 ms)."""
+    rpc, other = daemon.client(), daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws), "cpu": 0.05}, timeout=30)["id"]
+    _echo(rpc, sb)
+    jobs = [rpc.call("job.start", {"sandbox": sb, "command": "timeout 30 sh -c 'while :; do :; done'"})["job_id"]
+            for _ in range(4)]
+    worst, stop = [0.0], threading.Event()
+
+    def pinger():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            other.call("daemon.ping", {}, timeout=10)
+            worst[0] = max(worst[0], time.monotonic() - t0)
+            time.sleep(0.005)
+
+    try:
+        time.sleep(1.0)
+        t = threading.Thread(target=pinger)
+        t.start()
+        try:
+            for _ in range(10):
+                # through a shepherd built ahead (the refill is throttled too)
+                assert _wait_ready(daemon, 1, timeout=10), "no ready shepherd"
+                sid = rpc.call("session.open", {"sandbox": sb}, timeout=30)["session"]
+                rpc.call("session.close", {"session": sid})
+                time.sleep(0.3)
+        finally:
+            stop.set()
+            t.join()
+    finally:
+        for j in jobs:
+            rpc.call("job.kill", {"job_id": j, "signal": "KILL"})
+    assert worst[0] < 0.15, f"another client waited {worst[0] * 1000:.0f} ms for daemon.ping"
+
+
+@pytest.mark.xfail(strict=True, reason="the pty master is sent before chdir and STARTED comes "
+                   "before the RUN (02ef168): session.open is answered with a running session, "
+                   "and the start failure (chdir) only ends the session afterwards")
+def test_session_open_with_a_missing_cwd_fails(daemon, rpc, sandbox):
+    """session.open in a directory that does not exist must fail (the shell cannot start
+    there), not answer with a live session that then ends."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    assert _wait_ready(daemon), "no ready shepherd"  # built ahead: the case under test
+    try:
+        res = rpc.call("session.open", {"sandbox": sb, "cwd": "/workspace/no/such/dir"}, timeout=30)
+    except RpcError as e:
+        assert "no/such/dir" in str(e) or "chdir" in str(e), e
+        return
+    pytest.fail(f"session.open answered a session for a missing cwd: {res}")
+
+
+def test_warden_killed_while_idle_with_a_ready_shepherd(daemon_factory, ws):
+    """kill -9 of the warden of an idle sandbox: its ready shepherd and command process die
+    with it, exec.run is answered with an error, and a new sandbox works."""
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    _echo(rpc, sb)
+    pairs = _wait_ready(daemon)
+    assert pairs
+    wardens = _wardens(daemon)
+    assert len(wardens) == 1, wardens
+    os.kill(wardens[0], signal.SIGKILL)
+    time.sleep(0.3)
+    resp = rpc.wait(rpc.request("exec.run", {"sandbox": sb, "command": "echo x"}), timeout=15)
+    assert "error" in resp, resp
+    # nothing of the sandbox is left
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _stat(p) and _stat(p)[0] != "Z"
+                                              for p in pairs[0]):
+        time.sleep(0.05)
+    assert not [p for p in pairs[0] if _stat(p) and _stat(p)[0] != "Z"], "the ready shepherd outlived its warden"
+    # a new sandbox works
+    sb2 = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    _echo(rpc, sb2)
+
+
+def test_warden_killed_right_after_exec_run(daemon_factory, ws):
+    """exec.run sent and the warden killed at once: one answer each, for 5 rounds."""
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    for i in range(5):
+        sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+        _echo(rpc, sb)
+        time.sleep(0.05 * i)
+        wardens = _wardens(daemon)
+        assert len(wardens) == 1, wardens
+        req = rpc.request("exec.run", {"sandbox": sb, "command": "echo maybe; sleep 5"})
+        time.sleep(0.002 * i)
+        for w in wardens:
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        resp = rpc.wait(req, timeout=15)
+        assert "error" in resp or resp["result"]["exit_code"] == 137, resp
+        try:
+            rpc.call("sandbox.destroy", {"sandbox": sb}, timeout=15)
+        except RpcError:
+            pass
+
+
+# ---- floods ----------------------------------------------------------------------------------
+
+def _flood(daemon, sbs, per_sb):
+    """per_sb concurrent exec.run in each sandbox, from several connections at once."""
+    results, errors = {}, []
+    lock = threading.Lock()
+
+    def worker(sb, k):
+        c = daemon.client()
+        try:
+            script = f"echo out-{k}; echo err-{k} >&2; exit $(( {k} % 7 ))"
+            res = c.call("exec.run", {"sandbox": sb, "command": script, "timeout": 60}, timeout=120)
+            with lock:
+                results[(sb, k)] = res
+        except Exception as e:  # noqa: BLE001 - recorded and asserted below
+            with lock:
+                errors.append((sb, k, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(sb, k)) for sb in sbs for k in range(per_sb)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors[:5]
+    assert len(results) == len(sbs) * per_sb
+    for (sb, k), res in results.items():
+        assert res["stdout"] == f"out-{k}\n" and res["stderr"] == f"err-{k}\n", (k, res)
+        assert res["exit_code"] == k % 7, (k, res)
+
+
+def test_flood_of_exec_run_in_one_sandbox(daemon_factory, ws):
+    """50 exec.run at once in one sandbox (one ready shepherd, 49 built on demand): every
+    answer has its own stdout, stderr and exit code; afterwards only the next ready shepherd
+    and its command process are left."""
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    _echo(rpc, sb)
+    _flood(daemon, [sb], 50)
+    _echo(rpc, sb, "after")
+    deadline = time.monotonic() + 5
+    while True:
+        left = [p for p in descendants(daemon.pid) if _cmdline(p).startswith(b"conch-shepherd")
+                and (_stat(p) or ("Z",))[0] != "Z"]
+        if len(left) <= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(left) <= 2, [(p, _stat(p)) for p in left]
+    assert len(_ready_pairs(daemon)) == 1
+
+
+def test_flood_of_exec_run_across_sandboxes(daemon, rpc, sandbox):
+    sbs = [sandbox() for _ in range(5)]
+    _flood(daemon, sbs, 10)
+
+
+# ---- start failures --------------------------------------------------------------------------
+
+def test_start_failures_keep_their_kind(rpc, sandbox, ws):
+    """Through a ready shepherd (STARTED now goes out before the RUN) a command that cannot
+    start is still answered as one, with the reason, and the next command works: a missing
+    cwd, a single argument above the kernel's 128 KiB, 5000 environment variables (more
+    than the command's process maps), and (conch run) a program that does not exist."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    cases = [
+        ({"command": "true", "cwd": "/workspace/missing/dir"}, "missing/dir"),
+        ({"command": "true #" + "x" * (200 * 1024)}, "too long"),
+        ({"command": "true", "env": {f"V{i}": "1" for i in range(5000)}}, "too long"),
+    ]
+    for params, text in cases:
+        time.sleep(0.2)  # a ready shepherd takes it
+        resp = rpc.wait(rpc.request("exec.run", {"sandbox": sb, **params}), timeout=30)
+        blob = json.dumps(resp)
+        assert text in blob.lower(), (list(params), blob[:600])
+        if "error" in resp:
+            assert resp["error"]["data"].get("kind") in ("usage", "command", "invalid_params"), resp
+        else:
+            res = resp["result"]
+            assert res["exit_code"] in (126, 127) and res["error"]["kind"] in ("usage", "command"), blob[:600]
+        _echo(rpc, sb, "next")
+    r = conch(["run", "--workspace", str(ws), "--json", "--", "/no/such/program"], want_json=True)
+    assert r.kind == "command" and "/no/such/program" in r.j["error"]["message"], r.describe()
+
+
+# ---- signals still reach commands ------------------------------------------------------------
+
+def test_job_kill_right_after_start_reaches_the_command(rpc, sandbox):
+    """job.kill sent right after job.start (STARTED is reported before the command's process
+    took the RUN): the signal still reaches the command, which traps it."""
+    sb = sandbox()
+    _echo(rpc, sb)
+    for _ in range(5):
+        time.sleep(0.2)
+        job = rpc.call("job.start", {"sandbox": sb, "command": "trap 'echo got; exit 3' TERM; "
+                                                               "for i in $(seq 100); do sleep 0.1; done"})["job_id"]
+        rpc.call("job.kill", {"job_id": job, "signal": "TERM"})
+        w = rpc.call("job.wait", {"job_id": job, "timeout": 20}, timeout=30)
+        assert w["running"] is False, w
+        # killed before bash set its trap: 143; after: the trap's 3
+        assert w["exit_code"] in (3, 143), w
+
+
+# ---- scheduling side effects -----------------------------------------------------------------
+
+def test_commands_may_use_every_cpu(daemon, rpc, sandbox):
+    """The warden narrows its own CPU mask while it builds the next shepherd; no command may
+    inherit the narrowed mask (each command must see the daemon's mask)."""
+    with open(f"/proc/{daemon.pid}/status") as f:
+        want = [l.split(":", 1)[1].strip() for l in f if l.startswith("Cpus_allowed_list")][0]
+    sb = sandbox()
+    seen = set()
+    for i in range(30):
+        res = rpc.call("exec.run", {"sandbox": sb, "command": "grep Cpus_allowed_list /proc/self/status; "
+                                                              "grep Cpus_allowed_list /proc/1/status"})
+        seen.add(res["stdout"])
+        time.sleep(0.002 * (i % 5))
+    for s in seen:
+        for line in s.splitlines():
+            assert line.split(":", 1)[1].strip() == want, (want, seen)
+
+
+def test_twenty_idle_sandboxes_sleep_interruptibly(daemon, rpc, sandbox):
+    """20 idle sandboxes, each with a ready shepherd: no process of theirs is in state D (which
+    counts in the load average), checked over a second."""
+    sbs = [sandbox() for _ in range(20)]
+    for sb in sbs:
+        _echo(rpc, sb)
+    pairs = _wait_ready(daemon, 20, timeout=15)
+    assert len(pairs) >= 20, pairs
+    bad = {}
+    for _ in range(20):
+        for pid in descendants(daemon.pid):
+            st = _stat(pid)
+            if st and st[0] == "D":
+                bad[pid] = _cmdline(pid)
+        time.sleep(0.05)
+    assert bad == {}, bad
+
+
+# ---- the signal queue the supervisor relies on -------------------------------------------------
+
+HOG = r"""
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+class SV(ctypes.Union):
+    _fields_ = [("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+rt = signal.SIGRTMIN + 2
+signal.pthread_sigmask(signal.SIG_BLOCK, [rt])
+n = 0
+while n < 2000000 and libc.sigqueue(os.getpid(), rt, SV(i=1)) == 0:
+    n += 1
+print("queued", n, flush=True)
+time.sleep(60)
+"""
+
+
+def _host_can_sigqueue():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class SV(ctypes.Union):
+        _fields_ = [("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+
+    rt = signal.SIGRTMIN + 3
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [rt])
+    try:
+        r = libc.sigqueue(os.getpid(), rt, SV(i=1))
+        err = ctypes.get_errno()
+        if r == 0:
+            signal.sigtimedwait([rt], 0)
+        return r == 0, err
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@pytest.mark.xfail(strict=True, reason="commands keep the daemon's RLIMIT_SIGPENDING, and pending "
+                   "signals are counted (hierarchical ucounts) against the user who owns the "
+                   "sandbox's user namespace, i.e. the daemon's host user (root as root): one "
+                   "command that queues blocked real-time signals to itself exhausts that "
+                   "user's quota host-wide, and the warden's sigqueue() of SIGRTMIN to a "
+                   "shepherd (job.kill TERM, the timeout's SIGTERM) fails with EAGAIN in every "
+                   "sandbox of the daemon")
+def test_a_command_cannot_exhaust_the_hosts_signal_queue(rpc, sandbox):
+    """A command (not even --as-root) queues real-time signals to itself until the kernel
+    refuses, and holds them. Meanwhile a process of the daemon's host user can still queue
+    one, and job.kill TERM still reaches a job of another sandbox (the warden asks the
+    job's shepherd with sigqueue)."""
+    a, b = sandbox(), sandbox()
+    hog = rpc.call("job.start", {"sandbox": a, "command": f"python3 -c '{HOG}'"})["job_id"]
+    victim = rpc.call("job.start", {"sandbox": b, "command": "trap 'echo got-term; exit 3' TERM; "
+                                                            "echo ready; for i in $(seq 300); do sleep 0.1; done"})["job_id"]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            out = rpc.call("job.output", {"job_id": hog})
+            v = rpc.call("job.output", {"job_id": victim})
+            if "queued" in out["stdout"] and "ready" in v["stdout"]:
+                break
+            assert out["running"], out
+            time.sleep(0.2)
+        assert "queued" in out["stdout"], out
+        host_ok, err = _host_can_sigqueue()
+        rpc.call("job.kill", {"job_id": victim, "signal": "TERM"})
+        w = rpc.call("job.wait", {"job_id": victim, "timeout": 5}, timeout=15)
+        problems = []
+        if not host_ok:
+            problems.append(f"the daemon's host user can no longer queue a signal (errno {err}) "
+                            f"while a sandboxed command holds them ({out['stdout'].strip()})")
+        if w["running"] or w["exit_code"] != 3:
+            problems.append(f"job.kill TERM did not reach a job of another sandbox: {w}")
+        assert not problems, problems
+    finally:
+        for j in (hog, victim):
+            try:
+                rpc.call("job.kill", {"job_id": j, "signal": "KILL"})
+            except RpcError:
+                pass
+
+
+# ---- what the command's process leaves in its shepherd's memory ----------------------------------
+
+@pytest.mark.xfail(strict=True, reason="command_exec() maps the argv/env memfd (and a vector of "
+                   "MAX_ARGS pointers) in the memory it shares with its shepherd (CLONE_VM, "
+                   "02ef168); nothing unmaps them after the exec, so each running command's "
+                   "shepherd holds a second copy of its argv/env (memfd pages the daemon "
+                   "allocated, outside the sandbox's limits) until the command ends")
+def test_shepherd_does_not_keep_the_commands_argv_env(daemon_factory, ws):
+    """A job with 1.5 MB of environment: once it runs, its shepherd holds no mapping of the
+    command's blob (the memfd conch-cmd) and no more shared memory than an idle shepherd."""
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    _echo(rpc, sb)
+    time.sleep(0.3)
+    marker = unique_marker("env")
+    job = rpc.call("job.start", {"sandbox": sb, "command": f"exec -a {marker} sleep 30",
+                                 "env": {f"BIG{i}": "z" * 100000 for i in range(15)}})["job_id"]
+    try:
+        deadline = time.monotonic() + 10
+        cmd = []
+        while time.monotonic() < deadline and not cmd:
+            cmd = [p for p in descendants(daemon.pid) if marker.encode() in _cmdline(p)]
+            time.sleep(0.05)
+        assert cmd, rpc.call("job.output", {"job_id": job})
+        shep = _stat(cmd[0])[1]
+        assert _cmdline(shep).startswith(b"conch-shepherd")
+        with open(f"/proc/{shep}/maps") as f:
+            blob = [l.strip() for l in f if "conch-cmd" in l]
+        shmem = int(_status(shep)["RssShmem"].split()[0])
+        assert blob == [] and shmem < 512, f"the shepherd keeps {shmem} kB: {blob}"
+    finally:
+        rpc.call("job.kill", {"job_id": job, "signal": "KILL"})
