@@ -535,9 +535,12 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     if (err.code)
         goto fail;
     if (!zout.got_run) {
-        /* It exited without a command: the warden shut down or sent no RUN. */
-        kill(-1, SIGKILL);
-        _exit(0);
+        /* It exited without its command: killed from outside (the warden shutting down
+         * kills us first). Said so, should the warden have sent the RUN meanwhile. */
+        conch_err_setk(&err, CONCH_ERR_INFRASTRUCTURE, ESRCH,
+                       "start command: its process died before it received the command "
+                       "(killed from outside the sandbox?)");
+        goto fail;
     }
     int64_t id = zout.run.id;
     /* Unless the warden said so already (it does for a shepherd it found ready): the daemon
