@@ -460,6 +460,18 @@ static int ctl_signal(void)
     return SIGUSR1;
 }
 
+/* Send every signal the warden asked for (the mask in @rep, see ctl_signal) to every process
+ * of our namespace. */
+static void signal_requests(struct shep_report *rep)
+{
+    uint64_t req = __atomic_exchange_n(&rep->sig_req, 0, __ATOMIC_ACQ_REL);
+    for (int sig = 1; sig <= 64 && req; sig++)
+        if (req & (1ULL << (sig - 1))) {
+            req &= ~(1ULL << (sig - 1));
+            kill(-1, sig);
+        }
+}
+
 /* The shepherd of one command: PID 1 of a pid namespace of its own, with its own mount
  * namespace and /proc. The command cannot signal, trace or see it (a namespace's init ignores
  * signals from inside it that it has no handler for), and killing the shepherd kills every
@@ -556,6 +568,9 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     rep->state = SHEP_STARTED;
 
     int status = 0;
+    /* A request may have come while the command's process was still ours (before the gate
+     * opened): its wake-up is pending and read below; looking first costs nothing. */
+    signal_requests(rep);
     for (bool done = false; !done;) {
         struct signalfd_siginfo si;
         ssize_t n = read(sfd, &si, sizeof(si));
@@ -564,12 +579,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         if (n != (ssize_t)sizeof(si))
             break;
         if ((int)si.ssi_signo == ctl_signal()) {
-            uint64_t req = __atomic_exchange_n(&rep->sig_req, 0, __ATOMIC_ACQ_REL);
-            for (int sig = 1; sig <= 64 && req; sig++)
-                if (req & (1ULL << (sig - 1))) {
-                    req &= ~(1ULL << (sig - 1));
-                    kill(-1, sig);
-                }
+            signal_requests(rep);
             continue;
         }
         int st;

@@ -692,9 +692,11 @@ def test_a_command_cannot_exhaust_the_hosts_signal_queue(rpc, sandbox):
 
 # ---- what the command's process leaves in its shepherd's memory ----------------------------------
 
+@pytest.mark.root_only
 def test_shepherd_does_not_keep_the_commands_argv_env(daemon_factory, ws):
     """A job with 1.5 MB of environment: once it runs, its shepherd holds no mapping of the
-    command's blob (the memfd conch-cmd) and no more shared memory than an idle shepherd."""
+    command's blob (the memfd conch-cmd) and no more shared memory than an idle shepherd.
+    Root only: an unprivileged host user may not read a non-dumpable shepherd's maps."""
     daemon = daemon_factory(extra_args=["--pool", "0"])
     rpc = daemon.client()
     sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
