@@ -215,6 +215,7 @@ static int run_start_command(struct run_ctx *x, char **env, struct conch_err *er
         .stdin_fd = stdin_fd,
         .stdout_fd = out_pipe[1],
         .stderr_fd = err_pipe[1],
+        .last = true, /* conch run: its one command, no spare shepherd after it */
     };
     x->proc = (struct conch_proc){.ops = &run_proc_ops, .data = x};
     int r = conch_super_run(&x->super, &x->proc, &cmd, o->timeout_ms, o->grace_ms, err);
@@ -424,7 +425,6 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
      * serves them); the socket only with --tools. */
     struct conch_jail_spec spec = o->jail;
     spec.ptc_socket = o->tools != NULL;
-    spec.one_command = true;
     _cleanup_free_ char *ptc_dir = NULL;
     struct conch_err ptc_err = {0};
     if (conch_ptc_find_dir(&ptc_dir, &ptc_err) < 0 && o->tools) {

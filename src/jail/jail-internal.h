@@ -99,7 +99,6 @@ struct jail_plan {
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
-    bool one_command;       /* no shepherd started ahead of need after the first */
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control

@@ -85,9 +85,6 @@ struct conch_jail_spec {
      * commands' PATH. Either may be off (false / NULL). */
     bool ptc_socket;
     const char *ptc_dir;
-    /* The sandbox runs one command and goes (conch run): no shepherd is started ahead of
-     * need for a next command that never comes. */
-    bool one_command;
 };
 
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */

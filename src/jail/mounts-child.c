@@ -224,14 +224,20 @@ static unsigned long long tmpfs_inodes(uint64_t bytes)
     return n < 1024 ? 1024 : n;
 }
 
+/* A tmpfs of @bytes at @path owned by the command's user, with @mode. */
+static int mount_agent_tmpfs(const struct jail_plan *plan, const char *path, unsigned mode,
+                             uint64_t bytes, struct conch_err *err)
+{
+    char opts[128];
+    snprintf(opts, sizeof(opts), "mode=%04o,size=%llu,nr_inodes=%llu,uid=%u,gid=%u", mode,
+             (unsigned long long)bytes, tmpfs_inodes(bytes), plan->cmd_uid, plan->cmd_gid);
+    return do_mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+}
+
 /* A sandbox without a workspace gets a tmpfs at /workspace, sized by its disk limit. */
 static int mount_workspace_tmpfs(const struct jail_plan *plan, struct conch_err *err)
 {
-    char opts[128];
-    snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
-             (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes), plan->cmd_uid,
-             plan->cmd_gid);
-    return do_mount("tmpfs", "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    return mount_agent_tmpfs(plan, "/workspace", 0755, plan->disk_bytes, err);
 }
 
 /* /tmp, with the directories agent frameworks expect there (see jail_mounts_setup_child). */
@@ -256,11 +262,7 @@ static int mount_tmp(const struct jail_plan *plan, struct conch_err *err)
 
 static int mount_home(const struct jail_plan *plan, struct conch_err *err)
 {
-    char opts[128];
-    snprintf(opts, sizeof(opts), "mode=0700,size=%llu,nr_inodes=%llu,uid=%u,gid=%u",
-             (unsigned long long)plan->home_bytes, tmpfs_inodes(plan->home_bytes), plan->cmd_uid,
-             plan->cmd_gid);
-    return do_mount("tmpfs", "/home/agent", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    return mount_agent_tmpfs(plan, "/home/agent", 0700, plan->home_bytes, err);
 }
 
 static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
@@ -474,25 +476,10 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
     return 0;
 }
 
-/* Replace the mount at @path (a tmpfs or devpts of ours) by a new one from @mount_fn. */
-static int renew(const char *path, int (*mount_fn)(const struct jail_plan *, struct conch_err *),
-                 const struct jail_plan *plan, struct conch_err *err)
+/* The first step of renewing the mount at @path: take the old one away. */
+static int unmount(const char *path, struct conch_err *err)
 {
-    if (umount2(path, MNT_DETACH) < 0)
-        return fail(err, "unmount", path, errno);
-    return mount_fn(plan, err);
-}
-
-static int renew_shm(const struct jail_plan *plan, struct conch_err *err)
-{
-    (void)plan;
-    return mount_shm(err);
-}
-
-static int renew_devpts(const struct jail_plan *plan, struct conch_err *err)
-{
-    (void)plan;
-    return mount_devpts(err);
+    return umount2(path, MNT_DETACH) < 0 ? fail(err, "unmount", path, errno) : 0;
 }
 
 int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
@@ -500,11 +487,11 @@ int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
     if (plan->has_workspace)
         return conch_err_set(err, EINVAL, "a sandbox with a workspace is not reused");
     int r;
-    if ((r = renew("/tmp", mount_tmp, plan, err)) < 0 ||
-        (r = renew("/home/agent", mount_home, plan, err)) < 0 ||
-        (r = renew("/dev/shm", renew_shm, plan, err)) < 0 ||
-        (r = renew("/dev/pts", renew_devpts, plan, err)) < 0 ||
-        (r = renew("/workspace", mount_workspace_tmpfs, plan, err)) < 0)
+    if ((r = unmount("/tmp", err)) < 0 || (r = mount_tmp(plan, err)) < 0 ||
+        (r = unmount("/home/agent", err)) < 0 || (r = mount_home(plan, err)) < 0 ||
+        (r = unmount("/dev/shm", err)) < 0 || (r = mount_shm(err)) < 0 ||
+        (r = unmount("/dev/pts", err)) < 0 || (r = mount_devpts(err)) < 0 ||
+        (r = unmount("/workspace", err)) < 0 || (r = mount_workspace_tmpfs(plan, err)) < 0)
         return r;
     return 0;
 }

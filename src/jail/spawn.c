@@ -257,7 +257,6 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->file_handler = spec->file_handler;
     plan->file_server = spec->file_handler ? spec->file_server : NULL;
     plan->ptc_socket = spec->ptc_socket;
-    plan->one_command = spec->one_command;
     if (spec->ptc_dir) {
         if (spec->ptc_dir[0] != '/' || strlen(spec->ptc_dir) + 9 >= sizeof(plan->ptc_lib))
             return conch_err_set(err, EINVAL, "tool bridge dir '%s': not an absolute path",

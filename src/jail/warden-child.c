@@ -115,9 +115,6 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
     errno = saved;
 }
 
-/* The queued signals a sandbox's commands may hold (see fence_self). */
-#define CMD_SIGPENDING 256
-
 /* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
  * no_new_privs, Landlock, seccomp. On failure returns -errno with *@step naming what failed.
  * Run after the fds are in place: Landlock checks rights at open time. */
@@ -144,16 +141,6 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     if (plan->set_rlimit_as) {
         rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
         if (setrlimit(RLIMIT_AS, &rl) < 0)
-            return -errno;
-    }
-    /* Queued signals are charged up the user namespaces to the host user who owns the
-     * sandbox: with the host's limit (~96,000), one command that queued real-time signals to
-     * itself held that user's whole quota, and nothing of that user could queue one any more.
-     * A sandbox's commands share one count (one uid in one namespace), so this bounds what a
-     * sandbox can hold; the daemon's 256 sandboxes stay below the host's quota. */
-    if (getrlimit(RLIMIT_SIGPENDING, &rl) == 0 && rl.rlim_max > CMD_SIGPENDING) {
-        rl.rlim_cur = rl.rlim_max = CMD_SIGPENDING;
-        if (setrlimit(RLIMIT_SIGPENDING, &rl) < 0)
             return -errno;
     }
     /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
@@ -390,6 +377,9 @@ static int command_zygote(void *arg)
  * no sandbox process keeps them open. */
 static int warden_ctl = -1;
 
+/* The queued signals a sandbox's processes may hold (see jail_warden_main). */
+#define SANDBOX_SIGPENDING 256
+
 #define ZYGOTE_STACK (128 * 1024)
 #define ZYGOTE_GUARD 4096
 
@@ -430,7 +420,6 @@ static struct proc_slot slots[MAX_PROCS];
 static struct shep_report *reports; /* MAP_SHARED, MAX_PROCS entries */
 static int ready_slot = -1;         /* the shepherd started ahead of need, or -1 */
 static int ready_failures;
-static int shepherds_started;
 /* When the next ready shepherd may be started (monotonic µs; 0: now). Building one right
  * after a command took the last would hold the CPU that the command's own shepherd was just
  * woken on: the command would wait for it. So the refill waits until the command has had
@@ -839,7 +828,6 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
     slots[i].sock = sp[0];
-    shepherds_started++;
     return 0;
 }
 
@@ -853,8 +841,8 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
  * microseconds of the command's time, the build none), and back after the clone. */
 static void ensure_ready(const struct jail_plan *plan)
 {
-    if (ready_slot >= 0 || ready_failures >= 3 || (plan->one_command && shepherds_started) ||
-        refill_never || conch_clock_us() < refill_after_us)
+    if (ready_slot >= 0 || ready_failures >= 3 || refill_never ||
+        conch_clock_us() < refill_after_us)
         return;
     int i = slot_alloc();
     if (i < 0)
@@ -964,7 +952,7 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     memset(slots, 0, sizeof(slots));
     memset(reports, 0, MAX_PROCS * sizeof(*reports));
     ready_slot = last_cmd_slot = -1;
-    ready_failures = shepherds_started = 0;
+    ready_failures = 0;
     refill_never = false;
     refill_after_us = 0;
     if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
@@ -1057,6 +1045,21 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     if (r < 0) {
         conch_err_set(&err, -r, "drop capabilities from the bounding set: %s", strerror(-r));
         goto setup_failed;
+    }
+    /* Queued signals are charged up the user namespaces to the host user who owns the
+     * sandbox: with the host's limit (~96,000), one command that queued real-time signals to
+     * itself held that user's whole quota, and nothing of that user could queue one any more.
+     * A sandbox's commands share one count (one uid in one namespace), so this bounds what a
+     * sandbox can hold; the daemon's 256 sandboxes stay below the host's quota. Set here, once,
+     * and inherited by everything we start: we and the shepherds receive only standard
+     * signals, which the limit does not refuse. */
+    struct rlimit sigq;
+    if (getrlimit(RLIMIT_SIGPENDING, &sigq) == 0 && sigq.rlim_max > SANDBOX_SIGPENDING) {
+        sigq.rlim_cur = sigq.rlim_max = SANDBOX_SIGPENDING;
+        if (setrlimit(RLIMIT_SIGPENDING, &sigq) < 0) {
+            conch_err_set(&err, errno, "limit queued signals: %s", strerror(errno));
+            goto setup_failed;
+        }
     }
 
     memset(&m, 0, sizeof(m));

@@ -257,6 +257,26 @@ def proc_argv(pid):
         return None
 
 
+def proc_cmdline(pid):
+    """/proc/<pid>/cmdline as bytes (NUL-separated), or b"" if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def proc_stat(pid):
+    """(state, ppid) from /proc/<pid>/stat, or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            st = f.read()
+    except OSError:
+        return None
+    rest = st[st.rindex(b")") + 2:].split()
+    return rest[0].decode(), int(rest[1])
+
+
 def proc_status(pid):
     """/proc/<pid>/status as a dict, or None if the process is gone."""
     try:

@@ -6,25 +6,15 @@
 # Runs as root and as the unprivileged user (tests/integration/as_user.sh).
 import time
 
-from conftest import descendants, unique_marker
+from conftest import descendants, proc_cmdline, proc_stat, unique_marker
 from rpcclient import wait_gone
 
 
 def wardens(daemon):
     """Host pids of the daemon's wardens (its direct children)."""
-    out = []
-    for pid in descendants(daemon.pid):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                st = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        ppid = int(st[st.rindex(b")") + 2:].split()[1])
-        if ppid == daemon.pid and cmd.startswith(b"conch-warden"):
-            out.append(pid)
-    return sorted(out)
+    return sorted(p for p in descendants(daemon.pid)
+                  if (proc_stat(p) or ("", 0))[1] == daemon.pid
+                  and proc_cmdline(p).startswith(b"conch-warden"))
 
 
 def settled(daemon, n, timeout=10.0):

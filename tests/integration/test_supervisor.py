@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import (CONCH_BIN, IS_ROOT, conch, descendants, unique_marker, wait_no_pids,
-                      host_pids_matching)
+from conftest import (CONCH_BIN, IS_ROOT, conch, descendants, proc_stat, proc_status,
+                      unique_marker, wait_no_pids, host_pids_matching)
 from rpcclient import result_of, wait_gone
 
 
@@ -206,16 +206,12 @@ def test_idle_sandboxes_do_not_load_the_host(daemon, rpc, sandbox):
     time.sleep(0.5)  # the refill after the last command
     states, fenced = {}, 0
     for pid in descendants(daemon.pid):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                st = f.read()
-            with open(f"/proc/{pid}/status") as f:
-                status = f.read()
-        except OSError:
+        st, status = proc_stat(pid), proc_status(pid)
+        if not st or not status:
             continue
-        states[pid] = st[st.rindex(b")") + 2:].split()[0].decode()
-        if "\nSeccomp:\t2" in status and "\nNoNewPrivs:\t1" in status:
-            assert "\nCapBnd:\t0000000000000000" in status, status
+        states[pid] = st[0]
+        if status.get("Seccomp") == "2" and status.get("NoNewPrivs") == "1":
+            assert status.get("CapBnd") == "0000000000000000", status
             fenced += 1
     assert states, "the daemon has no sandbox processes"
     assert fenced >= 3, f"no fenced process waits for a command: {states}"

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import conch, descendants, unique_marker
+from conftest import (conch, descendants, proc_cmdline, proc_stat, proc_status,
+                      unique_marker)
 from rpcclient import RpcError, result_of
 
 
@@ -28,46 +29,19 @@ def daemon(daemon_factory):
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def _stat(pid):
-    """(state, ppid) of @pid, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            st = f.read()
-    except OSError:
-        return None
-    rest = st[st.rindex(b")") + 2:].split()
-    return rest[0].decode(), int(rest[1])
-
-
-def _status(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(l.rstrip("\n").split(":\t", 1) for l in f if ":\t" in l)
-    except OSError:
-        return None
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def _ready_pairs(daemon):
     """(shepherd, zygote) host pids of every ready shepherd under @daemon: a conch-shepherd
     whose only child is a fenced process (Seccomp 2) still showing the shepherd's memory."""
     pairs = []
     for pid in descendants(daemon.pid):
-        st = _stat(pid)
-        if not st or not _cmdline(pid).startswith(b"conch-shepherd"):
+        st = proc_stat(pid)
+        if not st or not proc_cmdline(pid).startswith(b"conch-shepherd"):
             continue
-        s = _status(pid)
+        s = proc_status(pid)
         if not s or s.get("Seccomp", "").strip() != "2":
             continue
         parent = st[1]
-        if _cmdline(parent).startswith(b"conch-shepherd"):
+        if proc_cmdline(parent).startswith(b"conch-shepherd"):
             pairs.append((parent, pid))
     return pairs
 
@@ -83,7 +57,7 @@ def _wait_ready(daemon, n=1, timeout=10.0):
 
 def _wardens(daemon):
     return [p for p in descendants(daemon.pid)
-            if _cmdline(p).startswith(b"conch-warden") and (_stat(p) or ("", 0))[1] == daemon.pid]
+            if proc_cmdline(p).startswith(b"conch-warden") and (proc_stat(p) or ("", 0))[1] == daemon.pid]
 
 
 def _echo(rpc, sb, text="ok", timeout=30):
@@ -314,7 +288,7 @@ def test_command_killed_from_the_host_is_answered_as_killed(daemon, rpc, sandbox
     deadline = time.monotonic() + 10
     pids = []
     while time.monotonic() < deadline and not pids:
-        pids = [p for p in descendants(daemon.pid) if marker.encode() in _cmdline(p)]
+        pids = [p for p in descendants(daemon.pid) if marker.encode() in proc_cmdline(p)]
         time.sleep(0.02)
     assert pids, "the command did not start"
     os.kill(pids[0], signal.SIGKILL)
@@ -445,10 +419,10 @@ def test_warden_killed_while_idle_with_a_ready_shepherd(daemon_factory, ws):
     assert "error" in resp, resp
     # nothing of the sandbox is left
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _stat(p) and _stat(p)[0] != "Z"
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and proc_stat(p) and proc_stat(p)[0] != "Z"
                                               for p in pairs[0]):
         time.sleep(0.05)
-    assert not [p for p in pairs[0] if _stat(p) and _stat(p)[0] != "Z"], "the ready shepherd outlived its warden"
+    assert not [p for p in pairs[0] if proc_stat(p) and proc_stat(p)[0] != "Z"], "the ready shepherd outlived its warden"
     # a new sandbox works
     sb2 = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
     _echo(rpc, sb2)
@@ -521,12 +495,12 @@ def test_flood_of_exec_run_in_one_sandbox(daemon_factory, ws):
     _echo(rpc, sb, "after")
     deadline = time.monotonic() + 5
     while True:
-        left = [p for p in descendants(daemon.pid) if _cmdline(p).startswith(b"conch-shepherd")
-                and (_stat(p) or ("Z",))[0] != "Z"]
+        left = [p for p in descendants(daemon.pid) if proc_cmdline(p).startswith(b"conch-shepherd")
+                and (proc_stat(p) or ("Z",))[0] != "Z"]
         if len(left) <= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert len(left) <= 2, [(p, _stat(p)) for p in left]
+    assert len(left) <= 2, [(p, proc_stat(p)) for p in left]
     assert len(_ready_pairs(daemon)) == 1
 
 
@@ -612,9 +586,9 @@ def test_twenty_idle_sandboxes_sleep_interruptibly(daemon, rpc, sandbox):
     bad = {}
     for _ in range(20):
         for pid in descendants(daemon.pid):
-            st = _stat(pid)
+            st = proc_stat(pid)
             if st and st[0] == "D":
-                bad[pid] = _cmdline(pid)
+                bad[pid] = proc_cmdline(pid)
         time.sleep(0.05)
     assert bad == {}, bad
 
@@ -709,14 +683,14 @@ def test_shepherd_does_not_keep_the_commands_argv_env(daemon_factory, ws):
         deadline = time.monotonic() + 10
         cmd = []
         while time.monotonic() < deadline and not cmd:
-            cmd = [p for p in descendants(daemon.pid) if marker.encode() in _cmdline(p)]
+            cmd = [p for p in descendants(daemon.pid) if marker.encode() in proc_cmdline(p)]
             time.sleep(0.05)
         assert cmd, rpc.call("job.output", {"job_id": job})
-        shep = _stat(cmd[0])[1]
-        assert _cmdline(shep).startswith(b"conch-shepherd")
+        shep = proc_stat(cmd[0])[1]
+        assert proc_cmdline(shep).startswith(b"conch-shepherd")
         with open(f"/proc/{shep}/maps") as f:
             blob = [l.strip() for l in f if "conch-cmd" in l]
-        shmem = int(_status(shep)["RssShmem"].split()[0])
+        shmem = int(proc_status(shep)["RssShmem"].split()[0])
         assert blob == [] and shmem < 512, f"the shepherd keeps {shmem} kB: {blob}"
     finally:
         rpc.call("job.kill", {"job_id": job, "signal": "KILL"})
