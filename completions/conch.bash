@@ -76,7 +76,7 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --tools --json --quiet -q --help -h --" ;;
+                  --tools --no-daemon --socket --json --quiet -q --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
         serve)

@@ -3,12 +3,25 @@
 #ifndef CONCH_CLI_CLI_H
 #define CONCH_CLI_CLI_H
 
+#include <stdbool.h>
+
 /* Exit statuses of `conch run` besides the command's own (documented in README.md). */
 #define CONCH_EXIT_TIMEOUT 124
 #define CONCH_EXIT_INFRA 125
 #define CONCH_EXIT_USAGE 2
 
 int conch_cli_run(int argc, char **argv);
+
+struct conch_run_opts;
+struct conch_jail;
+/* conch_cli_lease - when a daemon of this user runs (at @socket_path, NULL: the default) and
+ * @o fits its pool's sandboxes, borrow one with @o's workspace attached (lease.c). Returns 1
+ * with *@ret, or 0 (build one instead). */
+int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
+                    struct conch_jail **ret);
+/* conch_cli_lease_end - give the borrowed sandbox back: @clean, every event of its command was
+ * read (the daemon makes it as new for its pool); otherwise the daemon destroys it. */
+void conch_cli_lease_end(bool clean);
 int conch_cli_doctor(int argc, char **argv);
 int conch_cli_serve(int argc, char **argv);
 int conch_cli_gc(int argc, char **argv);

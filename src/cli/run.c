@@ -42,6 +42,9 @@ static const char usage_text[] =
     "  --disk BYTES        what the command may write to the workspace (default 1G)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
+    "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
+    "                      user runs (by default one is borrowed from its pool when it fits)\n"
+    "  --socket PATH       the daemon to borrow from (default: this user's, see conch serve)\n"
     "  --json              print one JSON object instead of live output and a summary\n"
     "  -q, --quiet         no change summary\n"
     "\n"
@@ -68,6 +71,8 @@ enum {
     OPT_DISK,
     OPT_JSON,
     OPT_TOOLS,
+    OPT_NO_DAEMON,
+    OPT_SOCKET,
 };
 
 static const struct option long_opts[] = {
@@ -90,6 +95,8 @@ static const struct option long_opts[] = {
     {"disk", required_argument, NULL, OPT_DISK},
     {"json", no_argument, NULL, OPT_JSON},
     {"tools", required_argument, NULL, OPT_TOOLS},
+    {"no-daemon", no_argument, NULL, OPT_NO_DAEMON},
+    {"socket", required_argument, NULL, OPT_SOCKET},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -108,6 +115,8 @@ struct run_cli {
     size_t n_env;
     bool json;
     bool quiet;
+    bool no_daemon;
+    const char *socket_path;
 };
 
 /* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
@@ -230,6 +239,12 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
             break;
         case OPT_JSON:
             c->json = true;
+            break;
+        case OPT_NO_DAEMON:
+            c->no_daemon = true;
+            break;
+        case OPT_SOCKET:
+            c->socket_path = optarg;
             break;
         case 'q':
             c->quiet = true;
@@ -402,8 +417,12 @@ int conch_cli_run(int argc, char **argv)
     int status;
 
     int r = parse(&c, argc, argv, &err);
+    /* A daemon of ours may have a sandbox ready: its pool's (see conch_cli_lease). */
+    if (r >= 0 && !c.no_daemon && !getenv("CONCH_NO_DAEMON"))
+        conch_cli_lease(&c.run, c.socket_path, &c.run.leased);
     if (r >= 0)
         r = conch_exec_run(&c.run, &res, &err);
+    conch_cli_lease_end(r >= 0);
     if (r < 0) {
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
         if (c.json)

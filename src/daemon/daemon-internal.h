@@ -87,7 +87,14 @@ struct sandbox {
     bool fresh;     /* destroy (or recycle) when its one command ends */
     bool from_pool; /* a `fresh` one taken from the pool: recycled when the pool has room */
     bool recycling; /* its warden makes it as new; the answer is read like a setup's */
-    bool recorded;  /* in the state database (pool sandboxes are not) */
+    /* `conch run` takes a pool sandbox with its workspace attached (sandbox.lease): while
+     * leasing the warden attaches it (lease_call waits); once leased, the client drives the
+     * warden through its own copy of the control socket and we do not read ours, until it
+     * releases the sandbox (made as new for the pool) or goes away (destroyed). */
+    bool leasing, leased;
+    struct conch_rpc_call *lease_call;
+    struct conch_rpc_sink *lease_sink; /* the asking client's (a reference) */
+    bool recorded;                     /* in the state database (pool sandboxes are not) */
     bool destroying;
     struct conch_jail *jail;  /* while jail_up (owned) */
     struct conch_super super; /* drives jail's warden while jail_up */
@@ -305,6 +312,12 @@ enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DIS
  * process limit is only noted (forks fail by themselves). */
 void run_limit_hit(struct run *r, enum run_limit which);
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* client_close - disconnect @c (its pending responses are dropped). */
+void client_close(struct client *c);
+void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* sandboxes_client_gone - the client of @sink went away: the sandboxes lent to it go. */
+void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink);
 void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -130,6 +131,7 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         log_warn("tool bridge: %s; commands get no tool_call", ptc_err.msg);
     }
     spec.ptc_dir = ptc_dir;
+    spec.attachable = sb->pooled; /* `conch run` may take it with its workspace (lease) */
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
     r = async ? conch_jail_spawn(&spec, &sb->jail, err) : conch_jail_start(&spec, &sb->jail, err);
@@ -378,6 +380,15 @@ static void on_sample(uv_timer_t *t)
 static void sandbox_stop_handles(struct sandbox *sb, const char *why)
 {
     struct dlist *pos, *tmp;
+    if (sb->leasing) {
+        sb->leasing = false;
+        conch_rpc_call_failf(sb->lease_call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "lease: %s", why);
+        sb->lease_call = NULL;
+    }
+    sb->leased = false;
+    conch_rpc_sink_unref(sb->lease_sink);
+    sb->lease_sink = NULL;
     /* Every command still running gets its final event now (lost, @why). */
     if (sb->jail_up)
         conch_super_done(&sb->super, why);
@@ -766,9 +777,18 @@ void sandbox_warden_gone(struct sandbox *sb)
         sandbox_destroy(sb);
 }
 
+static void lease_answer(struct sandbox *sb, int r, const struct conch_err *err);
+
 static void on_ctl_readable(uv_poll_t *h, int status, int events)
 {
     struct sandbox *sb = h->data;
+    if (sb->leasing) {
+        struct conch_err err = {0};
+        int r = status < 0 ? conch_err_set(&err, -status, "lease: %s", uv_strerror(status))
+                           : conch_jail_await_attach(sb->jail, &err);
+        lease_answer(sb, r, &err);
+        return;
+    }
     if (sb->starting) {
         struct conch_err err = {0};
         sb->starting = false;
@@ -904,6 +924,191 @@ struct sandbox *pool_take(struct daemon *d)
         }
     }
     return NULL;
+}
+
+/* ---- `conch run` through the pool: a sandbox lent with its workspace attached ---- */
+
+static struct client *lease_client(struct sandbox *sb)
+{
+    struct client *c = conch_rpc_sink_ctx(sb->lease_sink);
+    return c && !c->closing && !c->stdio ? c : NULL;
+}
+
+/* Send @line on @c's socket with @fd, around libuv (which passes no plain fds), when nothing
+ * else is queued for it: the line then lands whole and in order. */
+static int send_with_fd(struct client *c, const char *line, int fd)
+{
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->in) != 0)
+        return -EAGAIN;
+    uv_os_fd_t sock;
+    if (uv_fileno((uv_handle_t *)&c->in, &sock) != 0)
+        return -EBADF;
+    size_t len = strlen(line);
+    char ctl[CMSG_SPACE(sizeof(int))];
+    memset(ctl, 0, sizeof(ctl));
+    struct iovec iov = {.iov_base = (void *)line, .iov_len = len};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    ssize_t n;
+    do
+        n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    /* A short write of a line this small to a socket with nothing queued does not happen;
+     * if it did, the client would read half a line: it is disconnected instead. */
+    if ((size_t)n < len) {
+        client_close(c);
+        return -EPIPE;
+    }
+    return 0;
+}
+
+static void lease_answer(struct sandbox *sb, int r, const struct conch_err *err)
+{
+    struct conch_rpc_call *call = sb->lease_call;
+    struct client *c = lease_client(sb);
+    sb->leasing = false;
+    sb->lease_call = NULL;
+    struct conch_jail_lease lease;
+    int ctl = -1;
+    struct conch_err herr = {0};
+    if (r < 0 || !c || conch_jail_hand_over(sb->jail, &lease, &ctl, &herr) < 0) {
+        if (r < 0 || c)
+            conch_rpc_call_fail_err(call, 0, NULL, r < 0 ? err : &herr);
+        else
+            conch_rpc_call_reply(call, json_null()); /* nobody reads it */
+        conch_rpc_sink_unref(sb->lease_sink);
+        sb->lease_sink = NULL;
+        sandbox_destroy(sb);
+        return;
+    }
+    json_t *res = json_pack("{s:i,s:i,s:b,s:I}", "warden_pid", (int)lease.warden_pid, "upper_fd",
+                            lease.upper_fd_nr, "root_mode", lease.root_mode, "host_id_base",
+                            (json_int_t)lease.host_id_base);
+    char *line = res ? conch_rpc_call_take_result_line(call, res) : NULL;
+    int sr = line ? send_with_fd(c, line, ctl) : -ENOMEM;
+    free(line);
+    close(ctl);
+    if (!line) {
+        json_decref(res);
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, NULL, NULL, "lease: out of memory");
+    }
+    if (sr < 0) {
+        log_warn("sandbox %s: lease answer not sent: %s", sb->id, strerror(-sr));
+        conch_rpc_sink_unref(sb->lease_sink);
+        sb->lease_sink = NULL;
+        sandbox_destroy(sb);
+        return;
+    }
+    /* The warden's events are the client's now: we read them again once it is done. */
+    uv_poll_stop(sb->ctl_poll);
+    sb->leased = true;
+}
+
+/* The client is done with @sb: @clean, it read every event of its commands (sandbox.release),
+ * so the sandbox can be made as new for the pool; otherwise it went away mid-way. */
+static void lease_end(struct sandbox *sb, bool clean)
+{
+    sb->leased = false;
+    conch_rpc_sink_unref(sb->lease_sink);
+    sb->lease_sink = NULL;
+    if (!clean || !sb->ctl_poll) {
+        sandbox_destroy(sb);
+        return;
+    }
+    uv_poll_start(sb->ctl_poll, UV_READABLE | UV_DISCONNECT, on_ctl_readable);
+    sandbox_retire(sb);
+}
+
+void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (sb->leased && sb->lease_sink == sink)
+            lease_end(sb, false);
+    }
+}
+
+void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    (void)params;
+    struct dlist *pos, *tmp;
+    unsigned n = 0;
+    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (sb->leased && sb->lease_sink == c->sink) {
+            lease_end(sb, true);
+            n++;
+        }
+    }
+    conch_rpc_call_reply(call, json_pack("{s:i}", "released", n));
+}
+
+void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct daemon *d = c->d;
+    struct conch_err err = {0};
+    if (c->stdio) {
+        conch_rpc_call_failf(call, CONCH_RPC_INVALID_REQUEST, "unsupported", NULL,
+                             "sandbox.lease needs a socket connection (it passes an fd)");
+        return;
+    }
+    const char *ws = conch_rpc_str(params, "workspace", "");
+    enum conch_ws_mode mode = CONCH_WS_OVERLAY;
+    if (ws[0] != '/') {
+        conch_rpc_call_fail_param(call, "workspace", "workspace must be an absolute path");
+        return;
+    }
+    if (conch_ws_mode_parse(conch_rpc_str(params, "mode", "overlay"), &mode, &err) < 0 ||
+        mode == CONCH_WS_RW) {
+        conch_rpc_call_fail_param(call, "mode", "mode must be \"overlay\" or \"ro\"");
+        return;
+    }
+    /* A workspace that cannot be attached costs no pool sandbox (the warden checks again). */
+    struct stat st;
+    dev_t ws_dev = (dev_t)conch_rpc_int(params, "ws_dev", 0);
+    ino_t ws_ino = (ino_t)conch_rpc_int(params, "ws_ino", 0);
+    int e = stat(ws, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (e) {
+        conch_rpc_call_fail_param(call, "workspace", "workspace '%s': %s", ws, strerror(e));
+        return;
+    }
+    if (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino)) {
+        conch_rpc_call_fail_param(call, "workspace",
+                                  "workspace '%s' is not the directory the client looked at (it "
+                                  "was replaced, or swapped for a link)",
+                                  ws);
+        return;
+    }
+    struct sandbox *sb = pool_take(d);
+    if (!sb) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "no pre-built sandbox is ready in the pool");
+        return;
+    }
+    /* Not listed; made as new for the pool (or destroyed) when the client is done. */
+    sb->fresh = sb->from_pool = true;
+    uint64_t disk = (uint64_t)conch_rpc_int(params, "disk", 0);
+    if (conch_jail_send_attach(sb->jail, ws, ws_dev, ws_ino, mode, disk ? disk : 1ULL << 30, &err) <
+        0) {
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
+        sandbox_destroy(sb);
+        return;
+    }
+    sb->leasing = true;
+    sb->lease_call = call;
+    sb->lease_sink = conch_rpc_sink_ref(c->sink);
 }
 
 /* ---- what a previous daemon left ---- */

@@ -122,7 +122,7 @@ static void client_wake_waiters(struct client *c)
     }
 }
 
-static void client_close(struct client *c)
+void client_close(struct client *c)
 {
     if (c->closing)
         return;
@@ -130,6 +130,7 @@ static void client_close(struct client *c)
     dlist_del(&c->link);
     client_wake_waiters(c);
     client_tools_gone(c);
+    sandboxes_client_gone(c->d, c->sink);
     /* Calls still running keep the sink; their late replies are dropped. */
     conch_rpc_sink_close(c->sink);
     c->sink = NULL;
@@ -584,6 +585,9 @@ FS_HANDLER(handle_fs_download, "download")
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
 static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
+static const struct conch_rpc_param p_lease[] = {
+    P("workspace", S, true),    P("mode", S, false),        R("disk", I, 0, 64 * TiB, 64 * KiB),
+    R("ws_dev", I, 0, 9e15, 0), R("ws_ino", I, 0, 9e15, 0), END};
 static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 P("fresh", B, false),
                                                 P("workspace", S, false),
@@ -695,6 +699,8 @@ const struct conch_rpc_method daemon_methods[] = {
     {"sandbox.get", p_id, handle_sandbox_get},
     {"sandbox.destroy", p_id, handle_sandbox_destroy},
     {"exec.run", p_exec, handle_exec_run},
+    {"sandbox.lease", p_lease, handle_sandbox_lease},
+    {"sandbox.release", p_none, handle_sandbox_release},
     {"job.start", p_job_start, handle_job_start},
     {"job.output", p_job_output, handle_job_output},
     {"job.wait", p_job_wait, handle_job_wait},

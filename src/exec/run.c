@@ -396,8 +396,20 @@ static int run_report(struct run_ctx *x, struct conch_err *err)
     return 0;
 }
 
+static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
+                    struct conch_run_result *res, struct conch_err *err);
+
 int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
                    struct conch_err *err)
+{
+    struct conch_jail *leased = o->leased;
+    int r = exec_run(o, &leased, res, err);
+    conch_jail_destroy(leased); /* not taken: a failure before the sandbox was needed */
+    return r;
+}
+
+static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
+                    struct conch_run_result *res, struct conch_err *err)
 {
     int r;
     memset(res, 0, sizeof(*res));
@@ -433,9 +445,15 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
         return conch_err_setk(err, CONCH_ERR_INFRASTRUCTURE, ENOENT, "--tools: %s", ptc_err.msg);
     }
     spec.ptc_dir = ptc_dir;
-    if ((r = conch_jail_start(&spec, &x->jail, err)) < 0 ||
-        (o->tools &&
-         (r = conch_toolhost_start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
+    if (*leased) {
+        x->jail = *leased;
+        *leased = NULL;
+        r = 0;
+    } else {
+        r = conch_jail_start(&spec, &x->jail, err);
+    }
+    if (r < 0 || (o->tools &&
+                  (r = conch_toolhost_start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
         if (x->jail)
             conch_jail_destroy(x->jail);
         conch_exec_env_free(env);

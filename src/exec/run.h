@@ -27,6 +27,9 @@ struct conch_run_opts {
     bool stream;                  /* copy output live to our stdout/stderr (head only) */
     int stdin_fd;                 /* passed to the command; borrowed */
     struct conch_toolhost *tools; /* --tools: serve these to the command; borrowed, or NULL */
+    /* A running sandbox to use instead of building one (a daemon's, conch_cli_lease), made
+     * from @jail but for its workspace: conch_exec_run takes it over and destroys it. */
+    struct conch_jail *leased;
 };
 
 /* conch_run_opts_init - defaults: 1 MiB kept per stream, 64 MiB spill, 2 s grace. */

@@ -37,6 +37,14 @@ struct conch_jail {
     struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
     int ptc_fd;        /* the tool bridge's listening socket until taken, else -1; owned */
+    int pidfd;         /* the warden's pidfd, or -1 (no pidfds: valgrind, old kernels); owned */
+    /* root mode, attach: the last workspace idmapping (its owner's ids), kept for the next
+     * attach (a recycled pool sandbox serves the same workspaces again); -1: none */
+    int idmap_fd;
+    uid_t idmap_uid;
+    gid_t idmap_gid;
+    bool adopted; /* lent by the process that made it (conch_jail_adopt): its own to stop
+                   * and reap; destroying it only closes our fds */
 };
 
 #define JAIL_MAX_BINDS 48
@@ -99,13 +107,16 @@ struct jail_plan {
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
+    /* a workspace may be attached later (JMSG_ATTACH): unprivileged, the warden keeps a mount
+     * namespace that sees the host (see jail_warden_main) */
+    bool attachable;
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0006u /* "co" + version 6 */
+#define JAIL_PROTO_VERSION 0x636f0007u /* "co" + version 7 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -125,7 +136,16 @@ enum jail_msg_type {
     JMSG_RECYCLE,    /* parent → warden: kill every process, renew the namespaces and the
                       * writable mounts (a sandbox without a workspace, for its next user);
                       * answered by SETUP_OK or SETUP_ERR as a new sandbox's setup is */
+    JMSG_ATTACH,     /* parent → warden: mount a workspace at /workspace (a sandbox that has
+                      * run nothing yet): a = conch_ws_mode, bytes = the overlay upper's size;
+                      * fds [workspace dir] (the warden clones it from its host view), or with
+                      * JATTACH_MOUNTED [the mount to attach, the overlay's upper dir or none]
+                      * (made by a parent that is host root); answered by SETUP_OK (a = fd
+                      * number of the upper dir or -1) or SETUP_ERR */
 };
+
+/* JMSG_ATTACH flags (in b) */
+#define JATTACH_MOUNTED 1u
 
 /* JMSG_EXITED flags */
 #define JEXIT_TIMED_OUT 1u /* the warden's deadline fired (SIGTERM, then SIGKILL after grace) */
@@ -146,6 +166,7 @@ struct jail_msg {
     int64_t id; /* the command (or file request) this message is about */
     uint64_t timeout_ms, grace_ms;
     uint64_t ns;
+    uint64_t bytes;
     struct rusage usage;
     struct conch_err err;
 };
@@ -186,6 +207,18 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, 
  * the tree is read-only to commands. Runs in the warden. */
 int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err);
 
+/* jail_overlay_make - a detached overlay mount over @lower (a detached or private mount of
+ * the workspace dir) with its upper in a new detached tmpfs of @bytes; the upper dir gets
+ * @uid/@gid/@mode (the workspace root's, as the sandbox sees them). Returns 0 with *@ret_mnt
+ * (the overlay) and *@ret_upper (its upper dir), or -errno with @err. No allocation: the
+ * warden and a root parent both use it. */
+int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes, int *ret_mnt,
+                      int *ret_upper, struct conch_err *err);
+
+/* jail_workspace_attach_child - in the warden: mount @mnt (a detached mount) at /workspace,
+ * over the empty one. Returns 0 or -errno with @err. */
+int jail_workspace_attach_child(int mnt, struct conch_err *err);
+
 /* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
  * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
@@ -199,6 +232,12 @@ int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as
                        uid_t outer_uid, gid_t outer_gid, struct conch_err *err);
 int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
                        gid_t owner_gid, bool read_only, struct conch_err *err);
+/* The two halves of jail_idmapped_tree: the idmapping's user namespace (an fd; it costs a
+ * fork), and a clone of @path idmapped through it. */
+int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                      struct conch_err *err);
+int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
+                          struct conch_err *err);
 int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

@@ -79,6 +79,8 @@ struct conch_jail_spec {
      * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
      * 0: conch_jail_spawn claims one and releases it in conch_jail_destroy. */
     uint32_t host_id_base;
+    /* A workspace may be attached later (conch_jail_send_attach): the daemon's pool. */
+    bool attachable;
     /* The tool bridge (docs/TOOLS.md): a listening unix socket at /run/conch/ptc.sock inside,
      * handed to the caller (conch_jail_take_ptc_fd), and @ptc_dir (a host dir holding bin/,
      * python/ and node/: conch_ptc_dir()) bound read-only at /run/conch/lib with bin/ on
@@ -243,6 +245,52 @@ struct conch_jail_usage {
  * the number of processes. Returns 0 or -errno.
  */
 int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
+
+/*
+ * Late attach of a workspace: a caller keeps sandboxes built ahead of need (the daemon's pool,
+ * with spec.attachable) and mounts a workspace in one when it is asked for, instead of
+ * building a sandbox for it. The sandbox must not have run anything yet.
+ *
+ * conch_jail_send_attach - mount host dir @workspace (checked to be @ws_dev/@ws_ino when
+ * @ws_ino is not 0) at /workspace in @j, as @mode (CONCH_WS_RW is refused: its writes would
+ * be bounded by no tmpfs); an overlay's upper is a tmpfs of @disk_bytes. As host root the
+ * mount is made here (idmapped, as conch_jail_start does) and handed to the warden; otherwise
+ * the warden clones the directory from the host view it kept. The warden's answer arrives on
+ * the control socket: conch_jail_await_attach. Returns 0 or -errno with @err (usage: the
+ * workspace is not a directory or was replaced).
+ */
+int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
+                           enum conch_ws_mode mode, uint64_t disk_bytes, struct conch_err *err);
+/* conch_jail_await_attach - read the warden's answer to the attach (blocks until it is
+ * there). Returns 0, or -errno with @err; @j stays the caller's either way. */
+int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err);
+
+/* What a process that lends a running jail to another (conch_jail_hand_over) tells it,
+ * besides the control socket. */
+struct conch_jail_lease {
+    pid_t warden_pid;
+    int upper_fd_nr; /* the upper dir's fd number in the warden, or -1 */
+    bool root_mode;
+    uint32_t host_id_base;
+};
+
+/*
+ * conch_jail_hand_over - lend @j to another process: *@ret_ctl is a new descriptor of @j's
+ * control socket, for the borrower (the caller sends it on and closes it). While the borrower
+ * runs commands the caller must not read the socket (the events are the borrower's); when it
+ * is done, the caller takes @j back (recycle or destroy it).
+ */
+int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int *ret_ctl,
+                         struct conch_err *err);
+
+/*
+ * conch_jail_adopt - a jail lent by another process: @ctl is taken over, @workspace (NULL:
+ * none) is opened for the changes and the commit and checked to be @ws_dev/@ws_ino.
+ * Destroying it only closes our descriptors: the lender stops the warden. Returns 0 with
+ * *@ret, or -errno with @err (@ctl is closed).
+ */
+int conch_jail_adopt(const struct conch_jail_lease *lease, int ctl, const char *workspace,
+                     dev_t ws_dev, ino_t ws_ino, struct conch_jail **ret, struct conch_err *err);
 
 /* conch_jail_destroy - stop the warden (everything inside dies), remove the cgroup and
  * staging, close fds, free @j. NULL is a no-op. Without a cgroup it does not wait for

@@ -491,7 +491,81 @@ int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
         (r = unmount("/home/agent", err)) < 0 || (r = mount_home(plan, err)) < 0 ||
         (r = unmount("/dev/shm", err)) < 0 || (r = mount_shm(err)) < 0 ||
         (r = unmount("/dev/pts", err)) < 0 || (r = mount_devpts(err)) < 0 ||
-        (r = unmount("/workspace", err)) < 0 || (r = mount_workspace_tmpfs(plan, err)) < 0)
+        (r = unmount("/workspace", err)) < 0)
         return r;
+    /* An attached workspace was mounted over the empty one: that goes too. */
+    while (umount2("/workspace", MNT_DETACH) == 0)
+        ;
+    if (errno != EINVAL)
+        return fail(err, "unmount", "/workspace", errno);
+    return mount_workspace_tmpfs(plan, err);
+}
+
+/* ---- a workspace attached to a sandbox built without one (JMSG_ATTACH) ---- */
+
+static int fsconfig_str(int fs, const char *key, const char *value)
+{
+    return (int)syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, key, value, 0);
+}
+
+int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes, int *ret_mnt,
+                      int *ret_upper, struct conch_err *err)
+{
+    *ret_mnt = *ret_upper = -1;
+    char size[32], inodes[32];
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)bytes);
+    snprintf(inodes, sizeof(inodes), "%llu", tmpfs_inodes(bytes));
+    const char *step = "create the upper's tmpfs";
+    int fs = -1, tmp = -1, up = -1, work = -1, ovl = -1, mnt = -1;
+    fs = (int)syscall(SYS_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+    if (fs < 0 || fsconfig_str(fs, "size", size) < 0 || fsconfig_str(fs, "nr_inodes", inodes) < 0 ||
+        fsconfig_str(fs, "mode", "0700") < 0 ||
+        syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+        goto fail;
+    tmp = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (tmp < 0)
+        goto fail;
+    step = "make the upper and work dirs";
+    if (mkdirat(tmp, "upper", 0755) < 0 || mkdirat(tmp, "work", 0700) < 0)
+        goto fail;
+    up = openat(tmp, "upper", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    work = openat(tmp, "work", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* The overlay's root takes the upper dir's owner and mode: the workspace root looks
+     * inside as it does on the host. */
+    if (up < 0 || work < 0 || fchown(up, uid, gid) < 0 || fchmod(up, mode & 07777) < 0)
+        goto fail;
+    step = "create the overlay (Linux >= 6.13 takes its layers as fds)";
+    ovl = (int)syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC);
+    if (ovl < 0 || syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FD, "lowerdir+", NULL, lower) < 0 ||
+        syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FD, "upperdir", NULL, up) < 0 ||
+        syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FD, "workdir", NULL, work) < 0 ||
+        syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FLAG, "userxattr", NULL, 0) < 0 ||
+        syscall(SYS_fsconfig, ovl, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+        goto fail;
+    mnt = (int)syscall(SYS_fsmount, ovl, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (mnt < 0)
+        goto fail;
+    close(fs);
+    close(tmp);
+    close(work);
+    close(ovl);
+    *ret_mnt = mnt;
+    *ret_upper = up;
+    return 0;
+fail:;
+    int e = errno;
+    int fds[] = {fs, tmp, up, work, ovl};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return conch_err_set(err, e, "attach the workspace: %s: %s", step, strerror(e));
+}
+
+int jail_workspace_attach_child(int mnt, struct conch_err *err)
+{
+    /* Over the empty one, which is not unmounted here: an unmount waits for RCU, on the
+     * command's critical path; the recycle's scrub removes both. */
+    if (syscall(SYS_move_mount, mnt, "", AT_FDCWD, "/workspace", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        return fail(err, "attach the workspace at", "/workspace", errno);
     return 0;
 }

@@ -257,6 +257,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->file_handler = spec->file_handler;
     plan->file_server = spec->file_handler ? spec->file_server : NULL;
     plan->ptc_socket = spec->ptc_socket;
+    plan->attachable = spec->attachable;
     if (spec->ptc_dir) {
         if (spec->ptc_dir[0] != '/' || strlen(spec->ptc_dir) + 9 >= sizeof(plan->ptc_lib))
             return conch_err_set(err, EINVAL, "tool bridge dir '%s': not an absolute path",
@@ -327,7 +328,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
 {
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
-    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = -1;
+    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
     j->as_root = spec->as_root;
@@ -445,6 +446,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     }
     j->warden_pid = (pid_t)pid;
+    /* Not reaped before we wait for it: the pid is still the warden's. */
+    j->pidfd = (int)syscall(SYS_pidfd_open, j->warden_pid, 0);
 
     if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root,
                                 outer_uid, outer_gid, err)) < 0)
@@ -672,6 +675,10 @@ int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err)
     int r = jail_send(j->ctl_fd, &m, NULL, 0);
     if (r < 0)
         return conch_err_set(err, -r, "ask the warden to recycle: %s", strerror(-r));
+    /* An attached workspace goes with the recycle. */
+    if (j->host_ws_fd >= 0)
+        close(j->host_ws_fd);
+    j->host_ws_fd = j->upper_fd_nr = -1;
     return 0;
 }
 
@@ -708,18 +715,167 @@ int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
     return fd;
 }
 
+/* As host root: the workspace's mount for the warden, made here (the warden, unprivileged in
+ * its user namespace, could not idmap it nor use an idmapped mount of ours as an overlay
+ * layer; the overlay we make from it, it can attach). */
+static int root_attach_mounts(struct conch_jail *j, const char *workspace, const struct stat *ws,
+                              enum conch_ws_mode mode, uint64_t disk_bytes, int *ret_mnt,
+                              int *ret_upper, struct conch_err *err)
+{
+    if (j->idmap_fd >= 0 && (j->idmap_uid != ws->st_uid || j->idmap_gid != ws->st_gid)) {
+        close(j->idmap_fd);
+        j->idmap_fd = -1;
+    }
+    if (j->idmap_fd < 0) {
+        j->idmap_fd = jail_idmap_userns(j->host_id_base, false, ws->st_uid, ws->st_gid, err);
+        if (j->idmap_fd < 0)
+            return j->idmap_fd;
+        j->idmap_uid = ws->st_uid;
+        j->idmap_gid = ws->st_gid;
+    }
+    _cleanup_close_ int tree =
+        jail_idmapped_tree_in(workspace, j->idmap_fd, false, mode == CONCH_WS_RO, err);
+    if (tree < 0)
+        return tree;
+    struct stat st;
+    if (fstat(tree, &st) < 0 || st.st_dev != ws->st_dev || st.st_ino != ws->st_ino)
+        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                              "workspace '%s' changed while it was being attached: refusing it",
+                              workspace);
+    if (mode != CONCH_WS_OVERLAY) {
+        *ret_mnt = TAKE_FD(tree);
+        *ret_upper = -1;
+        return 0;
+    }
+    /* Seen through the idmapping, the owner is the sandbox's agent; anyone else nobody. */
+    uid_t agent = j->host_id_base + CONCH_AGENT_UID;
+    uid_t uid = st.st_uid == 65534 ? agent : st.st_uid;
+    gid_t gid = st.st_gid == 65534 ? j->host_id_base + CONCH_AGENT_GID : st.st_gid;
+    return jail_overlay_make(tree, uid, gid, st.st_mode, disk_bytes, ret_mnt, ret_upper, err);
+}
+
+int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
+                           enum conch_ws_mode mode, uint64_t disk_bytes, struct conch_err *err)
+{
+    if (mode == CONCH_WS_RW)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "a workspace in rw mode is not attached to a built sandbox");
+    if (j->host_ws_fd >= 0 || j->ctl_fd < 0)
+        return conch_err_set(err, EBUSY, "this sandbox cannot take a workspace");
+    _cleanup_close_ int ws = open(workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (ws < 0 || fstat(ws, &st) < 0)
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s", workspace,
+                              strerror(errno));
+    if (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                              "workspace '%s' is not the directory it was (it was replaced, or "
+                              "swapped for a link): refusing it",
+                              workspace);
+    struct jail_msg m = {.type = JMSG_ATTACH, .a = (int32_t)mode, .bytes = disk_bytes};
+    int fds[2] = {-1, -1}, nfds = 1, r;
+    if (j->root_mode) {
+        if ((r = root_attach_mounts(j, workspace, &st, mode, disk_bytes, &fds[0], &fds[1], err)) <
+            0)
+            return r;
+        m.b = JATTACH_MOUNTED;
+        nfds = fds[1] >= 0 ? 2 : 1;
+        r = jail_send(j->ctl_fd, &m, fds, nfds);
+        close(fds[0]);
+        if (fds[1] >= 0)
+            close(fds[1]);
+    } else {
+        r = jail_send(j->ctl_fd, &m, &ws, 1);
+    }
+    if (r < 0)
+        return conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
+    j->host_ws_fd = TAKE_FD(ws);
+    j->ws_owner_uid = st.st_uid;
+    j->ws_owner_gid = st.st_gid;
+    return 0;
+}
+
+int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err)
+{
+    struct jail_msg m;
+    int nfds = 0;
+    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
+    if (r <= 0)
+        return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died attaching the workspace");
+    if (m.type == JMSG_SETUP_ERR) {
+        *err = m.err;
+        return -(err->code ? err->code : EIO);
+    }
+    if (m.type != JMSG_SETUP_OK)
+        return conch_err_set(err, EPROTO, "unexpected warden message %u attaching", m.type);
+    j->upper_fd_nr = m.a;
+    return 0;
+}
+
+int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int *ret_ctl,
+                         struct conch_err *err)
+{
+    if (j->ctl_fd < 0 || j->warden_pid <= 0)
+        return conch_err_set(err, EBADF, "this sandbox has no warden");
+    *ret = (struct conch_jail_lease){.warden_pid = j->warden_pid,
+                                     .upper_fd_nr = j->upper_fd_nr,
+                                     .root_mode = j->root_mode,
+                                     .host_id_base = j->host_id_base};
+    *ret_ctl = fcntl(j->ctl_fd, F_DUPFD_CLOEXEC, 3);
+    if (*ret_ctl < 0)
+        return conch_err_set(err, errno, "dup the control socket: %s", strerror(errno));
+    return 0;
+}
+
+int conch_jail_adopt(const struct conch_jail_lease *lease, int ctl, const char *workspace,
+                     dev_t ws_dev, ino_t ws_ino, struct conch_jail **ret, struct conch_err *err)
+{
+    struct conch_jail *j = calloc(1, sizeof(*j));
+    if (!j) {
+        close(ctl);
+        return conch_err_set(err, ENOMEM, "out of memory");
+    }
+    conch_jail_ids_init(&j->ids);
+    j->adopted = true;
+    j->warden_pid = lease->warden_pid;
+    j->ctl_fd = ctl;
+    j->host_ws_fd = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
+    j->upper_fd_nr = lease->upper_fd_nr;
+    j->root_mode = lease->root_mode;
+    j->host_id_base = lease->host_id_base;
+    snprintf(j->name, sizeof(j->name), "leased-%d", (int)lease->warden_pid);
+    if (workspace) {
+        struct stat st;
+        j->host_ws_fd = open(workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (j->host_ws_fd < 0 || fstat(j->host_ws_fd, &st) < 0 ||
+            (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino))) {
+            int e = j->host_ws_fd < 0 ? errno : ESTALE;
+            conch_jail_destroy(j);
+            return conch_err_setk(err, CONCH_ERR_USAGE, e, "workspace '%s': %s", workspace,
+                                  strerror(e));
+        }
+        j->ws_owner_uid = st.st_uid;
+        j->ws_owner_gid = st.st_gid;
+    }
+    *ret = j;
+    return 0;
+}
+
 void conch_jail_destroy(struct conch_jail *j)
 {
     if (!j)
         return;
-    if (j->warden_pid > 0) {
+    if (j->warden_pid > 0 && !j->adopted) {
         struct jail_msg m = {.type = JMSG_SHUTDOWN};
         if (j->ctl_fd >= 0)
             jail_send(j->ctl_fd, &m, NULL, 0);
         /* The warden is PID 1 of its namespace: SIGKILL to it kills every process inside.
          * Tearing the namespaces down takes the kernel a millisecond or more; only a cgroup
          * (which cannot be removed while the warden is in it) needs us to wait for that. */
-        kill(j->warden_pid, SIGKILL);
+        if (j->pidfd >= 0)
+            syscall(SYS_pidfd_send_signal, j->pidfd, SIGKILL, NULL, 0); /* ESRCH: it is gone */
+        else
+            kill(j->warden_pid, SIGKILL);
         while (waitpid(j->warden_pid, NULL, j->has_cgroup || j->sync_destroy ? 0 : WNOHANG) < 0 &&
                errno == EINTR)
             ;
@@ -734,6 +890,12 @@ void conch_jail_destroy(struct conch_jail *j)
     if (j->ptc_fd >= 0)
         close(j->ptc_fd);
     j->ptc_fd = -1;
+    if (j->pidfd >= 0)
+        close(j->pidfd);
+    j->pidfd = -1;
+    if (j->idmap_fd >= 0)
+        close(j->idmap_fd);
+    j->idmap_fd = -1;
     if (j->has_cgroup) {
         struct conch_err ignored = {0};
         conch_cgroup_destroy(&j->cg, &ignored);

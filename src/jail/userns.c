@@ -55,8 +55,8 @@ int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as
  * sandbox (0..65535 onto the block at @base: a root-owned --rootfs looks root-owned
  * inside); otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to
  * the host ids of the sandbox's agent (@base + 1000). Returns an fd. */
-static int idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
-                        struct conch_err *err)
+int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                      struct conch_err *err)
 {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
@@ -113,9 +113,16 @@ int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range
 {
     if (host_id_base < CONCH_HOST_ID_FIRST)
         return conch_err_set(err, EINVAL, "idmap '%s': no host id block claimed", path);
-    _cleanup_close_ int userns = idmap_userns(host_id_base, whole_range, owner_uid, owner_gid, err);
+    _cleanup_close_ int userns =
+        jail_idmap_userns(host_id_base, whole_range, owner_uid, owner_gid, err);
     if (userns < 0)
         return userns;
+    return jail_idmapped_tree_in(path, userns, whole_range, read_only, err);
+}
+
+int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
+                          struct conch_err *err)
+{
     _cleanup_close_ int tree =
         (int)syscall(SYS_open_tree, AT_FDCWD, path,
                      OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (whole_range ? AT_RECURSIVE : 0));

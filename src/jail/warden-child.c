@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/mount.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -405,9 +407,10 @@ struct shep_report {
  * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
 struct proc_slot {
     int64_t id;
-    pid_t pid;  /* 0: free */
-    int sock;   /* a shepherd waiting for its command: the warden's end of its socket */
-    bool ready; /* a shepherd started ahead of need, no command yet */
+    pid_t pid;    /* 0: free */
+    int sock;     /* a shepherd waiting for its command: the warden's end of its socket */
+    bool ready;   /* a shepherd started ahead of need, no command yet */
+    bool retired; /* a ready one left unused (attach): never given a command, reaped silently */
     bool is_file;
     bool timed_out;
     bool killed;          /* the warden sent SIGKILL itself */
@@ -434,6 +437,10 @@ static bool warden_cpus_known;
 static bool refill_moved; /* the shepherd being built inherits a narrowed mask */
 static bool refill_never; /* the last command was started (JRUN_LAST): no more spares */
 static int last_cmd_slot = -1;
+/* Unprivileged and attachable: a mount namespace that sees the host, where a workspace is
+ * cloned from when one is attached (attach()). Only we hold it: everything we fork closes it. */
+static int host_view = -1;
+static int attached_upper = -1; /* the attached overlay's upper dir, or -1 */
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace: the signals
  * to send are in the shepherd's report slot (sig_req), the signal only wakes it. Blocked in
@@ -487,6 +494,8 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     /* The command's process runs on this stack, in our memory, until it execs; a guard page
      * below it turns an overflow into a crash of that process, not a write into ours. */
     char *stack = MAP_FAILED;
+    if (host_view >= 0)
+        close(host_view);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
@@ -623,6 +632,8 @@ fail:
  * persistent one (@nfds 1) serves requests from its socket until EOF. */
 __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int *fds, int nfds)
 {
+    if (host_view >= 0)
+        close(host_view);
     if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds == 2 && dup3(fds[1], 4, O_CLOEXEC) < 0))
         _exit(120);
     if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
@@ -746,6 +757,10 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     if (s->sock >= 0)
         close(s->sock);
     s->sock = -1;
+    if (s->retired) {
+        s->retired = false;
+        return 0;
+    }
     if (s->ready) {
         /* A shepherd started ahead of need died before it had a command: nothing to report;
          * after a few such deaths, shepherds are only started on demand. */
@@ -953,6 +968,9 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     memset(reports, 0, MAX_PROCS * sizeof(*reports));
     ready_slot = last_cmd_slot = -1;
     ready_failures = 0;
+    if (attached_upper >= 0)
+        close(attached_upper); /* the attached workspace goes with the scrub's new /workspace */
+    attached_upper = -1;
     refill_never = false;
     refill_after_us = 0;
     if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
@@ -964,6 +982,119 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     if (r < 0)
         return r;
     return jail_mounts_scrub_child(plan, err);
+}
+
+/* The workspace dir the parent sent (@ws, a dir of the parent's mount namespace), cloned from
+ * our host view: a detached mount of our own, which an overlay may use as a layer. Checked to
+ * be the very dir the parent opened. Returns the clone or -errno with @err. */
+static int clone_from_host_view(int ws, struct conch_err *err)
+{
+    char link[64], path[PATH_MAX];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", ws);
+    ssize_t n = readlink(link, path, sizeof(path) - 1);
+    struct stat want, got;
+    if (n <= 0 || fstat(ws, &want) < 0)
+        return conch_err_set(err, errno, "attach the workspace: read its path: %s",
+                             strerror(errno));
+    path[n] = '\0';
+    int here = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (here < 0 || root < 0 || setns(host_view, CLONE_NEWNS) < 0) {
+        int e = errno;
+        if (here >= 0)
+            close(here);
+        if (root >= 0)
+            close(root);
+        return conch_err_set(err, e, "attach the workspace: enter the host view: %s", strerror(e));
+    }
+    int tree = (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
+    int e = errno;
+    /* Back into the sandbox, onto its root: a warden left in the host view would hand it to
+     * every shepherd it forks. */
+    if (setns(here, CLONE_NEWNS) < 0 || fchdir(root) < 0 || chroot(".") < 0 || chdir("/") < 0)
+        _exit(1);
+    close(here);
+    close(root);
+    if (tree < 0)
+        return conch_err_set(err, e, "attach the workspace: clone '%s': %s", path, strerror(e));
+    if (fstat(tree, &got) < 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino) {
+        close(tree);
+        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                              "workspace '%s' changed while it was being attached: refusing it",
+                              path);
+    }
+    return tree;
+}
+
+/* JMSG_ATTACH: mount a workspace at /workspace of this sandbox, which has run nothing yet. The
+ * ready shepherd is retired: its Landlock rules are bound to the old /workspace (a rule on a
+ * covered mount point grants nothing) and its mount namespace is a copy from before; the next
+ * one is built on the new mount. The fds we keep are set to -1 in @fds. Returns 0 with
+ * *@ret_upper (or -1), or -errno with @err. */
+static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
+                  int *ret_upper, struct conch_err *err)
+{
+    *ret_upper = -1;
+    if (last_cmd_slot >= 0 || attached_upper >= 0)
+        return conch_err_set(err, EBUSY, "attach the workspace: this sandbox has been used");
+    if (ready_slot >= 0) {
+        /* It stays, idle, until the recycle's kill_all: ending it now (its pid and mount
+         * namespaces' teardown) delayed our answer by a millisecond and more. */
+        struct proc_slot *s = &slots[ready_slot];
+        s->ready = false;
+        s->retired = true;
+        s->id = -1;
+        ready_slot = -1;
+    }
+    refill_after_us = 0;
+    int mnt = -1, upper = -1, r;
+    if (m->b & JATTACH_MOUNTED) {
+        if (nfds < 1 || nfds > 2)
+            return conch_err_set(err, EINVAL, "warden: bad attach request");
+        mnt = fds[0];
+        upper = nfds == 2 ? fds[1] : -1;
+        fds[0] = -1;
+        if (nfds == 2)
+            fds[1] = -1;
+    } else {
+        if (nfds != 1 || host_view < 0)
+            return conch_err_set(err, EINVAL, "warden: this sandbox cannot take a workspace");
+        int tree = clone_from_host_view(fds[0], err);
+        if (tree < 0)
+            return tree;
+        if (m->a == CONCH_WS_OVERLAY) {
+            struct stat st;
+            if (fstat(tree, &st) < 0) {
+                close(tree);
+                return conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
+            }
+            uid_t uid = st.st_uid == 65534 ? plan->cmd_uid : st.st_uid;
+            gid_t gid = st.st_gid == 65534 ? plan->cmd_gid : st.st_gid;
+            r = jail_overlay_make(tree, uid, gid, st.st_mode, m->bytes, &mnt, &upper, err);
+            close(tree);
+            if (r < 0)
+                return r;
+        } else {
+            struct mount_attr attr = {.attr_set =
+                                          MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+            if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                close(tree);
+                return conch_err_set(err, errno, "attach the workspace read-only: %s",
+                                     strerror(errno));
+            }
+            mnt = tree;
+        }
+    }
+    r = jail_workspace_attach_child(mnt, err);
+    close(mnt);
+    if (r < 0) {
+        if (upper >= 0)
+            close(upper);
+        return r;
+    }
+    attached_upper = *ret_upper = upper;
+    return 0;
 }
 
 /* The daemon's command line and environment are still in our memory (we are a fork of it):
@@ -1020,6 +1151,18 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
      * the kernel's ptrace access check refuses them (and each command has a pid namespace of
      * its own, where we are not even visible). We stay dumpable so that an unprivileged
      * parent (same uid, owner of our user namespace) can open our upper dir. */
+    /* Attachable and unprivileged: first a mount namespace that keeps seeing the host (a
+     * slave: later host mounts appear in it too), where an attached workspace is cloned
+     * from; only a mount of a namespace of ours can be an overlay layer here. As host root the
+     * parent makes the mount itself (idmapped) and hands it over: no such view. */
+    if (plan->attachable && !plan->root_mode) {
+        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+            (host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0) {
+            conch_err_set(&err, errno, "keep a view of the host for attached workspaces: %s",
+                          strerror(errno));
+            goto setup_failed;
+        }
+    }
     if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0) {
         conch_err_set(&err, errno, "create mount, network, ipc and uts namespaces: %s",
                       strerror(errno));
@@ -1126,6 +1269,16 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
                 _exit(1);
             break;
         }
+        case JMSG_ATTACH: {
+            struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
+            int up = -1;
+            if (attach(plan, &m, fds, nfds, &up, &done.err) < 0)
+                done.type = JMSG_SETUP_ERR;
+            done.a = up;
+            if (jail_send(ctl, &done, NULL, 0) < 0)
+                _exit(1);
+            break;
+        }
         case JMSG_SIGNAL: {
             struct proc_slot *s = slot_find(m.id);
             if (s && m.a > 0 && m.a < NSIG)
@@ -1140,7 +1293,8 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             _exit(0);
         }
         for (int i = 0; i < nfds; i++)
-            close(fds[i]);
+            if (fds[i] >= 0)
+                close(fds[i]);
         if (started < 0 && jail_send(ctl, &reply, NULL, 0) < 0)
             _exit(1);
     }

@@ -465,6 +465,29 @@ void conch_rpc_call_reply(struct conch_rpc_call *call, json_t *result)
     finish(call, msg);
 }
 
+char *conch_rpc_call_take_result_line(struct conch_rpc_call *call, json_t *result)
+{
+    char *line = NULL;
+    if (wanted(call) && !call->batch && result) {
+        json_t *msg = conch_rpc_result(call->id, json_incref(result));
+        char *text = msg ? json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        json_decref(msg);
+        size_t n = text ? strlen(text) : 0;
+        line = text ? realloc(text, n + 2) : NULL;
+        if (line) {
+            line[n] = '\n';
+            line[n + 1] = '\0';
+        } else {
+            free(text);
+        }
+    }
+    if (!line)
+        return NULL;
+    json_decref(result);
+    finish(call, NULL);
+    return line;
+}
+
 void conch_rpc_call_reply_dumped(struct conch_rpc_call *call, char *text)
 {
     if (!text || !wanted(call) || call->batch || !call->sink->send_line) {

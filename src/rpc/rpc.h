@@ -315,6 +315,15 @@ void conch_rpc_call_reply(struct conch_rpc_call *call, json_t *result);
 void conch_rpc_call_reply_dumped(struct conch_rpc_call *call, char *text);
 
 /*
+ * conch_rpc_call_take_result_line - complete @call with @result (taken over) by handing its
+ * response line (compact JSON and '\n', malloc'd) to the caller, who sends it itself (with
+ * file descriptors, say) instead of through the sink. Returns NULL, with @call and @result
+ * untouched, when the response cannot go that way (a notification, a batch, a closed sink, no
+ * memory): complete it as usual then.
+ */
+char *conch_rpc_call_take_result_line(struct conch_rpc_call *call, json_t *result);
+
+/*
  * conch_rpc_call_fail - complete @call with an error built as conch_rpc_error(id, @code,
  * @data_code, @message, @data_extra) (@data_extra taken over, may be NULL). Frees @call.
  */

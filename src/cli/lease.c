@@ -1,0 +1,153 @@
+/* lease.c - `conch run` through a running daemon: borrow a sandbox the daemon built ahead of
+ * need (its pool) with the workspace attached (sandbox.lease), drive it here exactly as a
+ * sandbox of our own, and give it back (sandbox.release: the daemon makes it as new for its
+ * pool). The connection stays open meanwhile: if we die, the daemon destroys the sandbox.
+ * Any failure to borrow is silent: the caller builds its own sandbox. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/cleanup.h"
+#include "core/clock.h"
+#include "core/fsutil.h"
+#include "daemon/daemon.h"
+#include "exec/run.h"
+
+/* How long a daemon may take to answer before we build our own sandbox instead. */
+#define LEASE_WAIT_MS 2000
+#define LEASE_MAX_LINE 4096
+
+static int daemon_fd = -1; /* the connection of the sandbox we borrowed */
+
+/* The pool's sandboxes are the daemon's defaults: a command whose sandbox would differ in
+ * anything but its workspace (mode overlay or ro, any disk size) builds its own. */
+static bool lease_fits(const struct conch_run_opts *o)
+{
+    struct conch_jail_spec def;
+    conch_jail_spec_init(&def);
+    const struct conch_jail_spec *s = &o->jail;
+    return s->workspace && s->ws_mode != CONCH_WS_RW && !s->rootfs && !s->as_root && !o->tools &&
+           !s->limits.memory_bytes && !s->limits.pids_max && !s->limits.cpu_millicpus &&
+           s->tmp_bytes == def.tmp_bytes && s->home_bytes == def.home_bytes && !s->upper_dir;
+}
+
+static int connect_daemon(const char *socket_path)
+{
+    char path[PATH_MAX];
+    if (socket_path)
+        snprintf(path, sizeof(path), "%s", socket_path);
+    else
+        conch_daemon_socket(path, sizeof(path));
+    struct conch_err err = {0};
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path) || conch_daemon_socket_check(path, true, &err) < 0)
+        return -1;
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Read one response line with the fd that came with it (into *@ret_fd, else -1). */
+static json_t *read_answer(int fd, int *ret_fd)
+{
+    char buf[LEASE_MAX_LINE];
+    size_t len = 0;
+    uint64_t deadline = conch_clock_ms() + LEASE_WAIT_MS;
+    while (len < sizeof(buf) - 1) {
+        uint64_t now = conch_clock_ms();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (now >= deadline || poll(&p, 1, (int)(deadline - now)) <= 0)
+            return NULL;
+        char ctl[CMSG_SPACE(4 * sizeof(int))];
+        struct iovec iov = {.iov_base = buf + len, .iov_len = sizeof(buf) - 1 - len};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+        ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        if (n <= 0)
+            return NULL;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                continue;
+            int got = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int *in = (int *)CMSG_DATA(cm);
+            for (int i = 0; i < got; i++) {
+                if (*ret_fd < 0)
+                    *ret_fd = in[i];
+                else
+                    close(in[i]);
+            }
+        }
+        len += (size_t)n;
+        if (memchr(buf, '\n', len))
+            return json_loadb(buf, len, 0, NULL);
+    }
+    return NULL;
+}
+
+int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
+                    struct conch_jail **ret)
+{
+    *ret = NULL;
+    struct stat st;
+    if (!lease_fits(o) || stat(o->jail.workspace, &st) < 0)
+        return 0;
+    _cleanup_close_ int fd = connect_daemon(socket_path);
+    if (fd < 0)
+        return 0;
+    json_t *req =
+        json_pack("{s:s,s:i,s:s,s:{s:s,s:s,s:I,s:I,s:I}}", "jsonrpc", "2.0", "id", 1, "method",
+                  "sandbox.lease", "params", "workspace", o->jail.workspace, "mode",
+                  conch_ws_mode_name(o->jail.ws_mode), "disk", (json_int_t)o->jail.disk_bytes,
+                  "ws_dev", (json_int_t)st.st_dev, "ws_ino", (json_int_t)st.st_ino);
+    _cleanup_free_ char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (!line)
+        return 0;
+    size_t n = strlen(line);
+    line[n] = '\n'; /* json_dumps leaves room for the NUL: send it as the line's end */
+    if (conch_write_all(fd, line, n + 1) < 0)
+        return 0;
+    int ctl = -1;
+    json_t *ans = read_answer(fd, &ctl);
+    json_t *res = json_object_get(ans, "result");
+    struct conch_jail_lease lease = {
+        .warden_pid = (pid_t)json_integer_value(json_object_get(res, "warden_pid")),
+        .upper_fd_nr = (int)json_integer_value(json_object_get(res, "upper_fd")),
+        .root_mode = json_is_true(json_object_get(res, "root_mode")),
+        .host_id_base = (uint32_t)json_integer_value(json_object_get(res, "host_id_base")),
+    };
+    json_decref(ans);
+    struct conch_err err = {0};
+    if (!res || ctl < 0 || lease.warden_pid <= 0 || lease.root_mode != (geteuid() == 0)) {
+        if (ctl >= 0)
+            close(ctl);
+        return 0;
+    }
+    if (conch_jail_adopt(&lease, ctl, o->jail.workspace, st.st_dev, st.st_ino, ret, &err) < 0)
+        return 0;
+    daemon_fd = TAKE_FD(fd);
+    return 1;
+}
+
+void conch_cli_lease_end(bool clean)
+{
+    if (daemon_fd < 0)
+        return;
+    static const char release[] = "{\"jsonrpc\":\"2.0\",\"method\":\"sandbox.release\"}\n";
+    if (clean)
+        (void)!conch_write_all(daemon_fd, release, sizeof(release) - 1);
+    close(daemon_fd);
+    daemon_fd = -1;
+}

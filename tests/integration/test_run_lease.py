@@ -1,0 +1,205 @@
+# test_run_lease.py - `conch run` with a daemon of the same user running borrows a sandbox
+# from its pool with the workspace attached (sandbox.lease), drives it itself, and gives it
+# back; the daemon makes it as new for the pool (or destroys it when the borrower went away).
+# Each test checks where the command really ran (the daemon's sandbox or one of conch run's
+# own), as root and as the unprivileged user (tests/integration/as_user.sh).
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import CONCH_BIN, conch, descendants, proc_argv, unique_marker
+from rpcclient import RpcError, wait_gone
+from test_fresh_reuse import settled
+
+
+def named(marker):
+    """Host pids of the processes whose argv[0] is @marker (exec -a), not those that merely
+    carry it in their arguments (conch run, bash -c)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            argv = proc_argv(int(d))
+            if argv and argv[0] == marker:
+                out.append(int(d))
+    return out
+
+
+def run_watched(args, marker, timeout=60):
+    """Run `conch ARGS`, whose command runs a process with @marker in its command line for a
+    while; return (result, the host pids from that process up to init)."""
+    seen = {}
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not seen:
+            for p in named(marker):
+                chain, q = [], p
+                while q > 1:
+                    chain.append(q)
+                    try:
+                        with open(f"/proc/{q}/stat", "rb") as f:
+                            st = f.read()
+                    except OSError:
+                        break
+                    q = int(st[st.rindex(b")") + 2:].split()[1])
+                if chain:
+                    seen["chain"] = chain
+                    break
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = conch(args, timeout=timeout)
+    t.join()
+    return r, seen.get("chain", [])
+
+
+def sleeper(marker):
+    # the marker appears in a host process's command line while it sleeps
+    return ["bash", "-c", f"exec -a {marker} sleep 0.6; true"]
+
+
+def test_conch_run_borrows_from_the_pool_and_gives_back(daemon_factory, ws):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    before = settled(d, 1)
+    (ws / "a.txt").write_text("hi\n")
+    marker = unique_marker("lease")
+    r, chain = run_watched(["run", "--socket", d.sock, "--workspace", ws, "--", "bash", "-c",
+                            f"cat a.txt; echo new > b.txt; (exec -a {marker} sleep 0.6); id -un"],
+                           marker)
+    assert r.rc == 0, r.describe()
+    assert r.stdout.startswith("hi\n") and "agent" in r.stdout, r.describe()
+    assert "A b.txt" in r.stderr, r.describe()
+    assert not (ws / "b.txt").exists()
+    # it ran under one of the daemon's wardens, not under a sandbox of conch run's own
+    assert chain and d.pid in chain, chain
+    assert before[0] in chain, (before, chain)
+    # given back: the same warden, made as new, is in the pool again
+    assert settled(d, 1) == before
+
+
+def test_borrowed_sandbox_commits_reads_only_in_ro_and_takes_stdin(daemon_factory, ws):
+    d = daemon_factory(extra_args=["--pool", "2"])
+    settled(d, 2)
+    (ws / "a.txt").write_text("hi\n")
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--commit", "--", "bash", "-c",
+               "echo more >> a.txt; mkdir -p sub; echo x > sub/x; rm -f gone"])
+    assert r.rc == 0, r.describe()
+    assert (ws / "a.txt").read_text() == "hi\nmore\n"
+    assert (ws / "sub" / "x").read_text() == "x\n"
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--mode", "ro", "--", "bash", "-c",
+               "cat a.txt; touch z"])
+    assert r.rc == 1 and "Read-only file system" in r.stderr, r.describe()
+    assert not (ws / "z").exists()
+    p = subprocess.run([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "-q", "--",
+                        "wc", "-c"], input=b"12345", capture_output=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == b"5", p
+    # exit status, timeout and --json as in a sandbox of its own
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--", "sh", "-c", "exit 7"])
+    assert r.rc == 7, r.describe()
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--timeout", "0.5", "--grace",
+               "0.2", "--", "sleep", "30"])
+    assert r.rc == 124, r.describe()
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--json", "--", "sh", "-c",
+               "echo out; echo n > n.txt"], want_json=True)
+    assert r.rc == 0 and r.out == "out\n", r.describe()
+    assert list(r.changes()) == ["n.txt"], r.j
+
+
+def test_a_borrowed_sandbox_is_as_new_for_its_next_user(daemon_factory, tmp_path):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    before = settled(d, 1)
+    ws1, ws2 = tmp_path / "one", tmp_path / "two"
+    ws1.mkdir()
+    ws2.mkdir()
+    (ws1 / "secret.txt").write_text("secret\n")
+    marker = unique_marker("left")
+    r = conch(["run", "--socket", d.sock, "--workspace", ws1, "--", "bash", "-c",
+               f"echo secret > /tmp/left; echo secret > /home/agent/left; echo w > made.txt;"
+               f" (exec -a {marker} sleep 300 &) ; true"])
+    assert r.rc == 0, r.describe()
+    assert wait_gone(marker, 5) == []
+    assert settled(d, 1) == before
+    time.sleep(0.2)  # the warden's answer to the recycle
+    look = ("ls -A /tmp /home/agent /workspace; cat /workspace/secret.txt /workspace/made.txt"
+            " /tmp/left /home/agent/left 2>/dev/null; true")
+    r = conch(["run", "--socket", d.sock, "--workspace", ws2, "--", "bash", "-c", look])
+    assert r.rc == 0, r.describe()
+    assert settled(d, 1) == before, "the second run did not borrow the recycled sandbox"
+    assert "secret" not in r.stdout and "left" not in r.stdout and "made" not in r.stdout, r.stdout
+    time.sleep(0.2)
+    res = d.client().call("exec.run", {"fresh": True, "command": look}, timeout=60)
+    assert res["exit_code"] == 0, res
+    assert "secret" not in res["stdout"] and "made" not in res["stdout"], res
+
+
+def test_a_borrower_killed_mid_command_takes_the_sandbox_with_it(daemon_factory, ws):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    before = settled(d, 1)
+    marker = unique_marker("orphan")
+    p = subprocess.Popen([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "--",
+                          "bash", "-c", f"exec -a {marker} sleep 300"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not named(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = named(marker)
+        assert pids and all(q in descendants(d.pid) for q in pids), pids
+        p.kill()
+        p.wait(10)
+        # the daemon sees its connection go: the sandbox and its processes go with it
+        assert wait_gone(marker, 10) == []
+        after = settled(d, 1)
+        assert len(after) == 1 and after != before, "the borrowed sandbox was not destroyed"
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # the daemon goes on serving
+    assert d.client().call("daemon.ping", {}) is not None
+
+
+def test_no_daemon_an_empty_pool_and_misfits_build_their_own(daemon_factory, ws):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    settled(d, 1)
+    for extra in (["--no-daemon"], ["--memory", "256M"], ["--mode", "rw"], ["--as-root"]):
+        marker = unique_marker("own")
+        r, chain = run_watched(["run", "--socket", d.sock, "--workspace", ws, *extra, "--",
+                                *sleeper(marker)], marker)
+        assert r.rc == 0, (extra, r.describe())
+        assert chain and d.pid not in chain, (extra, chain)
+    # a daemon without a pool: conch run still runs, in a sandbox of its own
+    d0 = daemon_factory(extra_args=["--pool", "0"])
+    marker = unique_marker("nopool")
+    r, chain = run_watched(["run", "--socket", d0.sock, "--workspace", ws, "--",
+                            *sleeper(marker)], marker)
+    assert r.rc == 0, r.describe()
+    assert chain and d0.pid not in chain, chain
+
+
+def test_sandbox_lease_refuses_bad_requests(daemon_factory, ws, tmp_path):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    settled(d, 1)
+    rpc = d.client()
+    st = os.stat(ws)
+    for params, what in (({"workspace": "relative"}, "absolute"),
+                         ({"workspace": str(ws), "mode": "rw"}, "overlay"),
+                         ({"workspace": str(tmp_path / "missing")}, "missing")):
+        with pytest.raises(RpcError) as e:
+            rpc.call("sandbox.lease", params)
+        assert e.value.code in (-32602, -32001, -32002), e.value
+    # a workspace that is not the directory the client looked at (swapped meanwhile)
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(RpcError) as e:
+        rpc.call("sandbox.lease", {"workspace": str(other), "ws_dev": st.st_dev,
+                                   "ws_ino": st.st_ino})
+    assert "not the directory" in str(e.value), e.value
+    # nothing was lent: the pool still serves
+    assert settled(d, 1)
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--", "true"])
+    assert r.rc == 0, r.describe()
