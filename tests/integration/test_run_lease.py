@@ -203,3 +203,39 @@ def test_sandbox_lease_refuses_bad_requests(daemon_factory, ws, tmp_path):
     assert settled(d, 1)
     r = conch(["run", "--socket", d.sock, "--workspace", ws, "--", "true"])
     assert r.rc == 0, r.describe()
+
+
+def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemon_factory, ws):
+    """Unprivileged, an attachable warden keeps a mount namespace that sees the host (to clone
+    workspaces from). Only the warden may hold it: not the shepherds (they close it; they are
+    not dumpable, so only root could look) and above all not the command, which could reach
+    the host's tree through it (the descriptor is close-on-exec too)."""
+    d = daemon_factory(extra_args=["--pool", "1"])
+    settled(d, 1)
+    marker = unique_marker("view")
+    p = subprocess.Popen([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "--",
+                          "bash", "-c", f"exec -a {marker} sleep 30"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not named(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cmd = named(marker)
+        assert cmd, "the command did not start"
+        wardens = [q for q in descendants(d.pid)
+                   if proc_argv(q) and proc_argv(q)[0].startswith("conch-warden")]
+        warden = next(w for w in wardens if cmd[0] in descendants(w))
+        checked = 0
+        for q in descendants(warden):
+            try:
+                links = [os.readlink(f"/proc/{q}/fd/{n}") for n in os.listdir(f"/proc/{q}/fd")]
+            except (PermissionError, FileNotFoundError):
+                continue
+            checked += 1
+            assert not [l for l in links if l.startswith("mnt:")], (q, proc_argv(q), links)
+        assert checked, "no process of the sandbox could be inspected"
+    finally:
+        p.kill()
+        p.wait(10)
+    assert wait_gone(marker, 10) == []
