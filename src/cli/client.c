@@ -17,33 +17,39 @@
 #include "daemon/daemon.h"
 #include "workspace/workspace.h"
 
-int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
+int conch_cli_connect(const char *path, struct conch_err *err)
 {
     char def[PATH_MAX];
     if (!path) {
         conch_daemon_socket(def, sizeof(def));
         path = def;
     }
-    memset(c, 0, sizeof(*c));
-    c->fd = -1;
-    struct conch_err err = {0};
-    if (conch_daemon_socket_check(path, true, &err) < 0) {
-        fprintf(stderr, "conch: %s\n", err.msg);
-        return -1;
-    }
+    int r = conch_daemon_socket_check(path, true, err);
+    if (r < 0)
+        return r;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        fprintf(stderr, "conch: socket path too long: '%s'\n", path);
-        return -1;
-    }
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return conch_err_set(err, ENAMETOOLONG, "socket path too long: '%s'", path);
     strcpy(sa.sun_path, path);
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        fprintf(stderr,
-                "conch: cannot reach the daemon at '%s': %s (start it with 'conch serve')\n", path,
-                strerror(errno));
-        if (c->fd >= 0)
-            close(c->fd);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return conch_err_set(err, e,
+                             "cannot reach the daemon at '%s': %s (start it with 'conch serve')",
+                             path, strerror(e));
+    }
+    return fd;
+}
+
+int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
+{
+    memset(c, 0, sizeof(*c));
+    struct conch_err err = {0};
+    c->fd = conch_cli_connect(path, &err);
+    if (c->fd < 0) {
+        fprintf(stderr, "conch: %s\n", err.msg);
         return -1;
     }
     return 0;

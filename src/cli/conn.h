@@ -8,12 +8,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/error.h"
+
 struct conch_cli_conn {
     int fd;
     char *buf; /* what was read and not yet taken as messages */
     size_t len, cap;
     int next_id; /* of the next request */
 };
+
+/* conch_cli_connect - a connected socket to the daemon at @path (NULL: the default socket),
+ * after checking who owns it. Returns the fd, or -errno with @err (nothing printed). */
+int conch_cli_connect(const char *path, struct conch_err *err);
 
 /* conch_cli_conn_open - connect to the daemon at @path (NULL: the default socket), after
  * checking who owns it. Returns 0, or -1 after printing why. */

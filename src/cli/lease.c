@@ -3,22 +3,18 @@
  * sandbox of our own, and give it back (sandbox.release: the daemon makes it as new for its
  * pool). The connection stays open meanwhile: if we die, the daemon destroys the sandbox.
  * Any failure to borrow is silent: the caller builds its own sandbox. */
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <limits.h>
 #include <poll.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "core/cleanup.h"
 #include "core/clock.h"
+#include "core/fdpass.h"
 #include "core/fsutil.h"
-#include "daemon/daemon.h"
 #include "exec/run.h"
 
 /* How long a daemon may take to answer before we build our own sandbox instead. */
@@ -36,27 +32,7 @@ static bool lease_fits(const struct conch_run_opts *o)
     const struct conch_jail_spec *s = &o->jail;
     return s->workspace && s->ws_mode != CONCH_WS_RW && !s->rootfs && !s->as_root && !o->tools &&
            !s->limits.memory_bytes && !s->limits.pids_max && !s->limits.cpu_millicpus &&
-           s->tmp_bytes == def.tmp_bytes && s->home_bytes == def.home_bytes && !s->upper_dir;
-}
-
-static int connect_daemon(const char *socket_path)
-{
-    char path[PATH_MAX];
-    if (socket_path)
-        snprintf(path, sizeof(path), "%s", socket_path);
-    else
-        conch_daemon_socket(path, sizeof(path));
-    struct conch_err err = {0};
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(sa.sun_path) || conch_daemon_socket_check(path, true, &err) < 0)
-        return -1;
-    strcpy(sa.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
+           s->tmp_bytes == def.tmp_bytes && s->home_bytes == def.home_bytes;
 }
 
 /* Read one response line with the fd that came with it (into *@ret_fd, else -1). */
@@ -70,25 +46,14 @@ static json_t *read_answer(int fd, int *ret_fd)
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (now >= deadline || poll(&p, 1, (int)(deadline - now)) <= 0)
             return NULL;
-        char ctl[CMSG_SPACE(4 * sizeof(int))];
-        struct iovec iov = {.iov_base = buf + len, .iov_len = sizeof(buf) - 1 - len};
-        struct msghdr mh = {
-            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-        ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        int got = 0, in = -1;
+        ssize_t n = conch_recv_fds(fd, buf + len, sizeof(buf) - 1 - len, &in, 1, &got, 0);
+        if (got == 1 && *ret_fd < 0)
+            *ret_fd = in;
+        else if (got == 1)
+            close(in);
         if (n <= 0)
             return NULL;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-                continue;
-            int got = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            int *in = (int *)CMSG_DATA(cm);
-            for (int i = 0; i < got; i++) {
-                if (*ret_fd < 0)
-                    *ret_fd = in[i];
-                else
-                    close(in[i]);
-            }
-        }
         len += (size_t)n;
         if (memchr(buf, '\n', len))
             return json_loadb(buf, len, 0, NULL);
@@ -103,7 +68,8 @@ int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
     struct stat st;
     if (!lease_fits(o) || stat(o->jail.workspace, &st) < 0)
         return 0;
-    _cleanup_close_ int fd = connect_daemon(socket_path);
+    struct conch_err err = {0};
+    _cleanup_close_ int fd = conch_cli_connect(socket_path, &err);
     if (fd < 0)
         return 0;
     json_t *req =
@@ -129,7 +95,6 @@ int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
         .host_id_base = (uint32_t)json_integer_value(json_object_get(res, "host_id_base")),
     };
     json_decref(ans);
-    struct conch_err err = {0};
     if (!res || ctl < 0 || lease.warden_pid <= 0 || lease.root_mode != (geteuid() == 0)) {
         if (ctl >= 0)
             close(ctl);

@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
@@ -938,28 +938,15 @@ static struct client *lease_client(struct sandbox *sb)
  * else is queued for it: the line then lands whole and in order. */
 static int send_with_fd(struct client *c, const char *line, int fd)
 {
+    uv_os_fd_t sock;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->in) != 0)
         return -EAGAIN;
-    uv_os_fd_t sock;
     if (uv_fileno((uv_handle_t *)&c->in, &sock) != 0)
         return -EBADF;
     size_t len = strlen(line);
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof(ctl));
-    struct iovec iov = {.iov_base = (void *)line, .iov_len = len};
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    ssize_t n;
-    do
-        n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = conch_send_fds(sock, line, len, &fd, 1, MSG_DONTWAIT);
     if (n < 0)
-        return -errno;
+        return (int)n;
     /* A short write of a line this small to a socket with nothing queued does not happen;
      * if it did, the client would read half a line: it is disconnected instead. */
     if ((size_t)n < len) {
@@ -1075,37 +1062,24 @@ void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx
         conch_rpc_call_fail_param(call, "mode", "mode must be \"overlay\" or \"ro\"");
         return;
     }
-    /* A workspace that cannot be attached costs no pool sandbox (the warden checks again). */
-    struct stat st;
-    dev_t ws_dev = (dev_t)conch_rpc_int(params, "ws_dev", 0);
-    ino_t ws_ino = (ino_t)conch_rpc_int(params, "ws_ino", 0);
-    int e = stat(ws, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
-    if (e) {
-        conch_rpc_call_fail_param(call, "workspace", "workspace '%s': %s", ws, strerror(e));
-        return;
-    }
-    if (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino)) {
-        conch_rpc_call_fail_param(call, "workspace",
-                                  "workspace '%s' is not the directory the client looked at (it "
-                                  "was replaced, or swapped for a link)",
-                                  ws);
-        return;
-    }
     struct sandbox *sb = pool_take(d);
     if (!sb) {
         conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
                              "no pre-built sandbox is ready in the pool");
         return;
     }
-    /* Not listed; made as new for the pool (or destroyed) when the client is done. */
-    sb->fresh = sb->from_pool = true;
     uint64_t disk = (uint64_t)conch_rpc_int(params, "disk", 0);
-    if (conch_jail_send_attach(sb->jail, ws, ws_dev, ws_ino, mode, disk ? disk : 1ULL << 30, &err) <
-        0) {
+    if (conch_jail_send_attach(sb->jail, ws, (dev_t)conch_rpc_int(params, "ws_dev", 0),
+                               (ino_t)conch_rpc_int(params, "ws_ino", 0), mode,
+                               disk ? disk : 1ULL << 30, &err) < 0) {
+        /* Nothing was attached (a missing or replaced workspace, say): the sandbox is as it
+         * was, back in the pool. */
+        sb->pooled = true;
         conch_rpc_call_fail_err(call, 0, NULL, &err);
-        sandbox_destroy(sb);
         return;
     }
+    /* Not listed; made as new for the pool (or destroyed) when the client is done. */
+    sb->fresh = sb->from_pool = true;
     sb->leasing = true;
     sb->lease_call = call;
     sb->lease_sink = conch_rpc_sink_ref(c->sink);

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
@@ -990,24 +991,12 @@ static void session_pump(struct session *s)
 static bool recv_fd(int sock, int *ret)
 {
     char byte;
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    ssize_t n;
-    do
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n != 1)
+    int nfds = 0;
+    if (conch_recv_fds(sock, &byte, 1, ret, 1, &nfds, 0) != 1 || nfds != 1) {
+        if (nfds == 1)
+            close(*ret);
         return false;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
-        c->cmsg_len != CMSG_LEN(sizeof(int)))
-        return false;
-    memcpy(ret, CMSG_DATA(c), sizeof(int));
+    }
     return true;
 }
 

@@ -215,10 +215,6 @@ int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
 int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes, int *ret_mnt,
                       int *ret_upper, struct conch_err *err);
 
-/* jail_workspace_attach_child - in the warden: mount @mnt (a detached mount) at /workspace,
- * over the empty one. Returns 0 or -errno with @err. */
-int jail_workspace_attach_child(int mnt, struct conch_err *err);
-
 /* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
  * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
@@ -238,6 +234,8 @@ int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t in
                       struct conch_err *err);
 int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
                           struct conch_err *err);
+/* jail_stage_attach - move_mount detached mount @tree_fd onto @dir (over what is there). No
+ * allocation: the warden attaches a workspace with it too. */
 int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

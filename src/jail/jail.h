@@ -256,8 +256,8 @@ int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
  * be bounded by no tmpfs); an overlay's upper is a tmpfs of @disk_bytes. As host root the
  * mount is made here (idmapped, as conch_jail_start does) and handed to the warden; otherwise
  * the warden clones the directory from the host view it kept. The warden's answer arrives on
- * the control socket: conch_jail_await_attach. Returns 0 or -errno with @err (usage: the
- * workspace is not a directory or was replaced).
+ * the control socket: conch_jail_await_attach. Returns 0, or -errno with @err (usage: the
+ * workspace is not a directory or was replaced) and nothing attached: @j is as it was.
  */
 int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
                            enum conch_ws_mode mode, uint64_t disk_bytes, struct conch_err *err);

@@ -490,13 +490,13 @@ int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
     if ((r = unmount("/tmp", err)) < 0 || (r = mount_tmp(plan, err)) < 0 ||
         (r = unmount("/home/agent", err)) < 0 || (r = mount_home(plan, err)) < 0 ||
         (r = unmount("/dev/shm", err)) < 0 || (r = mount_shm(err)) < 0 ||
-        (r = unmount("/dev/pts", err)) < 0 || (r = mount_devpts(err)) < 0 ||
-        (r = unmount("/workspace", err)) < 0)
+        (r = unmount("/dev/pts", err)) < 0 || (r = mount_devpts(err)) < 0)
         return r;
-    /* An attached workspace was mounted over the empty one: that goes too. */
+    /* An attached workspace is mounted over the empty one: every layer goes. */
+    int layers = 0;
     while (umount2("/workspace", MNT_DETACH) == 0)
-        ;
-    if (errno != EINVAL)
+        layers++;
+    if (errno != EINVAL || layers == 0)
         return fail(err, "unmount", "/workspace", errno);
     return mount_workspace_tmpfs(plan, err);
 }
@@ -521,19 +521,19 @@ int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t byt
     if (fs < 0 || fsconfig_str(fs, "size", size) < 0 || fsconfig_str(fs, "nr_inodes", inodes) < 0 ||
         fsconfig_str(fs, "mode", "0700") < 0 ||
         syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-        goto fail;
+        goto out;
     tmp = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
     if (tmp < 0)
-        goto fail;
+        goto out;
     step = "make the upper and work dirs";
     if (mkdirat(tmp, "upper", 0755) < 0 || mkdirat(tmp, "work", 0700) < 0)
-        goto fail;
+        goto out;
     up = openat(tmp, "upper", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     work = openat(tmp, "work", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     /* The overlay's root takes the upper dir's owner and mode: the workspace root looks
      * inside as it does on the host. */
     if (up < 0 || work < 0 || fchown(up, uid, gid) < 0 || fchmod(up, mode & 07777) < 0)
-        goto fail;
+        goto out;
     step = "create the overlay (Linux >= 6.13 takes its layers as fds)";
     ovl = (int)syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC);
     if (ovl < 0 || syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FD, "lowerdir+", NULL, lower) < 0 ||
@@ -541,31 +541,22 @@ int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t byt
         syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FD, "workdir", NULL, work) < 0 ||
         syscall(SYS_fsconfig, ovl, FSCONFIG_SET_FLAG, "userxattr", NULL, 0) < 0 ||
         syscall(SYS_fsconfig, ovl, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-        goto fail;
+        goto out;
     mnt = (int)syscall(SYS_fsmount, ovl, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-    if (mnt < 0)
-        goto fail;
-    close(fs);
-    close(tmp);
-    close(work);
-    close(ovl);
+out:;
+    int e = errno;
+    /* The tmpfs stays alive through the overlay; only the overlay and its upper dir are
+     * handed out. */
+    int tmp_fds[] = {fs, tmp, work, ovl};
+    for (size_t i = 0; i < sizeof(tmp_fds) / sizeof(tmp_fds[0]); i++)
+        if (tmp_fds[i] >= 0)
+            close(tmp_fds[i]);
+    if (mnt < 0) {
+        if (up >= 0)
+            close(up);
+        return conch_err_set(err, e, "attach the workspace: %s: %s", step, strerror(e));
+    }
     *ret_mnt = mnt;
     *ret_upper = up;
-    return 0;
-fail:;
-    int e = errno;
-    int fds[] = {fs, tmp, up, work, ovl};
-    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    return conch_err_set(err, e, "attach the workspace: %s: %s", step, strerror(e));
-}
-
-int jail_workspace_attach_child(int mnt, struct conch_err *err)
-{
-    /* Over the empty one, which is not unmounted here: an unmount waits for RCU, on the
-     * command's critical path; the recycle's scrub removes both. */
-    if (syscall(SYS_move_mount, mnt, "", AT_FDCWD, "/workspace", MOVE_MOUNT_F_EMPTY_PATH) < 0)
-        return fail(err, "attach the workspace at", "/workspace", errno);
     return 0;
 }

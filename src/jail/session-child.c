@@ -11,34 +11,12 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "core/fdpass.h"
 #include "jail/jail-internal.h"
 
 #ifndef TIOCGPTPEER
 #define TIOCGPTPEER _IO('T', 0x41)
 #endif
-
-static int send_fd(int sock, int fd)
-{
-    char byte = 'M';
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof(u));
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    ssize_t n;
-    do
-        n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == 1 ? 0 : -1;
-}
 
 int jail_session_pty_setup_child(int fds[4])
 {
@@ -55,7 +33,8 @@ int jail_session_pty_setup_child(int fds[4])
         goto fail_slave;
     struct winsize ws = {.ws_row = 24, .ws_col = 80};
     ioctl(slave, TIOCSWINSZ, &ws);
-    if (send_fd(fds[0], master) < 0)
+    char byte = 'M';
+    if (conch_send_fds(fds[0], &byte, 1, &master, 1, 0) != 1)
         goto fail_slave;
     close(master);
     /* Inherited by the shell (bash cannot set close-on-exec itself: it runs each command with

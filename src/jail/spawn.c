@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "jail/jail-internal.h"
 #include "jail/spec-internal.h"
@@ -27,61 +28,17 @@
 int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
 {
     m->version = JAIL_PROTO_VERSION;
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * 4)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds > 0) {
-        memset(&u, 0, sizeof(u));
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    ssize_t n;
-    do
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = conch_send_fds(fd, m, sizeof(*m), fds, nfds, 0);
     if (n < 0)
-        return -errno;
+        return (int)n;
     return n == (ssize_t)sizeof(*m) ? 0 : -EPROTO;
 }
 
 int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags)
 {
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * 4)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    ssize_t n;
-    do
-        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
-    while (n < 0 && errno == EINTR);
-    *ret_nfds = 0;
-    if (n < 0)
-        return -errno;
-    if (n == 0)
-        return 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        int *in = (int *)CMSG_DATA(c);
-        for (int i = 0; i < cnt; i++) {
-            if (*ret_nfds < max_fds)
-                fds[(*ret_nfds)++] = in[i];
-            else
-                close(in[i]);
-        }
-    }
+    ssize_t n = conch_recv_fds(fd, m, sizeof(*m), fds, max_fds, ret_nfds, flags);
+    if (n <= 0)
+        return (int)n;
     if (n != (ssize_t)sizeof(*m) || m->version != JAIL_PROTO_VERSION) {
         for (int i = 0; i < *ret_nfds; i++)
             close(fds[i]);
@@ -91,7 +48,6 @@ int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, 
     return 1;
 }
 
-/* Write @text to /proc/<@pid>/<@name>; best effort. */
 static void write_proc_file(pid_t pid, const char *name, const char *text)
 {
     char path[64];
@@ -322,6 +278,35 @@ static int seccomp_prog_for(bool as_root, bool file_worker, struct conch_seccomp
     return 0;
 }
 
+/* Open @path as @j's host workspace (host_ws_fd, its owner's ids; *@ret_st when not NULL),
+ * refusing a directory other than @dev/@ino when @ino is not 0: one that replaced it, or a
+ * link swapped in. Returns 0 or -errno with @err (usage). */
+static int open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
+                          struct stat *ret_st, struct conch_err *err)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return conch_err_setk(err, CONCH_ERR_USAGE, e, "workspace '%s': %s", path, strerror(e));
+    }
+    if (ino && (st.st_dev != dev || st.st_ino != ino)) {
+        close(fd);
+        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                              "workspace '%s' is not the directory it was (it was replaced, or "
+                              "swapped for a link): refusing it",
+                              path);
+    }
+    j->host_ws_fd = fd;
+    j->ws_owner_uid = st.st_uid;
+    j->ws_owner_gid = st.st_gid;
+    if (ret_st)
+        *ret_st = st;
+    return 0;
+}
+
 /* conch_jail_spawn's work on a zeroed @j; on failure @j is destroyed (freed). */
 static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
                       struct conch_err *err)
@@ -337,28 +322,9 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     else
         snprintf(j->name, sizeof(j->name), "run-%d", (int)getpid());
 
-    if (spec->workspace) {
-        j->host_ws_fd = open(spec->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (j->host_ws_fd < 0) {
-            r = conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s", spec->workspace,
-                               strerror(errno));
-            goto fail;
-        }
-        struct stat st;
-        if (fstat(j->host_ws_fd, &st) < 0) {
-            r = conch_err_set(err, errno, "stat workspace: %s", strerror(errno));
-            goto fail;
-        }
-        if (spec->ws_ino && (st.st_dev != spec->ws_dev || st.st_ino != spec->ws_ino)) {
-            r = conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
-                               "workspace '%s' is no longer the directory the sandbox was made "
-                               "on (it was replaced, or swapped for a link): refusing it",
-                               spec->workspace);
-            goto fail;
-        }
-        j->ws_owner_uid = st.st_uid;
-        j->ws_owner_gid = st.st_gid;
-    }
+    if (spec->workspace &&
+        (r = open_workspace(j, spec->workspace, spec->ws_dev, spec->ws_ino, NULL, err)) < 0)
+        goto fail;
 
     if ((r = seccomp_prog_for(spec->as_root, false, &j->seccomp, err)) < 0)
         goto fail;
@@ -762,37 +728,31 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
                               "a workspace in rw mode is not attached to a built sandbox");
     if (j->host_ws_fd >= 0 || j->ctl_fd < 0)
         return conch_err_set(err, EBUSY, "this sandbox cannot take a workspace");
-    _cleanup_close_ int ws = open(workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct stat st;
-    if (ws < 0 || fstat(ws, &st) < 0)
-        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "workspace '%s': %s", workspace,
-                              strerror(errno));
-    if (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino))
-        return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
-                              "workspace '%s' is not the directory it was (it was replaced, or "
-                              "swapped for a link): refusing it",
-                              workspace);
-    struct jail_msg m = {.type = JMSG_ATTACH, .a = (int32_t)mode, .bytes = disk_bytes};
-    int fds[2] = {-1, -1}, nfds = 1, r;
-    if (j->root_mode) {
-        if ((r = root_attach_mounts(j, workspace, &st, mode, disk_bytes, &fds[0], &fds[1], err)) <
-            0)
-            return r;
-        m.b = JATTACH_MOUNTED;
-        nfds = fds[1] >= 0 ? 2 : 1;
-        r = jail_send(j->ctl_fd, &m, fds, nfds);
-        close(fds[0]);
-        if (fds[1] >= 0)
-            close(fds[1]);
-    } else {
-        r = jail_send(j->ctl_fd, &m, &ws, 1);
-    }
+    int r = open_workspace(j, workspace, ws_dev, ws_ino, &st, err);
     if (r < 0)
-        return conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
-    j->host_ws_fd = TAKE_FD(ws);
-    j->ws_owner_uid = st.st_uid;
-    j->ws_owner_gid = st.st_gid;
-    return 0;
+        return r;
+    struct jail_msg m = {.type = JMSG_ATTACH, .a = (int32_t)mode, .bytes = disk_bytes};
+    int fds[2] = {j->host_ws_fd, -1}, nfds = 1;
+    if (j->root_mode) {
+        r = root_attach_mounts(j, workspace, &st, mode, disk_bytes, &fds[0], &fds[1], err);
+        if (r >= 0) {
+            m.b = JATTACH_MOUNTED;
+            nfds = fds[1] >= 0 ? 2 : 1;
+            if ((r = jail_send(j->ctl_fd, &m, fds, nfds)) < 0)
+                conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
+            close(fds[0]);
+            if (fds[1] >= 0)
+                close(fds[1]);
+        }
+    } else if ((r = jail_send(j->ctl_fd, &m, fds, nfds)) < 0) {
+        conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
+    }
+    if (r < 0) {
+        close(j->host_ws_fd); /* nothing was attached: the sandbox is as it was */
+        j->host_ws_fd = -1;
+    }
+    return r;
 }
 
 int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err)
@@ -843,19 +803,10 @@ int conch_jail_adopt(const struct conch_jail_lease *lease, int ctl, const char *
     j->upper_fd_nr = lease->upper_fd_nr;
     j->root_mode = lease->root_mode;
     j->host_id_base = lease->host_id_base;
-    snprintf(j->name, sizeof(j->name), "leased-%d", (int)lease->warden_pid);
-    if (workspace) {
-        struct stat st;
-        j->host_ws_fd = open(workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (j->host_ws_fd < 0 || fstat(j->host_ws_fd, &st) < 0 ||
-            (ws_ino && (st.st_dev != ws_dev || st.st_ino != ws_ino))) {
-            int e = j->host_ws_fd < 0 ? errno : ESTALE;
-            conch_jail_destroy(j);
-            return conch_err_setk(err, CONCH_ERR_USAGE, e, "workspace '%s': %s", workspace,
-                                  strerror(e));
-        }
-        j->ws_owner_uid = st.st_uid;
-        j->ws_owner_gid = st.st_gid;
+    int r = workspace ? open_workspace(j, workspace, ws_dev, ws_ino, NULL, err) : 0;
+    if (r < 0) {
+        conch_jail_destroy(j);
+        return r;
     }
     *ret = j;
     return 0;

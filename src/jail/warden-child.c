@@ -1086,7 +1086,9 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
             mnt = tree;
         }
     }
-    r = jail_workspace_attach_child(mnt, err);
+    /* Over the empty /workspace, which is not unmounted here: an unmount waits for RCU, on
+     * the command's path; the recycle's scrub removes both. */
+    r = jail_stage_attach(mnt, "/workspace", err);
     close(mnt);
     if (r < 0) {
         if (upper >= 0)

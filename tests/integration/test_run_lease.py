@@ -3,6 +3,7 @@
 # back; the daemon makes it as new for the pool (or destroys it when the borrower went away).
 # Each test checks where the command really ran (the daemon's sandbox or one of conch run's
 # own), as root and as the unprivileged user (tests/integration/as_user.sh).
+import contextlib
 import os
 import subprocess
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import CONCH_BIN, conch, descendants, proc_argv, unique_marker
 from rpcclient import RpcError, wait_gone
-from test_fresh_reuse import settled
+from test_fresh_reuse import settled, wardens
 
 
 def named(marker):
@@ -55,6 +56,27 @@ def run_watched(args, marker, timeout=60):
     r = conch(args, timeout=timeout)
     t.join()
     return r, seen.get("chain", [])
+
+
+@contextlib.contextmanager
+def borrowing(d, ws, marker, seconds):
+    """`conch run` borrowing from daemon @d, its command a process named @marker that sleeps
+    @seconds; yields (the conch run process, the command's host pids) once it runs."""
+    p = subprocess.Popen([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "--",
+                          "bash", "-c", f"exec -a {marker} sleep {seconds}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not named(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = named(marker)
+        assert pids, "the command did not start"
+        yield p, pids
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
 
 
 def sleeper(marker):
@@ -140,25 +162,14 @@ def test_a_borrower_killed_mid_command_takes_the_sandbox_with_it(daemon_factory,
     d = daemon_factory(extra_args=["--pool", "1"])
     before = settled(d, 1)
     marker = unique_marker("orphan")
-    p = subprocess.Popen([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "--",
-                          "bash", "-c", f"exec -a {marker} sleep 300"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pids = named(marker)
-        assert pids and all(q in descendants(d.pid) for q in pids), pids
+    with borrowing(d, ws, marker, 300) as (p, pids):
+        assert all(q in descendants(d.pid) for q in pids), pids
         p.kill()
         p.wait(10)
         # the daemon sees its connection go: the sandbox and its processes go with it
         assert wait_gone(marker, 10) == []
         after = settled(d, 1)
         assert len(after) == 1 and after != before, "the borrowed sandbox was not destroyed"
-    finally:
-        if p.poll() is None:
-            p.kill()
     # the daemon goes on serving
     assert d.client().call("daemon.ping", {}) is not None
 
@@ -183,26 +194,50 @@ def test_no_daemon_an_empty_pool_and_misfits_build_their_own(daemon_factory, ws)
 
 def test_sandbox_lease_refuses_bad_requests(daemon_factory, ws, tmp_path):
     d = daemon_factory(extra_args=["--pool", "1"])
-    settled(d, 1)
+    before = settled(d, 1)
     rpc = d.client()
     st = os.stat(ws)
-    for params, what in (({"workspace": "relative"}, "absolute"),
-                         ({"workspace": str(ws), "mode": "rw"}, "overlay"),
-                         ({"workspace": str(tmp_path / "missing")}, "missing")):
-        with pytest.raises(RpcError) as e:
-            rpc.call("sandbox.lease", params)
-        assert e.value.code in (-32602, -32001, -32002), e.value
-    # a workspace that is not the directory the client looked at (swapped meanwhile)
     other = tmp_path / "other"
     other.mkdir()
-    with pytest.raises(RpcError) as e:
-        rpc.call("sandbox.lease", {"workspace": str(other), "ws_dev": st.st_dev,
-                                   "ws_ino": st.st_ino})
-    assert "not the directory" in str(e.value), e.value
-    # nothing was lent: the pool still serves
-    assert settled(d, 1)
+    for params, code, says in (
+            ({"workspace": "relative"}, -32602, "absolute"),
+            ({"workspace": str(ws), "mode": "rw"}, -32602, "overlay"),
+            ({"workspace": str(tmp_path / "missing")}, None, "No such file"),
+            ({"workspace": str(ws / "a.txt")}, None, "Not a directory"),
+            # a workspace that is not the directory the client looked at (swapped meanwhile)
+            ({"workspace": str(other), "ws_dev": st.st_dev, "ws_ino": st.st_ino}, None,
+             "not the directory")):
+        if params["workspace"].endswith("a.txt"):
+            (ws / "a.txt").write_text("x")
+        with pytest.raises(RpcError) as e:
+            rpc.call("sandbox.lease", params)
+        assert says in str(e.value), (params, e.value)
+        if code is not None:
+            assert e.value.code == code, (params, e.value)
+    # nothing was lent, nothing rebuilt: the very same sandbox waits in the pool
+    assert wardens(d) == before
     r = conch(["run", "--socket", d.sock, "--workspace", ws, "--", "true"])
     assert r.rc == 0, r.describe()
+
+
+def test_sandbox_lease_needs_a_socket(daemon_factory, ws):
+    d = daemon_factory(stdio=True, extra_args=["--pool", "1"])
+    with pytest.raises(RpcError) as e:
+        d.client().call("sandbox.lease", {"workspace": str(ws)})
+    assert "socket connection" in str(e.value), e.value
+
+
+def test_a_borrowed_overlay_holds_no_more_than_disk(daemon_factory, ws):
+    d = daemon_factory(extra_args=["--pool", "1"])
+    settled(d, 1)
+    marker = unique_marker("disk")
+    r, chain = run_watched(["run", "--socket", d.sock, "--workspace", ws, "--disk", "1M",
+                            "--commit", "--", "bash", "-c",
+                            f"(exec -a {marker} sleep 0.6); head -c 4M /dev/zero > big"],
+                           marker)
+    assert chain and d.pid in chain, chain
+    assert r.rc != 0 and "No space left" in r.stderr, r.describe()
+    assert not (ws / "big").exists() or (ws / "big").stat().st_size <= 1 << 20
 
 
 def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemon_factory, ws):
@@ -213,16 +248,7 @@ def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemo
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
     marker = unique_marker("view")
-    p = subprocess.Popen([CONCH_BIN, "run", "--socket", d.sock, "--workspace", str(ws), "--",
-                          "bash", "-c", f"exec -a {marker} sleep 30"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        cmd = named(marker)
-        assert cmd, "the command did not start"
+    with borrowing(d, ws, marker, 30) as (p, cmd):
         wardens = [q for q in descendants(d.pid)
                    if proc_argv(q) and proc_argv(q)[0].startswith("conch-warden")]
         warden = next(w for w in wardens if cmd[0] in descendants(w))
@@ -235,7 +261,4 @@ def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemo
             checked += 1
             assert not [l for l in links if l.startswith("mnt:")], (q, proc_argv(q), links)
         assert checked, "no process of the sandbox could be inspected"
-    finally:
-        p.kill()
-        p.wait(10)
     assert wait_gone(marker, 10) == []

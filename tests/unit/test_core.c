@@ -1,11 +1,15 @@
 /* test_core.c - unit tests for src/core: errors, size parsing, reading whole files, UTF-8. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "core/utf8.h"
 
@@ -109,4 +113,40 @@ Test(fsutil, read_fd_whole_truncated_and_sizeless)
     cr_assert(!memcmp(buf, big, len));
     free(buf);
     close(p[0]);
+}
+
+/* Descriptors travel with the bytes; beyond what the receiver takes they are closed, not
+ * leaked; a plain message brings none; EOF is 0; too many to send is refused. */
+Test(fdpass, descriptors_travel_and_extras_are_closed)
+{
+    int sv[2];
+    cr_assert(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    int a[2], b[2];
+    cr_assert(pipe(a) == 0 && pipe(b) == 0);
+    int out[2] = {a[1], b[1]};
+    cr_assert_eq(conch_send_fds(sv[0], "hi", 2, out, 2, 0), 2);
+    char buf[8];
+    int got[1] = {-1}, n = -1;
+    cr_assert_eq(conch_recv_fds(sv[1], buf, sizeof(buf), got, 1, &n, 0), 2);
+    cr_assert(n == 1 && memcmp(buf, "hi", 2) == 0);
+    struct stat x, y;
+    cr_assert(fstat(got[0], &x) == 0 && fstat(a[1], &y) == 0 && x.st_ino == y.st_ino,
+              "the first descriptor is the one sent");
+    cr_assert(fcntl(got[0], F_GETFD) & FD_CLOEXEC, "received close-on-exec");
+    /* the second was closed by the receiver: with ours closed too, b's reader sees EOF */
+    close(b[1]);
+    char c;
+    cr_assert_eq(read(b[0], &c, 1), 0, "the extra descriptor leaked");
+    cr_assert_eq(conch_send_fds(sv[0], "x", 1, NULL, 0, 0), 1);
+    cr_assert_eq(conch_recv_fds(sv[1], buf, sizeof(buf), got, 1, &n, 0), 1);
+    cr_assert_eq(n, 0);
+    int many[CONCH_FDPASS_MAX + 1] = {0};
+    cr_assert_eq(conch_send_fds(sv[0], "x", 1, many, CONCH_FDPASS_MAX + 1, 0), -EINVAL);
+    close(sv[0]);
+    cr_assert_eq(conch_recv_fds(sv[1], buf, sizeof(buf), got, 1, &n, 0), 0);
+    close(sv[1]);
+    close(a[0]);
+    close(a[1]);
+    close(b[0]);
+    close(got[0]);
 }
