@@ -25,12 +25,10 @@ struct conch_fs__ctx {
  * symlinks and ".." stay inside the root, as the kernel resolves them for the sandbox). */
 extern _Thread_local bool conch_fs__in_root;
 
-/* conch_fs__defer_unlink - when deferral is on (conch_fs_defer_replaced) and there is room,
- * note that @name in @dirfd (borrowed: a duplicate is kept) is to be unlinked by the next
- * conch_fs_release_deferred, and return true; else false (the caller does it now). */
-bool conch_fs__defer_unlink(int dirfd, const char *name);
-/* conch_fs__undefer_last - forget the last conch_fs__defer_unlink (its file is not there). */
-void conch_fs__undefer_last(void);
+/* conch_fs__hold_replaced - when deferral is on (conch_fs_defer_replaced) and there is room,
+ * hold @name in @dirfd (the file a write is about to rename over) open until the next
+ * conch_fs_release_deferred, so that freeing it is no part of the write. */
+void conch_fs__hold_replaced(int dirfd, const char *name);
 
 /* conch_fs__default_shown - the name of the default directory (home, else the root). */
 const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx);

@@ -182,22 +182,12 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         r = -errno;
     if (close(tfd) < 0 && r == 0)
         r = -errno;
-    /* Replacing a file with deferral on (conch_fs_defer_replaced): swap the two names, and
-     * the old file, now under the temporary one, goes after the answer. Where the exchange
-     * is not to be had, or the file went meanwhile, a rename over it. */
-    if (r == 0 && exists && conch_fs__defer_unlink(pfd, tmp)) {
-        if (renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE) == 0) {
-            /* A directory put there meanwhile would not go with an unlink: swap it back, and
-             * the rename over it fails as it would have. */
-            struct stat xst;
-            if (fstatat(pfd, tmp, &xst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(xst.st_mode)) {
-                *ret_created = false;
-                return 0;
-            }
-            renameat2(pfd, tmp, pfd, name, RENAME_EXCHANGE);
-        }
-        conch_fs__undefer_last();
-    }
+    /* Replacing a file with deferral on (conch_fs_defer_replaced): the old one is held
+     * open, and freed after the answer. (Not RENAME_EXCHANGE with the old file left under
+     * the temporary name: that name was visible to the workspace's scans until the answer
+     * was out, and overlayfs copies the target of an exchange up, data and all.) */
+    if (r == 0 && exists)
+        conch_fs__hold_replaced(pfd, name);
     if (r == 0 && renameat(pfd, tmp, pfd, name) < 0)
         r = -errno;
     if (r < 0) {

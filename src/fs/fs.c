@@ -307,15 +307,12 @@ static const struct {
 
 _Thread_local bool conch_fs__in_root;
 
-/* Files replaced by writes, left under their temporary names until the answer is out
- * (conch_fs_defer_replaced): dirfd (owned, O_PATH) and name of each, unlinked by
- * conch_fs_release_deferred. */
+/* Files replaced by writes, held open (O_PATH) until the answer is out
+ * (conch_fs_defer_replaced): their names are gone at once, their inodes are freed by
+ * conch_fs_release_deferred closing these. */
 #define MAX_DEFERRED 64
 static _Thread_local bool defer_on;
-static _Thread_local struct {
-    int dirfd;
-    char name[32];
-} deferred[MAX_DEFERRED];
+static _Thread_local int deferred[MAX_DEFERRED];
 static _Thread_local unsigned ndeferred;
 
 void conch_fs_defer_replaced(bool on)
@@ -323,32 +320,19 @@ void conch_fs_defer_replaced(bool on)
     defer_on = on;
 }
 
-bool conch_fs__defer_unlink(int dirfd, const char *name)
+void conch_fs__hold_replaced(int dirfd, const char *name)
 {
-    if (!defer_on || ndeferred == MAX_DEFERRED || strlen(name) >= sizeof(deferred[0].name))
-        return false;
-    int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
-    if (fd < 0)
-        return false;
-    deferred[ndeferred].dirfd = fd;
-    strcpy(deferred[ndeferred].name, name);
-    ndeferred++;
-    return true;
-}
-
-void conch_fs__undefer_last(void)
-{
-    if (ndeferred > 0)
-        close(deferred[--ndeferred].dirfd);
+    if (!defer_on || ndeferred == MAX_DEFERRED)
+        return;
+    int fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0)
+        deferred[ndeferred++] = fd;
 }
 
 void conch_fs_release_deferred(void)
 {
-    while (ndeferred > 0) {
-        ndeferred--;
-        unlinkat(deferred[ndeferred].dirfd, deferred[ndeferred].name, 0);
-        close(deferred[ndeferred].dirfd);
-    }
+    while (ndeferred > 0)
+        close(deferred[--ndeferred]);
 }
 
 const char *conch_fs__default_shown(const struct conch_fs__ctx *ctx)

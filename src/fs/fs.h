@@ -62,7 +62,7 @@ const char *conch_fs_errcode_name(enum conch_fs_errcode c);
  * pattern component names them (bash globstar rules).
  *
  * Notes beyond PROTOCOL.md: write and edit replace a regular file atomically (temporary
- * file + rename in the same directory, or an exchange with conch_fs_defer_replaced; mode
+ * file + rename in the same directory; mode
  * kept, new files 0644, new dirs 0755 less the umask); a final symlink is written through
  * in place instead, and an existing file the caller may not write is permission_denied
  * even in a writable directory. Deleting the root is invalid_path. ls fails with too_large
@@ -95,18 +95,16 @@ json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *meth
                              struct conch_fs_error *ferr);
 
 /*
- * conch_fs_defer_replaced - with @on, a write or edit that replaces a regular file swaps the
- * new file in with renameat2(RENAME_EXCHANGE) (atomic, as a rename over it) and leaves the
- * old one under the temporary name for conch_fs_release_deferred to unlink, once the
- * answer is sent: freeing it, and the writeback ext4 starts on a rename over a file, are
- * then no part of the write's latency (a third of it). Off by default (a plain rename over
- * the file); the caller that turns it on must call conch_fs_release_deferred after each
- * answer. Per thread.
+ * conch_fs_defer_replaced - with @on, a write or edit that replaces a regular file holds the
+ * old one open (O_PATH) while it renames the new one over it, and conch_fs_release_deferred
+ * closes it once the answer is sent: freeing the old inode's blocks is then no part of the
+ * write's latency. The name is replaced at once, as without. Off by default; the caller
+ * that turns it on must call conch_fs_release_deferred after each answer. Per thread.
  */
 void conch_fs_defer_replaced(bool on);
 
 /*
- * conch_fs_release_deferred - unlink what writes left for after their answer (see
+ * conch_fs_release_deferred - free what writes held for after their answer (see
  * conch_fs_defer_replaced); the next conch_fs_call* does it too.
  */
 void conch_fs_release_deferred(void);

@@ -1323,10 +1323,23 @@ static int leftovers(const char *sub)
     return n;
 }
 
-/* With deferral on, a replaced file is swapped out (RENAME_EXCHANGE) and unlinked only by
- * conch_fs_release_deferred or the next call: readers of the old file keep it, the new one
- * is whole at once, modes are kept (those the umask would cut too: the fchmod path). Off,
- * nothing is left behind. */
+/* The number of fds this process has open. */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* With deferral on, a replaced file's name goes at once and its inode is held open until
+ * conch_fs_release_deferred or the next call: no temporary name is left for a scan to see,
+ * readers of the old file keep it, the new one is whole at once, modes are kept (those the
+ * umask would cut too: the fchmod path). Off, nothing is held. */
 Test(fs, replaced_files_go_after_the_answer)
 {
     json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "one")));
@@ -1337,10 +1350,12 @@ Test(fs, replaced_files_go_after_the_answer)
     cr_assert_eq(stat(p, &st0), 0);
     _cleanup_close_ int reader = open(p, O_RDONLY | O_CLOEXEC);
     conch_fs_defer_replaced(true);
+    int fds0 = open_fds();
     json_t *r = call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "two"));
     cr_assert(!flag(r, "created"));
     json_decref(r);
-    cr_assert_eq(leftovers("d"), 1);
+    cr_assert_eq(leftovers("d"), 0);
+    cr_assert_eq(open_fds(), fds0 + 1);
     cr_assert_eq(stat(p, &st), 0);
     cr_assert_neq(st.st_ino, st0.st_ino);
     cr_assert_eq(st.st_mode & 07777, 0666);
@@ -1349,23 +1364,25 @@ Test(fs, replaced_files_go_after_the_answer)
     char old[8] = {0};
     cr_assert_eq(read(reader, old, sizeof(old) - 1), 3);
     cr_assert_str_eq(old, "one");
-    conch_fs_release_deferred();
-    cr_assert_eq(leftovers("d"), 0);
     cr_assert_eq(fstat(reader, &st), 0);
     cr_assert_eq(st.st_nlink, 0);
+    conch_fs_release_deferred();
+    cr_assert_eq(open_fds(), fds0);
     /* The next call releases them too; edits defer as writes do; a new file has nothing to
      * leave. */
     json_decref(call_ok("edit", json_pack("{s:s, s:s, s:s}", "path", "d/d.txt", "old_string", "two",
                                           "new_string", "three")));
-    cr_assert_eq(leftovers("d"), 1);
-    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/new.txt", "content", "n")));
     cr_assert_eq(leftovers("d"), 0);
+    cr_assert_eq(open_fds(), fds0 + 1);
+    json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/new.txt", "content", "n")));
+    cr_assert_eq(open_fds(), fds0);
     _cleanup_free_ char *c2 = get("d/d.txt", NULL);
     cr_assert_str_eq(c2, "three");
     /* Off: a plain rename over the file. */
     conch_fs_defer_replaced(false);
     json_decref(call_ok("write", json_pack("{s:s, s:s}", "path", "d/d.txt", "content", "four")));
     cr_assert_eq(leftovers("d"), 0);
+    cr_assert_eq(open_fds(), fds0);
     _cleanup_free_ char *c3 = get("d/d.txt", NULL);
     cr_assert_str_eq(c3, "four");
 }
