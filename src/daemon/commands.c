@@ -51,10 +51,11 @@ static void run_free(struct run *r)
 }
 
 /* Free @r once nothing needs it: finished, not a job that stays listed, no libuv handle
- * open and no change scan under way. Every entry point that may end a run calls it last. */
+ * open, no change scan under way and no answer being built. Every entry point that may end a run
+ * calls it last. */
 static void run_maybe_free(struct run *r)
 {
-    if (r->finished && !r->is_job && r->handles == 0 && !r->scanning)
+    if (r->finished && !r->is_job && r->handles == 0 && !r->scanning && !r->answering)
         run_free(r);
 }
 
@@ -312,25 +313,31 @@ fail:
     return NULL;
 }
 
-/* The tool calls of @r and its detached sub-agent requests, into result @o. */
-static void run_tools_json(const struct run *r, json_t *o)
+/* The tool calls and detached sub-agent requests of a command (borrowed, NULL: none), into
+ * result @o. */
+static void set_tools_json(json_t *o, json_t *calls, json_t *detached)
 {
     if (!o)
         return;
-    json_object_set_new(o, "tool_calls",
-                        r->tools.calls ? json_incref(r->tools.calls) : json_array());
-    json_object_set_new(o, "detached_agents",
-                        r->tools.detached ? json_incref(r->tools.detached) : json_array());
+    json_object_set_new(o, "tool_calls", calls ? json_incref(calls) : json_array());
+    json_object_set_new(o, "detached_agents", detached ? json_incref(detached) : json_array());
 }
 
-/* The result of a finished command, as exec.run returns it. */
-static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
+/* The tool calls of @r and its detached sub-agent requests, into result @o. */
+static void run_tools_json(const struct run *r, json_t *o)
 {
-    struct conch_run_result res;
-    memset(&res, 0, sizeof(res));
-    res.out = r->out_cap;
-    res.err = r->err_cap;
-    res.duration_ms = r->end_ms - r->start_ms;
+    set_tools_json(o, r->tools.calls, r->tools.detached);
+}
+
+/* Fill @res with what the loop knows of finished @r: its status, limits, usage, the kept
+ * output (borrowed from @r: @res is not to be done) and @changes (borrowed too, or NULL). */
+static void run_result_fill(struct run *r, struct conch_ws_changes *changes,
+                            struct conch_run_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    res->out = r->out_cap;
+    res->err = r->err_cap;
+    res->duration_ms = r->end_ms - r->start_ms;
     struct conch_cgroup_stats cgs = {0};
     if (r->sb->jail_up)
         conch_jail_cgroup_stats(r->sb->jail, &cgs);
@@ -356,22 +363,36 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
                 ? disk
                 : NULL,
     };
-    conch_run_result_end(&res, &end);
-    res.tools_summary = r->tools.summary;
+    conch_run_result_end(res, &end);
+    res->tools_summary = r->tools.summary;
     /* The workspace's changes so far, scanned by a worker (conch_ws_changes_json_set caps
-     * what is listed). Moved in for the JSON, handed back after. */
+     * what is listed). */
     if (changes) {
-        res.changes = *changes;
-        res.has_changes = true;
+        res->changes = *changes;
+        res->has_changes = true;
     }
-    json_t *o = conch_run_result_json(&res, NULL);
-    char *text = conch_run_result_text(&res);
+}
+
+/* The result object of @res as exec.run returns it, with the tool calls @calls and @detached
+ * (borrowed). Touches nothing of the daemon's: a worker may build it. */
+static json_t *run_result_build(const struct conch_run_result *res, json_t *calls, json_t *detached)
+{
+    json_t *o = conch_run_result_json(res, NULL);
+    char *text = conch_run_result_text(res);
     if (o && text)
         json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
     free(text);
     json_object_del(o, "committed");
-    run_tools_json(r, o);
+    set_tools_json(o, calls, detached);
     return o;
+}
+
+/* The result of a finished command, as exec.run returns it. */
+static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
+{
+    struct conch_run_result res;
+    run_result_fill(r, changes, &res);
+    return run_result_build(&res, r->tools.calls, r->tools.detached);
 }
 
 static void job_record_exit(struct run *r)
@@ -458,18 +479,97 @@ static void forget_old_jobs(struct daemon *d, struct run *keep)
     }
 }
 
-/* Answer @r's exec.run with its result (and @changes, or NULL); a fresh sandbox goes with
- * its one command. */
-static void run_answer(struct run *r, struct conch_ws_changes *changes)
+/* A result that keeps more output than this is built and serialised by a worker: repairing
+ * the UTF-8 of 8 MiB, its text form and its JSON encoding take ~0.15 s (~0.5 s under ASan),
+ * which every other client would wait for on the loop. Below it the threadpool's round trip
+ * would cost a short command more than it saves. */
+#define ANSWER_ON_LOOP_MAX (64u << 10)
+
+/* A result being built off the loop. @r is kept (r->answering) until answer_done. */
+struct answer_job {
+    uv_work_t req;
+    struct run *r;
+    struct conch_run_result res; /* out/err borrowed from @r; changes owned */
+    json_t *calls, *detached;    /* copies of @r's: the worker owns them */
+    char *text;                  /* the serialised result */
+};
+
+/* After the answer is on its way: a short command ends between two samples of the disk, so
+ * measure what it left (the worker's wake-up would have delayed the answer); a fresh
+ * sandbox goes with its one command. */
+static void run_answered(struct run *r)
 {
     struct sandbox *sb = r->sb;
+    sandbox_measure(sb);
+    if (sb->fresh && !sb->super.gone && !sb->destroying && !sb->free_pending)
+        sandbox_retire(sb);
+}
+
+static void answer_work(uv_work_t *req)
+{
+    struct answer_job *a = req->data;
+    json_t *o = run_result_build(&a->res, a->calls, a->detached);
+    a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+}
+
+static void answer_done(uv_work_t *req, int status)
+{
+    struct answer_job *a = req->data;
+    struct run *r = a->r;
+    struct sandbox *sb = r->sb;
+    (void)status;
+    /* NULL text (out of memory, or cancelled) is answered as an internal error. */
+    conch_rpc_call_reply_dumped(r->call, a->text);
+    r->call = NULL;
+    conch_ws_changes_done(&a->res.changes);
+    json_decref(a->calls);
+    json_decref(a->detached);
+    free(a);
+    r->answering = false;
+    run_answered(r);
+    sandbox_release(sb);
+    run_maybe_free(r);
+}
+
+/* Build @r's result off the loop (see ANSWER_ON_LOOP_MAX), taking @changes' contents.
+ * Returns false when it could not be queued (the caller answers on the loop). */
+static bool run_answer_async(struct run *r, struct conch_ws_changes *changes)
+{
+    struct answer_job *a = calloc(1, sizeof(*a));
+    if (!a)
+        return false;
+    a->r = r;
+    a->req.data = a;
+    run_result_fill(r, changes, &a->res);
+    a->calls = r->tools.calls ? json_deep_copy(r->tools.calls) : NULL;
+    a->detached = r->tools.detached ? json_deep_copy(r->tools.detached) : NULL;
+    if ((r->tools.calls && !a->calls) || (r->tools.detached && !a->detached) ||
+        uv_queue_work(&r->sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+        json_decref(a->calls);
+        json_decref(a->detached);
+        free(a);
+        return false;
+    }
+    /* Queued: the worker owns the list of changes now. */
+    if (changes)
+        memset(changes, 0, sizeof(*changes));
+    r->answering = true;
+    sandbox_hold(r->sb);
+    return true;
+}
+
+/* Answer @r's exec.run with its result (and @changes, or NULL: their contents may be taken);
+ * a fresh sandbox goes with its one command. */
+static void run_answer(struct run *r, struct conch_ws_changes *changes)
+{
+    size_t kept =
+        r->out_cap.head_len + r->out_cap.tail_len + r->err_cap.head_len + r->err_cap.tail_len;
+    if (kept > ANSWER_ON_LOOP_MAX && run_answer_async(r, changes))
+        return;
     conch_rpc_call_reply(r->call, run_result(r, changes));
     r->call = NULL;
-    /* A short command ends between two samples of the disk: measure what it left, once the
-     * answer is on its way (the worker's wake-up would delay it). */
-    sandbox_measure(sb);
-    if (sb->fresh && !sb->super.gone && !sb->destroying)
-        sandbox_retire(sb);
+    run_answered(r);
 }
 
 static void run_changes_done(void *arg, int rc, struct conch_ws_changes *changes,

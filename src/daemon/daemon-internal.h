@@ -172,6 +172,7 @@ struct run {
     bool over_spill;          /* output went past the spill cap: killed */
     int handles;              /* libuv handles still open */
     bool scanning;            /* a worker lists the workspace's changes for the result */
+    bool answering;           /* a worker builds the result (large output) */
     bool no_changes;          /* exec.run "changes": false: the result lists none (no scan) */
     struct sink_waiter drain; /* armed while the client is congested: pipes not read */
     struct dlist waiters;     /* struct job_wait */

@@ -508,3 +508,24 @@ def test_calls_from_a_session_belong_to_the_session_and_its_command(bridge):
     trace = c.call("tools.trace", {"sandbox": sb, "origin": {"kind": "session", "id": sess}})["calls"]
     assert [x["input"] for x in trace] == [{"s": 1}, {"s": 2}, {"s": 3}]
     c.call("session.close", {"session": sess}, timeout=30)
+
+
+def test_large_result_is_whole_with_its_tool_calls_and_changes(bridge):
+    """A result keeping more than 64 KiB of output is built and serialised off the event loop
+    (by a worker): it still carries everything a small one does - the output in both its
+    forms, the tool calls with their trace, the summary line, the changes, the exit code."""
+    c, sb, run = bridge
+    r = run("""tool_call echo '{"big": true}' >/dev/null; head -c 300000 /dev/zero | tr '\\0' a;"""
+            """ printf '\\xff\\n' >&2; echo made > made.txt; exit 3""", max_output=1 << 20)
+    assert r["exit_code"] == 3, r["text"][-300:]
+    assert r["stdout"] == "a" * 300000 and r["stdout_bytes"] == 300000
+    assert r["stderr"] == "\ufffd\n"
+    [call] = r["tool_calls"]
+    assert call["name"] == "echo" and call["result"] == {"big": True}
+    lines = r["text"].splitlines()
+    assert lines[-1] == "[exit code: 3]" and lines[-2].startswith("[tools: 1 call (echo=1)")
+    assert lines[0].startswith("a" * 1000)
+    assert [(ch["path"], ch["kind"]) for ch in r["changes"]] == [("made.txt", "added")]
+    # and the sandbox goes on serving, the trace kept
+    assert run("echo ok")["stdout"] == "ok\n"
+    assert call in c.call("tools.trace", {"sandbox": sb})["calls"]
