@@ -89,8 +89,17 @@ static int add_path_rule(int ruleset, const char *path, uint64_t allowed)
     return r;
 }
 
-int conch_landlock_apply_child(const char *const *writable)
+/* Writable paths are the caller's list of mounts; a missing one grants nothing, so skipping
+ * it cannot widen access. Any other failure fails closed. */
+static int add_writable_rule(int ruleset, const char *path, uint64_t handled)
 {
+    int r = add_path_rule(ruleset, path, handled);
+    return r == -ENOENT ? 0 : r;
+}
+
+int conch_landlock_prepare_child(const char *const *writable, int *ret_ruleset)
+{
+    *ret_ruleset = -1;
     int abi = conch_landlock_abi();
     if (abi <= 0)
         return 1;
@@ -112,15 +121,31 @@ int conch_landlock_apply_child(const char *const *writable)
         return -errno;
 
     int r = add_path_rule(ruleset, "/", FS_READ_EXEC);
-    for (size_t i = 0; r >= 0 && writable && writable[i]; i++) {
-        r = add_path_rule(ruleset, writable[i], handled);
-        /* Writable paths are the caller's list of mounts; a missing one grants nothing, so
-         * skipping it cannot widen access. Any other failure fails closed. */
-        if (r == -ENOENT)
-            r = 0;
+    for (size_t i = 0; r >= 0 && writable && writable[i]; i++)
+        r = add_writable_rule(ruleset, writable[i], handled);
+    if (r < 0) {
+        close(ruleset);
+        return r;
     }
+    *ret_ruleset = ruleset;
+    return 0;
+}
+
+int conch_landlock_finish_child(int ruleset, const char *const *writable)
+{
+    uint64_t handled = fs_rights(conch_landlock_abi());
+    int r = 0;
+    for (size_t i = 0; r >= 0 && writable && writable[i]; i++)
+        r = add_writable_rule(ruleset, writable[i], handled);
     if (r >= 0 && syscall(SYS_landlock_restrict_self, ruleset, 0) < 0)
         r = -errno;
     close(ruleset);
     return r;
+}
+
+int conch_landlock_apply_child(const char *const *writable)
+{
+    int ruleset;
+    int r = conch_landlock_prepare_child(writable, &ruleset);
+    return r == 0 ? conch_landlock_finish_child(ruleset, NULL) : r;
 }

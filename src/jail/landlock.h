@@ -26,4 +26,17 @@ int conch_landlock_abi(void);
  */
 int conch_landlock_apply_child(const char *const *writable);
 
+/*
+ * conch_landlock_prepare_child / conch_landlock_finish_child - conch_landlock_apply_child in
+ * two steps, for a process fenced before everything it may write is mounted: prepare builds
+ * the ruleset (rules for "/" and @writable, as above) into *@ret_ruleset (a new
+ * close-on-exec fd) without restricting anything; finish adds rules for its own @writable
+ * (NULL: none), opened now, restricts the calling process and closes @ruleset (taken over,
+ * whatever the outcome). prepare returns 0, 1 when the kernel has no Landlock
+ * (*@ret_ruleset stays -1 and there is nothing to finish), or -errno; finish returns 0 or
+ * -errno. Both async-signal-safe.
+ */
+int conch_landlock_prepare_child(const char *const *writable, int *ret_ruleset);
+int conch_landlock_finish_child(int ruleset, const char *const *writable);
+
 #endif

@@ -117,11 +117,19 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
     errno = saved;
 }
 
+/* What a command may write beneath (Landlock); the first entry is the workspace. */
+static const char *const writable_paths[] = {"/workspace", "/tmp", "/home/agent", "/dev",
+                                             "/proc",      "/run", NULL};
+static const char *const workspace_path[] = {"/workspace", NULL};
+
 /* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
  * no_new_privs, Landlock, seccomp. On failure returns -errno with *@step naming what failed.
- * Run after the fds are in place: Landlock checks rights at open time. */
+ * Run after the fds are in place: Landlock checks rights at open time. With @ret_ruleset,
+ * Landlock is prepared but not applied: the ruleset, with every rule but the workspace's, is
+ * left in *@ret_ruleset (-1 when the kernel has none) for conch_landlock_finish_child to add
+ * the workspace's rule and apply, once the workspace is mounted (see spawn_shepherd). */
 static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_prog *seccomp,
-                      const char **step)
+                      const char **step, int *ret_ruleset)
 {
     *step = "set resource limits";
     struct rlimit rl = {0, 0};
@@ -163,9 +171,11 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return -errno;
     *step = "apply Landlock";
-    static const char *const writable[] = {"/workspace", "/tmp", "/home/agent", "/dev",
-                                           "/proc",      "/run", NULL};
-    if ((r = conch_landlock_apply_child(writable)) < 0)
+    if (ret_ruleset)
+        r = conch_landlock_prepare_child(writable_paths + 1, ret_ruleset);
+    else
+        r = conch_landlock_apply_child(writable_paths);
+    if (r < 0)
         return r;
     *step = "install seccomp filter";
     if (seccomp && (r = conch_seccomp_install_child(seccomp)) < 0)
@@ -337,6 +347,7 @@ struct zygote_args {
     const struct jail_plan *plan;
     int sock;
     int gate;
+    bool late_landlock; /* the workspace's Landlock rule is added at the RUN (spawn_shepherd) */
     struct zygote_out *out;
 };
 
@@ -358,7 +369,8 @@ static int command_zygote(void *arg)
     sigprocmask(SIG_SETMASK, &none, NULL);
     oom_score_raise();
     const char *step;
-    int r = fence_self(a->plan, a->plan->seccomp, &step);
+    int ruleset = -1;
+    int r = fence_self(a->plan, a->plan->seccomp, &step, a->late_landlock ? &ruleset : NULL);
     if (r < 0) {
         conch_err_set(&err, -r, "start command: %s: %s", step, strerror(-r));
         command_fail(out, &err);
@@ -371,6 +383,11 @@ static int command_zygote(void *arg)
         _exit(0); /* the warden went away: no command */
     }
     out->got_run = true;
+    /* Whatever was attached meanwhile is mounted now: Landlock is whole before the exec. */
+    if (ruleset >= 0 && (r = conch_landlock_finish_child(ruleset, workspace_path)) < 0) {
+        conch_err_set(&err, -r, "start command: apply Landlock: %s", strerror(-r));
+        command_fail(out, &err);
+    }
     command_exec(fds, out, out->run.b & JRUN_PTY);
 }
 
@@ -441,6 +458,11 @@ static int last_cmd_slot = -1;
  * cloned from when one is attached (attach()). Only we hold it: everything we fork closes it. */
 static int host_view = -1;
 static int attached_upper = -1; /* the attached overlay's upper dir, or -1 */
+/* Attachable: our empty /workspace is a shared mount, and every shepherd's copy of it a
+ * slave, so that a workspace attached over it appears in the ready shepherd's namespace too
+ * (see spawn_shepherd). False where the kernel refused (the ready one is then rebuilt). */
+static bool ws_shared;
+static bool ws_attached; /* a workspace was attached (until the recycle) */
 
 /* The signal a warden uses to ask a shepherd to signal its whole pid namespace: the signals
  * to send are in the shepherd's report slot (sig_req), the signal only wakes it. Blocked in
@@ -507,7 +529,10 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     sigaddset(&mask, ctl_signal());
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
+    if (ws_shared && mount(NULL, "/workspace", NULL, MS_SLAVE, NULL) < 0) {
+        conch_err_set(&err, errno, "start command: make its /workspace a slave mount: %s",
+                      strerror(errno));
+    } else if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
     } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0 ||
                (stack = mmap(NULL, ZYGOTE_STACK + ZYGOTE_GUARD, PROT_READ | PROT_WRITE,
@@ -519,7 +544,11 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         if (stat("/proc/self/ns/pid", &ns) == 0)
             __atomic_store_n(&rep->ns_ino, (uint64_t)ns.st_ino, __ATOMIC_RELEASE);
         zout.cpu = &rep->cpu;
-        struct zygote_args za = {.plan = plan, .sock = wsock, .gate = gate[1], .out = &zout};
+        struct zygote_args za = {.plan = plan,
+                                 .sock = wsock,
+                                 .gate = gate[1],
+                                 .late_landlock = ws_shared && !ws_attached,
+                                 .out = &zout};
         cmd = clone(command_zygote, stack + ZYGOTE_GUARD + ZYGOTE_STACK, CLONE_VM | SIGCHLD, &za);
         if (cmd < 0)
             conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
@@ -654,7 +683,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     conch_proctitle_set_child(nfds == 1 ? "conch-file-server" : "conch-file-worker");
     const char *step;
-    if (fence_self(plan, plan->seccomp_file, &step) < 0 || chdir("/workspace") < 0)
+    if (fence_self(plan, plan->seccomp_file, &step, NULL) < 0 || chdir("/workspace") < 0)
         _exit(121);
     if (nfds == 1) {
         /* It lives long, beside other workers of the same uid: nothing may read its memory. */
@@ -820,7 +849,16 @@ static struct proc_slot *slot_find(int64_t id)
 }
 
 /* Start a shepherd (in new pid and mount namespaces) in free slot @i; it prepares itself
- * and waits for its command on the slot's socket. Returns 0 or -errno. */
+ * and waits for its command on the slot's socket. Returns 0 or -errno.
+ *
+ * In an attachable sandbox (a pool's) a workspace may be attached after the ready shepherd
+ * was built; it is then still the one to run the first command, not rebuilt (~0.9 ms on
+ * `conch run`'s path through the pool). Two things make that hold: its /workspace is a slave
+ * of ours, so the attach's mount propagates into its namespace (and nothing of its own
+ * propagates back); and its command's process, built before, applies Landlock only when the
+ * RUN comes, the workspace's rule opened then: a rule made before would name the empty
+ * /workspace, which the attach covers, and Landlock skips a covered mount point (it would
+ * grant nothing). Everything else of that process is fenced ahead as for any other. */
 static int spawn_shepherd(const struct jail_plan *plan, int i)
 {
     int sp[2];
@@ -952,6 +990,13 @@ static int start_file_worker(const struct jail_plan *plan, const struct jail_msg
     return 0;
 }
 
+/* An attachable sandbox's empty /workspace becomes a shared mount (see spawn_shepherd). The
+ * peer group is new and ours: the root was made private, nothing of the host is in it. */
+static void share_workspace(const struct jail_plan *plan)
+{
+    ws_shared = plan->attachable && mount(NULL, "/workspace", NULL, MS_SHARED, NULL) == 0;
+}
+
 /* JMSG_RECYCLE: make this sandbox (one without a workspace) as new for its next user. Every
  * process but us dies (commands, shepherds, file workers); the network, IPC and UTS
  * namespaces are replaced by new ones (the old die with their last user: us); every mount a
@@ -971,6 +1016,7 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     if (attached_upper >= 0)
         close(attached_upper); /* the attached workspace goes with the scrub's new /workspace */
     attached_upper = -1;
+    ws_attached = false;
     refill_never = false;
     refill_after_us = 0;
     if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
@@ -981,7 +1027,10 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     int r = loopback_up(err);
     if (r < 0)
         return r;
-    return jail_mounts_scrub_child(plan, err);
+    if ((r = jail_mounts_scrub_child(plan, err)) < 0)
+        return r;
+    share_workspace(plan);
+    return 0;
 }
 
 /* The workspace dir the parent sent (@ws, a dir of the parent's mount namespace), cloned from
@@ -1028,9 +1077,10 @@ static int clone_from_host_view(int ws, struct conch_err *err)
 }
 
 /* JMSG_ATTACH: mount a workspace at /workspace of this sandbox, which has run nothing yet. The
- * ready shepherd is retired: its Landlock rules are bound to the old /workspace (a rule on a
- * covered mount point grants nothing) and its mount namespace is a copy from before; the next
- * one is built on the new mount. The fds we keep are set to -1 in @fds. Returns 0 with
+ * ready shepherd sees it and runs the first command (see spawn_shepherd); where our
+ * /workspace could not be made shared, it is retired instead (its mount namespace is a copy
+ * from before) and the next one is built on the new mount. The fds we keep are set to -1 in @fds.
+ * Returns 0 with
  * *@ret_upper (or -1), or -errno with @err. */
 static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
                   int *ret_upper, struct conch_err *err)
@@ -1038,7 +1088,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     *ret_upper = -1;
     if (last_cmd_slot >= 0 || attached_upper >= 0)
         return conch_err_set(err, EBUSY, "attach the workspace: this sandbox has been used");
-    if (ready_slot >= 0) {
+    if (ready_slot >= 0 && !ws_shared) {
         /* It stays, idle, until the recycle's kill_all: ending it now (its pid and mount
          * namespaces' teardown) delayed our answer by a millisecond and more. */
         struct proc_slot *s = &slots[ready_slot];
@@ -1096,6 +1146,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
         return r;
     }
     attached_upper = *ret_upper = upper;
+    ws_attached = true;
     return 0;
 }
 
@@ -1183,6 +1234,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     int ptc_fd = -1;
     if (jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
         goto setup_failed;
+    share_workspace(plan);
     /* Nothing we start may ever gain a capability beyond @plan->keep_caps: cut the bounding
      * set here, once, rather than in every command's process (64 calls each). We keep our
      * own effective set: the bounding set only limits what an execve can grant. */

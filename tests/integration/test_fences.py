@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import stat
+import subprocess
 from textwrap import dedent
 
 import pytest
@@ -422,6 +423,44 @@ def test_command_cannot_signal_its_supervisors(py):
         "--as-root",
     )
     assert res == {"warden": errno.EPERM, "parent": errno.EPERM, "own_child": 0}
+
+
+# Counts the Landlock layers a process may still add (the kernel allows 16 in all): 15 means
+# the command runs in exactly one Landlock domain, 16 none. Each layer handles one right.
+LANDLOCK_FREE_LAYERS = r"""
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: set inside already; outside it lets us count
+attr = struct.pack("Q", 1 << 2)
+n = 0
+while n < 40:
+    fd = libc.syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(8), 0)
+    if fd < 0 or libc.syscall(446, ctypes.c_int(fd), 0) < 0:
+        break
+    n += 1
+print(n)
+"""
+
+
+def test_every_kind_of_command_runs_under_landlock(run, rpc, sandbox, ws):
+    """conch run's own sandbox, a daemon sandbox with a workspace and a fresh one from the pool
+    (whose command's process applies Landlock only when its command comes, see
+    spawn_shepherd): each command is in exactly one Landlock domain, and writes its
+    workspace."""
+    if landlock_abi() < 1:
+        pytest.skip("no Landlock on this kernel")
+    cmd = f"python3 -c '{LANDLOCK_FREE_LAYERS}' && echo w > w.txt && cat w.txt"
+    r = run(["--no-daemon", "--", "bash", "-c", cmd])
+    assert r.rc == 0 and r.out == "15\nw\n", r.describe()
+    sb = sandbox()
+    res = rpc.call("exec.run", {"sandbox": sb, "command": cmd}, timeout=60)
+    assert res["exit_code"] == 0 and res["stdout"] == "15\nw\n", res
+    res = rpc.call("exec.run", {"fresh": True, "command": f"cd /workspace && {cmd}"}, timeout=60)
+    assert res["exit_code"] == 0 and res["stdout"] == "15\nw\n", res
+    # and outside, for contrast: the count sees a process with no domain
+    out = subprocess.run(["python3", "-c", LANDLOCK_FREE_LAYERS], capture_output=True, text=True)
+    assert out.stdout == "16\n", out
 
 
 # ---- the file worker under the same filter ---------------------------------------------------

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN, conch, descendants, proc_argv, unique_marker
+from conftest import CONCH_BIN, conch, descendants, proc_argv, proc_cmdline, proc_stat, unique_marker
 from rpcclient import RpcError, wait_gone
 from test_fresh_reuse import settled, wardens
 
@@ -262,3 +262,40 @@ def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemo
             assert not [l for l in links if l.startswith("mnt:")], (q, proc_argv(q), links)
         assert checked, "no process of the sandbox could be inspected"
     assert wait_gone(marker, 10) == []
+
+
+def shepherds(warden):
+    """Host pids of @warden's shepherds (its children named conch-shepherd)."""
+    return sorted(p for p in descendants(warden)
+                  if (proc_stat(p) or ("", 0))[1] == warden
+                  and proc_cmdline(p).startswith(b"conch-shepherd"))
+
+
+def test_a_borrowed_command_runs_in_the_shepherd_built_before_the_attach(daemon_factory, ws):
+    """The pool sandbox's ready shepherd, built before conch run borrowed the sandbox, runs
+    the command (no shepherd is built on the command's path): the attach's mount reached its
+    namespace, so the command reads and writes the workspace, and its Landlock, applied only
+    when the command came, is whole - one domain, with the workspace's rule on the attached
+    mount."""
+    from test_fences import LANDLOCK_FREE_LAYERS, landlock_abi
+
+    d = daemon_factory(extra_args=["--pool", "1"])
+    [warden] = settled(d, 1)
+    deadline = time.monotonic() + 10
+    while not shepherds(warden) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ready = shepherds(warden)
+    assert len(ready) == 1, ready
+    (ws / "a.txt").write_text("hi\n")
+    marker = unique_marker("ready")
+    layers = f"python3 -c '{LANDLOCK_FREE_LAYERS}';" if landlock_abi() >= 1 else "echo 15;"
+    r, chain = run_watched(["run", "--socket", d.sock, "--workspace", ws, "--", "bash", "-c",
+                            f"cat a.txt; {layers} echo w > w.txt; cat w.txt; "
+                            f"(exec -a {marker} sleep 0.6)"], marker)
+    assert r.rc == 0 and r.stdout == "hi\n15\nw\n", r.describe()
+    assert "A w.txt" in r.stderr, r.describe()
+    assert warden in chain and ready[0] in chain, (ready, chain)
+    # the recycled sandbox's next ready shepherd is a new one, and serves as well
+    assert settled(d, 1) == [warden]
+    r = conch(["run", "--socket", d.sock, "--workspace", ws, "--mode", "ro", "--", "cat", "a.txt"])
+    assert r.rc == 0 and r.stdout == "hi\n", r.describe()
