@@ -741,27 +741,150 @@ static void srun_free(struct srun *r)
     free(r);
 }
 
-/* A result waiting for the workspace's changes. */
-struct changes_wait {
-    struct conch_rpc_call *call;
-    json_t *result;
+/* What a session command's result says beyond conch_run_result_json's fields. */
+struct result_extra {
     char session[32];
+    bool shell_died, new_shell, timed_out;
+    char end_reason[600];
+    uint64_t timeout_ms, grace_ms;
 };
 
-static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
-                         const struct conch_err *err)
+/* The result object of a session command: @res (borrowed) and @x. Touches nothing of the
+ * daemon's: a worker may build it. */
+static json_t *session_result_json(const struct conch_run_result *res, const struct result_extra *x)
 {
-    struct changes_wait *cw = arg;
-    (void)err;
-    if (rc == 0)
-        conch_ws_changes_json_set(cw->result, changes, 1000);
-    conch_rpc_call_reply(cw->call, cw->result);
-    struct session *s = session_find(cw->session);
-    free(cw);
+    json_t *o = conch_run_result_json(res, NULL);
+    char *text = conch_run_result_text(res);
+    if (o && text) {
+        if (x->shell_died) {
+            char *t2 = NULL;
+            if (asprintf(&t2, "%s\n[the shell exited: %s; the next command starts a new one]", text,
+                         x->end_reason) >= 0) {
+                free(text);
+                text = t2;
+            }
+        } else if (x->timed_out) {
+            char *t2 = NULL;
+            if (asprintf(&t2, "%s\n[interrupted; the session is still usable]", text) >= 0) {
+                free(text);
+                text = t2;
+            }
+        }
+        json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
+    }
+    free(text);
+    if (o) {
+        json_object_del(o, "committed");
+        json_object_set_new(o, "session", json_string(x->session));
+        json_object_set_new(o, "shell_exited", json_boolean(x->shell_died));
+        json_object_set_new(o, "new_shell", json_boolean(x->new_shell));
+        if (x->timed_out) {
+            json_object_set_new(o, "session_usable", json_boolean(!x->shell_died));
+            char msg[200];
+            snprintf(msg, sizeof(msg),
+                     "timed out after %.3g s (SIGINT to the terminal's foreground job, SIGKILL "
+                     "after %.3g s)",
+                     x->timeout_ms / 1000.0, x->grace_ms / 1000.0);
+            json_object_set_new(json_object_get(o, "error"), "message", json_string(msg));
+        }
+    }
+    return o;
+}
+
+/* The most changes a session command's result lists (the rest: workspace.changes). */
+#define SESSION_CHANGES_MAX 1000
+
+/* A result that keeps more output than this is built and serialised by a worker, as
+ * exec.run's is (see ANSWER_ON_LOOP_MAX in commands.c). */
+#define SESSION_ANSWER_ON_LOOP_MAX (64u << 10)
+
+/* A result on its way: waiting for the workspace's changes (the next command waits too: it
+ * would otherwise see the next one's), then, for a large one, built by a worker. Either
+ * @result is built already (small), or @res and @x are kept to build it. */
+struct session_answer {
+    uv_work_t req;
+    struct daemon *d;
+    struct conch_rpc_call *call;
+    char session[32];
+    json_t *result;              /* built on the loop; NULL: built by the worker */
+    struct conch_run_result res; /* owned: the output, the tool calls */
+    struct result_extra x;
+    struct conch_ws_changes changes; /* owned */
+    bool has_changes;
+    char *text; /* what the worker serialised */
+};
+
+static void session_answer_free(struct session_answer *a)
+{
+    json_decref(a->result);
+    conch_output_done(&a->res.out);
+    conch_output_done(&a->res.err);
+    conch_bridge_report_done(&a->res.tools);
+    conch_ws_changes_done(&a->changes);
+    free(a->text);
+    free(a);
+}
+
+/* The answer is out: the session's next command may start. */
+static void session_answered(struct session_answer *a)
+{
+    struct session *s = session_find(a->session);
+    session_answer_free(a);
     if (s) {
         s->scanning = false;
         session_pump(s);
     }
+}
+
+static void answer_work(uv_work_t *req)
+{
+    struct session_answer *a = req->data;
+    json_t *o = session_result_json(&a->res, &a->x);
+    if (o && a->has_changes)
+        conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
+    a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+}
+
+static void answer_done(uv_work_t *req, int status)
+{
+    struct session_answer *a = req->data;
+    (void)status;
+    a->d->holds--;
+    /* NULL text (out of memory, or cancelled) is answered as an internal error. */
+    conch_rpc_call_reply_dumped(a->call, a->text);
+    a->text = NULL;
+    session_answered(a);
+}
+
+/* Send @a's result: built here when small, else by a worker. */
+static void session_answer_send(struct session_answer *a)
+{
+    /* Counted as a hold: a daemon shutting down waits for it. */
+    if (!a->result && uv_queue_work(&a->d->loop, &a->req, answer_work, answer_done) == 0) {
+        a->d->holds++;
+        return;
+    }
+    json_t *o = a->result ? a->result : session_result_json(&a->res, &a->x);
+    a->result = NULL;
+    if (o && a->has_changes)
+        conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
+    conch_rpc_call_reply(a->call, o);
+    session_answered(a);
+}
+
+static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
+                         const struct conch_err *err)
+{
+    struct session_answer *a = arg;
+    (void)err;
+    if (rc == 0 && changes) {
+        /* Taken: the scan's caller frees what is left, nothing now. */
+        a->changes = *changes;
+        memset(changes, 0, sizeof(*changes));
+        a->has_changes = true;
+    }
+    session_answer_send(a);
 }
 
 /* Build and send the result of the current command, then start the next one. */
@@ -772,6 +895,7 @@ static void run_finish(struct session *s)
         return;
     s->cur = NULL;
     uv_timer_stop(s->timer);
+    struct session_answer *a = calloc(1, sizeof(*a));
     struct conch_run_result res;
     memset(&res, 0, sizeof(res));
     res.out = s->cap;
@@ -798,45 +922,33 @@ static void run_finish(struct session *s)
     res.tools = s->tools;
     res.tools_summary = s->tools.summary;
     memset(&s->tools, 0, sizeof(s->tools));
-    json_t *o = conch_run_result_json(&res, NULL);
-    char *text = conch_run_result_text(&res);
-    conch_bridge_report_done(&res.tools);
-    if (o && text) {
-        if (s->shell_died) {
-            char *t2 = NULL;
-            if (asprintf(&t2, "%s\n[the shell exited: %s; the next command starts a new one]", text,
-                         s->end_reason) >= 0) {
-                free(text);
-                text = t2;
-            }
-        } else if (s->timed_out) {
-            char *t2 = NULL;
-            if (asprintf(&t2, "%s\n[interrupted; the session is still usable]", text) >= 0) {
-                free(text);
-                text = t2;
-            }
-        }
-        json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
-    }
-    free(text);
-    if (o) {
-        json_object_del(o, "committed");
-        json_object_set_new(o, "session", json_string(s->id));
-        json_object_set_new(o, "shell_exited", json_boolean(s->shell_died));
-        json_object_set_new(o, "new_shell", json_boolean(s->new_shell));
-        if (s->timed_out) {
-            json_object_set_new(o, "session_usable", json_boolean(!s->shell_died));
-            char msg[200];
-            snprintf(msg, sizeof(msg),
-                     "timed out after %.3g s (SIGINT to the terminal's foreground job, SIGKILL "
-                     "after %.3g s)",
-                     r->timeout_ms / 1000.0, r->grace_ms / 1000.0);
-            json_object_set_new(json_object_get(o, "error"), "message", json_string(msg));
-        }
+    struct result_extra x = {.shell_died = s->shell_died,
+                             .new_shell = s->new_shell,
+                             .timed_out = s->timed_out,
+                             .timeout_ms = r->timeout_ms,
+                             .grace_ms = r->grace_ms};
+    snprintf(x.session, sizeof(x.session), "%s", s->id);
+    snprintf(x.end_reason, sizeof(x.end_reason), "%s", s->end_reason);
+    size_t kept = res.out.head_len + res.out.tail_len + res.err.head_len + res.err.tail_len;
+    if (a) {
+        /* The output goes with the answer (a worker may read it after the next command
+         * started): the session's buffers start anew. */
+        a->res = res;
+        a->x = x;
+        memset(&s->cap, 0, sizeof(s->cap));
+        memset(&s->nocap, 0, sizeof(s->nocap));
+        if (kept <= SESSION_ANSWER_ON_LOOP_MAX)
+            a->result = session_result_json(&a->res, &a->x);
+    } else {
+        /* Out of memory for the record: answered here and now. */
+        json_t *o = session_result_json(&res, &x);
+        conch_bridge_report_done(&res.tools);
+        conch_output_done(&s->cap);
+        conch_output_done(&s->nocap);
+        conch_rpc_call_reply(r->call, o);
+        r->call = NULL;
     }
     s->new_shell = false;
-    conch_output_done(&s->cap);
-    conch_output_done(&s->nocap);
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_rpc_call *call = r->call;
     srun_free(r);
@@ -845,22 +957,22 @@ static void run_finish(struct session *s)
     struct sandbox *sb = sess_sb(s);
     if (sb)
         sandbox_touch(sb);
-    /* The result lists the workspace's changes, as exec.run's does: a worker scans them, and
-     * the next command waits for the scan (it would otherwise see the next one's too). */
-    struct changes_wait *cw =
-        sb && o && sb->upper_dir[0] && !sb->super.gone ? calloc(1, sizeof(*cw)) : NULL;
-    if (cw) {
-        cw->call = call;
-        cw->result = o;
-        snprintf(cw->session, sizeof(cw->session), "%s", s->id);
-        if (sandbox_changes_async(sb, changes_done, cw) == 0) {
-            s->scanning = true;
-            return;
-        }
-        free(cw);
+    if (!a) {
+        session_pump(s);
+        return;
     }
-    conch_rpc_call_reply(call, o);
-    session_pump(s);
+    a->d = s->d;
+    a->call = call;
+    a->req.data = a;
+    snprintf(a->session, sizeof(a->session), "%s", s->id);
+    /* Until the answer is out the next command waits: it would otherwise see this one's
+     * changes as its own, or be answered first. */
+    s->scanning = true;
+    /* The result lists the workspace's changes, as exec.run's does: a worker scans them. */
+    if (sb && sb->upper_dir[0] && !sb->super.gone &&
+        sandbox_changes_async(sb, changes_done, a) == 0)
+        return;
+    session_answer_send(a);
 }
 
 static void fail_queue(struct session *s, const char *why)
