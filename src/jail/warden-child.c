@@ -1079,14 +1079,13 @@ static int clone_from_host_view(int ws, struct conch_err *err)
 /* JMSG_ATTACH: mount a workspace at /workspace of this sandbox, which has run nothing yet. The
  * ready shepherd sees it and runs the first command (see spawn_shepherd); where our
  * /workspace could not be made shared, it is retired instead (its mount namespace is a copy
- * from before) and the next one is built on the new mount. The fds we keep are set to -1 in @fds.
- * Returns 0 with
- * *@ret_upper (or -1), or -errno with @err. */
+ * from before) and the next one is built on the new mount. The fds we keep are set to -1 in
+ * @fds. Returns 0 with *@ret_upper (or -1), or -errno with @err. */
 static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
                   int *ret_upper, struct conch_err *err)
 {
     *ret_upper = -1;
-    if (last_cmd_slot >= 0 || attached_upper >= 0)
+    if (last_cmd_slot >= 0 || ws_attached)
         return conch_err_set(err, EBUSY, "attach the workspace: this sandbox has been used");
     if (ready_slot >= 0 && !ws_shared) {
         /* It stays, idle, until the recycle's kill_all: ending it now (its pid and mount
