@@ -1100,11 +1100,14 @@ static void session_pump(struct session *s)
     }
 }
 
+/* Never waits: the shell's process sends the master before its exec, and its start is
+ * reported after the exec, so by then the fd is here or will never come (the loop must not
+ * wait on a sandbox process). */
 static bool recv_fd(int sock, int *ret)
 {
     char byte;
     int nfds = 0;
-    if (conch_recv_fds(sock, &byte, 1, ret, 1, &nfds, 0) != 1 || nfds != 1) {
+    if (conch_recv_fds(sock, &byte, 1, ret, 1, &nfds, MSG_DONTWAIT) != 1 || nfds != 1) {
         if (nfds == 1)
             close(*ret);
         return false;
@@ -1131,7 +1134,7 @@ static void shell_started(struct conch_proc *p, pid_t pid)
     }
     struct session *s = p->data;
     (void)pid;
-    /* The shell sent the master before exec, and it started: the fd is waiting. */
+    /* The shell sent the master before exec, and it started: the fd is waiting (recv_fd). */
     int master = -1;
     if (!recv_fd(s->sock, &master)) {
         log_warn("session %s: no terminal from the shell", s->id);
