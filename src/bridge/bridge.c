@@ -128,6 +128,7 @@ struct conch_bridge {
     uint64_t next_call;
     json_t *trace; /* the last lim.max_trace records */
     bool freeing;
+    bool refusing;    /* conch_bridge_refuse: connections are closed unread */
     unsigned handles; /* open libuv handles: the memory goes with the last one */
 };
 
@@ -947,6 +948,10 @@ static void on_connection(uv_stream_t *server, int status)
     conch_rpc_framer_init(&c->framer, b->lim.max_payload);
     node_add(&b->conns, &c->link);
     b->n_conns++;
+    if (b->refusing) {
+        conn_close(c);
+        return;
+    }
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0)
         c->have_pidns = peer_pidns(fd, &c->pidns);
@@ -1001,6 +1006,13 @@ static void stop_listening(struct conch_bridge *b)
         uv_close((uv_handle_t *)b->listener, on_listener_closed);
         b->listener = NULL;
     }
+}
+
+void conch_bridge_refuse(struct conch_bridge *b, bool refuse)
+{
+    b->refusing = refuse;
+    while (refuse && b->conns.next != &b->conns)
+        conn_close(node_entry(b->conns.next, struct conn, link));
 }
 
 int conch_bridge_listen(struct conch_bridge *b, int listen_fd, struct conch_err *err)

@@ -68,6 +68,13 @@ int conch_bridge_new(uv_loop_t *loop, const char *sandbox, const struct conch_br
  */
 int conch_bridge_listen(struct conch_bridge *b, int listen_fd, struct conch_err *err);
 
+/*
+ * conch_bridge_refuse - with @refuse, every connection from inside, open or new, is closed
+ * without a byte read or answered (the sandbox is lent to a client that drives it itself,
+ * and has no tools); without, connections are served again.
+ */
+void conch_bridge_refuse(struct conch_bridge *b, bool refuse);
+
 /* conch_bridge_free - stop serving: every pending call is failed for its caller and
  * cancelled for its owner (reason "the sandbox stopped"), no op is called after this
  * returns, and the memory goes once libuv has closed the handles. NULL is a no-op. */

@@ -804,9 +804,11 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
             return;
         }
         sb->state = SB_RUNNING;
-        if (sb->recycling)
-            sb->recycling = false; /* its bridge listens already */
-        else
+        if (sb->recycling) {
+            sb->recycling = false; /* its bridge listens already; lent, it refused */
+            if (sb->bridge)
+                conch_bridge_refuse(sb->bridge, false);
+        } else
             sandbox_bridge_listen(sb);
         return;
     }
@@ -1078,8 +1080,12 @@ void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
-    /* Not listed; made as new for the pool (or destroyed) when the client is done. */
+    /* Not listed; made as new for the pool (or destroyed) when the client is done. Its
+     * command gets no tool bridge, as in a sandbox of conch run's own: the bridge would make
+     * us read the control socket that is the borrower's now (bridge_resolve). */
     sb->fresh = sb->from_pool = true;
+    if (sb->bridge)
+        conch_bridge_refuse(sb->bridge, true);
     sb->leasing = true;
     sb->lease_call = call;
     sb->lease_sink = conch_rpc_sink_ref(c->sink);
