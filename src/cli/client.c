@@ -74,7 +74,7 @@ int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *pa
     }
     line = l2;
     line[n] = '\n';
-    int r = conch_write_all(c->fd, line, n + 1);
+    int r = conch_send_all(c->fd, line, n + 1);
     if (r < 0) {
         errno = -r;
         return -1;

@@ -83,7 +83,7 @@ int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
         return 0;
     size_t n = strlen(line);
     line[n] = '\n'; /* json_dumps leaves room for the NUL: send it as the line's end */
-    if (conch_write_all(fd, line, n + 1) < 0)
+    if (conch_send_all(fd, line, n + 1) < 0)
         return 0;
     int ctl = -1;
     json_t *ans = read_answer(fd, &ctl);
@@ -112,7 +112,7 @@ void conch_cli_lease_end(bool clean)
         return;
     static const char release[] = "{\"jsonrpc\":\"2.0\",\"method\":\"sandbox.release\"}\n";
     if (clean)
-        (void)!conch_write_all(daemon_fd, release, sizeof(release) - 1);
+        (void)!conch_send_all(daemon_fd, release, sizeof(release) - 1);
     close(daemon_fd);
     daemon_fd = -1;
 }

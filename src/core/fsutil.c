@@ -4,8 +4,10 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -135,11 +137,12 @@ int conch_parse_size(const char *s, const char *what, uint64_t *ret, struct conc
     return 0;
 }
 
-int conch_write_all(int fd, const void *buf, size_t len)
+/* Both loops in one: @sock sends with MSG_NOSIGNAL. */
+static int put_all(int fd, const void *buf, size_t len, bool sock)
 {
     const char *p = buf;
     while (len > 0) {
-        ssize_t n = write(fd, p, len);
+        ssize_t n = sock ? send(fd, p, len, MSG_NOSIGNAL) : write(fd, p, len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -148,4 +151,14 @@ int conch_write_all(int fd, const void *buf, size_t len)
         len -= (size_t)n;
     }
     return 0;
+}
+
+int conch_write_all(int fd, const void *buf, size_t len)
+{
+    return put_all(fd, buf, len, false);
+}
+
+int conch_send_all(int sock, const void *buf, size_t len)
+{
+    return put_all(sock, buf, len, true);
 }

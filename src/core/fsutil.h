@@ -42,6 +42,10 @@ int conch_parse_size(const char *s, const char *what, uint64_t *ret, struct conc
 /* conch_write_all - write all of @buf to @fd, retrying on EINTR and short writes. */
 int conch_write_all(int fd, const void *buf, size_t len);
 
+/* conch_send_all - conch_write_all for a connected socket, with MSG_NOSIGNAL: a peer that
+ * went away is -EPIPE, never a SIGPIPE that kills the caller. */
+int conch_send_all(int sock, const void *buf, size_t len);
+
 /* A directory's entry names ("." and ".." left out), sorted by strcmp. */
 struct conch_names {
     char **v;

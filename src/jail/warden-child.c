@@ -1191,7 +1191,6 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     int nfds = 0;
     if (jail_recv(ctl, &m, fds, 0, &nfds, 0) < 0)
         _exit(1);
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     /* Become the namespace's own ids: until now we were unmapped kernel ids. */
     if (setresgid(plan->warden_gid, plan->warden_gid, plan->warden_gid) < 0 ||
         setresuid(plan->warden_uid, plan->warden_uid, plan->warden_uid) < 0) {
@@ -1199,6 +1198,15 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
                       strerror(errno));
         goto setup_failed;
     }
+    /* We die with our parent, and so does everything in our pid namespace. Only after the
+     * ids: a change of effective ids clears the parent-death signal (as host root they are
+     * the sandbox's own block), and a warden that outlived its daemon ran on, its host ids
+     * free to be given to another sandbox. A parent already gone left our control socket
+     * without a peer (nobody else holds it yet). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    struct pollfd hup = {.fd = ctl, .events = POLLRDHUP};
+    if (poll(&hup, 1, 0) > 0 && (hup.revents & (POLLHUP | POLLRDHUP)))
+        _exit(1);
     /* Commands cannot read our fds through /proc/1/fd: they lack capabilities we hold, so
      * the kernel's ptrace access check refuses them (and each command has a pid namespace of
      * its own, where we are not even visible). We stay dumpable so that an unprivileged

@@ -186,13 +186,10 @@ def test_a_borrowed_sandbox_serves_no_tool_bridge(daemon_factory, ws):
 # ---- the daemon killed mid-lease -------------------------------------------------------------
 
 @pytest.mark.root_only  # unprivileged, the warden does die with its daemon
-@pytest.mark.xfail(strict=True, reason="as root, kill -9 of the daemon mid-lease leaves the "
-                   "borrowed sandbox and its command running outside any daemon: the warden "
-                   "lives on, reparented to init (its PR_SET_PDEATHSIG is cleared by its own "
-                   "setresuid to the host id block, a credential change, and conch run's copy "
-                   "of the control socket keeps it from seeing EOF), contrary to 'wardens die "
-                   "with the daemon, and so does everything in their pid namespaces'")
 def test_a_daemon_killed_mid_lease_takes_the_borrowed_command_with_it(daemon_factory, ws):
+    """kill -9 of the daemon mid-lease: the borrowed command dies with it, as root too (the
+    warden's parent-death signal was cleared by its own change to the host id block, and
+    conch run's copy of the control socket kept it from seeing EOF)."""
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
     marker = unique_marker("orphan")
@@ -207,11 +204,9 @@ def test_a_daemon_killed_mid_lease_takes_the_borrowed_command_with_it(daemon_fac
 
 
 @pytest.mark.root_only
-@pytest.mark.xfail(strict=True, reason="after kill -9 of the daemon mid-lease the borrowed "
-                   "sandbox runs on while its host id block's lock died with the daemon: a "
-                   "restarted daemon or another conch run gets the very same host ids for a "
-                   "new sandbox (two live sandboxes share host uids)")
 def test_a_borrowed_sandbox_that_outlives_its_daemon_keeps_its_host_ids(daemon_factory, ws):
+    """No live sandbox runs in a host id block whose lock died with its daemon (another
+    sandbox would get the same host uids)."""
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
     marker = unique_marker("ids")
@@ -238,11 +233,9 @@ def test_a_borrowed_sandbox_that_outlives_its_daemon_keeps_its_host_ids(daemon_f
 
 
 @pytest.mark.root_only  # unprivileged, the command dies with the daemon: conch run reports
-@pytest.mark.xfail(strict=True, reason="as root, when the daemon dies during a borrowed command "
-                   "(which runs on, see above), conch run is killed by SIGPIPE writing "
-                   "sandbox.release to the dead connection (exit status 141, no --json result, "
-                   "no summary) instead of reporting")
 def test_conch_run_reports_when_its_daemon_died_mid_lease(daemon_factory, ws):
+    """The daemon dies under a borrowed command: conch run reports (one JSON result) instead
+    of dying of SIGPIPE on the dead connection."""
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
     marker = unique_marker("pipe")
@@ -487,12 +480,9 @@ def test_another_host_user_cannot_borrow_from_a_root_daemon(daemon_factory):
 
 
 @pytest.mark.root_only
-@pytest.mark.xfail(strict=True, reason="conch run dies of SIGPIPE (status 141, nothing run) "
-                   "when the daemon it reached closes the connection before the lease request "
-                   "is written (here root's daemon refusing another uid, SO_PEERCRED): 'any "
-                   "failure to borrow builds one too' does not hold; the lease connection's "
-                   "writes do not use MSG_NOSIGNAL nor ignore SIGPIPE")
 def test_conch_run_builds_its_own_when_the_daemon_refuses_it(daemon_factory):
+    """A daemon that closes the connection (another uid) never kills conch run with SIGPIPE:
+    it builds a sandbox of its own, as README promises for any failure to borrow."""
     u = _other_user()
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
