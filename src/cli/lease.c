@@ -73,10 +73,11 @@ int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
     if (fd < 0)
         return 0;
     json_t *req =
-        json_pack("{s:s,s:i,s:s,s:{s:s,s:s,s:I,s:I,s:I}}", "jsonrpc", "2.0", "id", 1, "method",
+        json_pack("{s:s,s:i,s:s,s:{s:s,s:s,s:I,s:I,s:I,s:I}}", "jsonrpc", "2.0", "id", 1, "method",
                   "sandbox.lease", "params", "workspace", o->jail.workspace, "mode",
                   conch_ws_mode_name(o->jail.ws_mode), "disk", (json_int_t)o->jail.disk_bytes,
-                  "ws_dev", (json_int_t)st.st_dev, "ws_ino", (json_int_t)st.st_ino);
+                  "ws_dev", (json_int_t)st.st_dev, "ws_ino", (json_int_t)st.st_ino, "proto",
+                  (json_int_t)conch_jail_proto_version());
     _cleanup_free_ char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!line)

@@ -1064,6 +1064,16 @@ void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx
         conch_rpc_call_fail_param(call, "mode", "mode must be \"overlay\" or \"ro\"");
         return;
     }
+    /* The borrower drives the warden itself: a conch of another build would have every
+     * message refused mid-command. */
+    json_int_t proto = conch_rpc_int(params, "proto", 0);
+    if (proto && proto != (json_int_t)conch_jail_proto_version()) {
+        conch_rpc_call_failf(call, CONCH_RPC_INVALID_REQUEST, "unsupported", NULL,
+                             "this daemon's wardens speak protocol %#x, the client %#llx: "
+                             "conch run builds its own sandbox",
+                             conch_jail_proto_version(), (unsigned long long)proto);
+        return;
+    }
     struct sandbox *sb = pool_take(d);
     if (!sb) {
         conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,

@@ -585,9 +585,13 @@ FS_HANDLER(handle_fs_download, "download")
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
 static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
-static const struct conch_rpc_param p_lease[] = {
-    P("workspace", S, true),    P("mode", S, false),        R("disk", I, 0, 64 * TiB, 64 * KiB),
-    R("ws_dev", I, 0, 9e15, 0), R("ws_ino", I, 0, 9e15, 0), END};
+static const struct conch_rpc_param p_lease[] = {P("workspace", S, true),
+                                                 P("mode", S, false),
+                                                 R("disk", I, 0, 64 * TiB, 64 * KiB),
+                                                 R("ws_dev", I, 0, 9e15, 0),
+                                                 R("ws_ino", I, 0, 9e15, 0),
+                                                 R("proto", I, 0, 4294967295.0, 0),
+                                                 END};
 static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 P("fresh", B, false),
                                                 P("workspace", S, false),

@@ -216,6 +216,8 @@ static int run_start_command(struct run_ctx *x, char **env, struct conch_err *er
         .stdout_fd = out_pipe[1],
         .stderr_fd = err_pipe[1],
         .last = true, /* conch run: its one command, no spare shepherd after it */
+        /* as for any program conch run starts, its own sandbox or a daemon's */
+        .caller_attrs = true,
     };
     x->proc = (struct conch_proc){.ops = &run_proc_ops, .data = x};
     int r = conch_super_run(&x->super, &x->proc, &cmd, o->timeout_ms, o->grace_ms, err);

@@ -116,7 +116,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0007u /* "co" + version 7 */
+#define JAIL_PROTO_VERSION 0x636f0008u /* "co" + version 8 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -172,10 +172,23 @@ struct jail_msg {
 };
 
 /* The command blob in a memfd: header then argv strings, env strings, cwd, NUL-separated. */
+/* The resource limits a command may take from its caller (RLIMIT_CPU .. RLIMIT_RTTIME). */
+#define JAIL_RLIMITS 16
+#define JBLOB_CALLER 1u /* apply the caller's umask, nice value and resource limits */
+
 struct jail_cmd_blob {
     uint32_t argc;
     uint32_t envc;
-    uint32_t size; /* total bytes including this header */
+    uint32_t size;  /* total bytes including this header */
+    uint32_t flags; /* JBLOB_* */
+    /* JBLOB_CALLER: what the calling process had, applied before the exec: the umask as it
+     * is, the nice value and each limit only where they are stricter than the command's own
+     * (a process can always lower its limits and raise its nice value, never the reverse). */
+    uint32_t umask;
+    int32_t nice;
+    struct {
+        uint64_t cur, max;
+    } rlim[JAIL_RLIMITS];
 };
 
 /* jail_warden_main - the child after clone(): set up, then serve the control socket.

@@ -95,6 +95,10 @@ void conch_jail_spec_init(struct conch_jail_spec *spec);
 /* A running sandbox: opaque, made by conch_jail_start/spawn, freed by conch_jail_destroy. */
 struct conch_jail;
 
+/* conch_jail_proto_version - the warden protocol this build speaks: a warden lent by a daemon
+ * (conch_jail_adopt) must speak the same, or every message is refused. */
+uint32_t conch_jail_proto_version(void);
+
 /* Accessors of a running jail (@j borrowed). */
 pid_t conch_jail_warden_pid(const struct conch_jail *j); /* host pid of the warden (PID 1) */
 int conch_jail_ctl_fd(const struct conch_jail *j);       /* the control socket; owned by @j */
@@ -154,6 +158,10 @@ struct conch_jail_cmd {
     /* The sandbox's last command (a fresh sandbox's one): the warden builds no spare
      * shepherd after it, which nothing would use. */
     bool last;
+    /* The command takes the calling process's umask, and its nice value and resource limits
+     * where they are stricter than the sandbox's own (`conch run`: as a program it started
+     * would, whether the sandbox is its own or borrowed from a daemon). */
+    bool caller_attrs;
 };
 
 /*

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -502,6 +503,11 @@ int conch_jail_take_ptc_fd(struct conch_jail *j)
     return fd;
 }
 
+uint32_t conch_jail_proto_version(void)
+{
+    return JAIL_PROTO_VERSION;
+}
+
 pid_t conch_jail_warden_pid(const struct conch_jail *j)
 {
     return j->warden_pid;
@@ -551,6 +557,21 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, E2BIG,
                               "command line and environment too large (%zu bytes)", size);
     hdr.size = (uint32_t)size;
+    if (cmd->caller_attrs) {
+        hdr.flags |= JBLOB_CALLER;
+        mode_t mask = umask(0);
+        umask(mask);
+        hdr.umask = mask;
+        errno = 0;
+        int nice = getpriority(PRIO_PROCESS, 0);
+        hdr.nice = errno ? 0 : nice;
+        for (int res = 0; res < JAIL_RLIMITS; res++) {
+            struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY};
+            getrlimit(res, &rl);
+            hdr.rlim[res].cur = rl.rlim_cur;
+            hdr.rlim[res].max = rl.rlim_max;
+        }
+    }
     _cleanup_close_ int fd = memfd_create("conch-cmd", MFD_CLOEXEC);
     if (fd < 0)
         return conch_err_set(err, errno, "memfd_create: %s", strerror(errno));

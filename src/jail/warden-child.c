@@ -117,6 +117,23 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
     errno = saved;
 }
 
+/* Set resource @res to at most @cur/@max, never above what the process has now: a limit can
+ * always be lowered, and the caller's own (`ulimit -u 500` before `conch run`) stays the
+ * bound, as it would for any program it starts. Returns 0 or -errno. */
+static int lower_rlimit(int res, rlim_t cur, rlim_t max)
+{
+    struct rlimit now;
+    if (getrlimit(res, &now) < 0)
+        return -errno;
+    struct rlimit want = {cur < now.rlim_cur ? cur : now.rlim_cur,
+                          max < now.rlim_max ? max : now.rlim_max};
+    if (want.rlim_cur > want.rlim_max)
+        want.rlim_cur = want.rlim_max;
+    if (want.rlim_cur == now.rlim_cur && want.rlim_max == now.rlim_max)
+        return 0;
+    return setrlimit(res, &want) < 0 ? -errno : 0;
+}
+
 /* What a command may write beneath (Landlock); the first entry is the workspace. */
 static const char *const writable_paths[] = {"/workspace", "/tmp", "/home/agent", "/dev",
                                              "/proc",      "/run", NULL};
@@ -132,29 +149,23 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
                       const char **step, int *ret_ruleset)
 {
     *step = "set resource limits";
-    struct rlimit rl = {0, 0};
-    if (setrlimit(RLIMIT_CORE, &rl) < 0)
-        return -errno;
-    if (plan->set_rlimit_nproc) {
-        rl.rlim_cur = rl.rlim_max = plan->rlimit_nproc;
-        if (setrlimit(RLIMIT_NPROC, &rl) < 0)
-            return -errno;
-    }
-    /* A daemon raises its own open-files limit; its commands get the usual one back. */
-    if (plan->rlimit_nofile.rlim_cur && setrlimit(RLIMIT_NOFILE, &plan->rlimit_nofile) < 0)
-        return -errno;
-    if (plan->rlimit_fsize) {
-        rl.rlim_cur = rl.rlim_max = plan->rlimit_fsize;
-        if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
-            return -errno;
-    }
-    if (plan->set_rlimit_as) {
-        rl.rlim_cur = rl.rlim_max = plan->rlimit_as;
-        if (setrlimit(RLIMIT_AS, &rl) < 0)
-            return -errno;
-    }
-    /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
     int r;
+    if ((r = lower_rlimit(RLIMIT_CORE, 0, 0)) < 0)
+        return r;
+    if (plan->set_rlimit_nproc &&
+        (r = lower_rlimit(RLIMIT_NPROC, plan->rlimit_nproc, plan->rlimit_nproc)) < 0)
+        return r;
+    /* A daemon raises its own open-files limit; its commands get the usual one back. */
+    if (plan->rlimit_nofile.rlim_cur &&
+        (r = lower_rlimit(RLIMIT_NOFILE, plan->rlimit_nofile.rlim_cur,
+                          plan->rlimit_nofile.rlim_max)) < 0)
+        return r;
+    if (plan->rlimit_fsize &&
+        (r = lower_rlimit(RLIMIT_FSIZE, plan->rlimit_fsize, plan->rlimit_fsize)) < 0)
+        return r;
+    if (plan->set_rlimit_as && (r = lower_rlimit(RLIMIT_AS, plan->rlimit_as, plan->rlimit_as)) < 0)
+        return r;
+    /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
     *step = "switch to the command's identity";
     if (plan->can_setgroups && setgroups(0, NULL) < 0)
         return -errno;
@@ -261,7 +272,8 @@ __attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out
     out->blob = blob;
     out->blob_len = (size_t)st.st_size;
     const struct jail_cmd_blob *hdr = (const struct jail_cmd_blob *)blob;
-    if (hdr->argc == 0 || hdr->argc + hdr->envc + 2 > MAX_ARGS || hdr->size > st.st_size) {
+    if ((size_t)st.st_size < sizeof(*hdr) || hdr->size < sizeof(*hdr) || hdr->argc == 0 ||
+        hdr->argc + hdr->envc + 2 > MAX_ARGS || hdr->size > st.st_size) {
         errno = E2BIG;
         goto fail_errno;
     }
@@ -296,6 +308,23 @@ __attribute__((noreturn)) static void command_exec(int fds[4], struct zygote_out
     step = "new session";
     if (setsid() < 0)
         goto fail_errno;
+    if (hdr->flags & JBLOB_CALLER) {
+        step = "take the caller's resource limits";
+        umask((mode_t)hdr->umask & 0777);
+        for (int res = 0; res < JAIL_RLIMITS; res++) {
+            int r = lower_rlimit(res, (rlim_t)hdr->rlim[res].cur, (rlim_t)hdr->rlim[res].max);
+            if (r < 0) {
+                errno = -r;
+                goto fail_errno;
+            }
+        }
+        step = "take the caller's nice value";
+        errno = 0;
+        int nice = getpriority(PRIO_PROCESS, 0);
+        if (!errno && hdr->nice > nice && hdr->nice < 20 &&
+            setpriority(PRIO_PROCESS, 0, hdr->nice) < 0)
+            goto fail_errno;
+    }
     if (pty && jail_session_pty_setup_child(fds) < 0)
         goto fail_errno;
     step = "set up stdio";
@@ -1168,6 +1197,10 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     /* Handlers inherited from the parent (libuv's write to its own pipes) must never run
      * here: their fds are closed below and the numbers reused. */
     reset_signals();
+    /* The sandbox's tree is made with the modes we ask for, whatever the caller's umask
+     * (077 made its mount points unreachable for the agent); a command of conch run gets the
+     * caller's umask back (JBLOB_CALLER), the daemon's get this one. */
+    umask(022);
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
         _exit(1);
@@ -1257,13 +1290,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
      * sandbox can hold; the daemon's 256 sandboxes stay below the host's quota. Set here, once,
      * and inherited by everything we start: we and the shepherds receive only standard
      * signals, which the limit does not refuse. */
-    struct rlimit sigq;
-    if (getrlimit(RLIMIT_SIGPENDING, &sigq) == 0 && sigq.rlim_max > SANDBOX_SIGPENDING) {
-        sigq.rlim_cur = sigq.rlim_max = SANDBOX_SIGPENDING;
-        if (setrlimit(RLIMIT_SIGPENDING, &sigq) < 0) {
-            conch_err_set(&err, errno, "limit queued signals: %s", strerror(errno));
-            goto setup_failed;
-        }
+    if ((r = lower_rlimit(RLIMIT_SIGPENDING, SANDBOX_SIGPENDING, SANDBOX_SIGPENDING)) < 0) {
+        conch_err_set(&err, -r, "limit queued signals: %s", strerror(-r));
+        goto setup_failed;
     }
 
     memset(&m, 0, sizeof(m));

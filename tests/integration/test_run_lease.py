@@ -206,7 +206,9 @@ def test_sandbox_lease_refuses_bad_requests(daemon_factory, ws, tmp_path):
             ({"workspace": str(ws / "a.txt")}, None, "Not a directory"),
             # a workspace that is not the directory the client looked at (swapped meanwhile)
             ({"workspace": str(other), "ws_dev": st.st_dev, "ws_ino": st.st_ino}, None,
-             "not the directory")):
+             "not the directory"),
+            # a conch of another build: its warden messages would all be refused
+            ({"workspace": str(ws), "proto": 1}, -32600, "protocol")):
         if params["workspace"].endswith("a.txt"):
             (ws / "a.txt").write_text("x")
         with pytest.raises(RpcError) as e:
