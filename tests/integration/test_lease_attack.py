@@ -11,50 +11,24 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 import pytest
 
-from conftest import CONCH_BIN, IS_ROOT, conch, descendants, proc_argv, unique_marker
+from conftest import CONCH_BIN, conch, descendants, proc_argv, unique_marker
 from rpcclient import RpcError, wait_gone
 from test_fresh_reuse import LEAVE, LOOK, settled, wardens
-from test_run_lease import borrowing, named
+from test_run_lease import borrowing, named, watching
 
 
 def popen_watched(args, marker, timeout=60, preexec_fn=None, **kw):
     """Run `conch ARGS` (its command shows a process whose argv[0] is @marker for a while);
     return (CompletedProcess, the host pids from that process up to init). Like
     test_run_lease.run_watched, but with a preexec_fn (resource limits of the caller)."""
-    seen = {}
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set() and not seen:
-            for p in named(marker):
-                chain, q = [], p
-                while q > 1:
-                    chain.append(q)
-                    try:
-                        with open(f"/proc/{q}/stat", "rb") as f:
-                            st = f.read()
-                    except OSError:
-                        break
-                    q = int(st[st.rindex(b")") + 2:].split()[1])
-                if chain:
-                    seen["chain"] = chain
-                    break
-            time.sleep(0.02)
-
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
+    with watching(marker, timeout) as chain:
         p = subprocess.run([CONCH_BIN, *map(str, args)], capture_output=True, timeout=timeout,
                            preexec_fn=preexec_fn, stdin=subprocess.DEVNULL, **kw)
-    finally:
-        done.set()
-        t.join()
-    return p, seen.get("chain", [])
+    return p, chain
 
 
 def warden_of(d, pid):

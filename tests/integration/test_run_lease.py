@@ -28,34 +28,52 @@ def named(marker):
     return out
 
 
-def run_watched(args, marker, timeout=60):
-    """Run `conch ARGS`, whose command runs a process with @marker in its command line for a
-    while; return (result, the host pids from that process up to init)."""
-    seen = {}
+def ancestry(pid):
+    """Host pids from @pid up to init (not included)."""
+    chain, q = [], pid
+    while q > 1:
+        chain.append(q)
+        try:
+            with open(f"/proc/{q}/stat", "rb") as f:
+                st = f.read()
+        except OSError:
+            break
+        q = int(st[st.rindex(b")") + 2:].split()[1])
+    return chain
+
+
+@contextlib.contextmanager
+def watching(marker, timeout=60):
+    """While the body runs, look for a process named @marker; yields a list that holds, after
+    the body, the host pids from that process up to init (empty: never seen)."""
+    seen = []
+    done = threading.Event()
 
     def watch():
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not seen:
+        while not done.is_set() and not seen and time.monotonic() < deadline:
             for p in named(marker):
-                chain, q = [], p
-                while q > 1:
-                    chain.append(q)
-                    try:
-                        with open(f"/proc/{q}/stat", "rb") as f:
-                            st = f.read()
-                    except OSError:
-                        break
-                    q = int(st[st.rindex(b")") + 2:].split()[1])
+                chain = ancestry(p)
                 if chain:
-                    seen["chain"] = chain
+                    seen.extend(chain)
                     break
             time.sleep(0.02)
 
     t = threading.Thread(target=watch)
     t.start()
-    r = conch(args, timeout=timeout)
-    t.join()
-    return r, seen.get("chain", [])
+    try:
+        yield seen
+    finally:
+        done.set()
+        t.join()
+
+
+def run_watched(args, marker, timeout=60):
+    """Run `conch ARGS`, whose command runs a process with @marker in its command line for a
+    while; return (result, the host pids from that process up to init)."""
+    with watching(marker, timeout) as chain:
+        r = conch(args, timeout=timeout)
+    return r, chain
 
 
 @contextlib.contextmanager
