@@ -500,8 +500,10 @@ struct answer_job {
 static void run_answered(struct run *r)
 {
     struct sandbox *sb = r->sb;
+    if (sb->free_pending) /* destroyed while a worker built the answer */
+        return;
     sandbox_measure(sb);
-    if (sb->fresh && !sb->super.gone && !sb->destroying && !sb->free_pending)
+    if (sb->fresh && !sb->super.gone && !sb->destroying)
         sandbox_retire(sb);
 }
 
