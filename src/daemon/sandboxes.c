@@ -34,7 +34,9 @@ struct sandbox *sandbox_find(struct daemon *d, const char *id)
     dlist_for_each_safe(pos, tmp, &d->sandboxes)
     {
         struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
-        if (!strcmp(sb->id, id) && !sb->pooled && !sb->destroying)
+        /* Neither a pool's nor a lent one: a lent sandbox's borrower drives it alone (another
+         * client's command there would count as its own, changes and commit included). */
+        if (!strcmp(sb->id, id) && !sb->pooled && !sb->destroying && !sb->leasing && !sb->leased)
             return sb;
     }
     return NULL;
@@ -977,9 +979,9 @@ static void lease_answer(struct sandbox *sb, int r, const struct conch_err *err)
         sandbox_destroy(sb);
         return;
     }
-    json_t *res = json_pack("{s:i,s:i,s:b,s:I}", "warden_pid", (int)lease.warden_pid, "upper_fd",
-                            lease.upper_fd_nr, "root_mode", lease.root_mode, "host_id_base",
-                            (json_int_t)lease.host_id_base);
+    json_t *res = json_pack("{s:s,s:i,s:i,s:b,s:I}", "sandbox", sb->id, "warden_pid",
+                            (int)lease.warden_pid, "upper_fd", lease.upper_fd_nr, "root_mode",
+                            lease.root_mode, "host_id_base", (json_int_t)lease.host_id_base);
     char *line = res ? conch_rpc_call_take_result_line(call, res) : NULL;
     int sr = line ? send_with_fd(c, line, ctl) : -ENOMEM;
     free(line);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -56,12 +57,38 @@ uint64_t daemon_now_ms(void)
     return conch_clock_ms();
 }
 
+/* Whether @id names one of our sandboxes (pooled, lent or being destroyed included) or jobs. */
+static bool id_taken(struct daemon *d, const char *id)
+{
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        if (!strcmp(dlist_entry(pos, struct sandbox, link)->id, id))
+            return true;
+    }
+    dlist_for_each_safe(pos, tmp, &d->jobs)
+    {
+        if (!strcmp(dlist_entry(pos, struct run, dlink)->job_id, id))
+            return true;
+    }
+    return false;
+}
+
 void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size)
 {
-    /* Unique across restarts too: time and pid in the high bits, a counter in the low. */
-    uint64_t x = ((uint64_t)time(NULL) << 20) ^ ((uint64_t)getpid() << 8) ^ ++d->next_id;
-    x *= 0x9e3779b97f4a7c15ULL;
-    snprintf(buf, size, "%s-%08llx", prefix, (unsigned long long)(x >> 32));
+    /* Random, so that no client finds another's sandbox (or job) by guessing: an id made of
+     * the time, our pid and a counter was found by trying the few hundred it could be.
+     * Unique among ours: a new one is drawn while it names a sandbox we have. */
+    for (int tries = 0;; tries++) {
+        uint32_t x = 0;
+        if (getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) {
+            uint64_t y = ((uint64_t)time(NULL) << 20) ^ ((uint64_t)getpid() << 8) ^ ++d->next_id;
+            x = (uint32_t)((y * 0x9e3779b97f4a7c15ULL) >> 32);
+        }
+        snprintf(buf, size, "%s-%08x", prefix, x);
+        if (tries > 8 || !id_taken(d, buf))
+            return;
+    }
 }
 
 void conch_daemon_opts_init(struct conch_daemon_opts *o)

@@ -218,6 +218,8 @@ static int run_start_command(struct run_ctx *x, char **env, struct conch_err *er
         .last = true, /* conch run: its one command, no spare shepherd after it */
         /* as for any program conch run starts, its own sandbox or a daemon's */
         .caller_attrs = true,
+        /* --disk is also the largest file, borrowed (the pool sandbox's is its own) or not */
+        .max_file = o->jail.file_bytes,
     };
     x->proc = (struct conch_proc){.ops = &run_proc_ops, .data = x};
     int r = conch_super_run(&x->super, &x->proc, &cmd, o->timeout_ms, o->grace_ms, err);
@@ -245,7 +247,7 @@ static void run_sample(struct run_ctx *x)
 /* Read what pump @p has; closes it at EOF. Returns 0 or -errno with @err. */
 static int run_pump_read(struct run_ctx *x, struct pump *p, struct conch_err *err)
 {
-    char buf[65536];
+    static char buf[65536]; /* not on the stack, which the caller's ulimit -s may make small */
     ssize_t got = read(p->fd, buf, sizeof(buf));
     if (got < 0 && (errno == EINTR || errno == EAGAIN))
         return 0;

@@ -162,6 +162,9 @@ struct conch_jail_cmd {
      * where they are stricter than the sandbox's own (`conch run`: as a program it started
      * would, whether the sandbox is its own or borrowed from a daemon). */
     bool caller_attrs;
+    /* With @caller_attrs: the largest file the command may write (RLIMIT_FSIZE), when it is
+     * stricter than the caller's and the sandbox's; 0: no further bound. */
+    uint64_t max_file;
 };
 
 /*

@@ -472,9 +472,18 @@ fail:
     return r;
 }
 
+/* The least stack the warden's setup runs in (it is a fork of ours, with our limit). */
+#define WARDEN_MIN_STACK (256u << 10)
+
 int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
                      struct conch_err *err)
 {
+    struct rlimit stack;
+    if (getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur < WARDEN_MIN_STACK)
+        return conch_err_set(err, ENOMEM,
+                             "the stack size limit is %llu KiB (ulimit -s): building a sandbox "
+                             "needs at least %u KiB; raise it",
+                             (unsigned long long)stack.rlim_cur >> 10, WARDEN_MIN_STACK >> 10);
     struct conch_jail *j = calloc(1, sizeof(*j));
     if (!j)
         return conch_err_set(err, ENOMEM, "out of memory");
@@ -570,6 +579,12 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
             getrlimit(res, &rl);
             hdr.rlim[res].cur = rl.rlim_cur;
             hdr.rlim[res].max = rl.rlim_max;
+        }
+        if (cmd->max_file) {
+            if (hdr.rlim[RLIMIT_FSIZE].cur > cmd->max_file)
+                hdr.rlim[RLIMIT_FSIZE].cur = cmd->max_file;
+            if (hdr.rlim[RLIMIT_FSIZE].max > cmd->max_file)
+                hdr.rlim[RLIMIT_FSIZE].max = cmd->max_file;
         }
     }
     _cleanup_close_ int fd = memfd_create("conch-cmd", MFD_CLOEXEC);
