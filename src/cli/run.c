@@ -417,6 +417,8 @@ int conch_cli_run(int argc, char **argv)
     int status;
 
     int r = parse(&c, argc, argv, &err);
+    if (r >= 0)
+        r = conch_jail_check_stack(&err); /* before anything deep, borrowed or not */
     /* A daemon of ours may have a sandbox ready: its pool's (see conch_cli_lease). */
     if (r >= 0 && !c.no_daemon && !getenv("CONCH_NO_DAEMON"))
         conch_cli_lease(&c.run, c.socket_path, &c.run.leased);

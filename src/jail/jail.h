@@ -95,6 +95,11 @@ void conch_jail_spec_init(struct conch_jail_spec *spec);
 /* A running sandbox: opaque, made by conch_jail_start/spawn, freed by conch_jail_destroy. */
 struct conch_jail;
 
+/* conch_jail_check_stack - 0, or -ENOMEM with @err when the calling process's stack size limit
+ * is too small to build a sandbox (its warden is a fork with the same limit) or drive one
+ * (256 KiB): said, rather than a crash. conch_jail_spawn checks it too. */
+int conch_jail_check_stack(struct conch_err *err);
+
 /* conch_jail_proto_version - the warden protocol this build speaks: a warden lent by a daemon
  * (conch_jail_adopt) must speak the same, or every message is refused. */
 uint32_t conch_jail_proto_version(void);

@@ -475,19 +475,27 @@ fail:
 /* The least stack the warden's setup runs in (it is a fork of ours, with our limit). */
 #define WARDEN_MIN_STACK (256u << 10)
 
-int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
-                     struct conch_err *err)
+int conch_jail_check_stack(struct conch_err *err)
 {
     struct rlimit stack;
     if (getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur < WARDEN_MIN_STACK)
         return conch_err_set(err, ENOMEM,
-                             "the stack size limit is %llu KiB (ulimit -s): building a sandbox "
-                             "needs at least %u KiB; raise it",
+                             "the stack size limit is %llu KiB (ulimit -s): building or driving "
+                             "a sandbox needs at least %u KiB; raise it",
                              (unsigned long long)stack.rlim_cur >> 10, WARDEN_MIN_STACK >> 10);
+    return 0;
+}
+
+int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
+                     struct conch_err *err)
+{
+    int r = conch_jail_check_stack(err);
+    if (r < 0)
+        return r;
     struct conch_jail *j = calloc(1, sizeof(*j));
     if (!j)
         return conch_err_set(err, ENOMEM, "out of memory");
-    int r = spawn_into(spec, j, err);
+    r = spawn_into(spec, j, err);
     if (r < 0)
         return r;
     *ret = j;
