@@ -409,16 +409,18 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     (void)params;
-    int n = 0;
+    int n = 0, ready = 0;
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
         struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
         n += !sb->pooled && !sb->fresh;
+        /* what pool_take would lend now (being built or made as new: not yet) */
+        ready += sb->pooled && sb->state == SB_RUNNING && !sb->starting;
     }
-    conch_rpc_call_reply(call,
-                         json_pack("{s:s,s:i,s:i,s:s}", "version", "0.1.0", "pid", (int)getpid(),
-                                   "sandboxes", n, "state_dir", c->d->state_dir));
+    conch_rpc_call_reply(call, json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", "0.1.0", "pid",
+                                         (int)getpid(), "sandboxes", n, "pool_ready", ready,
+                                         "state_dir", c->d->state_dir));
 }
 
 static uint64_t num_bytes(json_t *params, const char *key)

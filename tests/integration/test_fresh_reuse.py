@@ -18,13 +18,19 @@ def wardens(daemon):
 
 
 def settled(daemon, n, timeout=10.0):
-    """Wait until the pool holds @n wardens again; return them."""
+    """Wait until the pool holds @n wardens again, each ready to be taken (built, or made as
+    new: daemon.ping's pool_ready); return them."""
     deadline = time.monotonic() + timeout
-    while True:
-        w = wardens(daemon)
-        if len(w) == n or time.monotonic() > deadline:
-            return w
-        time.sleep(0.05)
+    c = daemon.client()
+    try:
+        while True:
+            w = wardens(daemon)
+            if (len(w) == n and c.call("daemon.ping", {})["pool_ready"] == n) \
+                    or time.monotonic() > deadline:
+                return w
+            time.sleep(0.05)
+    finally:
+        c.close()
 
 
 LEAVE = r"""

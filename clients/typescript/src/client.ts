@@ -393,7 +393,13 @@ export class ConchClient extends EventEmitter {
   }
 
   // daemon
-  ping(): Promise<{ version: string; pid: number; sandboxes: number }> {
+  ping(): Promise<{
+    version: string;
+    pid: number;
+    sandboxes: number;
+    pool_ready: number;
+    state_dir: string;
+  }> {
     return this.call("daemon.ping");
   }
 
