@@ -193,6 +193,7 @@ def test_sessions_and_jobs_run_under_exactly_one_landlock_domain(daemon_factory,
     st = c.call("job.wait", {"job_id": job, "timeout": 30}, timeout=40)
     out = c.call("job.output", {"job_id": job}, timeout=30)
     assert st["exit_code"] == 0 and out["stdout"] == "15\nw\n", (st, out)
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)  # the pool's warden is then the only one
     # the fresh sandbox's second-ever command (after a recycle) is fenced the same
     for _ in range(2):
         r = c.call("exec.run", {"fresh": True, "command": f"cd /workspace && {cmd}"}, timeout=60)
