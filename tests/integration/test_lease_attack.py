@@ -18,7 +18,7 @@ import pytest
 from conftest import CONCH_BIN, conch, descendants, proc_argv, unique_marker
 from rpcclient import RpcError, wait_gone
 from test_fresh_reuse import LEAVE, LOOK, settled, wardens
-from test_run_lease import borrowing, named, watching
+from test_run_lease import borrowing, named, wait_named, watching
 
 
 def popen_watched(args, marker, timeout=60, preexec_fn=None, **kw):
@@ -216,10 +216,7 @@ def test_conch_run_reports_when_its_daemon_died_mid_lease(daemon_factory, ws):
                           "--json", "--", "bash", "-c", f"(exec -a {marker} sleep 2); echo done"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pids = named(marker)
+        pids = wait_named(marker)
         assert pids and all(q in descendants(d.pid) for q in pids), "not borrowed"
         d.kill9()
         out, err = p.communicate(timeout=30)
@@ -242,10 +239,8 @@ def test_a_daemon_stopped_mid_lease_fails_the_borrowed_run(daemon_factory, ws):
                           "bash", "-c", f"(exec -a {marker} sleep 30); echo done"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert named(marker) and all(q in descendants(d.pid) for q in named(marker))
+        pids = wait_named(marker)
+        assert pids and all(q in descendants(d.pid) for q in pids)
         exited, _ = d.stop()
         assert exited
         out, err = p.communicate(timeout=20)

@@ -16,7 +16,7 @@ from rpcclient import Client, RpcError
 from test_fences import LANDLOCK_FREE_LAYERS, landlock_abi
 from test_fresh_reuse import settled
 from test_lease_attack import popen_watched
-from test_run_lease import named, run_watched
+from test_run_lease import run_watched, wait_named
 
 BIG = "head -c 3000000 /dev/zero | tr '\\0' b; echo"  # > 64 KiB kept: built by a worker
 
@@ -60,10 +60,7 @@ def test_a_lent_sandbox_cannot_be_reached_by_its_id(daemon_factory, ws):
                           "--json", "--", "bash", "-c", f"(exec -a {marker} sleep 2.5); true"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert named(marker), "the borrowed command did not start"
+        assert wait_named(marker), "the borrowed command did not start"
         c = d.client()
         lent = find_unlisted_sandbox(c, d.pid, t0)
         refused = {}

@@ -28,6 +28,14 @@ def named(marker):
     return out
 
 
+def wait_named(marker, timeout=20):
+    """Wait until a process named @marker runs; return the host pids of those that do."""
+    deadline = time.monotonic() + timeout
+    while not named(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return named(marker)
+
+
 def ancestry(pid):
     """Host pids from @pid up to init (not included)."""
     chain, q = [], pid
@@ -85,10 +93,7 @@ def borrowing(d, ws, marker, seconds):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while not named(marker) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pids = named(marker)
+        pids = wait_named(marker)
         assert pids, "the command did not start"
         yield p, pids
     finally:
