@@ -38,8 +38,7 @@ static bool lease_fits(const struct conch_run_opts *o)
 /* Read one response line with the fd that came with it (into *@ret_fd, else -1). */
 static json_t *read_answer(int fd, int *ret_fd)
 {
-    /* Not on the stack: the caller's stack may be small (`ulimit -s 64` crashed here). */
-    static char buf[LEASE_MAX_LINE];
+    char buf[LEASE_MAX_LINE];
     size_t len = 0;
     uint64_t deadline = conch_clock_ms() + LEASE_WAIT_MS;
     while (len < sizeof(buf) - 1) {
