@@ -167,7 +167,7 @@ static json_t *id_at(const char *p, const char *end)
     }
     if (!q || q == p)
         return NULL;
-    json_t *id = json_loadb(p, (size_t)(q - p), JSON_DECODE_ANY, NULL);
+    json_t *id = json_loadb(p, (size_t)(q - p), JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     if (id && !json_is_integer(id) && !json_is_string(id)) {
         json_decref(id);
         id = NULL;

@@ -479,7 +479,7 @@ static void on_client_message(void *ctx, const char *line, size_t len)
 {
     struct mcp *m = ctx;
     json_error_t je;
-    json_t *msg = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *msg = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!msg) {
         send_error(m, NULL, -32700, "parse error: %s (at position %d)", je.text, je.position);
         return;
@@ -525,7 +525,7 @@ static void on_client_message(void *ctx, const char *line, size_t len)
 static void on_daemon_message(void *ctx, const char *line, size_t len)
 {
     struct mcp *m = ctx;
-    json_t *msg = json_loadb(line, len, 0, NULL);
+    json_t *msg = json_loadb(line, len, JSON_ALLOW_NUL, NULL);
     json_t *id = json_object_get(msg, "id");
     if (!json_is_integer(id)) { /* a notification (exec.output, job.exited) */
         json_decref(msg);
@@ -652,7 +652,7 @@ static json_t *call_sync(struct mcp *m, const char *method, json_t *params, stru
             if (!nl)
                 break;
             size_t ll = (size_t)(nl - m->from_child.buf);
-            json_t *msg = json_loadb(m->from_child.buf, ll, 0, NULL);
+            json_t *msg = json_loadb(m->from_child.buf, ll, JSON_ALLOW_NUL, NULL);
             memmove(m->from_child.buf, nl + 1, m->from_child.len - ll - 1);
             m->from_child.len -= ll + 1;
             json_t *id = json_object_get(msg, "id");

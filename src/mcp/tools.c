@@ -12,8 +12,11 @@
 /* ---- arguments ---- */
 
 /* Each getter answers @c with a tool error and returns false when the argument is wrong. */
-static bool arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool required,
-                    const char **ret)
+/* A string argument. Unless @nul_ok (file contents, which are passed on as JSON values), one
+ * holding U+0000 is refused: it becomes a C string (a command, a path, a pattern) that would
+ * silently end at the NUL. */
+static bool arg_string(struct mcp *m, struct mcp_call *c, const char *key, bool required,
+                       bool nul_ok, const char **ret)
 {
     json_t *v = json_object_get(c->args, key);
     *ret = NULL;
@@ -27,8 +30,24 @@ static bool arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool req
         mcp_call_donef(m, c, true, "Error: argument '%s' must be a string", key);
         return false;
     }
+    if (!nul_ok && strlen(json_string_value(v)) != json_string_length(v)) {
+        mcp_call_donef(m, c, true, "Error: argument '%s' holds a NUL character (U+0000)", key);
+        return false;
+    }
     *ret = json_string_value(v);
     return true;
+}
+
+static bool arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool required,
+                    const char **ret)
+{
+    return arg_string(m, c, key, required, false, ret);
+}
+
+/* A string argument that may hold any character, U+0000 included (file contents). */
+static bool arg_text(struct mcp *m, struct mcp_call *c, const char *key, const char **ret)
+{
+    return arg_string(m, c, key, true, true, ret);
 }
 
 static bool arg_bool(struct mcp *m, struct mcp_call *c, const char *key, bool *ret)
@@ -463,7 +482,7 @@ static void write_next(struct mcp *m, struct mcp_call *c)
 static void write_start(struct mcp *m, struct mcp_call *c)
 {
     const char *path, *content;
-    if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "content", true, &content))
+    if (!arg_str(m, c, "path", true, &path) || !arg_text(m, c, "content", &content))
         return;
     c->stage = 0;
     write_next(m, c);
@@ -489,8 +508,8 @@ static void edit_start(struct mcp *m, struct mcp_call *c)
 {
     const char *path, *o, *n;
     bool all;
-    if (!arg_str(m, c, "path", true, &path) || !arg_str(m, c, "old_string", true, &o) ||
-        !arg_str(m, c, "new_string", true, &n) || !arg_bool(m, c, "replace_all", &all))
+    if (!arg_str(m, c, "path", true, &path) || !arg_text(m, c, "old_string", &o) ||
+        !arg_text(m, c, "new_string", &n) || !arg_bool(m, c, "replace_all", &all))
         return;
     mcp_daemon_call(m, c, "fs.edit",
                     json_pack("{s:s,s:O,s:O,s:b}", "path", path, "old_string",

@@ -497,3 +497,42 @@ test('raw protocol: a client version we speak is kept; a bad workspace fails ini
   assert.equal(code, 2);
   assert.match(err, /--workspace: '\/nonexistent-dir' is not a directory/);
 });
+
+test('raw protocol: U+0000 in a request and NUL bytes in an answer keep their ids', async () => {
+  // A valid JSON string may hold \u0000. It used to be answered as a parse error with id null
+  // (the client waited for its answer until its own timeout), and a command printing a NUL
+  // byte made the daemon's answer unreadable, so the call was never answered at all.
+  const ws = tempWorkspace();
+  const s = rawSession(['--workspace', ws]);
+  try {
+    s.send(init(1, '2025-06-18'));
+    assert.equal((await s.next()).id, 1);
+    s.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
+    s.send({ jsonrpc: '2.0', id: 'nul-arg', method: 'tools/call',
+      params: { name: 'bash', arguments: { command: 'echo a\u0000b' } } });
+    let m = await s.next();
+    assert.equal(m.id, 'nul-arg');
+    assert.equal(m.result.isError, true, 'a command cut at the NUL is refused, not run');
+    assert.match(m.result.content[0].text, /'command' holds a NUL character/);
+    s.send({ jsonrpc: '2.0', id: 3, method: 'tools/call',
+      params: { name: 'bash', arguments: { command: "printf 'x\\0y'" } } });
+    m = await s.next();
+    assert.equal(m.id, 3);
+    assert.equal(m.result.isError, false);
+    assert.match(m.result.content[0].text, /^x.y\n\[exit code: 0\]$/u);
+    s.send({ jsonrpc: '2.0', id: 4, method: 'tools/call',
+      params: { name: 'write_file', arguments: { path: 'nul.bin', content: 'a\u0000b' } } });
+    m = await s.next();
+    assert.equal(m.id, 4);
+    assert.match(m.result.content[0].text, /Created .*nul\.bin \(3 bytes\)/);
+    s.send({ jsonrpc: '2.0', id: 5, method: 'tools/call',
+      params: { name: 'bash', arguments: { command: 'od -An -c nul.bin' } } });
+    m = await s.next();
+    assert.equal(m.id, 5);
+    assert.match(m.result.content[0].text, /a +\\0 +b/, 'the NUL reached the file');
+  } finally {
+    s.p.stdin.end();
+    await s.exited;
+    fs.rmSync(ws, { recursive: true, force: true });
+  }
+});
