@@ -26,6 +26,52 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def pytest_configure(config):
     config.addinivalue_line("markers", "root_only: needs conch to be run by host root")
     config.addinivalue_line("markers", "user_only: needs conch to be run by an unprivileged user")
+    config.addinivalue_line("markers", "slow: takes more than ~10 s on an idle machine (run by the root pass only)")
+    config.addinivalue_line("markers", "serial: counts or loads something host-wide; run alone, not beside other tests")
+    config.addinivalue_line("markers", "jail: exercises how the sandbox is built, which differs as root and as a user")
+    config.addinivalue_line("markers", "daemon_code: exercises the daemon's and conch run's own C code (rerun under ASan)")
+
+
+# Which of scripts/test's three integration passes finds what (each runs what only it can find):
+# - as root: every test;
+# - as an unprivileged user (`-m "jail and not slow"`): the files whose behaviour depends on
+#   the mode the sandbox is built in (id maps, cgroups or rlimits, idmapped mounts, the lease);
+#   the daemon's protocol, the bridge and the in-sandbox clients behave the same either way;
+# - against the ASan/UBSan build (`-m "daemon_code and not slow"`): the files that drive the
+#   daemon's and conch run's C code; the fence and escape files exercise the kernel's checks.
+# `slow` tests (stress and bombs) run once, in the root pass.
+JAIL_FILES = {
+    "test_cli", "test_cli_daemon", "test_daemon_basic", "test_daemon_fs", "test_daemon_limits",
+    "test_daemon_recovery", "test_daemon_workspace", "test_escape", "test_fences",
+    "test_file_workers", "test_fresh_reuse", "test_identity", "test_lease_attack", "test_limits",
+    "test_programs", "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
+    "test_supervisor_attack", "test_timeout", "test_workspace", "test_workspace_limits",
+    "test_attack_review",
+}
+DAEMON_CODE_FILES = {
+    "test_bridge", "test_bridge_attack", "test_cli", "test_cli_daemon", "test_daemon_badinput",
+    "test_daemon_basic", "test_daemon_fs", "test_daemon_jobs", "test_daemon_limits",
+    "test_daemon_loop", "test_daemon_recovery", "test_daemon_stdio", "test_daemon_workspace",
+    "test_embedding", "test_file_workers", "test_fresh_reuse", "test_lease_attack",
+    "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
+    "test_supervisor_attack", "test_workspace", "test_attack_review",
+}
+# Files whose every test loads or counts something host-wide (systemd units, process floods).
+SERIAL_FILES = {"test_service", "test_daemon_stress", "test_limits"}
+# Tests elsewhere that flood the host (fork bombs) or count a host-wide or per-uid resource
+# that a test beside them would use too (aio contexts, inotify instances, pending signals).
+SERIAL_WORDS = ("fork_bomb", "aio", "inotify", "pending_signals", "process_bound", "fork_loop")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).stem
+        if name in JAIL_FILES or item.get_closest_marker("user_only"):
+            item.add_marker(pytest.mark.jail)
+        if name in DAEMON_CODE_FILES:
+            item.add_marker(pytest.mark.daemon_code)
+        if name in SERIAL_FILES or any(w in item.name for w in SERIAL_WORDS):
+            item.add_marker(pytest.mark.serial)
 
 
 def pytest_runtest_setup(item):
