@@ -78,6 +78,10 @@ int conch_rm_contents(int fd, unsigned flags);
  * (conch_rm_contents). A missing entry is not an error. Returns 0 or -errno. */
 int conch_rm_at(int dfd, const char *name, unsigned flags);
 
+/* conch_rm_path - conch_rm_at for a path: its last component in the directory its parent
+ * names (opened without following a symlink in the last step). Returns 0 or -errno. */
+int conch_rm_path(const char *path, unsigned flags);
+
 /* conch_rm_at_named - conch_rm_at, and on failure *@ret_failed (malloc'd, or NULL if out of
  * memory) names the first entry that could not be removed, as a path relative to @dfd
  * ("name/sub/file"). */

@@ -313,3 +313,16 @@ int conch_rm_at(int dfd, const char *name, unsigned flags)
 {
     return conch_rm_at_named(dfd, name, flags, NULL);
 }
+
+int conch_rm_path(const char *path, unsigned flags)
+{
+    const char *slash = strrchr(path, '/');
+    _cleanup_free_ char *parent =
+        !slash ? strdup(".") : strndup(path, slash == path ? 1 : (size_t)(slash - path));
+    if (!parent)
+        return -ENOMEM;
+    _cleanup_close_ int dfd = open(parent, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    return conch_rm_at(dfd, slash ? slash + 1 : path, flags);
+}

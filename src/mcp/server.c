@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -692,17 +691,6 @@ static json_t *call_sync(struct mcp *m, const char *method, json_t *params, stru
     return NULL;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        rmdir(path);
-    else
-        unlink(path);
-    return 0;
-}
-
 static int end_session(struct mcp *m, struct conch_err *err)
 {
     int ret = 0;
@@ -741,7 +729,7 @@ static int end_session(struct mcp *m, struct conch_err *err)
         wait_child(m, 5000);
     }
     if (m->private_state)
-        nftw(m->state_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        conch_rm_path(m->state_dir, CONCH_RM_ONE_FS);
     return ret;
 }
 
@@ -798,7 +786,7 @@ static void remove_stale(const char *parent)
             close(fd);
             continue;
         }
-        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        conch_rm_path(path, CONCH_RM_ONE_FS);
         if (fd >= 0)
             close(fd);
     }

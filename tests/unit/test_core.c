@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -149,4 +150,29 @@ Test(fdpass, descriptors_travel_and_extras_are_closed)
     close(a[1]);
     close(b[0]);
     close(got[0]);
+}
+
+Test(rmtree, rm_path_removes_a_tree_and_never_follows_a_link)
+{
+    char top[] = "/tmp/conch-rmpath-XXXXXX";
+    cr_assert_not_null(mkdtemp(top));
+    char path[256], keep[256], f[300];
+    snprintf(path, sizeof(path), "%s/tree", top);
+    snprintf(keep, sizeof(keep), "%s/keep", top);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    cr_assert_eq(mkdir(keep, 0700), 0);
+    snprintf(f, sizeof(f), "%s/kept.txt", keep);
+    close(open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    snprintf(f, sizeof(f), "%s/sub", path);
+    cr_assert_eq(mkdir(f, 0), 0); /* no rwx: made removable first */
+    snprintf(f, sizeof(f), "%s/link", path);
+    cr_assert_eq(symlink(keep, f), 0);
+    cr_assert_eq(conch_rm_path(path, CONCH_RM_ONE_FS), 0);
+    struct stat st;
+    cr_assert_eq(lstat(path, &st), -1);
+    snprintf(f, sizeof(f), "%s/kept.txt", keep);
+    cr_assert_eq(lstat(f, &st), 0, "the link's target is left alone");
+    cr_assert_eq(conch_rm_path(path, 0), 0, "a missing path is not an error");
+    cr_assert_eq(conch_rm_path(top, 0), 0);
+    cr_assert_eq(lstat(top, &st), -1);
 }
