@@ -1,40 +1,56 @@
 /* utf8.c - UTF-8 validation and repair. */
 #include "core/utf8.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-size_t conch_utf8_seq(const unsigned char *s, size_t n)
+/* The well-formed sequence at @s (its length, > 0), or the negated length of the maximal
+ * subpart of one to replace by a single U+FFFD (at least 1): Unicode's recommended practice
+ * ("U+FFFD substitution of maximal subparts"), which Python's errors="replace" and the WHATWG
+ * decoder follow. The second byte's range rules out overlong forms, surrogates and code points
+ * above U+10FFFF. */
+static long scan(const unsigned char *s, size_t n)
 {
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t cp;
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    int need;
     if (c < 0x80)
         return 1;
     if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-        cp = c & 0x1f;
+        need = 1;
     } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        cp = c & 0x0f;
+        need = 2;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
     } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        cp = c & 0x07;
+        need = 3;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
     } else {
-        return 0;
+        return -1;
     }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
+    for (int k = 1; k <= need; k++) {
+        if ((size_t)k >= n || s[k] < lo || s[k] > hi)
+            return -k;
+        lo = 0x80;
+        hi = 0xbf;
     }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return len;
+    return need + 1;
+}
+
+size_t conch_utf8_seq(const unsigned char *s, size_t n)
+{
+    long k = scan(s, n);
+    return k > 0 ? (size_t)k : 0;
+}
+
+size_t conch_utf8_bad(const unsigned char *s, size_t n)
+{
+    long k = scan(s, n);
+    return k > 0 ? 0 : (size_t)-k;
 }
 
 char *conch_utf8_repair(const char *s, size_t n, size_t *ret_len)
@@ -49,7 +65,7 @@ char *conch_utf8_repair(const char *s, size_t n, size_t *ret_len)
         if (k == 0) {
             memcpy(out + o, "\xef\xbf\xbd", 3);
             o += 3;
-            i++;
+            i += conch_utf8_bad(u + i, n - i);
         } else {
             memcpy(out + o, s + i, k);
             o += k;

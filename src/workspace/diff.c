@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/utf8.h"
 #include "workspace/ws-internal.h"
 
 #define CONTEXT 3
@@ -68,42 +69,6 @@ __attribute__((format(printf, 2, 3))) static void buf_fmt(struct buf *b, const c
     buf_add(b, tmp, (size_t)n);
 }
 
-/* Length of the well-formed UTF-8 sequence at @s (at most @n bytes), or, if it is not
- * one, the negated length of its maximal valid prefix (at least 1) to replace by one
- * U+FFFD, as Unicode recommends (and Python's errors="replace" does). */
-static int utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    int need;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        need = 1;
-    else if (c >= 0xe0 && c <= 0xef) {
-        need = 2;
-        if (c == 0xe0)
-            lo = 0xa0; /* overlong */
-        else if (c == 0xed)
-            hi = 0x9f; /* surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 3;
-        if (c == 0xf0)
-            lo = 0x90; /* overlong */
-        else if (c == 0xf4)
-            hi = 0x8f; /* beyond U+10FFFF */
-    } else {
-        return -1;
-    }
-    for (int k = 1; k <= need; k++) {
-        if ((size_t)k >= n || s[k] < lo || s[k] > hi)
-            return -k;
-        lo = 0x80;
-        hi = 0xbf;
-    }
-    return need + 1;
-}
-
 /* Appends @s with every ill-formed UTF-8 sequence replaced by U+FFFD: JSON strings must be
  * UTF-8, and source files in Latin-1 or with stray bytes are common. */
 static void buf_utf8(struct buf *b, const char *s, size_t n)
@@ -115,14 +80,14 @@ static void buf_utf8(struct buf *b, const char *s, size_t n)
             i++;
             continue;
         }
-        int k = utf8_seq(u + i, n - i);
+        size_t k = conch_utf8_seq(u + i, n - i);
         if (k > 0) {
-            i += (size_t)k;
+            i += k;
             continue;
         }
         buf_add(b, s + start, i - start);
         buf_add(b, "\xef\xbf\xbd", 3);
-        i += (size_t)-k;
+        i += conch_utf8_bad(u + i, n - i);
         start = i;
     }
     buf_add(b, s + start, n - start);

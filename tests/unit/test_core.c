@@ -67,6 +67,21 @@ Test(utf8, seq_accepts_well_formed_and_refuses_the_rest)
     cr_assert_eq(conch_utf8_seq((const unsigned char *)"\xff", 1), 0);
 }
 
+Test(utf8, repair_replaces_each_maximal_subpart_once_as_diffs_do)
+{
+    /* A truncated 3-byte sequence is one U+FFFD (its maximal subpart); an overlong NUL and a
+     * surrogate are one per byte (no valid prefix); the same rule as workspace diffs. */
+    size_t n = 0;
+    char *s = conch_utf8_repair("\xe2\x82 \xc0\x80 \xed\xa0\x80 \xf0\x9f\x90", 13, &n);
+    cr_assert_not_null(s);
+    cr_assert_str_eq(s, "\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd "
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd");
+    cr_assert_eq(n, strlen(s));
+    cr_assert_eq(conch_utf8_bad((const unsigned char *)"\xe2\x82", 2), 2);
+    cr_assert_eq(conch_utf8_bad((const unsigned char *)"\xc3\xa9", 2), 0);
+    free(s);
+}
+
 Test(utf8, repair_replaces_each_bad_byte_and_keeps_nul)
 {
     size_t n = 0;
