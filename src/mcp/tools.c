@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/strbuf.h"
 #include "mcp/mcp-internal.h"
 
 /* ---- arguments ---- */
@@ -99,56 +100,13 @@ static bool arg_paths(struct mcp *m, struct mcp_call *c, const char *key, json_t
 
 /* ---- a growing text ---- */
 
-struct text {
-    char *s;
-    size_t len, cap;
-    bool oom;
-};
-
-static void text_add(struct text *t, const char *s, size_t n)
-{
-    if (t->oom)
-        return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + n + 1)
-            cap *= 2;
-        char *ns = realloc(t->s, cap);
-        if (!ns) {
-            t->oom = true;
-            return;
-        }
-        t->s = ns;
-        t->cap = cap;
-    }
-    memcpy(t->s + t->len, s, n);
-    t->len += n;
-    t->s[t->len] = '\0';
-}
-
-static void text_addf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_addf(struct text *t, const char *fmt, ...)
-{
-    char *s = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vasprintf(&s, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        t->oom = true;
-        return;
-    }
-    text_add(t, s, (size_t)n);
-    free(s);
-}
-
-static void text_done(struct mcp *m, struct mcp_call *c, struct text *t, bool is_error)
+static void text_done(struct mcp *m, struct mcp_call *c, struct conch_sb *t, bool is_error)
 {
     if (t->oom)
         mcp_call_done(m, c, true, "out of memory", 13);
     else
-        mcp_call_done(m, c, is_error, t->s ? t->s : "", t->len);
-    free(t->s);
+        mcp_call_done(m, c, is_error, t->buf ? t->buf : "", t->len);
+    free(t->buf);
 }
 
 static const char *jstr(json_t *o, const char *key)
@@ -168,7 +126,7 @@ static const char *jstr(json_t *o, const char *key)
 /* Add the text of an exec.run / session.run result @res to @out; returns true when the
  * command was stopped (a timeout, a limit): an error, while a command's own failure is a
  * result (its exit code ends the text). */
-static bool run_text(struct mcp *m, json_t *res, struct text *out)
+static bool run_text(struct mcp *m, json_t *res, struct conch_sb *out)
 {
     json_t *t = json_object_get(res, "text");
     const char *kind = json_string_value(json_object_get(json_object_get(res, "error"), "kind"));
@@ -183,11 +141,11 @@ static bool run_text(struct mcp *m, json_t *res, struct text *out)
         const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
         const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
         if (!close) {
-            text_add(out, p, (size_t)(s + len - p));
+            conch_sb_putn(out, p, (size_t)(s + len - p));
             break;
         }
-        text_add(out, p, (size_t)(hit - p));
-        text_addf(out, "; to see all of it, redirect it to a file and read parts of it");
+        conch_sb_putn(out, p, (size_t)(hit - p));
+        conch_sb_printf(out, "; to see all of it, redirect it to a file and read parts of it");
         p = close;
     }
     return stopped;
@@ -230,7 +188,7 @@ static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
                        job, job);
         return;
     }
-    struct text out = {0};
+    struct conch_sb out = {0};
     text_done(m, c, &out, run_text(m, res, &out));
 }
 
@@ -309,9 +267,10 @@ static void shell_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *
         mcp_call_fail_daemon(m, c, error);
         return;
     }
-    struct text out = {0};
+    struct conch_sb out = {0};
     if (json_is_true(json_object_get(res, "new_shell")))
-        text_addf(&out, "[a new shell: the previous one had exited, so the working directory, "
+        conch_sb_printf(&out,
+                        "[a new shell: the previous one had exited, so the working directory, "
                         "variables and functions were reset]\n");
     text_done(m, c, &out, run_text(m, res, &out));
 }
@@ -354,28 +313,28 @@ static void job_output_reply(struct mcp *m, struct mcp_call *c, json_t *res, jso
     json_int_t old_eo = json_integer_value(json_array_get(off, 1));
     json_object_set_new(mcp_job_offsets(m), job, json_pack("[O,O]", so, eo));
     json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
-    struct text t = {0};
+    struct conch_sb t = {0};
     if (json_string_length(out))
-        text_add(&t, json_string_value(out), json_string_length(out));
+        conch_sb_putn(&t, json_string_value(out), json_string_length(out));
     if (json_string_length(err)) {
-        if (t.len && t.s[t.len - 1] != '\n')
-            text_add(&t, "\n", 1);
-        text_add(&t, json_string_value(err), json_string_length(err));
+        if (t.len && t.buf[t.len - 1] != '\n')
+            conch_sb_putn(&t, "\n", 1);
+        conch_sb_putn(&t, json_string_value(err), json_string_length(err));
     }
-    if (t.len && t.s[t.len - 1] != '\n')
-        text_add(&t, "\n", 1);
+    if (t.len && t.buf[t.len - 1] != '\n')
+        conch_sb_putn(&t, "\n", 1);
     bool more =
         (size_t)(json_integer_value(so) - old_so) + (size_t)(json_integer_value(eo) - old_eo) >=
         mcp_max_output(m) / 2;
     if (!t.len)
-        text_addf(&t, "(no new output)\n");
+        conch_sb_printf(&t, "(no new output)\n");
     if (json_is_true(json_object_get(res, "running")))
-        text_addf(&t, "[job %s is still running%s]", job,
-                  more ? "; more output is waiting: call job_output again" : "");
+        conch_sb_printf(&t, "[job %s is still running%s]", job,
+                        more ? "; more output is waiting: call job_output again" : "");
     else
-        text_addf(&t, "[job %s exited; exit code: %lld%s]", job,
-                  (long long)json_integer_value(json_object_get(res, "exit_code")),
-                  more ? "; more output is waiting: call job_output again" : "");
+        conch_sb_printf(&t, "[job %s exited; exit code: %lld%s]", job,
+                        (long long)json_integer_value(json_object_get(res, "exit_code")),
+                        more ? "; more output is waiting: call job_output again" : "");
     text_done(m, c, &t, false);
 }
 
@@ -423,7 +382,7 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     json_int_t first = json_integer_value(json_object_get(res, "offset"));
     json_int_t lines = json_integer_value(json_object_get(res, "lines"));
     json_int_t total = json_integer_value(json_object_get(res, "total_lines"));
-    struct text t = {0};
+    struct conch_sb t = {0};
     /* Whole lines only, as many as fit: a cut in the middle would hide which lines came. */
     size_t budget = mcp_max_output(m) > 512 ? mcp_max_output(m) - 256 : mcp_max_output(m);
     json_int_t shown = 0;
@@ -435,21 +394,22 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
             cut = true;
             break;
         }
-        text_addf(&t, "%6lld\t", (long long)(first + shown + 1));
-        text_add(&t, s + i, end - i);
-        text_add(&t, "\n", 1);
+        conch_sb_printf(&t, "%6lld\t", (long long)(first + shown + 1));
+        conch_sb_putn(&t, s + i, end - i);
+        conch_sb_putn(&t, "\n", 1);
         shown++;
         i = end + 1;
     }
     if (!len)
-        text_addf(&t,
-                  total ? "(no lines from line %lld on: the file has %lld)\n"
-                        : "(the file is empty)\n",
-                  (long long)first + 1, (long long)total);
+        conch_sb_printf(&t,
+                        total ? "(no lines from line %lld on: the file has %lld)\n"
+                              : "(the file is empty)\n",
+                        (long long)first + 1, (long long)total);
     else if (cut || json_is_true(json_object_get(res, "truncated")))
-        text_addf(&t, "[lines %lld-%lld of %lld%s; pass offset=%lld to read on]\n",
-                  (long long)first + 1, (long long)(first + shown), (long long)total,
-                  cut ? " (the rest did not fit in one result)" : "", (long long)(first + shown));
+        conch_sb_printf(&t, "[lines %lld-%lld of %lld%s; pass offset=%lld to read on]\n",
+                        (long long)first + 1, (long long)(first + shown), (long long)total,
+                        cut ? " (the rest did not fit in one result)" : "",
+                        (long long)(first + shown));
     (void)lines;
     text_done(m, c, &t, false);
 }
@@ -536,7 +496,7 @@ static void ls_start(struct mcp *m, struct mcp_call *c)
 static void ls_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    struct text t = {0};
+    struct conch_sb t = {0};
     size_t i;
     json_t *e;
     json_t *entries = json_object_get(res, "entries");
@@ -545,14 +505,14 @@ static void ls_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *err
         const char *type = jstr(e, "type");
         const char *suffix = !strcmp(type, "d") ? "/" : !strcmp(type, "l") ? "@" : "";
         if (!strcmp(type, "d"))
-            text_addf(&t, "%s %10s  %s%s\n", jstr(e, "mode"), "-", jstr(e, "name"), suffix);
+            conch_sb_printf(&t, "%s %10s  %s%s\n", jstr(e, "mode"), "-", jstr(e, "name"), suffix);
         else
-            text_addf(&t, "%s %10lld  %s%s\n", jstr(e, "mode"),
-                      (long long)json_integer_value(json_object_get(e, "size")), jstr(e, "name"),
-                      suffix);
+            conch_sb_printf(&t, "%s %10lld  %s%s\n", jstr(e, "mode"),
+                            (long long)json_integer_value(json_object_get(e, "size")),
+                            jstr(e, "name"), suffix);
     }
     if (!json_array_size(entries))
-        text_addf(&t, "(empty directory)\n");
+        conch_sb_printf(&t, "(empty directory)\n");
     text_done(m, c, &t, false);
 }
 
@@ -570,15 +530,15 @@ static void glob_start(struct mcp *m, struct mcp_call *c)
 static void glob_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    struct text t = {0};
+    struct conch_sb t = {0};
     size_t i;
     json_t *e;
     json_t *paths = json_object_get(res, "paths");
-    json_array_foreach(paths, i, e) text_addf(&t, "%s\n", json_string_value(e));
+    json_array_foreach(paths, i, e) conch_sb_printf(&t, "%s\n", json_string_value(e));
     if (!json_array_size(paths))
-        text_addf(&t, "(no matches)\n");
+        conch_sb_printf(&t, "(no matches)\n");
     if (json_is_true(json_object_get(res, "truncated")))
-        text_addf(&t, "[more matches left out: narrow the pattern]\n");
+        conch_sb_printf(&t, "[more matches left out: narrow the pattern]\n");
     text_done(m, c, &t, false);
 }
 
@@ -602,17 +562,17 @@ static void grep_start(struct mcp *m, struct mcp_call *c)
 static void grep_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    struct text t = {0};
+    struct conch_sb t = {0};
     size_t i;
     json_t *e;
     json_t *matches = json_object_get(res, "matches");
     json_array_foreach(matches, i, e)
-        text_addf(&t, "%s:%lld:%s\n", jstr(e, "path"),
-                  (long long)json_integer_value(json_object_get(e, "line")), jstr(e, "text"));
+        conch_sb_printf(&t, "%s:%lld:%s\n", jstr(e, "path"),
+                        (long long)json_integer_value(json_object_get(e, "line")), jstr(e, "text"));
     if (!json_array_size(matches))
-        text_addf(&t, "(no matches)\n");
+        conch_sb_printf(&t, "(no matches)\n");
     if (json_is_true(json_object_get(res, "truncated")))
-        text_addf(&t, "[more matches left out: narrow the pattern, path or glob]\n");
+        conch_sb_printf(&t, "[more matches left out: narrow the pattern, path or glob]\n");
     text_done(m, c, &t, false);
 }
 
@@ -626,7 +586,7 @@ static void changes_start(struct mcp *m, struct mcp_call *c)
 static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    struct text t = {0};
+    struct conch_sb t = {0};
     size_t i;
     json_t *e;
     json_t *list = json_object_get(res, "changes");
@@ -638,19 +598,19 @@ static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t
                  : !strcmp(kind, "modified") ? 'M'
                                              : 'T';
         const char *skip = json_string_value(json_object_get(e, "skip"));
-        text_addf(&t, "%c %s%s%s%s%s\n", k, jstr(e, "path"),
-                  !strcmp(jstr(e, "type"), "d") ? "/" : "", skip ? "  [not committable: " : "",
-                  skip ? skip : "", skip ? "]" : "");
+        conch_sb_printf(&t, "%c %s%s%s%s%s\n", k, jstr(e, "path"),
+                        !strcmp(jstr(e, "type"), "d") ? "/" : "",
+                        skip ? "  [not committable: " : "", skip ? skip : "", skip ? "]" : "");
     }
     if (!json_array_size(list))
-        text_addf(&t, "No changes.\n");
+        conch_sb_printf(&t, "No changes.\n");
     else
-        text_addf(&t, "[%lld change%s (A added, M modified, D deleted, T type changed)%s]\n",
-                  (long long)json_integer_value(json_object_get(res, "changes_total")),
-                  json_integer_value(json_object_get(res, "changes_total")) == 1 ? "" : "s",
-                  json_is_true(json_object_get(res, "changes_truncated"))
-                      ? "; only the first ones are listed"
-                      : "");
+        conch_sb_printf(&t, "[%lld change%s (A added, M modified, D deleted, T type changed)%s]\n",
+                        (long long)json_integer_value(json_object_get(res, "changes_total")),
+                        json_integer_value(json_object_get(res, "changes_total")) == 1 ? "" : "s",
+                        json_is_true(json_object_get(res, "changes_truncated"))
+                            ? "; only the first ones are listed"
+                            : "");
     text_done(m, c, &t, false);
 }
 
@@ -671,12 +631,12 @@ static void diff_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
         mcp_call_donef(m, c, false, "No changes.");
         return;
     }
-    struct text t = {0};
-    text_add(&t, json_string_value(d), json_string_length(d));
+    struct conch_sb t = {0};
+    conch_sb_putn(&t, json_string_value(d), json_string_length(d));
     json_int_t omitted = json_integer_value(json_object_get(res, "omitted"));
     if (omitted)
-        text_addf(&t, "\n[%lld file%s left out of this diff: ask for them with paths]\n",
-                  (long long)omitted, omitted == 1 ? "" : "s");
+        conch_sb_printf(&t, "\n[%lld file%s left out of this diff: ask for them with paths]\n",
+                        (long long)omitted, omitted == 1 ? "" : "s");
     text_done(m, c, &t, false);
 }
 
@@ -692,7 +652,7 @@ static void commit_start(struct mcp *m, struct mcp_call *c)
 static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    struct text t = {0};
+    struct conch_sb t = {0};
     size_t i;
     json_t *e;
     json_t *done = json_object_get(res, "committed"), *skipped = json_object_get(res, "skipped");
@@ -700,11 +660,11 @@ static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t 
         mcp_call_donef(m, c, false, "Nothing to commit: no changes.");
         return;
     }
-    text_addf(&t, "Committed %zu path%s to the host directory:\n", json_array_size(done),
-              json_array_size(done) == 1 ? "" : "s");
-    json_array_foreach(done, i, e) text_addf(&t, "  %s\n", json_string_value(e));
+    conch_sb_printf(&t, "Committed %zu path%s to the host directory:\n", json_array_size(done),
+                    json_array_size(done) == 1 ? "" : "s");
+    json_array_foreach(done, i, e) conch_sb_printf(&t, "  %s\n", json_string_value(e));
     json_array_foreach(skipped, i, e)
-        text_addf(&t, "  skipped %s: %s\n", jstr(e, "path"), jstr(e, "reason"));
+        conch_sb_printf(&t, "  skipped %s: %s\n", jstr(e, "path"), jstr(e, "reason"));
     text_done(m, c, &t, false);
 }
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "toolschema/sb.h"
+#include "core/strbuf.h"
 
 struct rctx {
     json_t *root;
@@ -19,18 +19,18 @@ struct rctx {
 
 #define MAX_EXPANSIONS 64
 
-static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, int depth);
+static void render(struct rctx *c, struct conch_sb *o, json_t *s, int indent, int depth);
 
-static void pad(struct conch__sb *o, int n)
+static void pad(struct conch_sb *o, int n)
 {
     for (int i = 0; i < n; i++)
-        conch__sb_putn(o, " ", 1);
+        conch_sb_putn(o, " ", 1);
 }
 
-static void literal(struct conch__sb *o, json_t *v)
+static void literal(struct conch_sb *o, json_t *v)
 {
     char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    conch__sb_puts(o, d ? d : "unknown");
+    conch_sb_puts(o, d ? d : "unknown");
     free(d);
 }
 
@@ -60,7 +60,7 @@ static json_t *lookup(json_t *root, const char *ref)
 }
 
 /* Collapse runs of whitespace (newlines included) into one space, so text fits a // line. */
-static void oneline(struct conch__sb *o, const char *s)
+static void oneline(struct conch_sb *o, const char *s)
 {
     bool space = false, any = false;
     for (; *s; s++) {
@@ -69,10 +69,10 @@ static void oneline(struct conch__sb *o, const char *s)
             continue;
         }
         if (space)
-            conch__sb_putn(o, " ", 1);
+            conch_sb_putn(o, " ", 1);
         space = false;
         any = true;
-        conch__sb_putn(o, s, 1);
+        conch_sb_putn(o, s, 1);
     }
 }
 
@@ -99,7 +99,7 @@ static const char *type_of(json_t *s)
 }
 
 /* "description (integer, >= 1, default: 10)": what a property's // comment says. */
-static void comment(struct conch__sb *o, json_t *s)
+static void comment(struct conch_sb *o, json_t *s)
 {
     if (!json_is_object(s))
         return;
@@ -107,10 +107,10 @@ static void comment(struct conch__sb *o, json_t *s)
     size_t start = o->len;
     if (json_is_string(d))
         oneline(o, json_string_value(d));
-    struct conch__sb p = {0};
+    struct conch_sb p = {0};
     const char *t = type_of(s);
     if (t && strcmp(t, "integer") == 0)
-        conch__sb_puts(&p, ", integer");
+        conch_sb_puts(&p, ", integer");
     static const struct {
         const char *key, *fmt;
     } cons[] = {
@@ -124,37 +124,37 @@ static void comment(struct conch__sb *o, json_t *s)
         json_t *v = json_object_get(s, cons[i].key);
         if (!v)
             continue;
-        conch__sb_puts(&p, cons[i].fmt);
+        conch_sb_puts(&p, cons[i].fmt);
         literal(&p, v);
     }
     if (p.len) {
         if (o->len > start)
-            conch__sb_printf(o, " (%s)", p.buf + 2);
+            conch_sb_printf(o, " (%s)", p.buf + 2);
         else
-            conch__sb_puts(o, p.buf + 2);
+            conch_sb_puts(o, p.buf + 2);
     }
-    conch__sb_done(&p);
+    conch_sb_done(&p);
 }
 
-static void render_object(struct rctx *c, struct conch__sb *o, json_t *s, int indent, int depth)
+static void render_object(struct rctx *c, struct conch_sb *o, json_t *s, int indent, int depth)
 {
     json_t *props = json_object_get(s, "properties");
     json_t *ap = json_object_get(s, "additionalProperties");
     json_t *req = json_object_get(s, "required");
     if (!json_is_object(props) || json_object_size(props) == 0) {
         if (json_is_false(ap)) {
-            conch__sb_puts(o, "{}");
+            conch_sb_puts(o, "{}");
         } else {
-            conch__sb_puts(o, "{ [key: string]: ");
+            conch_sb_puts(o, "{ [key: string]: ");
             if (json_is_object(ap))
                 render(c, o, ap, indent, depth + 1);
             else
-                conch__sb_puts(o, "any");
-            conch__sb_puts(o, " }");
+                conch_sb_puts(o, "any");
+            conch_sb_puts(o, " }");
         }
         return;
     }
-    conch__sb_puts(o, "{\n");
+    conch_sb_puts(o, "{\n");
     const char *k;
     json_t *ps;
     json_object_foreach(props, k, ps)
@@ -169,14 +169,14 @@ static void render_object(struct rctx *c, struct conch__sb *o, json_t *s, int in
         }
         pad(o, indent + 2);
         if (ident(k)) {
-            conch__sb_puts(o, k);
+            conch_sb_puts(o, k);
         } else {
             json_t *q = json_string(k);
             literal(o, q);
             json_decref(q);
         }
-        conch__sb_puts(o, required ? ": " : "?: ");
-        struct conch__sb t = {0}, cm = {0};
+        conch_sb_puts(o, required ? ": " : "?: ");
+        struct conch_sb t = {0}, cm = {0};
         render(c, &t, ps, indent + 2, depth + 1);
         json_t *target = ps;
         json_t *ref = json_is_object(ps) ? json_object_get(ps, "$ref") : NULL;
@@ -185,31 +185,31 @@ static void render_object(struct rctx *c, struct conch__sb *o, json_t *s, int in
             comment(&cm, lookup(c->root, json_string_value(ref)));
         const char *nl = t.buf ? strchr(t.buf, '\n') : NULL;
         if (cm.len && nl) {
-            conch__sb_putn(o, t.buf, (size_t)(nl - t.buf));
-            conch__sb_printf(o, " // %s", cm.buf);
-            conch__sb_puts(o, nl);
-            conch__sb_puts(o, ";\n");
+            conch_sb_putn(o, t.buf, (size_t)(nl - t.buf));
+            conch_sb_printf(o, " // %s", cm.buf);
+            conch_sb_puts(o, nl);
+            conch_sb_puts(o, ";\n");
         } else {
-            conch__sb_puts(o, t.buf ? t.buf : "any");
-            conch__sb_puts(o, ";");
+            conch_sb_puts(o, t.buf ? t.buf : "any");
+            conch_sb_puts(o, ";");
             if (cm.len)
-                conch__sb_printf(o, " // %s", cm.buf);
-            conch__sb_puts(o, "\n");
+                conch_sb_printf(o, " // %s", cm.buf);
+            conch_sb_puts(o, "\n");
         }
-        conch__sb_done(&t);
-        conch__sb_done(&cm);
+        conch_sb_done(&t);
+        conch_sb_done(&cm);
     }
     if (json_is_object(ap)) {
         pad(o, indent + 2);
-        conch__sb_puts(o, "[key: string]: ");
+        conch_sb_puts(o, "[key: string]: ");
         render(c, o, ap, indent + 2, depth + 1);
-        conch__sb_puts(o, ";\n");
+        conch_sb_puts(o, ";\n");
     }
     pad(o, indent);
-    conch__sb_puts(o, "}");
+    conch_sb_puts(o, "}");
 }
 
-static void render_union(struct rctx *c, struct conch__sb *o, json_t *list, const char *sep,
+static void render_union(struct rctx *c, struct conch_sb *o, json_t *list, const char *sep,
                          int indent, int depth)
 {
     size_t i;
@@ -217,41 +217,41 @@ static void render_union(struct rctx *c, struct conch__sb *o, json_t *list, cons
     json_array_foreach(list, i, e)
     {
         if (i)
-            conch__sb_puts(o, sep);
+            conch_sb_puts(o, sep);
         render(c, o, e, indent, depth + 1);
     }
 }
 
-static void render_type(struct rctx *c, struct conch__sb *o, json_t *s, const char *t, int indent,
+static void render_type(struct rctx *c, struct conch_sb *o, json_t *s, const char *t, int indent,
                         int depth)
 {
     if (strcmp(t, "integer") == 0 || strcmp(t, "number") == 0) {
-        conch__sb_puts(o, "number");
+        conch_sb_puts(o, "number");
     } else if (strcmp(t, "object") == 0) {
         render_object(c, o, s, indent, depth);
     } else if (strcmp(t, "array") == 0) {
         json_t *items = json_object_get(s, "items");
-        struct conch__sb e = {0};
+        struct conch_sb e = {0};
         if (items)
             render(c, &e, items, indent, depth + 1);
         else
-            conch__sb_puts(&e, "any");
+            conch_sb_puts(&e, "any");
         if (e.buf && strchr(e.buf, '\n'))
-            conch__sb_printf(o, "Array<%s>", e.buf);
+            conch_sb_printf(o, "Array<%s>", e.buf);
         else if (e.buf && (strchr(e.buf, '|') || strchr(e.buf, '&')))
-            conch__sb_printf(o, "(%s)[]", e.buf);
+            conch_sb_printf(o, "(%s)[]", e.buf);
         else
-            conch__sb_printf(o, "%s[]", e.buf ? e.buf : "any");
-        conch__sb_done(&e);
+            conch_sb_printf(o, "%s[]", e.buf ? e.buf : "any");
+        conch_sb_done(&e);
     } else {
-        conch__sb_puts(o, t); /* string, boolean, null */
+        conch_sb_puts(o, t); /* string, boolean, null */
     }
 }
 
-static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, int depth)
+static void render(struct rctx *c, struct conch_sb *o, json_t *s, int indent, int depth)
 {
     if (depth > CONCH_TOOLSCHEMA_MAX_DEPTH || json_is_true(s) || !json_is_object(s)) {
-        conch__sb_puts(o, json_is_false(s) ? "never" : "any");
+        conch_sb_puts(o, json_is_false(s) ? "never" : "any");
         return;
     }
     json_t *ref = json_object_get(s, "$ref");
@@ -265,7 +265,7 @@ static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, i
         if (!target || looping || c->nstack >= CONCH_TOOLSCHEMA_MAX_DEPTH ||
             c->expansions >= MAX_EXPANSIONS) {
             const char *slash = strrchr(r, '/');
-            conch__sb_puts(o, slash && slash[1] ? slash + 1 : "any");
+            conch_sb_puts(o, slash && slash[1] ? slash + 1 : "any");
             return;
         }
         c->expansions++;
@@ -286,7 +286,7 @@ static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, i
         json_array_foreach(v, i, e)
         {
             if (i)
-                conch__sb_puts(o, " | ");
+                conch_sb_puts(o, " | ");
             literal(o, e);
         }
         return;
@@ -310,7 +310,7 @@ static void render(struct rctx *c, struct conch__sb *o, json_t *s, int indent, i
         json_array_foreach(t, i, e)
         {
             if (i)
-                conch__sb_puts(o, " | ");
+                conch_sb_puts(o, " | ");
             render_type(c, o, s, json_is_string(e) ? json_string_value(e) : "any", indent, depth);
         }
         return;
@@ -327,10 +327,10 @@ static bool has_required(json_t *schema)
 
 char *conch_toolschema_signature(const char *name, json_t *input_schema, json_t *output_schema)
 {
-    struct conch__sb o = {0};
+    struct conch_sb o = {0};
     struct rctx c = {.root = input_schema};
     bool optional = !has_required(input_schema);
-    conch__sb_printf(&o, "%s(input%s: ", name, optional ? "?" : "");
+    conch_sb_printf(&o, "%s(input%s: ", name, optional ? "?" : "");
     static const char *const shaped[] = {"type",  "properties", "$ref",  "enum",
                                          "const", "anyOf",      "oneOf", "allOf"};
     bool bare = json_is_object(input_schema);
@@ -342,14 +342,14 @@ char *conch_toolschema_signature(const char *name, json_t *input_schema, json_t 
     else if (json_is_object(input_schema))
         render(&c, &o, input_schema, 0, 1);
     else
-        conch__sb_puts(&o, "{}");
-    conch__sb_puts(&o, ")");
+        conch_sb_puts(&o, "{}");
+    conch_sb_puts(&o, ")");
     if (json_is_object(output_schema)) {
         struct rctx oc = {.root = output_schema};
-        conch__sb_puts(&o, ": ");
+        conch_sb_puts(&o, ": ");
         render(&oc, &o, output_schema, 0, 1);
     }
-    return conch__sb_take(&o);
+    return conch_sb_take(&o);
 }
 
 static const char *str(json_t *obj, const char *key)
@@ -359,7 +359,7 @@ static const char *str(json_t *obj, const char *key)
 }
 
 /* camelCase of a snake/kebab name, for the Node proxy: web_search -> webSearch. */
-static void camel(struct conch__sb *o, const char *name)
+static void camel(struct conch_sb *o, const char *name)
 {
     bool up = false;
     for (const char *p = name; *p; p++) {
@@ -368,64 +368,64 @@ static void camel(struct conch__sb *o, const char *name)
             continue;
         }
         char ch = up ? (char)toupper((unsigned char)*p) : *p;
-        conch__sb_putn(o, &ch, 1);
+        conch_sb_putn(o, &ch, 1);
         up = false;
     }
 }
 
-static void tools_section(struct conch__sb *o, json_t *tools)
+static void tools_section(struct conch_sb *o, json_t *tools)
 {
-    conch__sb_puts(o, "### Tools\n\n");
+    conch_sb_puts(o, "### Tools\n\n");
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
     {
         const char *name = str(t, "name");
-        conch__sb_printf(o, "#### `%s`\n\n", name);
+        conch_sb_printf(o, "#### `%s`\n\n", name);
         const char *d = str(t, "description");
         if (*d) {
-            conch__sb_puts(o, d);
-            conch__sb_puts(o, d[strlen(d) - 1] == '\n' ? "\n" : "\n\n");
+            conch_sb_puts(o, d);
+            conch_sb_puts(o, d[strlen(d) - 1] == '\n' ? "\n" : "\n\n");
         }
         char *sig = conch_toolschema_signature(name, json_object_get(t, "input_schema"),
                                                json_object_get(t, "output_schema"));
-        conch__sb_printf(o, "```ts\n%s\n```\n\n", sig ? sig : name);
+        conch_sb_printf(o, "```ts\n%s\n```\n\n", sig ? sig : name);
         free(sig);
     }
 }
 
-static void bash_section(struct conch__sb *o, const char *ex, const char *key, bool agents)
+static void bash_section(struct conch_sb *o, const char *ex, const char *key, bool agents)
 {
-    conch__sb_puts(o, "### From bash\n\n```bash\n");
-    conch__sb_printf(o,
+    conch_sb_puts(o, "### From bash\n\n```bash\n");
+    conch_sb_printf(o,
                      "tool_call %1$s '{\"%2$s\": \"...\"}'   # the result on stdout\n"
                      "echo \"$input_json\" | tool_call %1$s -   # the input from stdin\n"
                      "tool_call --list                       # the tools\n"
                      "tool_call --help %1$s              # a tool's description and schema\n",
                      ex, key);
-    conch__sb_puts(o, "```\n\n");
-    conch__sb_puts(
+    conch_sb_puts(o, "```\n\n");
+    conch_sb_puts(
         o, "A result that is a JSON string is printed as raw text; any other result as one line "
            "of JSON. Exit codes: 0 = ok; 1 = the tool failed, timed out or is unavailable "
            "(message on stderr); 2 = unknown tool or input that does not match the schema (the "
            "message names the field; fix the input, do not retry as is).\n\n"
            "Calls run in parallel: start them with `&` and `wait`:\n\n```bash\n");
-    conch__sb_printf(o,
+    conch_sb_printf(o,
                      "for q in alpha beta gamma; do\n"
                      "  tool_call %1$s \"{\\\"%2$s\\\": \\\"$q\\\"}\" > \"out_$q.json\" &\n"
                      "done\n"
                      "wait\n",
                      ex, key);
     if (agents)
-        conch__sb_puts(o, "spawn_agent \"Summarise report.txt\" > summary.txt   # a sub-agent's "
+        conch_sb_puts(o, "spawn_agent \"Summarise report.txt\" > summary.txt   # a sub-agent's "
                           "final answer on stdout\n");
-    conch__sb_puts(o, "```\n\n");
+    conch_sb_puts(o, "```\n\n");
 }
 
-static void python_section(struct conch__sb *o, const char *ex, const char *key, bool agents)
+static void python_section(struct conch_sb *o, const char *ex, const char *key, bool agents)
 {
-    conch__sb_puts(o, "### From Python\n\n```python\nimport conch_tools\n\n");
-    conch__sb_printf(o,
+    conch_sb_puts(o, "### From Python\n\n```python\nimport conch_tools\n\n");
+    conch_sb_printf(o,
                      "r = conch_tools.call(\"%1$s\", {\"%2$s\": \"...\"})  # the result, decoded\n"
                      "r = conch_tools.tools.%1$s(%2$s=\"...\")           # the same\n"
                      "try:\n"
@@ -445,17 +445,17 @@ static void python_section(struct conch__sb *o, const char *ex, const char *key,
                      "results = asyncio.run(main())\n",
                      ex, key);
     if (agents)
-        conch__sb_puts(o, "answer = conch_tools.spawn_agent(\"Summarise report.txt\")  # "
+        conch_sb_puts(o, "answer = conch_tools.spawn_agent(\"Summarise report.txt\")  # "
                           "await conch_tools.aspawn_agent(...) in asyncio\n");
-    conch__sb_puts(o, "```\n\n");
+    conch_sb_puts(o, "```\n\n");
 }
 
-static void node_section(struct conch__sb *o, const char *ex, const char *key, bool agents)
+static void node_section(struct conch_sb *o, const char *ex, const char *key, bool agents)
 {
-    struct conch__sb cm = {0};
+    struct conch_sb cm = {0};
     camel(&cm, ex);
-    conch__sb_puts(o, "### From Node\n\n```js\n");
-    conch__sb_printf(o,
+    conch_sb_puts(o, "### From Node\n\n```js\n");
+    conch_sb_printf(o,
                      "const { tools, call, spawnAgent } = require('conch-tools');  // or: "
                      "import { tools, call, spawnAgent } from 'conch-tools'\n\n"
                      "const r = await tools.%3$s({ %2$s: '...' });  // = call('%1$s', { %2$s: "
@@ -467,14 +467,14 @@ static void node_section(struct conch__sb *o, const char *ex, const char *key, b
                      "'invalid_input', 'timeout', ...), err.message\n",
                      ex, key, cm.buf ? cm.buf : ex);
     if (agents)
-        conch__sb_puts(o, "const answer = await spawnAgent('Summarise report.txt');\n");
-    conch__sb_puts(o, "```\n\n");
-    conch__sb_done(&cm);
+        conch_sb_puts(o, "const answer = await spawnAgent('Summarise report.txt');\n");
+    conch_sb_puts(o, "```\n\n");
+    conch_sb_done(&cm);
 }
 
-static void agents_section(struct conch__sb *o, json_t *agents, unsigned langs)
+static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)
 {
-    conch__sb_puts(o, "### Sub-agents\n\nYou can hand a task to a sub-agent; it works on its "
+    conch_sb_puts(o, "### Sub-agents\n\nYou can hand a task to a sub-agent; it works on its "
                       "own and its final answer comes back to you. Agent types:\n\n");
     size_t i;
     json_t *a;
@@ -485,18 +485,18 @@ static void agents_section(struct conch__sb *o, json_t *agents, unsigned langs)
         if (!first)
             first = name;
         const char *d = str(a, "description");
-        conch__sb_printf(o, "- `%s`", name);
+        conch_sb_printf(o, "- `%s`", name);
         if (*d) {
-            conch__sb_puts(o, ": ");
+            conch_sb_puts(o, ": ");
             oneline(o, d);
         }
-        conch__sb_puts(o, "\n");
+        conch_sb_puts(o, "\n");
     }
     if (!first || !*first)
         first = "analyst";
-    conch__sb_puts(o, "\nSpawn many at once; they run in parallel:\n\n");
+    conch_sb_puts(o, "\nSpawn many at once; they run in parallel:\n\n");
     if (langs & CONCH_TOOLSCHEMA_LANG_BASH)
-        conch__sb_printf(
+        conch_sb_printf(
             o,
             "```bash\n"
             "spawn_agent \"TASK\" %s                  # prints the answer, exit 0\n"
@@ -509,7 +509,7 @@ static void agents_section(struct conch__sb *o, json_t *agents, unsigned langs)
             "```\n\n",
             first, first, first);
     if (langs & CONCH_TOOLSCHEMA_LANG_PYTHON)
-        conch__sb_printf(o,
+        conch_sb_printf(o,
                          "```python\n"
                          "answer = conch_tools.spawn_agent(\"TASK\", type=\"%s\")\n"
                          "answers = await asyncio.gather(*(conch_tools.aspawn_agent(t, "
@@ -519,7 +519,7 @@ static void agents_section(struct conch__sb *o, json_t *agents, unsigned langs)
                          "```\n\n",
                          first, first, first);
     if (langs & CONCH_TOOLSCHEMA_LANG_NODE)
-        conch__sb_printf(o,
+        conch_sb_printf(o,
                          "```js\n"
                          "const answers = await Promise.all(tasks.map((t) => spawnAgent(t, "
                          "'%s')));\n"
@@ -535,13 +535,13 @@ char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
         langs = CONCH_TOOLSCHEMA_LANG_ALL;
     bool have_tools = json_is_array(tools) && json_array_size(tools) > 0;
     bool have_agents = json_is_array(agents) && json_array_size(agents) > 0;
-    struct conch__sb o = {0};
-    conch__sb_puts(&o, "## Tools you can call from your commands\n\n");
+    struct conch_sb o = {0};
+    conch_sb_puts(&o, "## Tools you can call from your commands\n\n");
     if (!have_tools && !have_agents) {
-        conch__sb_puts(&o, "No tools or sub-agents are registered in this sandbox.\n");
-        return conch__sb_take(&o);
+        conch_sb_puts(&o, "No tools or sub-agents are registered in this sandbox.\n");
+        return conch_sb_take(&o);
     }
-    conch__sb_puts(
+    conch_sb_puts(
         &o, "The tools below run outside this sandbox. Call them from the programs you run here "
             "(bash, Python, Node): in loops, in parallel, with error handling. Each call is a "
             "fast local round trip, so prefer one script that makes many calls over many "
@@ -567,5 +567,5 @@ char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
         node_section(&o, ex, key, have_agents);
     if (have_agents)
         agents_section(&o, agents, langs);
-    return conch__sb_take(&o);
+    return conch_sb_take(&o);
 }

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "toolschema/sb.h"
+#include "core/strbuf.h"
 
 static const char *const type_names[] = {"string", "number", "integer", "boolean",
                                          "object", "array",  "null"};
@@ -25,7 +25,7 @@ static bool known_type(const char *t)
 }
 
 /* Append ".key" or ["key"] (JSON-quoted when not an identifier) to a path. */
-static void path_key(struct conch__sb *p, const char *key)
+static void path_key(struct conch_sb *p, const char *key)
 {
     size_t n = strlen(key);
     bool ident =
@@ -34,12 +34,12 @@ static void path_key(struct conch__sb *p, const char *key)
         if (!isalnum((unsigned char)key[i]) && key[i] != '_' && key[i] != '-' && key[i] != '$')
             ident = false;
     if (ident) {
-        conch__sb_printf(p, ".%s", key);
+        conch_sb_printf(p, ".%s", key);
         return;
     }
     json_t *s = json_stringn(key, n > 64 ? 64 : n);
     char *q = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
-    conch__sb_printf(p, "[%s%s]", q ? q : "\"?\"", n > 64 ? "..." : "");
+    conch_sb_printf(p, "[%s%s]", q ? q : "\"?\"", n > 64 ? "..." : "");
     free(q);
     json_decref(s);
 }
@@ -87,7 +87,7 @@ static json_t *resolve_ref(json_t *root, const char *ref)
 
 struct cctx {
     json_t *root;
-    struct conch__sb path;
+    struct conch_sb path;
     struct conch_err *err;
 };
 
@@ -106,7 +106,7 @@ static int cfail(struct cctx *c, const char *key, const char *fmt, ...)
     va_end(ap);
     int r = conch_err_setk(c->err, CONCH_ERR_USAGE, EINVAL, "%s: %s",
                            c->path.buf ? c->path.buf : "input_schema", what);
-    conch__sb_trunc(&c->path, mark);
+    conch_sb_trunc(&c->path, mark);
     return r;
 }
 
@@ -117,7 +117,7 @@ static int check_sub(struct cctx *c, const char *key, json_t *s, int depth)
     size_t mark = c->path.len;
     path_key(&c->path, key);
     int r = check_schema(c, s, depth, true);
-    conch__sb_trunc(&c->path, mark);
+    conch_sb_trunc(&c->path, mark);
     return r;
 }
 
@@ -153,13 +153,13 @@ static int check_schema_list(struct cctx *c, json_t *s, const char *key, int dep
     json_array_foreach(l, i, sub)
     {
         size_t m2 = c->path.len;
-        conch__sb_printf(&c->path, "[%zu]", i);
+        conch_sb_printf(&c->path, "[%zu]", i);
         r = check_schema(c, sub, depth + 1, true);
-        conch__sb_trunc(&c->path, m2);
+        conch_sb_trunc(&c->path, m2);
         if (r < 0)
             break;
     }
-    conch__sb_trunc(&c->path, mark);
+    conch_sb_trunc(&c->path, mark);
     return r;
 }
 
@@ -210,7 +210,7 @@ static int check_schema(struct cctx *c, json_t *s, int depth, bool allow_bool)
             if ((r = check_sub(c, k, sub, depth + 1)) < 0)
                 break;
         }
-        conch__sb_trunc(&c->path, mark);
+        conch_sb_trunc(&c->path, mark);
         if (r < 0)
             return r;
     }
@@ -290,7 +290,7 @@ static int check_schema(struct cctx *c, json_t *s, int depth, bool allow_bool)
             if ((r = check_sub(c, k, sub, depth + 1)) < 0)
                 break;
         }
-        conch__sb_trunc(&c->path, mark);
+        conch_sb_trunc(&c->path, mark);
         if (r < 0)
             return r;
     }
@@ -315,11 +315,11 @@ static int check_schema(struct cctx *c, json_t *s, int depth, bool allow_bool)
 static int check_named(json_t *schema, const char *what, struct conch_err *err)
 {
     struct cctx c = {.root = schema, .err = err};
-    conch__sb_puts(&c.path, what);
+    conch_sb_puts(&c.path, what);
     int r = check_schema(&c, schema, 1, false);
     if (r == 0 && c.path.oom)
         r = conch_err_set(err, ENOMEM, "%s: out of memory", what);
-    conch__sb_done(&c.path);
+    conch_sb_done(&c.path);
     return r;
 }
 
@@ -391,7 +391,7 @@ int conch_toolschema_check_agent(json_t *agent, struct conch_err *err)
 
 struct vctx {
     json_t *root;
-    struct conch__sb path;
+    struct conch_sb path;
     char *msg;            /* the first failure, "path: problem" */
     unsigned long *steps; /* schema visits left, shared with the anyOf/oneOf trials */
 };
@@ -496,51 +496,51 @@ static int vfail(struct vctx *c, const char *fmt, ...)
 {
     if (c->msg)
         return -1;
-    struct conch__sb m = {0};
-    conch__sb_puts(&m, c->path.buf ? c->path.buf : "input");
-    conch__sb_puts(&m, ": ");
+    struct conch_sb m = {0};
+    conch_sb_puts(&m, c->path.buf ? c->path.buf : "input");
+    conch_sb_puts(&m, ": ");
     va_list ap;
     va_start(ap, fmt);
     char buf[1024];
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    conch__sb_puts(&m, buf);
-    c->msg = conch__sb_take(&m);
+    conch_sb_puts(&m, buf);
+    c->msg = conch_sb_take(&m);
     return -1;
 }
 
 /* "string or null" from a schema's type; "" when there is none. */
-static void type_words(json_t *s, struct conch__sb *out)
+static void type_words(json_t *s, struct conch_sb *out)
 {
     json_t *t = json_is_object(s) ? json_object_get(s, "type") : NULL;
     if (json_is_string(t)) {
-        conch__sb_puts(out, json_string_value(t));
+        conch_sb_puts(out, json_string_value(t));
     } else if (json_is_array(t)) {
         size_t i, n = json_array_size(t);
         json_t *e;
         json_array_foreach(t, i, e)
         {
             if (i)
-                conch__sb_puts(out, i + 1 == n ? " or " : ", ");
-            conch__sb_puts(out, json_is_string(e) ? json_string_value(e) : "?");
+                conch_sb_puts(out, i + 1 == n ? " or " : ", ");
+            conch_sb_puts(out, json_is_string(e) ? json_string_value(e) : "?");
         }
     }
 }
 
 /* A value, compact, shortened for messages. */
-static void show_value(struct conch__sb *out, json_t *v)
+static void show_value(struct conch_sb *out, json_t *v)
 {
     char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     if (!d) {
-        conch__sb_puts(out, "?");
+        conch_sb_puts(out, "?");
         return;
     }
     size_t n = strlen(d);
     if (n > 60) {
-        conch__sb_putn(out, d, 57);
-        conch__sb_puts(out, "...");
+        conch_sb_putn(out, d, 57);
+        conch_sb_puts(out, "...");
     } else {
-        conch__sb_puts(out, d);
+        conch_sb_puts(out, d);
     }
     free(d);
 }
@@ -561,7 +561,7 @@ static int vsub_key(struct vctx *c, const char *key, json_t *s, json_t *v, int d
     size_t mark = c->path.len;
     path_key(&c->path, key);
     int r = vschema(c, s, v, depth);
-    conch__sb_trunc(&c->path, mark);
+    conch_sb_trunc(&c->path, mark);
     return r;
 }
 
@@ -593,12 +593,12 @@ static int vbound(struct vctx *c, json_t *s, json_t *v)
                   : b[i].sign == 2  ? cmp > 0
                                     : cmp < 0;
         if (!ok) {
-            struct conch__sb m = {0};
+            struct conch_sb m = {0};
             show_value(&m, l);
-            conch__sb_puts(&m, ", got ");
+            conch_sb_puts(&m, ", got ");
             show_value(&m, v);
             int r = vfail(c, "must be %s %s", b[i].op, m.buf ? m.buf : "?");
-            conch__sb_done(&m);
+            conch_sb_done(&m);
             return r;
         }
     }
@@ -618,9 +618,9 @@ static int valts(struct vctx *c, json_t *s, json_t *v, int depth, const char *ke
     for (size_t i = 0; i < n; i++) {
         json_t *alt = json_array_get(l, i);
         struct vctx sub = {.root = c->root, .steps = c->steps};
-        conch__sb_puts(&sub.path, c->path.buf ? c->path.buf : "input");
+        conch_sb_puts(&sub.path, c->path.buf ? c->path.buf : "input");
         int r = vschema(&sub, alt, v, depth + 1);
-        conch__sb_done(&sub.path);
+        conch_sb_done(&sub.path);
         if (r == 0) {
             matched++;
         } else if (type_ok(alt, v)) {
@@ -642,19 +642,19 @@ static int valts(struct vctx *c, json_t *s, json_t *v, int depth, const char *ke
                 c->msg = fit_msg, fit_msg = NULL;
             r = -1;
         } else if (fits == 0) {
-            struct conch__sb w = {0};
+            struct conch_sb w = {0};
             for (size_t i = 0; i < n; i++) {
                 size_t before = w.len;
                 if (i)
-                    conch__sb_puts(&w, i + 1 == n ? " or " : ", ");
+                    conch_sb_puts(&w, i + 1 == n ? " or " : ", ");
                 size_t mid = w.len;
                 type_words(json_array_get(l, i), &w);
                 if (w.len == mid)
-                    conch__sb_trunc(&w, before);
+                    conch_sb_trunc(&w, before);
             }
             r = vfail(c, "expected %s, got %s", w.buf ? w.buf : "one of the alternatives",
                       kind_of(v));
-            conch__sb_done(&w);
+            conch_sb_done(&w);
         } else if (fit_msg && strstr(fit_msg, ": matches none of the ")) {
             /* nested alternatives: the innermost says it, once */
             if (!c->msg)
@@ -695,19 +695,19 @@ static int vschema(struct vctx *c, json_t *s, json_t *v, int depth)
     }
 
     if (!type_ok(s, v)) {
-        struct conch__sb w = {0};
+        struct conch_sb w = {0};
         type_words(s, &w);
         int r = vfail(c, "expected %s, got %s", w.buf ? w.buf : "?", kind_of(v));
-        conch__sb_done(&w);
+        conch_sb_done(&w);
         return r;
     }
 
     json_t *cv = json_object_get(s, "const");
     if (cv && !jeq(cv, v, 0)) {
-        struct conch__sb m = {0};
+        struct conch_sb m = {0};
         show_value(&m, cv);
         int r = vfail(c, "must be %s", m.buf ? m.buf : "?");
-        conch__sb_done(&m);
+        conch_sb_done(&m);
         return r;
     }
 
@@ -724,19 +724,19 @@ static int vschema(struct vctx *c, json_t *s, json_t *v, int depth)
             }
         }
         if (!ok) {
-            struct conch__sb m = {0};
+            struct conch_sb m = {0};
             json_array_foreach(en, i, e)
             {
                 if (i)
-                    conch__sb_puts(&m, ", ");
+                    conch_sb_puts(&m, ", ");
                 if (m.len > 300) {
-                    conch__sb_puts(&m, "...");
+                    conch_sb_puts(&m, "...");
                     break;
                 }
                 show_value(&m, e);
             }
             int r = vfail(c, "must be one of %s", m.buf ? m.buf : "?");
-            conch__sb_done(&m);
+            conch_sb_done(&m);
             return r;
         }
     }
@@ -773,9 +773,9 @@ static int vschema(struct vctx *c, json_t *s, json_t *v, int depth)
             json_array_foreach(v, i, e)
             {
                 size_t mark = c->path.len;
-                conch__sb_printf(&c->path, "[%zu]", i);
+                conch_sb_printf(&c->path, "[%zu]", i);
                 int r = vschema(c, items, e, depth + 1);
-                conch__sb_trunc(&c->path, mark);
+                conch_sb_trunc(&c->path, mark);
                 if (r < 0)
                     return r;
             }
@@ -839,9 +839,9 @@ int conch_toolschema_validate(json_t *schema, json_t *value, char **ret_msg)
 {
     unsigned long steps = CONCH_TOOLSCHEMA_MAX_STEPS;
     struct vctx c = {.root = schema, .steps = &steps};
-    conch__sb_puts(&c.path, "input");
+    conch_sb_puts(&c.path, "input");
     int r = vschema(&c, schema, value, 1);
-    conch__sb_done(&c.path);
+    conch_sb_done(&c.path);
     if (r < 0 && steps == 0) {
         free(c.msg);
         c.msg = NULL;

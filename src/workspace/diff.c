@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/strbuf.h"
 #include "core/utf8.h"
 #include "workspace/ws-internal.h"
 
@@ -23,55 +24,9 @@
 
 /* ---- growing strings --------------------------------------------------------------- */
 
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool oom; /* sticky: checked once at the end */
-};
-
-static void buf_add(struct buf *b, const char *s, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void buf_str(struct buf *b, const char *s)
-{
-    buf_add(b, s, strlen(s));
-}
-
-__attribute__((format(printf, 2, 3))) static void buf_fmt(struct buf *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof(tmp)) {
-        b->oom = true; /* only used for short, fixed-shape lines */
-        return;
-    }
-    buf_add(b, tmp, (size_t)n);
-}
-
 /* Appends @s with every ill-formed UTF-8 sequence replaced by U+FFFD: JSON strings must be
  * UTF-8, and source files in Latin-1 or with stray bytes are common. */
-static void buf_utf8(struct buf *b, const char *s, size_t n)
+static void buf_utf8(struct conch_sb *b, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t start = 0, i = 0;
@@ -85,12 +40,12 @@ static void buf_utf8(struct buf *b, const char *s, size_t n)
             i += k;
             continue;
         }
-        buf_add(b, s + start, i - start);
-        buf_add(b, "\xef\xbf\xbd", 3);
+        conch_sb_putn(b, s + start, i - start);
+        conch_sb_putn(b, "\xef\xbf\xbd", 3);
         i += conch_utf8_bad(u + i, n - i);
         start = i;
     }
-    buf_add(b, s + start, n - start);
+    conch_sb_putn(b, s + start, n - start);
 }
 
 /* ---- lines and their identities ---------------------------------------------------- */
@@ -340,26 +295,26 @@ struct change {
     int a0, a1, b0, b1;
 };
 
-static void put_line(struct buf *out, char prefix, const struct line *l)
+static void put_line(struct conch_sb *out, char prefix, const struct line *l)
 {
-    buf_add(out, &prefix, 1);
+    conch_sb_putn(out, &prefix, 1);
     buf_utf8(out, l->p, l->len);
     if (l->len == 0 || l->p[l->len - 1] != '\n')
-        buf_str(out, "\n\\ No newline at end of file\n");
+        conch_sb_puts(out, "\n\\ No newline at end of file\n");
 }
 
-static void put_range(struct buf *out, char sign, int start, int count)
+static void put_range(struct conch_sb *out, char sign, int start, int count)
 {
     /* diff -u: an empty range names the line before it; a one-line range omits ",1". */
     if (count == 0)
-        buf_fmt(out, " %c%d,0", sign, start);
+        conch_sb_printf(out, " %c%d,0", sign, start);
     else if (count == 1)
-        buf_fmt(out, " %c%d", sign, start + 1);
+        conch_sb_printf(out, " %c%d", sign, start + 1);
     else
-        buf_fmt(out, " %c%d,%d", sign, start + 1, count);
+        conch_sb_printf(out, " %c%d,%d", sign, start + 1, count);
 }
 
-static void put_hunks(struct buf *out, const struct line *a, int na, const struct line *b,
+static void put_hunks(struct conch_sb *out, const struct line *a, int na, const struct line *b,
                       const struct change *ch, size_t nch)
 {
     size_t i = 0;
@@ -372,10 +327,10 @@ static void put_hunks(struct buf *out, const struct line *a, int na, const struc
         int b_start = ch[i].b0 - (ch[i].a0 - a_start);
         int a_end = ch[j].a1 + CONTEXT < na ? ch[j].a1 + CONTEXT : na;
         int b_end = ch[j].b1 + (a_end - ch[j].a1);
-        buf_str(out, "@@");
+        conch_sb_puts(out, "@@");
         put_range(out, '-', a_start, a_end - a_start);
         put_range(out, '+', b_start, b_end - b_start);
-        buf_str(out, " @@\n");
+        conch_sb_puts(out, " @@\n");
         int x = a_start;
         for (size_t k = i; k <= j; k++) {
             for (; x < ch[k].a0; x++)
@@ -392,7 +347,7 @@ static void put_hunks(struct buf *out, const struct line *a, int na, const struc
 }
 
 /* Appends the hunks turning text @sa into @sb (nothing if they are equal). */
-static int text_diff(struct buf *out, const char *sa, size_t la, const char *sb, size_t lb)
+static int text_diff(struct conch_sb *out, const char *sa, size_t la, const char *sb, size_t lb)
 {
     _cleanup_free_ struct line *a = NULL;
     _cleanup_free_ struct line *b = NULL;
@@ -603,34 +558,34 @@ static int load_side(int dirfd, const char *path, size_t max, struct side *ret)
 
 /* Appends the content diff between @old and @new (either NULL for an added or deleted
  * path; both files or symlinks). @qa, @qb: the quoted "a/path" and "b/path". */
-static int content_diff(struct buf *out, const char *qa, const char *qb, const struct side *old,
-                        const struct side *new, size_t max)
+static int content_diff(struct conch_sb *out, const char *qa, const char *qb,
+                        const struct side *old, const struct side *new, size_t max)
 {
     const char *an = old ? qa : "/dev/null";
     const char *bn = new ? qb : "/dev/null";
     int r = 0;
     if ((old && old->binary) || (new &&new->binary)) {
-        buf_str(out, "Binary files ");
-        buf_str(out, an);
-        buf_str(out, " and ");
-        buf_str(out, bn);
-        buf_str(out, " differ\n");
+        conch_sb_puts(out, "Binary files ");
+        conch_sb_puts(out, an);
+        conch_sb_puts(out, " and ");
+        conch_sb_puts(out, bn);
+        conch_sb_puts(out, " differ\n");
     } else if ((old && old->too_big) || (new &&new->too_big)) {
-        buf_fmt(out, "[diff omitted: file larger than %zu bytes]\n", max);
+        conch_sb_printf(out, "[diff omitted: file larger than %zu bytes]\n", max);
     } else {
-        struct buf hunks = {0};
+        struct conch_sb hunks = {0};
         r = text_diff(&hunks, old ? old->data : "", old ? old->len : 0, new ? new->data : "",
                       new ? new->len : 0);
         /* An added or deleted empty file still gets its header; equal content nothing. */
         if (r >= 0 && (hunks.len || !old || !new)) {
-            buf_str(out, "--- ");
-            buf_str(out, an);
-            buf_str(out, "\n+++ ");
-            buf_str(out, bn);
-            buf_str(out, "\n");
-            buf_add(out, hunks.p, hunks.len);
+            conch_sb_puts(out, "--- ");
+            conch_sb_puts(out, an);
+            conch_sb_puts(out, "\n+++ ");
+            conch_sb_puts(out, bn);
+            conch_sb_puts(out, "\n");
+            conch_sb_putn(out, hunks.buf, hunks.len);
         }
-        free(hunks.p);
+        free(hunks.buf);
     }
     return r;
 }
@@ -642,24 +597,24 @@ static bool has_text(const struct side *s)
 
 /* A git section header for the quoted names @qa, @qb, with @ext (extended header lines)
  * after it. */
-static void put_section(struct buf *all, const char *qa, const char *qb, const char *ext)
+static void put_section(struct conch_sb *all, const char *qa, const char *qb, const char *ext)
 {
-    buf_str(all, "diff --git ");
-    buf_str(all, qa);
-    buf_str(all, " ");
-    buf_str(all, qb);
-    buf_str(all, "\n");
-    buf_str(all, ext);
+    conch_sb_puts(all, "diff --git ");
+    conch_sb_puts(all, qa);
+    conch_sb_puts(all, " ");
+    conch_sb_puts(all, qb);
+    conch_sb_puts(all, "\n");
+    conch_sb_puts(all, ext);
 }
 
 /* Appends the part @from..end of @out to @all as one git section. */
-static void add_section(struct buf *all, const char *qa, const char *qb, const char *ext,
-                        const struct buf *out, size_t from)
+static void add_section(struct conch_sb *all, const char *qa, const char *qb, const char *ext,
+                        const struct conch_sb *out, size_t from)
 {
     if (out->len == from)
         return;
     put_section(all, qa, qb, ext);
-    buf_add(all, out->p + from, out->len - from);
+    conch_sb_putn(all, out->buf + from, out->len - from);
 }
 
 /*
@@ -668,7 +623,7 @@ static void add_section(struct buf *all, const char *qa, const char *qb, const c
  * the whole diff is a patch `git apply` understands.
  */
 static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *ch, size_t max,
-                     struct buf *out, struct buf *all, bool *ret_binary)
+                     struct conch_sb *out, struct conch_sb *all, bool *ret_binary)
 {
     /* Quoted as git quotes them (core.quotePath): a newline in a name must not start a
      * header line that `patch` would follow, and the result is ASCII. */
@@ -688,7 +643,8 @@ static int file_diff(int upper_fd, int lower_fd, const struct conch_ws_change *c
         if (was.present && now.present && was.type == now.type) {
             /* A symlink's own mode means nothing on Linux; a dir's is not a diff line. */
             if (was.type != 'l' && was.type != 'd' && was.mode != now.mode)
-                buf_fmt(out, "old mode %o\nnew mode %o\n", (unsigned)was.mode, (unsigned)now.mode);
+                conch_sb_printf(out, "old mode %o\nnew mode %o\n", (unsigned)was.mode,
+                                (unsigned)now.mode);
             if (has_text(&was))
                 r = content_diff(out, qa, qb, &was, &now, max);
             add_section(all, qa, qb, "", out, 0);
@@ -734,7 +690,7 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
         max_bytes_per_file && max_bytes_per_file < max_total ? max_bytes_per_file : max_total;
 
     int r = 0;
-    struct buf all = {0};
+    struct conch_sb all = {0};
     size_t used = 0, omitted = 0; /* bytes of diff text held (whole + per file) */
     json_t *files = json_array();
     if (!files)
@@ -746,15 +702,15 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
             r = conch_err_set(err, EINVAL, "diff %s: invalid path", q ? q : "(null)");
             break;
         }
-        struct buf one = {0}, p = {0};
+        struct conch_sb one = {0}, p = {0};
         bool binary = ch->binary;
         buf_utf8(&p, ch->path, strlen(ch->path));
         size_t all_before = all.len;
         if (!omitted) {
             r = p.oom ? -ENOMEM : file_diff(upper_fd, lower_fd, ch, max, &one, &all, &binary);
             if (r < 0) {
-                free(one.p);
-                free(p.p);
+                free(one.buf);
+                free(p.buf);
                 _cleanup_free_ char *q = conch_ws__qname(ch->path);
                 r = conch_err_set(err, -r, "diff %s: %s", q ? q : "",
                                   r == -ELOOP ? "a component is a symlink" : strerror(-r));
@@ -767,35 +723,36 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
                 omitted = 1;
                 one.len = 0;
                 all.len = all_before;
-                if (all.p)
-                    all.p[all.len] = '\0';
+                if (all.buf)
+                    all.buf[all.len] = '\0';
             } else {
                 used += add;
             }
         } else {
             omitted++;
         }
-        json_t *f = p.oom || one.oom ? NULL
-                                     : json_pack("{s:s%,s:s,s:b,s:s%}", "path", p.p, p.len, "kind",
-                                                 conch_ws_change_kind_name(ch->kind), "binary",
-                                                 binary, "diff", one.p ? one.p : "", one.len);
+        json_t *f = p.oom || one.oom
+                        ? NULL
+                        : json_pack("{s:s%,s:s,s:b,s:s%}", "path", p.buf, p.len, "kind",
+                                    conch_ws_change_kind_name(ch->kind), "binary", binary, "diff",
+                                    one.buf ? one.buf : "", one.len);
         if (f && omitted)
             json_object_set_new(f, "omitted", json_true());
-        free(p.p);
-        free(one.p);
+        free(p.buf);
+        free(one.buf);
         if (!f || json_array_append_new(files, f) < 0 || all.oom)
             r = conch_err_set(err, ENOMEM, "diff: out of memory");
     }
     json_t *obj = NULL;
     if (r >= 0) {
-        obj = json_pack("{s:s%,s:o,s:I}", "diff", all.p ? all.p : "", all.len, "files", files,
+        obj = json_pack("{s:s%,s:o,s:I}", "diff", all.buf ? all.buf : "", all.len, "files", files,
                         "omitted", (json_int_t)omitted);
         files = NULL; /* "o" steals it, even on failure */
         if (!obj)
             r = conch_err_set(err, ENOMEM, "diff: out of memory");
     }
     json_decref(files);
-    free(all.p);
+    free(all.buf);
     conch_ws_changes_done(&sel);
     if (r < 0)
         return r;

@@ -1,12 +1,12 @@
-/* sb.c - the growing string buffer of sb.h. */
-#include "toolschema/sb.h"
+/* strbuf.c - the growing string buffer of strbuf.h. */
+#include "core/strbuf.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static bool reserve(struct conch__sb *b, size_t more)
+static bool reserve(struct conch_sb *b, size_t more)
 {
     if (b->oom)
         return false;
@@ -25,7 +25,7 @@ static bool reserve(struct conch__sb *b, size_t more)
     return true;
 }
 
-void conch__sb_putn(struct conch__sb *b, const char *s, size_t n)
+void conch_sb_putn(struct conch_sb *b, const char *s, size_t n)
 {
     if (!reserve(b, n))
         return;
@@ -34,12 +34,12 @@ void conch__sb_putn(struct conch__sb *b, const char *s, size_t n)
     b->buf[b->len] = '\0';
 }
 
-void conch__sb_puts(struct conch__sb *b, const char *s)
+void conch_sb_puts(struct conch_sb *b, const char *s)
 {
-    conch__sb_putn(b, s, strlen(s));
+    conch_sb_putn(b, s, strlen(s));
 }
 
-void conch__sb_printf(struct conch__sb *b, const char *fmt, ...)
+void conch_sb_printf(struct conch_sb *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -53,7 +53,7 @@ void conch__sb_printf(struct conch__sb *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
-void conch__sb_trunc(struct conch__sb *b, size_t len)
+void conch_sb_trunc(struct conch_sb *b, size_t len)
 {
     if (b->buf && len < b->len) {
         b->len = len;
@@ -61,12 +61,12 @@ void conch__sb_trunc(struct conch__sb *b, size_t len)
     }
 }
 
-char *conch__sb_take(struct conch__sb *b)
+char *conch_sb_take(struct conch_sb *b)
 {
     if (!b->oom && !b->buf)
         reserve(b, 0);
     if (b->oom) {
-        conch__sb_done(b);
+        conch_sb_done(b);
         return NULL;
     }
     char *s = b->buf;
@@ -76,7 +76,7 @@ char *conch__sb_take(struct conch__sb *b)
     return s;
 }
 
-void conch__sb_done(struct conch__sb *b)
+void conch_sb_done(struct conch_sb *b)
 {
     free(b->buf);
     b->buf = NULL;
