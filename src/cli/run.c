@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/toolhost.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -117,6 +118,7 @@ struct run_cli {
     bool quiet;
     bool no_daemon;
     const char *socket_path;
+    struct conch_toolhost *toolhost; /* --tools (owned) */
 };
 
 /* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
@@ -196,10 +198,12 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
             c->cwd_arg = optarg;
             break;
         case OPT_TOOLS:
-            if (c->run.tools)
+            if (c->toolhost)
                 r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--tools: given twice");
             else
-                r = conch_toolhost_load(optarg, &c->run.tools, err);
+                r = conch_toolhost_load(optarg, &c->toolhost, err);
+            if (r >= 0)
+                c->run.tools = conch_toolhost_tools(c->toolhost);
             break;
         case OPT_TIMEOUT:
             r = conch_cli_parse_seconds(optarg, "--timeout", &c->run.timeout_ms, err);
@@ -439,7 +443,7 @@ int conch_cli_run(int argc, char **argv)
             print_summary(&c, &res);
     }
     conch_run_result_done(&res);
-    conch_toolhost_free(c.run.tools);
+    conch_toolhost_free(c.toolhost);
     for (size_t i = 0; i < c.n_env; i++)
         free(c.env[i]);
     free(c.env);

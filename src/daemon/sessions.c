@@ -819,7 +819,7 @@ static void session_answer_free(struct session_answer *a)
     json_decref(a->result);
     conch_output_done(&a->res.out);
     conch_output_done(&a->res.err);
-    conch_bridge_report_done(&a->res.tools);
+    conch_run_tool_calls_done(&a->res.tools);
     conch_ws_changes_done(&a->changes);
     free(a->text);
     free(a);
@@ -919,7 +919,8 @@ static void run_finish(struct session *s)
     struct sandbox *bsb = sess_sb(s);
     if (!s->tools.calls && bsb && bsb->bridge)
         conch_bridge_origin_take(bsb->bridge, "session", s->id, &s->tools);
-    res.tools = s->tools;
+    res.tools = (struct conch_run_tool_calls){
+        .calls = s->tools.calls, .detached = s->tools.detached, .summary = s->tools.summary};
     res.tools_summary = s->tools.summary;
     memset(&s->tools, 0, sizeof(s->tools));
     struct result_extra x = {.shell_died = s->shell_died,
@@ -942,7 +943,7 @@ static void run_finish(struct session *s)
     } else {
         /* Out of memory for the record: answered here and now. */
         json_t *o = session_result_json(&res, &x);
-        conch_bridge_report_done(&res.tools);
+        conch_run_tool_calls_done(&res.tools);
         conch_output_done(&s->cap);
         conch_output_done(&s->nocap);
         conch_rpc_call_reply(r->call, o);

@@ -42,7 +42,15 @@ void conch_run_result_done(struct conch_run_result *res)
     conch_output_done(&res->err);
     conch_ws_changes_done(&res->changes);
     conch_ws_commit_report_done(&res->commit);
-    conch_bridge_report_done(&res->tools);
+    conch_run_tool_calls_done(&res->tools);
+}
+
+void conch_run_tool_calls_done(struct conch_run_tool_calls *t)
+{
+    json_decref(t->calls);
+    json_decref(t->detached);
+    free(t->summary);
+    memset(t, 0, sizeof(*t));
 }
 
 void conch_exec_env_free(char **env)
@@ -456,8 +464,8 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     } else {
         r = conch_jail_start(&spec, &x->jail, err);
     }
-    if (r < 0 || (o->tools &&
-                  (r = conch_toolhost_start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
+    if (r < 0 ||
+        (o->tools && (r = o->tools->start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
         if (x->jail)
             conch_jail_destroy(x->jail);
         conch_exec_env_free(env);
@@ -480,15 +488,15 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     else if ((r = run_start_command(x, env, err)) >= 0 && (r = run_wait(x, err)) >= 0) {
         res->duration_ms = conch_clock_ms() - start;
         if (o->tools) {
-            conch_toolhost_finish(o->tools, &res->tools);
+            o->tools->finish(o->tools, &res->tools);
             res->tools_summary = res->tools.summary;
         }
         r = run_report(x, err);
     }
     if (o->tools) {
-        struct conch_bridge_report left;
-        conch_toolhost_finish(o->tools, &left); /* after a failure: stop its thread */
-        conch_bridge_report_done(&left);
+        struct conch_run_tool_calls left;
+        o->tools->finish(o->tools, &left); /* after a failure: stop its thread */
+        conch_run_tool_calls_done(&left);
     }
     if (r >= 0 && o->stream) {
         stream_rest(1, &res->out);

@@ -7,26 +7,50 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 #include "exec/output.h"
-#include "exec/toolhost.h"
 #include "jail/jail.h"
 #include "workspace/workspace.h"
 
+/* What the command called through the tool bridge (conch run --tools). */
+struct conch_run_tool_calls {
+    json_t *calls;    /* owned: array of call records, in order of start; NULL: none */
+    json_t *detached; /* owned: array of {call_id, task, type} (spawn_agent --detach) */
+    char *summary;    /* owned: "[tools: 3 calls (a=2, b=1), 3 ok, 0 failed, 0.1 s]", or NULL */
+};
+
+/* conch_run_tool_calls_done - free what @t owns and zero it. */
+void conch_run_tool_calls_done(struct conch_run_tool_calls *t);
+
+/*
+ * struct conch_run_tools - a server of the sandbox's tool bridge for the one command (conch
+ * run --tools, cli/toolhost.c). exec knows it by these two operations alone, so it pulls in
+ * neither the bridge nor an event loop.
+ * @start: serve @listen_fd (taken over) while the command runs; 0 or -errno with @err.
+ * @finish: the command ended, or the run failed: stop serving (calls in flight are
+ *          cancelled) and fill *@ret with what the command called (zeroed when nothing).
+ */
+struct conch_run_tools {
+    int (*start)(struct conch_run_tools *t, int listen_fd, struct conch_err *err);
+    void (*finish)(struct conch_run_tools *t, struct conch_run_tool_calls *ret);
+};
+
 struct conch_run_opts {
-    struct conch_jail_spec jail;  /* the sandbox */
-    char *const *argv;            /* the command; borrowed */
-    char *const *env_extra;       /* "K=V" strings added to the clean environment; borrowed */
-    const char *cwd;              /* inside the sandbox; NULL: /workspace */
-    uint64_t timeout_ms;          /* 0: none */
-    uint64_t grace_ms;            /* between SIGTERM and SIGKILL on timeout */
-    size_t max_output;            /* bytes of each stream kept in memory */
-    uint64_t max_spill;           /* bytes of each stream kept in its spill file */
-    const char *spill_dir;        /* where spill files go */
-    bool commit;                  /* apply workspace changes when the command exited */
-    bool stream;                  /* copy output live to our stdout/stderr (head only) */
-    int stdin_fd;                 /* passed to the command; borrowed */
-    struct conch_toolhost *tools; /* --tools: serve these to the command; borrowed, or NULL */
+    struct conch_jail_spec jail;   /* the sandbox */
+    char *const *argv;             /* the command; borrowed */
+    char *const *env_extra;        /* "K=V" strings added to the clean environment; borrowed */
+    const char *cwd;               /* inside the sandbox; NULL: /workspace */
+    uint64_t timeout_ms;           /* 0: none */
+    uint64_t grace_ms;             /* between SIGTERM and SIGKILL on timeout */
+    size_t max_output;             /* bytes of each stream kept in memory */
+    uint64_t max_spill;            /* bytes of each stream kept in its spill file */
+    const char *spill_dir;         /* where spill files go */
+    bool commit;                   /* apply workspace changes when the command exited */
+    bool stream;                   /* copy output live to our stdout/stderr (head only) */
+    int stdin_fd;                  /* passed to the command; borrowed */
+    struct conch_run_tools *tools; /* --tools: serves the bridge; borrowed, or NULL */
     /* A running sandbox to use instead of building one (a daemon's, conch_cli_lease), made
      * from @jail but for its workspace: conch_exec_run takes it over and destroys it. */
     struct conch_jail *leased;
@@ -51,8 +75,8 @@ struct conch_run_result {
     uint64_t max_rss_kb;
     enum conch_err_kind error_kind; /* CONCH_ERR_NONE when the command succeeded */
     char error_msg[512];
-    const char *tools_summary;        /* borrowed: "[tools: ...]", a line of the text; NULL: none */
-    struct conch_bridge_report tools; /* owned: the command's tool calls (--tools) */
+    const char *tools_summary; /* borrowed: "[tools: ...]", a line of the text; NULL: none */
+    struct conch_run_tool_calls tools; /* owned: the command's tool calls (--tools) */
 };
 
 /*

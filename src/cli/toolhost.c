@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <uv.h>
 
-#include "exec/toolhost.h"
+#include "bridge/bridge.h"
+#include "cli/toolhost.h"
 
 #define MAX_CAPTURE (4u << 20) /* bytes of a host command's stdout kept (the payload cap) */
 /* Host commands running at once: more calls wait for a turn (they run outside the sandbox's
@@ -19,7 +21,8 @@
 #define MAX_STDERR 2048 /* bytes of its stderr kept for the error message */
 
 struct conch_toolhost {
-    json_t *tools, *agents; /* the file's definitions, "command" included */
+    struct conch_run_tools ops; /* first: the operations exec/ calls (conch_toolhost_tools) */
+    json_t *tools, *agents;     /* the file's definitions, "command" included */
     uv_loop_t loop;
     uv_async_t wake;
     pthread_t thread;
@@ -418,8 +421,9 @@ static void *toolhost_main(void *arg)
     return NULL;
 }
 
-int conch_toolhost_start(struct conch_toolhost *h, int listen_fd, struct conch_err *err)
+static int toolhost_start(struct conch_run_tools *t, int listen_fd, struct conch_err *err)
 {
+    struct conch_toolhost *h = (struct conch_toolhost *)t;
     int r;
     json_t *names = NULL;
     if ((r = conch_bridge_new(&h->loop, "run", NULL, &host_ops, h, &h->bridge, err)) < 0) {
@@ -469,16 +473,26 @@ int conch_toolhost_start(struct conch_toolhost *h, int listen_fd, struct conch_e
     return 0;
 }
 
-void conch_toolhost_finish(struct conch_toolhost *h, struct conch_bridge_report *ret)
+static void toolhost_finish(struct conch_run_tools *t, struct conch_run_tool_calls *ret)
 {
+    struct conch_toolhost *h = (struct conch_toolhost *)t;
     memset(ret, 0, sizeof(*ret));
     if (!h->started || h->finished)
         return;
     h->finished = true;
     uv_async_send(&h->wake);
     pthread_join(h->thread, NULL);
-    *ret = h->report;
+    ret->calls = h->report.calls;
+    ret->detached = h->report.detached;
+    ret->summary = h->report.summary;
     memset(&h->report, 0, sizeof(h->report));
+}
+
+struct conch_run_tools *conch_toolhost_tools(struct conch_toolhost *h)
+{
+    h->ops.start = toolhost_start;
+    h->ops.finish = toolhost_finish;
+    return &h->ops;
 }
 
 void conch_toolhost_free(struct conch_toolhost *h)
@@ -486,9 +500,9 @@ void conch_toolhost_free(struct conch_toolhost *h)
     if (!h)
         return;
     if (h->started && !h->finished) {
-        struct conch_bridge_report r;
-        conch_toolhost_finish(h, &r);
-        conch_bridge_report_done(&r);
+        struct conch_run_tool_calls r;
+        toolhost_finish(&h->ops, &r);
+        conch_run_tool_calls_done(&r);
     }
     uv_loop_close(&h->loop);
     conch_bridge_report_done(&h->report);

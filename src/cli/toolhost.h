@@ -1,12 +1,13 @@
 /* toolhost.h - `conch run --tools FILE`: the tool bridge without a harness. The tools (and
  * agent types) of a JSON file are served to the one command of a `conch run`, each call
  * answered by running the host command the file names for it. A thread of its own runs the
- * bridge's loop while conch run's loop pumps the command's output. */
-#ifndef CONCH_EXEC_TOOLHOST_H
-#define CONCH_EXEC_TOOLHOST_H
+ * bridge's loop while conch run's loop pumps the command's output. It lives in cli/, above
+ * the bridge, rpc and libuv; exec/ drives it through struct conch_run_tools. */
+#ifndef CONCH_CLI_TOOLHOST_H
+#define CONCH_CLI_TOOLHOST_H
 
-#include "bridge/bridge.h"
 #include "core/error.h"
+#include "exec/run.h"
 
 struct conch_toolhost;
 
@@ -21,14 +22,11 @@ struct conch_toolhost;
  */
 int conch_toolhost_load(const char *path, struct conch_toolhost **ret, struct conch_err *err);
 
-/* conch_toolhost_start - serve @listen_fd (taken over: conch_jail_take_ptc_fd) in a new
- * thread. Every call from the sandbox counts toward origin {"run", "1"}. Returns 0 or
- * -errno with @err. */
-int conch_toolhost_start(struct conch_toolhost *h, int listen_fd, struct conch_err *err);
-
-/* conch_toolhost_finish - the command ended: calls still running are cancelled (their host
- * commands killed), the thread stops, and *@ret gets what the command called. */
-void conch_toolhost_finish(struct conch_toolhost *h, struct conch_bridge_report *ret);
+/* conch_toolhost_tools - @h as conch run's tool server (conch_run_opts.tools): its start
+ * serves the listening socket in a new thread (every call from the sandbox counts toward
+ * origin {"run", "1"}); its finish cancels the calls still running (their host commands
+ * killed), stops the thread and reports what the command called. Borrowed from @h. */
+struct conch_run_tools *conch_toolhost_tools(struct conch_toolhost *h);
 
 /* conch_toolhost_free - free @h (finishing it first if needed). NULL is a no-op. */
 void conch_toolhost_free(struct conch_toolhost *h);
