@@ -89,8 +89,9 @@ struct sandbox {
     bool recycling; /* its warden makes it as new; the answer is read like a setup's */
     /* `conch run` takes a pool sandbox with its workspace attached (sandbox.lease): while
      * leasing the warden attaches it (lease_call waits); once leased, the client drives the
-     * warden through its own copy of the control socket and we do not read ours, until it
-     * releases the sandbox (made as new for the pool) or goes away (destroyed). */
+     * warden through a channel of its own (conch_jail_hand_over) and we do not read the
+     * control socket, until it releases the sandbox (made as new for the pool, which revokes
+     * the channel) or goes away (destroyed). */
     bool leasing, leased;
     struct conch_rpc_call *lease_call;
     struct conch_rpc_sink *lease_sink; /* the asking client's (a reference) */

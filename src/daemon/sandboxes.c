@@ -997,7 +997,7 @@ static void lease_answer(struct sandbox *sb, int r, const struct conch_err *err)
         sandbox_destroy(sb);
         return;
     }
-    /* The warden's events are the client's now: we read them again once it is done. */
+    /* The client's commands report on its own channel; ours stays quiet until it is done. */
     uv_poll_stop(sb->ctl_poll);
     sb->leased = true;
 }

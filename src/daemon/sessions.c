@@ -1541,8 +1541,12 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     }
     s->d = d;
     s->sock = s->master = -1;
-    snprintf(s->id, sizeof(s->id), "ses-%llu-%04x", (unsigned long long)++next_session,
-             (unsigned)(rand() & 0xffff));
+    /* Random beside the counter: a restarted daemon counts from 1 again, and rand() unseeded
+     * named every daemon's first session ses-1-4567, so that `conch attach` joined a dead one. */
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        rnd = ((uint32_t)getpid() * 0x9e3779b9u) ^ (uint32_t)(uintptr_t)&rnd;
+    snprintf(s->id, sizeof(s->id), "ses-%llu-%08x", (unsigned long long)++next_session, rnd);
     snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sb->id);
     DLIST_INIT(&s->clients);
     DLIST_INIT(&s->queue);

@@ -116,7 +116,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0008u /* "co" + version 8 */
+#define JAIL_PROTO_VERSION 0x636f0009u /* "co" + version 9 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -142,6 +142,11 @@ enum jail_msg_type {
                       * JATTACH_MOUNTED [the mount to attach, the overlay's upper dir or none]
                       * (made by a parent that is host root); answered by SETUP_OK (a = fd
                       * number of the upper dir or -1) or SETUP_ERR */
+    JMSG_LEASE,      /* parent → warden: fds [a new channel for a borrower] (see lease_ctl in
+                      * warden-child.c): RUN and SIGNAL may come on it, and the events of the
+                      * commands started through it go back on it; the recycle closes it.
+                      * warden → shepherd, after a RUN: fds [the channel its command came on,
+                      * when it is not the one the shepherd was built with] */
 };
 
 /* JMSG_ATTACH flags (in b) */

@@ -191,8 +191,8 @@ int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct con
 
 /* conch_jail_send_recycle - ask the warden of a sandbox without a workspace, once every
  * command of it has ended, to make the sandbox as new (every process killed, new network,
- * IPC and UTS namespaces, new empty writable mounts). Its answer is read like a new
- * sandbox's setup: conch_jail_await_setup. */
+ * IPC and UTS namespaces, new empty writable mounts, a lent channel closed: see
+ * conch_jail_hand_over). Its answer is read like a new sandbox's setup: conch_jail_await_setup. */
 int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err);
 
 enum conch_jail_event_type {
@@ -291,10 +291,13 @@ struct conch_jail_lease {
 };
 
 /*
- * conch_jail_hand_over - lend @j to another process: *@ret_ctl is a new descriptor of @j's
- * control socket, for the borrower (the caller sends it on and closes it). While the borrower
- * runs commands the caller must not read the socket (the events are the borrower's); when it
- * is done, the caller takes @j back (recycle or destroy it).
+ * conch_jail_hand_over - lend @j to another process: *@ret_ctl is a new channel to the
+ * warden (a SOCK_SEQPACKET socket, never @j's control socket), for the borrower (the caller
+ * sends it on and closes it). The borrower may run commands and signal them through it, and
+ * their events come back on it, not on @j's control socket. When it is done, the caller takes
+ * @j back: conch_jail_send_recycle revokes the channel (whoever kept a copy reads EOF, and
+ * nothing sent on it reaches the sandbox any more), or destroy @j. One lease at a time: a
+ * second hand-over revokes the first.
  */
 int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int *ret_ctl,
                          struct conch_err *err);

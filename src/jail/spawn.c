@@ -821,13 +821,24 @@ int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int
 {
     if (j->ctl_fd < 0 || j->warden_pid <= 0)
         return conch_err_set(err, EBADF, "this sandbox has no warden");
+    /* Never the control socket itself: a borrower that kept a copy of it past the loan could
+     * drive the sandbox of whoever is lent it next. A channel of its own, which the recycle
+     * closes. */
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+        return conch_err_set(err, errno, "make the borrower's channel: %s", strerror(errno));
+    struct jail_msg m = {.type = JMSG_LEASE};
+    int r = jail_send(j->ctl_fd, &m, &sp[1], 1);
+    close(sp[1]);
+    if (r < 0) {
+        close(sp[0]);
+        return conch_err_set(err, -r, "give the warden the borrower's channel: %s", strerror(-r));
+    }
     *ret = (struct conch_jail_lease){.warden_pid = j->warden_pid,
                                      .upper_fd_nr = j->upper_fd_nr,
                                      .root_mode = j->root_mode,
                                      .host_id_base = j->host_id_base};
-    *ret_ctl = fcntl(j->ctl_fd, F_DUPFD_CLOEXEC, 3);
-    if (*ret_ctl < 0)
-        return conch_err_set(err, errno, "dup the control socket: %s", strerror(errno));
+    *ret_ctl = sp[0];
     return 0;
 }
 

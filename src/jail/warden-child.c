@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/fdpass.h"
 #include "core/proctitle.h"
 #include "jail/jail-internal.h"
 #include "jail/landlock.h"
@@ -432,6 +433,51 @@ ON_ZYGOTE_STACK static int command_zygote(void *arg)
  * no sandbox process keeps them open. */
 static int warden_ctl = -1;
 
+/* What is lent is revoked. A borrower (`conch run` through the daemon's pool) never gets the
+ * control socket itself, which stays the parent's alone: the parent makes a socketpair per
+ * lease and sends us one end (JMSG_LEASE), the borrower the other. On it come only RUN and
+ * SIGNAL, and the events of the commands started through it go back on it; the recycle kills
+ * every process that inherited our end and closes ours, so a borrower that kept its copy past
+ * the loan reads EOF and reaches nothing of the next user's sandbox (its own copy of the
+ * control socket did: RUN in the next user's workspace, their events read, a SHUTDOWN).
+ * Channels are numbered: 0 is the parent's control socket, each lease takes the next number. */
+static int lease_ctl = -1; /* the current lease's channel, or -1 (none, or closed) */
+static uint32_t lease_no;  /* the current (or last) lease's number; 0: none yet */
+
+static int chan_fd(uint32_t chan)
+{
+    return chan == 0 ? warden_ctl : chan == lease_no ? lease_ctl : -1;
+}
+
+/* The channel a process forked now inherits and reports on, before it is told otherwise. */
+static uint32_t chan_now(void)
+{
+    return lease_ctl >= 0 ? lease_no : 0;
+}
+
+static void lease_revoke(void)
+{
+    if (lease_ctl >= 0)
+        close(lease_ctl);
+    lease_ctl = -1;
+}
+
+/* Send event @m on channel @chan. On the parent's control socket as ever (blocking; a failure
+ * means the parent is gone). A borrower never blocks us: one that does not read, or went
+ * away, loses its channel (and the event); a channel revoked drops it. */
+static int chan_send(uint32_t chan, struct jail_msg *m)
+{
+    if (chan == 0)
+        return jail_send(warden_ctl, m, NULL, 0);
+    int fd = chan_fd(chan);
+    if (fd < 0)
+        return 0;
+    m->version = JAIL_PROTO_VERSION;
+    if (conch_send_fds(fd, m, sizeof(*m), NULL, 0, MSG_DONTWAIT) != (ssize_t)sizeof(*m))
+        lease_revoke();
+    return 0;
+}
+
 /* The queued signals a sandbox's processes may hold (see jail_warden_main). */
 #define SANDBOX_SIGPENDING 256
 
@@ -453,6 +499,8 @@ struct shep_report {
     uint64_t ns_ino;      /* the shepherd's pid namespace, once its /proc is up; 0: not yet */
     uint64_t sig_req;     /* signals (bit n-1: signal n) the warden asks it to send, see
                            * ctl_signal */
+    int32_t chan_update;  /* the warden sends the command's channel after the RUN (JMSG_LEASE):
+                           * it is not the one the shepherd was built with */
     struct conch_err err;
 };
 
@@ -470,6 +518,8 @@ struct proc_slot {
     uint64_t deadline_ms; /* monotonic; 0: none */
     uint64_t kill_at_ms;  /* SIGKILL after the grace; 0: not armed */
     uint64_t grace_ms;
+    uint32_t chan;      /* the channel its request came on: its events go there */
+    uint32_t shep_chan; /* the channel a shepherd was built with (inherited, see chan_now) */
 };
 
 static struct proc_slot slots[MAX_PROCS];
@@ -540,11 +590,10 @@ static void signal_requests(struct shep_report *rep)
  * signal the whole namespace when the warden asks, and when the command exits kill
  * (kill(-1), atomic) and reap everything it left, report the exit and leave it in @rep for
  * the warden too. */
-__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock,
+__attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock, int ctl,
                                                struct shep_report *rep)
 {
     static struct zygote_out zout;
-    int ctl = warden_ctl;
     struct jail_msg m;
     struct conch_err err = {0};
     pid_t cmd = -1;
@@ -595,9 +644,20 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
             ;
         close(gate[0]);
     }
-    /* The command's process has exec'd or exited. Nothing more comes on @wsock: the warden
-     * sends one RUN, which that process took. What it mapped is ours now: the command's
-     * argv and environment must not stay in our memory while it runs. */
+    /* The command's process has exec'd or exited. The warden sends one RUN on @wsock, which
+     * that process took, and, when the command came on another channel than @ctl (we were
+     * built before a lease began), that channel right after it: the command's events are its
+     * sender's. Then nothing more. */
+    if (zout.got_run && __atomic_load_n(&rep->chan_update, __ATOMIC_ACQUIRE)) {
+        struct jail_msg cm;
+        int cfd = -1, n = 0;
+        int r = jail_recv(wsock, &cm, &cfd, 1, &n, 0);
+        ctl = r > 0 && cm.type == JMSG_LEASE && n == 1 ? cfd : -1;
+        if (ctl < 0 && n == 1)
+            close(cfd);
+    }
+    /* What the command's process mapped is ours now: its argv and environment must not stay
+     * in our memory while it runs. */
     close(wsock);
     if (zout.blob)
         munmap(zout.blob, zout.blob_len);
@@ -671,7 +731,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     m.a = status;
     m.b = rep->timed_out ? JEXIT_TIMED_OUT : 0;
     getrusage(RUSAGE_CHILDREN, &m.usage);
-    if (jail_send(ctl, &m, NULL, 0) == 0)
+    if (ctl >= 0 && jail_send(ctl, &m, NULL, 0) == 0)
         rep->state = SHEP_EXIT_SENT;
     /* What is left of us is our exit: the teardown of the command's namespaces and memory,
      * ~150 µs of kernel work that waits on RCU. It must not take the CPU from the parent that
@@ -818,6 +878,7 @@ static int slot_finish(int i, int status, const struct rusage *ru)
     memset(&m, 0, sizeof(m));
     m.id = s->id;
     bool is_file = s->is_file;
+    uint32_t chan = s->chan;
     s->pid = 0;
     if (s->sock >= 0)
         close(s->sock);
@@ -857,7 +918,7 @@ static int slot_finish(int i, int status, const struct rusage *ru)
         if (s->timed_out)
             m.b |= JEXIT_TIMED_OUT;
     }
-    return jail_send(warden_ctl, &m, NULL, 0);
+    return chan_send(chan, &m);
 }
 
 static void reap_children(void)
@@ -876,10 +937,11 @@ static void reap_children(void)
     }
 }
 
-static struct proc_slot *slot_find(int64_t id)
+/* The live process of request @id that came on channel @chan (a borrower reaches its own). */
+static struct proc_slot *slot_find(int64_t id, uint32_t chan)
 {
     for (int i = 0; i < MAX_PROCS; i++)
-        if (slots[i].pid > 0 && slots[i].id == id)
+        if (slots[i].pid > 0 && slots[i].id == id && slots[i].chan == chan)
             return &slots[i];
     return NULL;
 }
@@ -902,11 +964,12 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
         return -errno;
     memset(&reports[i], 0, sizeof(reports[i]));
     reports[i].cpu = -1;
+    uint32_t chan = chan_now();
     pid_t pid =
         (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         close(sp[0]);
-        shepherd(plan, sp[1], &reports[i]);
+        shepherd(plan, sp[1], chan_fd(chan), &reports[i]);
     }
     int e = errno;
     close(sp[1]);
@@ -917,6 +980,7 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
     memset(&slots[i], 0, sizeof(slots[i]));
     slots[i].pid = pid;
     slots[i].sock = sp[0];
+    slots[i].shep_chan = chan;
     return 0;
 }
 
@@ -956,10 +1020,10 @@ static void ensure_ready(const struct jail_plan *plan)
     ready_slot = i;
 }
 
-/* Start a command: hand it to the ready shepherd (or start one now). Returns 0, or -1 with
- * @reply's error filled. */
+/* Start a command that came on channel @chan: hand it to the ready shepherd (or start one
+ * now). Returns 0, or -1 with @reply's error filled. */
 static int start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
-                         struct jail_msg *reply)
+                         struct jail_msg *reply, uint32_t chan)
 {
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
@@ -980,6 +1044,10 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     }
     struct proc_slot *s = &slots[i];
     slot_arm(s, m->id, m, false);
+    s->chan = chan;
+    bool update = s->shep_chan != chan;
+    if (update)
+        __atomic_store_n(&reports[i].chan_update, 1, __ATOMIC_RELEASE);
     last_cmd_slot = i;
     if (m->b & JRUN_LAST)
         refill_never = true;
@@ -992,12 +1060,18 @@ static int start_command(const struct jail_plan *plan, const struct jail_msg *m,
     if (ino && !(m->b & JRUN_PTY)) {
         __atomic_store_n(&reports[i].started_sent, 1, __ATOMIC_RELEASE);
         struct jail_msg st = {.type = JMSG_STARTED, .id = m->id, .a = 2, .ns = ino};
-        jail_send(warden_ctl, &st, NULL, 0);
+        chan_send(chan, &st);
     }
     /* To the command's process itself, which waits on this socket fenced (command_zygote).
      * If its shepherd died meanwhile the send fails; reaping it reports the start failure. */
     struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
     jail_send(s->sock, &run, fds, 4);
+    if (update) {
+        /* For the shepherd, read after its command's exec: off the command's path. */
+        struct jail_msg cm = {.type = JMSG_LEASE};
+        int cfd = chan_fd(chan);
+        jail_send(s->sock, &cm, &cfd, cfd >= 0 ? 1 : 0);
+    }
     close(s->sock);
     s->sock = -1;
     return 0;
@@ -1042,6 +1116,7 @@ static void share_workspace(const struct jail_plan *plan)
 static int recycle(const struct jail_plan *plan, struct conch_err *err)
 {
     kill_all_and_reap();
+    lease_revoke(); /* the last copy of our end: its borrower reads EOF */
     for (int i = 0; i < MAX_PROCS; i++)
         if (slots[i].pid && slots[i].sock >= 0)
             close(slots[i].sock);
@@ -1185,6 +1260,34 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     return 0;
 }
 
+/* One message on the borrower's channel: a command to run, or a signal for one of the commands
+ * it started. Everything else (recycle, attach, lease, file requests, shutdown) is the
+ * parent's alone and dropped. EOF or an error closes the channel: the lease's commands run
+ * on, their events dropped, until the parent recycles or destroys the sandbox. */
+static void lease_serve(const struct jail_plan *plan)
+{
+    struct jail_msg m;
+    int fds[4], nfds = 0;
+    int r = jail_recv(lease_ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
+    if (r == -EAGAIN || r == -EPROTO)
+        return;
+    if (r <= 0) {
+        lease_revoke();
+        return;
+    }
+    struct jail_msg reply = {.type = JMSG_RUN_ERR, .id = m.id};
+    if (m.type == JMSG_RUN) {
+        if (start_command(plan, &m, fds, nfds, &reply, lease_no) < 0)
+            chan_send(lease_no, &reply);
+    } else if (m.type == JMSG_SIGNAL) {
+        struct proc_slot *s = slot_find(m.id, lease_no);
+        if (s && m.a > 0 && m.a < NSIG)
+            slot_signal(s, m.a);
+    }
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+}
+
 /* The daemon's command line and environment are still in our memory (we are a fork of it):
  * overwrite both, so that /proc/1/cmdline shows no host path and nothing of them lingers. */
 static void scrub_inherited_memory(void)
@@ -1320,7 +1423,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 
     for (;;) {
         ensure_ready(plan);
-        struct pollfd pfd[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        struct pollfd pfd[3] = {{.fd = ctl, .events = POLLIN},
+                                {.fd = sfd, .events = POLLIN},
+                                {.fd = lease_ctl, .events = POLLIN}};
         /* Wake for the next deadline, or for the refill when that comes first. */
         int timeout = slots_tick();
         int64_t wait_us = timeout >= 0 ? (int64_t)timeout * 1000 : -1;
@@ -1329,7 +1434,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             (wait_us < 0 || (uint64_t)wait_us > refill_after_us - now_us))
             wait_us = (int64_t)(refill_after_us - now_us);
         struct timespec ts = {.tv_sec = wait_us / 1000000, .tv_nsec = wait_us % 1000000 * 1000};
-        if (ppoll(pfd, 2, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
+        if (ppoll(pfd, 3, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
@@ -1341,6 +1446,8 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             /* Shepherds, file workers, and orphans of file workers: reap them all. */
             reap_children();
         }
+        if (lease_ctl >= 0 && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)))
+            lease_serve(plan);
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
         r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
@@ -1352,7 +1459,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         int started = 0;
         switch (m.type) {
         case JMSG_RUN:
-            started = start_command(plan, &m, fds, nfds, &reply);
+            started = start_command(plan, &m, fds, nfds, &reply, 0);
             break;
         case JMSG_FILE:
         case JMSG_FILE_SERVE:
@@ -1377,11 +1484,20 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             break;
         }
         case JMSG_SIGNAL: {
-            struct proc_slot *s = slot_find(m.id);
+            struct proc_slot *s = slot_find(m.id, 0);
             if (s && m.a > 0 && m.a < NSIG)
                 slot_signal(s, m.a);
             break;
         }
+        case JMSG_LEASE:
+            lease_revoke();
+            if (++lease_no == 0)
+                lease_no = 1;
+            if (nfds == 1) {
+                lease_ctl = fds[0];
+                fds[0] = -1;
+            }
+            break;
         case JMSG_SHUTDOWN:
         default:
             for (int i = 0; i < nfds; i++)

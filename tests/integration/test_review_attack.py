@@ -155,6 +155,7 @@ def test_caller_limits_are_only_lowered_through_the_pool(daemon_factory, ws):
                   "ulimit -Sn; ulimit -Hn"])
     assert base.rc == 0, base.describe()
     soft, hard = (int(x) for x in base.stdout.split())
+    settled(d, 1)  # made as new for the pool again: else the next conch run builds its own
 
     def caller():
         resource.setrlimit(resource.RLIMIT_CPU, (7, resource.RLIM_INFINITY))
