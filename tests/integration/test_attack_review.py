@@ -1,6 +1,7 @@
 # test_attack_review.py - regression tests from an outside security review (attacker's view
 # of the README, PROTOCOL.md and ARCHITECTURE.md claims). Each test states the documented
 # promise it checks; the ones this build breaks are marked xfail(strict=True) with the finding.
+import errno
 import json
 import os
 import random
@@ -400,8 +401,6 @@ def test_command_cannot_leave_the_callers_terminal_exclusive(ws):
 # ---- host-global kernel resources ------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="io_setup is allowed and fs.aio-max-nr is host-global: one sandbox takes "
-                   "every AIO context and the host's own io_setup fails with EAGAIN while it lives")
 def test_sandbox_cannot_take_every_aio_context_of_the_host(ws):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -430,9 +429,6 @@ def test_sandbox_cannot_take_every_aio_context_of_the_host(ws):
     assert r == 0, f"host io_setup failed with errno {err} while the sandbox held {line.split()[1].decode()} contexts"
 
 
-@pytest.mark.xfail(strict=True, reason="inotify instances of a sandbox are charged to the caller's uid on the host "
-                   "(hierarchical ucounts): one sandbox takes all 128 and the host user (root for a root "
-                   "daemon: systemd, udev, ...) gets EMFILE from inotify_init")
 def test_sandbox_cannot_take_the_callers_inotify_instances(ws):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -455,6 +451,25 @@ def test_sandbox_cannot_take_the_callers_inotify_instances(ws):
     finally:
         p.communicate(timeout=30)
     assert fd >= 0, f"the host's inotify_init1 failed with errno {err} while the sandbox held {line.split()[1].decode()}"
+
+
+def test_dev_shm_holds_a_bounded_number_of_inodes(ws):
+    # the kernel's default for a tmpfs is half the host's RAM pages in inodes: 200k empty files
+    # in /dev/shm cost the host ~200 MB of slab that no size limit counts
+    (ws / "shm.py").write_text(
+        "import os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 30000:\n"
+        "        os.close(os.open(f'/dev/shm/f{n}', os.O_CREAT | os.O_WRONLY, 0o600)); n += 1\n"
+        "    print('made', n, 'none')\n"
+        "except OSError as e:\n"
+        "    print('made', n, e.errno)\n")
+    r = subprocess.run([CONCH_BIN, "run", "-q", "--workspace", str(ws), "--", "python3", "shm.py"],
+                       capture_output=True, timeout=60, cwd=ws)
+    words = r.stdout.split()
+    assert words[:1] == [b"made"], (r.stdout, r.stderr)
+    assert words[2] == str(errno.ENOSPC).encode(), f"{words[1].decode()} empty files in /dev/shm, stopped by {words[2]}"
 
 
 def test_sandbox_cannot_take_the_callers_pending_signals(ws):
