@@ -215,6 +215,19 @@ struct conch_jail_event {
 };
 
 /*
+ * Sends to the warden never block and never fail because its control socket is full: the
+ * message waits in @j's queue (at most 1024 messages; beyond, the send fails with ENOBUFS
+ * and a "too many" message), in order with later ones. A caller driving @j from an event
+ * loop polls conch_jail_ctl_fd() for writability while conch_jail_wants_write() and then
+ * calls conch_jail_flush(), which returns 0 (the queue is empty), 1 (more waits) or -errno
+ * with @err (the warden is gone: the queue is dropped). conch_jail_on_queued() registers
+ * @fn, called with @data each time a message is queued on an empty queue (NULL: none).
+ */
+bool conch_jail_wants_write(const struct conch_jail *j);
+int conch_jail_flush(struct conch_jail *j, struct conch_err *err);
+void conch_jail_on_queued(struct conch_jail *j, void (*fn)(void *data), void *data);
+
+/*
  * conch_jail_read_event - read one event from @j->ctl_fd without blocking. Returns 1 with
  * *@ret filled, -EAGAIN when none is waiting, 0 when the warden is gone, or -errno.
  */
