@@ -31,7 +31,7 @@ int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err
 const char *conch_ws_mode_name(enum conch_ws_mode mode);
 
 /* Processes a sandbox may have when the caller sets no limit. */
-#define CONCH_DEFAULT_PIDS 8192
+#define CONCH_DEFAULT_PIDS 1024
 
 #define CONCH_AGENT_UID 1000
 #define CONCH_AGENT_GID 1000
