@@ -804,6 +804,19 @@ static void on_write_wanted(struct conch_super *s)
 static void on_ctl_readable(uv_poll_t *h, int status, int events)
 {
     struct sandbox *sb = h->data;
+    /* Queued sends first: a recycle's answer (read below, blocking) comes only once the
+     * RECYCLE itself has reached the warden. */
+    if (status >= 0 && (events & UV_WRITABLE)) {
+        int r = conch_super_flush(&sb->super);
+        if (r == 0 && !sb->leasing && !sb->starting) {
+            sandbox_warden_gone(sb);
+            return;
+        }
+        if (r >= 0)
+            ctl_poll_update(sb); /* a warden gone mid-setup reads as EOF next */
+        if (!(events & (UV_READABLE | UV_DISCONNECT)))
+            return;
+    }
     if (sb->leasing) {
         struct conch_err err = {0};
         int r = status < 0 ? conch_err_set(&err, -status, "lease: %s", uv_strerror(status))
@@ -840,15 +853,6 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
     }
     /* 0: the warden is gone (every running command has been ended); -1: the sandbox was
      * stopped by a callback meanwhile. */
-    if (events & UV_WRITABLE) {
-        int r = conch_super_flush(&sb->super);
-        if (r == 0) {
-            sandbox_warden_gone(sb);
-            return;
-        }
-        if (r > 0)
-            ctl_poll_update(sb);
-    }
     if (conch_super_dispatch(&sb->super) == 0)
         sandbox_warden_gone(sb);
 }
