@@ -22,6 +22,7 @@
 
 static void on_ctl_readable(uv_poll_t *h, int status, int events);
 static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev);
+static void on_write_wanted(struct conch_super *s);
 static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
@@ -143,6 +144,7 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     sb->starting = async;
     conch_super_init(&sb->super, sb->jail);
     sb->super.other_event = on_other_event;
+    sb->super.write_wanted = on_write_wanted;
     sb->super.data = sb;
     /* A handle of its own per warden: the previous one may still be closing (restart). */
     sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
@@ -781,9 +783,40 @@ void sandbox_warden_gone(struct sandbox *sb)
 
 static void lease_answer(struct sandbox *sb, int r, const struct conch_err *err);
 
+/* The warden's control socket is watched for writability only while sends wait for room
+ * (conch_super_wants_write): a socket with room is always writable. Not while lent: the
+ * borrower reads and writes it then. */
+static void ctl_poll_update(struct sandbox *sb)
+{
+    if (!sb->ctl_poll || sb->leased || !sb->jail_up)
+        return;
+    int events = UV_READABLE | UV_DISCONNECT;
+    if (conch_super_wants_write(&sb->super))
+        events |= UV_WRITABLE;
+    uv_poll_start(sb->ctl_poll, events, on_ctl_readable);
+}
+
+static void on_write_wanted(struct conch_super *s)
+{
+    ctl_poll_update(s->data);
+}
+
 static void on_ctl_readable(uv_poll_t *h, int status, int events)
 {
     struct sandbox *sb = h->data;
+    /* Queued sends first: a recycle's answer (read below, blocking) comes only once the
+     * RECYCLE itself has reached the warden. */
+    if (status >= 0 && (events & UV_WRITABLE)) {
+        int r = conch_super_flush(&sb->super);
+        if (r == 0 && !sb->leasing && !sb->starting) {
+            sandbox_warden_gone(sb);
+            return;
+        }
+        if (r >= 0)
+            ctl_poll_update(sb); /* a warden gone mid-setup reads as EOF next */
+        if (!(events & (UV_READABLE | UV_DISCONNECT)))
+            return;
+    }
     if (sb->leasing) {
         struct conch_err err = {0};
         int r = status < 0 ? conch_err_set(&err, -status, "lease: %s", uv_strerror(status))
@@ -814,7 +847,6 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
             sandbox_bridge_listen(sb);
         return;
     }
-    (void)events;
     if (status < 0) {
         sandbox_warden_gone(sb);
         return;

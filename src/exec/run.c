@@ -292,7 +292,8 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
         struct pollfd pfd[4] = {
             {.fd = x->pumps[0].fd, .events = POLLIN},
             {.fd = x->pumps[1].fd, .events = POLLIN},
-            {.fd = x->ended ? -1 : conch_super_fd(&x->super), .events = POLLIN},
+            {.fd = x->ended ? -1 : conch_super_fd(&x->super),
+             .events = POLLIN | (conch_super_wants_write(&x->super) ? POLLOUT : 0)},
             {.fd = x->sigfd, .events = POLLIN},
         };
         int n = poll(pfd, 4, sample && !x->ended ? SAMPLE_MS : -1);
@@ -310,6 +311,8 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
                 (r = run_pump_read(x, &x->pumps[i], err)) < 0)
                 return r;
         }
+        if (pfd[2].revents & POLLOUT)
+            conch_super_flush(&x->super);
         if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))
             conch_super_dispatch(&x->super);
         struct signalfd_siginfo si;

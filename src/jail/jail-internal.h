@@ -13,6 +13,8 @@
 #include "jail/jail.h"
 
 /* A running sandbox (opaque outside jail/: see jail.h). */
+struct jail_queued;
+
 struct conch_jail {
     pid_t warden_pid;          /* host pid of the warden (PID 1 inside) */
     int ctl_fd;                /* SOCK_SEQPACKET to the warden; owned */
@@ -45,6 +47,11 @@ struct conch_jail {
     gid_t idmap_gid;
     bool adopted; /* lent by the process that made it (conch_jail_adopt): its own to stop
                    * and reap; destroying it only closes our fds */
+    /* Messages to the warden waiting for room on ctl_fd, oldest first (ctlq.c); owned. */
+    struct jail_queued *outq_head, *outq_tail;
+    unsigned outq_len;
+    void (*on_queued)(void *data); /* called when the queue stops being empty; may be NULL */
+    void *on_queued_data;
 };
 
 #define JAIL_MAX_BINDS 48
@@ -217,6 +224,19 @@ int jail_session_pty_setup_child(int fds[4]);
  * jail_send stamps the protocol version; jail_recv returns -EPROTO for a message of another
  * version or size (its fds are closed), 0 at EOF, 1 with a message. @flags: MSG_DONTWAIT. */
 int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds);
+
+/* The most fds one message carries (JMSG_RUN: stdin, stdout, stderr, the command blob). */
+#define JAIL_MSG_MAX_FDS 4
+/* The most messages that wait for room on a warden's control socket: beyond, -ENOBUFS. */
+#define JAIL_OUTQ_MAX 1024
+
+/* jail_ctl_send - send @m (with @fds, borrowed) to @j's warden without blocking, in order
+ * with the messages already queued: when the socket is full, or others wait, a copy (the fds
+ * dup'd) joins the queue that conch_jail_flush() empties. Returns 0 (sent or queued),
+ * -ENOBUFS when JAIL_OUTQ_MAX messages already wait, or another -errno (nothing queued). */
+int jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int nfds);
+/* jail_ctl_queue_clear - drop every queued message, closing its fds. */
+void jail_ctl_queue_clear(struct conch_jail *j);
 int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
 
 /* jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,

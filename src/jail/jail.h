@@ -31,7 +31,7 @@ int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err
 const char *conch_ws_mode_name(enum conch_ws_mode mode);
 
 /* Processes a sandbox may have when the caller sets no limit. */
-#define CONCH_DEFAULT_PIDS 8192
+#define CONCH_DEFAULT_PIDS 1024
 
 #define CONCH_AGENT_UID 1000
 #define CONCH_AGENT_GID 1000
@@ -213,6 +213,19 @@ struct conch_jail_event {
     struct rusage usage;  /* EXITED: of the command and its descendants */
     struct conch_err err; /* START_FAILED */
 };
+
+/*
+ * Sends to the warden never block and never fail because its control socket is full: the
+ * message waits in @j's queue (at most 1024 messages; beyond, the send fails with ENOBUFS
+ * and a "too many" message), in order with later ones. A caller driving @j from an event
+ * loop polls conch_jail_ctl_fd() for writability while conch_jail_wants_write() and then
+ * calls conch_jail_flush(), which returns 0 (the queue is empty), 1 (more waits) or -errno
+ * with @err (the warden is gone: the queue is dropped). conch_jail_on_queued() registers
+ * @fn, called with @data each time a message is queued on an empty queue (NULL: none).
+ */
+bool conch_jail_wants_write(const struct conch_jail *j);
+int conch_jail_flush(struct conch_jail *j, struct conch_err *err);
+void conch_jail_on_queued(struct conch_jail *j, void (*fn)(void *data), void *data);
 
 /*
  * conch_jail_read_event - read one event from @j->ctl_fd without blocking. Returns 1 with

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/mount.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -38,6 +39,26 @@ static int do_mount(const char *src, const char *dst, const char *type, unsigned
         return fail(err, what, dst, errno);
     }
     return 0;
+}
+
+/* Inodes a sandbox tmpfs of @bytes may hold. The kernel's default (half the host's RAM pages)
+ * lets 200,000 empty files cost the host ~250 MB of slab that no size limit counts: one inode
+ * per 8 KiB of size, at least 1024. Every tmpfs the sandbox mounts takes its bound from here. */
+static unsigned long long tmpfs_inodes(uint64_t bytes)
+{
+    unsigned long long n = bytes / 8192;
+    return n < 1024 ? 1024 : n;
+}
+
+/* A tmpfs of @bytes at @path, its inodes bounded by tmpfs_inodes(); @opts: the other options
+ * (mode, owner). */
+static int mount_tmpfs(const char *path, unsigned long flags, const char *opts, uint64_t bytes,
+                       struct conch_err *err)
+{
+    char data[192];
+    snprintf(data, sizeof(data), "%s,size=%llu,nr_inodes=%llu", opts, (unsigned long long)bytes,
+             tmpfs_inodes(bytes));
+    return do_mount("tmpfs", path, "tmpfs", flags, data, err);
 }
 
 static int make_dir(const char *path, mode_t mode, struct conch_err *err)
@@ -109,6 +130,46 @@ static int bind_mount(const char *src, const char *dst, bool is_dir, bool rw, un
     return 0;
 }
 
+/*
+ * inotify instances and watches are counted per user at every user namespace level up to the
+ * host (kernel/ucount.c): a sandbox's are charged to the uid that owns its namespace, i.e. the
+ * caller (root for a root daemon, whose systemd and udev then get EMFILE from inotify_init).
+ * The sandbox namespace's own caps (/proc/sys/user/max_inotify_*, INT_MAX in a new namespace,
+ * writable by its root) bound what it can take from the level above: one share in
+ * INOTIFY_SHARE of the host's per-user limits, at least 1. A failed write fails the setup.
+ */
+#define INOTIFY_SHARE 8
+
+static int bound_inotify(struct conch_err *err)
+{
+    static const char *const names[] = {"max_user_instances", "max_user_watches"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char host[64], ours[64], num[24];
+        snprintf(host, sizeof(host), "/proc/sys/fs/inotify/%s", names[i]);
+        snprintf(ours, sizeof(ours), "/proc/sys/user/max_inotify_%s", names[i] + 9);
+        int fd = open(host, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return errno == ENOENT ? 0 : fail(err, "open", host, errno); /* no inotify */
+        ssize_t n = read(fd, num, sizeof(num) - 1);
+        int e = errno;
+        close(fd);
+        if (n <= 0)
+            return fail(err, "read", host, n < 0 ? e : EIO);
+        num[n] = 0;
+        long long v = strtoll(num, NULL, 10) / INOTIFY_SHARE;
+        int len = snprintf(num, sizeof(num), "%lld", v < 1 ? 1 : v);
+        fd = open(ours, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+            return fail(err, "open", ours, errno);
+        n = write(fd, num, (size_t)len);
+        e = errno;
+        close(fd);
+        if (n != len)
+            return fail(err, "write", ours, n < 0 ? e : EIO);
+    }
+    return 0;
+}
+
 int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err)
 {
     int r = make_dir("/proc", 0555, err);
@@ -129,6 +190,8 @@ int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *e
             }
             close(fd);
         }
+        if ((r = bound_inotify(err)) < 0)
+            return r;
     }
     /* Masked as Docker and crun do: kernel memory, the sysrq trigger and timing/keys
      * files leak host state or act on the host. A path this kernel does not have is skipped
@@ -171,7 +234,7 @@ static int mount_devpts(struct conch_err *err)
 
 static int mount_shm(struct conch_err *err)
 {
-    return do_mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m", err);
+    return mount_tmpfs("/dev/shm", MS_NOSUID | MS_NODEV, "mode=1777", 64ULL << 20, err);
 }
 
 static int setup_dev(struct conch_err *err)
@@ -179,7 +242,7 @@ static int setup_dev(struct conch_err *err)
     int r = make_dir("/dev", 0755, err);
     if (r < 0)
         return r;
-    r = do_mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m", err);
+    r = mount_tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755", 1ULL << 20, err);
     if (r < 0)
         return r;
     static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -215,23 +278,13 @@ static int setup_dev(struct conch_err *err)
     return 0;
 }
 
-/* Inodes a sandbox tmpfs of @bytes may hold. The kernel's default (half the host's RAM pages)
- * lets 200,000 empty files cost the host ~250 MB of slab that no size limit counts: one inode
- * per 8 KiB of size, at least 1024. */
-static unsigned long long tmpfs_inodes(uint64_t bytes)
-{
-    unsigned long long n = bytes / 8192;
-    return n < 1024 ? 1024 : n;
-}
-
 /* A tmpfs of @bytes at @path owned by the command's user, with @mode. */
 static int mount_agent_tmpfs(const struct jail_plan *plan, const char *path, unsigned mode,
                              uint64_t bytes, struct conch_err *err)
 {
-    char opts[128];
-    snprintf(opts, sizeof(opts), "mode=%04o,size=%llu,nr_inodes=%llu,uid=%u,gid=%u", mode,
-             (unsigned long long)bytes, tmpfs_inodes(bytes), plan->cmd_uid, plan->cmd_gid);
-    return do_mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    char opts[96];
+    snprintf(opts, sizeof(opts), "mode=%04o,uid=%u,gid=%u", mode, plan->cmd_uid, plan->cmd_gid);
+    return mount_tmpfs(path, MS_NOSUID | MS_NODEV, opts, bytes, err);
 }
 
 /* A sandbox without a workspace gets a tmpfs at /workspace, sized by its disk limit. */
@@ -243,10 +296,7 @@ static int mount_workspace_tmpfs(const struct jail_plan *plan, struct conch_err 
 /* /tmp, with the directories agent frameworks expect there (see jail_mounts_setup_child). */
 static int mount_tmp(const struct jail_plan *plan, struct conch_err *err)
 {
-    char opts[128];
-    snprintf(opts, sizeof(opts), "mode=1777,size=%llu,nr_inodes=%llu",
-             (unsigned long long)plan->tmp_bytes, tmpfs_inodes(plan->tmp_bytes));
-    int r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+    int r = mount_tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777", plan->tmp_bytes, err);
     if (r < 0)
         return r;
     static const char *const agent_dirs[] = {"/tmp/large_tool_results",
@@ -288,10 +338,7 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         r = make_dir(UPPER_MNT, 0700, err);
         if (r < 0)
             return r;
-        char opts[128];
-        snprintf(opts, sizeof(opts), "mode=0755,size=%llu,nr_inodes=%llu",
-                 (unsigned long long)plan->disk_bytes, tmpfs_inodes(plan->disk_bytes));
-        r = do_mount("tmpfs", UPPER_MNT, "tmpfs", MS_NOSUID | MS_NODEV, opts, err);
+        r = mount_tmpfs(UPPER_MNT, MS_NOSUID | MS_NODEV, "mode=0755", plan->disk_bytes, err);
         if (r < 0)
             return conch_err_wrap(err, "workspace upper");
     }
@@ -400,8 +447,7 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         return r;
     /* The new root: a tmpfs mounted on /tmp, then pivot_root into it with the old root
      * kept at /oldroot until every bind is made (the bubblewrap way). */
-    if ((r = do_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m", err)) <
-        0)
+    if ((r = mount_tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=0755", 4ULL << 20, err)) < 0)
         return conch_err_wrap(err, "sandbox root");
     if ((r = make_dir("/tmp" OLDROOT, 0700, err)) < 0)
         return r;
@@ -414,8 +460,7 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
         /* /etc is its own tmpfs so that one recursive mount_setattr() makes it and every
          * bind in it read-only, instead of one remount per entry (start-up time). */
         if ((r = make_dir("/etc", 0755, err)) < 0 ||
-            (r = do_mount("tmpfs", "/etc", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m",
-                          err)) < 0 ||
+            (r = mount_tmpfs("/etc", MS_NOSUID | MS_NODEV, "mode=0755", 1ULL << 20, err)) < 0 ||
             (r = setup_etc(plan, err)) < 0)
             return r;
     }

@@ -274,7 +274,7 @@ static const struct entry common_entries[] = {
     {"inotify_add_watch", K_ALLOW, 0},
     {"inotify_rm_watch", K_ALLOW, 0},
     {"cachestat", K_ALLOW, 0},
-    /* polling, pipes, events, async I/O (not io_uring) */
+    /* polling, pipes, events */
     {"pipe2", K_ALLOW, 0},
     {"ppoll", K_ALLOW, 0},
     {"pselect6", K_ALLOW, 0},
@@ -283,12 +283,6 @@ static const struct entry common_entries[] = {
     {"epoll_pwait", K_ALLOW, 0},
     {"epoll_pwait2", K_ALLOW, 0},
     {"eventfd2", K_ALLOW, 0},
-    {"io_setup", K_ALLOW, 0},
-    {"io_destroy", K_ALLOW, 0},
-    {"io_submit", K_ALLOW, 0},
-    {"io_cancel", K_ALLOW, 0},
-    {"io_getevents", K_ALLOW, 0},
-    {"io_pgetevents", K_ALLOW, 0},
     /* sockets (the sandbox has its own network namespace) */
     {"socket", K_SOCKET, 0},
     {"socketpair", K_SOCKET, 0},
@@ -381,6 +375,16 @@ static const struct entry common_entries[] = {
      * to openat (the file worker, which needs RESOLVE_BENEATH, is the exception). */
     {"clone3", K_ENOSYS, 0},
     {"openat2", K_ENOSYS, 0},
+    /* Linux AIO: every context comes out of fs.aio-max-nr, one count for the whole host, so
+     * one sandbox could take them all and the host's own io_setup would fail with EAGAIN.
+     * ENOSYS as if the kernel lacked it: libaio users fall back to plain I/O, and glibc's
+     * POSIX AIO (aio_read...) uses threads, not these calls. io_uring is denied above. */
+    {"io_setup", K_ENOSYS, 0},
+    {"io_destroy", K_ENOSYS, 0},
+    {"io_submit", K_ENOSYS, 0},
+    {"io_cancel", K_ENOSYS, 0},
+    {"io_getevents", K_ENOSYS, 0},
+    {"io_pgetevents", K_ENOSYS, 0},
 };
 
 /* The legacy calls that only x86_64 has (aarch64 has only their *at forms). */

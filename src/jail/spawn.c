@@ -614,6 +614,16 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
     return TAKE_FD(fd);
 }
 
+/* A send to the warden failed (jail_ctl_send's -errno @r): say what, and why. */
+static int send_failed(struct conch_err *err, int r, const char *what)
+{
+    if (r == -ENOBUFS)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, ENOBUFS,
+                              "%s: too many requests at once (%d already wait for the warden)",
+                              what, JAIL_OUTQ_MAX);
+    return conch_err_set(err, -r, "%s: %s", what, strerror(-r));
+}
+
 int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jail_cmd *cmd,
                         uint64_t timeout_ms, uint64_t grace_ms, struct conch_err *err)
 {
@@ -627,10 +637,8 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
         m.b |= JRUN_PTY;
     if (cmd->last)
         m.b |= JRUN_LAST;
-    int r = jail_send(j->ctl_fd, &m, fds, 4);
-    if (r < 0)
-        return conch_err_set(err, -r, "send command to the warden: %s", strerror(-r));
-    return 0;
+    int r = jail_ctl_send(j, &m, fds, 4);
+    return r < 0 ? send_failed(err, r, "send command to the warden") : 0;
 }
 
 int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, struct conch_err *err)
@@ -673,18 +681,16 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
 int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .id = id};
-    int r = jail_send(j->ctl_fd, &m, NULL, 0);
-    if (r < 0)
-        return conch_err_set(err, -r, "signal the warden: %s", strerror(-r));
-    return 0;
+    int r = jail_ctl_send(j, &m, NULL, 0);
+    return r < 0 ? send_failed(err, r, "signal the warden") : 0;
 }
 
 int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_RECYCLE};
-    int r = jail_send(j->ctl_fd, &m, NULL, 0);
+    int r = jail_ctl_send(j, &m, NULL, 0);
     if (r < 0)
-        return conch_err_set(err, -r, "ask the warden to recycle: %s", strerror(-r));
+        return send_failed(err, r, "ask the warden to recycle");
     /* An attached workspace goes with the recycle. */
     if (j->host_ws_fd >= 0)
         close(j->host_ws_fd);
@@ -697,19 +703,15 @@ int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_
 {
     int fds[2] = {req_fd, resp_fd};
     struct jail_msg m = {.type = JMSG_FILE, .id = id, .timeout_ms = timeout_ms};
-    int r = jail_send(j->ctl_fd, &m, fds, 2);
-    if (r < 0)
-        return conch_err_set(err, -r, "send file request to the warden: %s", strerror(-r));
-    return 0;
+    int r = jail_ctl_send(j, &m, fds, 2);
+    return r < 0 ? send_failed(err, r, "send file request to the warden") : 0;
 }
 
 int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_FILE_SERVE, .id = id};
-    int r = jail_send(j->ctl_fd, &m, &sock, 1);
-    if (r < 0)
-        return conch_err_set(err, -r, "start a file worker in the warden: %s", strerror(-r));
-    return 0;
+    int r = jail_ctl_send(j, &m, &sock, 1);
+    return r < 0 ? send_failed(err, r, "start a file worker in the warden") : 0;
 }
 
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
@@ -770,7 +772,8 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
     if (mode == CONCH_WS_RW)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "a workspace in rw mode is not attached to a built sandbox");
-    if (j->host_ws_fd >= 0 || j->ctl_fd < 0)
+    /* Its answer is awaited at once (conch_jail_await_attach): it cannot wait in the queue. */
+    if (j->host_ws_fd >= 0 || j->ctl_fd < 0 || conch_jail_wants_write(j))
         return conch_err_set(err, EBUSY, "this sandbox cannot take a workspace");
     struct stat st;
     int r = open_workspace(j, workspace, ws_dev, ws_ino, &st, err);
@@ -887,6 +890,7 @@ void conch_jail_destroy(struct conch_jail *j)
             ;
         j->warden_pid = 0;
     }
+    jail_ctl_queue_clear(j);
     if (j->ctl_fd >= 0)
         close(j->ctl_fd);
     j->ctl_fd = -1;

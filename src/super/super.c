@@ -6,10 +6,23 @@
 #include <signal.h>
 #include <string.h>
 
+static void on_queued(void *data)
+{
+    struct conch_super *s = data;
+    if (s->write_wanted)
+        s->write_wanted(s);
+}
+
 void conch_super_init(struct conch_super *s, struct conch_jail *j)
 {
     memset(s, 0, sizeof(*s));
     s->jail = j;
+    conch_jail_on_queued(j, on_queued, s);
+}
+
+bool conch_super_wants_write(const struct conch_super *s)
+{
+    return !s->gone && conch_jail_wants_write(s->jail);
 }
 
 int conch_super_fd(const struct conch_super *s)
@@ -161,8 +174,23 @@ int conch_super_dispatch(struct conch_super *s)
     }
 }
 
+int conch_super_flush(struct conch_super *s)
+{
+    if (s->gone)
+        return -1;
+    struct conch_err err = {0};
+    if (conch_jail_flush(s->jail, &err) < 0) {
+        s->gone = true;
+        end_all(s, "the sandbox's warden died");
+        return 0;
+    }
+    return 1;
+}
+
 void conch_super_done(struct conch_super *s, const char *why)
 {
     s->gone = true;
     end_all(s, why);
+    /* The jail may outlive us (a sandbox being stopped): nothing may call back into @s. */
+    conch_jail_on_queued(s->jail, NULL, NULL);
 }

@@ -3,8 +3,10 @@
  * caller is a process object (struct conch_proc) with an operations table; the supervisor
  * routes the warden's events to it and guarantees its final event: `ended` is called exactly
  * once per process, with the real outcome, or a synthetic one when the warden dies or the
- * sandbox is torn down first. The caller only polls conch_super_fd() and calls
- * conch_super_dispatch() when it is readable. */
+ * sandbox is torn down first. The caller polls conch_super_fd() and calls
+ * conch_super_dispatch() when it is readable, and conch_super_flush() when it is writable
+ * while conch_super_wants_write(): sends to the warden wait in a queue when its socket is
+ * full, they never fail with EAGAIN. */
 #ifndef CONCH_SUPER_SUPER_H
 #define CONCH_SUPER_SUPER_H
 
@@ -58,6 +60,9 @@ struct conch_super {
     bool gone;               /* the warden is gone: nothing more can start */
     /* Events about ids no process object holds (file requests): may be NULL. */
     void (*other_event)(struct conch_super *s, const struct conch_jail_event *ev);
+    /* A send had to wait in the queue: poll for writability too (see conch_super_flush).
+     * May be NULL (a driver that asks conch_super_wants_write() before each poll). */
+    void (*write_wanted)(struct conch_super *s);
     void *data; /* the caller's */
 };
 
@@ -95,6 +100,18 @@ bool conch_proc_live(const struct conch_proc *p);
  * from a callback during this call): the caller must not touch the jail.
  */
 int conch_super_dispatch(struct conch_super *s);
+
+/* conch_super_wants_write - messages wait for room on the control socket: poll
+ * conch_super_fd() for writability and call conch_super_flush() when it is writable. */
+bool conch_super_wants_write(const struct conch_super *s);
+
+/*
+ * conch_super_flush - send what waits in the queue, as far as the socket takes it. Returns 1
+ * while the warden lives (conch_super_wants_write() tells whether more waits); 0 when it has
+ * just gone (the send failed), after ending every live process as conch_super_dispatch does;
+ * -1 when supervision had stopped.
+ */
+int conch_super_flush(struct conch_super *s);
 
 /*
  * conch_super_done - end every live process with a synthetic event (lost, @why) and stop

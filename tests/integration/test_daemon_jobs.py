@@ -191,3 +191,24 @@ def test_job_kill_right_after_start(rpc, sandbox):
             rpc.call("job.kill", {"job_id": job, "signal": "KILL"})
     assert lost == [], f"job.kill answered killed:true but the job kept running: {lost}"
     assert wait_gone(m) == []
+
+
+def test_a_burst_of_job_starts_is_queued_not_refused(rpc, sandbox):
+    # the warden's control socket holds ~130 messages (its send buffer): a batch of starts
+    # sent without waiting must wait for room there, not fail with EAGAIN
+    sb = sandbox()
+    n = 300
+    reqs = [rpc.request("job.start", {"sandbox": sb, "command": f"echo out{i}"}) for i in range(n)]
+    jobs, errors = [], []
+    for i, req in enumerate(reqs):
+        resp = rpc.wait(req, timeout=120)
+        if "error" in resp:
+            errors.append((i, resp["error"].get("message")))
+        else:
+            jobs.append((i, resp["result"]["job_id"]))
+    assert not errors, f"{len(errors)} of {n} job.start refused, first: {errors[0]}"
+    for i, job in jobs:
+        w = rpc.call("job.wait", {"job_id": job, "timeout": 60}, timeout=90)
+        assert w["running"] is False and w["exit_code"] == 0, (i, w)
+        out = rpc.call("job.output", {"job_id": job})
+        assert out["stdout"] == f"out{i}\n", (i, out)

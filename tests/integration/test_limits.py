@@ -51,6 +51,43 @@ time.sleep(60)
     assert wait_no_pids(marker) == []
 
 
+def test_default_pids_limit_bounds_a_fork_loop(py):
+    # no --pids: the default (1024 per sandbox) still holds, so that a fork bomb stays small
+    # enough to be killed at its deadline (with 8192 it ended 12-56 s late on 2 cores)
+    marker = unique_marker("dflt")
+    code = f"""
+import os
+n = 0
+try:
+    while n < 1500:
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["{marker}", "60"])
+        n += 1
+    print("forked", n, flush=True)
+except OSError as e:
+    print("fork failed", n, e.errno, flush=True)
+"""
+    # the sleepers it leaves are killed when it exits
+    r = py(code, "--timeout", "100", timeout=150)
+    words = r.out.split()
+    assert r.rc == 0 and words[:1] in (["forked"], ["fork"]), r.describe()
+    n = int(words[1] if words[0] == "forked" else words[2])
+    assert n < 1024, f"{n} processes in a sandbox without --pids (default 1024)\n{r.describe()}"
+    assert int(words[3]) == 11, r.describe()  # EAGAIN
+    assert wait_no_pids(marker, timeout=30) == []
+
+
+def test_fork_bomb_without_pids_option_ends_by_its_timeout(sh):
+    marker = unique_marker("bomb")
+    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--timeout", "3", "--grace", "1", timeout=120)
+    # bash retries a failed fork for seconds: the deadline comes first (a shell that gave up
+    # would end it earlier, with its leftovers killed: fine too)
+    gave_up = r.rc != 0 and "fork" in r.j["stderr"]
+    assert r.kind == "timeout" and r.rc == 124 or gave_up, r.describe()
+    assert wait_no_pids(marker, timeout=30) == []
+    assert host_can_fork()
+
+
 def test_memory_hog_killed(py):
     code = """
 chunks = []

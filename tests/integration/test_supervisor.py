@@ -44,7 +44,11 @@ def test_run_fork_bomb_dies_with_its_timeout(ws):
                "--max-output", "4k", "--", "sh", "-c", "f(){ f | f & }; f; sleep 100"],
               timeout=120, want_json=True)
     took = time.monotonic() - t0
-    assert r.j["timed_out"] is True and r.j["exit_code"] == 124 or r.j["error"]["kind"] == "timeout", r.describe()
+    # under the default process limit dash may give up first ("Cannot fork" in the shell
+    # that was to start `sleep 100`): then it ends early, everything it left killed
+    gave_up = r.j["exit_code"] == 2 and "Cannot fork" in r.j["stderr"]
+    assert r.j["timed_out"] is True and r.j["exit_code"] == 124 or r.j["error"]["kind"] == "timeout" or gave_up, \
+        r.describe()
     assert took < 30, f"the fork bomb outlived its timeout: {took:.1f} s"
     # nothing of the sandbox is left: no process runs as the sandbox's ids with our marker
     del script, marker
@@ -378,4 +382,4 @@ def test_a_process_limit_always_holds(ws, opts):
     r = conch(["run", "--workspace", str(ws), "--json", *opts, "--", "sh", "-c",
                "grep 'Max processes' /proc/self/limits"], want_json=True)
     assert r.j["exit_code"] == 0, r.describe()
-    assert r.j["stdout"].split()[2] == "8192", r.describe()
+    assert r.j["stdout"].split()[2] == "1024", r.describe()

@@ -252,6 +252,8 @@ Test(seccomp_walk, dangerous_calls_are_not_on_the_list)
                                         "io_uring_setup",
                                         "io_uring_enter",
                                         "io_uring_register",
+                                        "io_setup",
+                                        "io_submit",
                                         "userfaultfd",
                                         "open_by_handle_at",
                                         "name_to_handle_at",
