@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/budget.h"
 #include "core/error.h"
 
 struct conch_bridge;
@@ -46,6 +47,14 @@ struct conch_bridge_limits {
     size_t max_payload;    /* bytes of one request or answer line (default 4 MiB) */
     unsigned max_conns;    /* connections at once (default 1024) */
     unsigned max_trace;    /* records kept for tools.trace (default 10000) */
+    /* Bytes the bridge may hold for its sandbox (default 64 MiB): partial request lines,
+     * answers queued to callers that do not read them, calls in flight and waiting (their
+     * parsed JSON, estimated), open connections. A connection whose next bytes would not fit
+     * is closed with an error line; a call that would not fit is answered "limit". */
+    uint64_t max_held;
+    /* The daemon-wide budget every bridge's draws on too (borrowed; must outlive the
+     * bridge), or NULL for none. */
+    struct conch_budget *shared;
 };
 
 /* conch_bridge_limits_init - the defaults above. */
@@ -74,6 +83,9 @@ int conch_bridge_listen(struct conch_bridge *b, int listen_fd, struct conch_err 
  * and has no tools); without, connections are served again.
  */
 void conch_bridge_refuse(struct conch_bridge *b, bool refuse);
+
+/* conch_bridge_held - bytes the bridge holds now, as charged to its budget. */
+uint64_t conch_bridge_held(const struct conch_bridge *b);
 
 /* conch_bridge_free - stop serving: every pending call is failed for its caller and
  * cancelled for its owner (reason "the sandbox stopped"), no op is called after this
