@@ -127,7 +127,7 @@ struct conch_bridge {
     unsigned n_deferred;
     uv_timer_t *defer_timer; /* while calls are deferred */
     unsigned n_conns, n_pending;
-    size_t inflight_bytes; /* request lines of the calls in flight */
+    size_t inflight_bytes;      /* request lines of the calls in flight */
     struct conch_budget budget; /* everything held for the sandbox; draws on lim.shared */
     uint64_t next_call;
     json_t *trace; /* the last lim.max_trace records */

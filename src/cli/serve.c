@@ -38,7 +38,7 @@ static const char serve_usage[] =
     "\n"
     "Budgets of what sandboxes and clients make the daemon hold (see docs/ARCHITECTURE.md):\n"
     "  --max-output-memory BYTES\n"
-    "                      output of all commands kept in memory together (default 128M);\n"
+    "                      output of all commands kept in memory together (default 64M);\n"
     "                      past it, output goes to the spill files early\n"
     "  --max-bridge-memory BYTES\n"
     "                      what all tool bridges hold together: partial request lines,\n"
@@ -51,19 +51,19 @@ int conch_cli_serve(int argc, char **argv)
 {
     struct conch_daemon_opts o;
     conch_daemon_opts_init(&o);
-    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                         {"stdio", no_argument, NULL, 'i'},
-                                         {"state-dir", required_argument, NULL, 'd'},
-                                         {"max-message", required_argument, NULL, 'm'},
-                                         {"pool", required_argument, NULL, 'p'},
-                                         {"max-sandboxes", required_argument, NULL, 'n'},
-                                         {"idle-timeout", required_argument, NULL, 't'},
-                                         {"max-output-memory", required_argument, NULL, 'O'},
-                                         {"max-bridge-memory", required_argument, NULL, 'B'},
-                                         {"max-sandbox-bridge-memory", required_argument, NULL,
-                                          'b'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"socket", required_argument, NULL, 's'},
+        {"stdio", no_argument, NULL, 'i'},
+        {"state-dir", required_argument, NULL, 'd'},
+        {"max-message", required_argument, NULL, 'm'},
+        {"pool", required_argument, NULL, 'p'},
+        {"max-sandboxes", required_argument, NULL, 'n'},
+        {"idle-timeout", required_argument, NULL, 't'},
+        {"max-output-memory", required_argument, NULL, 'O'},
+        {"max-bridge-memory", required_argument, NULL, 'B'},
+        {"max-sandbox-bridge-memory", required_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     struct conch_err err = {0};
     int opt, r = 0;
     uint64_t v;

@@ -54,8 +54,8 @@ int conch_budget_charge(struct conch_budget *b, uint64_t n, struct conch_err *er
     if (!full)
         return 0;
     return conch_err_setk(err, CONCH_ERR_LIMIT, ENOBUFS,
-                          "%s is at its budget of %" PRIu64 " MiB (%" PRIu64
-                          " bytes held, %" PRIu64 " more asked)",
+                          "%s is at its budget of %" PRIu64 " MiB (%" PRIu64 " bytes held, %" PRIu64
+                          " more asked)",
                           full->label, full->cap >> 20, conch_budget_held(full), n);
 }
 

@@ -17,10 +17,10 @@
 /* Caller-allocated (embed it); conch_budget_init before use. Read @cap and @label freely;
  * @held only through conch_budget_held. */
 struct conch_budget {
-    uint64_t cap;                 /* bytes that may be held at once; UINT64_MAX: no cap */
-    _Atomic uint64_t held;        /* bytes charged and not uncharged yet */
-    struct conch_budget *parent;  /* borrowed: charged too, must outlive this one; or NULL */
-    char label[96];               /* who holds: "sandbox sb-1's tool bridge", for messages */
+    uint64_t cap;                /* bytes that may be held at once; UINT64_MAX: no cap */
+    _Atomic uint64_t held;       /* bytes charged and not uncharged yet */
+    struct conch_budget *parent; /* borrowed: charged too, must outlive this one; or NULL */
+    char label[96];              /* who holds: "sandbox sb-1's tool bridge", for messages */
 };
 
 /*

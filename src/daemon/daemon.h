@@ -22,7 +22,7 @@ struct conch_daemon_opts {
      * commands kept in memory, all together. */
     uint64_t max_sandbox_bridge_memory; /* default 64 MiB */
     uint64_t max_bridge_memory;         /* default 256 MiB */
-    uint64_t max_output_memory;         /* default 128 MiB */
+    uint64_t max_output_memory;         /* default 64 MiB */
 };
 
 /* conch_daemon_opts_init - the defaults above. */
