@@ -103,6 +103,43 @@ def test_half_read_bridge_lines_are_bounded_per_sandbox(daemon, ws, tmp_path):
     assert r["exit_code"] == 0 and json.loads(r["stdout"]) == {"x": 3}, r["text"]
 
 
+# Complete request lines that are small as text and huge parsed: 4 MiB of "[0,0,...]" is 2
+# million JSON values, ~90 MiB in the daemon once parsed and held by a call in flight.
+AMPLIFIER = r"""
+import json, socket
+s = socket.socket(socket.AF_UNIX); s.connect("/run/conch/ptc.sock")
+f = s.makefile("rb")
+line = json.dumps({"id": 0, "op": "call", "name": "slow", "input": {"a": [0] * 2000000}}, separators=(",", ":")).encode()
+for i in range(6):
+    s.sendall(line.replace(b'"id":0', b'"id":%d' % i, 1) + b"\n")
+answers = []
+s.settimeout(5)
+try:
+    for i in range(6):
+        answers.append(json.loads(f.readline())["error"])
+except (OSError, ValueError):
+    pass
+print(json.dumps(answers))
+"""
+
+
+@not_under_asan
+def test_parsed_calls_count_against_the_budget(daemon, ws):
+    c = daemon.client()
+    owner = daemon.client()
+    owner._answer = lambda m: None  # a slow tool: its calls stay in flight
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    owner.call("tools.register", {"sandbox": sb, "tools": [{"name": "slow", "input_schema": {"type": "object"}}]})
+    c.call("exec.run", {"sandbox": sb, "command": "true"}, timeout=60)
+    before = rss_mib(daemon.pid)
+    r = c.call("exec.run", {"sandbox": sb, "command": "python3 -", "stdin": AMPLIFIER, "timeout": 60}, timeout=90)
+    grown = rss_mib(daemon.pid) - before
+    print(f"parsed calls: the daemon grew by {grown:.0f} MiB; {r['stdout'][:300]}")
+    assert grown < 96, f"the daemon grew by {grown:.0f} MiB holding one command's parsed calls"
+    answers = json.loads(r["stdout"])
+    assert answers and all(a["kind"] == "limit" for a in answers), answers
+
+
 # ---- defect 4: output held for a client that does not read ----------------------------------
 
 
