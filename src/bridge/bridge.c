@@ -157,6 +157,9 @@ static void bridge_maybe_free(struct conch_bridge *b)
 {
     if (!b->freeing || b->handles)
         return;
+    /* Everything charged went with its holder (the last of which closed with the handles);
+     * whatever a slip left must not stay charged to the daemon-wide budget forever. */
+    conch_budget_uncharge(b->budget.parent, conch_budget_held(&b->budget));
     json_decref(b->trace);
     free(b);
 }
