@@ -148,11 +148,6 @@ void conch_bridge_limits_init(struct conch_bridge_limits *l)
     l->shared = NULL;
 }
 
-uint64_t conch_bridge_held(const struct conch_bridge *b)
-{
-    return conch_budget_held(&b->budget);
-}
-
 static void bridge_maybe_free(struct conch_bridge *b)
 {
     if (!b->freeing || b->handles)

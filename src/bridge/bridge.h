@@ -4,7 +4,8 @@
  * each comes from (the pid namespace of the peer), checks every call against the registered
  * tools and their input schemas, hands the valid ones to their owner (the client that
  * registered the tool: ops->deliver), enforces the per-call timeout, the per-command call cap
- * and the payload cap, and records a trace of every call.
+ * and the payload cap, charges everything it holds for the sandbox to a budget (limits
+ * max_held, shared), and records a trace of every call.
  *
  * Owners are opaque pointers of the host (the daemon's clients, conch run's tools file).
  * Single-threaded: every function runs on the loop given to conch_bridge_new. */
@@ -83,9 +84,6 @@ int conch_bridge_listen(struct conch_bridge *b, int listen_fd, struct conch_err 
  * and has no tools); without, connections are served again.
  */
 void conch_bridge_refuse(struct conch_bridge *b, bool refuse);
-
-/* conch_bridge_held - bytes the bridge holds now, as charged to its budget. */
-uint64_t conch_bridge_held(const struct conch_bridge *b);
 
 /* conch_bridge_free - stop serving: every pending call is failed for its caller and
  * cancelled for its owner (reason "the sandbox stopped"), no op is called after this
