@@ -74,6 +74,7 @@ struct conn {
     bool closing;
     bool read_eof;  /* the caller shut its side: answer what it asked, then close */
     bool shutting;  /* uv_shutdown in progress */
+    bool charged;   /* sizeof(struct conn) is charged to the budget */
     unsigned calls; /* in flight from this connection */
     uv_shutdown_t shutdown;
 };
@@ -99,6 +100,7 @@ struct conch_bridge_call {
     bool delivered;
     bool finishing; /* answered or failed: out of b->calls, whatever a send re-enters */
     size_t bytes;   /* its request line, counted in b->inflight_bytes */
+    uint64_t held;  /* charged to b->budget: its parsed request, estimated (json_cost) */
 };
 
 /* A call that arrived before its command's origin began (the command can connect before
@@ -108,6 +110,7 @@ struct deferred {
     struct conn *c;
     json_t *req;
     size_t bytes;
+    uint64_t held; /* charged to b->budget (json_cost of the request) */
     double deadline_ms;
 };
 #define DEFER_MS 5000.0
@@ -124,7 +127,8 @@ struct conch_bridge {
     unsigned n_deferred;
     uv_timer_t *defer_timer; /* while calls are deferred */
     unsigned n_conns, n_pending;
-    size_t inflight_bytes; /* request lines of the calls in flight */
+    size_t inflight_bytes;      /* request lines of the calls in flight */
+    struct conch_budget budget; /* everything held for the sandbox; draws on lim.shared */
     uint64_t next_call;
     json_t *trace; /* the last lim.max_trace records */
     bool freeing;
@@ -140,12 +144,17 @@ void conch_bridge_limits_init(struct conch_bridge_limits *l)
     l->max_payload = 4u << 20;
     l->max_conns = 1024;
     l->max_trace = 2000;
+    l->max_held = 64u << 20;
+    l->shared = NULL;
 }
 
 static void bridge_maybe_free(struct conch_bridge *b)
 {
     if (!b->freeing || b->handles)
         return;
+    /* Everything charged went with its holder (the last of which closed with the handles);
+     * whatever a slip left must not stay charged to the daemon-wide budget forever. */
+    conch_budget_uncharge(b->budget.parent, conch_budget_held(&b->budget));
     json_decref(b->trace);
     free(b);
 }
@@ -167,16 +176,21 @@ static void bridge_maybe_free(struct conch_bridge *b)
 /* Tools (and agent types) a sandbox may have registered. */
 #define REGISTRY_MAX 4096
 #define DETACHED_TASK_MAX (256u << 10)
+/* What one parsed JSON value costs at most, about (json_cost). */
+#define JSON_VALUE_COST 64
 
 struct write_req {
     uv_write_t req;
+    struct conch_bridge *b; /* alive: a closing pipe cancels its writes before it closes */
     char *line;
+    size_t len; /* charged to b->budget */
 };
 
 static void on_written(uv_write_t *req, int status)
 {
     (void)status;
     struct write_req *w = (struct write_req *)req;
+    conch_budget_uncharge(&w->b->budget, w->len);
     free(w->line);
     free(w);
 }
@@ -224,9 +238,27 @@ static void conn_send(struct conn *c, json_t *msg)
         conn_close(c);
         return;
     }
+    w->b = c->b;
     w->line = line;
-    uv_buf_t buf = uv_buf_init(line, (unsigned)strlen(line));
+    w->len = strlen(line);
+    uv_buf_t buf = uv_buf_init(line, (unsigned)w->len);
+    /* The line is held until its write completes (a callback on a later turn of the loop),
+     * whatever the kernel takes at once: charge it all. When it does not fit, only what the
+     * kernel takes now may go: a short answer to a caller that reads still reaches it; a
+     * caller that leaves answers unread is cut off. */
+    if (conch_budget_charge(&c->b->budget, w->len, NULL) < 0) {
+        bool sent = uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) == 0 &&
+                    uv_try_write((uv_stream_t *)&c->pipe, &buf, 1) == (int)w->len;
+        free(line);
+        free(w);
+        if (sent)
+            conn_maybe_finish(c);
+        else
+            conn_close(c);
+        return;
+    }
     if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, on_written) < 0) {
+        conch_budget_uncharge(&c->b->budget, w->len);
         free(line);
         free(w);
         conn_close(c);
@@ -239,6 +271,37 @@ static json_t *error_msg(json_t *id, const char *kind, const char *message)
 {
     return json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id ? id : json_null(), "ok", 0, "error", "kind",
                      kind, "message", message);
+}
+
+/* What the budget holds, for a message: "the tool bridge holds N of its M MiB for this
+ * sandbox (the daemon's bridges: N of M MiB)". */
+static void budget_state(const struct conch_bridge *b, char *buf, size_t size)
+{
+    const struct conch_budget *p = b->budget.parent;
+    int n = snprintf(buf, size, "the tool bridge holds %llu bytes of its %llu MiB for this sandbox",
+                     (unsigned long long)conch_budget_held(&b->budget),
+                     (unsigned long long)(b->budget.cap >> 20));
+    if (p && n >= 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, " (all sandboxes: %llu bytes of %llu MiB)",
+                 (unsigned long long)conch_budget_held(p), (unsigned long long)(p->cap >> 20));
+}
+
+/* Close @c for the budget, telling the caller why (@what: what did not fit) with a line the
+ * kernel takes at once or not at all: nothing more may be held for it. */
+static void conn_refuse(struct conn *c, const char *what)
+{
+    char state[256], msg[512];
+    budget_state(c->b, state, sizeof(state));
+    snprintf(msg, sizeof(msg), "%s: %s; connection closed", what, state);
+    json_t *m = error_msg(NULL, "limit", msg);
+    char *line = m ? conch_rpc_dumps(m) : NULL;
+    json_decref(m);
+    if (line && uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) == 0) {
+        uv_buf_t buf = uv_buf_init(line, (unsigned)strlen(line));
+        (void)uv_try_write((uv_stream_t *)&c->pipe, &buf, 1);
+    }
+    free(line);
+    conn_close(c);
 }
 
 /* ---- Calls ---------------------------------------------------------------------------------- */
@@ -331,6 +394,7 @@ static void on_call_timer_closed(uv_handle_t *h)
 {
     struct conch_bridge_call *c = h->data;
     struct conch_bridge *b = c->b;
+    conch_budget_uncharge(&b->budget, c->held);
     json_decref(c->req_id);
     json_decref(c->input);
     free(c->name);
@@ -544,7 +608,8 @@ static void send_unknown(struct conn *c, json_t *id, struct node *list, const ch
 }
 
 /* Start a call (op "call" or "spawn") from @c. */
-static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes)
+static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes,
+                       uint64_t held)
 {
     struct conch_bridge *b = c->b;
     struct entry *e = NULL;
@@ -646,13 +711,24 @@ static void start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size
         conn_send(c, error_msg(id, "limit", msg));
         return;
     }
+    if (conch_budget_charge(&b->budget, held, NULL) < 0) {
+        json_decref(input);
+        char state[256];
+        budget_state(b, state, sizeof(state));
+        snprintf(msg, sizeof(msg), "a call of %llu bytes (parsed) does not fit: %s",
+                 (unsigned long long)held, state);
+        conn_send(c, error_msg(id, "limit", msg));
+        return;
+    }
 
     struct conch_bridge_call *call = calloc(1, sizeof(*call));
     if (!call) {
+        conch_budget_uncharge(&b->budget, held);
         json_decref(input);
         conn_send(c, error_msg(id, "unavailable", "out of memory"));
         return;
     }
+    call->held = held;
     call->b = b;
     call->conn = c;
     call->req_id = json_incref(id);
@@ -732,6 +808,7 @@ static void deferred_free(struct conch_bridge *b, struct deferred *d)
 {
     node_del(&d->link);
     b->n_deferred--;
+    conch_budget_uncharge(&b->budget, d->held);
     json_decref(d->req);
     free(d);
 }
@@ -742,9 +819,10 @@ static void deferred_replay(struct conch_bridge *b, struct deferred *d)
     struct conn *c = d->c;
     json_t *req = json_incref(d->req);
     size_t bytes = d->bytes;
+    uint64_t held = d->held;
     deferred_free(b, d);
     const char *op = json_string_value(json_object_get(req, "op"));
-    start_call(c, req, json_object_get(req, "id"), op && !strcmp(op, "spawn"), bytes);
+    start_call(c, req, json_object_get(req, "id"), op && !strcmp(op, "spawn"), bytes, held);
     json_decref(req);
 }
 
@@ -768,8 +846,9 @@ static void on_defer_timer(uv_timer_t *t)
         uv_timer_stop(t);
 }
 
-/* Keep @req of @c until its origin begins. Returns false when it cannot be kept. */
-static bool defer_call(struct conn *c, json_t *req, size_t bytes)
+/* Keep @req of @c (@held: its cost, json_cost) until its origin begins. Returns false when
+ * it cannot be kept. */
+static bool defer_call(struct conn *c, json_t *req, size_t bytes, uint64_t held)
 {
     struct conch_bridge *b = c->b;
     if (!c->have_pidns || b->n_deferred >= DEFER_MAX)
@@ -781,9 +860,14 @@ static bool defer_call(struct conn *c, json_t *req, size_t bytes)
         b->defer_timer->data = b;
         b->handles++;
     }
+    if (conch_budget_charge(&b->budget, held, NULL) < 0)
+        return false; /* start_call answers "limit" */
     struct deferred *d = calloc(1, sizeof(*d));
-    if (!d)
+    if (!d) {
+        conch_budget_uncharge(&b->budget, held);
         return false;
+    }
+    d->held = held;
     d->c = c;
     d->req = json_incref(req);
     d->bytes = bytes;
@@ -795,11 +879,65 @@ static bool defer_call(struct conn *c, json_t *req, size_t bytes)
     return true;
 }
 
+/* Bytes of memory a parsed @line takes at most, about: jansson keeps a copy of every string
+ * and ~40-64 bytes per value (an array of 2 million zeros is 4 MiB of text and 90 MiB parsed). */
+static uint64_t json_cost(const char *line, size_t len)
+{
+    uint64_t values = 1;
+    bool in_str = false, esc = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = line[i];
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (ch == '\\')
+                esc = true;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == ',' || ch == '[' || ch == '{') {
+            values++;
+        }
+    }
+    return (uint64_t)len + values * JSON_VALUE_COST;
+}
+
+/* Answer a request that cannot be parsed within the budget, by its id (found in constant
+ * memory). */
+static void refuse_line(struct conn *c, const char *line, size_t len, uint64_t cost)
+{
+    struct conch_rpc_idscan ids = {0};
+    conch_rpc_idscan_feed(&ids, line, len);
+    char state[256], msg[512];
+    budget_state(c->b, state, sizeof(state));
+    snprintf(msg, sizeof(msg), "a request of %zu bytes (about %llu parsed) does not fit: %s", len,
+             (unsigned long long)cost, state);
+    conn_send(c, error_msg(ids.result == 1 ? ids.id : NULL, "limit", msg));
+    conch_rpc_idscan_init(&ids);
+}
+
+static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost);
+
 static void on_request_line(void *ctx, const char *line, size_t len)
 {
     struct conn *c = ctx;
     if (c->closing || c->b->freeing)
         return;
+    /* Parsing holds the whole request: charged while it lasts (and again by a call that keeps
+     * it), so that no line makes the daemon hold more than the budget, even for a moment. */
+    struct conch_bridge *b = c->b;
+    uint64_t cost = json_cost(line, len);
+    if (conch_budget_charge(&b->budget, cost, NULL) < 0) {
+        refuse_line(c, line, len, cost);
+        return;
+    }
+    handle_line(c, line, len, cost);
+    conch_budget_uncharge(&b->budget, cost);
+}
+
+static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost)
+{
     json_error_t jerr;
     json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!json_is_object(req)) {
@@ -817,8 +955,8 @@ static void on_request_line(void *ctx, const char *line, size_t len)
     } else if (!op) {
         conn_send(c, error_msg(id, "invalid_request", "a request needs a string \"op\""));
     } else if (!strcmp(op, "call") || !strcmp(op, "spawn")) {
-        if (origin_of(c) || c->closing || c->b->freeing || !defer_call(c, req, len))
-            start_call(c, req, id, !strcmp(op, "spawn"), len);
+        if (origin_of(c) || c->closing || c->b->freeing || !defer_call(c, req, len, cost))
+            start_call(c, req, id, !strcmp(op, "spawn"), len, cost);
     } else if (!strcmp(op, "list")) {
         conn_send(c,
                   json_pack("{s:O,s:b,s:o}", "id", id, "ok", 1, "result", list_json(c->b, false)));
@@ -847,6 +985,8 @@ static void on_conn_closed(uv_handle_t *h)
     struct conn *c = h->data;
     struct conch_bridge *b = c->b;
     conch_rpc_framer_done(&c->framer);
+    if (c->charged)
+        conch_budget_uncharge(&b->budget, sizeof(*c));
     free(c);
     b->handles--;
     bridge_maybe_free(b);
@@ -904,8 +1044,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    if (n > 0 && conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_request_line,
-                                       on_request_oversize, c) < 0)
+    int r = n > 0 ? conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_request_line,
+                                          on_request_oversize, c)
+                  : 0;
+    if (r == -ENOBUFS)
+        conn_refuse(c, "a request line being read does not fit");
+    else if (r < 0)
         conn_close(c);
 }
 
@@ -946,10 +1090,16 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     conch_rpc_framer_init(&c->framer, b->lim.max_payload);
+    conch_rpc_framer_set_budget(&c->framer, &b->budget);
     node_add(&b->conns, &c->link);
     b->n_conns++;
     if (b->refusing) {
         conn_close(c);
+        return;
+    }
+    c->charged = conch_budget_charge(&b->budget, sizeof(*c), NULL) == 0;
+    if (!c->charged) {
+        conn_refuse(c, "a new connection does not fit");
         return;
     }
     uv_os_fd_t fd;
@@ -977,6 +1127,10 @@ int conch_bridge_new(uv_loop_t *loop, const char *sandbox, const struct conch_br
         b->lim = *limits;
     else
         conch_bridge_limits_init(&b->lim);
+    char label[96];
+    snprintf(label, sizeof(label), "sandbox %s's tool bridge", b->sandbox);
+    conch_budget_init(&b->budget, label, b->lim.max_held ? b->lim.max_held : UINT64_MAX,
+                      b->lim.shared);
     b->ops = ops;
     b->ctx = ctx;
     NODE_INIT(&b->tools);

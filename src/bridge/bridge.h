@@ -4,7 +4,8 @@
  * each comes from (the pid namespace of the peer), checks every call against the registered
  * tools and their input schemas, hands the valid ones to their owner (the client that
  * registered the tool: ops->deliver), enforces the per-call timeout, the per-command call cap
- * and the payload cap, and records a trace of every call.
+ * and the payload cap, charges everything it holds for the sandbox to a budget (limits
+ * max_held, shared), and records a trace of every call.
  *
  * Owners are opaque pointers of the host (the daemon's clients, conch run's tools file).
  * Single-threaded: every function runs on the loop given to conch_bridge_new. */
@@ -16,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/budget.h"
 #include "core/error.h"
 
 struct conch_bridge;
@@ -46,6 +48,14 @@ struct conch_bridge_limits {
     size_t max_payload;    /* bytes of one request or answer line (default 4 MiB) */
     unsigned max_conns;    /* connections at once (default 1024) */
     unsigned max_trace;    /* records kept for tools.trace (default 10000) */
+    /* Bytes the bridge may hold for its sandbox (default 64 MiB): partial request lines,
+     * answers queued to callers that do not read them, calls in flight and waiting (their
+     * parsed JSON, estimated), open connections. A connection whose next bytes would not fit
+     * is closed with an error line; a call that would not fit is answered "limit". */
+    uint64_t max_held;
+    /* The daemon-wide budget every bridge's draws on too (borrowed; must outlive the
+     * bridge), or NULL for none. */
+    struct conch_budget *shared;
 };
 
 /* conch_bridge_limits_init - the defaults above. */

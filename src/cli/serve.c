@@ -34,21 +34,36 @@ static const char serve_usage[] =
     "  --max-message BYTES largest JSON-RPC line (default 16M)\n"
     "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 4)\n"
     "  --max-sandboxes N   (default 256)\n"
-    "  --idle-timeout S    destroy a sandbox unused this long (default 3600; 0 = never)\n";
+    "  --idle-timeout S    destroy a sandbox unused this long (default 3600; 0 = never)\n"
+    "\n"
+    "Budgets of what sandboxes and clients make the daemon hold (see docs/ARCHITECTURE.md):\n"
+    "  --max-output-memory BYTES\n"
+    "                      output of all commands kept in memory together (default 64M);\n"
+    "                      past it, output goes to the spill files early\n"
+    "  --max-bridge-memory BYTES\n"
+    "                      what all tool bridges hold together: partial request lines,\n"
+    "                      unread answers, calls in flight (default 256M)\n"
+    "  --max-sandbox-bridge-memory BYTES\n"
+    "                      the same for one sandbox (default 64M); past either, the\n"
+    "                      connection or call that does not fit is refused\n";
 
 int conch_cli_serve(int argc, char **argv)
 {
     struct conch_daemon_opts o;
     conch_daemon_opts_init(&o);
-    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                         {"stdio", no_argument, NULL, 'i'},
-                                         {"state-dir", required_argument, NULL, 'd'},
-                                         {"max-message", required_argument, NULL, 'm'},
-                                         {"pool", required_argument, NULL, 'p'},
-                                         {"max-sandboxes", required_argument, NULL, 'n'},
-                                         {"idle-timeout", required_argument, NULL, 't'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"socket", required_argument, NULL, 's'},
+        {"stdio", no_argument, NULL, 'i'},
+        {"state-dir", required_argument, NULL, 'd'},
+        {"max-message", required_argument, NULL, 'm'},
+        {"pool", required_argument, NULL, 'p'},
+        {"max-sandboxes", required_argument, NULL, 'n'},
+        {"idle-timeout", required_argument, NULL, 't'},
+        {"max-output-memory", required_argument, NULL, 'O'},
+        {"max-bridge-memory", required_argument, NULL, 'B'},
+        {"max-sandbox-bridge-memory", required_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     struct conch_err err = {0};
     int opt, r = 0;
     uint64_t v;
@@ -88,6 +103,23 @@ int conch_cli_serve(int argc, char **argv)
             idle_set = true;
             break;
         }
+        case 'O':
+            r = conch_parse_size(optarg, "--max-output-memory", &o.max_output_memory, &err);
+            break;
+        case 'B':
+            r = conch_parse_size(optarg, "--max-bridge-memory", &o.max_bridge_memory, &err);
+            if (r == 0 && o.max_bridge_memory < 64 * 1024)
+                r = conch_err_setk(&err, CONCH_ERR_USAGE, EINVAL,
+                                   "--max-bridge-memory: at least 64K");
+            break;
+        case 'b':
+            r = conch_parse_size(optarg, "--max-sandbox-bridge-memory",
+                                 &o.max_sandbox_bridge_memory, &err);
+            if (r == 0 && o.max_sandbox_bridge_memory < 64 * 1024)
+                r = conch_err_setk(&err, CONCH_ERR_USAGE, EINVAL,
+                                   "--max-sandbox-bridge-memory: at least 64K (a connection "
+                                   "and a short call must fit)");
+            break;
         case 'h':
             fputs(serve_usage, stdout);
             return 0;

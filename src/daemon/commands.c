@@ -216,6 +216,10 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         run_free(r);
         return NULL;
     }
+    /* What every command keeps in memory counts against one budget: past it, output goes to
+     * the spill files early instead of growing the daemon. */
+    conch_output_set_budget(&r->out_cap, &d->output_budget);
+    conch_output_set_budget(&r->err_cap, &d->output_budget);
     /* A sandbox's spill files are read through fs.* at /run/conch/output (files.c); a fresh
      * sandbox's outlive it and keep their host path. */
     if (!sb->fresh && !sb->pooled) {

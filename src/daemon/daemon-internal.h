@@ -225,6 +225,10 @@ struct daemon {
     bool ptc_warned;              /* said once that the tool-bridge clients are missing */
     bool private_state;           /* --stdio without --state-dir: state_dir is ours alone */
     uv_shutdown_t stdio_shutdown; /* --stdio: flushing stdout after stdin closed */
+    /* What sandboxes and clients make the daemon hold, all together: each sandbox's bridge
+     * budget draws on bridge_budget; every command's output kept in memory (exec.run's
+     * head and tail, session.run's) is charged to output_budget. */
+    struct conch_budget bridge_budget, output_budget;
 };
 
 /* server.c */

@@ -98,6 +98,9 @@ void conch_daemon_opts_init(struct conch_daemon_opts *o)
     o->pool_size = 4;
     o->max_sandboxes = 256;
     o->idle_timeout = 3600;
+    o->max_sandbox_bridge_memory = 64u << 20;
+    o->max_bridge_memory = 256u << 20;
+    o->max_output_memory = 64u << 20;
 }
 
 void conch_daemon_socket(char *buf, size_t size)
@@ -1004,6 +1007,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     DLIST_INIT(&d->clients);
     DLIST_INIT(&d->sandboxes);
     DLIST_INIT(&d->jobs);
+    conch_budget_init(&d->bridge_budget, "the daemon's tool bridges", o->max_bridge_memory, NULL);
+    conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
     if (o->state_dir)
         snprintf(d->state_dir, sizeof(d->state_dir), "%s", o->state_dir);
     else if ((r = conch_state_default_dir(d->state_dir, sizeof(d->state_dir), err)) < 0)

@@ -1052,6 +1052,7 @@ static void session_pump(struct session *s)
         srun_free(r);
         return;
     }
+    conch_output_set_budget(&s->cap, &s->d->output_budget);
     unsigned char rnd[8];
     if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd)) {
         for (int i = 0; i < 8; i++)

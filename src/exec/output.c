@@ -16,12 +16,18 @@
 
 static size_t head_cap(const struct conch_output *o)
 {
-    return o->max_bytes / 2;
+    return o->head_max;
 }
 
 static size_t tail_cap(const struct conch_output *o)
 {
-    return o->max_bytes - o->max_bytes / 2;
+    return o->tail_max;
+}
+
+/* What memory may hold of the stream: until total passes it, memory holds all of it. */
+static uint64_t mem_cap(const struct conch_output *o)
+{
+    return (uint64_t)o->head_max + o->tail_max;
 }
 
 int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes,
@@ -50,6 +56,8 @@ int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes
     strcpy(o->name, name);
     strcpy(o->spill_dir, spill_dir);
     o->max_bytes = max_bytes;
+    o->head_max = max_bytes / 2;
+    o->tail_max = max_bytes - max_bytes / 2;
     /* No directory means no spill file: the same as a spill cap of zero, so the notice
      * in the text says plainly that the rest was not kept. */
     o->spill_max = *spill_dir ? spill_max : 0;
@@ -57,7 +65,24 @@ int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes
     return 0;
 }
 
-/* Room for @need bytes of head: doubling from 4 KiB up to the head's cap. */
+void conch_output_set_budget(struct conch_output *o, struct conch_budget *budget)
+{
+    o->budget = budget;
+}
+
+/* The budget has no room for more: keep what is allocated (the head stops where its buffer
+ * ends; the tail is what was granted, or none). */
+static void squeeze(struct conch_output *o)
+{
+    if (o->head_max > o->head_alloc)
+        o->head_max = o->head_alloc;
+    if (!o->tail)
+        o->tail_max = 0;
+}
+
+/* Room for @need bytes of head: doubling from 4 KiB up to the head's cap, each step charged
+ * to the budget first. Returns 0 (the head may then be smaller than asked: squeezed), or
+ * -ENOMEM. */
 static int head_reserve(struct conch_output *o, size_t need)
 {
     if (need <= o->head_alloc)
@@ -67,33 +92,86 @@ static int head_reserve(struct conch_output *o, size_t need)
         n *= 2;
     if (n > head_cap(o))
         n = head_cap(o);
+    if (n <= o->head_alloc)
+        return 0;
+    if (conch_budget_charge(o->budget, n - o->head_alloc, NULL) < 0) {
+        squeeze(o);
+        return 0;
+    }
     char *h = realloc(o->head, n);
-    if (!h)
+    if (!h) {
+        conch_budget_uncharge(o->budget, n - o->head_alloc);
         return -ENOMEM;
+    }
+    o->charged += n - o->head_alloc;
     o->head = h;
     o->head_alloc = n;
     return 0;
+}
+
+/* The tail ring, allocated whole when the head is full: as much of tail_cap as the budget
+ * grants (tail_max shrinks to it). Returns 0 or -ENOMEM. */
+static int tail_alloc(struct conch_output *o)
+{
+    if (o->tail || o->tail_max == 0)
+        return 0;
+    uint64_t grant = conch_budget_charge_upto(o->budget, o->tail_max);
+    if (grant < o->tail_max) {
+        /* A sliver of a tail is not worth keeping: give it back to the others. */
+        if (grant < 4096) {
+            conch_budget_uncharge(o->budget, grant);
+            grant = 0;
+        }
+        o->tail_max = (size_t)grant;
+        if (grant == 0)
+            return 0;
+    }
+    if (!(o->tail = malloc(o->tail_max))) {
+        conch_budget_uncharge(o->budget, grant);
+        return -ENOMEM;
+    }
+    o->charged += grant;
+    return 0;
+}
+
+/* Before the stream first outgrows memory: make room for its first @total bytes, so that
+ * a budget with no room shows now (mem_cap shrinks) and the caller spills before a byte is
+ * dropped from memory. */
+static int prepare(struct conch_output *o, uint64_t total)
+{
+    size_t h = total < head_cap(o) ? (size_t)total : head_cap(o);
+    int r = head_reserve(o, h);
+    if (r < 0 || total <= head_cap(o) || o->head_alloc < head_cap(o))
+        return r;
+    return tail_alloc(o);
 }
 
 /* keep - record @len bytes in the head, then the rest in the tail ring (allocated whole
  * when the head is full). Returns 0 or -ENOMEM (the bytes are then counted, not kept). */
 static int keep(struct conch_output *o, const char *p, size_t len)
 {
-    size_t hcap = head_cap(o), tcap = tail_cap(o);
-
-    if (o->head_len < hcap) {
-        size_t n = hcap - o->head_len < len ? hcap - o->head_len : len;
+    if (o->head_len < head_cap(o)) {
+        size_t n = head_cap(o) - o->head_len < len ? head_cap(o) - o->head_len : len;
         if (head_reserve(o, o->head_len + n) < 0)
             return -ENOMEM;
+        /* The budget may have stopped the head where its buffer ends. */
+        if (n > head_cap(o) - o->head_len)
+            n = head_cap(o) - o->head_len;
         memcpy(o->head + o->head_len, p, n);
         o->head_len += n;
         p += n;
         len -= n;
     }
+    size_t tcap = tail_cap(o);
     if (len == 0 || tcap == 0)
         return 0;
-    if (!o->tail && !(o->tail = malloc(tcap)))
-        return -ENOMEM;
+    if (!o->tail) {
+        if (tail_alloc(o) < 0)
+            return -ENOMEM;
+        if (!o->tail) /* no room in the budget: the spill file has these bytes */
+            return 0;
+        tcap = tail_cap(o);
+    }
     if (len >= tcap) {
         /* Only the last tcap bytes survive: copy them straight, ring restarts at 0. */
         memcpy(o->tail, p + len - tcap, tcap);
@@ -155,7 +233,7 @@ static int spill_write(struct conch_output *o, const void *p, size_t len, struct
 }
 
 /* spill_open - create the spill file and write what memory holds: the whole stream so far,
- * since memory holds everything until total first exceeds max_bytes. */
+ * since memory holds everything until total first exceeds what it may hold (mem_cap). */
 static int spill_open(struct conch_output *o, struct conch_err *err)
 {
     char path[sizeof(o->spill_path)];
@@ -186,7 +264,12 @@ int conch_output_append(struct conch_output *o, const void *buf, size_t len, str
 
     if (len == 0)
         return o->spill_full ? 1 : 0;
-    if (!o->spill_full && !o->spill_err && o->total + len > o->max_bytes) {
+    /* While memory holds the whole stream, room for these bytes is made first: a budget
+     * with none shrinks what memory may hold, and the spill below starts before a byte is
+     * lost. (Out of memory shows again in keep().) */
+    if (o->total + len <= mem_cap(o))
+        (void)prepare(o, o->total + len);
+    if (!o->spill_full && !o->spill_err && o->total + len > mem_cap(o)) {
         if (o->spill_max == 0)
             o->spill_full = true; /* nowhere to spill: the excess is dropped */
         else if (!o->spill_path[0])
@@ -221,7 +304,7 @@ void conch_output_spill_shown(const struct conch_output *o, char *buf, size_t si
 
 bool conch_output_truncated(const struct conch_output *o)
 {
-    return o->total > o->max_bytes;
+    return o->total > mem_cap(o);
 }
 
 int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len)
@@ -285,5 +368,7 @@ void conch_output_done(struct conch_output *o)
     o->head = NULL;
     free(o->tail);
     o->tail = NULL;
+    conch_budget_uncharge(o->budget, o->charged);
+    o->charged = 0;
     o->head_len = o->head_alloc = o->tail_len = o->tail_pos = 0;
 }

@@ -1,5 +1,7 @@
 /* output.h - capturing one output stream of a command: the head and the tail kept in
- * memory under a cap, the full stream spilled to a file under a larger cap. */
+ * memory under a cap, the full stream spilled to a file under a larger cap. The memory may
+ * also be charged to a budget shared with other streams (conch_output_set_budget): when the
+ * budget has no room, the stream keeps less in memory and spills early. */
 #ifndef CONCH_EXEC_OUTPUT_H
 #define CONCH_EXEC_OUTPUT_H
 
@@ -7,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/budget.h"
 #include "core/error.h"
 
 /* Caller-allocated; all fields are owned by the module: read them, don't write them. */
@@ -28,6 +31,10 @@ struct conch_output {
     uint64_t spilled;          /* bytes written to the spill file */
     bool spill_full;           /* spill_max reached: later bytes are counted, not stored */
     int spill_err;             /* errno of a failed spill open/write; spilling then stops */
+    /* memory: what head and tail may hold (max_bytes split, less when the budget is short) */
+    size_t head_max, tail_max;
+    struct conch_budget *budget; /* borrowed, or NULL */
+    uint64_t charged;            /* bytes of head and tail charged to budget */
 };
 
 /*
@@ -43,6 +50,16 @@ struct conch_output {
  */
 int conch_output_init(struct conch_output *o, const char *name, size_t max_bytes,
                       uint64_t spill_max, const char *spill_dir, struct conch_err *err);
+
+/*
+ * conch_output_set_budget - charge the memory @o allocates for its head and tail to @budget
+ * (borrowed: it must outlive @o's buffers, until conch_output_done). Call after init, before
+ * the first append. When the budget has no room for more, @o keeps what it has (the head
+ * stops growing, the tail is smaller or none) and the stream goes to its spill file from
+ * then on, from its first byte, as when it outgrows max_bytes: nothing is lost that the spill
+ * file could hold, only less is kept in memory.
+ */
+void conch_output_set_budget(struct conch_output *o, struct conch_budget *budget);
 
 /*
  * conch_output_append - account for @len bytes of @buf (borrowed; may contain NULs).
@@ -68,7 +85,8 @@ void conch_output_show_spill_in(struct conch_output *o, const char *dir);
  */
 void conch_output_spill_shown(const struct conch_output *o, char *buf, size_t size);
 
-/* conch_output_truncated - true when more was seen than is kept in memory. */
+/* conch_output_truncated - true when more was seen than is kept in memory (than max_bytes,
+ * or than the budget let it keep). */
 bool conch_output_truncated(const struct conch_output *o);
 
 /*

@@ -15,10 +15,26 @@ void conch_rpc_framer_init(struct conch_rpc_framer *f, size_t max_message)
     *f = (struct conch_rpc_framer){.max = max_message};
 }
 
-void conch_rpc_framer_done(struct conch_rpc_framer *f)
+/* A buffer larger than this is freed once no partial line needs it: a connection that sent
+ * one long line does not keep its memory while it idles. */
+#define FRAMER_KEEP (64u << 10)
+
+void conch_rpc_framer_set_budget(struct conch_rpc_framer *f, struct conch_budget *budget)
+{
+    f->budget = budget;
+}
+
+static void release(struct conch_rpc_framer *f)
 {
     free(f->buf);
+    conch_budget_uncharge(f->budget, f->cap);
     f->buf = NULL;
+    f->cap = 0;
+}
+
+void conch_rpc_framer_done(struct conch_rpc_framer *f)
+{
+    release(f);
     f->len = f->cap = 0;
     f->discarding = f->scanning = false;
     conch_rpc_idscan_init(&f->ids);
@@ -198,9 +214,14 @@ static int append(struct conch_rpc_framer *f, const char *p, size_t n)
             cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
         if (cap > f->max + 1)
             cap = f->max + 1;
+        /* Charged before it is held: a line split over many reads is what an attacker sends. */
+        if (conch_budget_charge(f->budget, cap - f->cap, NULL) < 0)
+            return -ENOBUFS;
         char *nb = realloc(f->buf, cap);
-        if (!nb)
+        if (!nb) {
+            conch_budget_uncharge(f->budget, cap - f->cap);
             return -ENOMEM;
+        }
         f->buf = nb;
         f->cap = cap;
     }
@@ -233,19 +254,23 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
             scan_oversize(f, buf, seg, nl != NULL, on_oversize, ctx);
             f->len = 0;
         } else if (!nl) {
-            if (append(f, buf, seg) < 0) {
+            int r = append(f, buf, seg);
+            if (r < 0) {
                 f->len = 0;
                 f->discarding = true;
-                return -ENOMEM;
+                release(f);
+                return r;
             }
         } else {
             const char *line = buf;
             size_t n = seg;
             if (f->len > 0) {
                 /* The line began in an earlier feed: join it in the buffer. */
-                if (append(f, buf, seg) < 0) {
+                int r = append(f, buf, seg);
+                if (r < 0) {
                     f->len = 0;
-                    return -ENOMEM;
+                    release(f);
+                    return r;
                 }
                 line = f->buf;
                 n = f->len;
@@ -264,5 +289,7 @@ int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t le
         buf += used;
         len -= used;
     }
+    if (f->len == 0 && f->cap > FRAMER_KEEP)
+        release(f);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/budget.h"
 #include "core/error.h"
 
 /* Standard JSON-RPC 2.0 codes. */
@@ -78,6 +79,7 @@ struct conch_rpc_framer {
     bool scanning;               /* ... and still looking for its id */
     struct conch_rpc_idscan ids; /* the id of the oversize line being skipped */
     json_t *over_id;             /* during on_oversize only: its id, or NULL */
+    struct conch_budget *budget; /* borrowed: charged for buf's allocation, or NULL */
 };
 
 /*
@@ -86,9 +88,18 @@ struct conch_rpc_framer {
  */
 void conch_rpc_framer_init(struct conch_rpc_framer *f, size_t max_message);
 
-/* conch_rpc_framer_done - free @f's buffer; a partial line is dropped. @f may be reused after
- * conch_rpc_framer_init(). */
+/* conch_rpc_framer_done - free @f's buffer (uncharging its budget); a partial line is
+ * dropped. @f may be reused after conch_rpc_framer_init(). */
 void conch_rpc_framer_done(struct conch_rpc_framer *f);
+
+/*
+ * conch_rpc_framer_set_budget - charge the bytes @f allocates for partial lines to @budget
+ * (borrowed; it must outlive @f's buffer, i.e. until conch_rpc_framer_done). Call before the
+ * first feed. A buffer is charged before it grows and uncharged when freed; a buffer larger
+ * than 64 KiB is freed as soon as no partial line needs it, so an idle connection holds
+ * nothing.
+ */
+void conch_rpc_framer_set_budget(struct conch_rpc_framer *f, struct conch_budget *budget);
 
 /*
  * conch_rpc_framer_feed - consume @len bytes of @buf (borrowed; any split of the stream).
@@ -100,8 +111,9 @@ void conch_rpc_framer_done(struct conch_rpc_framer *f);
  * newline without being buffered: the id is found by a constant-memory scan of the stream. A
  * partial line at the end of @buf is kept for the next feed. The callbacks must not feed or done @f
  * themselves (to stop, set a flag and act after feed returns). Returns 0, or -ENOMEM if a partial
- * line could not be buffered: that line is then discarded like an oversize one (without calling
- * @on_oversize) and the rest of @buf is dropped; the caller should close the connection.
+ * line could not be buffered (-ENOBUFS: its budget had no room for it): that line is then
+ * discarded like an oversize one (without calling @on_oversize) and the rest of @buf is dropped;
+ * the caller should close the connection.
  */
 int conch_rpc_framer_feed(struct conch_rpc_framer *f, const char *buf, size_t len,
                           void (*on_line)(void *ctx, const char *line, size_t len),

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/budget.h"
 #include "core/error.h"
 #include "core/fdpass.h"
 #include "core/fsutil.h"
@@ -190,4 +191,29 @@ Test(rmtree, rm_path_removes_a_tree_and_never_follows_a_link)
     cr_assert_eq(conch_rm_path(path, 0), 0, "a missing path is not an error");
     cr_assert_eq(conch_rm_path(top, 0), 0);
     cr_assert_eq(lstat(top, &st), -1);
+}
+
+/* A budget and its parent: charges are all or nothing, the one that is full is named. */
+Test(budget, charges_both_levels_all_or_nothing)
+{
+    struct conch_budget daemon, a, b;
+    conch_budget_init(&daemon, "the daemon", 100, NULL);
+    conch_budget_init(&a, "sandbox a", 60, &daemon);
+    conch_budget_init(&b, "sandbox b", 60, &daemon);
+    cr_assert_eq(conch_budget_charge(&a, 60, NULL), 0);
+    struct conch_err err = {0};
+    cr_assert_eq(conch_budget_charge(&a, 1, &err), -ENOBUFS);
+    cr_assert_not_null(strstr(err.msg, "sandbox a"), "%s", err.msg);
+    cr_assert_eq(err.kind, CONCH_ERR_LIMIT);
+    cr_assert_eq(conch_budget_room(&b), 40);
+    cr_assert_eq(conch_budget_charge(&b, 50, &err), -ENOBUFS);
+    cr_assert_not_null(strstr(err.msg, "the daemon"), "%s", err.msg);
+    cr_assert_eq(conch_budget_held(&b), 0, "a refused charge left bytes on the sandbox");
+    cr_assert_eq(conch_budget_charge_upto(&b, 50), 40);
+    cr_assert_eq(conch_budget_held(&daemon), 100);
+    conch_budget_uncharge(&a, 60);
+    conch_budget_uncharge(&b, 40);
+    cr_assert_eq(conch_budget_held(&daemon), 0);
+    cr_assert_eq(conch_budget_charge(NULL, 1u << 30, NULL), 0);
+    cr_assert_eq(conch_budget_room(NULL), UINT64_MAX);
 }

@@ -438,3 +438,74 @@ Test(output, done_is_safe_twice_and_on_zeroed_struct)
     conch_output_done(&o);
     cr_assert_geq(fcntl(0, F_GETFD), 0);
 }
+
+/* A budget with room for 8 KiB: the head stops at its buffer, no tail is kept, the stream
+ * spills from its first byte, and everything is uncharged at the end. */
+Test(output, budget_short_spills_early_and_keeps_the_stream)
+{
+    struct conch_budget shared, b;
+    conch_budget_init(&shared, "shared", 1 << 20, NULL);
+    conch_budget_init(&b, "test", 8192, &shared);
+    struct conch_output o;
+    cr_assert_eq(conch_output_init(&o, "stdout", 1 << 20, 1 << 30, dir, NULL), 0);
+    conch_output_set_budget(&o, &b);
+    size_t len = 100000;
+    _cleanup_free_ char *in = pattern(len);
+    for (size_t off = 0; off < len; off += 1000)
+        cr_assert_eq(conch_output_append(&o, in + off, len - off < 1000 ? len - off : 1000, NULL),
+                     0);
+    cr_assert(conch_output_truncated(&o));
+    cr_assert_leq(conch_budget_held(&b), 8192);
+    cr_assert_eq(conch_budget_held(&shared), conch_budget_held(&b));
+    cr_assert_eq(o.head_len + o.tail_len, conch_budget_held(&b));
+    assert_spill_equals(&o, in, len);
+    _cleanup_free_ char *text = NULL;
+    size_t tlen = 0;
+    cr_assert_eq(conch_output_text(&o, &text, &tlen), 0);
+    cr_assert(memcmp(text, in, o.head_len) == 0, "head differs");
+    cr_assert_not_null(find(text, tlen, "full output in"));
+    conch_output_done(&o);
+    cr_assert_eq(conch_budget_held(&b), 0);
+    cr_assert_eq(conch_budget_held(&shared), 0);
+}
+
+/* The budget runs out when the tail is due: a smaller tail, the stream whole in the spill. */
+Test(output, budget_grants_a_smaller_tail)
+{
+    struct conch_budget b;
+    conch_budget_init(&b, "test", 3 * 4096 + 8192, NULL);
+    struct conch_output o;
+    cr_assert_eq(conch_output_init(&o, "stdout", 4 * 4096, 1 << 30, dir, NULL), 0);
+    conch_output_set_budget(&o, &b);
+    size_t len = 50000;
+    _cleanup_free_ char *in = pattern(len);
+    cr_assert_eq(conch_output_append(&o, in, 9000, NULL), 0);
+    cr_assert_eq(conch_output_append(&o, in + 9000, len - 9000, NULL), 0);
+    cr_assert(conch_output_truncated(&o));
+    cr_assert_eq(o.head_len, 8192);
+    cr_assert_eq(o.tail_len, 8192);
+    cr_assert_eq(conch_budget_held(&b), 2 * 8192);
+    assert_spill_equals(&o, in, len);
+    _cleanup_free_ char *text = NULL;
+    size_t tlen = 0;
+    cr_assert_eq(conch_output_text(&o, &text, &tlen), 0);
+    cr_assert(memcmp(text + tlen - 8192, in + len - 8192, 8192) == 0, "tail differs");
+    conch_output_done(&o);
+    cr_assert_eq(conch_budget_held(&b), 0);
+}
+
+/* Within the budget nothing changes: small output is kept exactly, not spilled. */
+Test(output, budget_with_room_changes_nothing)
+{
+    struct conch_budget b;
+    conch_budget_init(&b, "test", 1 << 20, NULL);
+    struct conch_output o;
+    cr_assert_eq(conch_output_init(&o, "stdout", 64 * 1024, 1 << 30, dir, NULL), 0);
+    conch_output_set_budget(&o, &b);
+    _cleanup_free_ char *in = pattern(60000);
+    cr_assert_eq(conch_output_append(&o, in, 60000, NULL), 0);
+    cr_assert(!conch_output_truncated(&o));
+    cr_assert_eq(o.spill_path[0], '\0');
+    conch_output_done(&o);
+    cr_assert_eq(conch_budget_held(&b), 0);
+}

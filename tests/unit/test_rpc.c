@@ -1095,3 +1095,29 @@ Test(dispatch, reply_dumped_builds_the_line_without_parsing)
     free(last_line);
     last_line = NULL;
 }
+
+/* A partial line is charged to the framer's budget before it is held; one that does not fit
+ * is refused (-ENOBUFS) and nothing stays charged; a long line's buffer is given back once
+ * the line is complete. */
+Test(framer, budget_bounds_partial_lines)
+{
+    struct conch_budget b;
+    conch_budget_init(&b, "test", 200000, NULL); /* room for a 128 KiB buffer, not 256 */
+    struct conch_rpc_framer f;
+    struct lines l = {0};
+    conch_rpc_framer_init(&f, 1 << 20);
+    conch_rpc_framer_set_budget(&f, &b);
+    char *big = malloc(200000);
+    memset(big, 'a', 200000);
+    cr_assert_eq(conch_rpc_framer_feed(&f, big, 90000, on_line, on_oversize, &l), 0);
+    cr_assert_geq(conch_budget_held(&b), 90000);
+    cr_assert_eq(conch_rpc_framer_feed(&f, "a\n", 2, on_line, on_oversize, &l), 0);
+    cr_assert_eq(l.n, 1);
+    cr_assert_eq(conch_budget_held(&b), 0, "a complete long line's buffer stays charged");
+    cr_assert_eq(conch_rpc_framer_feed(&f, big, 200000, on_line, on_oversize, &l), -ENOBUFS);
+    cr_assert_eq(conch_budget_held(&b), 0);
+    free(big);
+    lines_free(&l);
+    conch_rpc_framer_done(&f);
+    cr_assert_eq(conch_budget_held(&b), 0);
+}

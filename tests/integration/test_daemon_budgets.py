@@ -1,0 +1,221 @@
+# test_daemon_budgets.py - what a sandbox or a client makes the daemon hold counts against a
+# per-sandbox and a daemon-wide budget (issue 16, defects 3 and 4; docs/ARCHITECTURE.md,
+# "Budgets"). Each test is an attack on a fence: it holds as much as it can and measures the
+# daemon's resident memory (VmRSS of /proc/<pid>/status), never time.
+import json
+import os
+import time
+
+import pytest
+
+from conftest import ASAN
+
+not_under_asan = pytest.mark.skipif(ASAN, reason="memory bounds are measured on the plain build, not under ASan")
+
+MiB = 1 << 20
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def wait_file(client, sb, path, timeout=60):
+    """Wait until @path exists inside @sb (a command there wrote it); returns its text."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = client.call("exec.run", {"sandbox": sb, "command": f"cat {path} 2>/dev/null", "timeout": 30}, timeout=60)
+        if r["exit_code"] == 0:
+            return r["stdout"]
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never appeared in {sb}")
+
+
+# ---- defect 3: half-read lines to the tool bridge --------------------------------------------
+
+# Many connections, each sending almost 4 MiB (the payload cap) of one request line and never
+# its newline, then staying open. What the daemon refuses is reported in /tmp/hog.json.
+HOG = r"""
+import json, socket, sys
+n = int(sys.argv[1])
+chunk = b'{"id": 1, "op": "call", "name": "echo", "input": {"s": "' + b"a" * ((4 << 20) - 100)
+held, refused, messages = [], 0, []
+for i in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("/run/conch/ptc.sock")
+        s.sendall(chunk)
+        held.append(s)
+    except OSError:
+        refused += 1
+        s.settimeout(2)
+        try:
+            line = s.makefile("rb").readline()
+            if line:
+                messages.append(json.loads(line)["error"])
+        except (OSError, ValueError):
+            pass
+        s.close()
+with open("/tmp/hog.json.part", "w") as f:
+    json.dump({"sent": n, "refused": refused, "messages": messages[:3]}, f)
+import os; os.rename("/tmp/hog.json.part", "/tmp/hog.json")
+import time; time.sleep(120)
+"""
+
+
+@not_under_asan
+def test_half_read_bridge_lines_are_bounded_per_sandbox(daemon, ws, tmp_path):
+    c = daemon.client()
+    c.handlers["tool.call"] = lambda p: p["input"]
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    other_ws = tmp_path / "other"
+    other_ws.mkdir()
+    sb2 = c.call("sandbox.create", {"workspace": str(other_ws)}, timeout=30)["id"]
+    for s in (sb, sb2):
+        c.call("tools.register", {"sandbox": s, "tools": [{"name": "echo", "input_schema": {"type": "object"}}]})
+    # Warm up the daemon (a tool call, a command) before the baseline is taken.
+    r = c.call("exec.run", {"sandbox": sb2, "command": "tool_call echo '{\"x\": 1}'", "timeout": 30}, timeout=60)
+    assert r["exit_code"] == 0, r["text"]
+    before = rss_mib(daemon.pid)
+    # 48 connections x 4 MiB: 192 MiB held on a daemon without a budget.
+    conns = 48
+    job = c.call("job.start", {"sandbox": sb, "command": f"python3 - {conns}", "stdin": HOG})["job_id"]
+    report = json.loads(wait_file(c, sb, "/tmp/hog.json", timeout=120))
+    grown = rss_mib(daemon.pid) - before
+    print(f"half-read lines: the daemon grew by {grown:.0f} MiB; {report}")
+    # The per-sandbox budget is 64 MiB: the daemon holds at most that for it, plus slack for
+    # the allocator and the commands run meanwhile.
+    assert grown < 96, f"the daemon grew by {grown:.0f} MiB holding one sandbox's half-read lines ({report})"
+    assert report["refused"] > 0, report
+    # The caller is told why: a line naming the budget, not a bare hang-up.
+    assert any(m["kind"] == "limit" and "MiB" in m["message"] for m in report["messages"]), report
+    # Another sandbox's tools still work while this one is at its budget.
+    r = c.call("exec.run", {"sandbox": sb2, "command": "tool_call echo '{\"x\": 2}'", "timeout": 30}, timeout=60)
+    assert r["exit_code"] == 0 and json.loads(r["stdout"]) == {"x": 2}, r["text"]
+    # Once its connections are gone, the sandbox's own calls work again.
+    c.call("job.kill", {"job_id": job}, timeout=10)
+    deadline = time.time() + 30
+    while True:
+        r = c.call("exec.run", {"sandbox": sb, "command": "tool_call echo '{\"x\": 3}'", "timeout": 30}, timeout=60)
+        if r["exit_code"] == 0 or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert r["exit_code"] == 0 and json.loads(r["stdout"]) == {"x": 3}, r["text"]
+
+
+# Complete request lines that are small as text and huge parsed: 4 MiB of "[0,0,...]" is 2
+# million JSON values, ~90 MiB in the daemon once parsed and held by a call in flight.
+AMPLIFIER = r"""
+import json, socket
+s = socket.socket(socket.AF_UNIX); s.connect("/run/conch/ptc.sock")
+f = s.makefile("rb")
+line = json.dumps({"id": 0, "op": "call", "name": "slow", "input": {"a": [0] * 2000000}}, separators=(",", ":")).encode()
+for i in range(6):
+    s.sendall(line.replace(b'"id":0', b'"id":%d' % i, 1) + b"\n")
+answers = []
+s.settimeout(5)
+try:
+    for i in range(6):
+        answers.append(json.loads(f.readline())["error"])
+except (OSError, ValueError):
+    pass
+print(json.dumps(answers))
+"""
+
+
+@not_under_asan
+def test_parsed_calls_count_against_the_budget(daemon, ws):
+    c = daemon.client()
+    owner = daemon.client()
+    owner._answer = lambda m: None  # a slow tool: its calls stay in flight
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    owner.call("tools.register", {"sandbox": sb, "tools": [{"name": "slow", "input_schema": {"type": "object"}}]})
+    c.call("exec.run", {"sandbox": sb, "command": "true"}, timeout=60)
+    before = rss_mib(daemon.pid)
+    r = c.call("exec.run", {"sandbox": sb, "command": "python3 -", "stdin": AMPLIFIER, "timeout": 60}, timeout=90)
+    grown = rss_mib(daemon.pid) - before
+    print(f"parsed calls: the daemon grew by {grown:.0f} MiB; {r['stdout'][:300]}")
+    assert grown < 96, f"the daemon grew by {grown:.0f} MiB holding one command's parsed calls"
+    answers = json.loads(r["stdout"])
+    assert answers and all(a["kind"] == "limit" for a in answers), answers
+
+
+# ---- defect 4: output held for a client that does not read ----------------------------------
+
+
+def serve_supports(option):
+    import subprocess
+
+    from conftest import CONCH_BIN
+
+    out = subprocess.run([CONCH_BIN, "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    return option in out
+
+
+@not_under_asan
+def test_unread_output_of_many_commands_is_bounded_and_complete(daemon_factory, ws):
+    import glob
+    import socket
+    import threading
+
+    # The daemon-wide output budget, small so that a few commands show it (a build without
+    # the option runs the same commands with nothing to stop them growing the daemon).
+    budget = 16
+    extra = ["--max-output-memory", f"{budget}M"] if serve_supports("--max-output-memory") else []
+    d = daemon_factory(extra_args=extra)
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    c.call("exec.run", {"sandbox": sb, "command": "true"}, timeout=60)
+    before = rss_mib(d.pid)
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_mib(d.pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    # 8 commands at once, each printing ~10 MB with max_output 40 MB, from a client that reads
+    # nothing until they are all done: 80 MB held on a daemon without the budget.
+    n, count = 8, 1400000
+    expected = "".join(f"{i}\n" for i in range(1, count + 1)).encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(d.sock)
+    for i in range(n):
+        req = {"jsonrpc": "2.0", "id": i, "method": "exec.run", "params": {
+            "sandbox": sb, "command": f"seq 1 {count}; touch /tmp/done.{i}", "max_output": 40 * MiB, "timeout": 120}}
+        s.sendall((json.dumps(req) + "\n").encode())
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        r = c.call("exec.run", {"sandbox": sb, "command": "ls /tmp/ | grep -c '^done\\.'", "timeout": 30}, timeout=60)
+        if r["stdout"].strip() == str(n):
+            break
+        time.sleep(0.1)
+    # Every result, read now: complete, in memory or in its spill file.
+    f = s.makefile("rb")
+    results = {}
+    while len(results) < n:
+        line = f.readline()
+        assert line, f"the daemon closed the connection after {len(results)} results"
+        m = json.loads(line)
+        results[m["id"]] = m
+    stop.set()
+    sampler.join()
+    s.close()
+    grown = peak[0] - before
+    print(f"unread output: the daemon grew by {grown:.0f} MiB at its peak")
+    for i, m in results.items():
+        assert "result" in m, m
+        r = m["result"]
+        assert r["exit_code"] == 0 and r["stdout_bytes"] == len(expected), {k: r[k] for k in ("exit_code", "stdout_bytes")}
+        if r["stdout_truncated"]:
+            [path] = glob.glob(os.path.join(d.state_dir, "**", os.path.basename(r["stdout_spill"])), recursive=True)
+            with open(path, "rb") as sp:
+                assert sp.read() == expected, f"spill file {path} of command {i} is not the whole stream"
+        else:
+            assert r["stdout"].encode() == expected
+    # The budget (16 MiB), the results being built from what it kept (a text, a JSON string
+    # and its serialisation: up to 3x) and queued for the client, with margin.
+    assert grown < 100, f"the daemon grew by {grown:.0f} MiB holding the output of {n} unread commands"
