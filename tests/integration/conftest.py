@@ -46,7 +46,7 @@ JAIL_FILES = {
     "test_file_workers", "test_fresh_reuse", "test_identity", "test_lease_attack", "test_limits",
     "test_programs", "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
     "test_supervisor_attack", "test_timeout", "test_workspace", "test_workspace_limits",
-    "test_attack_review",
+    "test_attack_review", "test_daemon_stdio", "test_embedding",
 }
 DAEMON_CODE_FILES = {
     "test_bridge", "test_bridge_attack", "test_cli", "test_cli_daemon", "test_daemon_badinput",
