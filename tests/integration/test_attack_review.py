@@ -137,6 +137,7 @@ def test_fs_write_above_the_file_size_limit_fails_cleanly(rpc, sandbox):
 # ---- the daemon's memory and disk, from what clients and commands make it hold ------------
 
 
+@pytest.mark.slow
 def test_replies_to_a_client_that_never_reads_are_bounded(daemon, rpc, sandbox):
     """A client that pipelines 120 fs.read of a 9 MB file (1.4 GB of base64 answers) and never
     reads is cut off at the output buffer's hard limit (64 MiB queued): the daemon's RSS grows
@@ -303,6 +304,7 @@ def test_memory_limit_counts_socket_buffers(run, ws):
 # ---- process count ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.root_only
 def test_default_process_bound_holds_for_the_whole_sandbox(run, ws):
     (ws / "np.py").write_text(

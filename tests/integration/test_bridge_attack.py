@@ -209,6 +209,7 @@ def test_deeply_nested_input_is_refused_inside(daemon, ws):
 # ---- F6: conch run --tools starts one host process per call, 1,024 at once --------------------
 
 
+@pytest.mark.slow
 def test_conch_run_tools_host_processes_are_bounded(tmp_path):
     from rpcclient import pids_matching
     # F6: host commands run behind a small concurrency cap (16), not one per call at once
@@ -367,6 +368,7 @@ time.sleep(30)
 
 
 @not_under_asan
+@pytest.mark.slow
 def test_calls_in_flight_cannot_hold_gigabytes(daemon, ws):
     c = daemon.client()
     owner = daemon.client()

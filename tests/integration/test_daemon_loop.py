@@ -310,6 +310,7 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon_factory):
     assert d.client().call("daemon.ping", {})["pid"] == d.pid
 
 
+@pytest.mark.slow
 def test_destroy_and_shutdown_during_a_scan(daemon_factory, tmp_path):
     d = daemon_factory()
     c = d.client()

@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from conftest import unique_marker, wait_no_pids
 
 
@@ -12,6 +14,7 @@ def host_can_fork():
     return subprocess.run(["true"], timeout=10).returncode == 0
 
 
+@pytest.mark.slow
 def test_fork_bomb_contained(sh):
     marker = unique_marker("bomb")
     # the marker sits in the script text, so every bash of the bomb carries it in its argv
@@ -24,6 +27,7 @@ def test_fork_bomb_contained(sh):
     assert host_can_fork()
 
 
+@pytest.mark.slow
 def test_fork_loop_stops_at_pids_limit(py):
     marker = unique_marker("forks")
     code = f"""

@@ -210,6 +210,7 @@ def test_idle_sandboxes_do_not_load_the_host(daemon, rpc, sandbox):
     assert not [p for p, s in states.items() if s == "D"], states
 
 
+@pytest.mark.slow
 def test_finished_jobs_neither_pin_the_sandbox_nor_keep_fds(daemon, rpc, ws):
     """Defect 7: finished jobs kept their sandbox from idling out and kept two spill fds each."""
     sb = rpc.call("sandbox.create", {"workspace": str(ws), "idle_timeout": 3})["id"]
