@@ -337,8 +337,9 @@ def pids_matching(marker):
     return found
 
 
-def wait_gone(marker, timeout=3.0):
-    """Wait until nothing matches marker; return [(pid, cmdline)] of what is left."""
+def wait_gone(marker, timeout=30.0):
+    """Wait until nothing matches marker; return [(pid, cmdline)] of what is left. (It returns
+    as soon as nothing is left: the timeout only bounds a failure, so it is generous.)"""
     deadline = time.monotonic() + timeout
     while True:
         left = pids_matching(marker)

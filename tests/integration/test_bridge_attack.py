@@ -14,7 +14,7 @@ from conftest import ASAN, CONCH_BIN
 
 # The daemon's memory bounds are checked on the plain build (conftest.ASAN).
 not_under_asan = pytest.mark.skipif(ASAN, reason="memory bounds are measured on the plain build, not under ASan")
-from rpcclient import Client, RpcError
+from rpcclient import Client, RpcError, wait_gone
 
 
 
@@ -141,19 +141,21 @@ def test_command_ending_with_handed_over_unread_connection(daemon, ws):
 
 def test_conch_run_tools_timeout_is_not_held_by_tool_grandchild(tmp_path):
     marker = f"attack2-{os.getpid()}-{time.monotonic_ns()}"
+    # The host tool's grandchild sleeps far longer than the subprocess may take: conch run
+    # returns (TimeoutExpired otherwise: it waited for the grandchild), and the tool's
+    # processes are gone.
     tools = {"tools": [{"name": "slow", "input_schema": {"type": "object"},
-                        "command": ["sh", "-c", f"sleep 20; echo {marker}"]}]}
+                        "command": ["sh", "-c", f"sleep 1000; echo {marker}"]}]}
     f = tmp_path / "tools.json"
     f.write_text(json.dumps(tools))
     ws = tmp_path / "ws"
     ws.mkdir()
-    t0 = time.monotonic()
     p = subprocess.run([CONCH_BIN, "run", "--json", "--workspace", str(ws), "--tools", str(f), "--timeout", "2",
-                        "--", "bash", "-c", "tool_call slow; echo rc=$?"], capture_output=True, text=True, timeout=60, cwd=ws)
-    took = time.monotonic() - t0
+                        "--", "bash", "-c", "tool_call slow; echo rc=$?"], capture_output=True, text=True, timeout=120, cwd=ws)
     res = json.loads(p.stdout)
     assert res["timed_out"] is True
-    assert took < 10, f"conch run --timeout 2 took {took:.1f} s: it waited for the host tool's grandchild"
+    assert marker not in res["stdout"], res
+    assert wait_gone(marker) == [], "the host tool outlived conch run"
 
 
 # ---- F4: exponential schema validation blocks the daemon's loop -------------------------------
@@ -170,14 +172,15 @@ def test_schema_validation_cannot_freeze_the_daemon(daemon, ws):
     bad = {"kind": "none"}
     for _ in range(9):
         bad = {"child": bad, "kind": "k0"}
-    c.call("job.start", {"sandbox": sb, "command": "tool_call ast -", "stdin": json.dumps(bad)})
-    # ping for 15 s: the validation (about a minute) starts as soon as the job's tool_call runs
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        t0 = time.monotonic()
-        ok = alive(daemon, timeout=4)
-        assert ok, f"the daemon did not answer a ping for {time.monotonic() - t0:.1f} s while validating one call's input"
-        time.sleep(0.5)
+    job = c.call("job.start", {"sandbox": sb, "command": "tool_call ast -; echo rc=$? >&2",
+                               "stdin": json.dumps(bad)})["job_id"]
+    # Checked in full, this input takes about a minute of the loop's time (every ping and
+    # the job's end would wait for it); a budget of steps refuses it as too complex at once.
+    st = c.call("job.wait", {"job_id": job, "timeout": 100}, timeout=120)
+    assert st["running"] is False, st
+    err = c.call("job.output", {"job_id": job})["stderr"]
+    assert "invalid_input" in err and "steps" in err and "rc=2" in err, err
+    assert alive(daemon, timeout=60), "the daemon does not answer after validating one call's input"
     c.call("sandbox.destroy", {"id": sb}, timeout=30)
 
 
@@ -206,6 +209,7 @@ def test_deeply_nested_input_is_refused_inside(daemon, ws):
 # ---- F6: conch run --tools starts one host process per call, 1,024 at once --------------------
 
 
+@pytest.mark.slow
 def test_conch_run_tools_host_processes_are_bounded(tmp_path):
     from rpcclient import pids_matching
     # F6: host commands run behind a small concurrency cap (16), not one per call at once
@@ -251,13 +255,9 @@ def test_registry_size_is_bounded_or_cheap(daemon, ws):
             assert b >= 4, f"refused after only {b * 1000} tools"
             assert len(c.call("tools.list", {"sandbox": sb})["tools"]) == b * 1000
             return
-    t0 = time.monotonic()
-    try:
-        c.call("tools.register", {"sandbox": sb, "tools": batch(30)}, timeout=120)
-    except RpcError:
-        return
-    took = time.monotonic() - t0
-    assert took < 0.3, f"registering 1,000 tools beside 30,000 blocked the daemon for {took:.2f} s"
+    # (it used to allow an unbounded registry if registering stayed cheap, a time bound: the
+    # registry is bounded, and that is what is asserted)
+    pytest.fail("30,000 tools were registered in one sandbox: the registry has no cap")
 
 
 # ---- F8: detached spawns keep their whole task: memory without bound -------------------------
@@ -368,6 +368,7 @@ time.sleep(30)
 
 
 @not_under_asan
+@pytest.mark.slow
 def test_calls_in_flight_cannot_hold_gigabytes(daemon, ws):
     c = daemon.client()
     owner = daemon.client()

@@ -163,13 +163,14 @@ def test_exec_timeout_with_grace(rpc, sandbox):
     sb = sandbox()
     m = unique_marker("tmo")
     t0 = time.monotonic()
-    r = run(rpc, sb, f"trap '' TERM; echo go; exec -a {m} sleep 1000", rpc_timeout=30, timeout=0.5, grace=0.5)
+    r = run(rpc, sb, f"trap '' TERM; echo go; exec -a {m} sleep 1000", rpc_timeout=120, timeout=0.5, grace=0.5)
     took = time.monotonic() - t0
     assert r["timed_out"] is True, r
     assert r["error"] is not None and r["error"]["kind"] == "timeout", r
     assert r["stdout"] == "go\n", r
     assert "timed out" in last_line(r["text"]), r
-    assert 0.5 <= took < 6, f"took {took:.1f}s"
+    assert took >= 0.5, f"took {took:.1f}s"  # it waited for its timeout (the 120 s wait catches a hang)
+    assert r["signal"] == 9, r  # the command ignored SIGTERM: the grace's end killed it
     assert wait_gone(m) == []
 
 
@@ -236,11 +237,10 @@ def test_state_persists_between_commands(rpc, ws, sandbox):
 def test_background_process_killed_when_command_exits(rpc, sandbox):
     sb = sandbox()
     m = unique_marker("bg")
-    t0 = time.monotonic()
-    r = run(rpc, sb, f"(exec -a {m} sleep 1000) & echo started", rpc_timeout=30, timeout=10)
+    # answered when the command ends (timed_out false), not when its timeout (100 s) would
+    r = run(rpc, sb, f"(exec -a {m} sleep 1000) & echo started", rpc_timeout=120, timeout=100)
     assert r["stdout"] == "started\n", r
     assert r["timed_out"] is False and r["exit_code"] == 0, r
-    assert time.monotonic() - t0 < 8
     assert wait_gone(m) == []
     # the sandbox still works after
     assert run(rpc, sb, "echo ok")["stdout"] == "ok\n"

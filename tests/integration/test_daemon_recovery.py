@@ -41,9 +41,8 @@ def test_kill9_then_restart(daemon_factory, ws):
     assert len(pids_matching(m)) >= 2, "the command did not start"
 
     d.kill9()
-    t0 = time.monotonic()
-    left = wait_gone(m, 2.0)
-    assert left == [], f"sandbox processes outlived the daemon by {time.monotonic() - t0:.1f}s: {left}"
+    left = wait_gone(m)
+    assert left == [], f"sandbox processes outlived the daemon: {left}"
     t.join(10)
     assert "r" not in out, f"a result arrived from a killed daemon: {out}"
     assert not (ws / "kept.txt").exists()

@@ -96,7 +96,7 @@ def test_fresh_sandbox_is_recycled_and_as_new(daemon_factory):
                  timeout=60)
     assert r["exit_code"] == 0 and r["stdout"] == "left\n", r
     # the command's leftover process is gone with it, on the host too
-    assert wait_gone(marker, 5) == []
+    assert wait_gone(marker) == []
     assert settled(daemon, 1) == before, "the pool's sandbox was not recycled"
     time.sleep(0.2)  # the warden's answer to the recycle
     r = rpc.call("exec.run", {"fresh": True, "command": LOOK.replace("MARKER", marker)},

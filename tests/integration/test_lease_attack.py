@@ -250,7 +250,7 @@ def test_a_daemon_stopped_mid_lease_fails_the_borrowed_run(daemon_factory, ws):
             p.wait(10)
     assert p.returncode == 125, (p.returncode, err)
     assert b"done" not in out and b"warden died" in err, (out, err)
-    assert wait_gone(marker, 5) == []
+    assert wait_gone(marker) == []
 
 
 # ---- a borrowed sandbox must behave like one of conch run's own ------------------------------
@@ -352,7 +352,7 @@ def test_what_a_borrowed_command_leaves_does_not_reach_the_next_fresh_user(daemo
     r = conch(["run", "--socket", d.sock, "--workspace", ws, "-q", "--", "bash", "-c",
                LEAVE.replace("MARKER", marker)])
     assert r.rc == 0 and r.stdout == "left\n", r.describe()
-    assert wait_gone(marker, 5) == []
+    assert wait_gone(marker) == []
     assert settled(d, 1) == before
     time.sleep(0.3)
     res = d.client().call("exec.run", {"fresh": True, "command": LOOK.replace("MARKER", marker)},

@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from conftest import unique_marker, wait_no_pids
 
 
@@ -12,17 +14,20 @@ def host_can_fork():
     return subprocess.run(["true"], timeout=10).returncode == 0
 
 
+@pytest.mark.slow
 def test_fork_bomb_contained(sh):
     marker = unique_marker("bomb")
     # the marker sits in the script text, so every bash of the bomb carries it in its argv
-    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--pids", "64", "--timeout", "20", timeout=60)
-    assert r.elapsed < 30, r.describe()
+    # (ended by its limit or its timeout, not by `sleep 30`: the kind says which; the 120 s
+    # limit only catches a hang)
+    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--pids", "64", "--timeout", "20", timeout=120)
     assert r.rc != 0, r.describe()
     assert r.kind in ("limit", "timeout"), r.describe()
     assert wait_no_pids(marker) == []
     assert host_can_fork()
 
 
+@pytest.mark.slow
 def test_fork_loop_stops_at_pids_limit(py):
     marker = unique_marker("forks")
     code = f"""
@@ -40,8 +45,7 @@ except OSError as e:
     print("fork failed", n, e.errno, flush=True)
 time.sleep(60)
 """
-    r = py(code, "--pids", "64", "--timeout", "10", timeout=40)
-    assert r.elapsed < 25, r.describe()
+    r = py(code, "--pids", "64", "--timeout", "10", timeout=120)
     assert "forked 1000" not in r.out, r.describe()
     if r.out.startswith("fork failed"):
         n, err = map(int, r.out.split()[2:4])
@@ -108,7 +112,7 @@ def test_moderate_memory_under_limit_works(py):
 
 
 def _check_flood(r, stream, cap):
-    assert r.elapsed < 30, r.describe()
+    # ended by the spill cap ("limit"), not by its 60 s timeout
     assert r.kind == "limit", r.describe()
     assert r.rc != 0, r.describe()
     assert r.j[f"{stream}_truncated"] is True, r.describe()
@@ -121,14 +125,14 @@ def _check_flood(r, stream, cap):
 
 
 def test_stdout_flood_capped(sh):
-    r = sh("yes | head -c 3G; echo done", "--max-spill", "16M", "--timeout", "60", timeout=90)
+    r = sh("yes | head -c 3G; echo done", "--max-spill", "16M", "--timeout", "60", timeout=120)
     _check_flood(r, "stdout", 16 << 20)
     assert "done" not in r.out[-100:]
     os.unlink(r.j["stdout_spill"])
 
 
 def test_stderr_flood_capped(sh):
-    r = sh("cat /dev/zero >&2", "--max-spill", "16M", "--timeout", "60", timeout=90)
+    r = sh("cat /dev/zero >&2", "--max-spill", "16M", "--timeout", "60", timeout=120)
     _check_flood(r, "stderr", 16 << 20)
     os.unlink(r.j["stderr_spill"])
 

@@ -49,7 +49,9 @@ AGENTS = [{"name": "analyst", "description": "Digs into data."}]
 class FakeBridge:
     """A bridge socket answering per the protocol. Tools: echo (result = input), text (result
     = input["text"], a string), slow (answers after input["ms"] ms with input: out of order when
-    calls overlap on one connection), failing (tool_error), strict (invalid_input unless
+    calls overlap on one connection), meet (a barrier: answers once input["n"] calls of
+    input["group"] are in flight, then after input["ms"] ms; a group that never fills fails
+    them after 60 s: calls made one after the other never meet), failing (tool_error), strict (invalid_input unless
     input["n"] is an integer), timeout (kind timeout), big (a string of input["n"] bytes),
     web_search / getData / get_data (their own names), hang (never answers), close (closes the
     connection at once), close_later (closes it after input["ms"] ms); anything else:
@@ -64,6 +66,7 @@ class FakeBridge:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.spawns = 0
         self.connections = 0
+        self.groups = {}  # meet: group -> [arrived, asyncio.Event]
 
     def start(self):
         self.thread.start()
@@ -144,6 +147,17 @@ class FakeBridge:
             return ok(inp["text"])
         if name == "slow":
             await asyncio.sleep(inp.get("ms", 100) / 1000)
+            return ok(inp)
+        if name == "meet":
+            g = self.groups.setdefault(inp["group"], [0, asyncio.Event()])
+            g[0] += 1
+            if g[0] >= inp["n"]:
+                g[1].set()
+            try:
+                await asyncio.wait_for(g[1].wait(), 60)
+            except asyncio.TimeoutError:
+                return err("timeout", f"only {g[0]} of {inp['n']} calls of {inp['group']} met: serialised?")
+            await asyncio.sleep(inp.get("ms", 0) / 1000)
             return ok(inp)
         if name == "failing":
             return err("tool_error", "it failed on purpose")
@@ -333,28 +347,26 @@ def test_tool_call_bridge_closing_mid_call(bridge):
     p = run([TOOL_CALL, "close", "{}"], bridge, timeout=10)
     assert p.returncode == 1
     assert b"closed the connection before answering" in p.stderr
-    p = run([TOOL_CALL, "close_later", '{"ms": 200}'], bridge, timeout=10)
-    assert p.returncode == 1 and p.elapsed < 5
+    p = run([TOOL_CALL, "close_later", '{"ms": 200}'], bridge, timeout=120)
+    assert p.returncode == 1 and b"closed the connection before answering" in p.stderr, p.stderr
 
 
 def test_tool_call_in_parallel_from_bash(bridge):
     script = textwrap.dedent(
         f"""
         for i in $(seq 1 40); do
-          {TOOL_CALL} slow "{{\\"ms\\": 300, \\"i\\": $i}}" > "$OUT/$i" &
+          {TOOL_CALL} meet "{{\\"group\\": \\"bash\\", \\"n\\": 40, \\"i\\": $i}}" > "$OUT/$i" &
         done
         wait
         """
     )
     out = tempfile.mkdtemp(prefix="ptc-out-", dir="/tmp")
     try:
-        t = time.monotonic()
-        p = subprocess.run(["bash", "-c", script], env=env_for(bridge, OUT=out), capture_output=True, timeout=60)
-        elapsed = time.monotonic() - t
+        # 40 calls meet at a barrier: run one after the other they fail (the first waits alone)
+        p = subprocess.run(["bash", "-c", script], env=env_for(bridge, OUT=out), capture_output=True, timeout=120)
         assert p.returncode == 0, p.stderr
         for i in range(1, 41):
-            assert json.loads(Path(out, str(i)).read_text()) == {"ms": 300, "i": i}
-        assert elapsed < 40 * 0.3 / 3, f"40 calls of 300 ms took {elapsed:.2f} s: not parallel"
+            assert json.loads(Path(out, str(i)).read_text()) == {"group": "bash", "n": 40, "i": i}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -401,7 +413,7 @@ def test_behaviour_follows_argv0(bridge):
 # ---- Python ----------------------------------------------------------------------------------
 
 
-def py(bridge, code, timeout=60):
+def py(bridge, code, timeout=120):
     p = subprocess.run(
         [PYTHON, "-c", textwrap.dedent(code)], capture_output=True, env=env_for(bridge), timeout=timeout
     )
@@ -461,20 +473,18 @@ def test_python_threads_each_get_their_own_answer(bridge):
         def worker(i):
             try:
                 for j in range(3):
-                    r = ct.call("slow", {"ms": random.randint(0, 60), "who": i, "j": j})
+                    # all 50 threads meet in each round, then answer in a random order
+                    r = ct.call("meet", {"group": f"round{j}", "n": 50, "ms": random.randint(0, 60), "who": i, "j": j})
                     assert r["who"] == i and r["j"] == j, (i, j, r)
                 results[i] = ct.call("echo", {"who": i})
             except BaseException as e:
                 errors.append(repr(e))
-        t = time.monotonic()
         ts = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
         [x.start() for x in ts]; [x.join() for x in ts]
-        took = time.monotonic() - t
+        # serialised, the first call of each round would wait alone and fail (ToolError)
         assert not errors, errors
         assert results == {i: {"who": i} for i in range(50)}
-        # 50 threads x 3 calls of up to 60 ms: serialised would take ~4.5 s.
-        assert took < 1.5, took
-        print("ok", round(took, 3))
+        print("ok")
         """,
     )
     assert out.startswith("ok")
@@ -488,18 +498,19 @@ def test_python_asyncio_gather_pairs_out_of_order_answers(bridge):
         import asyncio, random, time, conch_tools as ct
         async def main():
             delays = [random.randint(0, 200) for _ in range(100)]
-            t = time.monotonic()
-            rs = await asyncio.gather(*(ct.acall("slow", {"ms": d, "i": i}) for i, d in enumerate(delays)))
-            took = time.monotonic() - t
+            # 100 calls meet at a barrier (serialised, the first fails), then answer out of order
+            group = f"gather{next(ROUND)}"
+            rs = await asyncio.gather(*(ct.acall("meet", {"group": group, "n": 100, "ms": d, "i": i})
+                                        for i, d in enumerate(delays)))
             assert [r["i"] for r in rs] == list(range(100)), rs
-            assert took < 1.5, took  # serialised: ~10 s
             rs = await asyncio.gather(ct.acall("failing"), ct.acall("echo", {"k": 1}), ct.aspawn_agent("t", "analyst"),
                                       ct.aspawn_agent("d", detach=True), ct.tools.echo.acall(z=3), return_exceptions=True)
             assert isinstance(rs[0], ct.ToolError) and rs[0].kind == "tool_error"
             assert rs[1:3] == [{"k": 1}, "agent analyst did: t"] and rs[3].startswith("req-"), rs
             assert rs[4] == {"z": 3}, rs
             assert (await ct.alist_tools())["agents"][0]["name"] == "analyst"
-            print("ok", round(took, 3))
+            print("ok")
+        ROUND = iter(range(2))
         asyncio.run(main())
         # A second event loop gets its own connection.
         asyncio.run(main())
@@ -608,7 +619,7 @@ def node_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def node(bridge, node_dir, code, ext="js", timeout=60):
+def node(bridge, node_dir, code, ext="js", timeout=120):
     f = node_dir / f"t.{'mjs' if ext == 'mjs' else 'js'}"
     f.write_text(textwrap.dedent(code))
     t = time.monotonic()
@@ -619,13 +630,13 @@ def node(bridge, node_dir, code, ext="js", timeout=60):
 
 
 NODE_100 = """
+  // 100 calls meet at a barrier (one after the other, the first would fail), then answer
+  // out of order
   const delays = Array.from({ length: 100 }, () => Math.floor(Math.random() * 200));
-  const t = Date.now();
-  const rs = await Promise.all(delays.map((ms, i) => call('slow', { ms, i })));
-  const took = Date.now() - t;
+  const group = `node${process.hrtime.bigint()}`;
+  const rs = await Promise.all(delays.map((ms, i) => call('meet', { group, n: 100, ms, i })));
   rs.forEach((r, i) => { if (r.i !== i) throw new Error(`call ${i} got ${JSON.stringify(r)}`); });
-  if (took > 1500) throw new Error(`100 calls took ${took} ms: not concurrent`);
-  console.log('ok', took);
+  console.log('ok');
 """
 
 
@@ -701,10 +712,10 @@ def test_node_idle_connection_does_not_keep_the_process_alive(bridge, node_dir):
         call('echo', { a: 1 }).then((r) => console.log('got', JSON.stringify(r)));
         setTimeout(() => call('echo', { b: 2 }).then((r) => console.log('got', JSON.stringify(r))), 50);
         """,
-        timeout=10,
+        timeout=120,
     )
+    # it exited by itself (the 120 s limit catches a connection that kept it alive)
     assert p.stdout == b'got {"a":1}\ngot {"b":2}\n'
-    assert p.elapsed < 5
 
 
 @needs_node

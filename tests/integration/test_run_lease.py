@@ -166,7 +166,7 @@ def test_a_borrowed_sandbox_is_as_new_for_its_next_user(daemon_factory, tmp_path
                f"echo secret > /tmp/left; echo secret > /home/agent/left; echo w > made.txt;"
                f" (exec -a {marker} sleep 300 &) ; true"])
     assert r.rc == 0, r.describe()
-    assert wait_gone(marker, 5) == []
+    assert wait_gone(marker) == []
     assert settled(d, 1) == before
     time.sleep(0.2)  # the warden's answer to the recycle
     look = ("ls -A /tmp /home/agent /workspace; cat /workspace/secret.txt /workspace/made.txt"
@@ -190,7 +190,7 @@ def test_a_borrower_killed_mid_command_takes_the_sandbox_with_it(daemon_factory,
         p.kill()
         p.wait(10)
         # the daemon sees its connection go: the sandbox and its processes go with it
-        assert wait_gone(marker, 10) == []
+        assert wait_gone(marker) == []
         after = settled(d, 1)
         assert len(after) == 1 and after != before, "the borrowed sandbox was not destroyed"
     # the daemon goes on serving
@@ -290,7 +290,7 @@ def test_nothing_a_borrowed_command_runs_under_holds_the_wardens_host_view(daemo
             checked += 1
             assert not [l for l in links if l.startswith("mnt:")], (q, proc_argv(q), links)
         assert checked, "no process of the sandbox could be inspected"
-    assert wait_gone(marker, 10) == []
+    assert wait_gone(marker) == []
 
 
 def shepherds(warden):

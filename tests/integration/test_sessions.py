@@ -26,7 +26,7 @@ def session(rpc, sandbox):
 
 def run(rpc, sid, command, **kw):
     params = {"session": sid, "command": command, "timeout": kw.pop("timeout", 20), **kw}
-    return rpc.call("session.run", params, timeout=60)
+    return rpc.call("session.run", params, timeout=120)
 
 
 def out(r):
@@ -114,10 +114,10 @@ def test_stdin(rpc, session):
     assert out(r) == "line one\nline two\n" and r["exit_code"] == 0, r
     r = run(rpc, sid, "read a; read b; echo \"[$b][$a]\"", stdin="x\ny\n")
     assert out(r) == "[y][x]\n", r
-    # without stdin a reader sees end of file at once (it does not hang on the terminal)
-    t0 = time.monotonic()
+    # without stdin a reader sees end of file at once (it does not hang on the terminal
+    # until the command's timeout)
     r = run(rpc, sid, "cat; read x; echo rc=$?")
-    assert out(r) == "rc=1\n" and time.monotonic() - t0 < 5, r
+    assert out(r) == "rc=1\n" and r["timed_out"] is False, r
 
 
 def test_exit_and_exec_end_the_shell_and_the_next_call_starts_one(rpc, session):
@@ -152,13 +152,10 @@ def test_exit_and_exec_end_the_shell_and_the_next_call_starts_one(rpc, session):
 def test_timeout_interrupts_and_the_session_stays_usable(rpc, session, command):
     sid = session()
     run(rpc, sid, "cd /tmp; export MARK=kept")
-    t0 = time.monotonic()
     r = run(rpc, sid, command, timeout=0.5, grace=0.5)
-    took = time.monotonic() - t0
     assert r["timed_out"] is True and r["session_usable"] is True and r["shell_exited"] is False, r
     assert r["exit_code"] == 124, r  # a timeout is 124, as for exec.run
     assert "[interrupted; the session is still usable]" in r["text"], r
-    assert took < 8, took
     r = run(rpc, sid, "trap - INT; pwd; echo $MARK")
     assert out(r) == "/tmp\nkept\n" and r["timed_out"] is False and r["new_shell"] is False, r
 
@@ -179,12 +176,15 @@ def test_twenty_sessions_in_one_sandbox_run_in_parallel(rpc, sandbox, daemon):
     # each remembers its own state
     for i, sid in enumerate(sids):
         run(rpc, sid, f"N={i}")
-    t0 = time.monotonic()
-    ids = [rpc.request("session.run", {"session": sid, "command": "sleep 1; echo $N"}) for sid in sids]
-    res = [rpc.wait(i, timeout=60)["result"] for i in ids]
-    took = time.monotonic() - t0
+    # A barrier, not a clock: each command announces itself with a file and waits until all
+    # 20 have (60 s at most). Run one after the other, the first would wait alone, give up
+    # and print "alone" instead of its number.
+    barrier = ("mkdir -p /tmp/meet; touch /tmp/meet/$N; "
+               "for i in $(seq 600); do [ $(ls /tmp/meet | wc -l) -ge 20 ] && break; sleep 0.1; done; "
+               "if [ $(ls /tmp/meet | wc -l) -ge 20 ]; then echo $N; else echo alone; fi")
+    ids = [rpc.request("session.run", {"session": sid, "command": barrier, "timeout": 100}) for sid in sids]
+    res = [rpc.wait(i, timeout=120)["result"] for i in ids]
     assert [out(r) for r in res] == [f"{i}\n" for i in range(20)], res
-    assert took < 6, f"20 sessions of `sleep 1` took {took:.1f}s: not in parallel"
 
 
 def test_tiocsti_fails_on_the_session_pty(rpc, session):
@@ -372,14 +372,18 @@ def test_large_paste_is_queued_not_blocking(rpc, session, daemon):
     sid = session()
     w = daemon.client()
     w.call("session.attach", {"session": sid, "write": True})
-    w.call("session.write", {"session": sid, "data": "stty -echo; cat > /tmp/pasted; stty echo\n"})
+    # Nothing reads the terminal until the file go exists, which the test makes only once
+    # session.write has answered: a write that waited for the terminal to take the paste
+    # would wait for ever (its answer times out).
+    w.call("session.write", {"session": sid, "data": "stty -echo; until [ -e /workspace/go ]; do sleep 0.05; done; "
+                                                     "cat > /tmp/pasted; stty echo\n"})
     time.sleep(0.3)
     paste = ("y" * 999 + "\n") * 100  # 100 KB: far more than the terminal's input queue
-    t0 = time.monotonic()
-    w.call("session.write", {"session": sid, "data": paste + "\x04"})
-    assert time.monotonic() - t0 < 1.0, "session.write blocked on a full terminal"
+    w.call("session.write", {"session": sid, "data": paste + "\x04"}, timeout=60)
     # meanwhile the daemon answers others
-    assert rpc.call("session.list", {}, timeout=5)["sessions"]
+    assert rpc.call("session.list", {}, timeout=60)["sessions"]
+    sb = [s for s in rpc.call("session.list", {})["sessions"] if s["session"] == sid][0]["sandbox"]
+    rpc.call("fs.write", {"sandbox": sb, "path": "go", "content": ""})
     deadline = time.monotonic() + 20
     while True:
         r = run(rpc, sid, "wc -c < /tmp/pasted")
@@ -391,14 +395,13 @@ def test_large_paste_is_queued_not_blocking(rpc, session, daemon):
 
 def test_closing_the_control_channel_ends_the_shell_at_once(rpc, session):
     sid = session()
-    t0 = time.monotonic()
     # the command runs with fd 62 closed, so `exec 62>&-` changes nothing; shell code that
     # hunts down the shell's saved copy of the socket and closes it ends the shell
     assert run(rpc, sid, "exec 62>&-; echo x")["shell_exited"] is False
     assert run(rpc, sid, "echo y")["new_shell"] is False
     close_all = 'for f in /proc/$$/fd/*; do [[ $(readlink $f) == socket:* ]] && eval "exec ${f##*/}>&-"; done; echo closed'
     r = run(rpc, sid, close_all, timeout=30)
-    assert time.monotonic() - t0 < 5, r
+    assert r["timed_out"] is False, r  # it ended at once, not at its timeout
     # (bash may also give up by itself when it cannot restore its fds)
     assert r["shell_exited"] is True and "[the shell exited:" in r["text"], r
     assert run(rpc, sid, "echo new")["new_shell"] is True

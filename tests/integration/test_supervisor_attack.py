@@ -221,12 +221,18 @@ def test_command_cannot_steer_its_shepherd_with_signals(ws, as_root):
 
 def test_ready_zygote_killed_while_idle_again_and_again(daemon, rpc, sandbox):
     """kill -9 of the ready command process (and so of its shepherd's memory) while the
-    sandbox idles, five times: every next exec.run still works, right."""
+    sandbox idles, again and again: every next exec.run still works, right. The warden
+    builds a ready pair ahead after each command until three of them have died unused;
+    then it starts shepherds on demand only. So the first three rounds must find a ready
+    pair to kill (the test used to give up after 3 s and skip the kill in silence, which
+    a slow machine made the usual case, and so did every round past the third), and the
+    rounds after them run on demand."""
     sb = sandbox()
     _echo(rpc, sb)
     for i in range(5):
-        pairs = _wait_ready(daemon, 1, timeout=3)
-        if pairs:
+        if i < 3:
+            pairs = _wait_ready(daemon, 1, timeout=60)
+            assert pairs, f"round {i}: no ready shepherd in an idle sandbox"
             os.kill(pairs[0][1], signal.SIGKILL)
             time.sleep(0.2)
         _echo(rpc, sb, f"round{i}")
@@ -305,12 +311,11 @@ def test_stopped_zygote_exec_run_times_out(daemon, rpc, sandbox):
     pairs = _wait_ready(daemon)
     assert pairs
     os.kill(pairs[0][1], signal.SIGSTOP)
-    t0 = time.monotonic()
     req = rpc.request("exec.run", {"sandbox": sb, "command": "echo never", "timeout": 2, "grace": 1})
     other = daemon.client()
-    assert other.call("sandbox.list", {}, timeout=3), "the daemon stopped answering"
-    res = result_of(rpc.wait(req, timeout=20))
-    assert time.monotonic() - t0 < 15
+    assert other.call("sandbox.list", {}, timeout=60), "the daemon stopped answering"
+    # (a generous wait: only a hang reaches it; the command's own timeout ends it)
+    res = result_of(rpc.wait(req, timeout=120))
     assert res["timed_out"] is True and res["stdout"] == "", res
     _echo(rpc, sb, "next")
 
@@ -327,16 +332,18 @@ def test_session_open_with_a_stopped_zygote_does_not_block_the_daemon(daemon, rp
     zyg = pairs[0][1]
     os.kill(zyg, signal.SIGSTOP)
     other = daemon.client()
+    # While the command's process stays stopped, session.open cannot complete: a ping sent
+    # meanwhile must be answered before it (a daemon blocked in that read answers nothing
+    # until the process runs again, so the ping times out and session.open is not pending).
     try:
         req = rpc.request("session.open", {"sandbox": sb})
         time.sleep(0.5)
-        t0 = time.monotonic()
         try:
-            other.call("daemon.ping", {}, timeout=3)
+            other.call("daemon.ping", {}, timeout=60)
             answered = True
         except AssertionError:
             answered = False
-        took = time.monotonic() - t0
+        pending = req not in rpc._responses
         try:
             with open(f"/proc/{daemon.pid}/wchan") as f:
                 wchan = f.read()
@@ -344,28 +351,35 @@ def test_session_open_with_a_stopped_zygote_does_not_block_the_daemon(daemon, rp
             wchan = "?"
     finally:
         os.kill(zyg, signal.SIGCONT)
-    rpc.wait(req, timeout=20)
-    assert answered and took < 2, f"the daemon did not answer a ping for {took:.1f} s while a " \
-                                  f"session's command process was stopped (daemon in {wchan})"
+    rpc.wait(req, timeout=60)
+    assert answered and pending, f"the daemon did not answer a ping while a session's command " \
+                                 f"process was stopped (answered={answered}, session.open pending={pending}, " \
+                                 f"daemon in {wchan})"
 
 
 @pytest.mark.root_only
 def test_a_busy_cpu_limited_sandbox_does_not_stall_the_daemon_on_session_open(daemon, ws):
     """A sandbox limited to 5% of a CPU whose jobs spin: session.open there may be slow, but
-    another client's daemon.ping must keep being answered (exec.run in the same conditions
-    does not stall it: ~5 ms)."""
+    it works, and another client's daemon.ping keeps being answered meanwhile (each within a
+    generous timeout: a daemon waiting on the throttled shell would hold it). That the loop
+    never waits for a slow shell's start is asserted without a clock by
+    test_session_open_with_a_stopped_zygote_does_not_block_the_daemon; how long a ping
+    waits is a latency, for bench/, not a test."""
     rpc, other = daemon.client(), daemon.client()
     sb = rpc.call("sandbox.create", {"workspace": str(ws), "cpu": 0.05}, timeout=30)["id"]
     _echo(rpc, sb)
     jobs = [rpc.call("job.start", {"sandbox": sb, "command": "timeout 30 sh -c 'while :; do :; done'"})["job_id"]
             for _ in range(4)]
-    worst, stop = [0.0], threading.Event()
+    answered, errors, stop = [0], [], threading.Event()
 
     def pinger():
         while not stop.is_set():
-            t0 = time.monotonic()
-            other.call("daemon.ping", {}, timeout=10)
-            worst[0] = max(worst[0], time.monotonic() - t0)
+            try:
+                other.call("daemon.ping", {}, timeout=60)
+            except AssertionError as e:
+                errors.append(repr(e))
+                return
+            answered[0] += 1
             time.sleep(0.005)
 
     try:
@@ -385,7 +399,7 @@ def test_a_busy_cpu_limited_sandbox_does_not_stall_the_daemon_on_session_open(da
     finally:
         for j in jobs:
             rpc.call("job.kill", {"job_id": j, "signal": "KILL"})
-    assert worst[0] < 0.15, f"another client waited {worst[0] * 1000:.0f} ms for daemon.ping"
+    assert not errors and answered[0] > 0, (answered[0], errors)
 
 
 def test_session_open_with_a_missing_cwd_fails(daemon, rpc, sandbox):

@@ -24,10 +24,10 @@ exec -a {m}-main sleep 1000
 def test_timeout_kills_whole_tree(sh):
     m = unique_marker("tree")
     t0 = time.monotonic()
-    r = sh(stubborn_tree(m), "--timeout", "1", "--grace", "1", timeout=30)
+    # (the 120 s limit only catches a hang; rc 124 and timed_out say it ended by its timeout)
+    r = sh(stubborn_tree(m), "--timeout", "1", "--grace", "1", timeout=120)
     took = time.monotonic() - t0
-    assert took < 1 + 1 + 4, f"conch took {took:.1f}s\n{r.describe()}"
-    assert took >= 1, r.describe()
+    assert took >= 1, r.describe()  # it waited for its timeout (a lower bound: no clock race)
     assert r.rc == 124, r.describe()
     assert r.j["timed_out"] is True, r.describe()
     assert r.j["exit_code"] == 124 or r.j["signal"] in (9, 15), r.describe()
@@ -37,31 +37,32 @@ def test_timeout_kills_whole_tree(sh):
 
 
 def test_timeout_cooperative_process_ends_at_sigterm(sh):
-    # a process that honours SIGTERM ends without waiting for the grace period
-    r = sh("echo go; exec sleep 1000", "--timeout", "0.5", "--grace", "10", timeout=30)
-    assert r.elapsed < 5, r.describe()
+    # a process that honours SIGTERM ends without waiting for the grace period: it dies of
+    # the SIGTERM, not of the SIGKILL the grace's end would send (a grace of 100 s: waiting
+    # for it would also run into the 120 s limit)
+    r = sh("echo go; exec sleep 1000", "--timeout", "0.5", "--grace", "100", timeout=120)
     assert r.rc == 124 and r.j["timed_out"] is True and r.kind == "timeout", r.describe()
+    assert r.j["signal"] == 15, r.describe()
     assert r.out == "go\n"
 
 
 def test_term_handler_runs_before_kill(sh):
     # SIGTERM comes first: a handler gets to run and print before the grace expires
-    r = sh("trap 'echo got-term; exit 0' TERM; sleep 1000 & wait", "--timeout", "0.5", "--grace", "5", timeout=30)
+    r = sh("trap 'echo got-term; exit 0' TERM; sleep 1000 & wait", "--timeout", "0.5", "--grace", "100", timeout=120)
     assert r.rc == 124, r.describe()
     assert "got-term" in r.out, r.describe()
-    assert r.elapsed < 5, r.describe()
+    assert r.j["signal"] is None and r.j["exit_code"] == 124, r.describe()  # not killed after the grace
 
 
 def test_fast_command_not_timed_out(sh):
-    r = sh("echo ok", "--timeout", "5", timeout=30)
+    r = sh("echo ok", "--timeout", "5", timeout=120)
     assert r.rc == 0 and r.j["timed_out"] is False and r.j["error"] is None, r.describe()
-    assert r.elapsed < 5
 
 
 def test_background_process_after_exit_is_reaped(sh):
     # the command exits at once, leaving a daemon behind: conch must not leave it running
     m = unique_marker("daemon")
-    r = sh(f"setsid bash -c 'exec -a {m} sleep 1000' </dev/null >/dev/null 2>&1 & echo bye", "--timeout", "10", timeout=30)
-    assert r.rc == 0 and r.out == "bye\n", r.describe()
-    assert r.elapsed < 9, r.describe()
+    r = sh(f"setsid bash -c 'exec -a {m} sleep 1000' </dev/null >/dev/null 2>&1 & echo bye", "--timeout", "100", timeout=120)
+    # it did not wait for the daemon it left: no timeout (100 s) was reached
+    assert r.rc == 0 and r.out == "bye\n" and r.j["timed_out"] is False, r.describe()
     assert wait_no_pids(m) == []

@@ -61,13 +61,11 @@ def test_raw_terminal(client):
         assert s.resize(30, 100) == {"rows": 30, "cols": 100}
         s.write("stty size\n")
         assert "30 100" in s.wait_for("30 100")
-        s.write("sleep 100\n")
-        s.wait_for("sleep 100")
+        s.write("sleep 1000\n")
+        s.wait_for("sleep 1000")
         time.sleep(0.5)  # sleep is the terminal's foreground job now
-        t0 = time.monotonic()
         assert s.signal("INT") == 2
-        s.wait_for("$ ")  # the prompt is back: sleep was interrupted
-        assert time.monotonic() - t0 < 10
+        s.wait_for("$ ", timeout=60)  # the prompt is back: sleep was interrupted
         s.write("echo after-$((1+1))\n")
         s.wait_for("after-2")
         seqs = []

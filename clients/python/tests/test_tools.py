@@ -128,26 +128,19 @@ def test_agent_spawn(sb):
 
 
 def test_twenty_concurrent_calls(sb):
-    lock = threading.Lock()
-    state = {"now": 0, "max": 0}
+    # Each call waits at a barrier until all 20 are in their handlers (60 s at most): calls
+    # run one after the other never meet, and the first fails.
+    barrier = threading.Barrier(20, timeout=60)
 
-    def slow(inp):
-        with lock:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        time.sleep(0.3)
-        with lock:
-            state["now"] -= 1
+    def meet(inp):
+        barrier.wait()
         return inp["i"] * 10
-    sb.register_tool("slow", slow, "Slow")
-    t0 = time.time()
-    r = sb.run("""for i in $(seq 1 20); do tool_call slow "{\\"i\\":$i}" > out.$i & done; wait
-                  cat $(for i in $(seq 1 20); do echo out.$i; done)""")
-    took = time.time() - t0
+    sb.register_tool("meet", meet, "Meet")
+    r = sb.run("""for i in $(seq 1 20); do tool_call meet "{\\"i\\":$i}" > out.$i & done; wait
+                  cat $(for i in $(seq 1 20); do echo out.$i; done)""", timeout=100)
     assert r.exit_code == 0, r.text
     assert r.stdout.split() == [str(i * 10) for i in range(1, 21)]
-    assert len(r.tool_calls) == 20 and all(c["ok"] for c in r.tool_calls)
-    assert state["max"] > 1 and took < 20 * 0.3, f"calls were serialised ({took:.1f} s)"
+    assert len(r.tool_calls) == 20 and all(c["ok"] for c in r.tool_calls), r.tool_calls
 
 
 def test_cancel_when_the_command_ends(sb):

@@ -47,11 +47,13 @@ test("exec.run, streamed and concurrent", { skip }, async () => {
   assert.equal(r.error.kind, "command");
   assert.match(r.text, /\[exit code: 4\]$/);
   assert.deepEqual(chunks.sort(), ["stderr:two\n", "stdout:one\n"]);
-  // Three at once, answered independently.
-  const t0 = Date.now();
-  const rs = await Promise.all([1, 2, 3].map((i) => c.execRun({ sandbox: sb, command: `sleep 0.3; echo ${i}` })));
+  // Three at once, answered independently: each announces itself in /tmp/meet3 and waits
+  // for the others (60 s at most); run one after the other, the first would print "alone".
+  const meet = (i) => "mkdir -p /tmp/meet3; touch /tmp/meet3/" + i + "; " +
+    "for t in $(seq 600); do [ $(ls /tmp/meet3 | wc -l) -ge 3 ] && break; sleep 0.1; done; " +
+    "if [ $(ls /tmp/meet3 | wc -l) -ge 3 ]; then echo " + i + "; else echo alone; fi";
+  const rs = await Promise.all([1, 2, 3].map((i) => c.execRun({ sandbox: sb, command: meet(i), timeout: 100 })));
   assert.deepEqual(rs.map((x) => x.stdout), ["1\n", "2\n", "3\n"]);
-  assert.ok(Date.now() - t0 < 2500, "ran concurrently");
   const gen = c.execStream({ sandbox: sb, command: "echo streamed" });
   const evs = [];
   let res;

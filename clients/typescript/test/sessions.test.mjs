@@ -95,13 +95,11 @@ test("raw terminal: attach, write, output events, resize, signal", { skip }, asy
     assert.deepEqual(await s.resize(30, 100), { rows: 30, cols: 100 });
     await s.write("stty size\n");
     await s.waitFor("30 100");
-    await s.write("sleep 100\n");
-    await s.waitFor("sleep 100");
+    await s.write("sleep 1000\n");
+    await s.waitFor("sleep 1000");
     await sleep(500); // sleep is the terminal's foreground job now
-    const t0 = Date.now();
     assert.equal(await s.signal("INT"), 2);
-    await s.waitFor("$ "); // the prompt is back: sleep was interrupted
-    assert.ok(Date.now() - t0 < 10_000);
+    await s.waitFor("$ ", 60_000); // the prompt is back: sleep was interrupted
     await s.write("echo after-$((1+1))\n");
     await s.waitFor("after-2");
     await s.write("echo one; echo two\n");
