@@ -398,11 +398,11 @@ static void bash_section(struct conch_sb *o, const char *ex, const char *key, bo
 {
     conch_sb_puts(o, "### From bash\n\n```bash\n");
     conch_sb_printf(o,
-                     "tool_call %1$s '{\"%2$s\": \"...\"}'   # the result on stdout\n"
-                     "echo \"$input_json\" | tool_call %1$s -   # the input from stdin\n"
-                     "tool_call --list                       # the tools\n"
-                     "tool_call --help %1$s              # a tool's description and schema\n",
-                     ex, key);
+                    "tool_call %1$s '{\"%2$s\": \"...\"}'   # the result on stdout\n"
+                    "echo \"$input_json\" | tool_call %1$s -   # the input from stdin\n"
+                    "tool_call --list                       # the tools\n"
+                    "tool_call --help %1$s              # a tool's description and schema\n",
+                    ex, key);
     conch_sb_puts(o, "```\n\n");
     conch_sb_puts(
         o, "A result that is a JSON string is printed as raw text; any other result as one line "
@@ -411,14 +411,14 @@ static void bash_section(struct conch_sb *o, const char *ex, const char *key, bo
            "message names the field; fix the input, do not retry as is).\n\n"
            "Calls run in parallel: start them with `&` and `wait`:\n\n```bash\n");
     conch_sb_printf(o,
-                     "for q in alpha beta gamma; do\n"
-                     "  tool_call %1$s \"{\\\"%2$s\\\": \\\"$q\\\"}\" > \"out_$q.json\" &\n"
-                     "done\n"
-                     "wait\n",
-                     ex, key);
+                    "for q in alpha beta gamma; do\n"
+                    "  tool_call %1$s \"{\\\"%2$s\\\": \\\"$q\\\"}\" > \"out_$q.json\" &\n"
+                    "done\n"
+                    "wait\n",
+                    ex, key);
     if (agents)
         conch_sb_puts(o, "spawn_agent \"Summarise report.txt\" > summary.txt   # a sub-agent's "
-                          "final answer on stdout\n");
+                         "final answer on stdout\n");
     conch_sb_puts(o, "```\n\n");
 }
 
@@ -426,27 +426,27 @@ static void python_section(struct conch_sb *o, const char *ex, const char *key, 
 {
     conch_sb_puts(o, "### From Python\n\n```python\nimport conch_tools\n\n");
     conch_sb_printf(o,
-                     "r = conch_tools.call(\"%1$s\", {\"%2$s\": \"...\"})  # the result, decoded\n"
-                     "r = conch_tools.tools.%1$s(%2$s=\"...\")           # the same\n"
-                     "try:\n"
-                     "    conch_tools.call(\"%1$s\", {})\n"
-                     "except conch_tools.ToolError as e:  # also UnknownTool, InvalidInput\n"
-                     "    print(e.kind, e.message)\n\n"
-                     "# in parallel, with threads:\n"
-                     "from concurrent.futures import ThreadPoolExecutor\n"
-                     "with ThreadPoolExecutor(16) as pool:\n"
-                     "    results = list(pool.map(lambda q: conch_tools.call(\"%1$s\", "
-                     "{\"%2$s\": q}), queries))\n\n"
-                     "# or with asyncio:\n"
-                     "import asyncio\n"
-                     "async def main():\n"
-                     "    return await asyncio.gather(*(conch_tools.acall(\"%1$s\", "
-                     "{\"%2$s\": q}) for q in queries))\n"
-                     "results = asyncio.run(main())\n",
-                     ex, key);
+                    "r = conch_tools.call(\"%1$s\", {\"%2$s\": \"...\"})  # the result, decoded\n"
+                    "r = conch_tools.tools.%1$s(%2$s=\"...\")           # the same\n"
+                    "try:\n"
+                    "    conch_tools.call(\"%1$s\", {})\n"
+                    "except conch_tools.ToolError as e:  # also UnknownTool, InvalidInput\n"
+                    "    print(e.kind, e.message)\n\n"
+                    "# in parallel, with threads:\n"
+                    "from concurrent.futures import ThreadPoolExecutor\n"
+                    "with ThreadPoolExecutor(16) as pool:\n"
+                    "    results = list(pool.map(lambda q: conch_tools.call(\"%1$s\", "
+                    "{\"%2$s\": q}), queries))\n\n"
+                    "# or with asyncio:\n"
+                    "import asyncio\n"
+                    "async def main():\n"
+                    "    return await asyncio.gather(*(conch_tools.acall(\"%1$s\", "
+                    "{\"%2$s\": q}) for q in queries))\n"
+                    "results = asyncio.run(main())\n",
+                    ex, key);
     if (agents)
         conch_sb_puts(o, "answer = conch_tools.spawn_agent(\"Summarise report.txt\")  # "
-                          "await conch_tools.aspawn_agent(...) in asyncio\n");
+                         "await conch_tools.aspawn_agent(...) in asyncio\n");
     conch_sb_puts(o, "```\n\n");
 }
 
@@ -456,16 +456,16 @@ static void node_section(struct conch_sb *o, const char *ex, const char *key, bo
     camel(&cm, ex);
     conch_sb_puts(o, "### From Node\n\n```js\n");
     conch_sb_printf(o,
-                     "const { tools, call, spawnAgent } = require('conch-tools');  // or: "
-                     "import { tools, call, spawnAgent } from 'conch-tools'\n\n"
-                     "const r = await tools.%3$s({ %2$s: '...' });  // = call('%1$s', { %2$s: "
-                     "'...' })\n"
-                     "// in parallel:\n"
-                     "const results = await Promise.all(queries.map((q) => tools.%3$s({ %2$s: q "
-                     "})));\n"
-                     "// errors reject with a ToolError: err.kind ('tool_error', 'unknown_tool', "
-                     "'invalid_input', 'timeout', ...), err.message\n",
-                     ex, key, cm.buf ? cm.buf : ex);
+                    "const { tools, call, spawnAgent } = require('conch-tools');  // or: "
+                    "import { tools, call, spawnAgent } from 'conch-tools'\n\n"
+                    "const r = await tools.%3$s({ %2$s: '...' });  // = call('%1$s', { %2$s: "
+                    "'...' })\n"
+                    "// in parallel:\n"
+                    "const results = await Promise.all(queries.map((q) => tools.%3$s({ %2$s: q "
+                    "})));\n"
+                    "// errors reject with a ToolError: err.kind ('tool_error', 'unknown_tool', "
+                    "'invalid_input', 'timeout', ...), err.message\n",
+                    ex, key, cm.buf ? cm.buf : ex);
     if (agents)
         conch_sb_puts(o, "const answer = await spawnAgent('Summarise report.txt');\n");
     conch_sb_puts(o, "```\n\n");
@@ -475,7 +475,7 @@ static void node_section(struct conch_sb *o, const char *ex, const char *key, bo
 static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)
 {
     conch_sb_puts(o, "### Sub-agents\n\nYou can hand a task to a sub-agent; it works on its "
-                      "own and its final answer comes back to you. Agent types:\n\n");
+                     "own and its final answer comes back to you. Agent types:\n\n");
     size_t i;
     json_t *a;
     const char *first = NULL;
@@ -510,22 +510,22 @@ static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)
             first, first, first);
     if (langs & CONCH_TOOLSCHEMA_LANG_PYTHON)
         conch_sb_printf(o,
-                         "```python\n"
-                         "answer = conch_tools.spawn_agent(\"TASK\", type=\"%s\")\n"
-                         "answers = await asyncio.gather(*(conch_tools.aspawn_agent(t, "
-                         "type=\"%s\") for t in tasks))\n"
-                         "request_id = conch_tools.spawn_agent(\"TASK\", type=\"%s\", "
-                         "detach=True)\n"
-                         "```\n\n",
-                         first, first, first);
+                        "```python\n"
+                        "answer = conch_tools.spawn_agent(\"TASK\", type=\"%s\")\n"
+                        "answers = await asyncio.gather(*(conch_tools.aspawn_agent(t, "
+                        "type=\"%s\") for t in tasks))\n"
+                        "request_id = conch_tools.spawn_agent(\"TASK\", type=\"%s\", "
+                        "detach=True)\n"
+                        "```\n\n",
+                        first, first, first);
     if (langs & CONCH_TOOLSCHEMA_LANG_NODE)
         conch_sb_printf(o,
-                         "```js\n"
-                         "const answers = await Promise.all(tasks.map((t) => spawnAgent(t, "
-                         "'%s')));\n"
-                         "const requestId = await spawnAgent('TASK', '%s', { detach: true });\n"
-                         "```\n\n",
-                         first, first);
+                        "```js\n"
+                        "const answers = await Promise.all(tasks.map((t) => spawnAgent(t, "
+                        "'%s')));\n"
+                        "const requestId = await spawnAgent('TASK', '%s', { detach: true });\n"
+                        "```\n\n",
+                        first, first);
 }
 
 char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
