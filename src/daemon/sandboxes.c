@@ -26,8 +26,7 @@ static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
 #define DISK_EVERY 4 /* samples between two measures of the upper dir */
-/* A sandbox made without a spec (the pool's, a recovered one) has the spec's default. */
-#define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT
+#define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT /* the spec's (pool, recovered sandboxes) */
 
 struct sandbox *sandbox_find(struct daemon *d, const char *id)
 {
