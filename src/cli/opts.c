@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,9 +143,14 @@ int conch_cli_opts_parse(const struct conch_cli_parser *p, int argc, char **argv
     return 0;
 }
 
-int conch_cli_usage_error(const char *verb, const char *msg, const char *usage)
+int conch_cli_usage_error(const char *verb, const char *usage, const char *fmt, ...)
 {
-    fprintf(stderr, "conch %s: %s\n%s", verb, msg, usage ? usage : "");
+    va_list ap;
+    fprintf(stderr, "conch %s: ", verb);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n%s", usage ? usage : "");
     return CONCH_EXIT_USAGE;
 }
 

@@ -44,9 +44,10 @@ struct conch_cli_parser {
 int conch_cli_opts_parse(const struct conch_cli_parser *p, int argc, char **argv, int *ret_optind,
                          struct conch_err *err);
 
-/* conch_cli_usage_error - print "conch VERB: MSG" and @usage (may be NULL) on stderr; returns
- * the usage exit status. */
-int conch_cli_usage_error(const char *verb, const char *msg, const char *usage);
+/* conch_cli_usage_error - print "conch VERB: " and the printf-formatted message, then @usage
+ * (may be NULL), on stderr; returns the usage exit status. */
+int conch_cli_usage_error(const char *verb, const char *usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* conch_cli_parse_seconds - "1", "0.5", "2.25" → milliseconds in *@ret. */
 int conch_cli_parse_seconds(const char *s, const char *what, uint64_t *ret, struct conch_err *err);
