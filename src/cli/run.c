@@ -38,7 +38,7 @@ static const char usage_text[] =
     "  --cpu CPUS          CPU limit (e.g. 0.5; needs a cgroup)\n"
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
-    "  --disk BYTES        what the command may write to the workspace (default 1G)\n"
+    "  --disk BYTES        what the command may write to the workspace (default 4G)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
