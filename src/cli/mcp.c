@@ -82,7 +82,7 @@ static int abs_dir(const char *what, const char *path, char **ret, struct conch_
     return 0;
 }
 
-/* Parse into @o; the absolute workspace and rootfs go to @ret_paths (freed by the caller).
+/* Parse into @o; the absolute workspace goes to @ret_paths[0] (freed by the caller).
  * Returns 0, 1 after printing the help, or <0 with @err. */
 static int parse(struct conch_mcp_opts *o, char *ret_paths[2], int argc, char **argv,
                  struct conch_err *err)
@@ -116,11 +116,7 @@ static int parse(struct conch_mcp_opts *o, char *ret_paths[2], int argc, char **
             return r;
         o->sandbox.workspace = ret_paths[0];
     }
-    if (o->sandbox.rootfs) {
-        if ((r = abs_dir("--rootfs", o->sandbox.rootfs, &ret_paths[1], err)) < 0)
-            return r;
-        o->sandbox.rootfs = ret_paths[1];
-    }
+    /* --rootfs goes to the daemon as given: a bad one fails the session's initialize. */
     return 0;
 }
 
