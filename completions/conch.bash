@@ -56,7 +56,8 @@ _conch()
             COMPREPLY=($(compgen -W "overlay ro rw" -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
-        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name)
+        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|\
+        --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory)
             return ;;
     esac
 
@@ -81,7 +82,8 @@ _conch()
             opts="--json --help -h" ;;
         serve)
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
-                  --idle-timeout --help -h" ;;
+                  --idle-timeout --max-output-memory --max-bridge-memory
+                  --max-sandbox-bridge-memory --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;

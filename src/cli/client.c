@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "cli/conn.h"
+#include "cli/opts.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "daemon/daemon.h"
@@ -202,25 +203,50 @@ int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size
     return r;
 }
 
-/* The leading options of exec and rm: "--socket PATH", "--json", "-h"/"--help" (*@ret_help).
- * Returns the index of the first other argument. */
-static int leading_opts(int argc, char **argv, const char **ret_sock, bool *ret_json,
-                        bool *ret_help)
+/* The options of ps, exec and rm: --socket PATH, --json. */
+struct client_opts {
+    const char *sock;
+    bool json;
+};
+
+enum { OPT_SOCKET = 1, OPT_JSON };
+
+static int client_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
-    int i = 1;
-    *ret_sock = NULL;
-    *ret_json = *ret_help = false;
-    for (; i < argc; i++) {
-        if (!strcmp(argv[i], "--socket") && i + 1 < argc)
-            *ret_sock = argv[++i];
-        else if (!strcmp(argv[i], "--json"))
-            *ret_json = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
-            *ret_help = true;
-        else
-            break;
+    struct client_opts *o = ctx;
+    if (key == OPT_SOCKET)
+        o->sock = value;
+    else
+        o->json = true;
+    return 0;
+}
+
+/* Parse them; returns the index of the first operand, or -1 after printing the help
+ * (*@ret_status 0) or a usage error (*@ret_status 2). */
+static int client_parse(const char *verb, const char *usage, int argc, char **argv,
+                        struct client_opts *o, int *ret_status)
+{
+    static const struct conch_cli_opt table[] = {
+        {"socket", 0, true, OPT_SOCKET},
+        {"json", 0, false, OPT_JSON},
+        {NULL, 0, false, 0},
+    };
+    const struct conch_cli_parser p = {
+        .verb = verb, .table = table, .handler = client_opt, .ctx = o};
+    struct conch_err err = {0};
+    int optind = 1;
+    memset(o, 0, sizeof(*o));
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
+    if (r == 1) {
+        fputs(usage, stdout);
+        *ret_status = 0;
+        return -1;
     }
-    return i;
+    if (r < 0) {
+        *ret_status = conch_cli_usage_error(verb, usage, "%s", err.msg);
+        return -1;
+    }
+    return optind;
 }
 
 static void print_json(json_t *v)
@@ -233,26 +259,19 @@ static void print_json(json_t *v)
 
 int conch_cli_ps(int argc, char **argv)
 {
-    const char *sock = NULL;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
-            sock = argv[++i];
-        } else if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs("usage: conch ps [--socket PATH] [--json]\n"
-                  "List the daemon's sandboxes (--json: the sandbox.list result).\n",
-                  stdout);
-            return 0;
-        } else {
-            fprintf(stderr,
-                    "conch ps: unknown argument '%s'\nusage: conch ps [--socket PATH] "
-                    "[--json]\n",
-                    argv[i]);
-            return CONCH_EXIT_USAGE;
-        }
+    static const char usage[] = "usage: conch ps [--socket PATH] [--json]\n"
+                                "List the daemon's sandboxes (--json: the sandbox.list result).\n";
+    struct client_opts o;
+    int status;
+    int first = client_parse("ps", usage, argc, argv, &o, &status);
+    if (first < 0)
+        return status;
+    if (first < argc) {
+        fprintf(stderr, "conch ps: unexpected argument '%s'\n%s", argv[first], usage);
+        return CONCH_EXIT_USAGE;
     }
+    const char *sock = o.sock;
+    bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
         return 1;
@@ -307,16 +326,21 @@ static void append_quoted(char **buf, size_t *len, const char *s)
 
 int conch_cli_exec(int argc, char **argv)
 {
-    const char *sock;
-    bool json, help;
-    int i = leading_opts(argc, argv, &sock, &json, &help);
-    if (help || i >= argc) {
-        fputs("usage: conch exec [--socket PATH] [--json] ID -- CMD [ARGS...]\n"
-              "Run CMD in the daemon sandbox ID (an id or a name) and exit with its status;\n"
-              "--json prints the whole exec.run result instead of the output.\n",
-              help ? stdout : stderr);
-        return help ? 0 : CONCH_EXIT_USAGE;
+    static const char usage[] =
+        "usage: conch exec [--socket PATH] [--json] ID -- CMD [ARGS...]\n"
+        "Run CMD in the daemon sandbox ID (an id or a name) and exit with its status;\n"
+        "--json prints the whole exec.run result instead of the output.\n";
+    struct client_opts o;
+    int status;
+    int i = client_parse("exec", usage, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i >= argc) {
+        fputs(usage, stderr);
+        return CONCH_EXIT_USAGE;
     }
+    const char *sock = o.sock;
+    bool json = o.json;
     const char *id = argv[i++];
     if (i < argc && !strcmp(argv[i], "--"))
         i++;
@@ -363,20 +387,25 @@ int conch_cli_exec(int argc, char **argv)
 
 int conch_cli_rm(int argc, char **argv)
 {
-    const char *sock;
-    bool json, help;
-    int i = leading_opts(argc, argv, &sock, &json, &help);
-    if (help || i >= argc) {
-        fputs("usage: conch rm [--socket PATH] [--json] ID...\n"
-              "Destroy daemon sandboxes (ids or names), dropping their uncommitted changes;\n"
-              "--json prints {\"destroyed\": [ids], \"failed\": [ID arguments]}.\n",
-              help ? stdout : stderr);
-        return help ? 0 : CONCH_EXIT_USAGE;
+    static const char usage[] =
+        "usage: conch rm [--socket PATH] [--json] ID...\n"
+        "Destroy daemon sandboxes (ids or names), dropping their uncommitted changes;\n"
+        "--json prints {\"destroyed\": [ids], \"failed\": [ID arguments]}.\n";
+    struct client_opts o;
+    int status;
+    int i = client_parse("rm", usage, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    status = 0;
+    if (i >= argc) {
+        fputs(usage, stderr);
+        return CONCH_EXIT_USAGE;
     }
+    const char *sock = o.sock;
+    bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
         return 1;
-    int status = 0;
     json_t *destroyed = json_array(), *failed = json_array();
     for (; i < argc; i++) {
         char sid[128];

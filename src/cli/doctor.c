@@ -1,6 +1,5 @@
 /* doctor.c - `conch doctor`: run every feature probe and report, as text or JSON, which
  * kernel fences this machine allows and how to fix the missing ones. */
-#include <getopt.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -8,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/cleanup.h"
 #include "jail/probe.h"
 
@@ -83,28 +83,29 @@ static int print_json(const struct conch_probe_result *res, int n)
     return 0;
 }
 
+static int json_opt(void *ctx, int key, const char *value, struct conch_err *err)
+{
+    *(bool *)ctx = true;
+    return 0;
+}
+
 int conch_cli_doctor(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {0},
-    };
+    static const struct conch_cli_opt table[] = {{"json", 0, false, 1}, {NULL, 0, false, 0}};
     bool json = false;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'j':
-            json = true;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return CONCH_EXIT_USAGE;
-        }
+    const struct conch_cli_parser p = {
+        .verb = "doctor", .table = table, .handler = json_opt, .ctx = &json};
+    struct conch_err err = {0};
+    int optind = 1;
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
+    if (r == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (r < 0) {
+        fprintf(stderr, "conch doctor: %s\n", err.msg);
+        usage(stderr);
+        return CONCH_EXIT_USAGE;
     }
     if (optind < argc) {
         fprintf(stderr, "conch doctor: unexpected argument '%s'\n", argv[optind]);

@@ -1,6 +1,5 @@
 /* mcp.c - `conch mcp`: the options of the MCP server (src/mcp/), one sandbox per session. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,136 +36,87 @@ static const char mcp_usage[] =
     "                       state dir, removed at the end)\n"
     "  -h, --help           show this help\n";
 
-enum {
-    OPT_WORKSPACE = 1000,
-    OPT_MODE,
-    OPT_COMMIT,
-    OPT_TIMEOUT,
-    OPT_MAX_OUTPUT,
-    OPT_MEMORY,
-    OPT_PIDS,
-    OPT_CPU,
-    OPT_TMP_SIZE,
-    OPT_DISK,
-    OPT_ROOTFS,
-    OPT_AS_ROOT,
-    OPT_ENV,
-    OPT_STATE_DIR,
-};
+enum { OPT_COMMIT = 1, OPT_TIMEOUT, OPT_MAX_OUTPUT, OPT_STATE_DIR };
 
-static int parse(struct conch_mcp_opts *o, char ***env, int argc, char **argv,
+#define MCP_SPEC_OPTS                                                                              \
+    (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_MEMORY |                      \
+     CONCH_SPEC_OPT_PIDS | CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |    \
+     CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV)
+
+static int mcp_opt(void *ctx, int key, const char *value, struct conch_err *err)
+{
+    struct conch_mcp_opts *o = ctx;
+    uint64_t v = 0;
+    int r = 0;
+    switch (key) {
+    case OPT_COMMIT:
+        o->commit_on_exit = true;
+        break;
+    case OPT_TIMEOUT:
+        r = conch_cli_parse_seconds(value, "--timeout", &o->timeout_ms, err);
+        break;
+    case OPT_MAX_OUTPUT:
+        r = conch_parse_size(value, "--max-output", &v, err);
+        if (r == 0 && (v < 1024 || v > (64u << 20)))
+            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--max-output: between 1k and 64M");
+        o->max_output = (size_t)v;
+        break;
+    case OPT_STATE_DIR:
+        o->state_dir = value;
+        break;
+    }
+    return r;
+}
+
+/* @what ("--workspace"), a directory, made absolute into a new string in *@ret. */
+static int abs_dir(const char *what, const char *path, char **ret, struct conch_err *err)
+{
+    char *abs = realpath(path, NULL);
+    struct stat st;
+    if (!abs || stat(abs, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        free(abs);
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR, "%s: '%s' is not a directory", what,
+                              path);
+    }
+    *ret = abs;
+    return 0;
+}
+
+/* Parse into @o; the absolute workspace goes to @ret_paths[0] (freed by the caller).
+ * Returns 0, 1 after printing the help, or <0 with @err. */
+static int parse(struct conch_mcp_opts *o, char *ret_paths[2], int argc, char **argv,
                  struct conch_err *err)
 {
-    static const struct option opts[] = {{"workspace", required_argument, NULL, OPT_WORKSPACE},
-                                         {"mode", required_argument, NULL, OPT_MODE},
-                                         {"commit", no_argument, NULL, OPT_COMMIT},
-                                         {"timeout", required_argument, NULL, OPT_TIMEOUT},
-                                         {"max-output", required_argument, NULL, OPT_MAX_OUTPUT},
-                                         {"memory", required_argument, NULL, OPT_MEMORY},
-                                         {"pids", required_argument, NULL, OPT_PIDS},
-                                         {"cpu", required_argument, NULL, OPT_CPU},
-                                         {"tmp-size", required_argument, NULL, OPT_TMP_SIZE},
-                                         {"disk", required_argument, NULL, OPT_DISK},
-                                         {"rootfs", required_argument, NULL, OPT_ROOTFS},
-                                         {"as-root", no_argument, NULL, OPT_AS_ROOT},
-                                         {"env", required_argument, NULL, OPT_ENV},
-                                         {"state-dir", required_argument, NULL, OPT_STATE_DIR},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    size_t n_env = 0;
-    int opt, r = 0;
-    uint64_t v;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_WORKSPACE: {
-            char *abs = realpath(optarg, NULL);
-            struct stat st;
-            if (!abs || stat(abs, &st) < 0 || !S_ISDIR(st.st_mode)) {
-                free(abs);
-                return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
-                                      "--workspace: '%s' is not a directory", optarg);
-            }
-            free((char *)o->workspace);
-            o->workspace = abs; /* freed by conch_cli_mcp */
-            break;
-        }
-        case OPT_MODE:
-            if (strcmp(optarg, "overlay") && strcmp(optarg, "ro") && strcmp(optarg, "rw"))
-                return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                      "--mode: '%s' is not overlay, ro or rw", optarg);
-            o->mode = optarg;
-            break;
-        case OPT_COMMIT:
-            o->commit_on_exit = true;
-            break;
-        case OPT_TIMEOUT:
-            r = conch_cli_parse_seconds(optarg, "--timeout", &o->timeout_ms, err);
-            break;
-        case OPT_MAX_OUTPUT:
-            r = conch_parse_size(optarg, "--max-output", &v, err);
-            if (r == 0 && (v < 1024 || v > (64u << 20)))
-                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                   "--max-output: between 1k and 64M");
-            o->max_output = (size_t)v;
-            break;
-        case OPT_MEMORY:
-            r = conch_parse_size(optarg, "--memory", &o->memory, err);
-            break;
-        case OPT_PIDS:
-            r = conch_cli_parse_count(optarg, "--pids", &o->pids, err);
-            break;
-        case OPT_CPU: {
-            char *end = NULL;
-            errno = 0;
-            o->cpu = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(o->cpu > 0) || o->cpu > 1024)
-                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                   "--cpu: '%s' is not a number of CPUs (e.g. 0.5, 2)", optarg);
-            break;
-        }
-        case OPT_TMP_SIZE:
-            r = conch_parse_size(optarg, "--tmp-size", &o->tmp_size, err);
-            break;
-        case OPT_DISK:
-            r = conch_parse_size(optarg, "--disk", &o->disk, err);
-            break;
-        case OPT_ROOTFS:
-            o->rootfs = optarg;
-            break;
-        case OPT_AS_ROOT:
-            o->as_root = true;
-            break;
-        case OPT_ENV: {
-            if (!strchr(optarg, '=') || optarg[0] == '=')
-                return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--env: '%s' is not KEY=VALUE",
-                                      optarg);
-            char **ne = realloc(*env, (n_env + 2) * sizeof(*ne));
-            if (!ne)
-                return conch_err_set(err, ENOMEM, "out of memory");
-            *env = ne;
-            ne[n_env++] = optarg;
-            ne[n_env] = NULL;
-            o->env = (const char *const *)ne;
-            break;
-        }
-        case OPT_STATE_DIR:
-            o->state_dir = optarg;
-            break;
-        case 'h':
-            fputs(mcp_usage, stdout);
-            return 1;
-        default:
-            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unknown or incomplete option '%s'",
-                                  argv[optind - 1]);
-        }
-        if (r < 0)
-            return r;
+    static const struct conch_cli_opt table[] = {
+        {"commit", 0, false, OPT_COMMIT},
+        {"timeout", 0, true, OPT_TIMEOUT},
+        {"max-output", 0, true, OPT_MAX_OUTPUT},
+        {"state-dir", 0, true, OPT_STATE_DIR},
+        {NULL, 0, false, 0},
+    };
+    const struct conch_cli_parser p = {.verb = "mcp",
+                                       .table = table,
+                                       .handler = mcp_opt,
+                                       .ctx = o,
+                                       .spec_opts = MCP_SPEC_OPTS,
+                                       .spec = &o->sandbox};
+    int optind = 1;
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, err);
+    if (r == 1) {
+        fputs(mcp_usage, stdout);
+        return 1;
     }
+    if (r < 0)
+        return r;
     if (optind < argc)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unexpected argument '%s'",
                               argv[optind]);
+    if (o->sandbox.workspace) {
+        if ((r = abs_dir("--workspace", o->sandbox.workspace, &ret_paths[0], err)) < 0)
+            return r;
+        o->sandbox.workspace = ret_paths[0];
+    }
+    /* --rootfs goes to the daemon as given: a bad one fails the session's initialize. */
     return 0;
 }
 
@@ -175,25 +125,21 @@ int conch_cli_mcp(int argc, char **argv)
     struct conch_mcp_opts o;
     conch_mcp_opts_init(&o);
     struct conch_err err = {0};
-    char **env = NULL;
-    int r = parse(&o, &env, argc, argv, &err);
-    if (r == 1) {
-        free(env);
-        free((char *)o.workspace);
-        return 0;
-    }
-    if (r < 0) {
-        fprintf(stderr, "conch mcp: %s\n%s", err.msg, mcp_usage);
-        free(env);
-        free((char *)o.workspace);
-        return CONCH_EXIT_USAGE;
+    char *paths[2] = {NULL, NULL};
+    int r = parse(&o, paths, argc, argv, &err);
+    if (r != 0) {
+        conch_spec_done(&o.sandbox);
+        free(paths[0]);
+        free(paths[1]);
+        return r == 1 ? 0 : conch_cli_usage_error("mcp", mcp_usage, "%s", err.msg);
     }
     char parent[PATH_MAX];
     if (!o.state_dir) {
         if (conch_state_default_dir(parent, sizeof(parent), &err) < 0) {
             fprintf(stderr, "conch mcp: %s (pass --state-dir)\n", err.msg);
-            free(env);
-            free((char *)o.workspace);
+            conch_spec_done(&o.sandbox);
+            free(paths[0]);
+            free(paths[1]);
             return CONCH_EXIT_USAGE;
         }
         o.state_parent = parent;
@@ -201,8 +147,9 @@ int conch_cli_mcp(int argc, char **argv)
     /* For running conch mcp under valgrind or a debugger, whose /proc/self/exe is not conch. */
     o.conch_exe = getenv("CONCH_EXE");
     r = conch_mcp_serve(&o, STDIN_FILENO, STDOUT_FILENO, &err);
-    free(env);
-    free((char *)o.workspace);
+    conch_spec_done(&o.sandbox);
+    free(paths[0]);
+    free(paths[1]);
     if (r < 0) {
         fprintf(stderr, "conch mcp: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
         return err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : 1;

@@ -1,7 +1,6 @@
 /* run.c - `conch run`: one command in a fresh sandbox over a copy-on-write view of a
  * directory, then a report of what it changed. */
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -40,7 +39,7 @@ static const char usage_text[] =
     "  --cpu CPUS          CPU limit (e.g. 0.5; needs a cgroup)\n"
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
-    "  --disk BYTES        what the command may write to the workspace (default 1G)\n"
+    "  --disk BYTES        what the command may write to the workspace (default 4G)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -53,61 +52,45 @@ static const char usage_text[] =
     "128+N when the command was killed by signal N.\n";
 
 enum {
-    OPT_WORKSPACE = 256,
-    OPT_MODE,
     OPT_COMMIT,
-    OPT_ROOTFS,
-    OPT_AS_ROOT,
-    OPT_ENV,
     OPT_CWD,
     OPT_TIMEOUT,
     OPT_GRACE,
     OPT_MAX_OUTPUT,
     OPT_MAX_SPILL,
-    OPT_MEMORY,
-    OPT_PIDS,
-    OPT_CPU,
-    OPT_TMP_SIZE,
-    OPT_HOME_SIZE,
-    OPT_DISK,
     OPT_JSON,
     OPT_TOOLS,
     OPT_NO_DAEMON,
     OPT_SOCKET,
+    OPT_QUIET,
 };
 
-static const struct option long_opts[] = {
-    {"workspace", required_argument, NULL, OPT_WORKSPACE},
-    {"mode", required_argument, NULL, OPT_MODE},
-    {"commit", no_argument, NULL, OPT_COMMIT},
-    {"rootfs", required_argument, NULL, OPT_ROOTFS},
-    {"as-root", no_argument, NULL, OPT_AS_ROOT},
-    {"env", required_argument, NULL, OPT_ENV},
-    {"cwd", required_argument, NULL, OPT_CWD},
-    {"timeout", required_argument, NULL, OPT_TIMEOUT},
-    {"grace", required_argument, NULL, OPT_GRACE},
-    {"max-output", required_argument, NULL, OPT_MAX_OUTPUT},
-    {"max-spill", required_argument, NULL, OPT_MAX_SPILL},
-    {"memory", required_argument, NULL, OPT_MEMORY},
-    {"pids", required_argument, NULL, OPT_PIDS},
-    {"cpu", required_argument, NULL, OPT_CPU},
-    {"tmp-size", required_argument, NULL, OPT_TMP_SIZE},
-    {"home-size", required_argument, NULL, OPT_HOME_SIZE},
-    {"disk", required_argument, NULL, OPT_DISK},
-    {"json", no_argument, NULL, OPT_JSON},
-    {"tools", required_argument, NULL, OPT_TOOLS},
-    {"no-daemon", no_argument, NULL, OPT_NO_DAEMON},
-    {"socket", required_argument, NULL, OPT_SOCKET},
-    {"quiet", no_argument, NULL, 'q'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
+static const struct conch_cli_opt run_opts[] = {
+    {"commit", 0, false, OPT_COMMIT},
+    {"cwd", 0, true, OPT_CWD},
+    {"timeout", 0, true, OPT_TIMEOUT},
+    {"grace", 0, true, OPT_GRACE},
+    {"max-output", 0, true, OPT_MAX_OUTPUT},
+    {"max-spill", 0, true, OPT_MAX_SPILL},
+    {"json", 0, false, OPT_JSON},
+    {"tools", 0, true, OPT_TOOLS},
+    {"no-daemon", 0, false, OPT_NO_DAEMON},
+    {"socket", 0, true, OPT_SOCKET},
+    {"quiet", 'q', false, OPT_QUIET},
+    {NULL, 0, false, 0},
 };
+
+/* The sandbox options conch run takes (the spec's; conch create and conch mcp take theirs). */
+#define RUN_SPEC_OPTS                                                                              \
+    (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
+     CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
+     CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
+     CONCH_SPEC_OPT_DISK)
 
 struct run_cli {
     struct conch_run_opts run;
-    const char *workspace_arg;
+    struct conch_sandbox_spec spec; /* the sandbox options, made into run.jail */
     const char *cwd_arg;
-    const char *rootfs_arg;
     char workspace[PATH_MAX];
     char rootfs[PATH_MAX];
     char cwd_inside[PATH_MAX + 16];
@@ -154,122 +137,105 @@ static void default_spill_dir(char *buf, size_t size)
         snprintf(buf, size, "/tmp/conch-%u/spill", (unsigned)getuid());
 }
 
-static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err)
+static int run_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
-    int r = 0, opt;
+    struct run_cli *c = ctx;
     uint64_t v;
-    c->env = calloc((size_t)argc + 1, sizeof(char *));
+    int r = 0;
+    switch (key) {
+    case OPT_COMMIT:
+        c->run.commit = true;
+        break;
+    case OPT_CWD:
+        c->cwd_arg = value;
+        break;
+    case OPT_TOOLS:
+        if (c->toolhost)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--tools: given twice");
+        r = conch_toolhost_load(value, &c->toolhost, err);
+        if (r >= 0)
+            c->run.tools = conch_toolhost_tools(c->toolhost);
+        return r;
+    case OPT_TIMEOUT:
+        return conch_cli_parse_seconds(value, "--timeout", &c->run.timeout_ms, err);
+    case OPT_GRACE:
+        return conch_cli_parse_seconds(value, "--grace", &c->run.grace_ms, err);
+    case OPT_MAX_OUTPUT:
+        r = conch_parse_size(value, "--max-output", &v, err);
+        c->run.max_output = (size_t)v;
+        break;
+    case OPT_MAX_SPILL:
+        return conch_parse_size(value, "--max-spill", &c->run.max_spill, err);
+    case OPT_JSON:
+        c->json = true;
+        break;
+    case OPT_NO_DAEMON:
+        c->no_daemon = true;
+        break;
+    case OPT_SOCKET:
+        c->socket_path = value;
+        break;
+    case OPT_QUIET:
+        c->quiet = true;
+        break;
+    }
+    return r;
+}
+
+/* The "K=V" list of the spec's env, into c->env (owned copies). */
+static int env_list(struct run_cli *c, struct conch_err *err)
+{
+    c->env = calloc(json_object_size(c->spec.env) + 1, sizeof(char *));
     if (!c->env)
         return conch_err_set(err, ENOMEM, "out of memory");
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+qh", long_opts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_WORKSPACE:
-            c->workspace_arg = optarg;
-            break;
-        case OPT_MODE:
-            r = conch_ws_mode_parse(optarg, &c->run.jail.ws_mode, err);
-            if (r < 0)
-                conch_err_wrap(err, "--mode");
-            break;
-        case OPT_COMMIT:
-            c->run.commit = true;
-            break;
-        case OPT_ROOTFS:
-            c->rootfs_arg = optarg;
-            break;
-        case OPT_AS_ROOT:
-            c->run.jail.as_root = true;
-            break;
-        case OPT_ENV: {
-            /* Values are often secrets (API tokens), and /proc/<pid>/cmdline is world
-             * readable: keep a copy, and blank the value in our argv at once. */
-            char *copy = strdup(optarg);
-            if (!copy)
-                return conch_err_set(err, ENOMEM, "out of memory");
-            c->env[c->n_env++] = copy;
-            char *eq = strchr(optarg, '=');
-            if (eq)
-                memset(eq + 1, '*', strlen(eq + 1));
-            break;
+    const char *k;
+    json_t *v;
+    json_object_foreach(c->spec.env, k, v)
+    {
+        if (asprintf(&c->env[c->n_env], "%s=%s", k, json_string_value(v)) < 0) {
+            c->env[c->n_env] = NULL;
+            return conch_err_set(err, ENOMEM, "out of memory");
         }
-        case OPT_CWD:
-            c->cwd_arg = optarg;
-            break;
-        case OPT_TOOLS:
-            if (c->toolhost)
-                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--tools: given twice");
-            else
-                r = conch_toolhost_load(optarg, &c->toolhost, err);
-            if (r >= 0)
-                c->run.tools = conch_toolhost_tools(c->toolhost);
-            break;
-        case OPT_TIMEOUT:
-            r = conch_cli_parse_seconds(optarg, "--timeout", &c->run.timeout_ms, err);
-            break;
-        case OPT_GRACE:
-            r = conch_cli_parse_seconds(optarg, "--grace", &c->run.grace_ms, err);
-            break;
-        case OPT_MAX_OUTPUT:
-            r = conch_parse_size(optarg, "--max-output", &v, err);
-            c->run.max_output = (size_t)v;
-            break;
-        case OPT_MAX_SPILL:
-            r = conch_parse_size(optarg, "--max-spill", &c->run.max_spill, err);
-            break;
-        case OPT_MEMORY:
-            r = conch_parse_size(optarg, "--memory", &c->run.jail.limits.memory_bytes, err);
-            break;
-        case OPT_PIDS:
-            r = conch_cli_parse_count(optarg, "--pids", &c->run.jail.limits.pids_max, err);
-            break;
-        case OPT_CPU: {
-            uint64_t ms;
-            r = conch_cli_parse_seconds(optarg, "--cpu", &ms, err);
-            if (r == 0 && ms == 0)
-                r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--cpu: must be above 0");
-            c->run.jail.limits.cpu_millicpus = ms;
-            break;
-        }
-        case OPT_TMP_SIZE:
-            r = conch_parse_size(optarg, "--tmp-size", &c->run.jail.tmp_bytes, err);
-            break;
-        case OPT_HOME_SIZE:
-            r = conch_parse_size(optarg, "--home-size", &c->run.jail.home_bytes, err);
-            break;
-        case OPT_DISK:
-            r = conch_parse_size(optarg, "--disk", &c->run.jail.disk_bytes, err);
-            break;
-        case OPT_JSON:
-            c->json = true;
-            break;
-        case OPT_NO_DAEMON:
-            c->no_daemon = true;
-            break;
-        case OPT_SOCKET:
-            c->socket_path = optarg;
-            break;
-        case 'q':
-            c->quiet = true;
-            break;
-        case 'h':
-            fputs(usage_text, stdout);
-            exit(0);
-        default:
-            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unknown or incomplete option '%s'",
-                                  argv[optind - 1]);
-        }
-        if (r < 0)
-            return r;
+        c->n_env++;
     }
+    return 0;
+}
+
+/* Parse the options into @c; 1: --help was printed. */
+static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err)
+{
+    const struct conch_cli_parser p = {.verb = "run",
+                                       .table = run_opts,
+                                       .handler = run_opt,
+                                       .ctx = c,
+                                       .spec_opts = RUN_SPEC_OPTS,
+                                       .spec = &c->spec};
+    int optind = 1;
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, err);
+    if (r == 1) {
+        fputs(usage_text, stdout);
+        return 1;
+    }
+    if (r < 0)
+        return r;
     if (optind >= argc)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "no command given (usage: conch run [options] -- CMD [ARGS...])");
     c->run.argv = argv + optind;
+    if ((r = env_list(c, err)) < 0)
+        return r;
     c->run.env_extra = c->env;
+    struct conch_jail_spec *j = &c->run.jail;
+    j->ws_mode = c->spec.mode;
+    j->as_root = c->spec.as_root;
+    j->limits.memory_bytes = c->spec.limits.memory_bytes;
+    j->limits.pids_max = c->spec.limits.pids_max;
+    j->limits.cpu_millicpus = c->spec.limits.cpu_millicpus;
+    j->tmp_bytes = c->spec.tmp_bytes;
+    j->home_bytes = c->spec.home_bytes;
+    j->disk_bytes = c->spec.disk_bytes;
 
-    const char *ws = c->workspace_arg ? c->workspace_arg : ".";
+    const char *ws = c->spec.workspace ? c->spec.workspace : ".";
     if (!realpath(ws, c->workspace))
         return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--workspace '%s': %s", ws,
                               strerror(errno));
@@ -281,9 +247,9 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     /* No file a command writes may outgrow the disk limit, in any mode (a sparse file
      * costs the overlay nothing but lands on the host at its full size). */
     c->run.jail.file_bytes = c->run.jail.disk_bytes;
-    if (c->rootfs_arg) {
-        if (!realpath(c->rootfs_arg, c->rootfs))
-            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--rootfs '%s': %s", c->rootfs_arg,
+    if (c->spec.rootfs) {
+        if (!realpath(c->spec.rootfs, c->rootfs))
+            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "--rootfs '%s': %s", c->spec.rootfs,
                                   strerror(errno));
         c->run.jail.rootfs = c->rootfs;
     }
@@ -414,6 +380,7 @@ int conch_cli_run(int argc, char **argv)
     struct run_cli c;
     memset(&c, 0, sizeof(c));
     conch_run_opts_init(&c.run);
+    conch_spec_defaults(&c.spec);
     struct conch_err err = {0};
     struct conch_run_result res;
     memset(&res, 0, sizeof(res));
@@ -421,6 +388,10 @@ int conch_cli_run(int argc, char **argv)
     int status;
 
     int r = parse(&c, argc, argv, &err);
+    if (r == 1) {
+        conch_spec_done(&c.spec);
+        return 0;
+    }
     if (r >= 0)
         r = conch_jail_check_stack(&err); /* before anything deep, borrowed or not */
     /* A daemon of ours may have a sandbox ready: its pool's (see conch_cli_lease). */
@@ -434,7 +405,10 @@ int conch_cli_run(int argc, char **argv)
         if (c.json)
             print_json(&res, &err);
         /* Also on stderr in JSON mode: a person running the command should see why. */
-        fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
+        if (err.kind == CONCH_ERR_USAGE)
+            fprintf(stderr, "conch run: %s\n", err.msg);
+        else
+            fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
     } else {
         status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
         if (c.json)
@@ -447,5 +421,6 @@ int conch_cli_run(int argc, char **argv)
     for (size_t i = 0; i < c.n_env; i++)
         free(c.env[i]);
     free(c.env);
+    conch_spec_done(&c.spec);
     return status;
 }

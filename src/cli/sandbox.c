@@ -3,7 +3,6 @@
  * client of one or two JSON-RPC calls (docs/PROTOCOL.md), with --json for scripts. */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -21,11 +20,12 @@
 #include "workspace/workspace.h"
 
 /* Options every verb here takes. */
-#define COMMON_OPTS                                                                                \
-    {"socket", required_argument, NULL, 'S'},                                                      \
-    {                                                                                              \
-        "json", no_argument, NULL, 'J'                                                             \
-    }
+enum { OPT_SOCKET = 1, OPT_JSON };
+static const struct conch_cli_opt common_opts[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"json", 0, false, OPT_JSON},
+    {NULL, 0, false, 0},
+};
 
 struct common {
     const char *verb;
@@ -64,125 +64,45 @@ static int open_sandbox(const struct common *o, struct conch_cli_conn *c, const 
     return 0;
 }
 
-/* Parse the common options and leave the positional arguments in argv[optind..]. @extra
- * handles the verb's own options (may be NULL); returns <0 on a usage error. */
-static int parse(struct common *o, int argc, char **argv, const struct option *longopts,
-                 int (*extra)(int opt, void *arg), void *arg)
+static int common_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
-    int opt;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'S':
-            o->sock = optarg;
-            break;
-        case 'J':
-            o->json = true;
-            break;
-        case 'h':
-            fputs(o->usage, stdout);
-            return 1;
-        default:
-            if (opt != '?' && extra && extra(opt, arg) == 0)
-                break;
-            if (opt == '?' || !extra)
-                usage_error(o, "unknown or incomplete option", argv[optind - 1]);
-            return -1;
-        }
-    }
+    struct common *o = ctx;
+    if (key == OPT_SOCKET)
+        o->sock = value;
+    else
+        o->json = true;
     return 0;
+}
+
+/* Parse the common options (and @spec_opts into @spec) and leave the first operand's index
+ * in *@ret_optind. Returns 0, 1 after printing the help, or -1 after a usage error. */
+static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
+                 struct conch_sandbox_spec *spec, int *ret_optind)
+{
+    const struct conch_cli_parser p = {.verb = o->verb,
+                                       .table = common_opts,
+                                       .handler = common_opt,
+                                       .ctx = o,
+                                       .spec_opts = spec_opts,
+                                       .spec = spec};
+    struct conch_err err = {0};
+    int r = conch_cli_opts_parse(&p, argc, argv, ret_optind, &err);
+    if (r == 1)
+        fputs(o->usage, stdout);
+    if (r < 0) {
+        conch_cli_usage_error(o->verb, o->usage, "%s", err.msg);
+        return -1;
+    }
+    return r;
 }
 
 /* ---- create ---- */
 
-struct create_args {
-    json_t *params;
-    const char *verb;
-};
-
-static int create_opt(int opt, void *arg)
-{
-    struct create_args *a = arg;
-    struct conch_err err = {0};
-    uint64_t v = 0;
-    int r = 0;
-    char path[PATH_MAX];
-    switch (opt) {
-    case 'w':
-        if (!realpath(optarg, path)) {
-            fprintf(stderr, "conch create: --workspace '%s': %s\n", optarg, strerror(errno));
-            return -1;
-        }
-        json_object_set_new(a->params, "workspace", json_string(path));
-        return 0;
-    case 'n':
-        json_object_set_new(a->params, "name", json_string(optarg));
-        return 0;
-    case 'o':
-        json_object_set_new(a->params, "mode", json_string(optarg));
-        return 0;
-    case 'R':
-        json_object_set_new(a->params, "as_root", json_true());
-        return 0;
-    case 'e': {
-        const char *eq = strchr(optarg, '=');
-        if (!eq || eq == optarg) {
-            fprintf(stderr, "conch create: --env '%s': expected NAME=VALUE\n", optarg);
-            return -1;
-        }
-        json_t *env = json_object_get(a->params, "env");
-        if (!env) {
-            env = json_object();
-            json_object_set_new(a->params, "env", env);
-        }
-        char *k = strndup(optarg, (size_t)(eq - optarg));
-        json_object_set_new(env, k, json_string(eq + 1));
-        free(k);
-        return 0;
-    }
-    case 'm':
-        r = conch_parse_size(optarg, "--memory", &v, &err);
-        if (r == 0)
-            json_object_set_new(a->params, "memory", json_integer((json_int_t)v));
-        break;
-    case 'p':
-        r = conch_cli_parse_count(optarg, "--pids", &v, &err);
-        if (r == 0)
-            json_object_set_new(a->params, "pids", json_integer((json_int_t)v));
-        break;
-    case 'c': {
-        char *end = NULL;
-        double cpu = strtod(optarg, &end);
-        if (!end || *end || !(cpu > 0)) {
-            fprintf(stderr, "conch create: --cpu '%s': expected a number of CPUs\n", optarg);
-            return -1;
-        }
-        json_object_set_new(a->params, "cpu", json_real(cpu));
-        return 0;
-    }
-    case 't':
-        r = conch_parse_size(optarg, "--tmp-size", &v, &err);
-        if (r == 0)
-            json_object_set_new(a->params, "tmp_size", json_integer((json_int_t)v));
-        break;
-    case 'd':
-        r = conch_parse_size(optarg, "--disk", &v, &err);
-        if (r == 0)
-            json_object_set_new(a->params, "disk", json_integer((json_int_t)v));
-        break;
-    case 'i':
-        r = conch_cli_parse_seconds(optarg, "--idle-timeout", &v, &err);
-        if (r == 0)
-            json_object_set_new(a->params, "idle_timeout", json_real((double)v / 1000));
-        break;
-    default:
-        return -1;
-    }
-    if (r < 0)
-        fprintf(stderr, "conch create: %s\n", err.msg);
-    return r;
-}
+#define CREATE_SPEC_OPTS                                                                           \
+    (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_NAME | CONCH_SPEC_OPT_MODE |                        \
+     CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
+     CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
+     CONCH_SPEC_OPT_IDLE_TIMEOUT)
 
 int conch_cli_create(int argc, char **argv)
 {
@@ -195,34 +115,35 @@ int conch_cli_create(int argc, char **argv)
                  "\n"
                  "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
                  "object). Without --workspace it gets an empty one.\n"};
-    static const struct option longopts[] = {COMMON_OPTS,
-                                             {"workspace", required_argument, NULL, 'w'},
-                                             {"name", required_argument, NULL, 'n'},
-                                             {"mode", required_argument, NULL, 'o'},
-                                             {"as-root", no_argument, NULL, 'R'},
-                                             {"env", required_argument, NULL, 'e'},
-                                             {"memory", required_argument, NULL, 'm'},
-                                             {"pids", required_argument, NULL, 'p'},
-                                             {"cpu", required_argument, NULL, 'c'},
-                                             {"tmp-size", required_argument, NULL, 't'},
-                                             {"disk", required_argument, NULL, 'd'},
-                                             {"idle-timeout", required_argument, NULL, 'i'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    struct create_args a = {.params = json_object(), .verb = "create"};
-    int r = parse(&o, argc, argv, longopts, create_opt, &a);
-    if (r != 0 || optind < argc) {
-        json_decref(a.params);
-        if (r == 0)
-            return usage_error(&o, "unexpected argument", argv[optind]);
-        return r > 0 ? 0 : CONCH_EXIT_USAGE;
+    struct conch_sandbox_spec spec;
+    conch_spec_defaults(&spec);
+    int optind = 1;
+    int r = parse(&o, argc, argv, CREATE_SPEC_OPTS, &spec, &optind);
+    char path[PATH_MAX];
+    if (r == 0 && optind < argc) {
+        usage_error(&o, "unexpected argument", argv[optind]);
+        r = -1;
     }
+    if (r == 0 && spec.workspace) {
+        if (!realpath(spec.workspace, path)) {
+            fprintf(stderr, "conch create: --workspace '%s': %s\n", spec.workspace,
+                    strerror(errno));
+            r = -1;
+        }
+        spec.workspace = path;
+    }
+    json_t *params = r == 0 ? conch_spec_to_json(&spec) : NULL;
+    conch_spec_done(&spec);
+    if (r != 0)
+        return r > 0 ? 0 : CONCH_EXIT_USAGE;
+    if (!params)
+        return 1;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0) {
-        json_decref(a.params);
+        json_decref(params);
         return 1;
     }
-    json_t *res = conch_cli_conn_call(&c, "sandbox.create", a.params);
+    json_t *res = conch_cli_conn_call(&c, "sandbox.create", params);
     conch_cli_conn_close(&c);
     if (!res)
         return 1;
@@ -306,9 +227,8 @@ static int ws_verb(enum ws_verb v, int argc, char **argv)
         "Drop the sandbox's uncommitted changes (all, or the listed paths). A running sandbox\n"
         "is restarted: its processes stop and /tmp and the home start empty.\n"};
     struct common o = {.verb = names[v], .usage = usages[v]};
-    static const struct option longopts[] = {
-        COMMON_OPTS, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    int r = parse(&o, argc, argv, longopts, NULL, NULL);
+    int optind = 1;
+    int r = parse(&o, argc, argv, 0, NULL, &optind);
     if (r != 0)
         return r > 0 ? 0 : CONCH_EXIT_USAGE;
     if (optind >= argc)
@@ -584,9 +504,8 @@ int conch_cli_cp(int argc, char **argv)
                  "(ID an id or a name; PATH relative to /workspace, or absolute inside the\n"
                  "sandbox). A DST ending in '/' (or a local directory) takes SRC's name. Write\n"
                  "a local path holding ':' as ./a:b.\n"};
-    static const struct option longopts[] = {
-        COMMON_OPTS, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    int r = parse(&o, argc, argv, longopts, NULL, NULL);
+    int optind = 1;
+    int r = parse(&o, argc, argv, 0, NULL, &optind);
     if (r != 0)
         return r > 0 ? 0 : CONCH_EXIT_USAGE;
     if (argc - optind != 2)

@@ -1,6 +1,5 @@
 /* serve.c - `conch serve` (the daemon) and `conch gc`. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,123 +46,160 @@ static const char serve_usage[] =
     "                      the same for one sandbox (default 64M); past either, the\n"
     "                      connection or call that does not fit is refused\n";
 
+enum {
+    OPT_SOCKET = 1,
+    OPT_STDIO,
+    OPT_STATE_DIR,
+    OPT_MAX_MESSAGE,
+    OPT_POOL,
+    OPT_MAX_SANDBOXES,
+    OPT_IDLE,
+    OPT_MAX_OUTPUT_MEMORY,
+    OPT_MAX_BRIDGE_MEMORY,
+    OPT_MAX_SANDBOX_BRIDGE_MEMORY
+};
+
+static const struct conch_cli_opt serve_opts[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"stdio", 0, false, OPT_STDIO},
+    {"state-dir", 0, true, OPT_STATE_DIR},
+    {"max-message", 0, true, OPT_MAX_MESSAGE},
+    {"pool", 0, true, OPT_POOL},
+    {"max-sandboxes", 0, true, OPT_MAX_SANDBOXES},
+    {"idle-timeout", 0, true, OPT_IDLE},
+    {"max-output-memory", 0, true, OPT_MAX_OUTPUT_MEMORY},
+    {"max-bridge-memory", 0, true, OPT_MAX_BRIDGE_MEMORY},
+    {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_BRIDGE_MEMORY},
+    {NULL, 0, false, 0},
+};
+
+struct serve_cli {
+    struct conch_daemon_opts o;
+    bool pool_set, idle_set;
+};
+
+static int serve_opt(void *ctx, int key, const char *value, struct conch_err *err)
+{
+    struct serve_cli *c = ctx;
+    uint64_t v = 0;
+    int r = 0;
+    switch (key) {
+    case OPT_SOCKET:
+        c->o.socket_path = value;
+        break;
+    case OPT_STDIO:
+        c->o.stdio = true;
+        break;
+    case OPT_STATE_DIR:
+        c->o.state_dir = value;
+        break;
+    case OPT_MAX_MESSAGE:
+        r = conch_parse_size(value, "--max-message", &v, err);
+        c->o.max_message = (size_t)v;
+        if (r == 0 && v < 1024)
+            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--max-message: at least 1024");
+        break;
+    case OPT_POOL: {
+        /* 0 is a pool of none; more than 64 is 64. */
+        char *end = NULL;
+        errno = 0;
+        v = strtoull(value, &end, 10);
+        if (errno == ERANGE)
+            v = 64;
+        else if (errno || end == value || *end || value[0] == '-')
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "--pool: '%s' is not a number of sandboxes", value);
+        c->o.pool_size = (unsigned)(v > 64 ? 64 : v);
+        c->pool_set = true;
+        break;
+    }
+    case OPT_MAX_SANDBOXES:
+        r = conch_cli_parse_count(value, "--max-sandboxes", &v, err);
+        c->o.max_sandboxes = (unsigned)v;
+        break;
+    case OPT_IDLE:
+        r = conch_cli_parse_seconds(value, "--idle-timeout", &v, err);
+        c->o.idle_timeout = (double)v / 1000;
+        c->idle_set = true;
+        break;
+    case OPT_MAX_OUTPUT_MEMORY:
+        r = conch_parse_size(value, "--max-output-memory", &c->o.max_output_memory, err);
+        break;
+    case OPT_MAX_BRIDGE_MEMORY:
+        r = conch_parse_size(value, "--max-bridge-memory", &c->o.max_bridge_memory, err);
+        if (r == 0 && c->o.max_bridge_memory < 64 * 1024)
+            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--max-bridge-memory: at least 64K");
+        break;
+    case OPT_MAX_SANDBOX_BRIDGE_MEMORY:
+        r = conch_parse_size(value, "--max-sandbox-bridge-memory", &c->o.max_sandbox_bridge_memory,
+                             err);
+        if (r == 0 && c->o.max_sandbox_bridge_memory < 64 * 1024)
+            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                               "--max-sandbox-bridge-memory: at least 64K (a connection "
+                               "and a short call must fit)");
+        break;
+    }
+    return r;
+}
+
 int conch_cli_serve(int argc, char **argv)
 {
-    struct conch_daemon_opts o;
-    conch_daemon_opts_init(&o);
-    static const struct option opts[] = {
-        {"socket", required_argument, NULL, 's'},
-        {"stdio", no_argument, NULL, 'i'},
-        {"state-dir", required_argument, NULL, 'd'},
-        {"max-message", required_argument, NULL, 'm'},
-        {"pool", required_argument, NULL, 'p'},
-        {"max-sandboxes", required_argument, NULL, 'n'},
-        {"idle-timeout", required_argument, NULL, 't'},
-        {"max-output-memory", required_argument, NULL, 'O'},
-        {"max-bridge-memory", required_argument, NULL, 'B'},
-        {"max-sandbox-bridge-memory", required_argument, NULL, 'b'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    struct serve_cli c = {0};
+    conch_daemon_opts_init(&c.o);
+    const struct conch_cli_parser p = {
+        .verb = "serve", .table = serve_opts, .handler = serve_opt, .ctx = &c};
     struct conch_err err = {0};
-    int opt, r = 0;
-    uint64_t v;
-    bool pool_set = false, idle_set = false;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
-        switch (opt) {
-        case 's':
-            o.socket_path = optarg;
-            break;
-        case 'i':
-            o.stdio = true;
-            break;
-        case 'd':
-            o.state_dir = optarg;
-            break;
-        case 'm':
-            r = conch_parse_size(optarg, "--max-message", &v, &err);
-            o.max_message = (size_t)v;
-            if (r == 0 && v < 1024)
-                r = conch_err_setk(&err, CONCH_ERR_USAGE, EINVAL, "--max-message: at least 1024");
-            break;
-        case 'p':
-            v = strtoull(optarg, NULL, 10);
-            o.pool_size = (unsigned)(v > 64 ? 64 : v);
-            pool_set = true;
-            break;
-        case 'n':
-            r = conch_cli_parse_count(optarg, "--max-sandboxes", &v, &err);
-            o.max_sandboxes = (unsigned)v;
-            break;
-        case 't': {
-            uint64_t ms;
-            r = conch_cli_parse_seconds(optarg, "--idle-timeout", &ms, &err);
-            o.idle_timeout = (double)ms / 1000;
-            idle_set = true;
-            break;
-        }
-        case 'O':
-            r = conch_parse_size(optarg, "--max-output-memory", &o.max_output_memory, &err);
-            break;
-        case 'B':
-            r = conch_parse_size(optarg, "--max-bridge-memory", &o.max_bridge_memory, &err);
-            if (r == 0 && o.max_bridge_memory < 64 * 1024)
-                r = conch_err_setk(&err, CONCH_ERR_USAGE, EINVAL,
-                                   "--max-bridge-memory: at least 64K");
-            break;
-        case 'b':
-            r = conch_parse_size(optarg, "--max-sandbox-bridge-memory",
-                                 &o.max_sandbox_bridge_memory, &err);
-            if (r == 0 && o.max_sandbox_bridge_memory < 64 * 1024)
-                r = conch_err_setk(&err, CONCH_ERR_USAGE, EINVAL,
-                                   "--max-sandbox-bridge-memory: at least 64K (a connection "
-                                   "and a short call must fit)");
-            break;
-        case 'h':
-            fputs(serve_usage, stdout);
-            return 0;
-        default:
-            fprintf(stderr, "conch serve: unknown or incomplete option '%s'\n%s", argv[optind - 1],
-                    serve_usage);
-            return CONCH_EXIT_USAGE;
-        }
-        if (r < 0) {
-            fprintf(stderr, "conch serve: %s\n", err.msg);
-            return CONCH_EXIT_USAGE;
-        }
+    int optind = 1;
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
+    if (r == 1) {
+        fputs(serve_usage, stdout);
+        return 0;
     }
+    if (r < 0)
+        return conch_cli_usage_error("serve", serve_usage, "%s", err.msg);
+    if (optind < argc)
+        return conch_cli_usage_error("serve", serve_usage, "unexpected argument '%s'",
+                                     argv[optind]);
     /* A --stdio client asks for what it uses: no pool it did not ask for, and no timer
      * destroying its uncommitted work while it thinks. */
-    if (o.stdio && !pool_set)
-        o.pool_size = 0;
-    if (o.stdio && !idle_set)
-        o.idle_timeout = 0;
-    if (!o.stdio)
+    if (c.o.stdio && !c.pool_set)
+        c.o.pool_size = 0;
+    if (c.o.stdio && !c.idle_set)
+        c.o.idle_timeout = 0;
+    if (!c.o.stdio)
         conch_log_set_level(getenv("CONCH_DEBUG") ? CONCH_LOG_DEBUG : CONCH_LOG_INFO);
-    if (conch_daemon_run(&o, &err) < 0) {
+    if (conch_daemon_run(&c.o, &err) < 0) {
         fprintf(stderr, "conch serve: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
         return err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : 1;
     }
     return 0;
 }
 
+static int gc_opt(void *ctx, int key, const char *value, struct conch_err *err)
+{
+    *(const char **)ctx = value;
+    return 0;
+}
+
 int conch_cli_gc(int argc, char **argv)
 {
+    static const char usage[] = "usage: conch gc [--state-dir DIR]\n\nRemove upper dirs, spill "
+                                "files and cgroups that no recorded sandbox or job references.\n";
+    static const struct conch_cli_opt table[] = {{"state-dir", 0, true, 1}, {NULL, 0, false, 0}};
     const char *state_dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--state-dir") && i + 1 < argc) {
-            state_dir = argv[++i];
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: conch gc [--state-dir DIR]\n\nRemove upper dirs, spill files and "
-                 "cgroups that no recorded sandbox or job references.");
-            return 0;
-        } else {
-            fprintf(stderr, "conch gc: unknown option '%s'\n", argv[i]);
-            return CONCH_EXIT_USAGE;
-        }
-    }
+    const struct conch_cli_parser p = {
+        .verb = "gc", .table = table, .handler = gc_opt, .ctx = &state_dir};
     struct conch_err err = {0};
+    int optind = 1;
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
+    if (r == 1) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (r < 0)
+        return conch_cli_usage_error("gc", NULL, "%s", err.msg);
+    if (optind < argc)
+        return conch_cli_usage_error("gc", NULL, "unexpected argument '%s'", argv[optind]);
     char dir[PATH_MAX];
     if (state_dir)
         snprintf(dir, sizeof(dir), "%s", state_dir);
@@ -180,7 +216,7 @@ int conch_cli_gc(int argc, char **argv)
     }
     struct conch_recover_report rep;
     memset(&rep, 0, sizeof(rep));
-    int r = conch_recover_gc(st, dir, &rep, &err);
+    r = conch_recover_gc(st, dir, &rep, &err);
     conch_state_close(st);
     printf("removed %u sandbox dirs, %u spill files, %u cgroups\n", rep.dirs_removed,
            rep.spills_removed, rep.cgroups_removed);

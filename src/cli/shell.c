@@ -18,19 +18,61 @@
 
 #include "cli/cli.h"
 #include "cli/conn.h"
+#include "cli/opts.h"
 #include "core/fsutil.h"
 #include "daemon/daemon.h"
 #include "exec/result.h"
 
 #define DETACH_KEY 0x1c /* Ctrl-\ */
 
-static int socket_opt(int argc, char **argv, int i, const char **sock)
+/* The options of shell, attach and sessions: --socket PATH, and attach's --read-only. */
+struct shell_opts {
+    const char *sock;
+    bool read_only;
+};
+
+enum { OPT_SOCKET = 1, OPT_READ_ONLY };
+
+static int shell_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
-    while (i < argc && !strcmp(argv[i], "--socket") && i + 1 < argc) {
-        *sock = argv[i + 1];
-        i += 2;
+    struct shell_opts *o = ctx;
+    if (key == OPT_SOCKET)
+        o->sock = value;
+    else
+        o->read_only = true;
+    return 0;
+}
+
+/* Parse them (--read-only when @read_only_ok); returns the index of the first operand, or -1
+ * after printing the help (*@ret_status 0) or a usage error (*@ret_status 2). */
+static int shell_parse(const char *verb, const char *usage, bool read_only_ok, int argc,
+                       char **argv, struct shell_opts *o, int *ret_status)
+{
+    static const struct conch_cli_opt table[] = {
+        {"socket", 0, true, OPT_SOCKET},
+        {"read-only", 0, false, OPT_READ_ONLY},
+        {NULL, 0, false, 0},
+    };
+    static const struct conch_cli_opt table_socket[] = {
+        {"socket", 0, true, OPT_SOCKET},
+        {NULL, 0, false, 0},
+    };
+    const struct conch_cli_parser p = {
+        .verb = verb, .table = read_only_ok ? table : table_socket, .handler = shell_opt, .ctx = o};
+    struct conch_err err = {0};
+    int optind = 1;
+    memset(o, 0, sizeof(*o));
+    int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
+    if (r == 1) {
+        fputs(usage, stdout);
+        *ret_status = 0;
+        return -1;
     }
-    return i;
+    if (r < 0) {
+        *ret_status = conch_cli_usage_error(verb, usage, "%s", err.msg);
+        return -1;
+    }
+    return optind;
 }
 
 /* ---- the terminal ---- */
@@ -206,27 +248,22 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
     return status;
 }
 
-static void shell_usage(FILE *f)
-{
-    fputs("usage: conch shell [--socket PATH] [SANDBOX]\n"
-          "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
-          "  when none is given). Ctrl-\\ Ctrl-\\ detaches; the session goes on (conch attach).\n"
-          "  The exit status is the shell's.\n",
-          f);
-}
+static const char shell_usage[] =
+    "usage: conch shell [--socket PATH] [SANDBOX]\n"
+    "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
+    "  when none is given). Ctrl-\\ Ctrl-\\ detaches; the session goes on (conch attach).\n"
+    "  The exit status is the shell's.\n";
 
 int conch_cli_shell(int argc, char **argv)
 {
-    const char *sock = NULL;
-    int i = socket_opt(argc, argv, 1, &sock);
-    if (i < argc && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
-        shell_usage(stdout);
-        return 0;
-    }
-    if (i + 1 < argc) {
-        shell_usage(stderr);
-        return CONCH_EXIT_USAGE;
-    }
+    struct shell_opts o;
+    int status;
+    int i = shell_parse("shell", shell_usage, false, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i + 1 < argc)
+        return conch_cli_usage_error("shell", shell_usage, "unexpected argument '%s'", argv[i + 1]);
+    const char *sock = o.sock;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
@@ -271,23 +308,22 @@ int conch_cli_shell(int argc, char **argv)
 
 int conch_cli_attach(int argc, char **argv)
 {
-    const char *sock = NULL;
-    int i = socket_opt(argc, argv, 1, &sock);
-    bool write = true;
-    if (i < argc && !strcmp(argv[i], "--read-only")) {
-        write = false;
-        i++;
-    }
-    if (i + 1 != argc || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-        bool help = i < argc && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"));
-        fputs("usage: conch attach [--socket PATH] [--read-only] SESSION\n"
-              "  Join a running session and take over its keyboard (--read-only: watch).\n"
-              "  Ctrl-\\ Ctrl-\\ detaches; the session goes on.\n",
-              help ? stdout : stderr);
-        return help ? 0 : CONCH_EXIT_USAGE;
-    }
+    static const char usage[] =
+        "usage: conch attach [--socket PATH] [--read-only] SESSION\n"
+        "  Join a running session and take over its keyboard (--read-only: watch).\n"
+        "  Ctrl-\\ Ctrl-\\ detaches; the session goes on.\n";
+    struct shell_opts o;
+    int status;
+    int i = shell_parse("attach", usage, true, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i >= argc)
+        return conch_cli_usage_error("attach", usage, "no session given");
+    if (i + 1 < argc)
+        return conch_cli_usage_error("attach", usage, "unexpected argument '%s'", argv[i + 1]);
+    bool write = !o.read_only;
     struct conch_cli_conn c;
-    if (conch_cli_conn_open(&c, sock) < 0)
+    if (conch_cli_conn_open(&c, o.sock) < 0)
         return CONCH_EXIT_INFRA;
     int st = interact(&c, argv[i], write);
     conch_cli_conn_close(&c);
@@ -296,15 +332,16 @@ int conch_cli_attach(int argc, char **argv)
 
 int conch_cli_sessions(int argc, char **argv)
 {
-    const char *sock = NULL;
-    int i = socket_opt(argc, argv, 1, &sock);
-    if (i < argc) {
-        bool help = !strcmp(argv[i], "-h") || !strcmp(argv[i], "--help");
-        fputs("usage: conch sessions [--socket PATH]\n", help ? stdout : stderr);
-        return help ? 0 : CONCH_EXIT_USAGE;
-    }
+    static const char usage[] = "usage: conch sessions [--socket PATH]\n";
+    struct shell_opts o;
+    int status;
+    int i = shell_parse("sessions", usage, false, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i < argc)
+        return conch_cli_usage_error("sessions", usage, "unexpected argument '%s'", argv[i]);
     struct conch_cli_conn c;
-    if (conch_cli_conn_open(&c, sock) < 0)
+    if (conch_cli_conn_open(&c, o.sock) < 0)
         return CONCH_EXIT_INFRA;
     json_t *res = conch_cli_conn_call(&c, "session.list", json_object());
     conch_cli_conn_close(&c);

@@ -27,7 +27,7 @@ static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
 #define DISK_EVERY 4 /* samples between two measures of the upper dir */
-#define DEFAULT_DISK_BYTES (4ULL << 30)
+#define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT /* the spec's (pool, recovered sandboxes) */
 
 struct sandbox *sandbox_find(struct daemon *d, const char *id)
 {
@@ -1117,7 +1117,7 @@ void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx
     uint64_t disk = (uint64_t)conch_rpc_int(params, "disk", 0);
     if (conch_jail_send_attach(sb->jail, ws, (dev_t)conch_rpc_int(params, "ws_dev", 0),
                                (ino_t)conch_rpc_int(params, "ws_ino", 0), mode,
-                               disk ? disk : 1ULL << 30, &err) < 0) {
+                               disk ? disk : CONCH_SPEC_DISK_DEFAULT, &err) < 0) {
         /* Nothing was attached (a missing or replaced workspace, say): the sandbox is as it
          * was, back in the pool. */
         sb->pooled = true;

@@ -26,6 +26,7 @@
 #include "daemon/sessions.h"
 #include "daemon/statedir.h"
 #include "fs/fs.h"
+#include "spec/spec.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
 {
@@ -426,80 +427,42 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
                                          "state_dir", c->d->state_dir));
 }
 
-static uint64_t num_bytes(json_t *params, const char *key)
-{
-    json_t *v = json_object_get(params, key);
-    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
-}
-
-/* Fill @spec from sandbox.create (or exec.run fresh) params. Returns false after failing
- * @call. */
-static bool spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
-{
-    memset(spec, 0, sizeof(*spec));
-    spec->workspace = conch_rpc_str(params, "workspace", NULL);
-    spec->rootfs = conch_rpc_str(params, "rootfs", NULL);
-    spec->name = conch_rpc_str(params, "name", NULL);
-    const char *mode = conch_rpc_str(params, "mode", "overlay");
-    struct conch_err err = {0};
-    if (conch_ws_mode_parse(mode, &spec->mode, &err) < 0) {
-        conch_rpc_call_fail_param(call, "mode", "%s", err.msg);
-        return false;
-    }
-    const char *paths[2] = {spec->workspace, spec->rootfs};
-    const char *names[2] = {"workspace", "rootfs"};
-    for (int i = 0; i < 2; i++) {
-        if (!paths[i])
-            continue;
-        struct stat st;
-        if (paths[i][0] != '/' || strlen(paths[i]) >= PATH_MAX ||
-            strlen(paths[i]) != json_string_length(json_object_get(params, names[i]))) {
-            conch_rpc_call_fail_param(call, names[i], "%s must be an absolute host path", names[i]);
-            return false;
-        }
-        if (stat(paths[i], &st) < 0 || !S_ISDIR(st.st_mode)) {
-            conch_rpc_call_fail_param(call, names[i], "%s '%s': not a directory", names[i],
-                                      paths[i]);
-            return false;
-        }
-    }
-    spec->as_root = conch_rpc_bool(params, "as_root", false);
-    spec->env = json_object_get(params, "env");
-    const char *k;
-    json_t *v;
-    json_object_foreach(spec->env, k, v)
-    {
-        if (!json_is_string(v) || !*k || strchr(k, '=')) {
-            conch_rpc_call_fail_param(call, "env", "env must map names to strings");
-            return false;
-        }
-    }
-    spec->limits.memory_bytes = num_bytes(params, "memory");
-    spec->limits.pids_max = num_bytes(params, "pids");
-    double cpu = conch_rpc_num(params, "cpu", 0);
-    if (cpu < 0) {
-        conch_rpc_call_fail_param(call, "cpu", "cpu must be positive");
-        return false;
-    }
-    spec->limits.cpu_millicpus = (uint64_t)(cpu * 1000);
-    spec->tmp_bytes = num_bytes(params, "tmp_size");
-    spec->disk_bytes = num_bytes(params, "disk");
-    spec->idle_timeout = conch_rpc_num(params, "idle_timeout", -1);
-    spec->tool_timeout = conch_rpc_num(params, "tool_timeout", 0);
-    spec->max_tool_calls = (unsigned)conch_rpc_int(params, "max_tool_calls", 0);
-    return true;
-}
-
+/* Fill @spec from sandbox.create (or exec.run fresh) params, by the one spec parser
+ * (spec/spec.h); strings point into @params. Returns false after failing @call. */
 bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
 {
-    return spec_from_params(call, params, spec);
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    const char *param = NULL;
+    if (conch_spec_from_json(&s, params, &param, &err) < 0) {
+        conch_rpc_call_fail_param(call, param, "%s", err.msg);
+        return false;
+    }
+    *spec = (struct sandbox_spec){
+        .workspace = s.workspace,
+        .mode = s.mode,
+        .rootfs = s.rootfs,
+        .as_root = s.as_root,
+        .limits = {.memory_bytes = s.limits.memory_bytes,
+                   .pids_max = s.limits.pids_max,
+                   .cpu_millicpus = s.limits.cpu_millicpus},
+        .tmp_bytes = s.tmp_bytes,
+        .disk_bytes = s.disk_bytes,
+        .env = s.env, /* params hold it too: borrowed from there */
+        .idle_timeout = s.idle_timeout,
+        .name = s.name,
+        .tool_timeout = s.tool_timeout,
+        .max_tool_calls = s.max_tool_calls,
+    };
+    conch_spec_done(&s);
+    return true;
 }
 
 static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     struct sandbox_spec spec;
-    if (!spec_from_params(call, params, &spec))
+    if (!daemon_spec_from_params(call, params, &spec))
         return;
     struct sandbox *sb;
     struct conch_err err = {0};
@@ -606,24 +569,29 @@ FS_HANDLER(handle_fs_download, "download")
 #define TiB (1024.0 * 1024.0 * MiB)
 #define DAY 86400.0
 
+/* The ranges are the spec's (spec/spec.h), which conch_spec_from_json checks again. */
 #define SANDBOX_SPEC_PARAMS                                                                        \
     P("workspace", S, false), P("mode", S, false), P("rootfs", S, false), P("as_root", B, false),  \
-        P("env", O, false), R("memory", I, 0, 1 * TiB, 1 * MiB), R("pids", I, 0, 4194304, 2),      \
-        R("cpu", N, 0, 1024, 0.01), R("tmp_size", I, 0, 1 * TiB, 64 * KiB),                        \
-        R("disk", I, 0, 64 * TiB, 64 * KiB), R("idle_timeout", N, 0, 365 * DAY, 1),                \
-        P("name", S, false), R("tool_timeout", N, 0, 1 * DAY, 0.001),                              \
-        R("max_tool_calls", I, 1, 1000000, 0)
+        P("env", O, false), R("memory", I, 0, CONCH_SPEC_MEMORY_MAX, CONCH_SPEC_MEMORY_MIN),       \
+        R("pids", I, 0, CONCH_SPEC_PIDS_MAX, CONCH_SPEC_PIDS_MIN),                                 \
+        R("cpu", N, 0, CONCH_SPEC_CPU_MAX, CONCH_SPEC_CPU_MIN),                                    \
+        R("tmp_size", I, 0, CONCH_SPEC_TMP_MAX, CONCH_SPEC_SIZE_MIN),                              \
+        R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),                                 \
+        R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
+        R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
+        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
 static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
-static const struct conch_rpc_param p_lease[] = {P("workspace", S, true),
-                                                 P("mode", S, false),
-                                                 R("disk", I, 0, 64 * TiB, 64 * KiB),
-                                                 R("ws_dev", I, 0, 9e15, 0),
-                                                 R("ws_ino", I, 0, 9e15, 0),
-                                                 R("proto", I, 0, 4294967295.0, 0),
-                                                 END};
+static const struct conch_rpc_param p_lease[] = {
+    P("workspace", S, true),
+    P("mode", S, false),
+    R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),
+    R("ws_dev", I, 0, 9e15, 0),
+    R("ws_ino", I, 0, 9e15, 0),
+    R("proto", I, 0, 4294967295.0, 0),
+    END};
 static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 P("fresh", B, false),
                                                 P("workspace", S, false),

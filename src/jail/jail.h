@@ -17,18 +17,7 @@
 #include "jail/cgroup.h"
 #include "jail/ids.h"
 #include "jail/seccomp.h"
-
-/* How the workspace is mounted at /workspace. */
-enum conch_ws_mode {
-    CONCH_WS_OVERLAY = 0, /* copy-on-write over the host dir (default) */
-    CONCH_WS_RO,          /* read-only bind */
-    CONCH_WS_RW,          /* live bind */
-};
-
-/* conch_ws_mode_parse - "overlay" | "ro" | "rw" → *@ret; -EINVAL (kind usage) otherwise. */
-int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err);
-/* conch_ws_mode_name - the name of @mode; a static string. */
-const char *conch_ws_mode_name(enum conch_ws_mode mode);
+#include "spec/spec.h"
 
 /* Processes a sandbox may have when the caller sets no limit. */
 #define CONCH_DEFAULT_PIDS 1024
@@ -89,7 +78,8 @@ struct conch_jail_spec {
     const char *ptc_dir;
 };
 
-/* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
+/* conch_jail_spec_init - fill @spec with the defaults of conch_spec_defaults (spec/spec.h):
+ * overlay, 256M /tmp, 64M home, 4G disk. */
 void conch_jail_spec_init(struct conch_jail_spec *spec);
 
 /* A running sandbox: opaque, made by conch_jail_start/spawn, freed by conch_jail_destroy. */

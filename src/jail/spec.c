@@ -1,4 +1,4 @@
-/* spec.c - sandbox spec defaults, and the parent-side plan: which host paths are bound
+/* spec.c - the jail spec's defaults (spec/'s), and the parent-side plan: which host paths are bound
  * where, who the warden and commands are, which fences apply. */
 #include <dirent.h>
 #include <errno.h>
@@ -13,11 +13,13 @@
 
 void conch_jail_spec_init(struct conch_jail_spec *spec)
 {
+    struct conch_sandbox_spec def;
+    conch_spec_defaults(&def);
     memset(spec, 0, sizeof(*spec));
-    spec->ws_mode = CONCH_WS_OVERLAY;
-    spec->tmp_bytes = 256ULL << 20;
-    spec->home_bytes = 64ULL << 20;
-    spec->disk_bytes = 1ULL << 30;
+    spec->ws_mode = def.mode;
+    spec->tmp_bytes = def.tmp_bytes;
+    spec->home_bytes = def.home_bytes;
+    spec->disk_bytes = def.disk_bytes;
 }
 
 static int add_bind(struct jail_plan *plan, const char *host, const char *dst, bool is_dir,
@@ -149,38 +151,4 @@ int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *roo
     }
     plan->curated_etc = false;
     return 0;
-}
-
-int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err)
-{
-    static const struct {
-        const char *name;
-        enum conch_ws_mode mode;
-    } table[] = {
-        {"overlay", CONCH_WS_OVERLAY},
-        {"ro", CONCH_WS_RO},
-        {"rw", CONCH_WS_RW},
-    };
-    for (size_t i = 0; s && i < ARRAY_SIZE(table); i++) {
-        if (strcmp(s, table[i].name) == 0) {
-            *ret = table[i].mode;
-            return 0;
-        }
-    }
-    return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                          "invalid workspace mode '%s' (expected overlay, ro or rw)",
-                          s ? s : "(null)");
-}
-
-const char *conch_ws_mode_name(enum conch_ws_mode mode)
-{
-    switch (mode) {
-    case CONCH_WS_OVERLAY:
-        return "overlay";
-    case CONCH_WS_RO:
-        return "ro";
-    case CONCH_WS_RW:
-        return "rw";
-    }
-    return "unknown";
 }

@@ -10,25 +10,23 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "spec/spec.h"
 
 struct conch_mcp_opts {
     const char *conch_exe;    /* binary run as `serve --stdio`; NULL: /proc/self/exe */
     const char *state_dir;    /* the child daemon's state dir, kept; NULL: a private one */
     const char *state_parent; /* where the private state dir is made (created 0700 if
                                * missing) and removed at the end; required without state_dir */
-    const char *workspace;    /* absolute host dir at /workspace; NULL: an empty one */
-    const char *mode;         /* "overlay" (default), "ro" or "rw" */
-    const char *rootfs;       /* NULL: the host's */
-    bool as_root;
-    const char *const *env;                /* NULL-terminated "K=V" list, or NULL */
-    uint64_t memory, tmp_size, disk, pids; /* 0: the daemon's default */
-    double cpu;                            /* 0: none */
+    /* The session's sandbox, sent as sandbox.create params (conch_spec_to_json), its name
+     * "mcp" and no idle timeout; workspace and rootfs are absolute host dirs (NULL: an empty
+     * workspace, the host's root). Borrowed, env included. */
+    struct conch_sandbox_spec sandbox;
     uint64_t timeout_ms; /* default timeout of a `bash` call (default 120 s); 0 = none */
     size_t max_output;   /* bytes of text in one tool result (default 64 KiB) */
     bool commit_on_exit; /* commit the workspace's changes when the session ends */
 };
 
-/* conch_mcp_opts_init - the defaults above. */
+/* conch_mcp_opts_init - the defaults above (the sandbox's: conch_spec_defaults). */
 void conch_mcp_opts_init(struct conch_mcp_opts *o);
 
 /*

@@ -284,9 +284,9 @@ static const struct mcp_tool init_tool = {.name = "(initialize)", .reply = init_
 static json_t *instructions(struct mcp *m)
 {
     const struct conch_mcp_opts *o = m->o;
-    const char *mode = o->mode ? o->mode : "overlay";
+    const char *mode = conch_ws_mode_name(o->sandbox.mode);
     char ws[4600];
-    if (!o->workspace)
+    if (!o->sandbox.workspace)
         snprintf(ws, sizeof(ws), "/workspace is an empty scratch directory.");
     else if (!strcmp(mode, "overlay"))
         snprintf(ws, sizeof(ws),
@@ -333,37 +333,10 @@ static void init_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
 
 static json_t *sandbox_spec(struct mcp *m)
 {
-    const struct conch_mcp_opts *o = m->o;
-    json_t *p = json_pack("{s:s,s:b,s:i}", "name", "mcp", "as_root", o->as_root, "idle_timeout", 0);
-    if (o->workspace)
-        json_object_set_new(p, "workspace", json_string(o->workspace));
-    if (o->mode)
-        json_object_set_new(p, "mode", json_string(o->mode));
-    if (o->rootfs)
-        json_object_set_new(p, "rootfs", json_string(o->rootfs));
-    if (o->memory)
-        json_object_set_new(p, "memory", json_integer((json_int_t)o->memory));
-    if (o->pids)
-        json_object_set_new(p, "pids", json_integer((json_int_t)o->pids));
-    if (o->tmp_size)
-        json_object_set_new(p, "tmp_size", json_integer((json_int_t)o->tmp_size));
-    if (o->disk)
-        json_object_set_new(p, "disk", json_integer((json_int_t)o->disk));
-    if (o->cpu > 0)
-        json_object_set_new(p, "cpu", json_real(o->cpu));
-    if (o->env) {
-        json_t *env = json_object();
-        for (const char *const *e = o->env; *e; e++) {
-            const char *eq = strchr(*e, '=');
-            if (!eq)
-                continue;
-            char key[256];
-            snprintf(key, sizeof(key), "%.*s", (int)(eq - *e), *e);
-            json_object_set_new(env, key, json_string(eq + 1));
-        }
-        json_object_set_new(p, "env", env);
-    }
-    return p;
+    struct conch_sandbox_spec s = m->o->sandbox;
+    s.name = "mcp";
+    s.idle_timeout = 0;
+    return conch_spec_to_json(&s);
 }
 
 static void handle_initialize(struct mcp *m, json_t *id, json_t *params)
@@ -712,7 +685,7 @@ static int end_session(struct mcp *m, struct conch_err *err)
             } else {
                 size_t n = json_array_size(json_object_get(res, "committed"));
                 fprintf(stderr, "conch mcp: committed %zu change%s to %s\n", n, n == 1 ? "" : "s",
-                        m->o->workspace ? m->o->workspace : "the workspace");
+                        m->o->sandbox.workspace ? m->o->sandbox.workspace : "the workspace");
                 json_decref(res);
             }
         }
@@ -738,6 +711,7 @@ static int end_session(struct mcp *m, struct conch_err *err)
 void conch_mcp_opts_init(struct conch_mcp_opts *o)
 {
     memset(o, 0, sizeof(*o));
+    conch_spec_defaults(&o->sandbox);
     o->timeout_ms = 120000;
     o->max_output = 64 * 1024;
 }

@@ -153,3 +153,34 @@ def test_rootfs_nonexistent(tmp_path, ws):
     r = conch(["run", "--rootfs", tmp_path / "nope", "--", "/bin/true"], cwd=ws)
     assert r.rc in (2, 125), r.describe()
     assert str(tmp_path / "nope") in r.stderr, r.describe()
+
+
+def test_an_unknown_short_option_is_named_not_the_verb(ws):
+    # One option parser for every verb: the message names the word that is wrong (it named
+    # 'run'), and a bundle names the letter that is unknown in it.
+    r = conch(["run", "-it", "--", "true"], cwd=ws)
+    usage_error(r, "'-i'")
+    assert "'run'" not in r.stderr, r.describe()
+    r = conch(["run", "-x", "--", "true"], cwd=ws)
+    usage_error(r, "'-x'")
+    assert "'run'" not in r.stderr, r.describe()
+    r = conch(["ps", "-it"])
+    usage_error(r, "'-i'")
+
+
+def test_options_take_their_values_with_an_equals_sign_or_apart(ws):
+    r = conch(["run", "--no-daemon", "-q", "--env=A=b=c", "--timeout=30", "--", "sh", "-c", "echo $A"], cwd=ws)
+    assert (r.rc, r.stdout) == (0, "b=c\n"), r.describe()
+    usage_error(conch(["run", "--json=yes", "--", "true"], cwd=ws), "--json")
+    usage_error(conch(["run", "--timeout"], cwd=ws), "--timeout")
+
+
+def test_zero_sizes_mean_the_default_not_unlimited(ws):
+    # 0 means "the default" for a size, as in sandbox.create's params; it made /tmp an
+    # unlimited tmpfs and lifted the largest-file limit.
+    r = conch(["run", "--no-daemon", "-q", "--tmp-size", "0", "--disk", "0", "--", "sh", "-c",
+               "df -B1 --output=size /tmp | tail -1; ulimit -f"], cwd=ws)
+    assert r.rc == 0, r.describe()
+    tmp, fsize = r.stdout.split()
+    assert int(tmp) == 256 << 20, r.describe()
+    assert fsize != "unlimited" and int(fsize) * 512 == 4 << 30, r.describe()

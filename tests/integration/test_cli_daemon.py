@@ -179,3 +179,43 @@ def test_exec_and_rm_take_json_and_every_client_verb_has_help(d, proj):
     for verb in ("ps", "exec", "rm"):
         p = cli(d, verb, "--help")
         assert p.returncode == 0 and p.stdout.startswith(f"usage: conch {verb}".encode()), (verb, p)
+
+
+@pytest.mark.parametrize("verb", ["ps", "exec", "rm", "shell", "attach", "sessions", "create",
+                                  "changes", "diff", "commit", "discard", "cp"])
+def test_socket_with_an_equals_sign_works_on_every_client_verb(d, proj, tmp_path, verb):
+    """`--socket=PATH` is `--socket PATH` on every verb: ps, exec, rm, shell, attach and
+    sessions parsed their options by hand and refused it (or took it for an id)."""
+    c = d.client()
+    sid = c.call("sandbox.create", {"workspace": str(proj), "name": "eq"})["id"]
+
+    def run(*args, input=None):
+        return subprocess.run([CONCH_BIN, verb, f"--socket={d.sock}", *args], capture_output=True,
+                              timeout=60, input=input)
+
+    if verb == "ps":
+        assert sid in ok(run())
+    elif verb == "exec":
+        assert ok(run("eq", "--", "cat", "a.txt")) == "hello\n"
+    elif verb == "rm":
+        ok(run("eq"))
+        assert c.call("sandbox.list")["sandboxes"] == []
+    elif verb == "shell":
+        p = run("eq", input=b"")  # a session opened, then our input ends: detached, status 0
+        assert p.returncode == 0, p
+        assert [s["sandbox"] for s in c.call("session.list")["sessions"]] == [sid]
+    elif verb == "attach":
+        ses = c.call("session.open", {"sandbox": sid})["session"]
+        p = run("--read-only", ses, input=b"")  # our input ends at once: detached, status 0
+        assert p.returncode == 0, p
+    elif verb == "sessions":
+        ses = c.call("session.open", {"sandbox": sid})["session"]
+        assert ses in ok(run())
+    elif verb == "create":
+        assert ok(run("--name=two", f"--workspace={proj}")).startswith("sb-")
+    elif verb in ("changes", "diff", "commit", "discard"):
+        ok(run("eq"))
+    elif verb == "cp":
+        (tmp_path / "f.txt").write_text("x\n")
+        ok(run(str(tmp_path / "f.txt"), "eq:f.txt"))
+        assert c.call("fs.read", {"sandbox": sid, "path": "f.txt"})["content"].startswith("x")

@@ -1,0 +1,146 @@
+/* spec.h - the sandbox spec: what a sandbox is made of as a caller asks for it (workspace,
+ * mode, root filesystem, identity, environment, limits, sizes, timeouts), with ONE set of
+ * defaults, read from JSON params (sandbox.create) or from command-line options (conch run,
+ * conch create, conch mcp) by one table of fields, and written back as JSON params.
+ *
+ * It sits right above core in the module order: the jail takes its defaults from here, the
+ * daemon parses sandbox.create with it, cli/ and mcp/ parse and send it. */
+#ifndef CONCH_SPEC_SPEC_H
+#define CONCH_SPEC_SPEC_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+/* How the workspace is mounted at /workspace. */
+enum conch_ws_mode {
+    CONCH_WS_OVERLAY = 0, /* copy-on-write over the host dir (default) */
+    CONCH_WS_RO,          /* read-only bind */
+    CONCH_WS_RW,          /* live bind */
+};
+
+/* conch_ws_mode_parse - "overlay" | "ro" | "rw" → *@ret; -EINVAL (kind usage) otherwise. */
+int conch_ws_mode_parse(const char *s, enum conch_ws_mode *ret, struct conch_err *err);
+/* conch_ws_mode_name - the name of @mode; a static string. */
+const char *conch_ws_mode_name(enum conch_ws_mode mode);
+
+/*
+ * The defaults (conch_spec_defaults fills them in; nothing else should use these but code
+ * that has no spec at hand, such as a pool sandbox or one recovered from the state database).
+ *
+ * The disk default is one for every way a sandbox is made (conch run, through the daemon's
+ * pool or not, sandbox.create, conch mcp): 4 GiB, what a real build needs (a virtualenv
+ * with a deep-learning wheel, node_modules, a Rust target dir) rather than what a toy
+ * command needs. conch run's upper dir is a tmpfs, so it costs memory only as it is written;
+ * a daemon sandbox's is on disk. A pool sandbox is built with it and lent to conch run
+ * commands of any workspace: its own RLIMIT_FSIZE is the ceiling of every borrower's --disk.
+ */
+#define CONCH_SPEC_TMP_DEFAULT (256ULL << 20)
+#define CONCH_SPEC_HOME_DEFAULT (64ULL << 20)
+#define CONCH_SPEC_DISK_DEFAULT (4ULL << 30)
+
+/* The ranges every way in checks (docs/PROTOCOL.md, "Ranges"): 0 means none (limits) or the
+ * default (sizes); otherwise at least MIN and at most MAX. */
+#define CONCH_SPEC_MEMORY_MIN (1ULL << 20)
+#define CONCH_SPEC_MEMORY_MAX (1ULL << 40)
+#define CONCH_SPEC_PIDS_MIN 2
+#define CONCH_SPEC_PIDS_MAX 4194304
+#define CONCH_SPEC_CPU_MIN 0.01
+#define CONCH_SPEC_CPU_MAX 1024
+#define CONCH_SPEC_SIZE_MIN (64ULL << 10) /* tmp, home, disk */
+#define CONCH_SPEC_TMP_MAX (1ULL << 40)
+#define CONCH_SPEC_DISK_MAX (64ULL << 40)
+#define CONCH_SPEC_IDLE_MAX (365.0 * 86400)
+#define CONCH_SPEC_TOOL_TIMEOUT_MIN 0.001
+#define CONCH_SPEC_TOOL_TIMEOUT_MAX 86400.0
+#define CONCH_SPEC_TOOL_CALLS_MAX 1000000
+
+/*
+ * struct conch_sandbox_spec - one sandbox as asked for. Strings are borrowed from what they
+ * were parsed from (argv, or the JSON params) and must outlive the spec's use; @env is an
+ * owned reference (conch_spec_done drops it).
+ */
+struct conch_sandbox_spec {
+    const char *workspace; /* host dir at /workspace; NULL: an empty one (conch run: ".") */
+    enum conch_ws_mode mode;
+    const char *rootfs; /* NULL: the host's /usr, /bin, /lib* and a curated /etc */
+    bool as_root;       /* commands run as root of the namespace, not uid 1000 'agent' */
+    json_t *env;        /* {"NAME": "value"} added to every command's environment, or NULL */
+    struct {
+        uint64_t memory_bytes;  /* 0: none */
+        uint64_t pids_max;      /* 0: none given (the jail applies CONCH_DEFAULT_PIDS) */
+        uint64_t cpu_millicpus; /* 1000 = one CPU; 0: none */
+    } limits;
+    uint64_t tmp_bytes;      /* size of /tmp */
+    uint64_t home_bytes;     /* size of /home/agent */
+    uint64_t disk_bytes;     /* what may be written to the workspace (and largest file) */
+    double idle_timeout;     /* seconds unused before the daemon destroys it; 0: never;
+                              * < 0: the daemon's --idle-timeout */
+    const char *name;        /* a label shown in lists; NULL: none */
+    double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
+    unsigned max_tool_calls; /* per command; 0: the bridge's default */
+};
+
+/* conch_spec_defaults - fill @s with THE defaults: overlay, no workspace, the host's root, uid
+ * 1000, no limits, 256 MiB /tmp, 64 MiB home, 4 GiB disk, the daemon's idle timeout. */
+void conch_spec_defaults(struct conch_sandbox_spec *s);
+
+/* conch_spec_done - drop what @s owns (its env); @s may be reused after conch_spec_defaults. */
+void conch_spec_done(struct conch_sandbox_spec *s);
+
+/*
+ * conch_spec_from_json - fill @s (defaults first) from sandbox.create params @params
+ * (borrowed; strings of @s point into it). Keys it does not know are ignored (the RPC
+ * dispatcher refuses them before). Checks types, ranges, that workspace and rootfs are
+ * absolute paths of directories and env maps names to strings. Returns 0, or -EINVAL with
+ * @err filled (kind usage) and *@ret_param naming the offending key (a static string).
+ */
+int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const char **ret_param,
+                         struct conch_err *err);
+
+/*
+ * conch_spec_to_json - the sandbox.create params for @s: only what differs from the
+ * defaults (home_bytes has no param and is left out). Returns a new object, or NULL when out
+ * of memory.
+ */
+json_t *conch_spec_to_json(const struct conch_sandbox_spec *s);
+
+/* The command-line spelling of the fields: conch_spec_set_option's names. */
+enum conch_spec_opt {
+    CONCH_SPEC_OPT_WORKSPACE = 1 << 0,
+    CONCH_SPEC_OPT_MODE = 1 << 1,
+    CONCH_SPEC_OPT_ROOTFS = 1 << 2,
+    CONCH_SPEC_OPT_AS_ROOT = 1 << 3,
+    CONCH_SPEC_OPT_ENV = 1 << 4,
+    CONCH_SPEC_OPT_MEMORY = 1 << 5,
+    CONCH_SPEC_OPT_PIDS = 1 << 6,
+    CONCH_SPEC_OPT_CPU = 1 << 7,
+    CONCH_SPEC_OPT_TMP_SIZE = 1 << 8,
+    CONCH_SPEC_OPT_HOME_SIZE = 1 << 9,
+    CONCH_SPEC_OPT_DISK = 1 << 10,
+    CONCH_SPEC_OPT_NAME = 1 << 11,
+    CONCH_SPEC_OPT_IDLE_TIMEOUT = 1 << 12,
+};
+
+/*
+ * conch_spec_option - the option @name ("memory", without dashes) if it is one of @which (a
+ * set of enum conch_spec_opt); 0 otherwise. *@ret_takes_value: whether it takes a value
+ * (--as-root does not). Lets a verb's option table take the spec's options it offers.
+ */
+unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_value);
+
+/*
+ * conch_spec_set_option - apply the command-line option @name (without dashes; one that
+ * conch_spec_option knows) with @value (borrowed: strings of @s point into it; NULL for a
+ * flag) to @s. Sizes take suffixes (64k, 512M, 4G), --cpu a number of CPUs, --idle-timeout
+ * seconds, --env NAME=VALUE (a copy is kept: the caller may blank the value in its argv);
+ * the ranges are the JSON params' ones, and 0 means none or the default as there. Paths are
+ * stored as given (the caller resolves them). Returns 0, or -EINVAL with @err (kind usage)
+ * naming "--@name" and the value.
+ */
+int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const char *value,
+                          struct conch_err *err);
+
+#endif

@@ -1,0 +1,195 @@
+/* test_spec.c - unit tests of the sandbox spec (src/spec/): the one set of defaults, JSON
+ * params (sandbox.create) and command-line options read by one table, and written back. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <string.h>
+
+#include "jail/jail.h"
+#include "spec/spec.h"
+
+Test(spec, one_set_of_defaults)
+{
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    cr_assert_eq(s.mode, CONCH_WS_OVERLAY);
+    cr_assert_null(s.workspace);
+    cr_assert_null(s.rootfs);
+    cr_assert_not(s.as_root);
+    cr_assert_eq(s.tmp_bytes, 256ULL << 20);
+    cr_assert_eq(s.home_bytes, 64ULL << 20);
+    cr_assert_eq(s.disk_bytes, 4ULL << 30);
+    cr_assert_eq(s.limits.memory_bytes, 0);
+    cr_assert_lt(s.idle_timeout, 0); /* the daemon's */
+    /* The jail (conch run's sandbox) starts from the same ones. */
+    struct conch_jail_spec j;
+    conch_jail_spec_init(&j);
+    cr_assert_eq(j.ws_mode, s.mode);
+    cr_assert_eq(j.tmp_bytes, s.tmp_bytes);
+    cr_assert_eq(j.home_bytes, s.home_bytes);
+    cr_assert_eq(j.disk_bytes, s.disk_bytes);
+    /* Empty params are the defaults too. */
+    struct conch_sandbox_spec e;
+    json_t *p = json_object();
+    cr_assert_eq(conch_spec_from_json(&e, p, NULL, NULL), 0);
+    cr_assert_eq(e.disk_bytes, s.disk_bytes);
+    cr_assert_eq(e.tmp_bytes, s.tmp_bytes);
+    json_decref(p);
+}
+
+Test(spec, json_params)
+{
+    json_t *p = json_pack("{s:s,s:s,s:b,s:{s:s},s:I,s:i,s:f,s:I,s:I,s:f,s:s,s:f,s:i}", "workspace",
+                          "/tmp", "mode", "ro", "as_root", 1, "env", "A", "b", "memory",
+                          (json_int_t)(64 << 20), "pids", 50, "cpu", 0.5, "tmp_size",
+                          (json_int_t)(8 << 20), "disk", (json_int_t)(1 << 20), "idle_timeout",
+                          30.0, "name", "web", "tool_timeout", 2.5, "max_tool_calls", 7);
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    cr_assert_eq(conch_spec_from_json(&s, p, NULL, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(s.workspace, "/tmp");
+    cr_assert_eq(s.mode, CONCH_WS_RO);
+    cr_assert(s.as_root);
+    cr_assert_str_eq(json_string_value(json_object_get(s.env, "A")), "b");
+    cr_assert_eq(s.limits.memory_bytes, 64 << 20);
+    cr_assert_eq(s.limits.pids_max, 50);
+    cr_assert_eq(s.limits.cpu_millicpus, 500);
+    cr_assert_eq(s.tmp_bytes, 8 << 20);
+    cr_assert_eq(s.disk_bytes, 1 << 20);
+    cr_assert_float_eq(s.idle_timeout, 30.0, 1e-9);
+    cr_assert_str_eq(s.name, "web");
+    cr_assert_float_eq(s.tool_timeout, 2.5, 1e-9);
+    cr_assert_eq(s.max_tool_calls, 7);
+    /* Written back, then read again: the same spec. */
+    json_t *back = conch_spec_to_json(&s);
+    struct conch_sandbox_spec t;
+    cr_assert_eq(conch_spec_from_json(&t, back, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(t.mode, s.mode);
+    cr_assert_eq(t.limits.cpu_millicpus, s.limits.cpu_millicpus);
+    cr_assert_eq(t.disk_bytes, s.disk_bytes);
+    cr_assert_eq(t.max_tool_calls, s.max_tool_calls);
+    cr_assert(json_equal(t.env, s.env));
+    conch_spec_done(&t);
+    json_decref(back);
+    conch_spec_done(&s);
+    json_decref(p);
+}
+
+/* @params must be refused naming @param, with @msg in the message. */
+static void refused(const char *params, const char *param, const char *msg)
+{
+    json_t *p = json_loads(params, 0, NULL);
+    cr_assert_not_null(p, "%s", params);
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    const char *got = NULL;
+    cr_assert_lt(conch_spec_from_json(&s, p, &got, &err), 0, "%s was taken", params);
+    cr_assert_eq(err.kind, CONCH_ERR_USAGE);
+    cr_assert_str_eq(got, param, "%s", params);
+    cr_assert(strstr(err.msg, msg), "'%s' not in '%s'", msg, err.msg);
+    json_decref(p);
+}
+
+Test(spec, json_refusals_name_the_param)
+{
+    refused("{\"workspace\": \"rel/dir\"}", "workspace", "workspace must be an absolute host path");
+    refused("{\"rootfs\": \"/nonexistent-conch-dir\"}", "rootfs",
+            "rootfs '/nonexistent-conch-dir': not a directory");
+    refused("{\"mode\": \"bogus\"}", "mode", "invalid workspace mode 'bogus'");
+    refused("{\"env\": {\"A\": 1}}", "env", "env must map names to strings");
+    refused("{\"env\": {\"A=B\": \"x\"}}", "env", "env must map names to strings");
+    refused("{\"memory\": 1000}", "memory", "param 'memory' must be 0 or between 1048576 and");
+    refused("{\"pids\": -1}", "pids", "param 'pids' must be 0 or between 2 and 4194304");
+    refused("{\"disk\": 3.5}", "disk", "param 'disk' must be an integer");
+    refused("{\"cpu\": 2000}", "cpu", "param 'cpu' must be 0 or between 0.01 and 1024");
+    refused("{\"max_tool_calls\": 0}", "max_tool_calls",
+            "param 'max_tool_calls' must be between 1 and 1000000");
+    refused("{\"as_root\": \"yes\"}", "as_root", "param 'as_root' must be a boolean");
+}
+
+Test(spec, zero_sizes_are_the_default)
+{
+    json_t *p = json_pack("{s:i,s:i}", "disk", 0, "tmp_size", 0);
+    struct conch_sandbox_spec s;
+    cr_assert_eq(conch_spec_from_json(&s, p, NULL, NULL), 0);
+    cr_assert_eq(s.disk_bytes, CONCH_SPEC_DISK_DEFAULT);
+    cr_assert_eq(s.tmp_bytes, CONCH_SPEC_TMP_DEFAULT);
+    json_decref(p);
+    conch_spec_defaults(&s);
+    cr_assert_eq(conch_spec_set_option(&s, "disk", "0", NULL), 0);
+    cr_assert_eq(conch_spec_set_option(&s, "home-size", "0", NULL), 0);
+    cr_assert_eq(s.disk_bytes, CONCH_SPEC_DISK_DEFAULT);
+    cr_assert_eq(s.home_bytes, CONCH_SPEC_HOME_DEFAULT);
+    /* And what differs from nothing is not sent. */
+    json_t *j = conch_spec_to_json(&s);
+    cr_assert_eq(json_object_size(j), 0);
+    json_decref(j);
+}
+
+Test(spec, options)
+{
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    struct conch_err err = {0};
+    cr_assert_eq(conch_spec_set_option(&s, "disk", "1G", &err), 0, "%s", err.msg);
+    cr_assert_eq(s.disk_bytes, 1ULL << 30);
+    cr_assert_eq(conch_spec_set_option(&s, "cpu", "0.25", &err), 0, "%s", err.msg);
+    cr_assert_eq(s.limits.cpu_millicpus, 250);
+    cr_assert_eq(conch_spec_set_option(&s, "pids", "64", &err), 0, "%s", err.msg);
+    cr_assert_eq(s.limits.pids_max, 64);
+    cr_assert_eq(conch_spec_set_option(&s, "mode", "rw", &err), 0, "%s", err.msg);
+    cr_assert_eq(s.mode, CONCH_WS_RW);
+    cr_assert_eq(conch_spec_set_option(&s, "as-root", NULL, &err), 0, "%s", err.msg);
+    cr_assert(s.as_root);
+    cr_assert_eq(conch_spec_set_option(&s, "idle-timeout", "90", &err), 0, "%s", err.msg);
+    cr_assert_float_eq(s.idle_timeout, 90.0, 1e-9);
+    char env[] = "TOKEN=secret";
+    cr_assert_eq(conch_spec_set_option(&s, "env", env, &err), 0, "%s", err.msg);
+    memset(env, 0, sizeof(env)); /* a copy was kept */
+    cr_assert_str_eq(json_string_value(json_object_get(s.env, "TOKEN")), "secret");
+    cr_assert_eq(conch_spec_set_option(&s, "workspace", "rel", &err), 0, "%s", err.msg);
+    cr_assert_str_eq(s.workspace, "rel"); /* the caller resolves it */
+    conch_spec_done(&s);
+}
+
+/* --@name @value must be refused with @msg in the message. */
+static void bad_option(const char *name, const char *value, const char *msg)
+{
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    struct conch_err err = {0};
+    cr_assert_lt(conch_spec_set_option(&s, name, value, &err), 0, "--%s %s", name, value);
+    cr_assert_eq(err.kind, CONCH_ERR_USAGE);
+    cr_assert(strstr(err.msg, msg), "'%s' not in '%s'", msg, err.msg);
+    conch_spec_done(&s);
+}
+
+Test(spec, bad_options_are_named)
+{
+    bad_option("memory", "12Q", "--memory: '12Q'");
+    bad_option("memory", "512k", "--memory: '512k' is out of range (0, or 1M .. 1T)");
+    bad_option("disk", "100T", "--disk: '100T' is out of range (0, or 64k .. 64T)");
+    bad_option("pids", "1", "--pids: '1' is out of range");
+    bad_option("pids", "many", "--pids: 'many' is not a whole number");
+    bad_option("pids", "-3", "--pids: '-3'");
+    bad_option("cpu", "fast", "--cpu: 'fast' is not a number of CPUs");
+    bad_option("cpu", "nan", "--cpu: 'nan'");
+    bad_option("cpu", "0.001", "--cpu: '0.001' is out of range");
+    bad_option("idle-timeout", "0.5", "--idle-timeout: '0.5' is out of range");
+    bad_option("mode", "bogus", "--mode: invalid workspace mode 'bogus'");
+    bad_option("env", "NOEQUALS", "--env: 'NOEQUALS' is not NAME=VALUE");
+    bad_option("env", "=x", "--env: '=x' is not NAME=VALUE");
+    bad_option("nosuch", "1", "unknown option '--nosuch'");
+    bad_option("disk", NULL, "--disk needs a value");
+}
+
+Test(spec, options_a_verb_offers)
+{
+    bool v = false;
+    unsigned which = CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_AS_ROOT;
+    cr_assert_eq(conch_spec_option("disk", which, &v), CONCH_SPEC_OPT_DISK);
+    cr_assert(v);
+    cr_assert_eq(conch_spec_option("as-root", which, &v), CONCH_SPEC_OPT_AS_ROOT);
+    cr_assert_not(v);
+    cr_assert_eq(conch_spec_option("memory", which, &v), 0);
+    cr_assert_eq(conch_spec_option("tmp_size", ~0u, &v), 0); /* the JSON key is not an option */
+}
