@@ -16,6 +16,7 @@
 #include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "daemon/daemon.h"
+#include "rpc/rpc.h"
 #include "workspace/workspace.h"
 
 int conch_cli_connect(const char *path, struct conch_err *err)
@@ -59,23 +60,14 @@ int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
 int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *params, int *ret_id)
 {
     int id = ++c->next_id;
-    json_t *req = json_pack("{s:s,s:i,s:s,s:o}", "jsonrpc", "2.0", "id", id, "method", method,
-                            "params", params);
-    _cleanup_free_ char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
-    json_decref(req);
+    size_t n = 0;
+    _cleanup_free_ char *line = conch_rpc_request_line((uint64_t)id, method, params, &n);
+    json_decref(params);
     if (!line) {
         errno = ENOMEM;
         return -1;
     }
-    size_t n = strlen(line);
-    char *l2 = realloc(line, n + 2);
-    if (!l2) {
-        errno = ENOMEM;
-        return -1;
-    }
-    line = l2;
-    line[n] = '\n';
-    int r = conch_send_all(c->fd, line, n + 1);
+    int r = conch_send_all(c->fd, line, n);
     if (r < 0) {
         errno = -r;
         return -1;
@@ -87,39 +79,19 @@ int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *pa
 
 bool conch_cli_conn_fill(struct conch_cli_conn *c)
 {
-    if (c->cap - c->len < 65536) {
-        size_t cap = c->cap ? c->cap * 2 : 131072;
-        char *nb = realloc(c->buf, cap);
-        if (!nb)
-            return false;
-        c->buf = nb;
-        c->cap = cap;
-    }
-    ssize_t got;
-    do
-        got = read(c->fd, c->buf + c->len, c->cap - c->len);
-    while (got < 0 && errno == EINTR);
-    if (got <= 0)
-        return false;
-    c->len += (size_t)got;
-    return true;
+    return conch_rpc_reader_fill(&c->in, c->fd, NULL) > 0;
 }
 
 json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block)
 {
     for (;;) {
-        char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
-        if (nl) {
-            size_t ll = (size_t)(nl - c->buf);
-            /* Output may hold NUL bytes ("\u0000"): without JSON_ALLOW_NUL such a message
-             * would not parse. */
-            json_error_t jerr;
-            json_t *msg = json_loadb(c->buf, ll, JSON_ALLOW_NUL, &jerr);
-            memmove(c->buf, nl + 1, c->len - ll - 1);
-            c->len -= ll + 1;
-            if (msg)
-                return msg;
-            fprintf(stderr, "conch: the daemon sent a line that is not JSON: %s\n", jerr.text);
+        json_t *msg;
+        struct conch_err err = {0};
+        int r = conch_rpc_reader_next(&c->in, &msg, &err);
+        if (r > 0)
+            return msg;
+        if (r < 0) {
+            fprintf(stderr, "conch: %s\n", err.msg);
             continue;
         }
         if (!block || !conch_cli_conn_fill(c))
@@ -165,7 +137,7 @@ void conch_cli_conn_close(struct conch_cli_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
-    free(c->buf);
+    conch_rpc_reader_done(&c->in);
 }
 
 int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size_t size)

@@ -9,12 +9,12 @@
 #include <stddef.h>
 
 #include "core/error.h"
+#include "rpc/rpc.h"
 
 struct conch_cli_conn {
     int fd;
-    char *buf; /* what was read and not yet taken as messages */
-    size_t len, cap;
-    int next_id; /* of the next request */
+    struct conch_rpc_reader in; /* what was read and not yet taken as messages */
+    int next_id;                /* of the last request */
 };
 
 /* conch_cli_connect - a connected socket to the daemon at @path (NULL: the default socket),

@@ -16,6 +16,7 @@
 #include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "exec/run.h"
+#include "rpc/rpc.h"
 
 /* How long a daemon may take to answer before we build our own sandbox instead. */
 #define LEASE_WAIT_MS 2000
@@ -35,30 +36,22 @@ static bool lease_fits(const struct conch_run_opts *o)
            s->tmp_bytes == def.tmp_bytes && s->home_bytes == def.home_bytes;
 }
 
-/* Read one response line with the fd that came with it (into *@ret_fd, else -1). */
+/* Read the answer with the fd that came with it (into *@ret_fd, else -1), within the wait. */
 static json_t *read_answer(int fd, int *ret_fd)
 {
-    char buf[LEASE_MAX_LINE];
-    size_t len = 0;
+    struct conch_rpc_reader in = {.max = LEASE_MAX_LINE};
     uint64_t deadline = conch_clock_ms() + LEASE_WAIT_MS;
-    while (len < sizeof(buf) - 1) {
+    json_t *msg = NULL;
+    struct conch_err err = {0};
+    while (conch_rpc_reader_next(&in, &msg, &err) == 0) {
         uint64_t now = conch_clock_ms();
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (now >= deadline || poll(&p, 1, (int)(deadline - now)) <= 0)
-            return NULL;
-        int got = 0, in = -1;
-        ssize_t n = conch_recv_fds(fd, buf + len, sizeof(buf) - 1 - len, &in, 1, &got, 0);
-        if (got == 1 && *ret_fd < 0)
-            *ret_fd = in;
-        else if (got == 1)
-            close(in);
-        if (n <= 0)
-            return NULL;
-        len += (size_t)n;
-        if (memchr(buf, '\n', len))
-            return json_loadb(buf, len, 0, NULL);
+        if (now >= deadline || poll(&p, 1, (int)(deadline - now)) <= 0 ||
+            conch_rpc_reader_fill(&in, fd, ret_fd) <= 0)
+            break;
     }
-    return NULL;
+    conch_rpc_reader_done(&in);
+    return msg;
 }
 
 int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
@@ -72,19 +65,16 @@ int conch_cli_lease(const struct conch_run_opts *o, const char *socket_path,
     _cleanup_close_ int fd = conch_cli_connect(socket_path, &err);
     if (fd < 0)
         return 0;
-    json_t *req =
-        json_pack("{s:s,s:i,s:s,s:{s:s,s:s,s:I,s:I,s:I,s:I}}", "jsonrpc", "2.0", "id", 1, "method",
-                  "sandbox.lease", "params", "workspace", o->jail.workspace, "mode",
+    json_t *params =
+        json_pack("{s:s,s:s,s:I,s:I,s:I,s:I}", "workspace", o->jail.workspace, "mode",
                   conch_ws_mode_name(o->jail.ws_mode), "disk", (json_int_t)o->jail.disk_bytes,
                   "ws_dev", (json_int_t)st.st_dev, "ws_ino", (json_int_t)st.st_ino, "proto",
                   (json_int_t)conch_jail_proto_version());
-    _cleanup_free_ char *line = req ? json_dumps(req, JSON_COMPACT) : NULL;
-    json_decref(req);
-    if (!line)
-        return 0;
-    size_t n = strlen(line);
-    line[n] = '\n'; /* json_dumps leaves room for the NUL: send it as the line's end */
-    if (conch_send_all(fd, line, n + 1) < 0)
+    size_t n = 0;
+    _cleanup_free_ char *line =
+        params ? conch_rpc_request_line(1, "sandbox.lease", params, &n) : NULL;
+    json_decref(params);
+    if (!line || conch_send_all(fd, line, n) < 0)
         return 0;
     int ctl = -1;
     json_t *ans = read_answer(fd, &ctl);
@@ -111,9 +101,11 @@ void conch_cli_lease_end(bool clean)
 {
     if (daemon_fd < 0)
         return;
-    static const char release[] = "{\"jsonrpc\":\"2.0\",\"method\":\"sandbox.release\"}\n";
-    if (clean)
-        (void)!conch_send_all(daemon_fd, release, sizeof(release) - 1);
+    size_t n = 0;
+    _cleanup_free_ char *release =
+        clean ? conch_rpc_request_line(0, "sandbox.release", NULL, &n) : NULL;
+    if (release)
+        (void)!conch_send_all(daemon_fd, release, n);
     close(daemon_fd);
     daemon_fd = -1;
 }

@@ -22,6 +22,7 @@
 #include "core/fsutil.h"
 #include "mcp/mcp-internal.h"
 #include "mcp/mcp.h"
+#include "rpc/rpc.h"
 
 #define MCP_LATEST "2025-06-18"
 #define MAX_CLIENT_LINE (32u << 20)  /* tool arguments: a write_file of a large file */
@@ -230,20 +231,12 @@ static int daemon_send(struct mcp *m, const char *method, json_t *params, uint64
         return -EPIPE;
     }
     uint64_t id = ++m->next_id;
-    json_t *req = json_pack("{s:s,s:I,s:s,s:o}", "jsonrpc", "2.0", "id", (json_int_t)id, "method",
-                            method, "params", params);
-    char *s = req ? json_dumps(req, JSON_COMPACT) : NULL;
-    json_decref(req);
-    if (!s)
+    size_t n = 0;
+    char *line = conch_rpc_request_line(id, method, params, &n);
+    json_decref(params);
+    if (!line)
         return -ENOMEM;
-    size_t n = strlen(s);
-    char *line = realloc(s, n + 2);
-    if (!line) {
-        free(s);
-        return -ENOMEM;
-    }
-    line[n] = '\n';
-    int r = conch_write_all(m->child_in, line, n + 1);
+    int r = conch_write_all(m->child_in, line, n);
     free(line);
     if (r < 0) {
         m->child_gone = true;

@@ -2,13 +2,17 @@
  * errors (the codes of docs/PROTOCOL.md), and dispatching requests and batches through a method
  * table whose handlers may reply at once or later. The only code in conch that speaks JSON-RPC.
  *
- * Everything here is single-threaded: call it from the daemon's event loop only. */
+ * The server side is single-threaded: call it from the daemon's event loop only. The client side
+ * ("A client", at the end) is the one JSON-RPC client in C: conch's client verbs, conch run's
+ * lease and conch mcp build their requests and read their answers with it. */
 #ifndef CONCH_RPC_RPC_H
 #define CONCH_RPC_RPC_H
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "core/budget.h"
 #include "core/error.h"
@@ -394,5 +398,43 @@ double conch_rpc_num(json_t *params, const char *key, double def);
 
 /* conch_rpc_bool - the boolean member @key, or @def. */
 bool conch_rpc_bool(json_t *params, const char *key, bool def);
+
+/* ---- A client --------------------------------------------------------------------------- */
+
+/*
+ * conch_rpc_request_line - the line of a JSON-RPC 2.0 request to @method with @params
+ * (borrowed; NULL: none), id @id (0: a notification, without id), ending in '\n'. Returns a
+ * new string and its length in *@ret_len, or NULL when out of memory.
+ */
+char *conch_rpc_request_line(uint64_t id, const char *method, json_t *params, size_t *ret_len);
+
+/*
+ * struct conch_rpc_reader - splits what a server sends into messages, one JSON value a line
+ * ("\u0000" allowed: command output may hold NUL bytes). Zero it, set @max (the longest line
+ * kept; 0: no cap), and free it with conch_rpc_reader_done.
+ */
+struct conch_rpc_reader {
+    char *buf;
+    size_t len, cap;
+    size_t max;    /* longest line; a longer one is dropped (conch_rpc_reader_next says so) */
+    bool skipping; /* inside a line that was too long: dropped up to its newline */
+};
+
+/*
+ * conch_rpc_reader_fill - one read of @fd (a recvmsg, so that a descriptor passed with the
+ * bytes lands in *@ret_fd when @ret_fd is not NULL and *@ret_fd is -1; others are closed).
+ * Returns the bytes read, 0 at EOF, or -errno (-ENOMEM when the buffer cannot grow).
+ */
+ssize_t conch_rpc_reader_fill(struct conch_rpc_reader *r, int fd, int *ret_fd);
+
+/*
+ * conch_rpc_reader_next - the next whole message buffered: 1 with *@ret (a new reference), 0
+ * when no line is complete, or -EBADMSG for a line that is not JSON and -EMSGSIZE for one
+ * longer than @max (each dropped, @err saying why): call again for the next.
+ */
+int conch_rpc_reader_next(struct conch_rpc_reader *r, json_t **ret, struct conch_err *err);
+
+/* conch_rpc_reader_done - free @r's buffer and zero it (its @max is kept). */
+void conch_rpc_reader_done(struct conch_rpc_reader *r);
 
 #endif

@@ -5,7 +5,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "core/fdpass.h"
 #include "rpc/rpc.h"
 
 /* ---- framing ---------------------------------------------------------------------------- */
@@ -1120,4 +1123,70 @@ Test(framer, budget_bounds_partial_lines)
     lines_free(&l);
     conch_rpc_framer_done(&f);
     cr_assert_eq(conch_budget_held(&b), 0);
+}
+
+/* ---- the client ---- */
+
+Test(client, request_line_and_reader_round_trip)
+{
+    size_t n = 0;
+    json_t *params = json_pack("{s:s}", "command", "echo hi");
+    char *line = conch_rpc_request_line(7, "exec.run", params, &n);
+    json_decref(params);
+    cr_assert_not_null(line);
+    cr_assert_eq(n, strlen(line));
+    cr_assert_eq(line[n - 1], '\n');
+    json_t *req = json_loadb(line, n - 1, 0, NULL);
+    cr_assert_eq(json_integer_value(json_object_get(req, "id")), 7);
+    cr_assert_str_eq(json_string_value(json_object_get(req, "method")), "exec.run");
+    json_decref(req);
+    free(line);
+    line = conch_rpc_request_line(0, "sandbox.release", NULL, &n);
+    cr_assert_str_eq(line, "{\"jsonrpc\":\"2.0\",\"method\":\"sandbox.release\"}\n");
+    free(line);
+
+    /* Two answers, one with a NUL byte, one line too long, one not JSON, a passed fd. */
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    char big[200];
+    memset(big, 'x', sizeof(big));
+    static const char a[] = "{\"id\":1,\"result\":\"a\\u0000b\"}\n{\"id\":2,";
+    int pass = dup(sv[0]);
+    cr_assert_eq(conch_send_fds(sv[1], a, sizeof(a) - 1, &pass, 1, 0), (ssize_t)(sizeof(a) - 1));
+    close(pass);
+    cr_assert_eq(write(sv[1], "\"result\":2}\n", 12), 12);
+    cr_assert_eq(write(sv[1], big, sizeof(big)), (ssize_t)sizeof(big));
+    cr_assert_eq(write(sv[1], "\nnot json\n{\"id\":3}\n", 19), 19);
+    close(sv[1]);
+    struct conch_rpc_reader in = {.max = 100};
+    int got_fd = -1;
+    json_t *msgs[3] = {0};
+    int n_msgs = 0, too_long = 0, bad = 0;
+    for (;;) {
+        json_t *m = NULL;
+        struct conch_err err = {0};
+        int r = conch_rpc_reader_next(&in, &m, &err);
+        if (r > 0) {
+            cr_assert_lt(n_msgs, 3);
+            msgs[n_msgs++] = m;
+        } else if (r == -EMSGSIZE) {
+            too_long++;
+        } else if (r == -EBADMSG) {
+            bad++;
+        } else if (conch_rpc_reader_fill(&in, sv[0], &got_fd) <= 0) {
+            break;
+        }
+    }
+    cr_assert_eq(n_msgs, 3);
+    cr_assert_eq(too_long, 1);
+    cr_assert_eq(bad, 1);
+    cr_assert_eq(json_string_length(json_object_get(msgs[0], "result")), 3, "the NUL is kept");
+    cr_assert_eq(json_integer_value(json_object_get(msgs[1], "result")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(msgs[2], "id")), 3);
+    cr_assert_geq(got_fd, 0, "the passed descriptor was taken");
+    close(got_fd);
+    for (int i = 0; i < 3; i++)
+        json_decref(msgs[i]);
+    conch_rpc_reader_done(&in);
+    close(sv[0]);
 }
