@@ -653,6 +653,12 @@ static void sock_line(struct session *s, const char *line)
                  "it needs (a read-only POSIXLY_CORRECT, __conch_c or function named builtin?)",
                  why);
         run_finish(s);
+        /* A shell that cannot report is of no use to the next command: it starts anew. */
+        if (s->proc_live && !s->closing) {
+            snprintf(s->kill_reason, sizeof(s->kill_reason),
+                     "its status reporter was locked out by shell code");
+            conch_super_signal(&s->proc, SIGKILL);
+        }
     } else if (kind == 'Y' && s->tstage == T_SYNC) {
         s->synced = true;
         run_finish(s);
@@ -1250,6 +1256,8 @@ static void session_pump(struct session *s)
     }
     if (s->state != SS_LIVE)
         return; /* started again when the master arrives */
+    if (s->kill_reason[0])
+        return; /* we are ending this shell: the next one takes the command */
     struct srun *r = dlist_entry(s->queue.next, struct srun, link);
     /* A program of a person's (an editor, a pager) has the terminal: typing into it would
      * be wrong. Commands run only when the shell itself is in the foreground. */
