@@ -1,18 +1,26 @@
 /* sessions.c - sessions: a long-lived shell per session, on a pty of the sandbox's own devpts
  * (the master is passed to us at start: jail/session-child.c), driven in two ways.
  *
- * Command mode (session.run): the shell is bash, started with an init script that defines
- * two aliases. For each command we write its text, preceded by a fresh random nonce, on the
- * session's control socket (fd 62 in the shell, close-on-exec: no program the shell runs can
- * read or write it), then type " __conch_r" on the pty. The alias reads the record, prints a
- * start marker \e]697;S<nonce>\a to the terminal, evals the command at top level (so cd,
- * exports, functions, aliases, options and `declare` persist), prints the end marker
- * \e]697;E<nonce>\a and writes "E <nonce> <status>" on the control socket. A command ends
- * when both the status (socket) and the end marker (terminal, so that everything it printed
- * before is read) are in; or when the shell dies (the supervisor's final event, with the real
- * wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between the two
- * markers. Nothing a program prints can end a command: it does not know the nonce, and the
- * status comes only from the socket it cannot reach.
+ * Command mode (session.run): the shell is bash, started with an init script that defines a
+ * reporter and locks it (read-only functions, no `enable`). For each command we write its
+ * text, preceded by a fresh random nonce, on the session's control socket (fd 62 in the
+ * shell), then type one line on the pty: `\__conch_b <nonce> && \builtin eval "$__conch_c"
+ * </dev/null 62>&-; \__conch_e "$?" <nonce>`. __conch_b reads the record and prints a start
+ * marker \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports,
+ * functions, aliases, options and `declare` persist); __conch_e sends "E <nonce> <N>
+ * <status>" on the socket, N drawn after the command, then prints the end marker
+ * \e]697;E<nonce>.<N>\a. A command ends when both the status (socket) and the end marker
+ * (terminal, so that everything it printed before is read) are in; or when the shell dies
+ * (the supervisor's final event, with the real wait status: `exit`, `exec`, `set -e`). Output
+ * is what the terminal showed between the two markers.
+ *
+ * Whose word counts: the socket passes its sender's credentials (SO_PASSCRED) and only lines
+ * the shell's own process wrote count, so a program the shell runs cannot report, whatever it
+ * reads from the shell's memory or copies with pidfd_getfd. Shell code cannot redefine the
+ * reporter (read-only), reach it through an alias (every name typed is quoted), shadow the
+ * builtins it uses (it removes a function named `builtin` with posix mode's unshadowable
+ * `unset`) or disable them (`enable` is gone). Shell code that locks the reporter out anyway
+ * makes it report "B": the result says the status is unknown and the shell is replaced.
  *
  * Raw mode: session.write, session.output notifications (seq = offset of the first byte in
  * the session's output stream), resize, signal, attach with one writer, a scrollback ring
