@@ -4,12 +4,12 @@
  * Command mode (session.run): the shell is bash, started with an init script that defines a
  * reporter and locks it (read-only functions, no `enable`). For each command we write its
  * text, preceded by a fresh random nonce, on the session's control socket (fd 62 in the
- * shell), then type one line on the pty: `\__conch_b <nonce> && \builtin eval "$__conch_c"
- * </dev/null 62>&-; \__conch_e "$?" <nonce>`. __conch_b reads the record and prints a start
- * marker \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports,
- * functions, aliases, options and `declare` persist); __conch_e sends "E <nonce> <N>
- * <status>" on the socket, N drawn after the command, then prints the end marker
- * \e]697;E<nonce>.<N>\a. A command ends when both the status (socket) and the end marker
+ * shell), then type one line on the pty: `\__conch_b&&\builtin eval "$__conch_c"</dev/null
+ * 62>&-;\__conch_e "$?"`. __conch_b reads the record and prints a start marker
+ * \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports, functions,
+ * aliases, options and `declare` persist); __conch_e reads the nonce, sends "E <nonce> <R>
+ * <status>" on the socket, R drawn after the command, then prints the end marker
+ * \e]697;E<nonce>.<R>\a. A command ends when both the status (socket) and the end marker
  * (terminal, so that everything it printed before is read) are in; or when the shell dies
  * (the supervisor's final event, with the real wait status: `exit`, `exec`, `set -e`). Output
  * is what the terminal showed between the two markers.
@@ -66,12 +66,15 @@
  * redefined or unset), no `enable` any more (no builtin can be disabled, no loadable
  * loaded). Each reporter function first enters posix mode by an assignment (no name is
  * looked up) to remove a function named `builtin` with the special builtin `unset` (which
- * no function can shadow in posix mode), so that every `builtin X` after it is the real one.
- * Whatever it cannot do (a read-only POSIXLY_CORRECT, `builtin` or __conch_c) it reports as
- * "B <nonce> <why>" through an expansion error (${__conch_q:?...}: bash prints the message
- * itself, no command is looked up) and the line is abandoned. The status line is
- * "E <nonce> <N> <status>", N a random number drawn after the command, which the end
- * marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
+ * no function can shadow in posix mode), so that every `builtin X` after it is the real one,
+ * and puts back the options posix mode touched. Whatever it cannot do (a read-only
+ * POSIXLY_CORRECT, `builtin` or __conch_c) it reports as "B <nonce|-> <why>" through an
+ * expansion error (${__conch_q:?...}: bash prints the message itself, no command is looked
+ * up) and the line is abandoned. The socket carries, per command, the record
+ * "<r|i><nonce>\n<command>\0[stdin\0]" for __conch_b and "<nonce>\0" for __conch_e, read
+ * after the command (an interrupted line leaves it: __conch_b skips to the next record).
+ * The status line is "E <nonce> <R> <status>", R a random number drawn after the command,
+ * which the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
 static const char init_script[] =
     "unset PROMPT_COMMAND __conch_init\n"
     "HISTCONTROL=ignorespace\n"
@@ -92,41 +95,60 @@ static const char init_script[] =
     "  fi\n"
     "}\n"
     "__conch_o() {\n"
-    "  builtin local __conch_k\n"
-    "  for __conch_k in inherit_errexit expand_aliases interactive_comments sourcepath "
+    "  if [[ :$1: == *:expand_aliases:*:interactive_comments:*:sourcepath:* && :$1: != "
+    "*:inherit_errexit:* && :$1: != *:shift_verbose:* ]]; then\n"
+    "    builtin shopt -u inherit_errexit\n"
+    "  else\n"
+    "    builtin local __conch_k __conch_on __conch_off\n"
+    "    __conch_on=() __conch_off=()\n"
+    "    for __conch_k in inherit_errexit expand_aliases interactive_comments sourcepath "
     "shift_verbose; do\n"
-    "    if [[ :$1: == *:$__conch_k:* ]]; then builtin shopt -s $__conch_k; else builtin shopt -u "
-    "$__conch_k; fi\n"
-    "  done\n"
+    "      if [[ :$1: == *:$__conch_k:* ]]; then __conch_on+=(\"$__conch_k\"); else "
+    "__conch_off+=(\"$__conch_k\"); fi\n"
+    "    done\n"
+    "    if (( ${#__conch_on[@]} )); then builtin shopt -s \"${__conch_on[@]}\"; fi\n"
+    "    if (( ${#__conch_off[@]} )); then builtin shopt -u \"${__conch_off[@]}\"; fi\n"
+    "  fi\n"
     "}\n"
     "__conch_b() {\n"
-    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B $1 locked}\"; } 2>&62; fi\n"
-    "  if ! builtin local __conch_h __conch_k; then { : \"${__conch_q:?B $1 local}\"; } 2>&62; fi\n"
-    "  if ! builtin unset -n __conch_c __conch_in; then { : \"${__conch_q:?B $1 readonly}\"; } "
+    "  {\n"
+    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
+    "  if ! builtin local __conch_h __conch_k; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
+    "  if ! builtin unset -n __conch_c __conch_in; then { : \"${__conch_q:?B - readonly}\"; } "
     "2>&62; fi\n"
-    "  if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B $1 read}\"; } "
+    "  __conch_h=\n"
+    "  while [[ $__conch_h != [ri]* ]]; do\n"
+    "    if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
     "2>&62; fi\n"
+    "  done\n"
     "  __conch_k=${__conch_h%%$'\\n'*}\n"
-    "  if [[ ${__conch_k:1} != \"$1\" ]]; then { : \"${__conch_q:?B $1 record}\"; } 2>&62; fi\n"
     "  __conch_c=${__conch_h#*$'\\n'}\n"
     "  if [[ $__conch_k == i* ]] && ! IFS= builtin read -r -d '' -u 62 __conch_in; then { : "
-    "\"${__conch_q:?B $1 read}\"; } 2>&62; fi\n"
-    "  if ! builtin printf '\\e]697;S%s\\a' \"$1\" >/dev/tty; then builtin true; fi\n"
+    "\"${__conch_q:?B ${__conch_k:1} read}\"; } 2>&62; fi\n"
+    "  if ! builtin printf '\\e]697;S%s\\a' \"${__conch_k:1}\" >/dev/tty; then builtin true; fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
     "__conch_e() {\n"
-    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B $2 locked}\"; } 2>&62; fi\n"
+    "  {\n"
+    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
     "  if ! builtin unset __conch_c __conch_in; then builtin true; fi\n"
-    "  if ! builtin local __conch_k=x$SRANDOM; then { : \"${__conch_q:?B $2 local}\"; } 2>&62; fi\n"
-    "  if ! builtin printf 'E %s %s %d\\n' \"$2\" \"$__conch_k\" \"$1\" >&62; then builtin kill "
-    "-KILL $$; fi\n"
-    "  if ! builtin printf '\\e]697;E%s.%s\\a' \"$2\" \"$__conch_k\" >/dev/tty; then builtin true; "
-    "fi\n"
+    "  if ! builtin local __conch_h __conch_k=x$SRANDOM; then { : \"${__conch_q:?B - local}\"; } "
+    "2>&62; fi\n"
+    "  if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
+    "2>&62; fi\n"
+    "  if ! builtin printf 'E %s %s %d\\n' \"$__conch_h\" \"$__conch_k\" \"$1\" >&62; then builtin "
+    "kill -KILL $$; fi\n"
+    "  if ! builtin printf '\\e]697;E%s.%s\\a' \"$__conch_h\" \"$__conch_k\" >/dev/tty; then "
+    "builtin true; fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
     "__conch_s() {\n"
+    "  {\n"
     "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
     "  if builtin local __conch_k && IFS= builtin read -r -d '' -u 62 __conch_k; then\n"
     "    if ! builtin printf 'Y %s\\n' \"$__conch_k\" >&62; then builtin true; fi\n"
     "  fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
     "readonly -f __conch_u __conch_o __conch_b __conch_e __conch_s\n"
     "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
@@ -439,18 +461,18 @@ static void hold_append(struct session *s, const char *buf, size_t len)
     s->hold_len += len;
 }
 
-/* Under `set -x` bash traces the reporter's call ("+ __conch_e 0 <nonce>") right before it
- * prints the end marker: that line is ours, not the command's. Only the exact call with this
- * command's nonce, and the run of '+' before it (the default PS4), are cut. */
+/* Under `set -x` bash traces the reporter's call ("+ __conch_e 0") right before it prints
+ * the end marker: that line is ours, not the command's. Only that exact last line, and the
+ * run of '+' before it (the default PS4), are cut. */
 static void hold_strip_trace(struct session *s)
 {
-    char tail[64];
-    int tl = snprintf(tail, sizeof(tail), " %s\r\n", s->nonce);
+    static const char tail[] = "\r\n";
     static const char call[] = "__conch_e ";
-    if (tl < 0 || s->hold_len < (size_t)tl + sizeof(call))
+    size_t tl = sizeof(tail) - 1;
+    if (s->hold_len < tl + sizeof(call))
         return;
-    size_t end = s->hold_len - (size_t)tl;
-    if (memcmp(s->hold + end, tail, (size_t)tl))
+    size_t end = s->hold_len - tl;
+    if (memcmp(s->hold + end, tail, tl))
         return;
     size_t d = end;
     while (d > 0 && s->hold[d - 1] >= '0' && s->hold[d - 1] <= '9')
@@ -634,7 +656,8 @@ static void sock_line(struct session *s, const char *line)
         kind = 'Y';
         got = sscanf(line, "Y %39s", nonce);
     }
-    if (!s->cur || got < 1 || strcmp(nonce, s->nonce))
+    /* "B -": the reporter failed before it read the nonce (one command runs at a time) */
+    if (!s->cur || got < 1 || (strcmp(nonce, s->nonce) && !(kind == 'B' && !strcmp(nonce, "-"))))
         return; /* stale: not the current command's */
     if (kind == 'E' && got == 3 && s->tstage != T_SYNC) {
         if (s->got_status) {
@@ -652,7 +675,7 @@ static void sock_line(struct session *s, const char *line)
         s->tstage = T_MARKER;
         uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
     } else if (kind == 'B' && s->tstage != T_SYNC) {
-        const char *why = b + 13 + strlen(s->nonce);
+        const char *why = b + 13 + strlen(nonce);
         while (*why == ' ')
             why++;
         s->unknown = true;
@@ -928,7 +951,7 @@ static void on_timer(uv_timer_t *t)
         char rec[40];
         int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
         sock_write(s, rec, (size_t)n + 1);
-        static const char sync_line[] = "\x15 \\__conch_s 2>/dev/null\n";
+        static const char sync_line[] = "\x15 \\__conch_s\n";
         master_write(s, sync_line, sizeof(sync_line) - 1);
         uv_timer_start(s->timer, on_timer, 2000 + s->cur->grace_ms, 0);
         break;
@@ -1315,7 +1338,7 @@ static void session_pump(struct session *s)
     s->mark_s_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
     s->mark_e_len = 0;
     size_t clen = strlen(r->command);
-    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0);
+    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0) + 16 + 1;
     char *rec = malloc(len);
     if (!rec) {
         s->cur = NULL;
@@ -1331,6 +1354,10 @@ static void session_pump(struct session *s)
         rec[off + r->in_len] = 0;
         off += r->in_len + 1;
     }
+    /* For __conch_e, read after the command: the nonce is not on the line typed (each byte
+     * typed costs a pass of readline) nor in any variable while the command runs. */
+    memcpy(rec + off, s->nonce, 17);
+    off += 17;
     s->start_ms = daemon_now_ms();
     {
         /* Calls made between commands (raw mode) are not this command's. */
@@ -1348,12 +1375,14 @@ static void session_pump(struct session *s)
      * quoted (no alias applies) and is a read-only function of ours or the builtin `builtin`
      * (__conch_b has removed any function of that name); `eval` runs the command at top level
      * so that its declarations persist, and `$?` goes to the reporter as an argument. */
-    char line[256];
-    int ll = snprintf(line, sizeof(line),
-                      "\x15 \\__conch_b %s 2>/dev/null && \\builtin eval \"$__conch_c\" %s 62>&-; "
-                      "\\__conch_e \"$?\" %s 2>/dev/null\n",
-                      s->nonce, r->has_in ? "<<<\"$__conch_in\"" : "</dev/null", s->nonce);
-    master_write(s, line, (size_t)ll);
+    static const char run_line[] =
+        "\x15 \\__conch_b&&\\builtin eval \"$__conch_c\"</dev/null 62>&-;\\__conch_e \"$?\"\n";
+    static const char run_in_line[] = "\x15 \\__conch_b&&\\builtin eval "
+                                      "\"$__conch_c\"<<<\"$__conch_in\" 62>&-;\\__conch_e \"$?\"\n";
+    if (r->has_in)
+        master_write(s, run_in_line, sizeof(run_in_line) - 1);
+    else
+        master_write(s, run_line, sizeof(run_line) - 1);
     if (r->timeout_ms) {
         s->tstage = T_DEADLINE;
         uv_timer_start(s->timer, on_timer, r->timeout_ms, 0);
