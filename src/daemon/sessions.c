@@ -77,7 +77,6 @@
  * which the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
 static const char init_script[] =
     "unset PROMPT_COMMAND __conch_init\n"
-    "HISTCONTROL=ignorespace\n"
     "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; fi\n"
     "enable -n enable\n"
     "declare -r __conch_q=\n"
@@ -137,7 +136,7 @@ static const char init_script[] =
     "  if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
     "2>&62; fi\n"
     "  if ! builtin printf 'E %s %s %d\\n' \"$__conch_h\" \"$__conch_k\" \"$1\" >&62; then builtin "
-    "kill -KILL $$; fi\n"
+    "kill -KILL \"$$\"; fi\n"
     "  if ! builtin printf '\\e]697;E%s.%s\\a' \"$__conch_h\" \"$__conch_k\" >/dev/tty; then "
     "builtin true; fi\n"
     "  } 2>/dev/null\n"
@@ -152,7 +151,8 @@ static const char init_script[] =
     "}\n"
     "readonly -f __conch_u __conch_o __conch_b __conch_e __conch_s\n"
     "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
-    "[ -r ~/.bashrc ] && . ~/.bashrc\n";
+    "[ -r ~/.bashrc ] && . ~/.bashrc\n"
+    "HISTCONTROL=ignorespace\n";
 
 enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
 
