@@ -7,12 +7,12 @@
  * shell), then type one line on the pty: `\__conch_b&&\builtin eval "$__conch_c"</dev/null
  * 62>&-;\__conch_e "$?"`. __conch_b reads the record and prints a start marker
  * \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports, functions,
- * aliases, options and `declare` persist); __conch_e reads the nonce, sends "E <nonce> <R>
- * <status>" on the socket, R drawn after the command, then prints the end marker
- * \e]697;E<nonce>.<R>\a. A command ends when both the status (socket) and the end marker
- * (terminal, so that everything it printed before is read) are in; or when the shell dies
- * (the supervisor's final event, with the real wait status: `exit`, `exec`, `set -e`). Output
- * is what the terminal showed between the two markers.
+ * aliases, options and `declare` persist); __conch_e sends "E - <R> <status>" on the socket,
+ * R drawn after the command, then prints the end marker \e]697;E<R>\a. A command ends when
+ * both the status (socket) and the end marker (terminal, so that everything it printed
+ * before is read) are in; or when the shell dies (the supervisor's final event, with the
+ * real wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between
+ * the two markers.
  *
  * Whose word counts: the socket passes its sender's credentials (SO_PASSCRED) and only lines
  * the shell's own process wrote count, so a program the shell runs cannot report, whatever it
@@ -71,10 +71,9 @@
  * POSIXLY_CORRECT, `builtin` or __conch_c) it reports as "B <nonce|-> <why>" through an
  * expansion error (${__conch_q:?...}: bash prints the message itself, no command is looked
  * up) and the line is abandoned. The socket carries, per command, the record
- * "<r|i><nonce>\n<command>\0[stdin\0]" for __conch_b and "<nonce>\0" for __conch_e, read
- * after the command (an interrupted line leaves it: __conch_b skips to the next record).
- * The status line is "E <nonce> <R> <status>", R a random number drawn after the command,
- * which the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
+ * "<r|i><nonce>\n<command>\0[stdin\0]" (__conch_b skips anything else: what a sync left).
+ * The status line is "E - <R> <status>", R a random number drawn after the command, which
+ * the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
 static const char init_script[] =
     "unset PROMPT_COMMAND __conch_init\n"
     "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; fi\n"
@@ -131,14 +130,10 @@ static const char init_script[] =
     "  {\n"
     "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
     "  if ! builtin unset __conch_c __conch_in; then builtin true; fi\n"
-    "  if ! builtin local __conch_h __conch_k=x$SRANDOM; then { : \"${__conch_q:?B - local}\"; } "
-    "2>&62; fi\n"
-    "  if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
-    "2>&62; fi\n"
-    "  if ! builtin printf 'E %s %s %d\\n' \"$__conch_h\" \"$__conch_k\" \"$1\" >&62; then builtin "
-    "kill -KILL \"$$\"; fi\n"
-    "  if ! builtin printf '\\e]697;E%s.%s\\a' \"$__conch_h\" \"$__conch_k\" >/dev/tty; then "
-    "builtin true; fi\n"
+    "  if ! builtin local __conch_k=x$SRANDOM; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
+    "  if ! builtin printf 'E - %s %d\\n' \"$__conch_k\" \"$1\" >&62; then builtin kill -KILL "
+    "\"$$\"; fi\n"
+    "  if ! builtin printf '\\e]697;E%s\\a' \"$__conch_k\" >/dev/tty; then builtin true; fi\n"
     "  } 2>/dev/null\n"
     "}\n"
     "__conch_s() {\n"
@@ -637,10 +632,13 @@ static void sock_flush(struct session *s);
 static void on_timer(uv_timer_t *t);
 static void on_eof_timer(uv_timer_t *t);
 
-/* One line from the shell (its sender checked). "E <nonce> <N> <status>": the reporter's
- * status, then its end marker names N. "<bash>: __conch_q: B <nonce> <why>": the reporter
- * could not run (bash's own message for an expansion error, see init_script): the status is
- * unknown. "Y <nonce>": the shell reads commands again (a sync after an interrupt). */
+/* One line from the shell (its sender checked). "E - <R> <status>": the reporter's status,
+ * then its end marker names R. "<bash>: __conch_q: B <nonce|-> <why>": the reporter could not
+ * run (bash's own message for an expansion error, see init_script): the status is unknown.
+ * "Y <nonce>": the shell reads commands again (a sync after an interrupt). E and B carry no
+ * nonce ("-"): they come from the reporter of the line typed for the current command, the
+ * only one whose reporter can still run (a line interrupted and synced with Y is over, and a
+ * shell that does not sync is killed), and no other process can write them. */
 static void sock_line(struct session *s, const char *line)
 {
     char kind = 0, nonce[40] = "", n[24] = "";
@@ -656,8 +654,7 @@ static void sock_line(struct session *s, const char *line)
         kind = 'Y';
         got = sscanf(line, "Y %39s", nonce);
     }
-    /* "B -": the reporter failed before it read the nonce (one command runs at a time) */
-    if (!s->cur || got < 1 || (strcmp(nonce, s->nonce) && !(kind == 'B' && !strcmp(nonce, "-"))))
+    if (!s->cur || got < 1 || (strcmp(nonce, s->nonce) && (kind == 'Y' || strcmp(nonce, "-"))))
         return; /* stale: not the current command's */
     if (kind == 'E' && got == 3 && s->tstage != T_SYNC) {
         if (s->got_status) {
@@ -670,8 +667,7 @@ static void sock_line(struct session *s, const char *line)
         }
         s->got_status = true;
         s->status_code = code;
-        s->mark_e_len =
-            (size_t)snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s.%s\a", s->nonce, n);
+        s->mark_e_len = (size_t)snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", n);
         s->tstage = T_MARKER;
         uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
     } else if (kind == 'B' && s->tstage != T_SYNC) {
@@ -1338,7 +1334,7 @@ static void session_pump(struct session *s)
     s->mark_s_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
     s->mark_e_len = 0;
     size_t clen = strlen(r->command);
-    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0) + 16 + 1;
+    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0);
     char *rec = malloc(len);
     if (!rec) {
         s->cur = NULL;
@@ -1354,10 +1350,6 @@ static void session_pump(struct session *s)
         rec[off + r->in_len] = 0;
         off += r->in_len + 1;
     }
-    /* For __conch_e, read after the command: the nonce is not on the line typed (each byte
-     * typed costs a pass of readline) nor in any variable while the command runs. */
-    memcpy(rec + off, s->nonce, 17);
-    off += 17;
     s->start_ms = daemon_now_ms();
     {
         /* Calls made between commands (raw mode) are not this command's. */
