@@ -1,18 +1,26 @@
 /* sessions.c - sessions: a long-lived shell per session, on a pty of the sandbox's own devpts
  * (the master is passed to us at start: jail/session-child.c), driven in two ways.
  *
- * Command mode (session.run): the shell is bash, started with an init script that defines
- * two aliases. For each command we write its text, preceded by a fresh random nonce, on the
- * session's control socket (fd 62 in the shell, close-on-exec: no program the shell runs can
- * read or write it), then type " __conch_r" on the pty. The alias reads the record, prints a
- * start marker \e]697;S<nonce>\a to the terminal, evals the command at top level (so cd,
- * exports, functions, aliases, options and `declare` persist), prints the end marker
- * \e]697;E<nonce>\a and writes "E <nonce> <status>" on the control socket. A command ends
- * when both the status (socket) and the end marker (terminal, so that everything it printed
- * before is read) are in; or when the shell dies (the supervisor's final event, with the real
- * wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between the two
- * markers. Nothing a program prints can end a command: it does not know the nonce, and the
- * status comes only from the socket it cannot reach.
+ * Command mode (session.run): the shell is bash, started with an init script that defines a
+ * reporter and locks it (read-only functions, no `enable`). For each command we write its
+ * text, preceded by a fresh random nonce, on the session's control socket (fd 62 in the
+ * shell), then type one line on the pty: `\__conch_b&&\builtin eval "$__conch_c"</dev/null
+ * 62>&-;\__conch_e "$?"`. __conch_b reads the record and prints a start marker
+ * \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports, functions,
+ * aliases, options and `declare` persist); __conch_e sends "E - <R> <status>" on the socket,
+ * R drawn after the command, then prints the end marker \e]697;E<R>\a. A command ends when
+ * both the status (socket) and the end marker (terminal, so that everything it printed
+ * before is read) are in; or when the shell dies (the supervisor's final event, with the
+ * real wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between
+ * the two markers.
+ *
+ * Whose word counts: the socket passes its sender's credentials (SO_PASSCRED) and only lines
+ * the shell's own process wrote count, so a program the shell runs cannot report, whatever it
+ * reads from the shell's memory or copies with pidfd_getfd. Shell code cannot redefine the
+ * reporter (read-only), reach it through an alias (every name typed is quoted), shadow the
+ * builtins it uses (it removes a function named `builtin` with posix mode's unshadowable
+ * `unset`) or disable them (`enable` is gone). Shell code that locks the reporter out anyway
+ * makes it report "B": the result says the status is unknown and the shell is replaced.
  *
  * Raw mode: session.write, session.output notifications (seq = offset of the first byte in
  * the session's output stream), resize, signal, attach with one writer, a scrollback ring
@@ -53,41 +61,93 @@
 
 /* The init script, run by the shell before its first prompt (PROMPT_COMMAND from the
  * environment: the shell runs with --norc, and a rcfile it would have to open by path, which
- * a pipe or memfd of ours would not allow). Leading spaces keep the typed lines out of
- * history. */
+ * a pipe or memfd of ours would not allow). It defines the reporter before any code of the
+ * user's runs (the rc files come last) and locks it: read-only functions (none can be
+ * redefined or unset), no `enable` any more (no builtin can be disabled, no loadable
+ * loaded). Each reporter function first enters posix mode by an assignment (no name is
+ * looked up) to remove a function named `builtin` with the special builtin `unset` (which
+ * no function can shadow in posix mode), so that every `builtin X` after it is the real one,
+ * and puts back the options posix mode touched. Whatever it cannot do (a read-only
+ * POSIXLY_CORRECT, `builtin` or __conch_c) it reports as "B <nonce|-> <why>" through an
+ * expansion error (${__conch_q:?...}: bash prints the message itself, no command is looked
+ * up) and the line is abandoned. The socket carries, per command, the record
+ * "<r|i><nonce>\n<command>\0[stdin\0]" (__conch_b skips anything else: what a sync left).
+ * The status line is "E - <R> <status>", R a random number drawn after the command, which
+ * the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
 static const char init_script[] =
     "unset PROMPT_COMMAND __conch_init\n"
-    "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
-    "[ -r ~/.bashrc ] && . ~/.bashrc\n"
-    "HISTCONTROL=ignorespace\n"
-    "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; "
-    "fi\n"
+    "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; fi\n"
+    "enable -n enable\n"
+    "declare -r __conch_q=\n"
+    "__conch_u() {\n"
+    "  if [[ -o posix ]]; then unset -f builtin\n"
+    "  elif [[ ( -v POSIXLY_CORRECT || ! -o nounset ) && ${POSIXLY_CORRECT@a} == *r* ]]; then [[ "
+    "-z x ]]\n"
+    "  elif [[ -o nounset && ! -v POSIXLY_CORRECT ]] && ! ( POSIXLY_CORRECT=y ) 2>/dev/null; then "
+    "[[ -z x ]]\n"
+    "  else\n"
+    "    POSIXLY_CORRECT=y\n"
+    "    if [[ ! -o posix ]]; then [[ -z x ]]; elif unset -f builtin; then\n"
+    "      unset POSIXLY_CORRECT; __conch_o \"$1\"\n"
+    "    else unset POSIXLY_CORRECT; [[ -z x ]]; fi\n"
+    "  fi\n"
+    "}\n"
+    "__conch_o() {\n"
+    "  if [[ :$1: == *:expand_aliases:*:interactive_comments:*:sourcepath:* && :$1: != "
+    "*:inherit_errexit:* && :$1: != *:shift_verbose:* ]]; then\n"
+    "    builtin shopt -u inherit_errexit\n"
+    "  else\n"
+    "    builtin local __conch_k __conch_on __conch_off\n"
+    "    __conch_on=() __conch_off=()\n"
+    "    for __conch_k in inherit_errexit expand_aliases interactive_comments sourcepath "
+    "shift_verbose; do\n"
+    "      if [[ :$1: == *:$__conch_k:* ]]; then __conch_on+=(\"$__conch_k\"); else "
+    "__conch_off+=(\"$__conch_k\"); fi\n"
+    "    done\n"
+    "    if (( ${#__conch_on[@]} )); then builtin shopt -s \"${__conch_on[@]}\"; fi\n"
+    "    if (( ${#__conch_off[@]} )); then builtin shopt -u \"${__conch_off[@]}\"; fi\n"
+    "  fi\n"
+    "}\n"
     "__conch_b() {\n"
-    "  local __h\n"
-    "  IFS= builtin read -r -d '' -u 62 __h || return 0\n"
-    "  __conch_n=${__h%%$'\\n'*}\n"
-    "  __conch_c=${__h#*$'\\n'}\n"
-    "  if [[ $__conch_n == i* ]]; then IFS= builtin read -r -d '' -u 62 __conch_in; fi\n"
-    "  __conch_n=${__conch_n:1}\n"
-    "  builtin printf '\\e]697;S%s\\a' \"$__conch_n\" >/dev/tty\n"
+    "  {\n"
+    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
+    "  if ! builtin local __conch_h __conch_k; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
+    "  if ! builtin unset -n __conch_c __conch_in; then { : \"${__conch_q:?B - readonly}\"; } "
+    "2>&62; fi\n"
+    "  __conch_h=\n"
+    "  while [[ $__conch_h != [ri]* ]]; do\n"
+    "    if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
+    "2>&62; fi\n"
+    "  done\n"
+    "  __conch_k=${__conch_h%%$'\\n'*}\n"
+    "  __conch_c=${__conch_h#*$'\\n'}\n"
+    "  if [[ $__conch_k == i* ]] && ! IFS= builtin read -r -d '' -u 62 __conch_in; then { : "
+    "\"${__conch_q:?B ${__conch_k:1} read}\"; } 2>&62; fi\n"
+    "  if ! builtin printf '\\e]697;S%s\\a' \"${__conch_k:1}\" >/dev/tty; then builtin true; fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
     "__conch_e() {\n"
-    "  builtin printf '\\e]697;E%s\\a' \"$__conch_n\" >/dev/tty\n"
-    "  builtin printf 'E %s %d\\n' \"$__conch_n\" \"$1\" >&62\n"
-    "  builtin unset __conch_n __conch_c __conch_in\n"
+    "  {\n"
+    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
+    "  if ! builtin unset __conch_c __conch_in; then builtin true; fi\n"
+    "  if ! builtin local __conch_k=x$SRANDOM; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
+    "  if ! builtin printf 'E - %s %d\\n' \"$__conch_k\" \"$1\" >&62; then builtin kill -KILL "
+    "\"$$\"; fi\n"
+    "  if ! builtin printf '\\e]697;E%s\\a' \"$__conch_k\" >/dev/tty; then builtin true; fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
     "__conch_s() {\n"
-    "  local __n\n"
-    "  IFS= builtin read -r -d '' -u 62 __n || return 0\n"
-    "  builtin printf 'Y %s\\n' \"$__n\" >&62\n"
+    "  {\n"
+    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
+    "  if builtin local __conch_k && IFS= builtin read -r -d '' -u 62 __conch_k; then\n"
+    "    if ! builtin printf 'Y %s\\n' \"$__conch_k\" >&62; then builtin true; fi\n"
+    "  fi\n"
+    "  } 2>/dev/null\n"
     "}\n"
-    /* The wrappers run with stderr to /dev/null: under `set -x` their trace stays out of the
-     * output (and the nonce with it). Quoted words are not alias-expanded. */
-    "alias __conch_r='{ \\__conch_b; } 2>/dev/null; \\builtin eval \"$__conch_c\" </dev/null "
-    "62>&-; { \\__conch_e $?; } 2>/dev/null'\n"
-    "alias __conch_ri='{ \\__conch_b; } 2>/dev/null; \\builtin eval \"$__conch_c\" "
-    "<<<\"$__conch_in\" 62>&-; { \\__conch_e $?; } 2>/dev/null'\n"
-    "alias __conch_y='{ \\__conch_s; } 2>/dev/null'\n";
+    "readonly -f __conch_u __conch_o __conch_b __conch_e __conch_s\n"
+    "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
+    "[ -r ~/.bashrc ] && . ~/.bashrc\n"
+    "HISTCONTROL=ignorespace\n";
 
 enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
 
@@ -150,15 +210,25 @@ struct session {
     struct dlist queue;
     struct srun *cur;
     char nonce[17];
-    char mark_s[32], mark_e[32];
-    size_t mark_len;
+    char mark_s[32], mark_e[64];
+    size_t mark_s_len, mark_e_len; /* mark_e: known once the status came (it names N) */
     int phase; /* 0: before the start marker, 1: capturing, 2: end marker seen */
-    char carry[32];
+    char carry[64];
     size_t carry_len;
     bool pending_cr;
     struct conch_output cap, nocap;
     bool got_status;
     int status_code;
+    /* The status is unknown: the reporter could not run (a "B" line: shell code locked it
+     * out), a second status line came, or the shell lost its control channel. */
+    bool unknown;
+    char unknown_why[200];
+    pid_t shell_pid;  /* as we see it: the only process whose lines on the socket count */
+    unsigned foreign; /* chunks other processes wrote on the socket (dropped) */
+    /* The last bytes of the command's output, held back until its end: under `set -x` the
+     * trace of the reporter's call comes right before the end marker and is cut off. */
+    char hold[512];
+    size_t hold_len;
     bool timed_out, killed_fg, shell_died, synced;
     uint64_t start_ms;
     uv_timer_t *timer;
@@ -358,13 +428,79 @@ static void cap_append(struct session *s, const char *buf, size_t len)
     }
 }
 
-/* Feed the terminal's output to the current command: what lies between its markers. */
+/* The command's output passes through @s->hold, which keeps its last bytes until the end
+ * (see hold_strip_trace). */
+static void hold_commit(struct session *s)
+{
+    cap_append(s, s->hold, s->hold_len);
+    s->hold_len = 0;
+}
+
+static void hold_append(struct session *s, const char *buf, size_t len)
+{
+    const size_t max = sizeof(s->hold);
+    if (len >= max) {
+        hold_commit(s);
+        cap_append(s, buf, len - max);
+        memcpy(s->hold, buf + len - max, max);
+        s->hold_len = max;
+        return;
+    }
+    if (s->hold_len + len > max) {
+        size_t out = s->hold_len + len - max;
+        cap_append(s, s->hold, out);
+        memmove(s->hold, s->hold + out, s->hold_len - out);
+        s->hold_len -= out;
+    }
+    memcpy(s->hold + s->hold_len, buf, len);
+    s->hold_len += len;
+}
+
+/* Under `set -x` bash traces the reporter's call ("+ __conch_e 0") right before it prints
+ * the end marker: that line is ours, not the command's. Only that exact last line, and the
+ * run of '+' before it (the default PS4), are cut. */
+static void hold_strip_trace(struct session *s)
+{
+    static const char tail[] = "\r\n";
+    static const char call[] = "__conch_e ";
+    size_t tl = sizeof(tail) - 1;
+    if (s->hold_len < tl + sizeof(call))
+        return;
+    size_t end = s->hold_len - tl;
+    if (memcmp(s->hold + end, tail, tl))
+        return;
+    size_t d = end;
+    while (d > 0 && s->hold[d - 1] >= '0' && s->hold[d - 1] <= '9')
+        d--;
+    if (d == end || d < sizeof(call) - 1 ||
+        memcmp(s->hold + d - (sizeof(call) - 1), call, sizeof(call) - 1))
+        return;
+    size_t start = d - (sizeof(call) - 1);
+    if (start > 0 && s->hold[start - 1] == ' ')
+        start--;
+    while (start > 0 && s->hold[start - 1] == '+')
+        start--;
+    s->hold_len = start;
+}
+
+/* Feed the terminal's output to the current command: what lies between its markers. The end
+ * marker names N, a number the shell draws after the command and sends with its status, so
+ * until the status is in, everything after the start marker is output (the marker is printed
+ * after the status is sent, and master_drain reads the socket before it feeds what it read:
+ * a marker seen here always comes after its status). */
 static void feed(struct session *s, const char *buf, size_t len)
 {
     while (len && s->phase < 2) {
+        if (s->phase == 1 && !s->got_status) {
+            hold_append(s, s->carry, s->carry_len);
+            s->carry_len = 0;
+            hold_append(s, buf, len);
+            return;
+        }
         const char *mark = s->phase == 0 ? s->mark_s : s->mark_e;
+        size_t mlen = s->phase == 0 ? s->mark_s_len : s->mark_e_len;
         /* carry + buf: look for the marker across the boundary */
-        char joined[64 + 4096];
+        char joined[sizeof(s->carry) + 4096];
         size_t jl = 0;
         size_t take = len < 4096 ? len : 4096;
         memcpy(joined, s->carry, s->carry_len);
@@ -372,32 +508,36 @@ static void feed(struct session *s, const char *buf, size_t len)
         memcpy(joined + jl, buf, take);
         jl += take;
         s->carry_len = 0;
-        char *hit = memmem(joined, jl, mark, s->mark_len);
+        char *hit = memmem(joined, jl, mark, mlen);
         if (hit) {
             size_t before = (size_t)(hit - joined);
             if (s->phase == 1)
-                cap_append(s, joined, before);
+                hold_append(s, joined, before);
             s->phase++;
-            size_t used = before + s->mark_len; /* of joined */
+            size_t used = before + mlen; /* of joined */
             size_t from_buf = used > jl - take ? used - (jl - take) : 0;
             /* bytes of joined after the marker that came from carry (cannot happen: the
              * carry is shorter than a marker) */
             buf += from_buf;
             len -= from_buf;
-            if (s->phase == 2 && s->got_status)
-                run_finish(s);
+            if (s->phase == 2) {
+                hold_strip_trace(s);
+                hold_commit(s);
+                if (s->got_status)
+                    run_finish(s);
+            }
             continue;
         }
         /* Keep the longest suffix that may begin a marker. */
         size_t keep = 0;
-        for (size_t k = s->mark_len - 1; k > 0; k--) {
+        for (size_t k = mlen - 1; k > 0; k--) {
             if (k <= jl && !memcmp(joined + jl - k, mark, k)) {
                 keep = k;
                 break;
             }
         }
         if (s->phase == 1)
-            cap_append(s, joined, jl - keep);
+            hold_append(s, joined, jl - keep);
         memcpy(s->carry, joined + jl - keep, keep);
         s->carry_len = keep;
         buf += take;
@@ -447,13 +587,20 @@ static void master_output(struct session *s, const char *buf, size_t n)
         feed(s, buf, n);
 }
 
-/* Read everything the terminal has. Returns false at EOF/EIO (the shell's side is closed). */
+static void sock_read(struct session *s);
+
+/* Read everything the terminal has. Returns false at EOF/EIO (the shell's side is closed).
+ * While a command waits for its status, the socket is read after each read of the terminal
+ * and before what was read is fed: the shell sends its status before it prints the end
+ * marker, so a marker read here finds its status already taken. */
 static bool master_drain(struct session *s)
 {
     char buf[65536];
     for (int rounds = 0; s->master >= 0 && rounds < 64; rounds++) {
         ssize_t n = read(s->master, buf, sizeof(buf));
         if (n > 0) {
+            if (s->cur && !s->got_status)
+                sock_read(s);
             master_output(s, buf, (size_t)n);
             continue;
         }
@@ -485,19 +632,84 @@ static void sock_flush(struct session *s);
 static void on_timer(uv_timer_t *t);
 static void on_eof_timer(uv_timer_t *t);
 
-static void on_sock(uv_poll_t *h, int status, int events)
+/* One line from the shell (its sender checked). "E - <R> <status>": the reporter's status,
+ * then its end marker names R. "<bash>: __conch_q: B <nonce|-> <why>": the reporter could not
+ * run (bash's own message for an expansion error, see init_script): the status is unknown.
+ * "Y <nonce>": the shell reads commands again (a sync after an interrupt). E and B carry no
+ * nonce ("-"): they come from the reporter of the line typed for the current command, the
+ * only one whose reporter can still run (a line interrupted and synced with Y is over, and a
+ * shell that does not sync is killed), and no other process can write them. */
+static void sock_line(struct session *s, const char *line)
 {
-    struct session *s = h->data;
-    if (status < 0) {
-        close_poll(&s->sock_poll);
-        return;
+    char kind = 0, nonce[40] = "", n[24] = "";
+    int code = 0, got = 0;
+    const char *b = strstr(line, "__conch_q: B ");
+    if (b) {
+        kind = 'B';
+        got = sscanf(b + 13, "%39s", nonce);
+    } else if (line[0] == 'E') {
+        kind = 'E';
+        got = sscanf(line, "E %39s %23s %d", nonce, n, &code);
+    } else if (line[0] == 'Y') {
+        kind = 'Y';
+        got = sscanf(line, "Y %39s", nonce);
     }
-    if (events & UV_WRITABLE)
-        sock_flush(s);
-    if (!(events & UV_READABLE))
-        return;
-    for (;;) {
-        ssize_t n = read(s->sock, s->sockbuf + s->socklen, sizeof(s->sockbuf) - 1 - s->socklen);
+    if (!s->cur || got < 1 || (strcmp(nonce, s->nonce) && (kind == 'Y' || strcmp(nonce, "-"))))
+        return; /* stale: not the current command's */
+    if (kind == 'E' && got == 3 && s->tstage != T_SYNC) {
+        if (s->got_status) {
+            /* Only shell code writing on the shell's own channel makes a second one. */
+            s->unknown = true;
+            snprintf(s->unknown_why, sizeof(s->unknown_why),
+                     "a second status line came from the shell (shell code wrote on its "
+                     "control channel)");
+            return;
+        }
+        s->got_status = true;
+        s->status_code = code;
+        s->mark_e_len = (size_t)snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", n);
+        s->tstage = T_MARKER;
+        uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
+    } else if (kind == 'B' && s->tstage != T_SYNC) {
+        const char *why = b + 13 + strlen(nonce);
+        while (*why == ' ')
+            why++;
+        s->unknown = true;
+        snprintf(s->unknown_why, sizeof(s->unknown_why),
+                 "the shell's status reporter could not run (%.40s): shell code changed what "
+                 "it needs (a read-only POSIXLY_CORRECT, __conch_c or function named builtin?)",
+                 why);
+        run_finish(s);
+        /* A shell that cannot report is of no use to the next command: it starts anew. */
+        if (s->proc_live && !s->closing) {
+            snprintf(s->kill_reason, sizeof(s->kill_reason),
+                     "its status reporter was locked out by shell code");
+            conch_super_signal(&s->proc, SIGKILL);
+        }
+    } else if (kind == 'Y' && s->tstage == T_SYNC) {
+        s->synced = true;
+        run_finish(s);
+    }
+}
+
+/* Read what the shell wrote on the control socket. Every chunk comes with its sender's
+ * credentials (SO_PASSCRED): only the shell's own lines count. A program the shell runs may
+ * get a copy of the socket (pidfd_getfd, a copy the shell code handed on) and write a
+ * perfect status line: the kernel names it as the sender, and its bytes are dropped. */
+static void sock_read(struct session *s)
+{
+    while (s->sock >= 0 && s->sock_poll) {
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 8)];
+        } u;
+        struct iovec iov = {.iov_base = s->sockbuf + s->socklen,
+                            .iov_len = sizeof(s->sockbuf) - 1 - s->socklen};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = u.buf,
+                            .msg_controllen = sizeof(u.buf)};
+        ssize_t n = recvmsg(s->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -513,36 +725,59 @@ static void on_sock(uv_poll_t *h, int status, int events)
             }
             break;
         }
+        pid_t from = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level != SOL_SOCKET)
+                continue;
+            if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+                struct ucred uc;
+                memcpy(&uc, CMSG_DATA(c), sizeof(uc));
+                from = uc.pid;
+            } else if (c->cmsg_type == SCM_RIGHTS) {
+                /* Nothing is sent to us: whatever came is closed. */
+                size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < nfd; i++) {
+                    int fd;
+                    memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+                    close(fd);
+                }
+            }
+        }
+        if (from <= 0 || from != s->shell_pid) {
+            if (!s->foreign++)
+                log_debug("session %s: dropped bytes another process (pid %d) wrote on the "
+                          "control socket",
+                          s->id, (int)from);
+            continue;
+        }
         s->socklen += (size_t)n;
         s->sockbuf[s->socklen] = 0;
         char *nl;
         while ((nl = memchr(s->sockbuf, '\n', s->socklen))) {
             *nl = 0;
-            char kind = 0, nonce[40] = "";
-            int code = 0;
-            int got = sscanf(s->sockbuf, "%c %39s %d", &kind, nonce, &code);
+            char line[sizeof(s->sockbuf)];
             size_t used = (size_t)(nl + 1 - s->sockbuf);
+            memcpy(line, s->sockbuf, used);
             memmove(s->sockbuf, nl + 1, s->socklen - used);
             s->socklen -= used;
-            if (!s->cur || strcmp(nonce, s->nonce))
-                continue; /* stale or forged: not the current command's */
-            if (kind == 'E' && got == 3 && !s->got_status && s->tstage != T_SYNC) {
-                s->got_status = true;
-                s->status_code = code;
-                if (s->phase == 2) {
-                    run_finish(s);
-                } else {
-                    s->tstage = T_MARKER;
-                    uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
-                }
-            } else if (kind == 'Y' && s->tstage == T_SYNC) {
-                s->synced = true;
-                run_finish(s);
-            }
+            sock_line(s, line);
         }
         if (s->socklen >= sizeof(s->sockbuf) - 1)
             s->socklen = 0; /* a line that long is not ours */
     }
+}
+
+static void on_sock(uv_poll_t *h, int status, int events)
+{
+    struct session *s = h->data;
+    if (status < 0) {
+        close_poll(&s->sock_poll);
+        return;
+    }
+    if (events & UV_WRITABLE)
+        sock_flush(s);
+    if (events & UV_READABLE)
+        sock_read(s);
 }
 
 static void on_eof_timer(uv_timer_t *t)
@@ -551,6 +786,12 @@ static void on_eof_timer(uv_timer_t *t)
     if (s->proc_live && s->shells == s->eof_shell && !s->closing) {
         snprintf(s->kill_reason, sizeof(s->kill_reason),
                  "the shell closed its control channel (fd 62)");
+        if (s->cur && !s->got_status) {
+            s->unknown = true;
+            snprintf(s->unknown_why, sizeof(s->unknown_why),
+                     "shell code closed the shell's control channel (fd 62) before the "
+                     "command's status was sent");
+        }
         conch_super_signal(&s->proc, SIGKILL);
     }
 }
@@ -706,7 +947,8 @@ static void on_timer(uv_timer_t *t)
         char rec[40];
         int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
         sock_write(s, rec, (size_t)n + 1);
-        master_write(s, "\x15 __conch_y\n", 12);
+        static const char sync_line[] = "\x15 \\__conch_s\n";
+        master_write(s, sync_line, sizeof(sync_line) - 1);
         uv_timer_start(s->timer, on_timer, 2000 + s->cur->grace_ms, 0);
         break;
     }
@@ -732,6 +974,10 @@ static void session_clear_run_state(struct session *s)
     s->got_status = false;
     s->timed_out = s->killed_fg = s->shell_died = s->synced = false;
     s->tstage = T_NONE;
+    s->unknown = false;
+    s->unknown_why[0] = 0;
+    s->hold_len = 0;
+    s->mark_e_len = 0;
 }
 
 static void srun_free(struct srun *r)
@@ -745,6 +991,8 @@ static void srun_free(struct srun *r)
 struct result_extra {
     char session[32];
     bool shell_died, new_shell, timed_out;
+    bool unknown; /* the exit status is unknown: @unknown_why */
+    char unknown_why[200];
     char end_reason[600];
     uint64_t timeout_ms, grace_ms;
 };
@@ -755,6 +1003,13 @@ static json_t *session_result_json(const struct conch_run_result *res, const str
 {
     json_t *o = conch_run_result_json(res, NULL);
     char *text = conch_run_result_text(res);
+    if (o && text && x->unknown) {
+        char *t2 = NULL;
+        if (asprintf(&t2, "%s\n[the exit status is unknown: %s]", text, x->unknown_why) >= 0) {
+            free(text);
+            text = t2;
+        }
+    }
     if (o && text) {
         if (x->shell_died) {
             char *t2 = NULL;
@@ -778,6 +1033,14 @@ static json_t *session_result_json(const struct conch_run_result *res, const str
         json_object_set_new(o, "session", json_string(x->session));
         json_object_set_new(o, "shell_exited", json_boolean(x->shell_died));
         json_object_set_new(o, "new_shell", json_boolean(x->new_shell));
+        json_object_set_new(o, "status_unknown", json_boolean(x->unknown));
+        if (x->unknown && !x->timed_out) {
+            char msg[300];
+            snprintf(msg, sizeof(msg), "the exit status is unknown: %s", x->unknown_why);
+            json_t *e = json_pack("{s:s,s:s}", "kind", "infrastructure", "message", msg);
+            if (e)
+                json_object_set_new(o, "error", e);
+        }
         if (x->timed_out) {
             json_object_set_new(o, "session_usable", json_boolean(!x->shell_died));
             char msg[200];
@@ -790,6 +1053,9 @@ static json_t *session_result_json(const struct conch_run_result *res, const str
     }
     return o;
 }
+
+/* The exit code of a command whose status is unknown (status_unknown in its result). */
+#define SESSION_EXIT_UNKNOWN 255
 
 /* The most changes a session command's result lists (the rest: workspace.changes). */
 #define SESSION_CHANGES_MAX 1000
@@ -895,6 +1161,7 @@ static void run_finish(struct session *s)
         return;
     s->cur = NULL;
     uv_timer_stop(s->timer);
+    hold_commit(s);
     struct session_answer *a = calloc(1, sizeof(*a));
     struct conch_run_result res;
     memset(&res, 0, sizeof(res));
@@ -904,6 +1171,8 @@ static void run_finish(struct session *s)
     int code;
     if (s->shell_died)
         code = s->end_code >= 0 ? s->end_code : 137;
+    else if (s->unknown)
+        code = SESSION_EXIT_UNKNOWN;
     else if (s->got_status)
         code = s->status_code;
     else
@@ -926,10 +1195,12 @@ static void run_finish(struct session *s)
     struct result_extra x = {.shell_died = s->shell_died,
                              .new_shell = s->new_shell,
                              .timed_out = s->timed_out,
+                             .unknown = s->unknown,
                              .timeout_ms = r->timeout_ms,
                              .grace_ms = r->grace_ms};
     snprintf(x.session, sizeof(x.session), "%s", s->id);
     snprintf(x.end_reason, sizeof(x.end_reason), "%s", s->end_reason);
+    snprintf(x.unknown_why, sizeof(x.unknown_why), "%s", s->unknown_why);
     size_t kept = res.out.head_len + res.out.tail_len + res.err.head_len + res.err.tail_len;
     if (a) {
         /* The output goes with the answer (a worker may read it after the next command
@@ -1013,6 +1284,8 @@ static void session_pump(struct session *s)
     }
     if (s->state != SS_LIVE)
         return; /* started again when the master arrives */
+    if (s->kill_reason[0])
+        return; /* we are ending this shell: the next one takes the command */
     struct srun *r = dlist_entry(s->queue.next, struct srun, link);
     /* A program of a person's (an editor, a pager) has the terminal: typing into it would
      * be wrong. Commands run only when the shell itself is in the foreground. */
@@ -1060,8 +1333,8 @@ static void session_pump(struct session *s)
     }
     for (int i = 0; i < 8; i++)
         snprintf(s->nonce + 2 * i, 3, "%02x", rnd[i]);
-    s->mark_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
-    snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", s->nonce);
+    s->mark_s_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
+    s->mark_e_len = 0;
     size_t clen = strlen(r->command);
     size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0);
     char *rec = malloc(len);
@@ -1092,10 +1365,18 @@ static void session_pump(struct session *s)
     }
     sock_write(s, rec, off);
     free(rec);
+    /* Typed whole, not through an alias (shell code may redefine one): every name in it is
+     * quoted (no alias applies) and is a read-only function of ours or the builtin `builtin`
+     * (__conch_b has removed any function of that name); `eval` runs the command at top level
+     * so that its declarations persist, and `$?` goes to the reporter as an argument. */
+    static const char run_line[] =
+        "\x15 \\__conch_b&&\\builtin eval \"$__conch_c\"</dev/null 62>&-;\\__conch_e \"$?\"\n";
+    static const char run_in_line[] = "\x15 \\__conch_b&&\\builtin eval "
+                                      "\"$__conch_c\"<<<\"$__conch_in\" 62>&-;\\__conch_e \"$?\"\n";
     if (r->has_in)
-        master_write(s, "\x15 __conch_ri\n", 13);
+        master_write(s, run_in_line, sizeof(run_in_line) - 1);
     else
-        master_write(s, "\x15 __conch_r\n", 12);
+        master_write(s, run_line, sizeof(run_line) - 1);
     if (r->timeout_ms) {
         s->tstage = T_DEADLINE;
         uv_timer_start(s->timer, on_timer, r->timeout_ms, 0);
@@ -1143,6 +1424,21 @@ static void shell_started(struct conch_proc *p, pid_t pid)
         conch_super_signal(&s->proc, SIGKILL);
         return;
     }
+    /* The shell is the terminal's session leader: its pid as we see it is the only sender
+     * whose lines on the socket count (sock_read). The master came before the credentials
+     * are asked for: the shell writes nothing before it runs the init script. */
+    pid_t sid = 0;
+    int one = 1;
+    if (ioctl(master, TIOCGSID, &sid) < 0 || sid <= 0 ||
+        setsockopt(s->sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) < 0) {
+        log_warn("session %s: cannot tell the shell's messages from others': %s", s->id,
+                 strerror(errno ? errno : ESRCH));
+        close(master);
+        conch_super_signal(&s->proc, SIGKILL);
+        return;
+    }
+    s->shell_pid = sid;
+    s->foreign = 0;
     fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
     fcntl(s->sock, F_SETFL, fcntl(s->sock, F_GETFL) | O_NONBLOCK);
     s->master = master;
