@@ -74,8 +74,11 @@ def test_non_reading_client_is_disconnected_and_memory_bounded(daemon_factory):
     assert eof, "the daemon never closed the non-reading client's connection"
     # 20 results of 8+ MiB (plus their text) is 320+ MB: far less was ever queued
     assert got < 200 << 20, f"{got} bytes were sent to the client: no hard limit"
+    # The promise (docs/ARCHITECTURE.md, budgets): under 256 MiB whatever a client asks. What
+    # the daemon holds at once depends on how many results workers build at the same time,
+    # which a loaded machine changes (150-160 MiB seen beside other tests): bound the promise.
     if not sanitized(d.conch_bin):
-        assert peak < 150 * 1024, f"daemon RSS peaked at {peak} kB (started at {rss0} kB)"
+        assert peak < 256 * 1024, f"daemon RSS peaked at {peak} kB (started at {rss0} kB)"
     # the other client was answered all along (a loop stuck on the non-reading client would
     # leave its pings unanswered: they time out as errors)
     assert not pinger.errors, pinger.errors
