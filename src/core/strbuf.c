@@ -29,7 +29,8 @@ void conch_sb_putn(struct conch_sb *b, const char *s, size_t n)
 {
     if (!reserve(b, n))
         return;
-    memcpy(b->buf + b->len, s, n);
+    if (n) /* @s may be NULL when @n is 0 */
+        memcpy(b->buf + b->len, s, n);
     b->len += n;
     b->buf[b->len] = '\0';
 }
