@@ -15,6 +15,7 @@
 #include "daemon/state.h"
 #include "daemon/statedir.h"
 #include "exec/output.h"
+#include "fs/fs.h"
 #include "jail/jail.h"
 #include "rpc/rpc.h"
 #include "bridge/bridge.h"
@@ -355,18 +356,10 @@ void sandbox_measure(struct sandbox *sb);
 bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call);
 /* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
 void ws_ops_cancel(struct sandbox *sb, const char *why);
-/* The largest fs.* request a file worker takes. */
-#define CONCH_FILE_MAX_REQUEST (256u << 20)
 /* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
 #define CONCH_FILE_TIMEOUT_MS (120 * 1000)
 /* The largest answer of a file worker. */
 #define CONCH_FILE_MAX_RESPONSE (64u << 20)
-int daemon_file_handler(int req_fd, int resp_fd);
-/* daemon_file_answer - inside the sandbox: do the fs.* request @buf (JSON {method, params})
- * and return the answer's JSON text (malloc'd), or NULL for a malformed request. */
-char *daemon_file_answer(const char *buf, size_t len);
-/* daemon_file_serve - inside the sandbox: a persistent file worker's loop (fileworkers.c). */
-int daemon_file_serve(int sock);
 /* file_answer_queue - parse the worker's answer @buf (owned) off the loop and complete
  * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). */
 void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,

@@ -1,6 +1,6 @@
-/* files.c - fs.* requests, executed inside the sandbox by a fenced worker the warden forks
- * (daemon_file_handler runs there), and workspace.* on the host side from the overlay's
- * upper dir on disk. */
+/* files.c - fs.* requests, routed to a fenced worker the warden forks inside the sandbox
+ * (conch_fs_worker_run of src/fs/fs-worker.c runs there) and its answer checked and sent
+ * back, and workspace.* on the host side from the overlay's upper dir on disk. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -18,67 +18,6 @@
 #include "exec/result.h"
 #include "fs/fs.h"
 #include "workspace/workspace.h"
-
-/* ---- inside the sandbox ---- */
-
-char *daemon_file_answer(const char *buf, size_t len)
-{
-    json_error_t jerr;
-    json_t *req = json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
-    const char *method = json_string_value(json_object_get(req, "method"));
-    json_t *params = json_object_get(req, "params");
-    if (!method || !json_is_object(params)) {
-        json_decref(req);
-        return NULL;
-    }
-    /* The whole sandbox, as its user sees it: relative paths are under /workspace. */
-    int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    struct conch_fs_error ferr;
-    memset(&ferr, 0, sizeof(ferr));
-    json_t *res =
-        root >= 0 ? conch_fs_call_rooted(root, "/workspace", method, params, &ferr) : NULL;
-    json_t *resp;
-    if (res) {
-        resp = json_pack("{s:o}", "result", res);
-    } else {
-        if (root < 0) {
-            ferr.code = CONCH_FS_IO_ERROR;
-            snprintf(ferr.message, sizeof(ferr.message), "open /: %s", strerror(errno));
-        }
-        json_t *e = json_pack("{s:s,s:s}", "code", conch_fs_errcode_name(ferr.code), "message",
-                              ferr.message);
-        if (ferr.param[0])
-            json_object_set_new(e, "param", json_string(ferr.param));
-        if (ferr.code == CONCH_FS_AMBIGUOUS_MATCH || ferr.code == CONCH_FS_STRING_NOT_FOUND)
-            json_object_set_new(e, "occurrences", json_integer(ferr.occurrences));
-        if (ferr.code == CONCH_FS_TOO_LARGE)
-            json_object_set_new(e, "limit", json_integer(CONCH_FS_MAX_FILE));
-        resp = json_pack("{s:o}", "error", e);
-    }
-    if (root >= 0)
-        close(root);
-    char *text = json_dumps(resp, JSON_COMPACT);
-    json_decref(resp);
-    json_decref(req);
-    return text;
-}
-
-int daemon_file_handler(int req_fd, int resp_fd)
-{
-    struct stat st;
-    if (fstat(req_fd, &st) < 0 || st.st_size <= 0 || st.st_size > CONCH_FILE_MAX_REQUEST)
-        return 1;
-    char *buf = malloc((size_t)st.st_size);
-    if (!buf || pread(req_fd, buf, (size_t)st.st_size, 0) != st.st_size)
-        return 1;
-    char *text = daemon_file_answer(buf, (size_t)st.st_size);
-    free(buf);
-    if (!text)
-        return 1;
-    int r = conch_write_all(resp_fd, text, strlen(text));
-    free(text);
-    return r < 0 ? 1 : 0;
-}
 
 /* ---- the daemon side of fs.* ---- */
 

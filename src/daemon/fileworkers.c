@@ -1,20 +1,18 @@
-/* fileworkers.c - persistent file workers: per sandbox, up to FILE_POOL_MAX long-lived
- * fenced workers (forked by the warden like the per-request ones, in its pid namespace, with
- * every fence of a command) that serve fs.* requests one at a time over a stream socket
- * pair. Frames both ways are a native-endian uint64_t length and that many bytes of JSON:
- * the request as the per-request worker reads it from its memfd, the answer as it writes it
- * to its pipe. The daemon side times each request out (CONCH_FILE_TIMEOUT_MS) and kills a
- * worker that dies, hangs or misbehaves; its request fails as a per-request worker's would,
- * and the next request starts a new worker. When every worker is busy, files.c forks one
- * for the request, as before. */
+/* fileworkers.c - the daemon side of the persistent file workers: per sandbox, up to
+ * FILE_POOL_MAX long-lived fenced workers (forked by the warden like the per-request ones, in
+ * its pid namespace, with every fence of a command) that serve fs.* requests one at a time
+ * over a stream socket pair (their body, conch_fs_worker_serve, is in src/fs/fs-worker.c). Frames
+ * both ways are a native-endian uint64_t length and that many bytes of JSON: the request as the
+ * per-request worker reads it from its memfd, the answer as it writes it to its pipe. The daemon
+ * side times each request out (CONCH_FILE_TIMEOUT_MS) and kills a worker that dies, hangs or
+ * misbehaves; its request fails as a per-request worker's would, and the next request starts a new
+ * worker. When every worker is busy, files.c forks one for the request, as before. */
 #include <errno.h>
-#include <malloc.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -33,71 +31,6 @@
  * request), then tries one more. */
 #define FILE_POOL_MAX_FAILURES 3
 #define FILE_POOL_RETRY_MS 30000
-
-/* ---- inside the sandbox ---- */
-
-/* Read exactly @len bytes; 1 done, 0 EOF before any, -1 error or EOF midway. */
-static int read_full(int fd, void *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n == 0 && got == 0 ? 0 : -1;
-        got += (size_t)n;
-    }
-    return 1;
-}
-
-static int write_frame(int fd, const char *text, uint64_t len)
-{
-    struct iovec iov[2] = {{.iov_base = &len, .iov_len = sizeof(len)},
-                           {.iov_base = (void *)text, .iov_len = len}};
-    size_t total = sizeof(len) + len, done = 0;
-    while (done < total) {
-        /* The first write takes both pieces at once; the rest, if any, follows. */
-        ssize_t n = done == 0            ? writev(fd, iov, 2)
-                    : done < sizeof(len) ? write(fd, (char *)&len + done, sizeof(len) - done)
-                                         : write(fd, text + (done - sizeof(len)), total - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (size_t)n;
-    }
-    return 0;
-}
-
-int daemon_file_serve(int sock)
-{
-    /* A file a write replaces is unlinked after the answer (below), not inside the write. */
-    conch_fs_defer_replaced(true);
-    for (;;) {
-        uint64_t len;
-        int r = read_full(sock, &len, sizeof(len));
-        if (r == 0)
-            return 0; /* the daemon closed its end: done */
-        if (r < 0 || len == 0 || len > CONCH_FILE_MAX_REQUEST)
-            return 1;
-        char *buf = malloc(len);
-        if (!buf || read_full(sock, buf, len) != 1)
-            return 1;
-        char *text = daemon_file_answer(buf, len);
-        free(buf);
-        /* An empty answer: the request was malformed (the daemon answers "no answer"). */
-        r = write_frame(sock, text ? text : "", text ? strlen(text) : 0);
-        free(text);
-        /* What a write replaced goes now, while the daemon forwards the answer. */
-        conch_fs_release_deferred();
-        if (r < 0)
-            return 1;
-        /* An upload or a big read leaves its peak in the heap: give it back. */
-        if (len > (1u << 20))
-            malloc_trim(0);
-    }
-}
 
 /* ---- the daemon side ---- */
 
@@ -434,7 +367,7 @@ bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *tex
         DLIST_INIT(&pool->queue);
         sb->file_pool = pool;
     }
-    if (strlen(text) > CONCH_FILE_MAX_REQUEST)
+    if (strlen(text) > CONCH_FS_MAX_REQUEST)
         return false;
     struct fworker *w = dlist_empty(&pool->queue) ? pool_free_worker(pool) : NULL;
     if (w && fw_send(w, call, text, measure, frees) == 0)

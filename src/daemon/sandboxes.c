@@ -118,8 +118,8 @@ static int sandbox_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : DEFAULT_DISK_BYTES;
-    spec.file_handler = daemon_file_handler;
-    spec.file_server = daemon_file_serve;
+    spec.file_handler = conch_fs_worker_run;
+    spec.file_server = conch_fs_worker_serve;
     /* The daemon raised its open files limit; commands keep the usual one. */
     spec.nofile = sb->d->nofile_orig;
     /* The tool bridge: its socket inside, and the in-sandbox clients (tool_call, conch_tools,

@@ -1,6 +1,7 @@
 /* fs.h - the daemon's file operations (fs.read, fs.write, ... of docs/PROTOCOL.md), run by a
- * worker inside the sandbox against the workspace's root directory fd. Nothing here ever
- * resolves a path outside that directory. */
+ * worker inside the sandbox against the workspace's root directory fd, and the bodies of
+ * those workers (conch_fs_worker_*). Nothing here ever resolves a path outside that
+ * directory. */
 #ifndef CONCH_FS_FS_H
 #define CONCH_FS_FS_H
 
@@ -119,5 +120,36 @@ void conch_fs_release_deferred(void);
  * and serialise anew).
  */
 bool conch_fs_json_object_check(const char *text, size_t n);
+
+/* ---- The file workers' bodies (fs-worker.c): they run inside the sandbox ---- */
+
+/* The largest fs.* request a file worker takes. */
+#define CONCH_FS_MAX_REQUEST (256u << 20)
+
+/*
+ * conch_fs_worker_answer - inside the sandbox: do the fs.* request @buf (@len bytes of JSON
+ * {method, params}) with conch_fs_call_rooted over the process's "/" (home "/workspace") and
+ * return the answer's JSON text ({"result": ...} or {"error": {code, message, param?,
+ * occurrences?, limit?}}; a new string), or NULL for a malformed request.
+ */
+char *conch_fs_worker_answer(const char *buf, size_t len);
+
+/*
+ * conch_fs_worker_run - inside the sandbox: a per-request file worker's body. Reads the
+ * request from the memfd @req_fd (borrowed; at most CONCH_FS_MAX_REQUEST bytes), writes the
+ * answer of conch_fs_worker_answer to @resp_fd (borrowed). Returns the exit status: 0, or 1
+ * when the request could not be read, was malformed or the answer could not be written.
+ */
+int conch_fs_worker_run(int req_fd, int resp_fd);
+
+/*
+ * conch_fs_worker_serve - inside the sandbox: a persistent file worker's loop on the stream
+ * socket @sock (borrowed). Reads a frame (a native-endian uint64_t length, then that many
+ * bytes of JSON request), answers it with conch_fs_worker_answer in a frame of the same form
+ * (length 0: the request was malformed), one at a time, until EOF. Replaced files are freed
+ * after each answer (conch_fs_defer_replaced). Returns the exit status: 0 at EOF, 1 on a
+ * read or write error or a frame of 0 or over CONCH_FS_MAX_REQUEST bytes.
+ */
+int conch_fs_worker_serve(int sock);
 
 #endif

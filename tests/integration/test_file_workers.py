@@ -1,8 +1,9 @@
-# test_file_workers.py - persistent file workers (src/daemon/fileworkers.c): fs.* requests are
-# served by up to two long-lived fenced workers per sandbox, found here on the host by their
-# process title "conch-file-server" among the daemon's descendants. They survive many
-# requests, a killed one fails its request cleanly and is replaced, commands cannot see,
-# signal or trace them, parallel requests stay correct, and they go with their sandbox.
+# test_file_workers.py - persistent file workers (src/daemon/fileworkers.c; their body:
+# src/fs/fs-worker.c): fs.* requests are served by up to two long-lived fenced workers per
+# sandbox, found here on the host by their process title "conch-file-server" among the
+# daemon's descendants. They survive many requests, a killed one fails its request cleanly
+# and is replaced, commands cannot see, signal or trace them, parallel requests stay correct,
+# and they go with their sandbox.
 import base64
 import os
 import signal
