@@ -19,7 +19,7 @@ fi
 "$cc" -g -O1 -std=gnu17 -D_GNU_SOURCE -Isrc \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Wall -Wextra -Werror -Wno-unused-parameter \
-  tests/fuzz/fuzz_rpc.c src/rpc/framer.c src/rpc/message.c src/rpc/dispatch.c src/core/error.c src/core/utf8.c \
+  tests/fuzz/fuzz_rpc.c src/rpc/framer.c src/rpc/message.c src/rpc/dispatch.c src/core/error.c src/core/utf8.c src/core/budget.c \
   $(pkg-config --cflags --libs jansson) -o "$out/fuzz_rpc"
 
 # -max_len well above the 64-byte cap the target can pick, so oversize lines get exercised.
