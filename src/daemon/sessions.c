@@ -1,30 +1,12 @@
 /* sessions.c - sessions: a long-lived shell per session, on a pty of the sandbox's own devpts
- * (the master is passed to us at start: jail/session-child.c), driven in two ways.
+ * (the master is passed to us at start: jail/session-child.c), driven in two ways: command
+ * mode (session.run, see session-run.c) and raw mode: session.write, session.output
+ * notifications (seq = offset of the first byte in the session's output stream), resize,
+ * signal, attach with one writer, a scrollback ring replayed on attach (session-io.c).
  *
- * Command mode (session.run): the shell is bash, started with an init script that defines a
- * reporter and locks it (read-only functions, no `enable`). For each command we write its
- * text, preceded by a fresh random nonce, on the session's control socket (fd 62 in the
- * shell), then type one line on the pty: `\__conch_b&&\builtin eval "$__conch_c"</dev/null
- * 62>&-;\__conch_e "$?"`. __conch_b reads the record and prints a start marker
- * \e]697;S<nonce>\a; the eval runs the command at top level (so cd, exports, functions,
- * aliases, options and `declare` persist); __conch_e sends "E - <R> <status>" on the socket,
- * R drawn after the command, then prints the end marker \e]697;E<R>\a. A command ends when
- * both the status (socket) and the end marker (terminal, so that everything it printed
- * before is read) are in; or when the shell dies (the supervisor's final event, with the
- * real wait status: `exit`, `exec`, `set -e`). Output is what the terminal showed between
- * the two markers.
- *
- * Whose word counts: the socket passes its sender's credentials (SO_PASSCRED) and only lines
- * the shell's own process wrote count, so a program the shell runs cannot report, whatever it
- * reads from the shell's memory or copies with pidfd_getfd. Shell code cannot redefine the
- * reporter (read-only), reach it through an alias (every name typed is quoted), shadow the
- * builtins it uses (it removes a function named `builtin` with posix mode's unshadowable
- * `unset`) or disable them (`enable` is gone). Shell code that locks the reporter out anyway
- * makes it report "B": the result says the status is unknown and the shell is replaced.
- *
- * Raw mode: session.write, session.output notifications (seq = offset of the first byte in
- * the session's output stream), resize, signal, attach with one writer, a scrollback ring
- * replayed on attach. */
+ * This file keeps the module's state (the list of sessions), the attached clients, the
+ * records that list sessions after a restart, the idle timeout, the JSON of a session and
+ * the RPC handlers. See "Sessions" in docs/ARCHITECTURE.md. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,293 +14,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
-#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "daemon/daemon-internal.h"
+#include "daemon/session-internal.h"
 #include "daemon/sessions.h"
 #include "exec/result.h"
-#include "exec/run.h"
 
 #define SCROLLBACK_DEFAULT (1u << 20)
 #define MAX_SESSIONS_PER_DAEMON 4096
 #define MAX_QUEUE 256
-/* After the status arrived, how long to wait for the end marker on the terminal (it only
- * lags by a workqueue hop of the pty) before finishing without it. */
-#define MARKER_WAIT_MS 500
-/* The scrollback of a session that prints is saved at most this often (see records). */
-#define SAVE_MS 2000
-
-/* The init script, run by the shell before its first prompt (PROMPT_COMMAND from the
- * environment: the shell runs with --norc, and a rcfile it would have to open by path, which
- * a pipe or memfd of ours would not allow). It defines the reporter before any code of the
- * user's runs (the rc files come last) and locks it: read-only functions (none can be
- * redefined or unset), no `enable` any more (no builtin can be disabled, no loadable
- * loaded). Each reporter function first enters posix mode by an assignment (no name is
- * looked up) to remove a function named `builtin` with the special builtin `unset` (which
- * no function can shadow in posix mode), so that every `builtin X` after it is the real one,
- * and puts back the options posix mode touched. Whatever it cannot do (a read-only
- * POSIXLY_CORRECT, `builtin` or __conch_c) it reports as "B <nonce|-> <why>" through an
- * expansion error (${__conch_q:?...}: bash prints the message itself, no command is looked
- * up) and the line is abandoned. The socket carries, per command, the record
- * "<r|i><nonce>\n<command>\0[stdin\0]" (__conch_b skips anything else: what a sync left).
- * The status line is "E - <R> <status>", R a random number drawn after the command, which
- * the end marker carries too. See "Sessions" in docs/ARCHITECTURE.md. */
-static const char init_script[] =
-    "unset PROMPT_COMMAND __conch_init\n"
-    "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; fi\n"
-    "enable -n enable\n"
-    "declare -r __conch_q=\n"
-    "__conch_u() {\n"
-    "  if [[ -o posix ]]; then unset -f builtin\n"
-    "  elif [[ ( -v POSIXLY_CORRECT || ! -o nounset ) && ${POSIXLY_CORRECT@a} == *r* ]]; then [[ "
-    "-z x ]]\n"
-    "  elif [[ -o nounset && ! -v POSIXLY_CORRECT ]] && ! ( POSIXLY_CORRECT=y ) 2>/dev/null; then "
-    "[[ -z x ]]\n"
-    "  else\n"
-    "    POSIXLY_CORRECT=y\n"
-    "    if [[ ! -o posix ]]; then [[ -z x ]]; elif unset -f builtin; then\n"
-    "      unset POSIXLY_CORRECT; __conch_o \"$1\"\n"
-    "    else unset POSIXLY_CORRECT; [[ -z x ]]; fi\n"
-    "  fi\n"
-    "}\n"
-    "__conch_o() {\n"
-    "  if [[ :$1: == *:expand_aliases:*:interactive_comments:*:sourcepath:* && :$1: != "
-    "*:inherit_errexit:* && :$1: != *:shift_verbose:* ]]; then\n"
-    "    builtin shopt -u inherit_errexit\n"
-    "  else\n"
-    "    builtin local __conch_k __conch_on __conch_off\n"
-    "    __conch_on=() __conch_off=()\n"
-    "    for __conch_k in inherit_errexit expand_aliases interactive_comments sourcepath "
-    "shift_verbose; do\n"
-    "      if [[ :$1: == *:$__conch_k:* ]]; then __conch_on+=(\"$__conch_k\"); else "
-    "__conch_off+=(\"$__conch_k\"); fi\n"
-    "    done\n"
-    "    if (( ${#__conch_on[@]} )); then builtin shopt -s \"${__conch_on[@]}\"; fi\n"
-    "    if (( ${#__conch_off[@]} )); then builtin shopt -u \"${__conch_off[@]}\"; fi\n"
-    "  fi\n"
-    "}\n"
-    "__conch_b() {\n"
-    "  {\n"
-    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
-    "  if ! builtin local __conch_h __conch_k; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
-    "  if ! builtin unset -n __conch_c __conch_in; then { : \"${__conch_q:?B - readonly}\"; } "
-    "2>&62; fi\n"
-    "  __conch_h=\n"
-    "  while [[ $__conch_h != [ri]* ]]; do\n"
-    "    if ! IFS= builtin read -r -d '' -u 62 __conch_h; then { : \"${__conch_q:?B - read}\"; } "
-    "2>&62; fi\n"
-    "  done\n"
-    "  __conch_k=${__conch_h%%$'\\n'*}\n"
-    "  __conch_c=${__conch_h#*$'\\n'}\n"
-    "  if [[ $__conch_k == i* ]] && ! IFS= builtin read -r -d '' -u 62 __conch_in; then { : "
-    "\"${__conch_q:?B ${__conch_k:1} read}\"; } 2>&62; fi\n"
-    "  if ! builtin printf '\\e]697;S%s\\a' \"${__conch_k:1}\" >/dev/tty; then builtin true; fi\n"
-    "  } 2>/dev/null\n"
-    "}\n"
-    "__conch_e() {\n"
-    "  {\n"
-    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
-    "  if ! builtin unset __conch_c __conch_in; then builtin true; fi\n"
-    "  if ! builtin local __conch_k=x$SRANDOM; then { : \"${__conch_q:?B - local}\"; } 2>&62; fi\n"
-    "  if ! builtin printf 'E - %s %d\\n' \"$__conch_k\" \"$1\" >&62; then builtin kill -KILL "
-    "\"$$\"; fi\n"
-    "  if ! builtin printf '\\e]697;E%s\\a' \"$__conch_k\" >/dev/tty; then builtin true; fi\n"
-    "  } 2>/dev/null\n"
-    "}\n"
-    "__conch_s() {\n"
-    "  {\n"
-    "  if ! __conch_u \"$BASHOPTS\"; then { : \"${__conch_q:?B - locked}\"; } 2>&62; fi\n"
-    "  if builtin local __conch_k && IFS= builtin read -r -d '' -u 62 __conch_k; then\n"
-    "    if ! builtin printf 'Y %s\\n' \"$__conch_k\" >&62; then builtin true; fi\n"
-    "  fi\n"
-    "  } 2>/dev/null\n"
-    "}\n"
-    "readonly -f __conch_u __conch_o __conch_b __conch_e __conch_s\n"
-    "[ -r /etc/bash.bashrc ] && . /etc/bash.bashrc\n"
-    "[ -r ~/.bashrc ] && . ~/.bashrc\n"
-    "HISTCONTROL=ignorespace\n";
-
-enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
-
-struct sclient {
-    struct dlist link;
-    struct conch_rpc_sink *sink; /* a reference */
-    bool writer;
-};
-
-struct srun {
-    struct dlist link;
-    struct session *s;
-    struct conch_rpc_call *call;
-    char *command;
-    char *in;
-    size_t in_len;
-    bool has_in;
-    uint64_t timeout_ms, grace_ms;
-    size_t max_output;
-};
-
-enum { T_NONE, T_DEADLINE, T_GRACE, T_SYNC, T_MARKER, T_BUSY };
-
-/* How long a command waits for a program in the terminal's foreground (typed by a person) to
- * end before it is refused with session_busy. */
-#define BUSY_WAIT_MS 2000
-
-struct session {
-    struct dlist link;
-    struct daemon *d;
-    char id[32];
-    char sandbox_id[64];
-    json_t *env;
-    char *cwd;
-    enum sess_state state;
-    char end_reason[600];
-    char kill_reason[600]; /* why we killed the shell (idle, close), reported at its end */
-    int end_code;          /* the shell's exit code, -1 unknown */
-    struct conch_proc proc;
-    bool proc_live;
-    struct conch_bridge_report tools; /* the current command's tool calls, once collected */
-    struct conch_rpc_call *open_call; /* session.open, answered once the shell has started */
-    unsigned shells;                  /* shells started so far */
-    bool new_shell;   /* the shell was restarted after dying: say so in the next result */
-    int sock, master; /* -1 when closed */
-    uv_poll_t *sock_poll, *master_poll;
-    char sockbuf[256];
-    size_t socklen;
-    char *mpend; /* keys not yet written to the terminal */
-    size_t mpend_len, mpend_off;
-    char *wpend; /* control-socket bytes not yet written */
-    size_t wpend_len, wpend_off;
-    /* scrollback ring */
-    char *ring;
-    size_t ring_cap, ring_len, ring_pos;
-    uint64_t seq; /* bytes of output so far */
-    unsigned short rows, cols;
-    struct dlist clients;
-    /* command mode */
-    struct dlist queue;
-    struct srun *cur;
-    char nonce[17];
-    char mark_s[32], mark_e[64];
-    size_t mark_s_len, mark_e_len; /* mark_e: known once the status came (it names N) */
-    int phase; /* 0: before the start marker, 1: capturing, 2: end marker seen */
-    char carry[64];
-    size_t carry_len;
-    bool pending_cr;
-    struct conch_output cap, nocap;
-    bool got_status;
-    int status_code;
-    /* The status is unknown: the reporter could not run (a "B" line: shell code locked it
-     * out), a second status line came, or the shell lost its control channel. */
-    bool unknown;
-    char unknown_why[200];
-    pid_t shell_pid;  /* as we see it: the only process whose lines on the socket count */
-    unsigned foreign; /* chunks other processes wrote on the socket (dropped) */
-    /* The last bytes of the command's output, held back until its end: under `set -x` the
-     * trace of the reporter's call comes right before the end marker and is cut off. */
-    char hold[512];
-    size_t hold_len;
-    bool timed_out, killed_fg, shell_died, synced;
-    uint64_t start_ms;
-    uv_timer_t *timer;
-    int tstage;
-    uv_timer_t *idle;
-    double idle_timeout;
-    double created_at, last_used_at;
-    bool closing;
-    bool recovered;      /* listed from a record of a previous daemon: nothing runs */
-    uint64_t saved_seq;  /* output bytes when the scrollback was last saved */
-    uint64_t busy_since; /* a program held the foreground when a command was due (ms) */
-    bool scanning;       /* the last result waits for the workspace's changes */
-    char u8[4];          /* the start of a UTF-8 character not yet sent to clients */
-    size_t u8_len;
-    uv_timer_t *save;
-    uv_timer_t *eof_timer; /* the control socket closed: is the shell gone too? */
-    unsigned eof_shell;
-};
 
 static struct dlist sessions = {&sessions, &sessions};
-
-/* The session's sandbox, NULL once it is destroyed (looked up each time: a sandbox is freed
- * after its destroy, and a session outlives it as an ended record). */
-static struct sandbox *sess_sb(struct session *s)
-{
-    return sandbox_find(s->d, s->sandbox_id);
-}
 static unsigned n_sessions;
 static uint64_t next_session;
 
-static void session_pump(struct session *s);
-static void run_finish(struct session *s);
-static int shell_start(struct session *s, struct conch_err *err);
-static void session_end(struct session *s, const char *why);
-static void session_record(struct session *s);
-static void session_free(struct session *s);
-static void touch(struct session *s);
-static void on_save(uv_timer_t *t);
 static void session_unrecord(struct session *s);
 static void sessions_trim(struct daemon *d);
-static json_t *session_json(struct session *s);
 
-static void free_handle(uv_handle_t *h)
-{
-    free(h);
-}
-
-/* A session's four timers (command deadline, idle timeout, record save, EOF grace), each a
- * handle of its own; all or none. Returns 0 or -ENOMEM. */
-static int session_timers_open(struct session *s)
-{
-    uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
-    for (size_t i = 0; i < ARRAY_SIZE(t); i++)
-        *t[i] = malloc(sizeof(**t[i]));
-    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
-        if (*t[i])
-            continue;
-        for (size_t k = 0; k < ARRAY_SIZE(t); k++) {
-            free(*t[k]);
-            *t[k] = NULL;
-        }
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
-        uv_timer_init(&s->d->loop, *t[i]);
-        (*t[i])->data = s;
-    }
-    return 0;
-}
-
-static void session_timers_close(struct session *s)
-{
-    uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
-    for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
-        if (*t[i])
-            uv_close((uv_handle_t *)*t[i], free_handle);
-        *t[i] = NULL;
-    }
-}
-
-static void close_poll(uv_poll_t **p)
-{
-    if (*p) {
-        uv_poll_stop(*p);
-        uv_close((uv_handle_t *)*p, free_handle);
-        *p = NULL;
-    }
-}
-
-static struct session *session_find(const char *id)
+struct session *session_find(const char *id)
 {
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &sessions)
@@ -346,7 +64,7 @@ static void prune_clients(struct session *s)
     }
 }
 
-static void notify_all(struct session *s, const char *method, json_t *params)
+void session_notify_all(struct session *s, const char *method, json_t *params)
 {
     prune_clients(s);
     struct dlist *pos, *tmp;
@@ -356,1271 +74,6 @@ static void notify_all(struct session *s, const char *method, json_t *params)
         client_notify(c->sink, method, json_incref(params));
     }
     json_decref(params);
-}
-
-/* ---- scrollback ---- */
-
-static void ring_append(struct session *s, const char *buf, size_t len)
-{
-    if (!s->ring_cap)
-        return;
-    if (len >= s->ring_cap) {
-        memcpy(s->ring, buf + len - s->ring_cap, s->ring_cap);
-        s->ring_pos = 0;
-        s->ring_len = s->ring_cap;
-        return;
-    }
-    size_t first = s->ring_cap - s->ring_pos;
-    if (first > len)
-        first = len;
-    memcpy(s->ring + s->ring_pos, buf, first);
-    memcpy(s->ring, buf + first, len - first);
-    s->ring_pos = (s->ring_pos + len) % s->ring_cap;
-    s->ring_len = s->ring_len + len > s->ring_cap ? s->ring_cap : s->ring_len + len;
-}
-
-/* The scrollback in order, as a new buffer (*@ret_len bytes). */
-static char *ring_copy(const struct session *s, size_t *ret_len)
-{
-    char *b = malloc(s->ring_len + 1);
-    if (!b)
-        return NULL;
-    size_t start = (s->ring_pos + s->ring_cap - s->ring_len) % (s->ring_cap ? s->ring_cap : 1);
-    size_t first = s->ring_cap - start;
-    if (first > s->ring_len)
-        first = s->ring_len;
-    if (s->ring_len) {
-        memcpy(b, s->ring + start, first);
-        memcpy(b + first, s->ring, s->ring_len - first);
-    }
-    *ret_len = s->ring_len;
-    return b;
-}
-
-/* ---- capture of the current command's output ---- */
-
-static void cap_append(struct session *s, const char *buf, size_t len)
-{
-    /* The terminal turns \n into \r\n (onlcr): a command's output is plain \n again. */
-    char tmp[4096];
-    size_t t = 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = buf[i];
-        if (s->pending_cr) {
-            s->pending_cr = false;
-            if (c != '\n')
-                tmp[t++] = '\r';
-        }
-        if (c == '\r') {
-            s->pending_cr = true;
-            continue;
-        }
-        tmp[t++] = c;
-        if (t >= sizeof(tmp) - 2) {
-            struct conch_err err = {0};
-            conch_output_append(&s->cap, tmp, t, &err);
-            t = 0;
-        }
-    }
-    if (t) {
-        struct conch_err err = {0};
-        conch_output_append(&s->cap, tmp, t, &err);
-    }
-}
-
-/* The command's output passes through @s->hold, which keeps its last bytes until the end
- * (see hold_strip_trace). */
-static void hold_commit(struct session *s)
-{
-    cap_append(s, s->hold, s->hold_len);
-    s->hold_len = 0;
-}
-
-static void hold_append(struct session *s, const char *buf, size_t len)
-{
-    const size_t max = sizeof(s->hold);
-    if (len >= max) {
-        hold_commit(s);
-        cap_append(s, buf, len - max);
-        memcpy(s->hold, buf + len - max, max);
-        s->hold_len = max;
-        return;
-    }
-    if (s->hold_len + len > max) {
-        size_t out = s->hold_len + len - max;
-        cap_append(s, s->hold, out);
-        memmove(s->hold, s->hold + out, s->hold_len - out);
-        s->hold_len -= out;
-    }
-    memcpy(s->hold + s->hold_len, buf, len);
-    s->hold_len += len;
-}
-
-/* Under `set -x` bash traces the reporter's call ("+ __conch_e 0") right before it prints
- * the end marker: that line is ours, not the command's. Only that exact last line, and the
- * run of '+' before it (the default PS4), are cut. */
-static void hold_strip_trace(struct session *s)
-{
-    static const char tail[] = "\r\n";
-    static const char call[] = "__conch_e ";
-    size_t tl = sizeof(tail) - 1;
-    if (s->hold_len < tl + sizeof(call))
-        return;
-    size_t end = s->hold_len - tl;
-    if (memcmp(s->hold + end, tail, tl))
-        return;
-    size_t d = end;
-    while (d > 0 && s->hold[d - 1] >= '0' && s->hold[d - 1] <= '9')
-        d--;
-    if (d == end || d < sizeof(call) - 1 ||
-        memcmp(s->hold + d - (sizeof(call) - 1), call, sizeof(call) - 1))
-        return;
-    size_t start = d - (sizeof(call) - 1);
-    if (start > 0 && s->hold[start - 1] == ' ')
-        start--;
-    while (start > 0 && s->hold[start - 1] == '+')
-        start--;
-    s->hold_len = start;
-}
-
-/* Feed the terminal's output to the current command: what lies between its markers. The end
- * marker names N, a number the shell draws after the command and sends with its status, so
- * until the status is in, everything after the start marker is output (the marker is printed
- * after the status is sent, and master_drain reads the socket before it feeds what it read:
- * a marker seen here always comes after its status). */
-static void feed(struct session *s, const char *buf, size_t len)
-{
-    while (len && s->phase < 2) {
-        if (s->phase == 1 && !s->got_status) {
-            hold_append(s, s->carry, s->carry_len);
-            s->carry_len = 0;
-            hold_append(s, buf, len);
-            return;
-        }
-        const char *mark = s->phase == 0 ? s->mark_s : s->mark_e;
-        size_t mlen = s->phase == 0 ? s->mark_s_len : s->mark_e_len;
-        /* carry + buf: look for the marker across the boundary */
-        char joined[sizeof(s->carry) + 4096];
-        size_t jl = 0;
-        size_t take = len < 4096 ? len : 4096;
-        memcpy(joined, s->carry, s->carry_len);
-        jl = s->carry_len;
-        memcpy(joined + jl, buf, take);
-        jl += take;
-        s->carry_len = 0;
-        char *hit = memmem(joined, jl, mark, mlen);
-        if (hit) {
-            size_t before = (size_t)(hit - joined);
-            if (s->phase == 1)
-                hold_append(s, joined, before);
-            s->phase++;
-            size_t used = before + mlen; /* of joined */
-            size_t from_buf = used > jl - take ? used - (jl - take) : 0;
-            /* bytes of joined after the marker that came from carry (cannot happen: the
-             * carry is shorter than a marker) */
-            buf += from_buf;
-            len -= from_buf;
-            if (s->phase == 2) {
-                hold_strip_trace(s);
-                hold_commit(s);
-                if (s->got_status)
-                    run_finish(s);
-            }
-            continue;
-        }
-        /* Keep the longest suffix that may begin a marker. */
-        size_t keep = 0;
-        for (size_t k = mlen - 1; k > 0; k--) {
-            if (k <= jl && !memcmp(joined + jl - k, mark, k)) {
-                keep = k;
-                break;
-            }
-        }
-        if (s->phase == 1)
-            hold_append(s, joined, jl - keep);
-        memcpy(s->carry, joined + jl - keep, keep);
-        s->carry_len = keep;
-        buf += take;
-        len -= take;
-    }
-}
-
-static void on_master(uv_poll_t *h, int status, int events);
-
-static void master_output(struct session *s, const char *buf, size_t n)
-{
-    ring_append(s, buf, n);
-    if (!dlist_empty(&s->clients)) {
-        /* A character split between two reads would become two U+FFFD: the last bytes of an
-         * incomplete UTF-8 sequence wait for the next read (seq is the offset of the first
-         * byte sent). Reads are at most 64 KiB. */
-        char joined[sizeof(s->u8) + 65536];
-        size_t jl = s->u8_len;
-        size_t take = n < 65536 ? n : 65536;
-        memcpy(joined, s->u8, jl);
-        memcpy(joined + jl, buf, take);
-        jl += take;
-        size_t keep = 0;
-        for (size_t k = 1; k <= 3 && k <= jl; k++) {
-            unsigned char c = (unsigned char)joined[jl - k];
-            if ((c & 0xc0) == 0x80)
-                continue; /* a continuation byte: look further back */
-            size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-            if (need > k)
-                keep = k;
-            break;
-        }
-        json_t *p =
-            json_pack("{s:s,s:I,s:o}", "session", s->id, "seq", (json_int_t)(s->seq - s->u8_len),
-                      "data", conch_json_text(joined, jl - keep));
-        memcpy(s->u8, joined + jl - keep, keep);
-        s->u8_len = keep;
-        notify_all(s, "session.output", p);
-    }
-    s->seq += n;
-    /* A shell that prints is not idle (a build a person started, say). */
-    if (daemon_now() - s->last_used_at > 1)
-        touch(s);
-    if (s->save && !uv_is_active((uv_handle_t *)s->save))
-        uv_timer_start(s->save, on_save, SAVE_MS, 0);
-    if (s->cur)
-        feed(s, buf, n);
-}
-
-static void sock_read(struct session *s);
-
-/* Read everything the terminal has. Returns false at EOF/EIO (the shell's side is closed).
- * While a command waits for its status, the socket is read after each read of the terminal
- * and before what was read is fed: the shell sends its status before it prints the end
- * marker, so a marker read here finds its status already taken. */
-static bool master_drain(struct session *s)
-{
-    char buf[65536];
-    for (int rounds = 0; s->master >= 0 && rounds < 64; rounds++) {
-        ssize_t n = read(s->master, buf, sizeof(buf));
-        if (n > 0) {
-            if (s->cur && !s->got_status)
-                sock_read(s);
-            master_output(s, buf, (size_t)n);
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
-            return true;
-        return false;
-    }
-    return true;
-}
-
-static void master_flush(struct session *s);
-
-static void on_master(uv_poll_t *h, int status, int events)
-{
-    struct session *s = h->data;
-    if (status >= 0 && (events & UV_WRITABLE))
-        master_flush(s);
-    if (status < 0 || !master_drain(s)) {
-        /* The slave side is gone: the shell's end comes from the supervisor. */
-        close_poll(&s->master_poll);
-    }
-}
-
-/* ---- the control socket ---- */
-
-static void sock_flush(struct session *s);
-static void on_timer(uv_timer_t *t);
-static void on_eof_timer(uv_timer_t *t);
-
-/* One line from the shell (its sender checked). "E - <R> <status>": the reporter's status,
- * then its end marker names R. "<bash>: __conch_q: B <nonce|-> <why>": the reporter could not
- * run (bash's own message for an expansion error, see init_script): the status is unknown.
- * "Y <nonce>": the shell reads commands again (a sync after an interrupt). E and B carry no
- * nonce ("-"): they come from the reporter of the line typed for the current command, the
- * only one whose reporter can still run (a line interrupted and synced with Y is over, and a
- * shell that does not sync is killed), and no other process can write them. */
-static void sock_line(struct session *s, const char *line)
-{
-    char kind = 0, nonce[40] = "", n[24] = "";
-    int code = 0, got = 0;
-    const char *b = strstr(line, "__conch_q: B ");
-    if (b) {
-        kind = 'B';
-        got = sscanf(b + 13, "%39s", nonce);
-    } else if (line[0] == 'E') {
-        kind = 'E';
-        got = sscanf(line, "E %39s %23s %d", nonce, n, &code);
-    } else if (line[0] == 'Y') {
-        kind = 'Y';
-        got = sscanf(line, "Y %39s", nonce);
-    }
-    if (!s->cur || got < 1 || (strcmp(nonce, s->nonce) && (kind == 'Y' || strcmp(nonce, "-"))))
-        return; /* stale: not the current command's */
-    if (kind == 'E' && got == 3 && s->tstage != T_SYNC) {
-        if (s->got_status) {
-            /* Only shell code writing on the shell's own channel makes a second one. */
-            s->unknown = true;
-            snprintf(s->unknown_why, sizeof(s->unknown_why),
-                     "a second status line came from the shell (shell code wrote on its "
-                     "control channel)");
-            return;
-        }
-        s->got_status = true;
-        s->status_code = code;
-        s->mark_e_len = (size_t)snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", n);
-        s->tstage = T_MARKER;
-        uv_timer_start(s->timer, on_timer, MARKER_WAIT_MS, 0);
-    } else if (kind == 'B' && s->tstage != T_SYNC) {
-        const char *why = b + 13 + strlen(nonce);
-        while (*why == ' ')
-            why++;
-        s->unknown = true;
-        snprintf(s->unknown_why, sizeof(s->unknown_why),
-                 "the shell's status reporter could not run (%.40s): shell code changed what "
-                 "it needs (a read-only POSIXLY_CORRECT, __conch_c or function named builtin?)",
-                 why);
-        run_finish(s);
-        /* A shell that cannot report is of no use to the next command: it starts anew. */
-        if (s->proc_live && !s->closing) {
-            snprintf(s->kill_reason, sizeof(s->kill_reason),
-                     "its status reporter was locked out by shell code");
-            conch_super_signal(&s->proc, SIGKILL);
-        }
-    } else if (kind == 'Y' && s->tstage == T_SYNC) {
-        s->synced = true;
-        run_finish(s);
-    }
-}
-
-/* Read what the shell wrote on the control socket. Every chunk comes with its sender's
- * credentials (SO_PASSCRED): only the shell's own lines count. A program the shell runs may
- * get a copy of the socket (pidfd_getfd, a copy the shell code handed on) and write a
- * perfect status line: the kernel names it as the sender, and its bytes are dropped. */
-static void sock_read(struct session *s)
-{
-    while (s->sock >= 0 && s->sock_poll) {
-        union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 8)];
-        } u;
-        struct iovec iov = {.iov_base = s->sockbuf + s->socklen,
-                            .iov_len = sizeof(s->sockbuf) - 1 - s->socklen};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = u.buf,
-                            .msg_controllen = sizeof(u.buf)};
-        ssize_t n = recvmsg(s->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            if (n == 0 || errno != EAGAIN) {
-                close_poll(&s->sock_poll);
-                /* The socket closes when the shell exits, and when shell code closes the
-                 * shell's copy: then commands can no longer be told apart. If the shell is
-                 * still there shortly after, end it; the next run starts a new one. */
-                if (s->proc_live && s->state == SS_LIVE) {
-                    s->eof_shell = s->shells;
-                    uv_timer_start(s->eof_timer, on_eof_timer, 300, 0);
-                }
-            }
-            break;
-        }
-        pid_t from = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-            if (c->cmsg_level != SOL_SOCKET)
-                continue;
-            if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
-                struct ucred uc;
-                memcpy(&uc, CMSG_DATA(c), sizeof(uc));
-                from = uc.pid;
-            } else if (c->cmsg_type == SCM_RIGHTS) {
-                /* Nothing is sent to us: whatever came is closed. */
-                size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                for (size_t i = 0; i < nfd; i++) {
-                    int fd;
-                    memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
-                    close(fd);
-                }
-            }
-        }
-        if (from <= 0 || from != s->shell_pid) {
-            if (!s->foreign++)
-                log_debug("session %s: dropped bytes another process (pid %d) wrote on the "
-                          "control socket",
-                          s->id, (int)from);
-            continue;
-        }
-        s->socklen += (size_t)n;
-        s->sockbuf[s->socklen] = 0;
-        char *nl;
-        while ((nl = memchr(s->sockbuf, '\n', s->socklen))) {
-            *nl = 0;
-            char line[sizeof(s->sockbuf)];
-            size_t used = (size_t)(nl + 1 - s->sockbuf);
-            memcpy(line, s->sockbuf, used);
-            memmove(s->sockbuf, nl + 1, s->socklen - used);
-            s->socklen -= used;
-            sock_line(s, line);
-        }
-        if (s->socklen >= sizeof(s->sockbuf) - 1)
-            s->socklen = 0; /* a line that long is not ours */
-    }
-}
-
-static void on_sock(uv_poll_t *h, int status, int events)
-{
-    struct session *s = h->data;
-    if (status < 0) {
-        close_poll(&s->sock_poll);
-        return;
-    }
-    if (events & UV_WRITABLE)
-        sock_flush(s);
-    if (events & UV_READABLE)
-        sock_read(s);
-}
-
-static void on_eof_timer(uv_timer_t *t)
-{
-    struct session *s = t->data;
-    if (s->proc_live && s->shells == s->eof_shell && !s->closing) {
-        snprintf(s->kill_reason, sizeof(s->kill_reason),
-                 "the shell closed its control channel (fd 62)");
-        if (s->cur && !s->got_status) {
-            s->unknown = true;
-            snprintf(s->unknown_why, sizeof(s->unknown_why),
-                     "shell code closed the shell's control channel (fd 62) before the "
-                     "command's status was sent");
-        }
-        conch_super_signal(&s->proc, SIGKILL);
-    }
-}
-
-static void sock_poll_update(struct session *s)
-{
-    if (!s->sock_poll)
-        return;
-    int ev = UV_READABLE | (s->wpend ? UV_WRITABLE : 0);
-    uv_poll_start(s->sock_poll, ev, on_sock);
-}
-
-static void sock_flush(struct session *s)
-{
-    while (s->wpend && s->wpend_off < s->wpend_len) {
-        ssize_t n = send(s->sock, s->wpend + s->wpend_off, s->wpend_len - s->wpend_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            break;
-        s->wpend_off += (size_t)n;
-    }
-    if (s->wpend && s->wpend_off >= s->wpend_len) {
-        free(s->wpend);
-        s->wpend = NULL;
-    }
-    sock_poll_update(s);
-}
-
-static void sock_write(struct session *s, const char *buf, size_t len)
-{
-    char *nb = realloc(s->wpend, s->wpend_len - s->wpend_off + len);
-    if (!nb)
-        return;
-    if (s->wpend) {
-        memmove(nb, nb + s->wpend_off, s->wpend_len - s->wpend_off);
-        s->wpend_len -= s->wpend_off;
-    } else {
-        s->wpend_len = 0;
-    }
-    s->wpend_off = 0;
-    memcpy(nb + s->wpend_len, buf, len);
-    s->wpend_len += len;
-    s->wpend = nb;
-    sock_flush(s);
-}
-
-/* Keys wait in a queue while the terminal's input queue is full (4 KiB in canonical mode, a
- * program that does not read): the loop never blocks on it, and a client gets `limit` past
- * MAX_PENDING_KEYS. */
-#define MAX_PENDING_KEYS (1u << 20)
-
-static void master_poll_update(struct session *s)
-{
-    if (s->master_poll)
-        uv_poll_start(s->master_poll, UV_READABLE | (s->mpend ? UV_WRITABLE : 0), on_master);
-}
-
-static void master_flush(struct session *s)
-{
-    while (s->mpend && s->mpend_off < s->mpend_len && s->master >= 0) {
-        ssize_t n = write(s->master, s->mpend + s->mpend_off, s->mpend_len - s->mpend_off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        s->mpend_off += (size_t)n;
-    }
-    if (s->mpend && (s->mpend_off >= s->mpend_len || s->master < 0)) {
-        free(s->mpend);
-        s->mpend = NULL;
-        s->mpend_len = s->mpend_off = 0;
-    }
-    master_poll_update(s);
-}
-
-static int master_write(struct session *s, const char *buf, size_t len)
-{
-    if (s->master < 0) {
-        errno = EIO;
-        return -1;
-    }
-    size_t left = s->mpend ? s->mpend_len - s->mpend_off : 0;
-    if (left + len > MAX_PENDING_KEYS) {
-        errno = ENOBUFS;
-        return -1;
-    }
-    char *nb = malloc(left + len);
-    if (!nb) {
-        errno = ENOMEM;
-        return -1;
-    }
-    if (left)
-        memcpy(nb, s->mpend + s->mpend_off, left);
-    memcpy(nb + left, buf, len);
-    free(s->mpend);
-    s->mpend = nb;
-    s->mpend_len = left + len;
-    s->mpend_off = 0;
-    master_flush(s);
-    return 0;
-}
-
-/* ---- timers ---- */
-
-/* Send @sig to the terminal's foreground process group. TIOCSIG (which works whatever the
- * program did to its termios) only takes SIGINT, SIGQUIT and SIGTSTP; other signals go by
- * kill() to the group the terminal names (a host pid: the sandbox's pid namespaces are
- * below ours), never to the shell's own group. */
-static int fg_signal(struct session *s, int sig)
-{
-    if (s->master < 0)
-        return -1;
-    if (sig == SIGINT || sig == SIGQUIT || sig == SIGTSTP)
-        return ioctl(s->master, TIOCSIG, sig);
-    pid_t pg = 0;
-    if (ioctl(s->master, TIOCGPGRP, &pg) < 0 || pg <= 1)
-        return -1;
-    return kill(-pg, sig);
-}
-
-static void on_timer(uv_timer_t *t)
-{
-    struct session *s = t->data;
-    if (!s->cur) {
-        if (s->tstage == T_BUSY) {
-            s->tstage = T_NONE;
-            session_pump(s);
-        }
-        return;
-    }
-    switch (s->tstage) {
-    case T_DEADLINE:
-        /* Interrupt: SIGINT to the terminal's foreground process group (whatever the
-         * command did to its termios), then SIGKILL after the grace. */
-        s->timed_out = true;
-        if (s->master >= 0)
-            ioctl(s->master, TIOCSIG, SIGINT);
-        s->tstage = T_GRACE;
-        uv_timer_start(s->timer, on_timer, s->cur->grace_ms ? s->cur->grace_ms : 1, 0);
-        break;
-    case T_GRACE: {
-        /* Still not back: kill the foreground job unless it is the shell itself, then ask
-         * the shell to show it is reading commands again. */
-        pid_t pg = 0, sid = 0;
-        if (s->master >= 0 && ioctl(s->master, TIOCGPGRP, &pg) == 0 &&
-            ioctl(s->master, TIOCGSID, &sid) == 0 && pg != sid) {
-            fg_signal(s, SIGKILL);
-            s->killed_fg = true;
-        }
-        s->tstage = T_SYNC;
-        char rec[40];
-        int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
-        sock_write(s, rec, (size_t)n + 1);
-        static const char sync_line[] = "\x15 \\__conch_s\n";
-        master_write(s, sync_line, sizeof(sync_line) - 1);
-        uv_timer_start(s->timer, on_timer, 2000 + s->cur->grace_ms, 0);
-        break;
-    }
-    case T_SYNC:
-        /* The shell itself does not come back (it ignores SIGINT in a loop of builtins):
-         * kill it; the next command starts a new one. */
-        conch_super_signal(&s->proc, SIGKILL);
-        s->tstage = T_NONE;
-        break;
-    case T_MARKER:
-        run_finish(s);
-        break;
-    }
-}
-
-/* ---- the shell's life ---- */
-
-static void session_clear_run_state(struct session *s)
-{
-    s->phase = 0;
-    s->carry_len = 0;
-    s->pending_cr = false;
-    s->got_status = false;
-    s->timed_out = s->killed_fg = s->shell_died = s->synced = false;
-    s->tstage = T_NONE;
-    s->unknown = false;
-    s->unknown_why[0] = 0;
-    s->hold_len = 0;
-    s->mark_e_len = 0;
-}
-
-static void srun_free(struct srun *r)
-{
-    free(r->command);
-    free(r->in);
-    free(r);
-}
-
-/* What a session command's result says beyond conch_run_result_json's fields. */
-struct result_extra {
-    char session[32];
-    bool shell_died, new_shell, timed_out;
-    bool unknown; /* the exit status is unknown: @unknown_why */
-    char unknown_why[200];
-    char end_reason[600];
-    uint64_t timeout_ms, grace_ms;
-};
-
-/* The result object of a session command: @res (borrowed) and @x. Touches nothing of the
- * daemon's: a worker may build it. */
-static json_t *session_result_json(const struct conch_run_result *res, const struct result_extra *x)
-{
-    json_t *o = conch_run_result_json(res, NULL);
-    char *text = conch_run_result_text(res);
-    if (o && text && x->unknown) {
-        char *t2 = NULL;
-        if (asprintf(&t2, "%s\n[the exit status is unknown: %s]", text, x->unknown_why) >= 0) {
-            free(text);
-            text = t2;
-        }
-    }
-    if (o && text) {
-        if (x->shell_died) {
-            char *t2 = NULL;
-            if (asprintf(&t2, "%s\n[the shell exited: %s; the next command starts a new one]", text,
-                         x->end_reason) >= 0) {
-                free(text);
-                text = t2;
-            }
-        } else if (x->timed_out) {
-            char *t2 = NULL;
-            if (asprintf(&t2, "%s\n[interrupted; the session is still usable]", text) >= 0) {
-                free(text);
-                text = t2;
-            }
-        }
-        json_object_set_new(o, "text", conch_json_text(text, strlen(text)));
-    }
-    free(text);
-    if (o) {
-        json_object_del(o, "committed");
-        json_object_set_new(o, "session", json_string(x->session));
-        json_object_set_new(o, "shell_exited", json_boolean(x->shell_died));
-        json_object_set_new(o, "new_shell", json_boolean(x->new_shell));
-        json_object_set_new(o, "status_unknown", json_boolean(x->unknown));
-        if (x->unknown && !x->timed_out) {
-            char msg[300];
-            snprintf(msg, sizeof(msg), "the exit status is unknown: %s", x->unknown_why);
-            json_t *e = json_pack("{s:s,s:s}", "kind", "infrastructure", "message", msg);
-            if (e)
-                json_object_set_new(o, "error", e);
-        }
-        if (x->timed_out) {
-            json_object_set_new(o, "session_usable", json_boolean(!x->shell_died));
-            char msg[200];
-            snprintf(msg, sizeof(msg),
-                     "timed out after %.3g s (SIGINT to the terminal's foreground job, SIGKILL "
-                     "after %.3g s)",
-                     x->timeout_ms / 1000.0, x->grace_ms / 1000.0);
-            json_object_set_new(json_object_get(o, "error"), "message", json_string(msg));
-        }
-    }
-    return o;
-}
-
-/* The exit code of a command whose status is unknown (status_unknown in its result). */
-#define SESSION_EXIT_UNKNOWN 255
-
-/* The most changes a session command's result lists (the rest: workspace.changes). */
-#define SESSION_CHANGES_MAX 1000
-
-/* A result that keeps more output than this is built and serialised by a worker, as
- * exec.run's is (see ANSWER_ON_LOOP_MAX in commands.c). */
-#define SESSION_ANSWER_ON_LOOP_MAX (64u << 10)
-
-/* A result on its way: waiting for the workspace's changes (the next command waits too: it
- * would otherwise see the next one's), then, for a large one, built by a worker. Either
- * @result is built already (small), or @res and @x are kept to build it. */
-struct session_answer {
-    uv_work_t req;
-    struct daemon *d;
-    struct conch_rpc_call *call;
-    char session[32];
-    json_t *result;              /* built on the loop; NULL: built by the worker */
-    struct conch_run_result res; /* owned: the output, the tool calls */
-    struct result_extra x;
-    struct conch_ws_changes changes; /* owned */
-    bool has_changes;
-    char *text; /* what the worker serialised */
-};
-
-static void session_answer_free(struct session_answer *a)
-{
-    json_decref(a->result);
-    conch_output_done(&a->res.out);
-    conch_output_done(&a->res.err);
-    conch_run_tool_calls_done(&a->res.tools);
-    conch_ws_changes_done(&a->changes);
-    free(a->text);
-    free(a);
-}
-
-/* The answer is out: the session's next command may start. */
-static void session_answered(struct session_answer *a)
-{
-    struct session *s = session_find(a->session);
-    session_answer_free(a);
-    if (s) {
-        s->scanning = false;
-        session_pump(s);
-    }
-}
-
-static void answer_work(uv_work_t *req)
-{
-    struct session_answer *a = req->data;
-    json_t *o = session_result_json(&a->res, &a->x);
-    if (o && a->has_changes)
-        conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
-    a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-}
-
-static void answer_done(uv_work_t *req, int status)
-{
-    struct session_answer *a = req->data;
-    (void)status;
-    a->d->holds--;
-    /* NULL text (out of memory, or cancelled) is answered as an internal error. */
-    conch_rpc_call_reply_dumped(a->call, a->text);
-    a->text = NULL;
-    session_answered(a);
-}
-
-/* Send @a's result: built here when small, else by a worker. */
-static void session_answer_send(struct session_answer *a)
-{
-    /* Counted as a hold: a daemon shutting down waits for it. */
-    if (!a->result && uv_queue_work(&a->d->loop, &a->req, answer_work, answer_done) == 0) {
-        a->d->holds++;
-        return;
-    }
-    json_t *o = a->result ? a->result : session_result_json(&a->res, &a->x);
-    a->result = NULL;
-    if (o && a->has_changes)
-        conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
-    conch_rpc_call_reply(a->call, o);
-    session_answered(a);
-}
-
-static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
-                         const struct conch_err *err)
-{
-    struct session_answer *a = arg;
-    (void)err;
-    if (rc == 0 && changes) {
-        /* Taken: the scan's caller frees what is left, nothing now. */
-        a->changes = *changes;
-        memset(changes, 0, sizeof(*changes));
-        a->has_changes = true;
-    }
-    session_answer_send(a);
-}
-
-/* Build and send the result of the current command, then start the next one. */
-static void run_finish(struct session *s)
-{
-    struct srun *r = s->cur;
-    if (!r)
-        return;
-    s->cur = NULL;
-    uv_timer_stop(s->timer);
-    hold_commit(s);
-    struct session_answer *a = calloc(1, sizeof(*a));
-    struct conch_run_result res;
-    memset(&res, 0, sizeof(res));
-    res.out = s->cap;
-    res.err = s->nocap;
-    res.duration_ms = daemon_now_ms() - s->start_ms;
-    int code;
-    if (s->shell_died)
-        code = s->end_code >= 0 ? s->end_code : 137;
-    else if (s->unknown)
-        code = SESSION_EXIT_UNKNOWN;
-    else if (s->got_status)
-        code = s->status_code;
-    else
-        code = s->killed_fg ? 128 + SIGKILL : 128 + SIGINT;
-    struct conch_run_end end = {
-        .status = W_EXITCODE(code & 0xff, 0),
-        .timed_out = s->timed_out,
-        .timeout_ms = r->timeout_ms,
-        .grace_ms = r->grace_ms,
-    };
-    conch_run_result_end(&res, &end);
-    /* This command's tool calls (those of a shell that died were collected then). */
-    struct sandbox *bsb = sess_sb(s);
-    if (!s->tools.calls && bsb && bsb->bridge)
-        conch_bridge_origin_take(bsb->bridge, "session", s->id, &s->tools);
-    res.tools = (struct conch_run_tool_calls){
-        .calls = s->tools.calls, .detached = s->tools.detached, .summary = s->tools.summary};
-    res.tools_summary = s->tools.summary;
-    memset(&s->tools, 0, sizeof(s->tools));
-    struct result_extra x = {.shell_died = s->shell_died,
-                             .new_shell = s->new_shell,
-                             .timed_out = s->timed_out,
-                             .unknown = s->unknown,
-                             .timeout_ms = r->timeout_ms,
-                             .grace_ms = r->grace_ms};
-    snprintf(x.session, sizeof(x.session), "%s", s->id);
-    snprintf(x.end_reason, sizeof(x.end_reason), "%s", s->end_reason);
-    snprintf(x.unknown_why, sizeof(x.unknown_why), "%s", s->unknown_why);
-    size_t kept = res.out.head_len + res.out.tail_len + res.err.head_len + res.err.tail_len;
-    if (a) {
-        /* The output goes with the answer (a worker may read it after the next command
-         * started): the session's buffers start anew. */
-        a->res = res;
-        a->x = x;
-        memset(&s->cap, 0, sizeof(s->cap));
-        memset(&s->nocap, 0, sizeof(s->nocap));
-        if (kept <= SESSION_ANSWER_ON_LOOP_MAX)
-            a->result = session_result_json(&a->res, &a->x);
-    } else {
-        /* Out of memory for the record: answered here and now. */
-        json_t *o = session_result_json(&res, &x);
-        conch_run_tool_calls_done(&res.tools);
-        conch_output_done(&s->cap);
-        conch_output_done(&s->nocap);
-        conch_rpc_call_reply(r->call, o);
-        r->call = NULL;
-    }
-    s->new_shell = false;
-    s->cap.spill_fd = s->nocap.spill_fd = -1;
-    struct conch_rpc_call *call = r->call;
-    srun_free(r);
-    session_clear_run_state(s);
-    s->last_used_at = daemon_now();
-    struct sandbox *sb = sess_sb(s);
-    if (sb)
-        sandbox_touch(sb);
-    if (!a) {
-        session_pump(s);
-        return;
-    }
-    a->d = s->d;
-    a->call = call;
-    a->req.data = a;
-    snprintf(a->session, sizeof(a->session), "%s", s->id);
-    /* Until the answer is out the next command waits: it would otherwise see this one's
-     * changes as its own, or be answered first. */
-    s->scanning = true;
-    /* The result lists the workspace's changes, as exec.run's does: a worker scans them. */
-    if (sb && sb->upper_dir[0] && !sb->super.gone &&
-        sandbox_changes_async(sb, changes_done, a) == 0)
-        return;
-    session_answer_send(a);
-}
-
-static void fail_queue(struct session *s, const char *why)
-{
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->queue)
-    {
-        struct srun *r = dlist_entry(pos, struct srun, link);
-        dlist_del(&r->link);
-        conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
-                             "session %s ended: %s", s->id, why);
-        srun_free(r);
-    }
-}
-
-/* Start the next queued command when the shell waits for one. */
-static void session_pump(struct session *s)
-{
-    if (s->cur || s->scanning || dlist_empty(&s->queue) || s->closing)
-        return;
-    if (s->d->stopping) {
-        fail_queue(s, "the daemon is shutting down");
-        return;
-    }
-    if (s->state == SS_ENDED) {
-        struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
-        if (!sb || sb->state != SB_RUNNING || !sb->jail_up || sb->starting) {
-            fail_queue(s, s->end_reason);
-            return;
-        }
-        struct conch_err err = {0};
-        if (shell_start(s, &err) < 0) {
-            fail_queue(s, err.msg);
-            return;
-        }
-        s->new_shell = true;
-    }
-    if (s->state != SS_LIVE)
-        return; /* started again when the master arrives */
-    if (s->kill_reason[0])
-        return; /* we are ending this shell: the next one takes the command */
-    struct srun *r = dlist_entry(s->queue.next, struct srun, link);
-    /* A program of a person's (an editor, a pager) has the terminal: typing into it would
-     * be wrong. Commands run only when the shell itself is in the foreground. */
-    pid_t pg = 0, sid = 0;
-    if (ioctl(s->master, TIOCGPGRP, &pg) == 0 && ioctl(s->master, TIOCGSID, &sid) == 0 &&
-        pg != sid) {
-        if (!s->busy_since)
-            s->busy_since = daemon_now_ms();
-        if (daemon_now_ms() - s->busy_since < BUSY_WAIT_MS) {
-            s->tstage = T_BUSY;
-            uv_timer_start(s->timer, on_timer, 20, 0);
-            return;
-        }
-        s->busy_since = 0;
-        dlist_del(&r->link);
-        conch_rpc_call_failf(r->call, CONCH_RPC_LIMIT, "session_busy", NULL,
-                             "session %s: a program is running in the foreground of its "
-                             "terminal; wait for it, or end it with session.signal",
-                             s->id);
-        srun_free(r);
-        session_pump(s);
-        return;
-    }
-    s->busy_since = 0;
-    if (s->tstage == T_BUSY)
-        uv_timer_stop(s->timer);
-    dlist_del(&r->link);
-    s->cur = r;
-    session_clear_run_state(s);
-    struct conch_err err = {0};
-    s->cap.spill_fd = s->nocap.spill_fd = -1;
-    if (conch_output_init(&s->cap, "stdout", r->max_output, 256ULL << 20,
-                          sess_sb(s) ? sandbox_spill_dir(sess_sb(s)) : NULL, &err) < 0 ||
-        conch_output_init(&s->nocap, "stderr", 0, 0, NULL, &err) < 0) {
-        s->cur = NULL;
-        conch_rpc_call_fail_err(r->call, 0, NULL, &err);
-        srun_free(r);
-        return;
-    }
-    conch_output_set_budget(&s->cap, &s->d->output_budget);
-    unsigned char rnd[8];
-    if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd)) {
-        for (int i = 0; i < 8; i++)
-            rnd[i] = (unsigned char)rand();
-    }
-    for (int i = 0; i < 8; i++)
-        snprintf(s->nonce + 2 * i, 3, "%02x", rnd[i]);
-    s->mark_s_len = (size_t)snprintf(s->mark_s, sizeof(s->mark_s), "\x1b]697;S%s\a", s->nonce);
-    s->mark_e_len = 0;
-    size_t clen = strlen(r->command);
-    size_t len = 2 + 16 + 1 + clen + 1 + (r->has_in ? r->in_len + 1 : 0);
-    char *rec = malloc(len);
-    if (!rec) {
-        s->cur = NULL;
-        conch_rpc_call_failf(r->call, -32603, "internal_error", NULL, "out of memory");
-        srun_free(r);
-        return;
-    }
-    size_t off = (size_t)sprintf(rec, "%c%s\n", r->has_in ? 'i' : 'r', s->nonce);
-    memcpy(rec + off, r->command, clen + 1);
-    off += clen + 1;
-    if (r->has_in) {
-        memcpy(rec + off, r->in, r->in_len);
-        rec[off + r->in_len] = 0;
-        off += r->in_len + 1;
-    }
-    s->start_ms = daemon_now_ms();
-    {
-        /* Calls made between commands (raw mode) are not this command's. */
-        struct sandbox *bsb = sess_sb(s);
-        struct conch_bridge_report before;
-        conch_bridge_report_done(&s->tools);
-        if (bsb && bsb->bridge) {
-            conch_bridge_origin_take(bsb->bridge, "session", s->id, &before);
-            conch_bridge_report_done(&before);
-        }
-    }
-    sock_write(s, rec, off);
-    free(rec);
-    /* Typed whole, not through an alias (shell code may redefine one): every name in it is
-     * quoted (no alias applies) and is a read-only function of ours or the builtin `builtin`
-     * (__conch_b has removed any function of that name); `eval` runs the command at top level
-     * so that its declarations persist, and `$?` goes to the reporter as an argument. */
-    static const char run_line[] =
-        "\x15 \\__conch_b&&\\builtin eval \"$__conch_c\"</dev/null 62>&-;\\__conch_e \"$?\"\n";
-    static const char run_in_line[] = "\x15 \\__conch_b&&\\builtin eval "
-                                      "\"$__conch_c\"<<<\"$__conch_in\" 62>&-;\\__conch_e \"$?\"\n";
-    if (r->has_in)
-        master_write(s, run_in_line, sizeof(run_in_line) - 1);
-    else
-        master_write(s, run_line, sizeof(run_line) - 1);
-    if (r->timeout_ms) {
-        s->tstage = T_DEADLINE;
-        uv_timer_start(s->timer, on_timer, r->timeout_ms, 0);
-    }
-}
-
-/* Never waits: the shell's process sends the master before its exec, and its start is
- * reported after the exec, so by then the fd is here or will never come (the loop must not
- * wait on a sandbox process). */
-static bool recv_fd(int sock, int *ret)
-{
-    char byte;
-    int nfds = 0;
-    if (conch_recv_fds(sock, &byte, 1, ret, 1, &nfds, MSG_DONTWAIT) != 1 || nfds != 1) {
-        if (nfds == 1)
-            close(*ret);
-        return false;
-    }
-    return true;
-}
-
-static void set_winsize(struct session *s)
-{
-    struct winsize ws = {.ws_row = s->rows, .ws_col = s->cols};
-    if (s->master >= 0)
-        ioctl(s->master, TIOCSWINSZ, &ws);
-}
-
-static void shell_started(struct conch_proc *p, pid_t pid)
-{
-    {
-        struct session *s0 = p->data;
-        struct sandbox *bsb = sess_sb(s0);
-        /* Tool calls from the shell's pid namespace are this session's. */
-        if (bsb && bsb->bridge &&
-            conch_bridge_origin_begin(bsb->bridge, "session", s0->id, p->pidns_ino) < 0)
-            log_warn("session %s: out of memory tracing tool calls", s0->id);
-    }
-    struct session *s = p->data;
-    (void)pid;
-    /* The shell sent the master before exec, and it started: the fd is waiting (recv_fd). */
-    int master = -1;
-    if (!recv_fd(s->sock, &master)) {
-        log_warn("session %s: no terminal from the shell", s->id);
-        conch_super_signal(&s->proc, SIGKILL);
-        return;
-    }
-    /* The shell is the terminal's session leader: its pid as we see it is the only sender
-     * whose lines on the socket count (sock_read). The master came before the credentials
-     * are asked for: the shell writes nothing before it runs the init script. */
-    pid_t sid = 0;
-    int one = 1;
-    if (ioctl(master, TIOCGSID, &sid) < 0 || sid <= 0 ||
-        setsockopt(s->sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) < 0) {
-        log_warn("session %s: cannot tell the shell's messages from others': %s", s->id,
-                 strerror(errno ? errno : ESRCH));
-        close(master);
-        conch_super_signal(&s->proc, SIGKILL);
-        return;
-    }
-    s->shell_pid = sid;
-    s->foreign = 0;
-    fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
-    fcntl(s->sock, F_SETFL, fcntl(s->sock, F_GETFL) | O_NONBLOCK);
-    s->master = master;
-    set_winsize(s);
-    s->master_poll = malloc(sizeof(*s->master_poll));
-    s->sock_poll = malloc(sizeof(*s->sock_poll));
-    uv_poll_init(&s->d->loop, s->master_poll, master);
-    uv_poll_init(&s->d->loop, s->sock_poll, s->sock);
-    s->master_poll->data = s->sock_poll->data = s;
-    uv_poll_start(s->master_poll, UV_READABLE, on_master);
-    sock_poll_update(s);
-    s->state = SS_LIVE;
-    if (s->open_call) {
-        conch_rpc_call_reply(s->open_call, session_json(s));
-        s->open_call = NULL;
-    }
-    json_t *params = json_pack("{s:s,s:i}", "session", s->id, "shell", s->shells);
-    notify_all(s, "session.started", params);
-    session_pump(s);
-}
-
-static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
-{
-    struct session *s = p->data;
-    s->proc_live = false;
-    struct sandbox *bsb = sess_sb(s);
-    if (bsb && bsb->bridge) {
-        /* Its calls in flight are cancelled; those of the current command stay for its
-         * result. */
-        conch_bridge_report_done(&s->tools);
-        conch_bridge_origin_end(bsb->bridge, "session", s->id, &s->tools);
-    }
-    if (s->master >= 0 && !s->closing)
-        master_drain(s);
-    int sig = 0;
-    if (end->start_failed) {
-        s->end_code = 127;
-        snprintf(s->end_reason, sizeof(s->end_reason), "the shell could not start: %s",
-                 end->err.msg);
-    } else if (end->lost) {
-        s->end_code = conch_exit_code(end->status, &sig);
-        snprintf(s->end_reason, sizeof(s->end_reason), "%s", end->why ? end->why : "lost");
-    } else {
-        s->end_code = conch_exit_code(end->status, &sig);
-        if (sig)
-            snprintf(s->end_reason, sizeof(s->end_reason), "the shell was killed by signal %d",
-                     sig);
-        else
-            snprintf(s->end_reason, sizeof(s->end_reason), "the shell exited with code %d",
-                     s->end_code);
-    }
-    if (s->kill_reason[0])
-        snprintf(s->end_reason, sizeof(s->end_reason), "%s", s->kill_reason);
-    s->kill_reason[0] = 0;
-    if (s->closing) {
-        session_free(s);
-        return;
-    }
-    if (s->open_call) {
-        struct conch_err err = {0};
-        conch_err_set(&err, EIO, "session.open: %s", s->end_reason);
-        conch_rpc_call_fail_err(s->open_call, 0, NULL, &err);
-        s->open_call = NULL;
-    }
-    session_end(s, s->end_reason);
-}
-
-static const struct conch_proc_ops shell_ops = {.started = shell_started, .ended = shell_ended};
-
-static void session_close_fds(struct session *s)
-{
-    close_poll(&s->master_poll);
-    close_poll(&s->sock_poll);
-    if (s->master >= 0)
-        close(s->master);
-    if (s->sock >= 0)
-        close(s->sock);
-    s->master = s->sock = -1;
-    free(s->wpend);
-    s->wpend = NULL;
-    free(s->mpend);
-    s->mpend = NULL;
-    s->mpend_len = s->mpend_off = 0;
-    s->socklen = 0;
-}
-
-/* The shell is gone (exit, sandbox destroyed, idle, close): tell every client why. The
- * current command ends with the shell's status; queued ones start a new shell. */
-static void session_end(struct session *s, const char *why)
-{
-    if (s->state == SS_ENDED)
-        return;
-    s->state = SS_ENDED;
-    if (why != s->end_reason)
-        snprintf(s->end_reason, sizeof(s->end_reason), "%s", why);
-    session_close_fds(s);
-    if (s->save)
-        uv_timer_stop(s->save);
-    json_t *params = json_pack("{s:s,s:s,s:i}", "session", s->id, "reason", s->end_reason,
-                               "exit_code", s->end_code);
-    notify_all(s, "session.ended", params);
-    session_record(s);
-    if (s->cur) {
-        s->shell_died = true;
-        run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
-    } else {
-        session_pump(s);
-    }
-}
-
-static int shell_start(struct session *s, struct conch_err *err)
-{
-    struct sandbox *sb = sess_sb(s);
-    if (!sb || sb->state != SB_RUNNING || !sb->jail_up)
-        return conch_err_set(err, ESHUTDOWN, "sandbox %s is not running", s->sandbox_id);
-    int sp[2] = {-1, -1}, devnull = -1;
-    char **env = NULL;
-    int r = -1;
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
-        conch_err_set(err, errno, "socketpair: %s", strerror(errno));
-        goto out;
-    }
-    devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    size_t n = json_object_size(sb->env) + json_object_size(s->env) + 4;
-    char **extra = calloc(n + 1, sizeof(char *));
-    size_t i = 0;
-    if (extra) {
-        extra[i++] = strdup("TERM=xterm-256color");
-        if (asprintf(&extra[i], "__conch_init=%s", init_script) >= 0)
-            i++;
-        extra[i++] = strdup("PROMPT_COMMAND=eval \"$__conch_init\"");
-        json_t *objs[2] = {sb->env, s->env};
-        for (int k = 0; k < 2; k++) {
-            const char *key;
-            json_t *val;
-            json_object_foreach(objs[k], key, val)
-            {
-                if (json_is_string(val) &&
-                    asprintf(&extra[i], "%s=%s", key, json_string_value(val)) >= 0)
-                    i++;
-            }
-        }
-        env = conch_exec_env_build(extra, sb->as_root, err);
-        for (size_t j = 0; j < i; j++)
-            free(extra[j]);
-        free(extra);
-    }
-    if (!env) {
-        if (!err->code)
-            conch_err_set(err, ENOMEM, "out of memory");
-        goto out;
-    }
-    char *argv[] = {"/bin/bash", "--noprofile", "--norc", "-i", NULL};
-    struct conch_jail_cmd cmd = {.argv = argv,
-                                 .envp = env,
-                                 .cwd = s->cwd,
-                                 .stdin_fd = sp[1],
-                                 .stdout_fd = devnull,
-                                 .stderr_fd = devnull,
-                                 .pty = true};
-    memset(&s->proc, 0, sizeof(s->proc));
-    s->proc.ops = &shell_ops;
-    s->proc.data = s;
-    if (conch_super_run(&sb->super, &s->proc, &cmd, 0, 0, err) < 0)
-        goto out;
-    s->proc_live = true;
-    s->sock = sp[0];
-    sp[0] = -1;
-    s->state = SS_STARTING;
-    s->shells++;
-    s->end_code = -1;
-    s->end_reason[0] = 0;
-    r = 0;
-out:
-    if (sp[0] >= 0)
-        close(sp[0]);
-    if (sp[1] >= 0)
-        close(sp[1]);
-    if (devnull >= 0)
-        close(devnull);
-    conch_exec_env_free(env);
-    return r;
 }
 
 /* ---- records: sessions listed after a restart ---- */
@@ -1675,7 +128,7 @@ static void session_save(struct session *s, bool with_scrollback)
     }
     if (with_scrollback) {
         size_t len = 0;
-        char *sbk = ring_copy(s, &len);
+        char *sbk = session_ring_copy(s, &len);
         if (sbk) {
             snprintf(name, sizeof(name), "%s.out", s->id);
             write_file(dir, name, sbk, len);
@@ -1685,14 +138,14 @@ static void session_save(struct session *s, bool with_scrollback)
     }
 }
 
-static void on_save(uv_timer_t *t)
+void session_on_save(uv_timer_t *t)
 {
     struct session *s = t->data;
     if (s->saved_seq != s->seq)
         session_save(s, true);
 }
 
-static void session_record(struct session *s)
+void session_record(struct session *s)
 {
     session_save(s, true);
 }
@@ -1735,7 +188,7 @@ static void on_idle(uv_timer_t *t)
 }
 
 /* The session (and its sandbox, whose own idle timer knows nothing of sessions) is in use. */
-static void touch(struct session *s)
+void session_touch(struct session *s)
 {
     s->last_used_at = daemon_now();
     if (s->idle_timeout > 0 && s->idle)
@@ -1755,7 +208,7 @@ static int queued_count(struct session *s)
     return n;
 }
 
-static json_t *session_json(struct session *s)
+json_t *session_json(struct session *s)
 {
     prune_clients(s);
     struct dlist *pos, *tmp;
@@ -1863,7 +316,8 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     s->created_at = s->last_used_at = daemon_now();
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
-    if ((s->ring_cap && !s->ring) || session_timers_open(s) < 0 || shell_start(s, &err) < 0) {
+    if ((s->ring_cap && !s->ring) || session_timers_open(s) < 0 ||
+        session_shell_start(s, &err) < 0) {
         if (!err.code)
             conch_err_set(&err, ENOMEM, "out of memory");
         session_timers_close(s);
@@ -1878,7 +332,7 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     n_sessions++;
     sessions_trim(d);
     session_save(s, false);
-    touch(s);
+    session_touch(s);
     sandbox_touch(sb);
     /* The client that opened it is attached (read-only unless it asks to write). */
     struct conch_rpc_sink *sink = ctx_sink(ctx);
@@ -1941,7 +395,7 @@ void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     long long mo = conch_rpc_int(params, "max_output", 1 << 20);
     r->max_output = mo > 0 ? (size_t)mo : 1 << 20;
     dlist_add(&s->queue, &r->link);
-    touch(s);
+    session_touch(s);
     session_pump(s);
 }
 
@@ -1976,7 +430,7 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
     }
     size_t len = 0;
     const char *data = conch_rpc_strn(params, "data", &len);
-    if (master_write(s, data, len) < 0) {
+    if (session_master_write(s, data, len) < 0) {
         if (errno == ENOBUFS)
             conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
                                  "session %s: %u bytes of keys wait already: the program in its "
@@ -1987,7 +441,7 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
                                  "session %s: write to its terminal: %s", s->id, strerror(errno));
         return;
     }
-    touch(s);
+    session_touch(s);
     conch_rpc_call_reply(call, json_pack("{s:I}", "written", (json_int_t)len));
 }
 
@@ -2027,14 +481,14 @@ void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ct
         me->writer = true;
     }
     size_t len = 0;
-    char *sbk = ring_copy(s, &len);
+    char *sbk = session_ring_copy(s, &len);
     json_t *o = session_json(s);
     json_object_set_new(o, "scrollback", conch_json_text(sbk ? sbk : "", sbk ? len : 0));
     json_object_set_new(o, "seq", json_integer((json_int_t)(s->seq - len)));
     json_object_set_new(o, "next_seq", json_integer((json_int_t)s->seq));
     json_object_set_new(o, "you_write", json_boolean(me->writer));
     free(sbk);
-    touch(s);
+    session_touch(s);
     conch_rpc_call_reply(call, o);
 }
 
@@ -2060,7 +514,7 @@ void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ct
         return;
     s->rows = (unsigned short)conch_rpc_int(params, "rows", s->rows);
     s->cols = (unsigned short)conch_rpc_int(params, "cols", s->cols);
-    set_winsize(s);
+    session_set_winsize(s);
     conch_rpc_call_reply(call, json_pack("{s:i,s:i}", "rows", s->rows, "cols", s->cols));
 }
 
@@ -2087,7 +541,7 @@ void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ct
         conch_rpc_call_fail_param(call, "signal", "unknown signal '%s'", name);
         return;
     }
-    if (s->state != SS_LIVE || s->master < 0 || fg_signal(s, sig) < 0) {
+    if (s->state != SS_LIVE || s->master < 0 || session_fg_signal(s, sig) < 0) {
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
                              "session %s is not running", s->id);
         return;
@@ -2110,7 +564,7 @@ void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx)
     conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", a));
 }
 
-static void session_free(struct session *s)
+void session_free(struct session *s)
 {
     struct dlist *pos, *tmp;
     dlist_for_each_safe(pos, tmp, &s->clients)
@@ -2132,7 +586,7 @@ static void session_free(struct session *s)
 static void session_destroy(struct session *s, const char *why)
 {
     s->closing = true;
-    fail_queue(s, why);
+    session_fail_queue(s, why);
     if (s->state != SS_ENDED)
         session_end(s, why);
     session_unrecord(s);

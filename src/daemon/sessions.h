@@ -1,5 +1,6 @@
-/* sessions.h - sessions (sessions.c): a long-lived shell on a pty inside a sandbox, driven
- * command by command (session.run) or as a raw terminal shared by attached clients. */
+/* sessions.h - sessions (sessions.c, with session-io.c and session-run.c behind
+ * session-internal.h): a long-lived shell on a pty inside a sandbox, driven command by command
+ * (session.run) or as a raw terminal shared by attached clients. */
 #ifndef CONCH_DAEMON_SESSIONS_H
 #define CONCH_DAEMON_SESSIONS_H
 
