@@ -191,9 +191,48 @@ struct jail_cmd_blob {
     } rlim[JAIL_RLIMITS];
 };
 
-/* jail_warden_main - the child after clone(): set up, then serve the control socket.
- * Never returns. */
+/* jail_warden_main - the warden, in the clean image (conch_jail_warden_entry): set up, then
+ * serve the control socket (@plan->ctl_fd). Never returns. */
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
+
+/* The warden starts from a clean image, as crun, bubblewrap and nsjail start theirs: the child
+ * of clone() is a copy of its caller (a daemon with threadpool workers, whose malloc lock one
+ * of them may hold, and whose heap holds every other sandbox's data), so it does nothing but
+ * exec the conch binary (warden-exec.c), which finds the plan in a sealed memfd. */
+#define JAIL_WARDEN_ARGV0 "conch-warden"
+#define JAIL_WARDEN_PLAN_ARG "--plan-fd"
+#define JAIL_WARDEN_CTL_FD 3  /* the control socket, in the new image */
+#define JAIL_WARDEN_PLAN_FD 4 /* the plan's memfd, until the warden has mapped it */
+
+/* What the clone child needs for the exec, prepared by the parent (nothing is allocated in
+ * the child). */
+struct jail_exec {
+    int ctl_fd;        /* the child's end of the control socket */
+    int plan_fd;       /* the sealed plan (jail_plan_pack) */
+    int exe_fd;        /* the conch binary (jail_self_exe) */
+    char *const *argv; /* {JAIL_WARDEN_ARGV0, JAIL_WARDEN_PLAN_ARG, "4", NULL} */
+    char *const *envp; /* the sanitizers' options only, when the caller has them */
+};
+
+/* jail_warden_exec_child - the child after clone(), in its new user and pid namespaces: put
+ * the control socket at fd 3 and the plan at fd 4, close every other fd, keep the namespace's
+ * capabilities across the exec (ambient: the exec may run before the parent has written the
+ * id maps, as an id that is not the namespace's root) and exec the conch binary. Every signal
+ * stays blocked (the parent blocked them around the clone) until the new image has reset
+ * their dispositions. On failure sends SETUP_ERR and exits. No allocation.
+ * (exec-child.c) */
+__attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x);
+
+/* jail_self_exe - an O_PATH fd of the running conch image (/proc/self/exe, opened once: the
+ * file the process runs, even if the path was replaced since); owned by the jail. Returns it
+ * or -errno with @err. (warden-exec.c) */
+int jail_self_exe(struct conch_err *err);
+
+/* jail_plan_pack - @plan (with its seccomp programs and file handlers) in a new sealed memfd,
+ * flat: the plan's bytes, its programs after it, the handlers as offsets within the conch
+ * image (the new image is the same file, so they are the same functions there). Returns the
+ * memfd (O_CLOEXEC) or -errno with @err. (warden-exec.c) */
+int jail_plan_pack(const struct jail_plan *plan, struct conch_err *err);
 
 /* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
  * *@ret_upper_fd is the upper dir (or -1), *@ret_ptc_fd the tool bridge's listening socket

@@ -89,6 +89,15 @@ struct conch_jail_spec {
     const char *ptc_dir;
 };
 
+/*
+ * conch_jail_warden_entry - the hidden entry point of a sandbox's warden. The jail starts
+ * every warden by exec'ing the running binary anew (a clean, single-threaded image: nothing of
+ * the caller's heap, no lock held by one of its threads) with argv[0] "conch-warden"; a
+ * program that starts sandboxes calls this first thing in main(). With a warden's argv it
+ * becomes the warden and never returns; with any other it returns at once.
+ */
+void conch_jail_warden_entry(int argc, char **argv);
+
 /* conch_jail_spec_init - fill @spec with defaults (overlay, 256M /tmp, 64M home, 1G disk). */
 void conch_jail_spec_init(struct conch_jail_spec *spec);
 
@@ -143,8 +152,9 @@ int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err);
  * conch_jail_host_prepare - as host root, move the calling process into a private mount
  * namespace with a staging tmpfs (where workspaces are attached as idmapped mounts for the
  * sandboxes). conch_jail_start does it on first need; a long-lived caller (the daemon)
- * calls it once at start so that its mount table does not change later. Single-threaded
- * callers only. No-op for an ordinary user. Returns 0 or -errno with @err.
+ * calls it once at start so that its mount table does not change later. It also opens the
+ * running binary, which every warden is exec'd from. Single-threaded callers only. Returns 0
+ * or -errno with @err.
  */
 int conch_jail_host_prepare(struct conch_err *err);
 

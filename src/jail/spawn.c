@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,9 @@ static int stage_prepare(struct conch_err *err)
 
 int conch_jail_host_prepare(struct conch_err *err)
 {
+    int r = jail_self_exe(err);
+    if (r < 0)
+        return r;
     return geteuid() == 0 ? stage_prepare(err) : 0;
 }
 
@@ -308,12 +312,27 @@ static int open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino
     return 0;
 }
 
+/* The warden's environment: nothing of ours but the sanitizers' options (a sanitizer build's
+ * warden reports as its caller does). @envp gets pointers into our environ, NULL-terminated. */
+static void warden_env(char **envp, size_t max)
+{
+    extern char **environ;
+    size_t n = 0;
+    for (char **e = environ; e && *e && n + 1 < max; e++) {
+        const char *eq = strchr(*e, '=');
+        if (eq && eq - *e > 11 && !strncmp(eq - 11, "SAN_OPTIONS", 11))
+            envp[n++] = *e;
+    }
+    envp[n] = NULL;
+}
+
 /* conch_jail_spawn's work on a zeroed @j; on failure @j is destroyed (freed). */
 static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
                       struct conch_err *err)
 {
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
+    _cleanup_close_ int plan_fd = -1;
     j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
@@ -382,24 +401,48 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     plan->unshare_cgroup = j->has_cgroup;
 
+    int exe = jail_self_exe(err);
+    if (exe < 0) {
+        r = exe;
+        goto fail;
+    }
+    plan_fd = jail_plan_pack(plan, err);
+    if (plan_fd < 0) {
+        r = plan_fd;
+        goto fail;
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         r = conch_err_set(err, errno, "socketpair: %s", strerror(errno));
         goto fail;
     }
-    plan->ctl_fd = sv[1];
+    static char *const warden_argv[] = {(char *)JAIL_WARDEN_ARGV0, (char *)JAIL_WARDEN_PLAN_ARG,
+                                        (char *)"4", NULL};
+    _Static_assert(JAIL_WARDEN_PLAN_FD == 4, "warden_argv names the plan's fd");
+    char *warden_envp[8];
+    warden_env(warden_envp, ARRAY_SIZE(warden_envp));
+    struct jail_exec x = {.ctl_fd = sv[1],
+                          .plan_fd = plan_fd,
+                          .exe_fd = exe,
+                          .argv = warden_argv,
+                          .envp = warden_envp};
     uid_t outer_uid = getuid();
     gid_t outer_gid = getgid();
+    /* Every signal blocked across the clone: a handler of ours (libuv's, which writes to its
+     * own pipes) must never run in the child, whose fds are being moved; the new image resets
+     * the dispositions before it unblocks them. */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
     long pid = syscall(SYS_clone,
                        /* Only what must be given at clone: the child unshares the mount,
                         * network, ipc and uts namespaces itself (they cost a millisecond of
                         * kernel time, better spent in the child than in a daemon's loop). */
                        CLONE_NEWUSER | CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
-    if (pid == 0) {
-        close(sv[0]);
-        jail_warden_main(plan);
-    }
+    if (pid == 0)
+        jail_warden_exec_child(&x);
     int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     close(sv[1]);
     j->ctl_fd = sv[0];
     if (pid < 0) {
@@ -472,7 +515,7 @@ fail:
     return r;
 }
 
-/* The least stack the warden's setup runs in (it is a fork of ours, with our limit). */
+/* The least stack the warden's setup runs in (it is exec'd with our limit). */
 #define WARDEN_MIN_STACK (256u << 10)
 
 int conch_jail_check_stack(struct conch_err *err)

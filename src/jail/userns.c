@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mount.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,18 +62,26 @@ int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t in
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
         return conch_err_set(err, errno, "pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(sync[0]);
-        close(sync[1]);
-        return conch_err_set(err, errno, "fork: %s", strerror(errno));
-    }
+    /* A bare clone with every signal blocked (the daemon's threads may hold locks, its
+     * handlers write to its own fds): the child only makes the namespace and waits, signals
+     * still blocked, for the SIGKILL that ends it. */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    pid_t pid = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         char c = unshare(CLONE_NEWUSER) < 0 ? 'E' : 'K';
         if (write(sync[1], &c, 1) != 1)
             _exit(1);
-        pause();
-        _exit(0);
+        for (;;)
+            pause();
+    }
+    int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid < 0) {
+        close(sync[0]);
+        close(sync[1]);
+        return conch_err_set(err, clone_errno, "fork: %s", strerror(clone_errno));
     }
     close(sync[1]);
     char c = 0;
