@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -199,6 +200,8 @@ void conch_jail_warden_entry(int argc, char **argv)
     /* The title of the warden and of what it forks (conch-shepherd, conch-file-server) is
      * written over this argv. */
     conch_proctitle_init(argc, argv);
+    /* An exec through an fd names us after the fd's number on older kernels. */
+    prctl(PR_SET_NAME, "conch", 0, 0, 0);
     struct conch_err err = {0};
     struct jail_plan *plan = NULL;
     char *end;
