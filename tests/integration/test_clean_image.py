@@ -169,3 +169,24 @@ def test_file_workers_share_no_memory_with_the_warden_or_the_daemon(two_sandboxe
         shared = [(s, e, n) for s, e, perms, n in maps
                   if perms[3] == "s" and (s, e) in shared_elsewhere]
         assert not shared, f"file worker {p} shares memory with its warden: {shared}"
+
+
+def test_a_binary_replaced_on_disk_does_not_matter(daemon_factory, ws):
+    """Wardens are exec'd from the daemon's own binary, opened when it started: one replaced
+    on disk since (an upgrade) is not what a sandbox runs."""
+    import shutil
+
+    d = daemon_factory(extra_args=["--pool", "0"], start=False)
+    copy = os.path.join(d.base, "conch")
+    shutil.copy2(CONCH_BIN, copy)
+    d.conch_bin = copy
+    d.start()
+    os.unlink(copy)
+    with open(copy, "w") as f:
+        f.write("#!/bin/sh\nexit 3\n")
+    os.chmod(copy, 0o755)
+    rpc = d.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    assert rpc.call("exec.run", {"sandbox": sb, "command": "echo ok"})["stdout"] == "ok\n"
+    got = rpc.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=30)
+    assert "alpha" in str(got)
