@@ -1,7 +1,8 @@
-/* exec-child.c - the warden's first moments: the child of clone(), in its new user and pid
- * namespaces but still a copy of its caller (a daemon's heap, locks its threads held). It only
- * puts its fds in place and execs the conch binary, whose clean image builds the sandbox
- * (warden-exec.c). Runs between clone() and execve(): no allocation, no locks, no stdio. */
+/* exec-child.c - a daemon's warden's first moments: the child of clone(), in its new user and
+ * pid namespaces but still a copy of the daemon (its heap, locks its threads held). It only
+ * puts its fds in place and execs the wardens' image, a copy of the conch binary, which builds
+ * the sandbox (warden-exec.c). Runs between clone() and execve(): no allocation, no locks, no
+ * stdio. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -14,10 +15,10 @@
 
 #define EXE_FD 5 /* the binary, until the exec (close-on-exec) */
 
-/* Keep every capability we hold in our user namespace across the exec. We may exec before
- * the parent has written our id maps (so as an id that is not the namespace's root), or as
- * the namespace's agent; either way an exec would drop them all, but for the ambient set. The
- * new image clears the ambient and inheritable sets first thing (jail_warden_main). */
+/* Keep every capability we hold in our user namespace across the exec. We exec before the
+ * parent has written our id maps, so as an id that is not the namespace's root: an exec drops
+ * them all, but for the ambient set. The new image clears the ambient and inheritable sets
+ * first thing (jail_warden_main). */
 static int keep_caps_across_exec(void)
 {
     struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
@@ -68,12 +69,30 @@ __attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x)
             goto fail_errno;
     if (devnull > 2)
         close(devnull);
+    if (x->send_id_map_fds) {
+        step = "open its id maps for the parent";
+        static const char *const names[3] = {"/proc/self/setgroups", "/proc/self/uid_map",
+                                             "/proc/self/gid_map"};
+        int maps[3];
+        for (int i = 0; i < 3; i++)
+            if ((maps[i] = open(names[i], O_WRONLY | O_CLOEXEC)) < 0)
+                goto fail_errno;
+        struct jail_msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = JMSG_ID_MAP_FDS;
+        if ((r = jail_send(ctl, &m, maps, 3)) < 0) {
+            errno = -r;
+            goto fail_errno;
+        }
+        for (int i = 0; i < 3; i++)
+            close(maps[i]);
+    }
     step = "keep its capabilities across the exec";
     if ((r = keep_caps_across_exec()) < 0) {
         errno = -r;
         goto fail_errno;
     }
-    step = "execute the conch binary";
+    step = "execute the wardens' image (a copy of the conch binary)";
     syscall(SYS_execveat, EXE_FD, "", x->argv, x->envp, AT_EMPTY_PATH);
 
 fail_errno:

@@ -90,7 +90,7 @@ static int stage_prepare(struct conch_err *err)
 
 int conch_jail_host_prepare(struct conch_err *err)
 {
-    int r = jail_self_exe(err);
+    int r = jail_clean_image_prepare(err);
     if (r < 0)
         return r;
     return geteuid() == 0 ? stage_prepare(err) : 0;
@@ -326,6 +326,27 @@ static void warden_env(char **envp, size_t max)
     envp[n] = NULL;
 }
 
+/* The exec'd child's id map files (JMSG_ID_MAP_FDS), there already: it sent them before its
+ * exec, which we waited for (CLONE_VFORK). A child that failed before says why instead. */
+static int recv_id_map_fds(int ctl, int fds[3], struct conch_err *err)
+{
+    struct jail_msg m;
+    int nfds = 0;
+    int r = jail_recv(ctl, &m, fds, 3, &nfds, MSG_DONTWAIT);
+    if (r > 0 && m.type == JMSG_ID_MAP_FDS && nfds == 3)
+        return 0;
+    for (int i = 0; i < nfds; i++) {
+        close(fds[i]);
+        fds[i] = -1;
+    }
+    if (r > 0 && m.type == JMSG_SETUP_ERR) {
+        *err = m.err;
+        err->kind = CONCH_ERR_INFRASTRUCTURE;
+        return -(err->code ? err->code : EIO);
+    }
+    return conch_err_set(err, r < 0 ? -r : EPROTO, "start the warden: no id map files from it");
+}
+
 /* conch_jail_spawn's work on a zeroed @j; on failure @j is destroyed (freed). */
 static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
                       struct conch_err *err)
@@ -401,13 +422,12 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     plan->unshare_cgroup = j->has_cgroup;
 
-    int exe = jail_self_exe(err);
-    if (exe < 0) {
-        r = exe;
-        goto fail;
-    }
-    plan_fd = jail_plan_pack(plan, err);
-    if (plan_fd < 0) {
+    /* A daemon's wardens are exec'd from its clean image (warden-exec.c); `conch run`'s is a
+     * plain clone that calls jail_warden_main (single-threaded, it holds only its own data,
+     * and copying the binary would cost more than the whole exec). */
+    int image = jail_clean_image();
+    bool exec_image = image >= 0;
+    if (exec_image && (plan_fd = jail_plan_pack(plan, err)) < 0) {
         r = plan_fd;
         goto fail;
     }
@@ -416,6 +436,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         r = conch_err_set(err, errno, "socketpair: %s", strerror(errno));
         goto fail;
     }
+    plan->ctl_fd = sv[1];
     static char *const warden_argv[] = {(char *)JAIL_WARDEN_ARGV0, (char *)JAIL_WARDEN_PLAN_ARG,
                                         (char *)"4", NULL};
     _Static_assert(JAIL_WARDEN_PLAN_FD == 4, "warden_argv names the plan's fd");
@@ -423,24 +444,32 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     warden_env(warden_envp, ARRAY_SIZE(warden_envp));
     struct jail_exec x = {.ctl_fd = sv[1],
                           .plan_fd = plan_fd,
-                          .exe_fd = exe,
+                          .exe_fd = image,
                           .argv = warden_argv,
-                          .envp = warden_envp};
+                          .envp = warden_envp,
+                          .send_id_map_fds = !j->root_mode};
     uid_t outer_uid = getuid();
     gid_t outer_gid = getgid();
     /* Every signal blocked across the clone: a handler of ours (libuv's, which writes to its
-     * own pipes) must never run in the child, whose fds are being moved; the new image resets
-     * the dispositions before it unblocks them. */
+     * own pipes) must never run in the child; the warden resets the dispositions before it
+     * unblocks them. */
     sigset_t all, old_mask;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old_mask);
-    long pid = syscall(SYS_clone,
-                       /* Only what must be given at clone: the child unshares the mount,
-                        * network, ipc and uts namespaces itself (they cost a millisecond of
-                        * kernel time, better spent in the child than in a daemon's loop). */
-                       CLONE_NEWUSER | CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
-    if (pid == 0)
-        jail_warden_exec_child(&x);
+    /* Only what must be given at clone: the child unshares the mount, network, ipc and uts
+     * namespaces itself (they cost a millisecond of kernel time, better spent in the child
+     * than in a daemon's loop). With the image, CLONE_VFORK: we go on once the child has
+     * exec'd (or died), so the id maps are written after the exec, which must find the
+     * namespace without them (see jail_clean_image_prepare). */
+    long pid =
+        syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWPID | (exec_image ? CLONE_VFORK : 0) | SIGCHLD,
+                NULL, NULL, NULL, 0);
+    if (pid == 0) {
+        if (exec_image)
+            jail_warden_exec_child(&x);
+        close(sv[0]);
+        jail_warden_main(plan);
+    }
     int clone_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     close(sv[1]);
@@ -459,8 +488,15 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     /* Not reaped before we wait for it: the pid is still the warden's. */
     j->pidfd = (int)syscall(SYS_pidfd_open, j->warden_pid, 0);
 
-    if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root,
-                                outer_uid, outer_gid, err)) < 0)
+    int map_fds[3] = {-1, -1, -1};
+    if (exec_image && x.send_id_map_fds && (r = recv_id_map_fds(j->ctl_fd, map_fds, err)) < 0)
+        goto fail;
+    r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root, outer_uid,
+                           outer_gid, map_fds[0] >= 0 ? map_fds : NULL, err);
+    for (int i = 0; i < 3; i++)
+        if (map_fds[i] >= 0)
+            close(map_fds[i]);
+    if (r < 0)
         goto fail;
     if (j->has_cgroup && (r = conch_cgroup_attach(&j->cg, j->warden_pid, err)) < 0)
         goto fail;

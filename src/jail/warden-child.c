@@ -1206,8 +1206,9 @@ static int clear_inherited_caps(void)
     return syscall(SYS_capset, &hdr, data) < 0 ? -errno : 0;
 }
 
-/* We run in a new image exec'd by the jail (warden-exec.c, conch_jail_warden_entry), with
- * every signal blocked since the clone: single-threaded, nothing of the caller's memory. */
+/* A daemon's warden runs in a new image exec'd by the jail (warden-exec.c,
+ * conch_jail_warden_entry), with every signal blocked since the clone: single-threaded,
+ * nothing of the daemon's memory. `conch run`'s is the clone child itself. */
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 {
     struct jail_msg m;
@@ -1219,8 +1220,8 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     reset_signals();
     if (clear_inherited_caps() < 0)
         _exit(1);
-    /* Dumpable whatever the binary's mode (an exec of one we may not read is not): an
-     * unprivileged parent writes our id maps and opens our upper dir through /proc. */
+    /* Dumpable again (an exec of an image we may not read, as a daemon's is, is not): an
+     * unprivileged parent opens our upper dir through /proc. */
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     /* The sandbox's tree is made with the modes we ask for, whatever the caller's umask
      * (077 made its mount points unreachable for the agent); a command of conch run gets the

@@ -1,7 +1,8 @@
-/* warden-exec.c - the warden starts from a clean image. The parent packs the plan into a
- * sealed memfd (jail_plan_pack); the clone child execs the running conch binary
+/* warden-exec.c - a daemon's wardens start from a clean image. At start the daemon copies
+ * its binary into a sealed, execute-only memfd (jail_clean_image_prepare); for each sandbox
+ * it packs the plan into a sealed memfd (jail_plan_pack) and the clone child execs the copy
  * (exec-child.c), whose main() calls conch_jail_warden_entry: it maps the plan and becomes
- * the warden (jail_warden_main), a single-threaded process that holds nothing of its caller's
+ * the warden (jail_warden_main), a single-threaded process that holds nothing of the daemon's
  * memory, so that what it forks (shepherds, file workers, which call malloc and parse JSON)
  * starts from it alone. */
 #include <dlfcn.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +26,11 @@
 
 #define PLAN_MAGIC 0x6e6c7077u /* "wpln" */
 #define PLAN_MAX_SIZE (16u << 20)
+#ifdef MFD_EXEC
+#define MFD_EXEC_FLAG MFD_EXEC
+#else
+#define MFD_EXEC_FLAG 0x0010U
+#endif
 
 /* The memfd: this header, the plan's bytes at plan_off, the programs' instructions. */
 struct plan_blob {
@@ -40,19 +47,52 @@ struct plan_blob {
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
 
-static int self_exe = -1;
+static int clean_image = -1;
 
-int jail_self_exe(struct conch_err *err)
+int jail_clean_image_prepare(struct conch_err *err)
 {
-    if (self_exe < 0) {
-        /* O_PATH: a binary that may be executed but not read (mode 0711) is still ours. */
-        int fd = open("/proc/self/exe", O_PATH | O_CLOEXEC);
-        if (fd < 0)
-            return conch_err_set(err, errno, "open the conch binary (/proc/self/exe): %s",
-                                 strerror(errno));
-        self_exe = fd;
+    if (clean_image >= 0)
+        return 0;
+    _cleanup_close_ int src = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (src < 0 || fstat(src, &st) < 0)
+        return conch_err_set(err, errno,
+                             "read the conch binary (/proc/self/exe): %s (wardens are started "
+                             "from a copy of it: it must be readable by the user conch runs as)",
+                             strerror(errno));
+    /* MFD_EXEC: where vm.memfd_noexec makes memfds non-executable by default (Linux 6.3+);
+     * older kernels do not know the flag. */
+    _cleanup_close_ int fd = memfd_create("conch", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC_FLAG);
+    if (fd < 0 && errno == EINVAL)
+        fd = memfd_create("conch", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return conch_err_set(err, errno, "memfd_create for the wardens' image: %s",
+                             strerror(errno));
+    off_t off = 0;
+    while (off < st.st_size) {
+        ssize_t n = sendfile(fd, src, &off, (size_t)(st.st_size - off));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return conch_err_set(err, n < 0 ? errno : EIO,
+                                 "copy the conch binary for the wardens: %s",
+                                 strerror(n < 0 ? errno : EIO));
     }
-    return self_exe;
+    /* Execute-only: an exec of a file the exec'ing process may not read leaves the new image's
+     * memory owned by the first user namespace up where the file's owner has an id (the
+     * host's), not by the sandbox's, as a copy of ours was. So a non-dumpable process of the
+     * sandbox (a shepherd, a file worker) keeps its /proc files owned by host root, out of
+     * reach of the sandbox's own root (--as-root). Sealed: no one changes it while it runs. */
+    if (fchmod(fd, 0111) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0)
+        return conch_err_set(err, errno, "seal the wardens' image: %s", strerror(errno));
+    clean_image = TAKE_FD(fd);
+    return 0;
+}
+
+int jail_clean_image(void)
+{
+    return clean_image;
 }
 
 /* What a file handler's offset is taken from: a function of this image. */

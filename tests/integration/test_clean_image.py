@@ -108,17 +108,18 @@ def test_warden_and_file_worker_hold_nothing_of_another_sandbox(two_sandboxes):
         try:
             assert not _memory_holds(p, secret), "sandbox B's file worker holds sandbox A's secret"
         except PermissionError:
-            # As the user: a non-dumpable process's mem belongs to its namespace's root, which
-            # is no id of ours (only the agent is mapped); root reads it and checks.
+            # As the user: a non-dumpable process's mem belongs to host root (its memory is
+            # the host user namespace's); root reads it and checks.
             assert not IS_ROOT
 
 
 def test_warden_is_a_fresh_image(two_sandboxes):
-    """The warden runs the conch binary anew: one thread, and none of the daemon's thread
-    stacks (its threadpool's) mapped."""
+    """The warden runs the conch binary anew (the daemon's execute-only copy of it, in a
+    memfd): one thread, and none of the daemon's thread stacks (its threadpool's) mapped."""
     daemon, _, warden = two_sandboxes
     assert os.listdir(f"/proc/{warden}/task") == [str(warden)]
-    assert os.stat(f"/proc/{warden}/exe").st_ino == os.stat(CONCH_BIN).st_ino
+    assert os.readlink(f"/proc/{warden}/exe").startswith("/memfd:conch"), \
+        os.readlink(f"/proc/{warden}/exe")
     stacks = []
     dmaps = _maps(daemon.pid)
     for tid in os.listdir(f"/proc/{daemon.pid}/task"):
@@ -163,9 +164,11 @@ def test_file_workers_share_no_memory_with_the_warden_or_the_daemon(two_sandboxe
         try:
             maps = _maps(p)
         except PermissionError:
-            # A non-dumpable copy of the daemon is the init namespace's: closed to the user.
+            # A non-dumpable process whose memory belongs to the host's user namespace (the
+            # wardens' image is execute-only: see jail_clean_image_prepare) is closed to the
+            # user; root checks it.
             assert not IS_ROOT
-            pytest.skip("as the user, a file worker made by a copy of the daemon is unreadable")
+            pytest.skip("as the user, a non-dumpable file worker's maps cannot be read")
         shared = [(s, e, n) for s, e, perms, n in maps
                   if perms[3] == "s" and (s, e) in shared_elsewhere]
         assert not shared, f"file worker {p} shares memory with its warden: {shared}"
