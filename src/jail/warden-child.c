@@ -1192,6 +1192,18 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     return 0;
 }
 
+/* `conch run`'s warden is a copy of it: its command line and environment are still in our
+ * memory. Overwrite both, so that /proc/1/cmdline shows no host path and nothing of them
+ * lingers (a daemon's warden, exec'd, has only its entry point's arguments and the
+ * sanitizers' options there). */
+static void scrub_inherited_memory(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        memset(*e, 0, strlen(*e));
+    conch_proctitle_set_child("conch-warden");
+}
+
 /* The capabilities the clone child kept across the exec (exec-child.c) go back to being
  * ours alone: nothing we start inherits them through the ambient or inheritable sets. */
 static int clear_inherited_caps(void)
@@ -1238,8 +1250,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
         _exit(1);
     warden_ctl = ctl;
-    /* /proc/1/cmdline reads conch-warden, not the entry point's arguments. */
-    conch_proctitle_set_child("conch-warden");
+    scrub_inherited_memory();
     warden_cpus_known = sched_getaffinity(0, sizeof(warden_cpus), &warden_cpus) == 0;
     reports = mmap(NULL, MAX_PROCS * sizeof(*reports), PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
