@@ -666,7 +666,6 @@ def test_a_command_cannot_exhaust_the_hosts_signal_queue(rpc, sandbox):
 
 # ---- what the command's process leaves in its shepherd's memory ----------------------------------
 
-@pytest.mark.root_only
 def _image_rss_kb(pid):
     """kB resident of @pid's mappings of the wardens' image (the memfd /memfd:conch)."""
     total, inside = 0, False
@@ -680,6 +679,7 @@ def _image_rss_kb(pid):
     return total
 
 
+@pytest.mark.root_only
 def test_shepherd_does_not_keep_the_commands_argv_env(daemon_factory, ws):
     """A job with 1.5 MB of environment: once it runs, its shepherd holds no mapping of the
     command's blob (the memfd conch-cmd) and no more shared memory than an idle shepherd.
