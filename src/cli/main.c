@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "core/proctitle.h"
+#include "jail/jail.h"
 
 static void usage(FILE *f)
 {
@@ -35,6 +36,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* A sandbox's warden is this binary exec'd anew: it never comes back from here. */
+    conch_jail_warden_entry(argc, argv);
     conch_proctitle_init(argc, argv);
     if (argc < 2) {
         usage(stderr);

@@ -154,6 +154,8 @@ enum jail_msg_type {
                       * commands started through it go back on it; the recycle closes it.
                       * warden → shepherd, after a RUN: fds [the channel its command came on,
                       * when it is not the one the shepherd was built with] */
+    JMSG_ID_MAP_FDS, /* clone child → parent, before the exec of a clean image: fds
+                      * [setgroups, uid_map, gid_map] of its /proc/self, opened for writing */
 };
 
 /* JMSG_ATTACH flags (in b) */
@@ -203,9 +205,55 @@ struct jail_cmd_blob {
     } rlim[JAIL_RLIMITS];
 };
 
-/* jail_warden_main - the child after clone(): set up, then serve the control socket.
- * Never returns. */
+/* jail_warden_main - the warden, in the clean image (conch_jail_warden_entry): set up, then
+ * serve the control socket (@plan->ctl_fd). Never returns. */
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
+
+/* A daemon's wardens start from a clean image, as crun, bubblewrap and nsjail start theirs:
+ * the child of clone() is a copy of the daemon (threadpool workers, one of which may hold the
+ * malloc lock; a heap holding every other sandbox's data), so it does nothing but exec a copy
+ * of the conch binary (warden-exec.c), which finds the plan in a sealed memfd. */
+#define JAIL_WARDEN_ARGV0 "conch-warden"
+#define JAIL_WARDEN_PLAN_ARG "--plan-fd"
+#define JAIL_WARDEN_CTL_FD 3  /* the control socket, in the new image */
+#define JAIL_WARDEN_PLAN_FD 4 /* the plan's memfd, until the warden has mapped it */
+
+/* What the clone child needs for the exec, prepared by the parent (nothing is allocated in
+ * the child). */
+struct jail_exec {
+    int ctl_fd;        /* the child's end of the control socket */
+    int plan_fd;       /* the sealed plan (jail_plan_pack) */
+    int exe_fd;        /* the wardens' image (jail_clean_image) */
+    char *const *argv; /* {JAIL_WARDEN_ARGV0, JAIL_WARDEN_PLAN_ARG, "4", NULL} */
+    char *const *envp; /* the sanitizers' options only, when the caller has them */
+    /* Send our /proc/self/{setgroups,uid_map,gid_map}, opened for writing, to the parent
+     * (JMSG_ID_MAP_FDS) before the exec: an unprivileged parent may not open them once the
+     * exec of the unreadable image has made us non-dumpable. */
+    bool send_id_map_fds;
+};
+
+/* jail_warden_exec_child - the child after clone(CLONE_VFORK), in its new user and pid
+ * namespaces: put the control socket at fd 3 and the plan at fd 4, close every other fd, keep
+ * the namespace's capabilities across the exec (ambient: the exec runs before the parent has
+ * written the id maps, as an id that is not the namespace's root) and exec the wardens'
+ * image. Every signal stays blocked (the parent blocked them around the clone) until the new
+ * image has reset their dispositions. On failure sends SETUP_ERR and exits. No allocation.
+ * (exec-child.c) */
+__attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x);
+
+/* jail_clean_image_prepare - copy the running binary (/proc/self/exe: the file we run, even if
+ * its path was replaced since) into a sealed, execute-only memfd that every warden is exec'd
+ * from; once per process (a daemon, at start). Returns 0 or -errno with @err.
+ * jail_clean_image - that memfd, or -1 when there is none (the caller's wardens are then
+ * plain clones: `conch run`, single-threaded, holding only its own data). (warden-exec.c) */
+int jail_clean_image_prepare(struct conch_err *err);
+int jail_clean_image(void);
+
+/* jail_plan_pack - @plan (with its seccomp programs and file handlers) in a new sealed memfd,
+ * flat: the plan's bytes, its programs after it, the handlers as offsets within the conch
+ * image (the new image is the same file, so they are the same functions there). Returns the
+ * memfd (O_CLOEXEC) or -errno with @err. (warden-exec.c) */
+int jail_plan_pack(const struct jail_plan *plan, struct conch_err *err);
 
 /* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
  * *@ret_upper_fd is the upper dir (or -1), *@ret_ptc_fd the tool bridge's listening socket
@@ -261,9 +309,11 @@ int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t byt
 int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
-/* @host_id_base: root mode's host id block (see conch_jail_spec). */
+/* @host_id_base: root mode's host id block (see conch_jail_spec). @map_fds: NULL, or the
+ * child's setgroups, uid_map and gid_map opened for writing (JMSG_ID_MAP_FDS), written
+ * instead of /proc/@pid's. */
 int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
-                       uid_t outer_uid, gid_t outer_gid, struct conch_err *err);
+                       uid_t outer_uid, gid_t outer_gid, const int *map_fds, struct conch_err *err);
 int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
                        gid_t owner_gid, bool read_only, struct conch_err *err);
 /* The two halves of jail_idmapped_tree: the idmapping's user namespace (an fd; it costs a

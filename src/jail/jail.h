@@ -78,6 +78,15 @@ struct conch_jail_spec {
     const char *ptc_dir;
 };
 
+/*
+ * conch_jail_warden_entry - the hidden entry point of a sandbox's warden. A caller that called
+ * conch_jail_host_prepare (a daemon) has every warden started by an exec of a copy of its own
+ * binary (a clean, single-threaded image: nothing of the caller's heap, no lock held by one of
+ * its threads) with argv[0] "conch-warden"; such a program calls this first thing in main().
+ * With a warden's argv it becomes the warden and never returns; with any other it returns.
+ */
+void conch_jail_warden_entry(int argc, char **argv);
+
 /* conch_jail_spec_init - fill @spec with the defaults of conch_spec_defaults (spec/spec.h):
  * overlay, 256M /tmp, 64M home, 4G disk. */
 void conch_jail_spec_init(struct conch_jail_spec *spec);
@@ -133,8 +142,11 @@ int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err);
  * conch_jail_host_prepare - as host root, move the calling process into a private mount
  * namespace with a staging tmpfs (where workspaces are attached as idmapped mounts for the
  * sandboxes). conch_jail_start does it on first need; a long-lived caller (the daemon)
- * calls it once at start so that its mount table does not change later. Single-threaded
- * callers only. No-op for an ordinary user. Returns 0 or -errno with @err.
+ * calls it once at start so that its mount table does not change later. It also copies the
+ * running binary into a sealed memfd, from which every warden of the caller is exec'd from
+ * then on (a multi-threaded caller's clone must not run on: see conch_jail_warden_entry);
+ * without it a warden is a plain clone of the caller. Single-threaded callers only. Returns 0
+ * or -errno with @err.
  */
 int conch_jail_host_prepare(struct conch_err *err);
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,9 @@ static int stage_prepare(struct conch_err *err)
 
 int conch_jail_host_prepare(struct conch_err *err)
 {
+    int r = jail_clean_image_prepare(err);
+    if (r < 0)
+        return r;
     return geteuid() == 0 ? stage_prepare(err) : 0;
 }
 
@@ -308,12 +312,48 @@ static int open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino
     return 0;
 }
 
+/* The warden's environment: nothing of ours but the sanitizers' options (a sanitizer build's
+ * warden reports as its caller does). @envp gets pointers into our environ, NULL-terminated. */
+static void warden_env(char **envp, size_t max)
+{
+    extern char **environ;
+    size_t n = 0;
+    for (char **e = environ; e && *e && n + 1 < max; e++) {
+        const char *eq = strchr(*e, '=');
+        if (eq && eq - *e > 11 && !strncmp(eq - 11, "SAN_OPTIONS", 11))
+            envp[n++] = *e;
+    }
+    envp[n] = NULL;
+}
+
+/* The exec'd child's id map files (JMSG_ID_MAP_FDS), there already: it sent them before its
+ * exec, which we waited for (CLONE_VFORK). A child that failed before says why instead. */
+static int recv_id_map_fds(int ctl, int fds[3], struct conch_err *err)
+{
+    struct jail_msg m;
+    int nfds = 0;
+    int r = jail_recv(ctl, &m, fds, 3, &nfds, MSG_DONTWAIT);
+    if (r > 0 && m.type == JMSG_ID_MAP_FDS && nfds == 3)
+        return 0;
+    for (int i = 0; i < nfds; i++) {
+        close(fds[i]);
+        fds[i] = -1;
+    }
+    if (r > 0 && m.type == JMSG_SETUP_ERR) {
+        *err = m.err;
+        err->kind = CONCH_ERR_INFRASTRUCTURE;
+        return -(err->code ? err->code : EIO);
+    }
+    return conch_err_set(err, r < 0 ? -r : EPROTO, "start the warden: no id map files from it");
+}
+
 /* conch_jail_spawn's work on a zeroed @j; on failure @j is destroyed (freed). */
 static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
                       struct conch_err *err)
 {
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
+    _cleanup_close_ int plan_fd = -1;
     j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
@@ -382,24 +422,56 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     plan->unshare_cgroup = j->has_cgroup;
 
+    /* A daemon's wardens are exec'd from its clean image (warden-exec.c); `conch run`'s is a
+     * plain clone that calls jail_warden_main (single-threaded, it holds only its own data,
+     * and copying the binary would cost more than the whole exec). */
+    int image = jail_clean_image();
+    bool exec_image = image >= 0;
+    if (exec_image && (plan_fd = jail_plan_pack(plan, err)) < 0) {
+        r = plan_fd;
+        goto fail;
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         r = conch_err_set(err, errno, "socketpair: %s", strerror(errno));
         goto fail;
     }
     plan->ctl_fd = sv[1];
+    static char *const warden_argv[] = {(char *)JAIL_WARDEN_ARGV0, (char *)JAIL_WARDEN_PLAN_ARG,
+                                        (char *)"4", NULL};
+    _Static_assert(JAIL_WARDEN_PLAN_FD == 4, "warden_argv names the plan's fd");
+    char *warden_envp[8];
+    warden_env(warden_envp, ARRAY_SIZE(warden_envp));
+    struct jail_exec x = {.ctl_fd = sv[1],
+                          .plan_fd = plan_fd,
+                          .exe_fd = image,
+                          .argv = warden_argv,
+                          .envp = warden_envp,
+                          .send_id_map_fds = !j->root_mode};
     uid_t outer_uid = getuid();
     gid_t outer_gid = getgid();
-    long pid = syscall(SYS_clone,
-                       /* Only what must be given at clone: the child unshares the mount,
-                        * network, ipc and uts namespaces itself (they cost a millisecond of
-                        * kernel time, better spent in the child than in a daemon's loop). */
-                       CLONE_NEWUSER | CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
+    /* Every signal blocked across the clone: a handler of ours (libuv's, which writes to its
+     * own pipes) must never run in the child; the warden resets the dispositions before it
+     * unblocks them. */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    /* Only what must be given at clone: the child unshares the mount, network, ipc and uts
+     * namespaces itself (they cost a millisecond of kernel time, better spent in the child
+     * than in a daemon's loop). With the image, CLONE_VFORK: we go on once the child has
+     * exec'd (or died), so the id maps are written after the exec, which must find the
+     * namespace without them (see jail_clean_image_prepare). */
+    long pid =
+        syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWPID | (exec_image ? CLONE_VFORK : 0) | SIGCHLD,
+                NULL, NULL, NULL, 0);
     if (pid == 0) {
+        if (exec_image)
+            jail_warden_exec_child(&x);
         close(sv[0]);
         jail_warden_main(plan);
     }
     int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     close(sv[1]);
     j->ctl_fd = sv[0];
     if (pid < 0) {
@@ -416,8 +488,15 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     /* Not reaped before we wait for it: the pid is still the warden's. */
     j->pidfd = (int)syscall(SYS_pidfd_open, j->warden_pid, 0);
 
-    if ((r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root,
-                                outer_uid, outer_gid, err)) < 0)
+    int map_fds[3] = {-1, -1, -1};
+    if (exec_image && x.send_id_map_fds && (r = recv_id_map_fds(j->ctl_fd, map_fds, err)) < 0)
+        goto fail;
+    r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root, outer_uid,
+                           outer_gid, map_fds[0] >= 0 ? map_fds : NULL, err);
+    for (int i = 0; i < 3; i++)
+        if (map_fds[i] >= 0)
+            close(map_fds[i]);
+    if (r < 0)
         goto fail;
     if (j->has_cgroup && (r = conch_cgroup_attach(&j->cg, j->warden_pid, err)) < 0)
         goto fail;
@@ -472,7 +551,7 @@ fail:
     return r;
 }
 
-/* The least stack the warden's setup runs in (it is a fork of ours, with our limit). */
+/* The least stack the warden's setup runs in (it is exec'd with our limit). */
 #define WARDEN_MIN_STACK (256u << 10)
 
 int conch_jail_check_stack(struct conch_err *err)

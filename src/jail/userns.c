@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mount.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,11 +17,28 @@
 #include "core/fsutil.h"
 #include "jail/jail-internal.h"
 
-int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
-                       uid_t outer_uid, gid_t outer_gid, struct conch_err *err)
+/* Write @text to the child's @name: through @fd when the child sent it (see
+ * JMSG_ID_MAP_FDS), else by path. */
+static int write_map(pid_t pid, int fd, const char *name, const char *text, struct conch_err *err)
 {
-    char path[64], map[128];
-    int r;
+    if (fd < 0) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/%s", pid, name);
+        return conch_write_file(path, text, strlen(text), err);
+    }
+    ssize_t n = write(fd, text, strlen(text));
+    if (n != (ssize_t)strlen(text))
+        return conch_err_set(err, n < 0 ? errno : EIO, "write '/proc/%d/%s': %s", pid, name,
+                             strerror(n < 0 ? errno : EIO));
+    return 0;
+}
+
+int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
+                       uid_t outer_uid, gid_t outer_gid, const int *map_fds, struct conch_err *err)
+{
+    char map[128];
+    int none[3] = {-1, -1, -1};
+    const int *fd = map_fds ? map_fds : none;
     if (root_mode) {
         /* Host root: the whole 0..65535 range of the sandbox lands on a block of
          * unprivileged host ids of its own (ids.c), so no sandbox process is ever host uid
@@ -28,25 +46,20 @@ int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as
         if (host_id_base < CONCH_HOST_ID_FIRST)
             return conch_err_set(err, EINVAL, "write uid map: no host id block claimed");
         snprintf(map, sizeof(map), "0 %u %u\n", host_id_base, CONCH_HOST_ID_COUNT);
-        snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
-        if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+        if (write_map(pid, fd[1], "uid_map", map, err) < 0)
             return conch_err_wrap(err, "write uid map");
-        snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
-        if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+        if (write_map(pid, fd[2], "gid_map", map, err) < 0)
             return conch_err_wrap(err, "write gid map");
         return 0;
     }
     /* An ordinary user may map only its own ids, and must deny setgroups first. */
-    snprintf(path, sizeof(path), "/proc/%d/setgroups", pid);
-    if ((r = conch_write_file(path, "deny", 4, err)) < 0)
+    if (write_map(pid, fd[0], "setgroups", "deny", err) < 0)
         return conch_err_wrap(err, "deny setgroups");
     snprintf(map, sizeof(map), "%u %u 1\n", as_root ? 0 : CONCH_AGENT_UID, outer_uid);
-    snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
-    if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+    if (write_map(pid, fd[1], "uid_map", map, err) < 0)
         return conch_err_wrap(err, "write uid map");
     snprintf(map, sizeof(map), "%u %u 1\n", as_root ? 0 : CONCH_AGENT_GID, outer_gid);
-    snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
-    if ((r = conch_write_file(path, map, strlen(map), err)) < 0)
+    if (write_map(pid, fd[2], "gid_map", map, err) < 0)
         return conch_err_wrap(err, "write gid map");
     return 0;
 }
@@ -61,18 +74,26 @@ int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t in
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
         return conch_err_set(err, errno, "pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(sync[0]);
-        close(sync[1]);
-        return conch_err_set(err, errno, "fork: %s", strerror(errno));
-    }
+    /* A bare clone with every signal blocked (the daemon's threads may hold locks, its
+     * handlers write to its own fds): the child only makes the namespace and waits, signals
+     * still blocked, for the SIGKILL that ends it. */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    pid_t pid = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         char c = unshare(CLONE_NEWUSER) < 0 ? 'E' : 'K';
         if (write(sync[1], &c, 1) != 1)
             _exit(1);
-        pause();
-        _exit(0);
+        for (;;)
+            pause();
+    }
+    int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid < 0) {
+        close(sync[0]);
+        close(sync[1]);
+        return conch_err_set(err, clone_errno, "fork: %s", strerror(clone_errno));
     }
     close(sync[1]);
     char c = 0;

@@ -195,9 +195,8 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     return 0;
 }
 
-/* fork() without the parent's pthread_atfork handlers: the daemon's libuv registers one that
- * closes and reopens its own pipe fds by number, and in the warden those numbers belong to
- * other fds. */
+/* fork() as a bare clone: we are single-threaded and have no handlers (reset_signals), so
+ * nothing runs in the child but what it calls; no atfork handler of a library either. */
 static pid_t raw_fork(void)
 {
     return (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
@@ -757,6 +756,16 @@ fail:
  * persistent one (@nfds 1) serves requests from its socket until EOF. */
 __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int *fds, int nfds)
 {
+    /* It reads files a command wrote: nothing of the same uid (the next request's worker
+     * included) may read or trace its memory. Its oom score is raised first, while /proc/self
+     * is still ours to write (it leaves us non-dumpable). */
+    oom_score_raise();
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        _exit(121);
+    /* The shepherds' reports are shared with us: one written here would be taken as a
+     * command's start or exit status. */
+    munmap(reports, MAX_PROCS * sizeof(*reports));
+    reports = NULL;
     if (host_view >= 0)
         close(host_view);
     if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds == 2 && dup3(fds[1], 4, O_CLOEXEC) < 0))
@@ -775,18 +784,16 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     /* A write past RLIMIT_FSIZE (the sandbox's disk limit) must fail with EFBIG, answered as
      * too_large with its temporary file removed, not kill the worker mid-request. */
     signal(SIGXFSZ, SIG_IGN);
-    oom_score_raise();
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     conch_proctitle_set_child(nfds == 1 ? "conch-file-server" : "conch-file-worker");
     const char *step;
     if (fence_self(plan, plan->seccomp_file, &step, NULL) < 0 || chdir("/workspace") < 0)
         _exit(121);
-    if (nfds == 1) {
-        /* It lives long, beside other workers of the same uid: nothing may read its memory. */
-        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
-            _exit(121);
+    /* Still not dumpable: a change of ids may have set it anew (fs.suid_dumpable). */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        _exit(121);
+    if (nfds == 1)
         _exit(plan->file_server(3) & 0x7f);
-    }
     _exit(plan->file_handler(3, 4) & 0x7f);
 }
 
@@ -1288,8 +1295,10 @@ static void lease_serve(const struct jail_plan *plan)
         close(fds[i]);
 }
 
-/* The daemon's command line and environment are still in our memory (we are a fork of it):
- * overwrite both, so that /proc/1/cmdline shows no host path and nothing of them lingers. */
+/* `conch run`'s warden is a copy of it: its command line and environment are still in our
+ * memory. Overwrite both, so that /proc/1/cmdline shows no host path and nothing of them
+ * lingers (a daemon's warden, exec'd, has only its entry point's arguments and the
+ * sanitizers' options there). */
 static void scrub_inherited_memory(void)
 {
     extern char **environ;
@@ -1298,15 +1307,37 @@ static void scrub_inherited_memory(void)
     conch_proctitle_set_child("conch-warden");
 }
 
+/* The capabilities the clone child kept across the exec (exec-child.c) go back to being
+ * ours alone: nothing we start inherits them through the ambient or inheritable sets. */
+static int clear_inherited_caps(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+        return -errno;
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return -errno;
+    data[0].inheritable = data[1].inheritable = 0;
+    return syscall(SYS_capset, &hdr, data) < 0 ? -errno : 0;
+}
+
+/* A daemon's warden runs in a new image exec'd by the jail (warden-exec.c,
+ * conch_jail_warden_entry), with every signal blocked since the clone: single-threaded,
+ * nothing of the daemon's memory. `conch run`'s is the clone child itself. */
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
 {
     struct jail_msg m;
     struct conch_err err = {0};
     int upper_fd = -1;
     int ctl = plan->ctl_fd;
-    /* Handlers inherited from the parent (libuv's write to its own pipes) must never run
-     * here: their fds are closed below and the numbers reused. */
+    /* Ignored signals stay ignored across an exec (the daemon ignores SIGPIPE): every
+     * disposition back to the default, then unblocked. */
     reset_signals();
+    if (clear_inherited_caps() < 0)
+        _exit(1);
+    /* Dumpable again (an exec of an image we may not read, as a daemon's is, is not): an
+     * unprivileged parent opens our upper dir through /proc. */
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     /* The sandbox's tree is made with the modes we ask for, whatever the caller's umask
      * (077 made its mount points unreachable for the agent); a command of conch run gets the
      * caller's umask back (JBLOB_CALLER), the daemon's get this one. */
