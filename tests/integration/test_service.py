@@ -58,10 +58,19 @@ def activated(tmp_path):
     sock = tmp_path / "conch.sock"
     argv = [ACTIVATE, "-l", str(sock), *service_argv(), "--state-dir", str(tmp_path / "state"), "--pool", "0"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 10
-    while not sock.exists():
+    # The socket file appears at bind(), before listen(): wait until a connection is taken
+    # (a loaded machine showed the gap as ECONNREFUSED).
+    deadline = time.time() + 30
+    while True:
         assert p.poll() is None, p.stderr.read().decode()
-        assert time.time() < deadline, "systemd-socket-activate never made the socket"
+        assert time.time() < deadline, "systemd-socket-activate never listened on the socket"
+        if sock.exists():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(sock))
+                    break
+                except (ConnectionRefusedError, FileNotFoundError):
+                    pass
         time.sleep(0.02)
     yield sock, p
     if p.poll() is None:
