@@ -4,11 +4,14 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -161,4 +164,103 @@ int conch_write_all(int fd, const void *buf, size_t len)
 int conch_send_all(int sock, const void *buf, size_t len)
 {
     return put_all(sock, buf, len, true);
+}
+
+/* What openat2 would do, one component at a time, for when the syscall is missing (ENOSYS:
+ * kernels before 5.6, valgrind, container seccomp profiles that predate it). "." and ".."
+ * components are refused, so the walk cannot climb out of @dirfd; each component is opened
+ * O_PATH|O_NOFOLLOW and checked to be a real directory, and the last is opened O_NOFOLLOW,
+ * which fails with ELOOP on a symlink. */
+int conch_open_beneath_walk(int dirfd, const char *path, int flags, mode_t mode, bool no_xdev)
+{
+    struct stat st;
+    if (fstat(dirfd, &st) < 0)
+        return -errno;
+    dev_t dev = st.st_dev;
+    int cur = -1; /* -1: still at dirfd */
+    const char *p = path;
+    for (;;) {
+        const char *slash = strchr(p, '/');
+        if (!slash)
+            break;
+        char comp[256];
+        size_t n = (size_t)(slash - p);
+        if (n == 0 || n >= sizeof(comp) || (n == 1 && p[0] == '.') ||
+            (n == 2 && p[0] == '.' && p[1] == '.')) {
+            if (cur >= 0)
+                close(cur);
+            return -EINVAL;
+        }
+        memcpy(comp, p, n);
+        comp[n] = '\0';
+        int next = openat(cur >= 0 ? cur : dirfd, comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        int r = next < 0 ? -errno : 0;
+        if (r == 0 && fstat(next, &st) < 0)
+            r = -errno;
+        if (r == 0 && S_ISLNK(st.st_mode))
+            r = -ELOOP;
+        else if (r == 0 && !S_ISDIR(st.st_mode))
+            r = -ENOTDIR;
+        else if (r == 0 && no_xdev && st.st_dev != dev)
+            r = -EXDEV;
+        if (cur >= 0)
+            close(cur);
+        if (r < 0) {
+            if (next >= 0)
+                close(next);
+            return r;
+        }
+        cur = next;
+        p = slash + 1;
+    }
+    const char *last = *p ? p : ".";
+    if (strcmp(last, "..") == 0) {
+        if (cur >= 0)
+            close(cur);
+        return -EINVAL;
+    }
+    int fd = openat(cur >= 0 ? cur : dirfd, last, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+    int r = fd < 0 ? -errno : 0;
+    /* O_DIRECTORY|O_NOFOLLOW on a symlink says ENOTDIR; report it as openat2 would. */
+    if (r == -ENOTDIR && fstatat(cur >= 0 ? cur : dirfd, last, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISLNK(st.st_mode))
+        r = -ELOOP;
+    if (cur >= 0)
+        close(cur);
+    if (r == 0 && (flags & O_PATH) && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode))
+        r = -ELOOP; /* O_PATH|O_NOFOLLOW opens a symlink itself instead of failing */
+    else if (r == 0 && no_xdev && fstat(fd, &st) == 0 && st.st_dev != dev)
+        r = -EXDEV;
+    if (r < 0 && fd >= 0)
+        close(fd);
+    return r < 0 ? r : fd;
+}
+
+int conch_open_beneath(int dirfd, const char *path, int flags, mode_t mode, unsigned how_flags)
+{
+    bool no_xdev = how_flags & CONCH_BENEATH_NO_XDEV;
+    struct open_how how = {
+        .flags = (uint64_t)(flags | O_CLOEXEC),
+        .mode = (flags & O_CREAT) ? mode : 0,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+                   (no_xdev ? RESOLVE_NO_XDEV : 0),
+    };
+    static _Atomic bool missing; /* openat2 said ENOSYS once: walk from then on */
+    if (!*path)
+        path = ".";
+    if (missing)
+        return conch_open_beneath_walk(dirfd, path, flags, how.mode, no_xdev);
+    /* openat2 returns EAGAIN when a concurrent rename or mount might have let a
+     * RESOLVE_BENEATH walk escape; the kernel's advice is to retry. */
+    for (int tries = 0;; tries++) {
+        long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+        if (fd >= 0)
+            return (int)fd;
+        if (errno == ENOSYS) {
+            missing = true;
+            return conch_open_beneath_walk(dirfd, path, flags, how.mode, no_xdev);
+        }
+        if ((errno != EAGAIN && errno != EINTR) || tries >= 64)
+            return -errno;
+    }
 }

@@ -3,6 +3,7 @@
 #ifndef CONCH_CORE_FSUTIL_H
 #define CONCH_CORE_FSUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -86,5 +87,25 @@ int conch_rm_path(const char *path, unsigned flags);
  * memory) names the first entry that could not be removed, as a path relative to @dfd
  * ("name/sub/file"). */
 int conch_rm_at_named(int dfd, const char *name, unsigned flags, char **ret_failed);
+
+#define CONCH_BENEATH_NO_XDEV 1u /* conch_open_beneath: crossing a mount point fails too */
+
+/*
+ * conch_open_beneath - the one way conch opens a path it does not trust beneath a directory
+ * it does: @path (relative; "" is @dirfd itself) beneath @dirfd, following no symlink in any
+ * component, the last included, and never leaving @dirfd's tree (openat2 with
+ * RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS, retried on EAGAIN; a walk of
+ * O_NOFOLLOW components where the kernel has no openat2). With CONCH_BENEATH_NO_XDEV in
+ * @how_flags, crossing a mount point fails too. O_CLOEXEC is added; @mode applies with
+ * O_CREAT. Returns a new fd, or -errno: ELOOP for a symlink, EXDEV for an escape or a mount
+ * crossing. (The file operations inside a sandbox follow symlinks within its root, a rule of
+ * their own: fs/'s conch_fs__open.)
+ */
+int conch_open_beneath(int dirfd, const char *path, int flags, mode_t mode, unsigned how_flags);
+
+/* conch_open_beneath_walk - conch_open_beneath's walk where openat2 is missing, one
+ * O_NOFOLLOW component at a time ("." and ".." refused); its own entry so that tests hold it
+ * to openat2's answers. */
+int conch_open_beneath_walk(int dirfd, const char *path, int flags, mode_t mode, bool no_xdev);
 
 #endif

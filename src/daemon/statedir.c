@@ -4,10 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -64,18 +62,9 @@ int conch_statedir_open(const char *dir, const char *rel, int flags, struct conc
     _cleanup_close_ int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return conch_err_set(err, errno, "open state directory '%s': %s", dir, strerror(errno));
-    struct open_how how = {
-        .flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW),
-        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-    };
-    long fd;
-    /* EAGAIN: a concurrent rename somewhere in the fs; the kernel asks us to retry. */
-    int tries = 0;
-    do
-        fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
-    while (fd < 0 && errno == EAGAIN && ++tries < 16);
+    int fd = conch_open_beneath(dfd, rel, flags | O_NOFOLLOW, 0, 0);
     if (fd < 0) {
-        int e = errno;
+        int e = -fd;
         struct stat st;
         /* O_DIRECTORY|O_NOFOLLOW on a link says ENOTDIR: name the link for what it is. */
         if (e == ENOTDIR && fstatat(dfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
@@ -83,9 +72,8 @@ int conch_statedir_open(const char *dir, const char *rel, int flags, struct conc
         const char *why = e == ELOOP || e == EXDEV
                               ? " (a symbolic link where conch keeps its own files: refusing to "
                                 "follow it)"
-                          : e == ENOSYS ? " (openat2 needs Linux >= 5.6)"
-                                        : "";
+                              : "";
         return conch_err_set(err, e, "open '%s/%s': %s%s", dir, rel, strerror(e), why);
     }
-    return (int)fd;
+    return fd;
 }

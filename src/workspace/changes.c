@@ -474,13 +474,13 @@ static int scan_dir(struct scan *s, const char *path, bool lower_dir, bool opaqu
 
     {
         _cleanup_close_ int ufd =
-            conch_ws__openat2(s->upper_fd, path, O_RDONLY | O_DIRECTORY, false);
+            conch_open_beneath(s->upper_fd, path, O_RDONLY | O_DIRECTORY, 0, 0);
         if (ufd < 0)
             return fail(s, ufd, path, "open upper dir");
         bool opaque = opaque_above || dir_is_opaque(ufd);
         _cleanup_close_ int lfd = -1;
         if (lower_dir) {
-            lfd = conch_ws__openat2(s->lower_fd, path, O_RDONLY | O_DIRECTORY, false);
+            lfd = conch_open_beneath(s->lower_fd, path, O_RDONLY | O_DIRECTORY, 0, 0);
             if (lfd < 0)
                 return fail(s, lfd, path, "open host dir");
         }

@@ -331,14 +331,14 @@ static int open_parents(struct commit *c, const struct conch_ws_change *ch, stru
         return fail(err, ch->path, "split path", -ENOMEM);
     /* Mount points are refused too: overlayfs never showed the sandbox what is mounted
      * below the host dir, so a change there would land somewhere it never saw. */
-    t->hp = conch_ws__openat2(c->host_fd, parent, O_PATH | O_DIRECTORY, true);
+    t->hp = conch_open_beneath(c->host_fd, parent, O_PATH | O_DIRECTORY, 0, CONCH_BENEATH_NO_XDEV);
     if (t->hp < 0) {
         if (ch->kind == CONCH_CHANGE_DELETED && (t->hp == -ENOENT || t->hp == -ENOTDIR))
             return 1; /* already gone */
         return fail(err, ch->path, "open parent dir on the host", t->hp);
     }
     if (need_upper) {
-        t->up = conch_ws__openat2(c->upper_fd, parent, O_PATH | O_DIRECTORY, false);
+        t->up = conch_open_beneath(c->upper_fd, parent, O_PATH | O_DIRECTORY, 0, 0);
         if (t->up < 0)
             return fail(err, ch->path, "open parent dir in the sandbox", t->up);
     }

@@ -511,7 +511,7 @@ static int load_side(int dirfd, const char *path, size_t max, struct side *ret)
     if (!parent)
         return -ENOMEM;
     *ret = (struct side){0};
-    _cleanup_close_ int pfd = conch_ws__openat2(dirfd, parent, O_PATH | O_DIRECTORY, false);
+    _cleanup_close_ int pfd = conch_open_beneath(dirfd, parent, O_PATH | O_DIRECTORY, 0, 0);
     if (pfd == -ENOENT || pfd == -ENOTDIR || pfd == -ELOOP)
         return 0;
     if (pfd < 0)

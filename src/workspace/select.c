@@ -197,7 +197,7 @@ static char *join(const char *dir, const char *name)
  * closed again before the caller descends, so deep trees cannot exhaust fds. */
 static int list_dir(int base, const char *rel, struct conch_names *ret)
 {
-    int fd = conch_ws__openat2(base, rel, O_RDONLY | O_DIRECTORY, false);
+    int fd = conch_open_beneath(base, rel, O_RDONLY | O_DIRECTORY, 0, 0);
     if (fd < 0)
         return fd;
     return conch_names_read(fd, ret);
@@ -211,7 +211,7 @@ static int remove_at(int base, const char *rel)
     const char *name;
     if (split(rel, &parent, &name) < 0)
         return -ENOMEM;
-    _cleanup_close_ int pfd = conch_ws__openat2(base, parent, O_PATH | O_DIRECTORY, false);
+    _cleanup_close_ int pfd = conch_open_beneath(base, parent, O_PATH | O_DIRECTORY, 0, 0);
     if (pfd == -ENOENT || pfd == -ENOTDIR)
         return 0;
     if (pfd < 0)
@@ -242,7 +242,7 @@ static int hidden_below(int upper_fd, const char *dir, bool *ret)
         _cleanup_free_ char *prefix = strndup(dir, end);
         if (!prefix)
             return -ENOMEM;
-        int fd = conch_ws__openat2(upper_fd, prefix, O_RDONLY | O_DIRECTORY, false);
+        int fd = conch_open_beneath(upper_fd, prefix, O_RDONLY | O_DIRECTORY, 0, 0);
         if (fd == -ENOENT || fd == -ENOTDIR || fd == -ELOOP)
             return 0;
         if (fd < 0)
@@ -314,7 +314,7 @@ static int copy_in(int upper_fd, int lower_fd, const char *rel)
     const char *name;
     if (split(rel, &parent, &name) < 0)
         return -ENOMEM;
-    _cleanup_close_ int lpfd = conch_ws__openat2(lower_fd, parent, O_PATH | O_DIRECTORY, false);
+    _cleanup_close_ int lpfd = conch_open_beneath(lower_fd, parent, O_PATH | O_DIRECTORY, 0, 0);
     if (lpfd == -ENOENT || lpfd == -ENOTDIR || lpfd == -ELOOP)
         return 0;
     if (lpfd < 0)
@@ -322,7 +322,7 @@ static int copy_in(int upper_fd, int lower_fd, const char *rel)
     struct stat st;
     if (fstatat(lpfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : -errno;
-    _cleanup_close_ int upfd = conch_ws__openat2(upper_fd, parent, O_PATH | O_DIRECTORY, false);
+    _cleanup_close_ int upfd = conch_open_beneath(upper_fd, parent, O_PATH | O_DIRECTORY, 0, 0);
     if (upfd < 0)
         return upfd;
     int r = 0;

@@ -70,7 +70,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.jail)
         if name in DAEMON_CODE_FILES:
             item.add_marker(pytest.mark.daemon_code)
-        if name in SERIAL_FILES or any(w in item.name for w in SERIAL_WORDS):
+        # The `users` fixture (test_identity) creates host users and /etc/subuid entries that
+        # its tests share: they run alone.
+        if (name in SERIAL_FILES or any(w in item.name for w in SERIAL_WORDS)
+                or "users" in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
 
 

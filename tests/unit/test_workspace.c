@@ -759,8 +759,8 @@ Test(workspace, resolution_fallback_matches_openat2)
     };
     for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
         for (int walk = 0; walk < 2; walk++) {
-            int fd = walk ? conch_ws__openat2_walk(root, cases[i].path, cases[i].flags, false)
-                          : conch_ws__openat2(root, cases[i].path, cases[i].flags, false);
+            int fd = walk ? conch_open_beneath_walk(root, cases[i].path, cases[i].flags, 0, false)
+                          : conch_open_beneath(root, cases[i].path, cases[i].flags, 0, 0);
             if (cases[i].want == 0) {
                 cr_assert_geq(fd, 0, "%s '%s': %s", walk ? "walk" : "openat2", cases[i].path,
                               strerror(-fd));
@@ -776,10 +776,10 @@ Test(workspace, resolution_fallback_matches_openat2)
             }
         }
     }
-    cr_assert_eq(conch_ws__openat2_walk(root, "d/../..", O_PATH, false), -EINVAL);
-    cr_assert_eq(conch_ws__openat2_walk(root, "..", O_PATH, false), -EINVAL);
+    cr_assert_eq(conch_open_beneath_walk(root, "d/../..", O_PATH, 0, false), -EINVAL);
+    cr_assert_eq(conch_open_beneath_walk(root, "..", O_PATH, 0, false), -EINVAL);
     /* EXDEV from openat2; EINVAL from the walk when openat2 is missing (valgrind). */
-    int esc = conch_ws__openat2(root, "d/../..", O_PATH, false);
+    int esc = conch_open_beneath(root, "d/../..", O_PATH, 0, 0);
     cr_assert(esc == -EXDEV || esc == -EINVAL, "escape gave %d", esc);
 
     /* A mount below the root is refused with no_xdev, on both paths. */
@@ -791,11 +791,11 @@ Test(workspace, resolution_fallback_matches_openat2)
     /* An fd opened before unshare() still sees the old namespace's mounts. */
     close(root);
     root = open_dir(lower);
-    int fd = conch_ws__openat2(root, "mnt/inside", O_PATH | O_DIRECTORY, true);
+    int fd = conch_open_beneath(root, "mnt/inside", O_PATH | O_DIRECTORY, 0, CONCH_BENEATH_NO_XDEV);
     cr_assert_eq(fd, -EXDEV, "openat2 crossed a mount: %d", fd);
-    fd = conch_ws__openat2_walk(root, "mnt/inside", O_PATH | O_DIRECTORY, true);
+    fd = conch_open_beneath_walk(root, "mnt/inside", O_PATH | O_DIRECTORY, 0, true);
     cr_assert_eq(fd, -EXDEV, "walk crossed a mount: %d", fd);
-    fd = conch_ws__openat2_walk(root, "mnt", O_PATH | O_DIRECTORY, true);
+    fd = conch_open_beneath_walk(root, "mnt", O_PATH | O_DIRECTORY, 0, true);
     cr_assert_eq(fd, -EXDEV, "walk opened a mount point: %d", fd);
     umount2(at(lower, "mnt"), MNT_DETACH);
 }
