@@ -13,11 +13,9 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
-#include "core/fdpass.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
-#include "ptc/ptc.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
 

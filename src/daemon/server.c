@@ -25,8 +25,6 @@
 #include "daemon/recover.h"
 #include "daemon/sessions.h"
 #include "daemon/statedir.h"
-#include "fs/fs.h"
-#include "spec/spec.h"
 
 void dlist_add(struct dlist *head, struct dlist *item)
 {
