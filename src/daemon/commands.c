@@ -222,7 +222,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     conch_output_set_budget(&r->err_cap, &d->output_budget);
     /* A sandbox's spill files are read through fs.* at /run/conch/output (files.c); a fresh
      * sandbox's outlive it and keep their host path. */
-    if (!sb->fresh && !sb->pooled) {
+    if (!sb->fresh && !sandbox_in_pool(sb)) {
         conch_output_show_spill_in(&r->out_cap, CONCH_SPILL_SHOWN_DIR);
         conch_output_show_spill_in(&r->err_cap, CONCH_SPILL_SHOWN_DIR);
     }
@@ -343,7 +343,7 @@ static void run_result_fill(struct run *r, struct conch_ws_changes *changes,
     res->err = r->err_cap;
     res->duration_ms = r->end_ms - r->start_ms;
     struct conch_cgroup_stats cgs = {0};
-    if (r->sb->jail_up)
+    if (r->sb->jail)
         conch_jail_cgroup_stats(r->sb->jail, &cgs);
     /* The cgroup's counters are the sandbox's: only what grew during this command counts. */
     char disk[160];
@@ -360,7 +360,7 @@ static void run_result_fill(struct run *r, struct conch_ws_changes *changes,
         .spill_exceeded = r->over_spill ? r->out_cap.spill_max : 0,
         .memory_exceeded =
             r->sampled_oom || cgs.oom_kills > r->oom_base ? r->sb->limits.memory_bytes : 0,
-        .memory_sampled = !(r->sb->jail_up && conch_jail_has_cgroup(r->sb->jail)),
+        .memory_sampled = !(r->sb->jail && conch_jail_has_cgroup(r->sb->jail)),
         .pids_hit = r->sampled_pids || cgs.pids_events > r->pids_base ? r->sb->limits.pids_max : 0,
         .disk_full =
             r->sampled_disk || (WIFSIGNALED(r->end.status) && WTERMSIG(r->end.status) == SIGXFSZ)
@@ -504,10 +504,10 @@ struct answer_job {
 static void run_answered(struct run *r)
 {
     struct sandbox *sb = r->sb;
-    if (sb->free_pending) /* destroyed while a worker built the answer */
+    if (sb->state == SB_GONE) /* destroyed while a worker built the answer */
         return;
     sandbox_measure(sb);
-    if (sb->fresh && !sb->super.gone && !sb->destroying)
+    if (sb->fresh && !sb->super.gone && sb->state == SB_READY)
         sandbox_retire(sb);
 }
 

@@ -1,6 +1,7 @@
 /* daemon-internal.h - the daemon's objects: clients, sandboxes, running commands and jobs.
- * Shared by server.c, sandboxes.c, commands.c and files.c. Single-threaded: everything runs
- * on the libuv loop, which also keeps fork() from the daemon safe. */
+ * Shared by the daemon's files (server.c, methods.c, lifecycle.c, sandboxes.c, pool.c,
+ * commands.c, files.c...). Single-threaded: everything runs on the libuv loop, which also
+ * keeps fork() from the daemon safe. */
 #ifndef CONCH_DAEMON_INTERNAL_H
 #define CONCH_DAEMON_INTERNAL_H
 
@@ -12,6 +13,7 @@
 #include <uv.h>
 
 #include "daemon/daemon.h"
+#include "daemon/lifecycle.h"
 #include "daemon/state.h"
 #include "daemon/statedir.h"
 #include "exec/output.h"
@@ -76,40 +78,38 @@ struct sink_waiter {
     void (*cb)(struct sink_waiter *w); /* runs once; @w is disarmed before the call */
 };
 
-enum sandbox_state { SB_RUNNING, SB_STOPPED };
-
 struct sandbox {
     struct dlist link;
     struct daemon *d;
     char id[64];
     char name[128];
+    /* Where it is in its life: changed only by conch_sb_set_state, which checks the edge
+     * and does what entering and leaving a state means (lifecycle.c). */
     enum sandbox_state state;
-    bool pooled;    /* waiting in the pool for a `fresh` request */
-    bool fresh;     /* destroy (or recycle) when its one command ends */
-    bool from_pool; /* a `fresh` one taken from the pool: recycled when the pool has room */
-    bool recycling; /* its warden makes it as new; the answer is read like a setup's */
-    /* `conch run` takes a pool sandbox with its workspace attached (sandbox.lease): while
-     * leasing the warden attaches it (lease_call waits); once leased, the client drives the
-     * warden through a channel of its own (conch_jail_hand_over) and we do not read the
-     * control socket, until it releases the sandbox (made as new for the pool, which revokes
-     * the channel) or goes away (destroyed). */
-    bool leasing, leased;
+    /* Its kind, which no transition changes but recycling (made as new, it is the pool's
+     * again): `fresh`, it goes when its one command (or lease) ends; `from_pool`, a fresh
+     * one taken from the pool, which is recycled into it when the pool has room. */
+    bool fresh, from_pool;
+    /* sandbox.lease: the asking client's call while LEASING; its sink (a reference) while
+     * LEASING and LENT. The borrower drives the warden through a channel of its own
+     * (conch_jail_hand_over), revoked when the sandbox is made as new. */
     struct conch_rpc_call *lease_call;
-    struct conch_rpc_sink *lease_sink; /* the asking client's (a reference) */
-    bool recorded;                     /* in the state database (pool sandboxes are not) */
-    bool destroying;
-    struct conch_jail *jail;  /* while jail_up (owned) */
-    struct conch_super super; /* drives jail's warden while jail_up */
-    bool jail_up;
+    struct conch_rpc_sink *lease_sink;
+    /* In the state database (pool sandboxes are not): a fact about the database, which
+     * the transitions read to keep it true, not a state. */
+    bool recorded;
+    /* A teardown parameter set before STOPPING at shutdown: the record and the directory
+     * stay (the next daemon lists the sandbox as stopped). */
+    bool keep_dir;
+    struct conch_jail *jail;  /* the warden, owned; non-NULL while one is up */
+    struct conch_super super; /* drives jail's warden while it is up */
     /* As root: the sandbox's host id block, held from its first start until it is freed, so
      * that a restart (discard) finds its upper dir's files owned by its own ids. */
     struct conch_jail_ids ids;
-    bool starting;       /* spawned in the background; setup outcome not read yet */
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
     uv_timer_t *sample;  /* owned: disk, and memory/pids when no cgroup enforces them */
     unsigned samples;
-    uv_timer_t idle;
-    bool idle_active;
+    uv_timer_t idle; /* armed by sandbox_touch when idle_timeout > 0; stopped at STOPPING */
     double idle_timeout;
     /* the spec, kept to rebuild the sandbox (discard) */
     char workspace[PATH_MAX]; /* "" for none */
@@ -127,9 +127,6 @@ struct sandbox {
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
     unsigned holds;
-    bool unlinked;           /* out of daemon->sandboxes (destroyed), maybe not freed yet */
-    bool free_pending;       /* freed when the last hold goes */
-    bool keep_dir;           /* destroyed at shutdown: the record and the directory stay */
     void (*gone)(void *arg); /* sandbox_destroy_then's callback */
     void *gone_arg;
     bool measuring;           /* a disk measurement is running in a worker */
@@ -219,6 +216,7 @@ struct daemon {
     struct dlist sandboxes;
     struct dlist jobs;
     unsigned n_sandboxes;
+    unsigned n_pooled; /* sandboxes BUILDING, POOLED or RECYCLING (kept by conch_sb_set_state) */
     uint64_t next_id;
     bool stopping;
     struct rlimit nofile_orig;    /* RLIMIT_NOFILE before the daemon raised it; 0s if not */
@@ -256,6 +254,46 @@ void client_sink_wait_cancel(struct sink_waiter *w);
 /* Where fs.* shows a sandbox's spill files (read-only, served from its spill dir). */
 #define CONCH_SPILL_SHOWN_DIR "/run/conch/output"
 
+/* lifecycle.c: the sandbox's state machine (lifecycle.h) and its warden's control socket */
+/*
+ * conch_sb_set_state - move @sb to @to and do what leaving its state and entering @to mean:
+ * the control socket's poll on or off, the bridge listening or refusing, the pool's count,
+ * the idle timer, the state database, a lease's call and sink, and for RESTARTING, STOPPED
+ * and STOPPING ending what runs in it (@why: the reason its commands and requests get;
+ * NULL for other edges). The state changes first, so that callbacks run by the side effects
+ * see the new one. An edge not in the table (conch_sb_edge_ok) is a bug: logged as an error,
+ * and in debug and sanitizer builds the daemon aborts.
+ */
+void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *why);
+/* sandbox_in_pool - @sb is the pool's: BUILDING, POOLED or RECYCLING. */
+static inline bool sandbox_in_pool(const struct sandbox *sb)
+{
+    return sb->state == SB_BUILDING || sb->state == SB_POOLED || sb->state == SB_RECYCLING;
+}
+/* sandbox_destroyed - @sb is being destroyed or gone (STOPPING or GONE). */
+static inline bool sandbox_destroyed(const struct sandbox *sb)
+{
+    return sb->state == SB_STOPPING || sb->state == SB_GONE;
+}
+/* conch_sb_spawn - start @sb's warden (NEW or RESTARTING): @async (the pool's), in the
+ * background (-> BUILDING; the setup's outcome arrives on the control socket); otherwise
+ * set up before it returns (-> READY). Returns 0, or -errno with @err and the state as it
+ * was. */
+int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err);
+/* sandbox_start - conch_sb_spawn, not async; a RESTARTING one that fails is STOPPED. */
+int sandbox_start(struct sandbox *sb, struct conch_err *err);
+/* sandbox_stop - READY -> RESTARTING (workspace.discard): what runs in it ends (@why) and
+ * its warden is gone when it returns; sandbox_start brings it back. */
+void sandbox_stop(struct sandbox *sb, const char *why);
+/* sandbox_warden_gone - @sb's warden died: a named sandbox is STOPPED; a `fresh` or the
+ * pool's is destroyed. */
+void sandbox_warden_gone(struct sandbox *sb);
+/* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
+ * in a worker thread; a GONE sandbox is freed (and its directory removed) by the last
+ * release. Loop thread only. */
+void sandbox_hold(struct sandbox *sb);
+void sandbox_release(struct sandbox *sb);
+
 /* sandboxes.c */
 struct sandbox_spec {
     const char *workspace;
@@ -271,6 +309,9 @@ struct sandbox_spec {
     double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
     unsigned max_tool_calls; /* per command; 0: the bridge's default */
 };
+/* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
+ * of memory. */
+struct sandbox *conch_sb_new(struct daemon *d);
 int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
                    struct conch_err *err);
 /* sandbox_destroy - at once: fail its commands and requests, forget it (not found from now
@@ -279,7 +320,13 @@ void sandbox_destroy(struct sandbox *sb);
 /* sandbox_destroy_then - sandbox_destroy, then @gone(@arg) on the loop once the warden is
  * gone and the directory removed (at once if @sb is already being destroyed). */
 void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg);
+/* conch_sb_destroy_why - sandbox_destroy, its commands and requests failing with @why. */
+void conch_sb_destroy_why(struct sandbox *sb, const char *why);
 void sandbox_destroy_keep_record(struct sandbox *sb);
+/* conch_sb_sample_start - sample @sb's disk use, and its memory and process count where no
+ * cgroup enforces its limits, every 50 ms while its warden is up (the timer is closed with
+ * the warden's handles). */
+void conch_sb_sample_start(struct sandbox *sb);
 bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                              struct sandbox_spec *spec);
 struct sandbox *sandbox_find(struct daemon *d, const char *id);
@@ -288,27 +335,30 @@ struct sandbox *sandbox_find(struct daemon *d, const char *id);
 struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *call, const char *id);
 void sandbox_touch(struct sandbox *sb);
 json_t *sandbox_json(const struct sandbox *sb);
-int sandbox_restart(struct sandbox *sb, struct conch_err *err);
-int sandbox_start(struct sandbox *sb, struct conch_err *err);
-void sandbox_stop(struct sandbox *sb, const char *why);
 void sandboxes_recover(struct daemon *d);
-void pool_fill(struct daemon *d);
-struct sandbox *pool_take(struct daemon *d);
-/* sandbox_retire - a `fresh` sandbox's one command was answered: back into the pool, made as
- * new by its warden, when it came from there and nothing else uses it; destroyed otherwise. */
-void sandbox_retire(struct sandbox *sb);
-void sandbox_warden_gone(struct sandbox *sb);
-/* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
- * in a worker thread; a destroyed sandbox is freed (and its directory removed) by the last
- * release. Loop thread only. */
-void sandbox_hold(struct sandbox *sb);
-void sandbox_release(struct sandbox *sb);
 /* sandbox_spill_dir - where @sb's commands spill their output: its own directory
  * (<state>/sandboxes/<id>/spill, counted against its disk budget and removed with it), or
  * for a `fresh` sandbox the daemon's shared spill directory (its result names the file after
  * the sandbox is gone; `conch gc` removes it after CONCH_RECOVER_SPILL_TTL_S). Creates the
  * directory on first use; falls back to the shared one if it cannot. */
 const char *sandbox_spill_dir(struct sandbox *sb);
+
+/* pool.c: the pool of pre-built sandboxes and the lease */
+void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx);
+void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* sandboxes_client_gone - the client of @sink went away: the sandboxes lent to it go. */
+void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink);
+void pool_fill(struct daemon *d);
+/* pool_take - a POOLED sandbox, now READY for a `fresh` command; NULL when none is. */
+struct sandbox *pool_take(struct daemon *d);
+/* sandbox_retire - a `fresh` sandbox's one command was answered (READY), or its borrower
+ * released it (LENT): back into the pool, made as new by its warden (RECYCLING), when it came
+ * from there and nothing else uses it; destroyed otherwise. */
+void sandbox_retire(struct sandbox *sb);
+/* conch_sb_lease_answer - the warden of LEASING @sb answered the attach (@r < 0: failed,
+ * @err says why): answer the lease with the borrower's channel (-> LENT), or fail it and
+ * destroy the sandbox. */
+void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *err);
 
 /* commands.c */
 /* run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if that
@@ -321,10 +371,6 @@ void run_limit_hit(struct run *r, enum run_limit which);
 void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* client_close - disconnect @c (its pending responses are dropped). */
 void client_close(struct client *c);
-void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx);
-/* sandboxes_client_gone - the client of @sink went away: the sandboxes lent to it go. */
-void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink);
 void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx);
@@ -396,6 +442,9 @@ void handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx);
 void handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+/* methods.c: every method a client may call (conch_rpc_dispatch's table). */
+extern const struct conch_rpc_method daemon_methods[];
 
 /* the ctx every handler receives */
 struct handler_ctx {

@@ -800,7 +800,7 @@ static void run_discard(struct ws_op *w)
     if (r >= 0 && w->fds.upper >= 0)
         r = conch_ws_changes_select(&all, w->paths, &sel, &w->err);
     if (r >= 0 && w->fds.upper >= 0) {
-        bool was_running = sb->state == SB_RUNNING;
+        bool was_running = sb->state == SB_READY;
         if (was_running) {
             conch_jail_set_sync_destroy(sb->jail, true);
             sandbox_stop(sb, "workspace.discard restarts the sandbox");
@@ -836,7 +836,7 @@ static void ws_next(struct sandbox *sb)
         ws_finish(w);
         return;
     }
-    w->stopped = sb->state == SB_STOPPED;
+    w->stopped = sb->state != SB_READY;
     if (w->kind == WS_DISCARD) {
         run_discard(w);
         return;

@@ -128,7 +128,7 @@ static void fw_retire(struct fworker *w, bool kill_it)
         pool->failures++;
     w->pool = NULL;
     struct conch_err err = {0};
-    if (kill_it && pool->sb->jail_up &&
+    if (kill_it && pool->sb->jail &&
         conch_jail_send_signal(pool->sb->jail, w->id, SIGKILL, &err) < 0)
         log_warn("sandbox %s: kill a file worker: %s", pool->sb->id, err.msg);
     uv_read_stop((uv_stream_t *)&w->pipe);
@@ -283,7 +283,7 @@ static struct fworker *pool_free_worker(struct file_pool *pool)
         if (!c->busy)
             return c;
     }
-    if (pool->n >= FILE_POOL_MAX || !pool->sb->jail_up || !pool_may_start(pool))
+    if (pool->n >= FILE_POOL_MAX || !pool->sb->jail || !pool_may_start(pool))
         return NULL;
     return fw_start(pool);
 }
@@ -356,7 +356,7 @@ static unsigned forked_in_flight(struct sandbox *sb)
 bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
                       bool frees)
 {
-    if (!sb->jail_up || !sb->jail)
+    if (!sb->jail)
         return false;
     struct file_pool *pool = sb->file_pool;
     if (!pool) {

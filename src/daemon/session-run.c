@@ -434,7 +434,7 @@ void session_pump(struct session *s)
     }
     if (s->state == SS_ENDED) {
         struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
-        if (!sb || sb->state != SB_RUNNING || !sb->jail_up || sb->starting) {
+        if (!sb || sb->state != SB_READY) {
             session_fail_queue(s, s->end_reason);
             return;
         }
@@ -698,7 +698,7 @@ void session_end(struct session *s, const char *why)
 int session_shell_start(struct session *s, struct conch_err *err)
 {
     struct sandbox *sb = sess_sb(s);
-    if (!sb || sb->state != SB_RUNNING || !sb->jail_up)
+    if (!sb || sb->state != SB_READY)
         return conch_err_set(err, ESHUTDOWN, "sandbox %s is not running", s->sandbox_id);
     int sp[2] = {-1, -1}, devnull = -1;
     char **env = NULL;

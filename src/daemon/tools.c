@@ -83,10 +83,11 @@ static void bridge_cancel(void *ctx, void *owner, struct conch_bridge_call *call
 static void bridge_resolve(void *ctx)
 {
     struct sandbox *sb = ctx;
-    /* A lent sandbox's control socket is its borrower's to read (its bridge refuses too). */
-    if (sb->leasing || sb->leased)
+    /* A lent sandbox's control socket is its borrower's to read (its bridge refuses too);
+     * one being built or made as new reads its answer first (lifecycle.c). */
+    if (sb->state != SB_READY && sb->state != SB_POOLED)
         return;
-    if (sb->jail_up && !sb->starting && conch_super_dispatch(&sb->super) == 0)
+    if (conch_super_dispatch(&sb->super) == 0)
         sandbox_warden_gone(sb);
 }
 

@@ -1,0 +1,345 @@
+/* methods.c - the daemon's JSON-RPC method table: each method with the parameters it takes
+ * (checked by rpc/ before the handler runs), and the handlers of the daemon's own and the
+ * sandbox registry's methods (ping, sandbox.create/list/get/destroy); the others live with
+ * what they drive (commands.c, files.c, pool.c, tools.c, sessions.c). */
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "daemon/daemon-internal.h"
+#include "daemon/sessions.h"
+#include "fs/fs.h"
+#include "spec/spec.h"
+
+static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    (void)params;
+    int n = 0, ready = 0;
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        n += !sandbox_in_pool(sb) && !sb->fresh;
+        /* what pool_take would lend now (being built or made as new: not yet) */
+        ready += sb->state == SB_POOLED;
+    }
+    conch_rpc_call_reply(call, json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", "0.1.0", "pid",
+                                         (int)getpid(), "sandboxes", n, "pool_ready", ready,
+                                         "state_dir", c->d->state_dir));
+}
+
+/* Fill @spec from sandbox.create (or exec.run fresh) params, by the one spec parser
+ * (spec/spec.h); strings point into @params. Returns false after failing @call. */
+bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
+{
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    const char *param = NULL;
+    if (conch_spec_from_json(&s, params, &param, &err) < 0) {
+        conch_rpc_call_fail_param(call, param, "%s", err.msg);
+        return false;
+    }
+    *spec = (struct sandbox_spec){
+        .workspace = s.workspace,
+        .mode = s.mode,
+        .rootfs = s.rootfs,
+        .as_root = s.as_root,
+        .limits = {.memory_bytes = s.limits.memory_bytes,
+                   .pids_max = s.limits.pids_max,
+                   .cpu_millicpus = s.limits.cpu_millicpus},
+        .tmp_bytes = s.tmp_bytes,
+        .disk_bytes = s.disk_bytes,
+        .env = s.env, /* params hold it too: borrowed from there */
+        .idle_timeout = s.idle_timeout,
+        .name = s.name,
+        .tool_timeout = s.tool_timeout,
+        .max_tool_calls = s.max_tool_calls,
+    };
+    conch_spec_done(&s);
+    return true;
+}
+
+static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct sandbox_spec spec;
+    if (!daemon_spec_from_params(call, params, &spec))
+        return;
+    struct sandbox *sb;
+    struct conch_err err = {0};
+    int r = sandbox_create(c->d, &spec, &sb, &err);
+    if (r == -EMFILE) {
+        conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
+        return;
+    }
+    if (r < 0) {
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
+        return;
+    }
+    conch_rpc_call_reply(call, sandbox_json(sb));
+}
+
+static struct sandbox *find_or_fail(struct client *c, struct conch_rpc_call *call, json_t *params,
+                                    const char *key)
+{
+    const char *id = conch_rpc_str(params, key, "");
+    struct sandbox *sb = sandbox_find(c->d, id);
+    if (!sb)
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id);
+    return sb;
+}
+
+static void handle_sandbox_get(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = find_or_fail(ctx, call, params, "id");
+    if (sb)
+        conch_rpc_call_reply(call, sandbox_json(sb));
+}
+
+static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    (void)params;
+    json_t *arr = json_array();
+    struct dlist *pos, *tmp;
+    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    {
+        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        if (!sandbox_in_pool(sb) && !sb->fresh)
+            json_array_append_new(arr, sandbox_json(sb));
+    }
+    conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
+}
+
+static void destroyed(void *arg)
+{
+    conch_rpc_call_reply(arg, json_pack("{s:b}", "destroyed", 1));
+}
+
+static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = find_or_fail(ctx, call, params, "id");
+    if (!sb)
+        return;
+    /* Answered once the warden is gone and the directory removed, which happens in a
+     * worker: the loop serves others meanwhile. */
+    sandbox_destroy_then(sb, destroyed, call);
+}
+
+#define FS_HANDLER(fn, m)                                                                          \
+    static void fn(struct conch_rpc_call *call, json_t *params, void *ctx)                         \
+    {                                                                                              \
+        handle_fs(call, params, ctx, m);                                                           \
+    }
+FS_HANDLER(handle_fs_read, "read")
+FS_HANDLER(handle_fs_write, "write")
+FS_HANDLER(handle_fs_edit, "edit")
+FS_HANDLER(handle_fs_ls, "ls")
+FS_HANDLER(handle_fs_glob, "glob")
+FS_HANDLER(handle_fs_grep, "grep")
+FS_HANDLER(handle_fs_delete, "delete")
+FS_HANDLER(handle_fs_upload, "upload")
+FS_HANDLER(handle_fs_download, "download")
+
+/* The param tables. Every number a client sends is range-checked here, by the dispatcher,
+ * before a handler turns it into a size, a time or a count (docs/PROTOCOL.md lists the
+ * ranges): NaN, infinities, negatives and 1e308 never reach the code below. */
+#define S CONCH_RPC_STRING
+#define I CONCH_RPC_INT
+#define N CONCH_RPC_NUMBER
+#define B CONCH_RPC_BOOL
+#define O CONCH_RPC_OBJECT
+#define A CONCH_RPC_ARRAY
+#define P(n, t, req)                                                                               \
+    {                                                                                              \
+        .name = (n), .type = (t), .required = (req)                                                \
+    }
+/* A number in [lo, hi]; nz > 0: other than 0, at least nz. */
+#define R(n, t, lo, hi, nz)                                                                        \
+    {                                                                                              \
+        .name = (n), .type = (t), .ranged = true, .min = (lo), .max = (hi), .min_nonzero = (nz)    \
+    }
+#define END                                                                                        \
+    {                                                                                              \
+        .name = NULL                                                                               \
+    }
+
+#define KiB 1024.0
+#define MiB (1024.0 * KiB)
+#define TiB (1024.0 * 1024.0 * MiB)
+#define DAY 86400.0
+
+/* The ranges are the spec's (spec/spec.h), which conch_spec_from_json checks again. */
+#define SANDBOX_SPEC_PARAMS                                                                        \
+    P("workspace", S, false), P("mode", S, false), P("rootfs", S, false), P("as_root", B, false),  \
+        P("env", O, false), R("memory", I, 0, CONCH_SPEC_MEMORY_MAX, CONCH_SPEC_MEMORY_MIN),       \
+        R("pids", I, 0, CONCH_SPEC_PIDS_MAX, CONCH_SPEC_PIDS_MIN),                                 \
+        R("cpu", N, 0, CONCH_SPEC_CPU_MAX, CONCH_SPEC_CPU_MIN),                                    \
+        R("tmp_size", I, 0, CONCH_SPEC_TMP_MAX, CONCH_SPEC_SIZE_MIN),                              \
+        R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),                                 \
+        R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
+        R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
+        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0)
+
+static const struct conch_rpc_param p_none[] = {END};
+static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
+static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
+static const struct conch_rpc_param p_lease[] = {
+    P("workspace", S, true),
+    P("mode", S, false),
+    R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),
+    R("ws_dev", I, 0, 9e15, 0),
+    R("ws_ino", I, 0, 9e15, 0),
+    R("proto", I, 0, 4294967295.0, 0),
+    END};
+static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
+                                                P("fresh", B, false),
+                                                P("workspace", S, false),
+                                                P("mode", S, false),
+                                                P("command", S, true),
+                                                P("cwd", S, false),
+                                                P("env", O, false),
+                                                P("stdin", S, false),
+                                                R("timeout", N, 0, 7 * DAY, 0.001),
+                                                R("grace", N, 0, 3600, 0.001),
+                                                R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                P("stream", B, false),
+                                                P("changes", B, false),
+                                                P("shell", S, false),
+                                                END};
+static const struct conch_rpc_param p_job_start[] = {P("sandbox", S, true),
+                                                     P("command", S, true),
+                                                     P("cwd", S, false),
+                                                     P("env", O, false),
+                                                     P("stdin", S, false),
+                                                     R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                     END};
+static const struct conch_rpc_param p_job_output[] = {
+    P("job_id", S, true), R("stdout_offset", I, 0, 1e15, 0), R("stderr_offset", I, 0, 1e15, 0),
+    R("max_bytes", I, 1, 16 * MiB, 0), END};
+static const struct conch_rpc_param p_job_wait[] = {P("job_id", S, true),
+                                                    R("timeout", N, 0, 1 * DAY, 0.001), END};
+static const struct conch_rpc_param p_job_kill[] = {P("job_id", S, true),
+                                                    P("signal", CONCH_RPC_ANY, false), END};
+static const struct conch_rpc_param p_job_list[] = {P("sandbox", S, false), END};
+static const struct conch_rpc_param p_fs_read[] = {P("sandbox", S, true),
+                                                   P("path", S, true),
+                                                   R("offset", I, 0, 1e15, 0),
+                                                   R("limit", I, 1, 1e15, 0),
+                                                   P("encoding", S, false),
+                                                   R("length", I, 1, CONCH_FS_MAX_FILE, 0),
+                                                   END};
+static const struct conch_rpc_param p_fs_write[] = {P("sandbox", S, true), P("path", S, true),
+                                                    P("content", S, true), P("encoding", S, false),
+                                                    P("append", B, false), END};
+static const struct conch_rpc_param p_fs_edit[] = {
+    P("sandbox", S, true),    P("path", S, true),         P("old_string", S, true),
+    P("new_string", S, true), P("replace_all", B, false), END};
+static const struct conch_rpc_param p_fs_ls[] = {P("sandbox", S, true), P("path", S, false), END};
+static const struct conch_rpc_param p_fs_glob[] = {P("sandbox", S, true), P("pattern", S, true),
+                                                   P("path", S, false),
+                                                   R("max_results", I, 1, 10000, 0), END};
+static const struct conch_rpc_param p_fs_grep[] = {P("sandbox", S, true),
+                                                   P("pattern", S, true),
+                                                   P("path", S, false),
+                                                   P("glob", S, false),
+                                                   P("fixed_string", B, false),
+                                                   P("ignore_case", B, false),
+                                                   R("max_matches", I, 1, 10000, 0),
+                                                   END};
+static const struct conch_rpc_param p_fs_delete[] = {P("sandbox", S, true), P("path", S, true),
+                                                     P("recursive", B, false), END};
+static const struct conch_rpc_param p_fs_upload[] = {P("sandbox", S, true), P("files", A, true),
+                                                     END};
+static const struct conch_rpc_param p_fs_download[] = {P("sandbox", S, true), P("paths", A, true),
+                                                       END};
+static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", A, false), END};
+static const struct conch_rpc_param p_ws_changes[] = {
+    P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
+
+static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
+static const struct conch_rpc_param p_tools_register[] = {P("sandbox", S, true),
+                                                          P("tools", A, true), END};
+static const struct conch_rpc_param p_agents_register[] = {P("sandbox", S, true),
+                                                           P("agents", A, true), END};
+static const struct conch_rpc_param p_names[] = {P("sandbox", S, true), P("names", A, true), END};
+static const struct conch_rpc_param p_tools_trace[] = {P("sandbox", S, true),
+                                                       P("origin", CONCH_RPC_OBJECT, false), END};
+static const struct conch_rpc_param p_tools_prompt[] = {P("sandbox", S, true),
+                                                        P("languages", A, false), END};
+/* sessions (sessions.c) */
+static const struct conch_rpc_param p_session_open[] = {P("sandbox", S, true),
+                                                        P("shell", S, false),
+                                                        P("cwd", S, false),
+                                                        P("env", O, false),
+                                                        R("rows", I, 1, 1000, 0),
+                                                        R("cols", I, 1, 1000, 0),
+                                                        R("scrollback", I, 0, 64 * MiB, 0),
+                                                        R("idle_timeout", N, 0, 365 * DAY, 1),
+                                                        P("attach", B, false),
+                                                        END};
+static const struct conch_rpc_param p_session_run[] = {P("session", S, true),
+                                                       P("command", S, true),
+                                                       P("stdin", S, false),
+                                                       R("timeout", N, 0, 7 * DAY, 0.001),
+                                                       R("grace", N, 0, 3600, 0.001),
+                                                       R("max_output", I, 0, CONCH_MAX_OUTPUT, 0),
+                                                       END};
+static const struct conch_rpc_param p_session_write[] = {P("session", S, true), P("data", S, true),
+                                                         END};
+static const struct conch_rpc_param p_session_attach[] = {P("session", S, true),
+                                                          P("write", B, false), END};
+static const struct conch_rpc_param p_session_id[] = {P("session", S, true), END};
+static const struct conch_rpc_param p_session_resize[] = {
+    P("session", S, true), R("rows", I, 1, 1000, 0), R("cols", I, 1, 1000, 0), END};
+static const struct conch_rpc_param p_session_signal[] = {P("session", S, true),
+                                                          P("signal", S, false), END};
+static const struct conch_rpc_param p_session_list[] = {P("sandbox", S, false), END};
+
+const struct conch_rpc_method daemon_methods[] = {
+    {"daemon.ping", p_none, handle_ping},
+    {"sandbox.create", p_create, handle_sandbox_create},
+    {"sandbox.list", p_none, handle_sandbox_list},
+    {"sandbox.get", p_id, handle_sandbox_get},
+    {"sandbox.destroy", p_id, handle_sandbox_destroy},
+    {"exec.run", p_exec, handle_exec_run},
+    {"sandbox.lease", p_lease, handle_sandbox_lease},
+    {"sandbox.release", p_none, handle_sandbox_release},
+    {"job.start", p_job_start, handle_job_start},
+    {"job.output", p_job_output, handle_job_output},
+    {"job.wait", p_job_wait, handle_job_wait},
+    {"job.kill", p_job_kill, handle_job_kill},
+    {"job.list", p_job_list, handle_job_list},
+    {"fs.read", p_fs_read, handle_fs_read},
+    {"fs.write", p_fs_write, handle_fs_write},
+    {"fs.edit", p_fs_edit, handle_fs_edit},
+    {"fs.ls", p_fs_ls, handle_fs_ls},
+    {"fs.glob", p_fs_glob, handle_fs_glob},
+    {"fs.grep", p_fs_grep, handle_fs_grep},
+    {"fs.delete", p_fs_delete, handle_fs_delete},
+    {"fs.upload", p_fs_upload, handle_fs_upload},
+    {"fs.download", p_fs_download, handle_fs_download},
+    {"workspace.changes", p_ws_changes, handle_workspace_changes},
+    {"workspace.diff", p_ws, handle_workspace_diff},
+    {"workspace.commit", p_ws, handle_workspace_commit},
+    {"workspace.discard", p_ws, handle_workspace_discard},
+    {"tools.register", p_tools_register, handle_tools_register},
+    {"tools.unregister", p_names, handle_tools_unregister},
+    {"tools.list", p_sandbox, handle_tools_list},
+    {"tools.trace", p_tools_trace, handle_tools_trace},
+    {"tools.prompt", p_tools_prompt, handle_tools_prompt},
+    {"agents.register", p_agents_register, handle_agents_register},
+    {"agents.unregister", p_names, handle_agents_unregister},
+    {"session.open", p_session_open, handle_session_open},
+    {"session.run", p_session_run, handle_session_run},
+    {"session.write", p_session_write, handle_session_write},
+    {"session.attach", p_session_attach, handle_session_attach},
+    {"session.detach", p_session_id, handle_session_detach},
+    {"session.resize", p_session_resize, handle_session_resize},
+    {"session.signal", p_session_signal, handle_session_signal},
+    {"session.list", p_session_list, handle_session_list},
+    {"session.close", p_session_id, handle_session_close},
+    {NULL, NULL, NULL},
+};
