@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "core/error.h"
@@ -422,6 +423,12 @@ int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t byt
  * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
  * bounds its processes whatever their uids. No allocation. */
 int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
+
+/* jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
+ * *@ret_st when not NULL), refusing a directory other than @dev/@ino when @ino is not 0: one
+ * that replaced it, or a link swapped in. Returns 0 or -errno with @err (usage). (spawn.c) */
+int jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
+                        struct stat *ret_st, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
 /* @host_id_base: root mode's host id block (see conch_jail_spec). @map_fds: NULL, or the
