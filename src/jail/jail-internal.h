@@ -1,12 +1,15 @@
 /* jail-internal.h - what the parent prepares for the warden (the plan), and the messages
- * they exchange over the control socket. Shared by spawn.c and the *-child.c files. */
+ * they exchange over the control socket. Shared by spawn.c, jail-ops.c and the *-child.c
+ * files. Also what the warden's own files share (see "The warden's state"). */
 #ifndef CONCH_JAIL_INTERNAL_H
 #define CONCH_JAIL_INTERNAL_H
 
 #include <limits.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "core/error.h"
@@ -209,6 +212,119 @@ struct jail_cmd_blob {
  * serve the control socket (@plan->ctl_fd). Never returns. */
 __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
 
+/* The warden's state: one process, single-threaded, so nothing here needs a lock. Shared by
+ * its files: warden-child.c (setup, the main loop, slots, deadlines, the lease channel,
+ * recycle, attach) and shepherd-child.c (starting shepherds, the command's process and file
+ * workers). */
+#define JAIL_MAX_PROCS 1024
+
+/* What a shepherd leaves for the warden: written by the shepherd just before it exits, read
+ * by the warden after reaping it (so no lock is needed). A shepherd that dies before writing
+ * leaves SHEP_NONE or SHEP_STARTED, and the warden reports a synthetic end. */
+enum { SHEP_NONE = 0, SHEP_STARTED, SHEP_START_FAILED, SHEP_EXITED, SHEP_EXIT_SENT };
+struct jail_shep_report {
+    int32_t state;
+    int32_t status;       /* SHEP_EXITED: the command's wait status */
+    int32_t timed_out;    /* written by the warden when the deadline fires, before it signals */
+    int32_t cpu;          /* the CPU the command's process exec'd on, -1: not yet */
+    int32_t started_sent; /* the warden reported STARTED itself (before handing RUN over) */
+    uint64_t ns_ino;      /* the shepherd's pid namespace, once its /proc is up; 0: not yet */
+    uint64_t sig_req;     /* signals (bit n-1: signal n) the warden asks it to send, see
+                           * jail_ctl_signal */
+    int32_t chan_update;  /* the warden sends the command's channel after the RUN (JMSG_LEASE):
+                           * it is not the one the shepherd was built with */
+    struct conch_err err;
+};
+
+/* The warden's record of one process it started: a shepherd (command, job) or a file
+ * worker. Deadlines are the warden's: they hold whatever the parent or the command does. */
+struct jail_proc_slot {
+    int64_t id;
+    pid_t pid;    /* 0: free */
+    int sock;     /* a shepherd waiting for its command: the warden's end of its socket */
+    bool ready;   /* a shepherd started ahead of need, no command yet */
+    bool retired; /* a ready one left unused (attach): never given a command, reaped silently */
+    bool is_file;
+    bool timed_out;
+    bool killed;          /* the warden sent SIGKILL itself */
+    uint64_t deadline_ms; /* monotonic; 0: none */
+    uint64_t kill_at_ms;  /* SIGKILL after the grace; 0: not armed */
+    uint64_t grace_ms;
+    uint32_t chan;      /* the channel its request came on: its events go there */
+    uint32_t shep_chan; /* the channel a shepherd was built with (inherited, see jail_chan_now) */
+};
+
+struct jail_warden {
+    struct jail_proc_slot slots[JAIL_MAX_PROCS];
+    struct jail_shep_report *reports; /* MAP_SHARED, JAIL_MAX_PROCS entries */
+    int ready_slot;                   /* the shepherd started ahead of need, or -1 */
+    int ready_failures;
+    /* When the next ready shepherd may be started (monotonic µs; 0: now). Building one right
+     * after a command took the last would hold the CPU that the command's own shepherd was
+     * just woken on: the command would wait for it. So the refill waits until the command has
+     * had time to reach its exec (REFILL_DELAY_US, shepherd-child.c), then runs beside it. */
+    uint64_t refill_after_us;
+    /* The CPUs we may run on, and the slot of the last command started: a refill that finds
+     * itself on the CPU that command exec'd on moves to another for the build (see
+     * jail_ensure_ready). */
+    cpu_set_t cpus;
+    bool cpus_known;
+    bool refill_never; /* the last command was started (JRUN_LAST): no more spares */
+    int last_cmd_slot;
+    /* Unprivileged and attachable: a mount namespace that sees the host, where a workspace is
+     * cloned from when one is attached (attach()). Only we hold it: everything we fork closes
+     * it. */
+    int host_view;
+    /* Attachable: our empty /workspace is a shared mount, and every shepherd's copy of it a
+     * slave, so that a workspace attached over it appears in the ready shepherd's namespace
+     * too (see spawn_shepherd). False where the kernel refused (the ready one is then
+     * rebuilt). */
+    bool ws_shared;
+    bool ws_attached; /* a workspace was attached (until the recycle) */
+};
+
+/* The warden's state (warden-child.c). */
+extern struct jail_warden jail_warden;
+
+/* jail_chan_fd - the fd of the warden's channel @chan (0: the parent's control socket, else
+ * a lease's), or -1 when that channel is revoked. jail_chan_now - the channel a process forked
+ * now inherits and reports on, before it is told otherwise. (warden-child.c) */
+int jail_chan_fd(uint32_t chan);
+uint32_t jail_chan_now(void);
+
+/* jail_chan_send - send event @m on channel @chan. On the parent's control socket as ever
+ * (blocking; a failure, returned as -errno, means the parent is gone). A borrower never
+ * blocks us: one that does not read, or went away, loses its channel (and the event); a
+ * channel revoked drops it; both return 0. (warden-child.c) */
+int jail_chan_send(uint32_t chan, struct jail_msg *m);
+
+/* jail_reset_signals - every signal's disposition back to the default, none blocked.
+ * (warden-child.c) */
+void jail_reset_signals(void);
+
+/* jail_lower_rlimit - set resource @res to at most @cur/@max, never above what the process has
+ * now. Returns 0 or -errno. (shepherd-child.c) */
+int jail_lower_rlimit(int res, rlim_t cur, rlim_t max);
+
+/* jail_ctl_signal - the signal the warden sends a shepherd to make it read its requests
+ * (sig_req in its report). (shepherd-child.c) */
+int jail_ctl_signal(void);
+
+/* jail_ensure_ready - keep one shepherd ready for the next command, when it is time (see
+ * refill_after_us) and starting them has not failed too often. (shepherd-child.c) */
+void jail_ensure_ready(const struct jail_plan *plan);
+
+/* jail_start_command - start RUN @m (with its @nfds fds, borrowed) that came on channel
+ * @chan: hand it to the ready shepherd, or start one now. Returns 0 (its events follow on
+ * @chan), or -1 with @reply's error filled. (shepherd-child.c) */
+int jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
+                       struct jail_msg *reply, uint32_t chan);
+
+/* jail_start_file_worker - start a file worker for FILE or FILE_SERVE @m (with its @nfds fds,
+ * borrowed) in a free slot. Returns 0, or -1 with @reply's error filled. (shepherd-child.c) */
+int jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                           int nfds, struct jail_msg *reply);
+
 /* A daemon's wardens start from a clean image, as crun, bubblewrap and nsjail start theirs:
  * the child of clone() is a copy of the daemon (threadpool workers, one of which may hold the
  * malloc lock; a heap holding every other sandbox's data), so it does nothing but exec a copy
@@ -307,6 +423,12 @@ int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t byt
  * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
  * bounds its processes whatever their uids. No allocation. */
 int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
+
+/* jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
+ * *@ret_st when not NULL), refusing a directory other than @dev/@ino when @ino is not 0: one
+ * that replaced it, or a link swapped in. Returns 0 or -errno with @err (usage). (spawn.c) */
+int jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
+                        struct stat *ret_st, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
 /* @host_id_base: root mode's host id block (see conch_jail_spec). @map_fds: NULL, or the
