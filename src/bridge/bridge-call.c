@@ -124,7 +124,7 @@ static bool call_unlink(struct conch_bridge_call *c)
     if (c->finishing)
         return false;
     c->finishing = true;
-    node_del(&c->link);
+    conch_list_del(&c->link);
     return true;
 }
 
@@ -258,12 +258,12 @@ static bool too_deep(json_t *v, int left)
     return false;
 }
 
-static void names_of(struct node *head, char *buf, size_t size)
+static void names_of(struct conch_list *head, char *buf, size_t size)
 {
     size_t len = 0;
     buf[0] = '\0';
-    for (struct node *n = head->next; n != head && len + 4 < size; n = n->next) {
-        struct entry *e = node_entry(n, struct entry, link);
+    for (struct conch_list *n = head->next; n != head && len + 4 < size; n = n->next) {
+        struct entry *e = conch_list_entry(n, struct entry, link);
         int w = snprintf(buf + len, size - len, "%s%s", len ? ", " : "", e->name);
         if (w < 0 || (size_t)w >= size - len) {
             snprintf(buf + len, size - len, ", ...");
@@ -274,7 +274,7 @@ static void names_of(struct node *head, char *buf, size_t size)
 }
 
 /* Answer @id with unknown_tool: @name is not among @list's entries (named in the message). */
-static void send_unknown(struct conn *c, json_t *id, struct node *list, const char *what,
+static void send_unknown(struct conn *c, json_t *id, struct conch_list *list, const char *what,
                          const char *name, const char *names_label, const char *none)
 {
     char names[400], msg[600];
@@ -341,7 +341,7 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
             return;
         }
         if (!e && b->agents.next != &b->agents)
-            e = node_entry(b->agents.next, struct entry, link);
+            e = conch_list_entry(b->agents.next, struct entry, link);
         if (!e && !detach) {
             conch_bridge__conn_send(
                 c, conch_bridge__error_msg(id, "unavailable",
@@ -428,7 +428,7 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
     uv_timer_init(b->loop, &call->timer);
     call->timer.data = call;
     b->handles++;
-    node_add(&b->calls, &call->link);
+    conch_list_add(&b->calls, &call->link);
     b->n_pending++;
     call->bytes = bytes;
     b->inflight_bytes += bytes;
@@ -463,15 +463,15 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
 
 bool conch_bridge__conn_has_deferred(struct conn *c)
 {
-    for (struct node *n = c->b->deferred.next; n != &c->b->deferred; n = n->next)
-        if (node_entry(n, struct deferred, link)->c == c)
+    for (struct conch_list *n = c->b->deferred.next; n != &c->b->deferred; n = n->next)
+        if (conch_list_entry(n, struct deferred, link)->c == c)
             return true;
     return false;
 }
 
 void conch_bridge__deferred_free(struct conch_bridge *b, struct deferred *d)
 {
-    node_del(&d->link);
+    conch_list_del(&d->link);
     b->n_deferred--;
     conch_budget_uncharge(&b->budget, d->held);
     json_decref(d->req);
@@ -500,8 +500,8 @@ static void on_defer_timer(uv_timer_t *t)
     bool again = true;
     while (again) {
         again = false;
-        for (struct node *n = b->deferred.next; n != &b->deferred; n = n->next) {
-            struct deferred *d = node_entry(n, struct deferred, link);
+        for (struct conch_list *n = b->deferred.next; n != &b->deferred; n = n->next) {
+            struct deferred *d = conch_list_entry(n, struct deferred, link);
             if (d->deadline_ms <= now) {
                 conch_bridge__deferred_replay(b, d); /* no origin: answered "unavailable" */
                 again = true;
@@ -539,7 +539,7 @@ bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_
     d->req = json_incref(req);
     d->bytes = bytes;
     d->deadline_ms = mono_ms() + DEFER_MS;
-    node_add(&b->deferred, &d->link);
+    conch_list_add(&b->deferred, &d->link);
     b->n_deferred++;
     if (!uv_is_active((uv_handle_t *)b->defer_timer))
         uv_timer_start(b->defer_timer, on_defer_timer, 100, 100);

@@ -267,8 +267,8 @@ void conch_bridge__conn_close(struct conn *c)
     struct conch_bridge *b = c->b;
     /* Its calls lose their caller: nobody reads the answer now. Each failure may re-enter
      * (a $/cancel that disconnects a client): scan again from the start after each. */
-    for (struct node *n = b->calls.next; n != &b->calls;) {
-        struct conch_bridge_call *call = node_entry(n, struct conch_bridge_call, link);
+    for (struct conch_list *n = b->calls.next; n != &b->calls;) {
+        struct conch_bridge_call *call = conch_list_entry(n, struct conch_bridge_call, link);
         if (call->conn != c) {
             n = n->next;
             continue;
@@ -278,13 +278,13 @@ void conch_bridge__conn_close(struct conn *c)
         conch_bridge__call_fail(call, "cancelled", "the caller went away", "the caller went away");
         n = b->calls.next;
     }
-    for (struct node *n = b->deferred.next, *next; n != &b->deferred; n = next) {
+    for (struct conch_list *n = b->deferred.next, *next; n != &b->deferred; n = next) {
         next = n->next;
-        struct deferred *d = node_entry(n, struct deferred, link);
+        struct deferred *d = conch_list_entry(n, struct deferred, link);
         if (d->c == c)
             conch_bridge__deferred_free(b, d);
     }
-    node_del(&c->link);
+    conch_list_del(&c->link);
     b->n_conns--;
     uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
 }
@@ -345,7 +345,7 @@ void conch_bridge__on_connection(uv_stream_t *server, int status)
     if (!c)
         return;
     c->b = b;
-    NODE_INIT(&c->link);
+    CONCH_LIST_INIT(&c->link);
     uv_pipe_init(b->loop, &c->pipe, 0);
     c->pipe.data = c;
     b->handles++;
@@ -358,7 +358,7 @@ void conch_bridge__on_connection(uv_stream_t *server, int status)
     }
     conch_rpc_framer_init(&c->framer, b->lim.max_payload);
     conch_rpc_framer_set_budget(&c->framer, &b->budget);
-    node_add(&b->conns, &c->link);
+    conch_list_add(&b->conns, &c->link);
     b->n_conns++;
     if (b->refusing) {
         conch_bridge__conn_close(c);

@@ -16,27 +16,8 @@
 
 #include "bridge/bridge.h"
 #include "core/budget.h"
+#include "core/list.h"
 #include "rpc/rpc.h"
-
-/* A doubly-linked list node (circular, with a head). */
-struct node {
-    struct node *prev, *next;
-};
-#define NODE_INIT(n) ((n)->prev = (n)->next = (n))
-#define node_entry(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
-static inline void node_add(struct node *head, struct node *n)
-{
-    n->prev = head->prev;
-    n->next = head;
-    head->prev->next = n;
-    head->prev = n;
-}
-static inline void node_del(struct node *n)
-{
-    n->prev->next = n->next;
-    n->next->prev = n->prev;
-    NODE_INIT(n);
-}
 
 /* CLOCK_MONOTONIC in milliseconds, with a fraction: calls take well under one. */
 static inline double mono_ms(void)
@@ -47,7 +28,7 @@ static inline double mono_ms(void)
 }
 
 struct entry { /* a tool or an agent type */
-    struct node link;
+    struct conch_list link;
     json_t *def; /* the registered definition (owned) */
     const char *name;
     void *owner;
@@ -55,7 +36,7 @@ struct entry { /* a tool or an agent type */
 };
 
 struct origin {
-    struct node link;
+    struct conch_list link;
     char kind[16];
     char id[64];
     uint64_t pidns;
@@ -65,7 +46,7 @@ struct origin {
 };
 
 struct conn {
-    struct node link;
+    struct conch_list link;
     struct conch_bridge *b;
     uv_pipe_t pipe;
     struct conch_rpc_framer framer;
@@ -80,7 +61,7 @@ struct conn {
 };
 
 struct conch_bridge_call {
-    struct node link; /* in b->calls */
+    struct conch_list link; /* in b->calls */
     struct conch_bridge *b;
     struct conn *conn; /* NULL once the caller went away */
     json_t *req_id;    /* the caller's id for the answer */
@@ -106,7 +87,7 @@ struct conch_bridge_call {
 /* A call that arrived before its command's origin began (the command can connect before
  * its supervisor's STARTED event reaches the host): replayed when the origin begins. */
 struct deferred {
-    struct node link;
+    struct conch_list link;
     struct conn *c;
     json_t *req;
     size_t bytes;
@@ -123,7 +104,7 @@ struct conch_bridge {
     struct conch_bridge_limits lim;
     const struct conch_bridge_ops *ops;
     void *ctx;
-    struct node tools, agents, origins, conns, calls, deferred;
+    struct conch_list tools, agents, origins, conns, calls, deferred;
     unsigned n_deferred;
     uv_timer_t *defer_timer; /* while calls are deferred */
     unsigned n_conns, n_pending;
@@ -176,9 +157,9 @@ void conch_bridge__deferred_replay(struct conch_bridge *b, struct deferred *d);
 /* ---- bridge-registry.c ---- */
 
 /* conch_bridge__entry_find - the entry named @name in the list @head, or NULL. */
-struct entry *conch_bridge__entry_find(struct node *head, const char *name);
+struct entry *conch_bridge__entry_find(struct conch_list *head, const char *name);
 /* conch_bridge__entries_free - free every entry of the list @head. */
-void conch_bridge__entries_free(struct node *head);
+void conch_bridge__entries_free(struct conch_list *head);
 /* conch_bridge__list_json - {"tools", "agents"}: whole definitions with @full, else each
  * tool's name, description and input_schema. New reference. */
 json_t *conch_bridge__list_json(struct conch_bridge *b, bool full);

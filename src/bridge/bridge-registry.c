@@ -14,21 +14,21 @@
 /* Tools (and agent types) a sandbox may have registered. */
 #define REGISTRY_MAX 4096
 
-struct entry *conch_bridge__entry_find(struct node *head, const char *name)
+struct entry *conch_bridge__entry_find(struct conch_list *head, const char *name)
 {
-    for (struct node *n = head->next; n != head; n = n->next) {
-        struct entry *e = node_entry(n, struct entry, link);
+    for (struct conch_list *n = head->next; n != head; n = n->next) {
+        struct entry *e = conch_list_entry(n, struct entry, link);
         if (!strcmp(e->name, name))
             return e;
     }
     return NULL;
 }
 
-void conch_bridge__entries_free(struct node *head)
+void conch_bridge__entries_free(struct conch_list *head)
 {
     while (head->next != head) {
-        struct entry *e = node_entry(head->next, struct entry, link);
-        node_del(&e->link);
+        struct entry *e = conch_list_entry(head->next, struct entry, link);
+        conch_list_del(&e->link);
         json_decref(e->def);
         free(e);
     }
@@ -80,8 +80,8 @@ int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, voi
     /* A bounded registry: at most REGISTRY_MAX entries of each kind (names replaced count
      * once). Counted before anything changes. */
     size_t have = 0;
-    struct node *heads = agents ? &b->agents : &b->tools;
-    for (struct node *n = heads->next; n != heads; n = n->next)
+    struct conch_list *heads = agents ? &b->agents : &b->tools;
+    for (struct conch_list *n = heads->next; n != heads; n = n->next)
         have++;
     size_t fresh = 0;
     json_array_foreach(defs, i, d)
@@ -109,14 +109,14 @@ int conch_bridge_register(struct conch_bridge *b, bool agents, json_t *defs, voi
         e->owner = owner;
         json_t *t = json_object_get(copy, "timeout");
         e->timeout_s = json_is_number(t) ? json_number_value(t) : 0;
-        struct node *head = agents ? &b->agents : &b->tools;
+        struct conch_list *head = agents ? &b->agents : &b->tools;
         struct entry *old = conch_bridge__entry_find(head, e->name);
         if (old) {
-            node_del(&old->link);
+            conch_list_del(&old->link);
             json_decref(old->def);
             free(old);
         }
-        node_add(head, &e->link);
+        conch_list_add(head, &e->link);
         json_array_append_new(names, json_string(e->name));
     }
     *ret_names = names;
@@ -136,7 +136,7 @@ json_t *conch_bridge_unregister(struct conch_bridge *b, bool agents, json_t *nam
         if (!e)
             continue;
         json_array_append_new(removed, json_string(name));
-        node_del(&e->link);
+        conch_list_del(&e->link);
         json_decref(e->def);
         free(e);
     }
@@ -145,19 +145,19 @@ json_t *conch_bridge_unregister(struct conch_bridge *b, bool agents, json_t *nam
 
 void conch_bridge_drop_owner(struct conch_bridge *b, void *owner)
 {
-    struct node *heads[] = {&b->tools, &b->agents};
+    struct conch_list *heads[] = {&b->tools, &b->agents};
     for (int k = 0; k < 2; k++)
-        for (struct node *n = heads[k]->next, *next; n != heads[k]; n = next) {
+        for (struct conch_list *n = heads[k]->next, *next; n != heads[k]; n = next) {
             next = n->next;
-            struct entry *e = node_entry(n, struct entry, link);
+            struct entry *e = conch_list_entry(n, struct entry, link);
             if (e->owner != owner)
                 continue;
-            node_del(&e->link);
+            conch_list_del(&e->link);
             json_decref(e->def);
             free(e);
         }
-    for (struct node *n = b->calls.next; n != &b->calls;) {
-        struct conch_bridge_call *c = node_entry(n, struct conch_bridge_call, link);
+    for (struct conch_list *n = b->calls.next; n != &b->calls;) {
+        struct conch_bridge_call *c = conch_list_entry(n, struct conch_bridge_call, link);
         if (c->owner != owner || !c->delivered) {
             n = n->next;
             continue;
@@ -174,8 +174,8 @@ void conch_bridge_drop_owner(struct conch_bridge *b, void *owner)
 json_t *conch_bridge__list_json(struct conch_bridge *b, bool full)
 {
     json_t *tools = json_array(), *agents = json_array();
-    for (struct node *n = b->tools.next; n != &b->tools; n = n->next) {
-        struct entry *e = node_entry(n, struct entry, link);
+    for (struct conch_list *n = b->tools.next; n != &b->tools; n = n->next) {
+        struct entry *e = conch_list_entry(n, struct entry, link);
         if (full) {
             json_array_append(tools, e->def);
         } else {
@@ -185,8 +185,8 @@ json_t *conch_bridge__list_json(struct conch_bridge *b, bool full)
             json_array_append_new(tools, d);
         }
     }
-    for (struct node *n = b->agents.next; n != &b->agents; n = n->next)
-        json_array_append(agents, node_entry(n, struct entry, link)->def);
+    for (struct conch_list *n = b->agents.next; n != &b->agents; n = n->next)
+        json_array_append(agents, conch_list_entry(n, struct entry, link)->def);
     return json_pack("{s:o,s:o}", "tools", tools, "agents", agents);
 }
 
@@ -209,8 +209,8 @@ char *conch_bridge_prompt(struct conch_bridge *b, unsigned languages)
 
 struct origin *conch_bridge__origin_find(struct conch_bridge *b, const char *kind, const char *id)
 {
-    for (struct node *n = b->origins.next; n != &b->origins; n = n->next) {
-        struct origin *o = node_entry(n, struct origin, link);
+    for (struct conch_list *n = b->origins.next; n != &b->origins; n = n->next) {
+        struct origin *o = conch_list_entry(n, struct origin, link);
         if (!strcmp(o->kind, kind) && !strcmp(o->id, id))
             return o;
     }
@@ -226,8 +226,8 @@ struct origin *conch_bridge__origin_of(struct conn *c)
 {
     struct conch_bridge *b = c->b;
     for (int pass = 0; pass < 2; pass++) {
-        for (struct node *n = b->origins.next; n != &b->origins; n = n->next) {
-            struct origin *o = node_entry(n, struct origin, link);
+        for (struct conch_list *n = b->origins.next; n != &b->origins; n = n->next) {
+            struct origin *o = conch_list_entry(n, struct origin, link);
             if (origin_matches(o, c))
                 return o;
         }
@@ -243,7 +243,7 @@ struct origin *conch_bridge__origin_of(struct conn *c)
 
 void conch_bridge__origin_free(struct origin *o)
 {
-    node_del(&o->link);
+    conch_list_del(&o->link);
     json_decref(o->records);
     json_decref(o->detached);
     free(o);
@@ -263,13 +263,13 @@ int conch_bridge_origin_begin(struct conch_bridge *b, const char *kind, const ch
     snprintf(o->kind, sizeof(o->kind), "%s", kind);
     snprintf(o->id, sizeof(o->id), "%s", id);
     o->pidns = pidns;
-    node_add(&b->origins, &o->link);
+    conch_list_add(&b->origins, &o->link);
     /* Calls its command made before we knew it was running. */
     bool again = true;
     while (again && !b->freeing) {
         again = false;
-        for (struct node *n = b->deferred.next; n != &b->deferred; n = n->next) {
-            struct deferred *d = node_entry(n, struct deferred, link);
+        for (struct conch_list *n = b->deferred.next; n != &b->deferred; n = n->next) {
+            struct deferred *d = conch_list_entry(n, struct deferred, link);
             if (origin_matches(o, d->c)) {
                 conch_bridge__deferred_replay(b, d);
                 again = true;
@@ -341,8 +341,8 @@ void conch_bridge_origin_end(struct conch_bridge *b, const char *kind, const cha
     struct origin *o = conch_bridge__origin_find(b, kind, id);
     if (!o)
         return;
-    for (struct node *n = b->calls.next; n != &b->calls;) {
-        struct conch_bridge_call *c = node_entry(n, struct conch_bridge_call, link);
+    for (struct conch_list *n = b->calls.next; n != &b->calls;) {
+        struct conch_bridge_call *c = conch_list_entry(n, struct conch_bridge_call, link);
         if (strcmp(c->origin_kind, kind) || strcmp(c->origin_id, id)) {
             n = n->next;
             continue;

@@ -55,12 +55,12 @@ int conch_bridge_new(uv_loop_t *loop, const char *sandbox, const struct conch_br
                       b->lim.shared);
     b->ops = ops;
     b->ctx = ctx;
-    NODE_INIT(&b->tools);
-    NODE_INIT(&b->agents);
-    NODE_INIT(&b->origins);
-    NODE_INIT(&b->conns);
-    NODE_INIT(&b->calls);
-    NODE_INIT(&b->deferred);
+    CONCH_LIST_INIT(&b->tools);
+    CONCH_LIST_INIT(&b->agents);
+    CONCH_LIST_INIT(&b->origins);
+    CONCH_LIST_INIT(&b->conns);
+    CONCH_LIST_INIT(&b->calls);
+    CONCH_LIST_INIT(&b->deferred);
     *ret = b;
     return 0;
 }
@@ -76,7 +76,7 @@ static void on_listener_closed(uv_handle_t *h)
 static void stop_listening(struct conch_bridge *b)
 {
     while (b->conns.next != &b->conns)
-        conch_bridge__conn_close(node_entry(b->conns.next, struct conn, link));
+        conch_bridge__conn_close(conch_list_entry(b->conns.next, struct conn, link));
     if (b->listener) {
         b->listener->data = b;
         uv_close((uv_handle_t *)b->listener, on_listener_closed);
@@ -88,7 +88,7 @@ void conch_bridge_refuse(struct conch_bridge *b, bool refuse)
 {
     b->refusing = refuse;
     while (refuse && b->conns.next != &b->conns)
-        conch_bridge__conn_close(node_entry(b->conns.next, struct conn, link));
+        conch_bridge__conn_close(conch_list_entry(b->conns.next, struct conn, link));
 }
 
 int conch_bridge_listen(struct conch_bridge *b, int listen_fd, struct conch_err *err)
@@ -121,13 +121,14 @@ void conch_bridge_free(struct conch_bridge *b)
         return;
     b->freeing = true;
     while (b->calls.next != &b->calls) {
-        struct conch_bridge_call *c = node_entry(b->calls.next, struct conch_bridge_call, link);
+        struct conch_bridge_call *c =
+            conch_list_entry(b->calls.next, struct conch_bridge_call, link);
         conch_bridge__call_fail(c, "unavailable", "the sandbox stopped", "the sandbox stopped");
     }
     conch_bridge__entries_free(&b->tools);
     conch_bridge__entries_free(&b->agents);
     while (b->origins.next != &b->origins)
-        conch_bridge__origin_free(node_entry(b->origins.next, struct origin, link));
+        conch_bridge__origin_free(conch_list_entry(b->origins.next, struct origin, link));
     stop_listening(b); /* closes the connections, and so drops what they deferred */
     if (b->defer_timer) {
         uv_timer_stop(b->defer_timer);

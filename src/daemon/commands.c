@@ -39,7 +39,7 @@ static void unlink_spill(struct conch_output *o)
 
 static void run_free(struct run *r)
 {
-    client_sink_wait_cancel(&r->drain);
+    conch_daemon_client_sink_wait_cancel(&r->drain);
     conch_output_done(&r->out_cap);
     conch_output_done(&r->err_cap);
     free(r->command);
@@ -69,8 +69,8 @@ static void on_run_handle_closed(uv_handle_t *h)
 /* A finished job's record is no longer wanted: free it (now, or when its handles close). */
 static void run_free_job(struct run *r)
 {
-    dlist_del(&r->link);
-    dlist_del(&r->dlink);
+    conch_list_del(&r->link);
+    conch_list_del(&r->dlink);
     r->is_job = false;
     r->finished = true;
     run_maybe_free(r);
@@ -92,7 +92,7 @@ static void stream_notify(struct run *r, const char *stream, const char *buf, si
     json_t *data = conch_json_text(buf, len);
     json_t *params =
         json_pack("{s:O,s:s,s:o}", "request_id", r->request_id, "stream", stream, "data", data);
-    client_notify(r->notify, "exec.output", params);
+    conch_daemon_client_notify(r->notify, "exec.output", params);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -120,8 +120,8 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
     /* A client that does not read its streamed output: stop reading the command's pipes
      * until it drains; the command then blocks on its writes (backpressure, not memory). */
-    if (r->stream && r->notify && client_sink_congested(r->notify) &&
-        client_sink_wait_drain(r->notify, &r->drain)) {
+    if (r->stream && r->notify && conch_daemon_client_sink_congested(r->notify) &&
+        conch_daemon_client_sink_wait_drain(r->notify, &r->drain)) {
         if (r->out_open)
             uv_read_stop((uv_stream_t *)&r->out);
         if (r->err_open)
@@ -137,7 +137,7 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 /* The client drained: read the command's output again. */
 static void run_drained(struct sink_waiter *w)
 {
-    struct run *r = dlist_entry(w, struct run, drain);
+    struct run *r = conch_list_entry(w, struct run, drain);
     if (r->out_open)
         uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
     if (r->err_open)
@@ -200,9 +200,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     r->drain.cb = run_drained;
     r->command = strdup(command);
     if (!is_job)
-        daemon_make_id(d, "exec", r->origin_id, sizeof(r->origin_id));
-    DLIST_INIT(&r->waiters);
-    DLIST_INIT(&r->dlink);
+        conch_daemon_make_id(d, "exec", r->origin_id, sizeof(r->origin_id));
+    CONCH_LIST_INIT(&r->waiters);
+    CONCH_LIST_INIT(&r->dlink);
     r->out_cap.spill_fd = r->err_cap.spill_fd = -1;
     long long max_output = conch_rpc_int(params, "max_output", 1 << 20);
     if (max_output < 0)
@@ -210,9 +210,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     /* Jobs keep every byte in their spill files (read back by offset); commands keep the
      * head and tail in memory. */
     if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          sandbox_spill_dir(sb), err) < 0 ||
+                          conch_daemon_sandbox_spill_dir(sb), err) < 0 ||
         conch_output_init(&r->err_cap, "stderr", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          sandbox_spill_dir(sb), err) < 0) {
+                          conch_daemon_sandbox_spill_dir(sb), err) < 0) {
         run_free(r);
         return NULL;
     }
@@ -297,11 +297,11 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         r->oom_base = cgs.oom_kills;
         r->pids_base = cgs.pids_events;
     }
-    r->start_ms = daemon_now_ms();
-    r->started_at = daemon_now();
-    dlist_add(&sb->runs, &r->link);
+    r->start_ms = conch_daemon_now_ms();
+    r->started_at = conch_daemon_now();
+    conch_list_add(&sb->runs, &r->link);
     sb->commands++;
-    sandbox_touch(sb);
+    conch_daemon_sandbox_touch(sb);
     return r;
 fail:
     for (int i = 0; i < 2; i++) {
@@ -411,7 +411,7 @@ static void job_record_exit(struct run *r)
     rec.exit_code = code;
     rec.signal = sig;
     rec.started_at = r->started_at;
-    rec.ended_at = daemon_now();
+    rec.ended_at = conch_daemon_now();
     snprintf(rec.stdout_spill, sizeof(rec.stdout_spill), "%s", r->out_cap.spill_path);
     snprintf(rec.stderr_spill, sizeof(rec.stderr_spill), "%s", r->err_cap.spill_path);
     conch_state_job_put(r->sb->d->state, &rec, NULL);
@@ -446,7 +446,7 @@ static void waiter_closed(uv_handle_t *h)
 
 static void waiter_finish(struct job_wait *w)
 {
-    dlist_del(&w->link);
+    conch_list_del(&w->link);
     conch_rpc_call_reply(w->call, job_status_json(w->job));
     uv_timer_stop(&w->timer);
     w->timer.data = w;
@@ -461,16 +461,16 @@ static void waiter_finish(struct job_wait *w)
 static void forget_old_jobs(struct daemon *d, struct run *keep)
 {
     unsigned done = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->jobs)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->jobs)
     {
-        if (dlist_entry(pos, struct run, dlink)->finished)
+        if (conch_list_entry(pos, struct run, dlink)->finished)
             done++;
     }
     /* d->jobs is in start order, oldest first. */
-    dlist_for_each_safe(pos, tmp, &d->jobs)
+    conch_list_for_each_safe(pos, tmp, &d->jobs)
     {
-        struct run *r = dlist_entry(pos, struct run, dlink);
+        struct run *r = conch_list_entry(pos, struct run, dlink);
         if (done <= MAX_DONE_JOBS)
             break;
         if (!r->finished || r == keep)
@@ -506,9 +506,9 @@ static void run_answered(struct run *r)
     struct sandbox *sb = r->sb;
     if (sb->state == SB_GONE) /* destroyed while a worker built the answer */
         return;
-    sandbox_measure(sb);
+    conch_daemon_sandbox_measure(sb);
     if (sb->fresh && !sb->super.gone && sb->state == SB_READY)
-        sandbox_retire(sb);
+        conch_daemon_sandbox_retire(sb);
 }
 
 static void answer_work(uv_work_t *req)
@@ -534,7 +534,7 @@ static void answer_done(uv_work_t *req, int status)
     free(a);
     r->answering = false;
     run_answered(r);
-    sandbox_release(sb);
+    conch_daemon_sandbox_release(sb);
     run_maybe_free(r);
 }
 
@@ -561,7 +561,7 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes)
     if (changes)
         memset(changes, 0, sizeof(*changes));
     r->answering = true;
-    sandbox_hold(r->sb);
+    conch_daemon_sandbox_hold(r->sb);
     return true;
 }
 
@@ -593,8 +593,8 @@ static void run_try_finish(struct run *r)
     if (r->finished || !r->exited || r->out_open || r->err_open)
         return;
     r->finished = true;
-    r->end_ms = daemon_now_ms();
-    dlist_del(&r->link);
+    r->end_ms = conch_daemon_now_ms();
+    conch_list_del(&r->link);
     struct sandbox *sb = r->sb;
     /* The spill files stay (a job's output is read back from them by offset); their fds
      * need not: a finished run holds none. */
@@ -602,24 +602,24 @@ static void run_try_finish(struct run *r)
     close_spill(&r->err_cap);
     if (r->is_job) {
         /* A short command ends between two samples of the disk: measure what it left. */
-        sandbox_measure(sb);
+        conch_daemon_sandbox_measure(sb);
         job_record_exit(r);
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &r->waiters)
-            waiter_finish(dlist_entry(pos, struct job_wait, link));
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &r->waiters)
+            waiter_finish(conch_list_entry(pos, struct job_wait, link));
         json_t *st = job_status_json(r);
         json_object_set_new(st, "job_id", json_string(r->job_id));
         json_object_set_new(st, "sandbox", json_string(sb->id));
         json_object_del(st, "running");
-        client_notify(r->notify, "job.exited", st);
+        conch_daemon_client_notify(r->notify, "job.exited", st);
         /* A finished job stays listed (its output readable) until its sandbox goes; it no
          * longer keeps the sandbox busy. */
-        dlist_add(&sb->done_jobs, &r->link);
+        conch_list_add(&sb->done_jobs, &r->link);
         forget_old_jobs(sb->d, r);
         return;
     }
     if (!r->call) {
-        sandbox_measure(sb);
+        conch_daemon_sandbox_measure(sb);
         return;
     }
     if (r->end.lost && sb->super.gone) {
@@ -634,20 +634,20 @@ static void run_try_finish(struct run *r)
     }
     /* The result lists the workspace's changes: scanning them costs the size of the upper
      * dir (seconds for 300,000 files), so a worker does it and run_answer replies. */
-    if (sb->upper_dir[0] && !sb->super.gone && sandbox_changes_none(sb)) {
+    if (sb->upper_dir[0] && !sb->super.gone && conch_daemon_sandbox_changes_none(sb)) {
         struct conch_ws_changes none = {0};
         run_answer(r, &none);
         return;
     }
     if (sb->upper_dir[0] && !sb->super.gone &&
-        sandbox_changes_async(sb, run_changes_done, r) == 0) {
+        conch_daemon_sandbox_changes_async(sb, run_changes_done, r) == 0) {
         r->scanning = true;
         return;
     }
     run_answer(r, NULL);
 }
 
-void run_forget(struct run *r)
+void conch_daemon_run_forget(struct run *r)
 {
     close_pipe(r, &r->out, &r->out_open);
     close_pipe(r, &r->err, &r->err_open);
@@ -703,7 +703,7 @@ static const struct conch_proc_ops run_proc_ops = {.started = run_started, .ende
 
 /* Sampling saw the sandbox over a limit: memory and disk kill @r, the process limit is only
  * noted (forks fail by themselves). */
-void run_limit_hit(struct run *r, enum run_limit which)
+void conch_daemon_run_limit_hit(struct run *r, enum run_limit which)
 {
     if (r->finished)
         return;
@@ -756,7 +756,7 @@ static bool command_params_ok(struct conch_rpc_call *call, json_t *params)
     return true;
 }
 
-void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     struct conch_err err = {0};
@@ -777,10 +777,10 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
         struct sandbox_spec spec;
         json_t *sp = json_pack("{s:O?,s:O?}", "workspace", json_object_get(params, "workspace"),
                                "mode", json_object_get(params, "mode"));
-        bool ok = daemon_spec_from_params(call, sp, &spec);
-        if (ok && !spec.workspace && (sb = pool_take(c->d)))
+        bool ok = conch_daemon_spec_from_params(call, sp, &spec);
+        if (ok && !spec.workspace && (sb = conch_daemon_pool_take(c->d)))
             sb->from_pool = true;
-        if (ok && !sb && sandbox_create(c->d, &spec, &sb, &err) < 0) {
+        if (ok && !sb && conch_daemon_sandbox_create(c->d, &spec, &sb, &err) < 0) {
             json_decref(sp);
             conch_rpc_call_fail_err(call, 0, NULL, &err);
             return;
@@ -794,16 +794,16 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
             conch_rpc_call_fail_param(call, "sandbox", "sandbox is required (or fresh: true)");
             return;
         }
-        if (!(sb = sandbox_find_running(c->d, call, id)))
+        if (!(sb = conch_daemon_sandbox_find_running(c->d, call, id)))
             return;
     }
-    if (!sb->fresh && sandbox_disk_refuse(sb, call))
+    if (!sb->fresh && conch_daemon_sandbox_disk_refuse(sb, call))
         return;
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, false, &err);
     if (!r) {
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         if (sb->fresh)
-            sandbox_destroy(sb);
+            conch_daemon_sandbox_destroy(sb);
         return;
     }
     r->call = call;
@@ -814,23 +814,24 @@ void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx)
         r->notify = conch_rpc_sink_ref(c->sink);
 }
 
-void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     if (!command_params_ok(call, params))
         return;
-    struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
     if (!sb)
         return;
     unsigned n = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->jobs) n++;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->jobs) n++;
     if (n >= MAX_JOBS) {
         conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
                              "too many jobs (%d): destroy old sandboxes", MAX_JOBS);
         return;
     }
-    if (sandbox_disk_refuse(sb, call))
+    if (conch_daemon_sandbox_disk_refuse(sb, call))
         return;
     struct conch_err err = {0};
     struct run *r = run_start(sb, conch_rpc_str(params, "command", ""), params, true, &err);
@@ -838,8 +839,8 @@ void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
-    daemon_make_id(c->d, "job", r->job_id, sizeof(r->job_id));
-    dlist_add(&c->d->jobs, &r->dlink);
+    conch_daemon_make_id(c->d, "job", r->job_id, sizeof(r->job_id));
+    conch_list_add(&c->d->jobs, &r->dlink);
     if (c->sink)
         r->notify = conch_rpc_sink_ref(c->sink);
     struct conch_state_job rec;
@@ -857,10 +858,10 @@ void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx)
 static struct run *find_job(struct client *c, struct conch_rpc_call *call, json_t *params)
 {
     const char *id = conch_rpc_str(params, "job_id", "");
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->jobs)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->jobs)
     {
-        struct run *r = dlist_entry(pos, struct run, dlink);
+        struct run *r = conch_list_entry(pos, struct run, dlink);
         if (!strcmp(r->job_id, id))
             return r;
     }
@@ -891,7 +892,7 @@ static json_t *read_stream(const struct conch_output *o, long long *offset, long
     return s ? s : json_string("");
 }
 
-void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct run *r = find_job(ctx, call, params);
     if (!r)
@@ -917,7 +918,7 @@ static void on_wait_timeout(uv_timer_t *t)
     waiter_finish(t->data);
 }
 
-void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     struct run *r = find_job(c, call, params);
@@ -939,10 +940,10 @@ void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx)
     uv_timer_init(&c->d->loop, &w->timer);
     w->timer.data = w;
     uv_timer_start(&w->timer, on_wait_timeout, (uint64_t)(timeout * 1000), 0);
-    dlist_add(&r->waiters, &w->link);
+    conch_list_add(&r->waiters, &w->link);
 }
 
-void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct run *r = find_job(ctx, call, params);
     if (!r)
@@ -977,15 +978,15 @@ void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
     conch_rpc_call_reply(call, json_pack("{s:b}", "killed", !r->finished));
 }
 
-void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     const char *sb = conch_rpc_str(params, "sandbox", NULL);
     json_t *arr = json_array();
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->jobs)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->jobs)
     {
-        struct run *r = dlist_entry(pos, struct run, dlink);
+        struct run *r = conch_list_entry(pos, struct run, dlink);
         if (sb && strcmp(sb, r->sb->id))
             continue;
         json_t *o = job_status_json(r);

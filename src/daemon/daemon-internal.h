@@ -21,20 +21,9 @@
 #include "jail/jail.h"
 #include "rpc/rpc.h"
 #include "bridge/bridge.h"
+#include "core/list.h"
 #include "super/super.h"
 #include "workspace/workspace.h"
-
-/* An intrusive doubly-linked list. */
-struct dlist {
-    struct dlist *prev, *next;
-};
-#define DLIST_INIT(l) ((l)->prev = (l)->next = (l))
-#define dlist_entry(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
-#define dlist_for_each_safe(pos, tmp, head)                                                        \
-    for (pos = (head)->next, tmp = pos->next; pos != (head); pos = tmp, tmp = pos->next)
-void dlist_add(struct dlist *head, struct dlist *item);
-void dlist_del(struct dlist *item);
-bool dlist_empty(const struct dlist *head);
 
 struct daemon;
 
@@ -42,7 +31,7 @@ struct daemon;
 #define CONCH_MAX_OUTPUT (64.0 * 1024 * 1024)
 
 struct client {
-    struct dlist link;
+    struct conch_list link;
     struct daemon *d;
     uv_pipe_t in;  /* the socket, or stdin */
     uv_pipe_t out; /* stdout (--stdio only) */
@@ -53,11 +42,11 @@ struct client {
     int refs; /* handles still open */
     /* Output buffer limits (redis's client-output-buffer-limit), on the bytes of responses
      * libuv holds because the kernel has not taken them (uv_stream_get_write_queue_size). */
-    bool congested;             /* queued went past the soft limit and has not drained yet */
-    struct dlist drain_waiters; /* struct sink_waiter, called when no longer congested */
+    bool congested;                  /* queued went past the soft limit and has not drained yet */
+    struct conch_list drain_waiters; /* struct sink_waiter, called when no longer congested */
     /* The tool bridge: calls delivered to this client (tool.call, agent.spawn) awaiting its
      * response (struct out_call, tools.c), and the id of the last one sent. */
-    struct dlist out_calls;
+    struct conch_list out_calls;
     json_int_t next_out_id;
 };
 
@@ -73,13 +62,13 @@ struct client {
  * Caller-allocated (embed it); zero it before first use.
  */
 struct sink_waiter {
-    struct dlist link;
+    struct conch_list link;
     bool armed;
     void (*cb)(struct sink_waiter *w); /* runs once; @w is disarmed before the call */
 };
 
 struct sandbox {
-    struct dlist link;
+    struct conch_list link;
     struct daemon *d;
     char id[64];
     char name[128];
@@ -109,7 +98,8 @@ struct sandbox {
     uv_poll_t *ctl_poll; /* owned; freed when its close completes */
     uv_timer_t *sample;  /* owned: disk, and memory/pids when no cgroup enforces them */
     unsigned samples;
-    uv_timer_t idle; /* armed by sandbox_touch when idle_timeout > 0; stopped at STOPPING */
+    uv_timer_t
+        idle; /* armed by conch_daemon_sandbox_touch when idle_timeout > 0; stopped at STOPPING */
     double idle_timeout;
     /* the spec, kept to rebuild the sandbox (discard) */
     char workspace[PATH_MAX]; /* "" for none */
@@ -127,19 +117,19 @@ struct sandbox {
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
     unsigned holds;
-    void (*gone)(void *arg); /* sandbox_destroy_then's callback */
+    void (*gone)(void *arg); /* conch_daemon_sandbox_destroy_then's callback */
     void *gone_arg;
     bool measuring;           /* a disk measurement is running in a worker */
     bool disk_over;           /* the last measurement found more than disk_bytes */
     bool measure_wanted;      /* a command or write ended: measure when the throttle allows */
     uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
-    struct dlist ws_ops;      /* struct ws_op waiting for their turn: one runs at a time */
+    struct conch_list ws_ops; /* struct ws_op waiting for their turn: one runs at a time */
     bool ws_running;
     double created_at, last_used_at;
     unsigned commands;
-    struct dlist runs;           /* struct run: exec.run and jobs not finished yet */
-    struct dlist done_jobs;      /* struct run: finished jobs, output still readable */
-    struct dlist files;          /* struct file_req in flight */
+    struct conch_list runs;      /* struct run: exec.run and jobs not finished yet */
+    struct conch_list done_jobs; /* struct run: finished jobs, output still readable */
+    struct conch_list files;     /* struct file_req in flight */
     struct file_pool *file_pool; /* persistent file workers (fileworkers.c); NULL: none yet */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
     double tool_timeout;         /* its limits (0: the bridge's defaults) */
@@ -147,8 +137,8 @@ struct sandbox {
 };
 
 struct run {
-    struct dlist link;  /* in sandbox->runs, then sandbox->done_jobs (jobs) */
-    struct dlist dlink; /* in daemon->jobs (jobs only) */
+    struct conch_list link;  /* in sandbox->runs, then sandbox->done_jobs (jobs) */
+    struct conch_list dlink; /* in daemon->jobs (jobs only) */
     struct sandbox *sb;
     struct conch_proc proc; /* the supervisor's process object */
     bool is_job;
@@ -168,27 +158,27 @@ struct run {
     uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
     bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
     bool sampled_disk;
-    bool over_spill;          /* output went past the spill cap: killed */
-    int handles;              /* libuv handles still open */
-    bool scanning;            /* a worker lists the workspace's changes for the result */
-    bool answering;           /* a worker builds the result (large output) */
-    bool no_changes;          /* exec.run "changes": false: the result lists none (no scan) */
-    struct sink_waiter drain; /* armed while the client is congested: pipes not read */
-    struct dlist waiters;     /* struct job_wait */
+    bool over_spill;           /* output went past the spill cap: killed */
+    int handles;               /* libuv handles still open */
+    bool scanning;             /* a worker lists the workspace's changes for the result */
+    bool answering;            /* a worker builds the result (large output) */
+    bool no_changes;           /* exec.run "changes": false: the result lists none (no scan) */
+    struct sink_waiter drain;  /* armed while the client is congested: pipes not read */
+    struct conch_list waiters; /* struct job_wait */
     double started_at;
     char origin_id[32];               /* who its tool calls come from: "exec-…" or the job id */
     struct conch_bridge_report tools; /* its tool calls, once ended (owned) */
 };
 
 struct job_wait {
-    struct dlist link;
+    struct conch_list link;
     struct run *job;
     struct conch_rpc_call *call;
     uv_timer_t timer;
 };
 
 struct file_req {
-    struct dlist link;
+    struct conch_list link;
     struct sandbox *sb;
     struct conch_rpc_call *call;
     uv_pipe_t pipe;
@@ -212,9 +202,9 @@ struct daemon {
     bool activated; /* the listener came from systemd (LISTEN_FDS): not ours to unlink */
     uv_signal_t sigchld, sigterm, sigint;
     uv_timer_t pool_timer;
-    struct dlist clients;
-    struct dlist sandboxes;
-    struct dlist jobs;
+    struct conch_list clients;
+    struct conch_list sandboxes;
+    struct conch_list jobs;
     unsigned n_sandboxes;
     unsigned n_pooled; /* sandboxes BUILDING, POOLED or RECYCLING (kept by conch_sb_set_state) */
     uint64_t next_id;
@@ -231,25 +221,25 @@ struct daemon {
 };
 
 /* server.c */
-double daemon_now(void);
-uint64_t daemon_now_ms(void);
-void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);
-void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params);
-/* client_sink_congested - true while the client behind @sink has more than
+double conch_daemon_now(void);
+uint64_t conch_daemon_now_ms(void);
+void conch_daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);
+void conch_daemon_client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params);
+/* conch_daemon_client_sink_congested - true while the client behind @sink has more than
  * CLIENT_OUTPUT_SOFT bytes of responses unread. A closed sink (client gone) is never
  * congested: its output is dropped, so reading may go on. */
-bool client_sink_congested(struct conch_rpc_sink *sink);
+bool conch_daemon_client_sink_congested(struct conch_rpc_sink *sink);
 /*
- * client_sink_wait_drain - call @w->cb (set by the caller) once the client behind @sink is
- * no longer congested, or is disconnected. Returns false without arming @w when it is not
+ * conch_daemon_client_sink_wait_drain - call @w->cb (set by the caller) once the client behind
+ * @sink is no longer congested, or is disconnected. Returns false without arming @w when it is not
  * congested now (the caller goes on at once). @w must stay valid until it fires or is
  * cancelled; arming an armed waiter is a no-op. @w->cb may run from inside a send to that
  * client (any reply, when the client is disconnected for its hard limit) or from a write
  * completion: it should only resume work (uv_read_start), not free what the caller holds.
  */
-bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
-/* client_sink_wait_cancel - disarm @w (no-op when not armed). */
-void client_sink_wait_cancel(struct sink_waiter *w);
+bool conch_daemon_client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w);
+/* conch_daemon_client_sink_wait_cancel - disarm @w (no-op when not armed). */
+void conch_daemon_client_sink_wait_cancel(struct sink_waiter *w);
 
 /* Where fs.* shows a sandbox's spill files (read-only, served from its spill dir). */
 #define CONCH_SPILL_SHOWN_DIR "/run/conch/output"
@@ -280,19 +270,20 @@ static inline bool sandbox_destroyed(const struct sandbox *sb)
  * set up before it returns (-> READY). Returns 0, or -errno with @err and the state as it
  * was. */
 int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err);
-/* sandbox_start - conch_sb_spawn, not async; a RESTARTING one that fails is STOPPED. */
-int sandbox_start(struct sandbox *sb, struct conch_err *err);
-/* sandbox_stop - READY -> RESTARTING (workspace.discard): what runs in it ends (@why) and
- * its warden is gone when it returns; sandbox_start brings it back. */
-void sandbox_stop(struct sandbox *sb, const char *why);
-/* sandbox_warden_gone - @sb's warden died: a named sandbox is STOPPED; a `fresh` or the
- * pool's is destroyed. */
-void sandbox_warden_gone(struct sandbox *sb);
-/* sandbox_hold / sandbox_release - keep @sb's memory and directory while work on it runs
- * in a worker thread; a GONE sandbox is freed (and its directory removed) by the last
- * release. Loop thread only. */
-void sandbox_hold(struct sandbox *sb);
-void sandbox_release(struct sandbox *sb);
+/* conch_daemon_sandbox_start - conch_sb_spawn, not async; a RESTARTING one that fails is STOPPED.
+ */
+int conch_daemon_sandbox_start(struct sandbox *sb, struct conch_err *err);
+/* conch_daemon_sandbox_stop - READY -> RESTARTING (workspace.discard): what runs in it ends (@why)
+ * and its warden is gone when it returns; conch_daemon_sandbox_start brings it back. */
+void conch_daemon_sandbox_stop(struct sandbox *sb, const char *why);
+/* conch_daemon_sandbox_warden_gone - @sb's warden died: a named sandbox is STOPPED; a `fresh` or
+ * the pool's is destroyed. */
+void conch_daemon_sandbox_warden_gone(struct sandbox *sb);
+/* conch_daemon_sandbox_hold / conch_daemon_sandbox_release - keep @sb's memory and directory while
+ * work on it runs in a worker thread; a GONE sandbox is freed (and its directory removed) by the
+ * last release. Loop thread only. */
+void conch_daemon_sandbox_hold(struct sandbox *sb);
+void conch_daemon_sandbox_release(struct sandbox *sb);
 
 /* sandboxes.c */
 struct sandbox_spec {
@@ -312,75 +303,78 @@ struct sandbox_spec {
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */
 struct sandbox *conch_sb_new(struct daemon *d);
-int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
-                   struct conch_err *err);
-/* sandbox_destroy - at once: fail its commands and requests, forget it (not found from now
- * on), delete its record. In a worker: end the warden, then remove its directory. */
-void sandbox_destroy(struct sandbox *sb);
-/* sandbox_destroy_then - sandbox_destroy, then @gone(@arg) on the loop once the warden is
- * gone and the directory removed (at once if @sb is already being destroyed). */
-void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg);
-/* conch_sb_destroy_why - sandbox_destroy, its commands and requests failing with @why. */
+int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spec,
+                                struct sandbox **ret, struct conch_err *err);
+/* conch_daemon_sandbox_destroy - at once: fail its commands and requests, forget it (not found from
+ * now on), delete its record. In a worker: end the warden, then remove its directory. */
+void conch_daemon_sandbox_destroy(struct sandbox *sb);
+/* conch_daemon_sandbox_destroy_then - conch_daemon_sandbox_destroy, then @gone(@arg) on the loop
+ * once the warden is gone and the directory removed (at once if @sb is already being destroyed). */
+void conch_daemon_sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg);
+/* conch_sb_destroy_why - conch_daemon_sandbox_destroy, its commands and requests failing with @why.
+ */
 void conch_sb_destroy_why(struct sandbox *sb, const char *why);
-void sandbox_destroy_keep_record(struct sandbox *sb);
+void conch_daemon_sandbox_destroy_keep_record(struct sandbox *sb);
 /* conch_sb_sample_start - sample @sb's disk use, and its memory and process count where no
  * cgroup enforces its limits, every 50 ms while its warden is up (the timer is closed with
  * the warden's handles). */
 void conch_sb_sample_start(struct sandbox *sb);
-bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
-                             struct sandbox_spec *spec);
-struct sandbox *sandbox_find(struct daemon *d, const char *id);
-/* sandbox_find_running - the running sandbox @id, or NULL after failing @call with
+bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
+                                   struct sandbox_spec *spec);
+struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id);
+/* conch_daemon_sandbox_find_running - the running sandbox @id, or NULL after failing @call with
  * sandbox_not_found or sandbox_stopped. */
-struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *call, const char *id);
-void sandbox_touch(struct sandbox *sb);
-json_t *sandbox_json(const struct sandbox *sb);
-void sandboxes_recover(struct daemon *d);
-/* sandbox_spill_dir - where @sb's commands spill their output: its own directory
+struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch_rpc_call *call,
+                                                  const char *id);
+void conch_daemon_sandbox_touch(struct sandbox *sb);
+json_t *conch_daemon_sandbox_json(const struct sandbox *sb);
+void conch_daemon_sandboxes_recover(struct daemon *d);
+/* conch_daemon_sandbox_spill_dir - where @sb's commands spill their output: its own directory
  * (<state>/sandboxes/<id>/spill, counted against its disk budget and removed with it), or
  * for a `fresh` sandbox the daemon's shared spill directory (its result names the file after
  * the sandbox is gone; `conch gc` removes it after CONCH_RECOVER_SPILL_TTL_S). Creates the
  * directory on first use; falls back to the shared one if it cannot. */
-const char *sandbox_spill_dir(struct sandbox *sb);
+const char *conch_daemon_sandbox_spill_dir(struct sandbox *sb);
 
 /* pool.c: the pool of pre-built sandboxes and the lease */
-void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx);
-/* sandboxes_client_gone - the client of @sink went away: the sandboxes lent to it go. */
-void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink);
-void pool_fill(struct daemon *d);
-/* pool_take - a POOLED sandbox, now READY for a `fresh` command; NULL when none is. */
-struct sandbox *pool_take(struct daemon *d);
-/* sandbox_retire - a `fresh` sandbox's one command was answered (READY), or its borrower
- * released it (LENT): back into the pool, made as new by its warden (RECYCLING), when it came
- * from there and nothing else uses it; destroyed otherwise. */
-void sandbox_retire(struct sandbox *sb);
+void conch_daemon_handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_sandboxes_client_gone - the client of @sink went away: the sandboxes lent to it go.
+ */
+void conch_daemon_sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink);
+void conch_daemon_pool_fill(struct daemon *d);
+/* conch_daemon_pool_take - a POOLED sandbox, now READY for a `fresh` command; NULL when none is. */
+struct sandbox *conch_daemon_pool_take(struct daemon *d);
+/* conch_daemon_sandbox_retire - a `fresh` sandbox's one command was answered (READY), or its
+ * borrower released it (LENT): back into the pool, made as new by its warden (RECYCLING), when it
+ * came from there and nothing else uses it; destroyed otherwise. */
+void conch_daemon_sandbox_retire(struct sandbox *sb);
 /* conch_sb_lease_answer - the warden of LEASING @sb answered the attach (@r < 0: failed,
  * @err says why): answer the lease with the borrower's channel (-> LENT), or fail it and
  * destroy the sandbox. */
 void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *err);
 
 /* commands.c */
-/* run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if that
- * is still due, and free it (a job's record too). Its command has ended or been ended. */
-void run_forget(struct run *r);
+/* conch_daemon_run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if
+ * that is still due, and free it (a job's record too). Its command has ended or been ended. */
+void conch_daemon_run_forget(struct run *r);
 enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DISK };
-/* run_limit_hit - sampling saw the sandbox over a limit: memory and disk kill @r, the
+/* conch_daemon_run_limit_hit - sampling saw the sandbox over a limit: memory and disk kill @r, the
  * process limit is only noted (forks fail by themselves). */
-void run_limit_hit(struct run *r, enum run_limit which);
-void handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
-/* client_close - disconnect @c (its pending responses are dropped). */
-void client_close(struct client *c);
-void handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_run_limit_hit(struct run *r, enum run_limit which);
+void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_client_close - disconnect @c (its pending responses are dropped). */
+void conch_daemon_client_close(struct client *c);
+void conch_daemon_handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* files.c */
 /*
- * sandbox_changes_async - list @sb's workspace changes in a worker thread (a scan of 300,000
- * files takes seconds: never on the loop), after the workspace requests queued before it,
+ * conch_daemon_sandbox_changes_async - list @sb's workspace changes in a worker thread (a scan of
+ * 300,000 files takes seconds: never on the loop), after the workspace requests queued before it,
  * then call @done(@arg, r, changes, err) on the loop: r = 0 and *@changes filled (empty
  * when the sandbox has no overlay; take the items over by moving them out, else they are
  * freed after the call), or r < 0 with @err (-ESHUTDOWN when the sandbox was destroyed
@@ -388,63 +382,66 @@ void handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx);
  */
 typedef void (*sandbox_changes_fn)(void *arg, int r, struct conch_ws_changes *changes,
                                    const struct conch_err *err);
-int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
-/* sandbox_changes_none - true when @sb's workspace has no changes and that is known at the
- * cost of one directory read (no workspace request queued or running, the upper dir empty):
- * a command that changed nothing is then answered without a worker's round trip. */
-bool sandbox_changes_none(struct sandbox *sb);
-/* sandbox_measure - measure @sb's disk use soon, in a worker (after a command or a file
- * write: short commands end between two samples). A measurement over the limit kills the
+int conch_daemon_sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg);
+/* conch_daemon_sandbox_changes_none - true when @sb's workspace has no changes and that is known at
+ * the cost of one directory read (no workspace request queued or running, the upper dir empty): a
+ * command that changed nothing is then answered without a worker's round trip. */
+bool conch_daemon_sandbox_changes_none(struct sandbox *sb);
+/* conch_daemon_sandbox_measure - measure @sb's disk use soon, in a worker (after a command or a
+ * file write: short commands end between two samples). A measurement over the limit kills the
  * running commands and sets sb->disk_over until one finds room again. */
-void sandbox_measure(struct sandbox *sb);
-/* sandbox_disk_refuse - while @sb is over its disk limit, fail @call (limit, naming how to
- * free room) and return true: nothing more may be written until room is made. */
-bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call);
-/* ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
-void ws_ops_cancel(struct sandbox *sb, const char *why);
+void conch_daemon_sandbox_measure(struct sandbox *sb);
+/* conch_daemon_sandbox_disk_refuse - while @sb is over its disk limit, fail @call (limit, naming
+ * how to free room) and return true: nothing more may be written until room is made. */
+bool conch_daemon_sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call);
+/* conch_daemon_ws_ops_cancel - fail the workspace requests of @sb still waiting for their turn. */
+void conch_daemon_ws_ops_cancel(struct sandbox *sb, const char *why);
 /* How long a file request may take inside the sandbox (fs.grep over a big tree...). */
 #define CONCH_FILE_TIMEOUT_MS (120 * 1000)
 /* The largest answer of a file worker. */
 #define CONCH_FILE_MAX_RESPONSE (64u << 20)
-/* file_answer_queue - parse the worker's answer @buf (owned) off the loop and complete
+/* conch_daemon_file_answer_queue - parse the worker's answer @buf (owned) off the loop and complete
  * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). */
-void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,
-                       bool measure, bool frees);
-/* file_pool_submit - give the request @text (owned when it returns true) to a free
+void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf,
+                                    size_t len, bool measure, bool frees);
+/* conch_daemon_file_pool_submit - give the request @text (owned when it returns true) to a free
  * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
  * when all are busy and many forked workers are in flight, and return true; false: the
  * caller forks a worker for it. */
-bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
-                      bool frees);
-/* file_pool_stop - fail the requests of @sb's persistent workers and end them. */
-void file_pool_stop(struct sandbox *sb);
-void file_req_abort(struct file_req *fr);
-/* handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
-void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method);
-void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx);
+bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text,
+                                   bool measure, bool frees);
+/* conch_daemon_file_pool_stop - fail the requests of @sb's persistent workers and end them. */
+void conch_daemon_file_pool_stop(struct sandbox *sb);
+void conch_daemon_file_req_abort(struct file_req *fr);
+/* conch_daemon_handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
+void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx,
+                            const char *method);
+void conch_daemon_handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* tools.c */
-/* sandbox_bridge_new - @sb's tool bridge (sb->bridge), not listening yet. */
-int sandbox_bridge_new(struct sandbox *sb, struct conch_err *err);
-/* sandbox_bridge_listen - once @sb's jail is set up: serve its /run/conch/ptc.sock. */
-void sandbox_bridge_listen(struct sandbox *sb);
-/* client_tools_response - @c answered a tool.call or agent.spawn the daemon sent it. */
-void client_tools_response(struct client *c, json_t *id, json_t *result, json_t *error);
-/* client_tools_gone - @c went away: its tools go, the calls it was answering fail. */
-void client_tools_gone(struct client *c);
-void handle_tools_register(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_tools_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_tools_list(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_sandbox_bridge_new - @sb's tool bridge (sb->bridge), not listening yet. */
+int conch_daemon_sandbox_bridge_new(struct sandbox *sb, struct conch_err *err);
+/* conch_daemon_sandbox_bridge_listen - once @sb's jail is set up: serve its /run/conch/ptc.sock. */
+void conch_daemon_sandbox_bridge_listen(struct sandbox *sb);
+/* conch_daemon_client_tools_response - @c answered a tool.call or agent.spawn the daemon sent it.
+ */
+void conch_daemon_client_tools_response(struct client *c, json_t *id, json_t *result,
+                                        json_t *error);
+/* conch_daemon_client_tools_gone - @c went away: its tools go, the calls it was answering fail. */
+void conch_daemon_client_tools_gone(struct client *c);
+void conch_daemon_handle_tools_register(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_tools_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_tools_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* methods.c: every method a client may call (conch_rpc_dispatch's table). */
-extern const struct conch_rpc_method daemon_methods[];
+extern const struct conch_rpc_method conch_daemon_methods[];
 
 /* the ctx every handler receives */
 struct handler_ctx {

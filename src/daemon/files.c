@@ -34,7 +34,7 @@ static void on_file_pipe_closed(uv_handle_t *h)
 
 static void file_req_close(struct file_req *fr)
 {
-    dlist_del(&fr->link);
+    conch_list_del(&fr->link);
     if (!fr->closed) {
         fr->closed = true;
         uv_read_stop((uv_stream_t *)&fr->pipe);
@@ -42,7 +42,7 @@ static void file_req_close(struct file_req *fr)
     }
 }
 
-void file_req_abort(struct file_req *fr)
+void conch_daemon_file_req_abort(struct file_req *fr)
 {
     if (fr->call)
         conch_rpc_call_failf(fr->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
@@ -144,8 +144,8 @@ static void answer_done(uv_work_t *req, int status)
     free(a);
 }
 
-void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf, size_t len,
-                       bool measure, bool frees)
+void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf,
+                                    size_t len, bool measure, bool frees)
 {
     /* Nobody will read the answer (its client went away, or was cut off past its output
      * buffer limit): do not parse it. */
@@ -178,7 +178,7 @@ void file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *bu
     if (measure) {
         if (frees)
             sb->disk_over = false;
-        sandbox_measure(sb);
+        conch_daemon_sandbox_measure(sb);
     }
 }
 
@@ -191,7 +191,7 @@ static void file_req_done(struct file_req *fr)
     fr->buf = NULL;
     fr->len = fr->cap = 0;
     file_req_close(fr);
-    file_answer_queue(fr->sb, call, buf, len, fr->measure, fr->frees);
+    conch_daemon_file_answer_queue(fr->sb, call, buf, len, fr->measure, fr->frees);
 }
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -306,7 +306,7 @@ static void output_done(uv_work_t *req, int status)
     if (op->dirfd >= 0)
         close(op->dirfd);
     json_decref(op->params);
-    sandbox_release(op->sb);
+    conch_daemon_sandbox_release(op->sb);
     answer_done(&op->a.req, status); /* frees op */
 }
 
@@ -350,20 +350,22 @@ static void handle_fs_output(struct sandbox *sb, struct conch_rpc_call *call, js
             return;
         }
     }
-    sandbox_hold(sb);
+    conch_daemon_sandbox_hold(sb);
     if (uv_queue_work(&sb->d->loop, &op->a.req, output_work, output_done) < 0) {
         output_work(&op->a.req);
         output_done(&op->a.req, 0);
     }
 }
 
-void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const char *method)
+void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx,
+                            const char *method)
 {
     struct client *c = ctx;
-    struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
     if (!sb)
         return;
-    sandbox_touch(sb);
+    conch_daemon_sandbox_touch(sb);
     int out = output_request(method, params);
     if (out != 0) {
         if (out > 0)
@@ -375,7 +377,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
         return;
     }
     bool writes = !strcmp(method, "write") || !strcmp(method, "edit") || !strcmp(method, "upload");
-    if (writes && sandbox_disk_refuse(sb, call))
+    if (writes && conch_daemon_sandbox_disk_refuse(sb, call))
         return;
     bool frees = !strcmp(method, "delete");
     json_t *p = json_copy(params);
@@ -391,7 +393,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
         goto fail;
     }
     /* A persistent worker when one is free (fileworkers.c); else one forked for it. */
-    if (file_pool_submit(sb, call, text, writes || frees, frees))
+    if (conch_daemon_file_pool_submit(sb, call, text, writes || frees, frees))
         return;
     memfd = memfd_create("conch-file-req", MFD_CLOEXEC);
     if (memfd < 0 || conch_write_all(memfd, text, strlen(text)) < 0 ||
@@ -418,7 +420,7 @@ void handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx, const cha
     uv_pipe_init(&c->d->loop, &fr->pipe, 0);
     fr->pipe.data = fr;
     uv_pipe_open(&fr->pipe, pipefd[0]);
-    dlist_add(&sb->files, &fr->link);
+    conch_list_add(&sb->files, &fr->link);
     uv_read_start((uv_stream_t *)&fr->pipe, on_file_alloc, on_file_read);
     return;
 fail:
@@ -452,7 +454,7 @@ struct ws_fds {
 
 struct ws_op {
     uv_work_t req;
-    struct dlist link;           /* in sb->ws_ops until its turn */
+    struct conch_list link;      /* in sb->ws_ops until its turn */
     struct sandbox *sb;          /* held */
     struct conch_rpc_call *call; /* NULL for WS_SCAN */
     sandbox_changes_fn done;     /* WS_SCAN: called instead of answering a call */
@@ -777,7 +779,7 @@ static void ws_finish(struct ws_op *w)
     ws_op_free(w);
     sb->ws_running = false;
     ws_next(sb);
-    sandbox_release(sb);
+    conch_daemon_sandbox_release(sb);
 }
 
 static void ws_after(uv_work_t *req, int status)
@@ -803,12 +805,12 @@ static void run_discard(struct ws_op *w)
         bool was_running = sb->state == SB_READY;
         if (was_running) {
             conch_jail_set_sync_destroy(sb->jail, true);
-            sandbox_stop(sb, "workspace.discard restarts the sandbox");
+            conch_daemon_sandbox_stop(sb, "workspace.discard restarts the sandbox");
         }
         r = w->paths ? conch_ws_upper_remove(w->fds.upper, w->fds.lower, &sel, &w->err)
                      : conch_ws_upper_clear(w->fds.upper, &w->err);
         struct conch_err serr = {0};
-        if (was_running && sandbox_start(sb, &serr) < 0 && r >= 0) {
+        if (was_running && conch_daemon_sandbox_start(sb, &serr) < 0 && r >= 0) {
             w->err = serr;
             r = -serr.code;
         }
@@ -817,7 +819,7 @@ static void run_discard(struct ws_op *w)
     if (r >= 0) {
         w->res = json_pack("{s:o}", "discarded", paths_json(&sel));
         sb->disk_over = false; /* room was made: measured again */
-        sandbox_measure(sb);
+        conch_daemon_sandbox_measure(sb);
     }
     conch_ws_changes_done(&sel);
     conch_ws_changes_done(&all);
@@ -826,10 +828,10 @@ static void run_discard(struct ws_op *w)
 
 static void ws_next(struct sandbox *sb)
 {
-    if (sb->ws_running || dlist_empty(&sb->ws_ops))
+    if (sb->ws_running || conch_list_empty(&sb->ws_ops))
         return;
-    struct ws_op *w = dlist_entry(sb->ws_ops.next, struct ws_op, link);
-    dlist_del(&w->link);
+    struct ws_op *w = conch_list_entry(sb->ws_ops.next, struct ws_op, link);
+    conch_list_del(&w->link);
     sb->ws_running = true;
     w->r = ws_open(sb, &w->fds, &w->err);
     if (w->r < 0) {
@@ -849,11 +851,11 @@ static void ws_next(struct sandbox *sb)
     }
 }
 
-void ws_ops_cancel(struct sandbox *sb, const char *why)
+void conch_daemon_ws_ops_cancel(struct sandbox *sb, const char *why)
 {
-    while (!dlist_empty(&sb->ws_ops)) {
-        struct ws_op *w = dlist_entry(sb->ws_ops.next, struct ws_op, link);
-        dlist_del(&w->link);
+    while (!conch_list_empty(&sb->ws_ops)) {
+        struct ws_op *w = conch_list_entry(sb->ws_ops.next, struct ws_op, link);
+        conch_list_del(&w->link);
         if (w->done) {
             conch_err_set(&w->err, ESHUTDOWN, "sandbox '%s': %s", sb->id, why);
             w->done(w->done_arg, -ESHUTDOWN, &w->changes, &w->err);
@@ -862,7 +864,7 @@ void ws_ops_cancel(struct sandbox *sb, const char *why)
                                  "sandbox '%s': %s", sb->id, why);
         }
         ws_op_free(w);
-        sandbox_release(sb);
+        conch_daemon_sandbox_release(sb);
     }
 }
 
@@ -885,7 +887,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
         return;
     }
     const char *id = conch_rpc_str(params, "sandbox", "");
-    struct sandbox *sb = sandbox_find(c->d, id);
+    struct sandbox *sb = conch_daemon_sandbox_find(c->d, id);
     if (!sb) {
         free(paths);
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
@@ -908,12 +910,12 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     w->params = json_incref(params);
     w->paths = paths;
     w->fds.upper = w->fds.lower = -1;
-    sandbox_hold(sb);
-    dlist_add(&sb->ws_ops, &w->link);
+    conch_daemon_sandbox_hold(sb);
+    conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
 }
 
-int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg)
+int conch_daemon_sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg)
 {
     struct ws_op *w = calloc(1, sizeof(*w));
     if (!w)
@@ -923,28 +925,28 @@ int sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn done, void *arg
     w->done = done;
     w->done_arg = arg;
     w->fds.upper = w->fds.lower = -1;
-    sandbox_hold(sb);
-    dlist_add(&sb->ws_ops, &w->link);
+    conch_daemon_sandbox_hold(sb);
+    conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
     return 0;
 }
 
-void handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_workspace_changes(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_CHANGES);
 }
 
-void handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_workspace_diff(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_DIFF);
 }
 
-void handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_workspace_commit(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_COMMIT);
 }
 
-void handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_DISCARD);
 }

@@ -36,10 +36,10 @@
 
 struct file_pool {
     struct sandbox *sb;
-    struct dlist workers; /* struct fworker */
+    struct conch_list workers; /* struct fworker */
     unsigned n;
     unsigned failures;
-    struct dlist queue; /* struct queued: requests waiting for a worker, oldest first */
+    struct conch_list queue; /* struct queued: requests waiting for a worker, oldest first */
     unsigned queued;
     uint64_t retry_at; /* loop time: after too many failures, no new worker before this */
 };
@@ -64,7 +64,7 @@ static bool pool_may_start(struct file_pool *pool)
 }
 
 struct queued {
-    struct dlist link;
+    struct conch_list link;
     struct conch_rpc_call *call;
     char *text;
     bool measure, frees;
@@ -73,7 +73,7 @@ struct queued {
 static void pool_next(struct file_pool *pool);
 
 struct fworker {
-    struct dlist link;
+    struct conch_list link;
     struct file_pool *pool; /* NULL once retired */
     int64_t id;             /* the warden's id of it (for SIGKILL) */
     uv_pipe_t pipe;
@@ -122,7 +122,7 @@ static void fw_retire(struct fworker *w, bool kill_it)
     struct file_pool *pool = w->pool;
     if (!pool)
         return;
-    dlist_del(&w->link);
+    conch_list_del(&w->link);
     pool->n--;
     if (!w->served)
         pool->failures++;
@@ -145,7 +145,7 @@ static void fw_answer(struct fworker *w, char *buf, size_t len)
     w->call = NULL;
     w->busy = false;
     uv_timer_stop(&w->timer);
-    file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
+    conch_daemon_file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
     pool_next(w->pool);
 }
 
@@ -164,7 +164,7 @@ static void fw_fail(struct fworker *w)
     w->buf = NULL;
     fw_retire(w, true);
     if (busy)
-        file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
+        conch_daemon_file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
     pool_next(pool);
 }
 
@@ -262,7 +262,7 @@ static struct fworker *fw_start(struct file_pool *pool)
     uv_timer_init(&sb->d->loop, &w->timer);
     w->pipe.data = w->timer.data = w;
     w->handles = 2;
-    dlist_add(&pool->workers, &w->link);
+    conch_list_add(&pool->workers, &w->link);
     pool->n++;
     if (uv_pipe_open(&w->pipe, sp[0]) < 0) {
         close(sp[0]);
@@ -276,10 +276,10 @@ static struct fworker *fw_start(struct file_pool *pool)
 /* A free worker of @pool (starting one if the pool has room), or NULL. */
 static struct fworker *pool_free_worker(struct file_pool *pool)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &pool->workers)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &pool->workers)
     {
-        struct fworker *c = dlist_entry(pos, struct fworker, link);
+        struct fworker *c = conch_list_entry(pos, struct fworker, link);
         if (!c->busy)
             return c;
     }
@@ -320,8 +320,8 @@ static int fw_send(struct fworker *w, struct conch_rpc_call *call, char *text, b
 /* Give queued requests to free workers. */
 static void pool_next(struct file_pool *pool)
 {
-    while (!dlist_empty(&pool->queue)) {
-        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
+    while (!conch_list_empty(&pool->queue)) {
+        struct queued *q = conch_list_entry(pool->queue.next, struct queued, link);
         if (conch_rpc_call_cancelled(q->call)) {
             conch_rpc_call_fail(q->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", "cancelled",
                                 NULL);
@@ -338,7 +338,7 @@ static void pool_next(struct file_pool *pool)
                 q->text = NULL;
             }
         }
-        dlist_del(&q->link);
+        conch_list_del(&q->link);
         pool->queued--;
         free(q->text);
         free(q);
@@ -348,13 +348,13 @@ static void pool_next(struct file_pool *pool)
 static unsigned forked_in_flight(struct sandbox *sb)
 {
     unsigned n = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->files) n++;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->files) n++;
     return n;
 }
 
-bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text, bool measure,
-                      bool frees)
+bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text,
+                                   bool measure, bool frees)
 {
     if (!sb->jail)
         return false;
@@ -363,13 +363,13 @@ bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *tex
         if (!(pool = calloc(1, sizeof(*pool))))
             return false;
         pool->sb = sb;
-        DLIST_INIT(&pool->workers);
-        DLIST_INIT(&pool->queue);
+        CONCH_LIST_INIT(&pool->workers);
+        CONCH_LIST_INIT(&pool->queue);
         sb->file_pool = pool;
     }
     if (strlen(text) > CONCH_FS_MAX_REQUEST)
         return false;
-    struct fworker *w = dlist_empty(&pool->queue) ? pool_free_worker(pool) : NULL;
+    struct fworker *w = conch_list_empty(&pool->queue) ? pool_free_worker(pool) : NULL;
     if (w && fw_send(w, call, text, measure, frees) == 0)
         return true;
     /* All busy: fork a worker for it, unless many are already forked (then wait in line). */
@@ -382,18 +382,18 @@ bool file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *tex
     q->text = text;
     q->measure = measure;
     q->frees = frees;
-    dlist_add(&pool->queue, &q->link);
+    conch_list_add(&pool->queue, &q->link);
     pool->queued++;
     return true;
 }
 
-void file_pool_stop(struct sandbox *sb)
+void conch_daemon_file_pool_stop(struct sandbox *sb)
 {
     struct file_pool *pool = sb->file_pool;
     if (!pool)
         return;
-    while (!dlist_empty(&pool->workers)) {
-        struct fworker *w = dlist_entry(pool->workers.next, struct fworker, link);
+    while (!conch_list_empty(&pool->workers)) {
+        struct fworker *w = conch_list_entry(pool->workers.next, struct fworker, link);
         if (w->busy && w->call)
             conch_rpc_call_failf(w->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                                  "the file request could not complete: the sandbox stopped");
@@ -402,9 +402,9 @@ void file_pool_stop(struct sandbox *sb)
         /* The warden goes down with everything in the sandbox: no signal needed. */
         fw_retire(w, false);
     }
-    while (!dlist_empty(&pool->queue)) {
-        struct queued *q = dlist_entry(pool->queue.next, struct queued, link);
-        dlist_del(&q->link);
+    while (!conch_list_empty(&pool->queue)) {
+        struct queued *q = conch_list_entry(pool->queue.next, struct queued, link);
+        conch_list_del(&q->link);
         conch_rpc_call_failf(q->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                              "the file request could not complete: the sandbox stopped");
         free(q->text);

@@ -38,14 +38,14 @@ static const char *const state_names[SB_N_STATES] = {
 #define E(s) (1u << (s))
 /* edges[from]: the states a sandbox may go to from @from, with the event that takes it. */
 static const unsigned edges[SB_N_STATES] = {
-    [SB_NEW] = E(SB_BUILDING)         /* pool_fill: its warden spawned in the background */
-               | E(SB_READY)          /* sandbox.create: its warden set up */
-               | E(SB_STOPPED)        /* recovered from the state database */
-               | E(SB_STOPPING)       /* creation failed (the directory goes) */
-               | E(SB_GONE),          /* pool_fill: the spawn failed */
-    [SB_BUILDING] = E(SB_POOLED)      /* the warden's setup answered */
+    [SB_NEW] = E(SB_BUILDING)    /* conch_daemon_pool_fill: its warden spawned in the background */
+               | E(SB_READY)     /* sandbox.create: its warden set up */
+               | E(SB_STOPPED)   /* recovered from the state database */
+               | E(SB_STOPPING)  /* creation failed (the directory goes) */
+               | E(SB_GONE),     /* conch_daemon_pool_fill: the spawn failed */
+    [SB_BUILDING] = E(SB_POOLED) /* the warden's setup answered */
                     | E(SB_STOPPING), /* setup failed; shutdown */
-    [SB_POOLED] = E(SB_READY)         /* exec.run fresh took it (pool_take) */
+    [SB_POOLED] = E(SB_READY)         /* exec.run fresh took it (conch_daemon_pool_take) */
                   | E(SB_LEASING)     /* sandbox.lease sent the attach */
                   | E(SB_STOPPING),   /* its warden died; shutdown */
     [SB_READY] = E(SB_RECYCLING)      /* its fresh command answered: recycle sent */
@@ -116,12 +116,12 @@ static void on_write_wanted(struct conch_super *s)
 static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev)
 {
     struct sandbox *sb = s->data;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->files)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->files)
     {
-        struct file_req *fr = dlist_entry(pos, struct file_req, link);
+        struct file_req *fr = conch_list_entry(pos, struct file_req, link);
         if (fr->id == ev->id && ev->type == CONCH_JAIL_START_FAILED) {
-            file_req_abort(fr);
+            conch_daemon_file_req_abort(fr);
             return;
         }
     }
@@ -139,7 +139,7 @@ static void setup_answered(struct sandbox *sb, int status)
         if (status < 0)
             conch_jail_destroy(sb->jail);
         sb->jail = NULL; /* await_setup destroyed it */
-        sandbox_destroy(sb);
+        conch_daemon_sandbox_destroy(sb);
         return;
     }
     conch_sb_set_state(sb, SB_POOLED, NULL);
@@ -157,7 +157,7 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
     if (status >= 0 && (events & UV_WRITABLE)) {
         int r = conch_super_flush(&sb->super);
         if (r == 0 && !answer_due) {
-            sandbox_warden_gone(sb);
+            conch_daemon_sandbox_warden_gone(sb);
             return;
         }
         if (r >= 0)
@@ -177,13 +177,13 @@ static void on_ctl_readable(uv_poll_t *h, int status, int events)
         return;
     }
     if (status < 0) {
-        sandbox_warden_gone(sb);
+        conch_daemon_sandbox_warden_gone(sb);
         return;
     }
     /* 0: the warden is gone (every running command has been ended); -1: the sandbox was
      * stopped by a callback meanwhile. */
     if (conch_super_dispatch(&sb->super) == 0)
-        sandbox_warden_gone(sb);
+        conch_daemon_sandbox_warden_gone(sb);
 }
 
 int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
@@ -214,7 +214,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.nofile = sb->d->nofile_orig;
     /* The tool bridge: its socket inside, and the in-sandbox clients (tool_call, conch_tools,
      * conch-tools) when this conch has them. */
-    if (!sb->bridge && (r = sandbox_bridge_new(sb, err)) < 0)
+    if (!sb->bridge && (r = conch_daemon_sandbox_bridge_new(sb, err)) < 0)
         return r;
     spec.ptc_socket = true;
     _cleanup_free_ char *ptc_dir = NULL;
@@ -243,7 +243,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     }
     uv_poll_init(&sb->d->loop, sb->ctl_poll, conch_jail_ctl_fd(sb->jail));
     sb->ctl_poll->data = sb;
-    /* Pool sandboxes spill to the shared directory (see sandbox_spill_dir): nothing to
+    /* Pool sandboxes spill to the shared directory (see conch_daemon_sandbox_spill_dir): nothing to
      * measure there unless a limit has to be sampled. */
     if (sb->upper_dir[0] || !async ||
         (!conch_jail_has_cgroup(sb->jail) && (sb->limits.memory_bytes || sb->limits.pids_max)))
@@ -252,7 +252,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     return 0;
 }
 
-int sandbox_start(struct sandbox *sb, struct conch_err *err)
+int conch_daemon_sandbox_start(struct sandbox *sb, struct conch_err *err)
 {
     int r = conch_sb_spawn(sb, false, err);
     if (r < 0 && sb->state == SB_RESTARTING)
@@ -260,12 +260,12 @@ int sandbox_start(struct sandbox *sb, struct conch_err *err)
     return r;
 }
 
-void sandbox_stop(struct sandbox *sb, const char *why)
+void conch_daemon_sandbox_stop(struct sandbox *sb, const char *why)
 {
     conch_sb_set_state(sb, SB_RESTARTING, why);
 }
 
-void sandbox_warden_gone(struct sandbox *sb)
+void conch_daemon_sandbox_warden_gone(struct sandbox *sb)
 {
     log_warn("sandbox %s: its warden died", sb->id);
     if (sb->state == SB_READY && !sb->fresh)
@@ -308,7 +308,7 @@ static void teardown_done(uv_work_t *req, int status)
     struct teardown *t = req->data;
     (void)status;
     if (t->sb)
-        sandbox_release(t->sb);
+        conch_daemon_sandbox_release(t->sb);
     if (t->gone)
         t->gone(t->gone_arg);
     free(t);
@@ -351,7 +351,7 @@ static void warden_teardown(struct sandbox *sb)
     if (t) {
         t->jail = sb->jail;
         t->sb = sb;
-        sandbox_hold(sb);
+        conch_daemon_sandbox_hold(sb);
         teardown_queue(sb->d, t);
     } else {
         conch_jail_destroy(sb->jail);
@@ -383,13 +383,13 @@ static void free_now(struct sandbox *sb)
     uv_close((uv_handle_t *)&sb->idle, on_idle_closed);
 }
 
-void sandbox_hold(struct sandbox *sb)
+void conch_daemon_sandbox_hold(struct sandbox *sb)
 {
     sb->holds++;
     sb->d->holds++;
 }
 
-void sandbox_release(struct sandbox *sb)
+void conch_daemon_sandbox_release(struct sandbox *sb)
 {
     sb->d->holds--;
     if (--sb->holds == 0 && sb->state == SB_GONE)
@@ -402,15 +402,15 @@ void sandbox_release(struct sandbox *sb)
  * itself is left to the caller. */
 static void stop_handles(struct sandbox *sb, const char *why)
 {
-    struct dlist *pos, *tmp;
+    struct conch_list *pos, *tmp;
     /* Every command still running gets its final event now (lost, @why). */
     if (sb->jail)
         conch_super_done(&sb->super, why);
     if (sb->bridge)
         conch_bridge_listen(sb->bridge, -1, NULL);
-    dlist_for_each_safe(pos, tmp, &sb->files)
-        file_req_abort(dlist_entry(pos, struct file_req, link));
-    file_pool_stop(sb);
+    conch_list_for_each_safe(pos, tmp, &sb->files)
+        conch_daemon_file_req_abort(conch_list_entry(pos, struct file_req, link));
+    conch_daemon_file_pool_stop(sb);
     if (sb->ctl_poll) {
         uv_poll_stop(sb->ctl_poll);
         uv_close((uv_handle_t *)sb->ctl_poll, on_handle_closed);
@@ -425,29 +425,31 @@ static void stop_handles(struct sandbox *sb, const char *why)
 
 static void on_pool_timer(uv_timer_t *t)
 {
-    pool_fill(t->data);
+    conch_daemon_pool_fill(t->data);
 }
 
 /* Made as new for the pool: a new identity, so that whoever learnt the old id finds nothing
  * under it, and nothing of its last use counted. */
 static void renew(struct sandbox *sb)
 {
-    daemon_make_id(sb->d, "sb", sb->id, sizeof(sb->id));
+    conch_daemon_make_id(sb->d, "sb", sb->id, sizeof(sb->id));
     sb->fresh = sb->from_pool = false;
     sb->commands = 0;
     sb->disk_over = sb->measure_wanted = false;
-    sb->created_at = sb->last_used_at = daemon_now();
+    sb->created_at = sb->last_used_at = conch_daemon_now();
 }
 
 /* Out of the registry; its commands' records go; freed once no worker holds it. */
 static void unlink_sandbox(struct sandbox *sb)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs) run_forget(dlist_entry(pos, struct run, link));
-    dlist_for_each_safe(pos, tmp, &sb->done_jobs) run_forget(dlist_entry(pos, struct run, link));
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->runs)
+        conch_daemon_run_forget(conch_list_entry(pos, struct run, link));
+    conch_list_for_each_safe(pos, tmp, &sb->done_jobs)
+        conch_daemon_run_forget(conch_list_entry(pos, struct run, link));
     conch_bridge_free(sb->bridge);
     sb->bridge = NULL;
-    dlist_del(&sb->link);
+    conch_list_del(&sb->link);
     sb->d->n_sandboxes--;
     if (sb->holds == 0)
         free_now(sb);
@@ -494,12 +496,12 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
     case SB_READY:
         if (from != SB_POOLED) { /* a warden just set up */
             ctl_poll_update(sb);
-            sandbox_bridge_listen(sb);
+            conch_daemon_sandbox_bridge_listen(sb);
         }
         break;
     case SB_POOLED:
         if (from == SB_BUILDING)
-            sandbox_bridge_listen(sb);
+            conch_daemon_sandbox_bridge_listen(sb);
         else if (sb->bridge) /* made as new: it listens already; lent, it refused */
             conch_bridge_refuse(sb->bridge, false);
         break;
@@ -528,7 +530,7 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
             if (from == SB_NEW)
                 conch_state_sandbox_set_state(d->state, sb->id, "stopped", NULL);
             else
-                conch_state_sandbox_mark_stopped(d->state, sb->id, daemon_now(), NULL);
+                conch_state_sandbox_mark_stopped(d->state, sb->id, conch_daemon_now(), NULL);
         }
         break;
     case SB_STOPPING:
@@ -538,7 +540,7 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
          * answer more than it saves). */
         if (sb->fresh && !d->stopping)
             uv_timer_start(&d->pool_timer, on_pool_timer, 0, 0);
-        ws_ops_cancel(sb, why);
+        conch_daemon_ws_ops_cancel(sb, why);
         stop_handles(sb, why);
         /* The warden's end (and a cgroup's removal, which waits for it) in a worker; the
          * directory is removed once that and any workspace request in flight are done. */
@@ -546,7 +548,7 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
             warden_teardown(sb);
         /* Jobs go with their sandbox (ON DELETE CASCADE); a kept one is listed stopped. */
         if (sb->recorded && sb->keep_dir)
-            conch_state_sandbox_mark_stopped(d->state, sb->id, daemon_now(), NULL);
+            conch_state_sandbox_mark_stopped(d->state, sb->id, conch_daemon_now(), NULL);
         else if (sb->recorded)
             conch_state_sandbox_delete(d->state, sb->id, NULL);
         break;

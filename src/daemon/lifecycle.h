@@ -22,7 +22,7 @@ enum sandbox_state {
     SB_RESTARTING, /* workspace.discard: the warden is gone, to be started again */
     SB_STOPPED,    /* no warden (it died, or a previous daemon's): workspace.* and destroy */
     SB_STOPPING,   /* being destroyed: what ran in it fails, its warden ends in a worker */
-    SB_GONE,       /* out of the registry; freed when the last hold (sandbox_hold) goes */
+    SB_GONE, /* out of the registry; freed when the last hold (conch_daemon_sandbox_hold) goes */
     SB_N_STATES
 };
 

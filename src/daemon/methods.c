@@ -16,12 +16,12 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
     struct client *c = ctx;
     (void)params;
     int n = 0, ready = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         n += !sandbox_in_pool(sb) && !sb->fresh;
-        /* what pool_take would lend now (being built or made as new: not yet) */
+        /* what conch_daemon_pool_take would lend now (being built or made as new: not yet) */
         ready += sb->state == SB_POOLED;
     }
     conch_rpc_call_reply(call, json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", "0.1.0", "pid",
@@ -31,7 +31,8 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
 
 /* Fill @spec from sandbox.create (or exec.run fresh) params, by the one spec parser
  * (spec/spec.h); strings point into @params. Returns false after failing @call. */
-bool daemon_spec_from_params(struct conch_rpc_call *call, json_t *params, struct sandbox_spec *spec)
+bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
+                                   struct sandbox_spec *spec)
 {
     struct conch_sandbox_spec s;
     struct conch_err err = {0};
@@ -64,11 +65,11 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
 {
     struct client *c = ctx;
     struct sandbox_spec spec;
-    if (!daemon_spec_from_params(call, params, &spec))
+    if (!conch_daemon_spec_from_params(call, params, &spec))
         return;
     struct sandbox *sb;
     struct conch_err err = {0};
-    int r = sandbox_create(c->d, &spec, &sb, &err);
+    int r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
     if (r == -EMFILE) {
         conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
         return;
@@ -77,14 +78,14 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
-    conch_rpc_call_reply(call, sandbox_json(sb));
+    conch_rpc_call_reply(call, conch_daemon_sandbox_json(sb));
 }
 
 static struct sandbox *find_or_fail(struct client *c, struct conch_rpc_call *call, json_t *params,
                                     const char *key)
 {
     const char *id = conch_rpc_str(params, key, "");
-    struct sandbox *sb = sandbox_find(c->d, id);
+    struct sandbox *sb = conch_daemon_sandbox_find(c->d, id);
     if (!sb)
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
                              "no sandbox '%s'", id);
@@ -95,7 +96,7 @@ static void handle_sandbox_get(struct conch_rpc_call *call, json_t *params, void
 {
     struct sandbox *sb = find_or_fail(ctx, call, params, "id");
     if (sb)
-        conch_rpc_call_reply(call, sandbox_json(sb));
+        conch_rpc_call_reply(call, conch_daemon_sandbox_json(sb));
 }
 
 static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, void *ctx)
@@ -103,12 +104,12 @@ static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, voi
     struct client *c = ctx;
     (void)params;
     json_t *arr = json_array();
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (!sandbox_in_pool(sb) && !sb->fresh)
-            json_array_append_new(arr, sandbox_json(sb));
+            json_array_append_new(arr, conch_daemon_sandbox_json(sb));
     }
     conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
 }
@@ -125,13 +126,13 @@ static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, 
         return;
     /* Answered once the warden is gone and the directory removed, which happens in a
      * worker: the loop serves others meanwhile. */
-    sandbox_destroy_then(sb, destroyed, call);
+    conch_daemon_sandbox_destroy_then(sb, destroyed, call);
 }
 
 #define FS_HANDLER(fn, m)                                                                          \
     static void fn(struct conch_rpc_call *call, json_t *params, void *ctx)                         \
     {                                                                                              \
-        handle_fs(call, params, ctx, m);                                                           \
+        conch_daemon_handle_fs(call, params, ctx, m);                                              \
     }
 FS_HANDLER(handle_fs_read, "read")
 FS_HANDLER(handle_fs_write, "write")
@@ -298,20 +299,20 @@ static const struct conch_rpc_param p_session_signal[] = {P("session", S, true),
                                                           P("signal", S, false), END};
 static const struct conch_rpc_param p_session_list[] = {P("sandbox", S, false), END};
 
-const struct conch_rpc_method daemon_methods[] = {
+const struct conch_rpc_method conch_daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
     {"sandbox.create", p_create, handle_sandbox_create},
     {"sandbox.list", p_none, handle_sandbox_list},
     {"sandbox.get", p_id, handle_sandbox_get},
     {"sandbox.destroy", p_id, handle_sandbox_destroy},
-    {"exec.run", p_exec, handle_exec_run},
-    {"sandbox.lease", p_lease, handle_sandbox_lease},
-    {"sandbox.release", p_none, handle_sandbox_release},
-    {"job.start", p_job_start, handle_job_start},
-    {"job.output", p_job_output, handle_job_output},
-    {"job.wait", p_job_wait, handle_job_wait},
-    {"job.kill", p_job_kill, handle_job_kill},
-    {"job.list", p_job_list, handle_job_list},
+    {"exec.run", p_exec, conch_daemon_handle_exec_run},
+    {"sandbox.lease", p_lease, conch_daemon_handle_sandbox_lease},
+    {"sandbox.release", p_none, conch_daemon_handle_sandbox_release},
+    {"job.start", p_job_start, conch_daemon_handle_job_start},
+    {"job.output", p_job_output, conch_daemon_handle_job_output},
+    {"job.wait", p_job_wait, conch_daemon_handle_job_wait},
+    {"job.kill", p_job_kill, conch_daemon_handle_job_kill},
+    {"job.list", p_job_list, conch_daemon_handle_job_list},
     {"fs.read", p_fs_read, handle_fs_read},
     {"fs.write", p_fs_write, handle_fs_write},
     {"fs.edit", p_fs_edit, handle_fs_edit},
@@ -321,25 +322,25 @@ const struct conch_rpc_method daemon_methods[] = {
     {"fs.delete", p_fs_delete, handle_fs_delete},
     {"fs.upload", p_fs_upload, handle_fs_upload},
     {"fs.download", p_fs_download, handle_fs_download},
-    {"workspace.changes", p_ws_changes, handle_workspace_changes},
-    {"workspace.diff", p_ws, handle_workspace_diff},
-    {"workspace.commit", p_ws, handle_workspace_commit},
-    {"workspace.discard", p_ws, handle_workspace_discard},
-    {"tools.register", p_tools_register, handle_tools_register},
-    {"tools.unregister", p_names, handle_tools_unregister},
-    {"tools.list", p_sandbox, handle_tools_list},
-    {"tools.trace", p_tools_trace, handle_tools_trace},
-    {"tools.prompt", p_tools_prompt, handle_tools_prompt},
-    {"agents.register", p_agents_register, handle_agents_register},
-    {"agents.unregister", p_names, handle_agents_unregister},
-    {"session.open", p_session_open, handle_session_open},
-    {"session.run", p_session_run, handle_session_run},
-    {"session.write", p_session_write, handle_session_write},
-    {"session.attach", p_session_attach, handle_session_attach},
-    {"session.detach", p_session_id, handle_session_detach},
-    {"session.resize", p_session_resize, handle_session_resize},
-    {"session.signal", p_session_signal, handle_session_signal},
-    {"session.list", p_session_list, handle_session_list},
-    {"session.close", p_session_id, handle_session_close},
+    {"workspace.changes", p_ws_changes, conch_daemon_handle_workspace_changes},
+    {"workspace.diff", p_ws, conch_daemon_handle_workspace_diff},
+    {"workspace.commit", p_ws, conch_daemon_handle_workspace_commit},
+    {"workspace.discard", p_ws, conch_daemon_handle_workspace_discard},
+    {"tools.register", p_tools_register, conch_daemon_handle_tools_register},
+    {"tools.unregister", p_names, conch_daemon_handle_tools_unregister},
+    {"tools.list", p_sandbox, conch_daemon_handle_tools_list},
+    {"tools.trace", p_tools_trace, conch_daemon_handle_tools_trace},
+    {"tools.prompt", p_tools_prompt, conch_daemon_handle_tools_prompt},
+    {"agents.register", p_agents_register, conch_daemon_handle_agents_register},
+    {"agents.unregister", p_names, conch_daemon_handle_agents_unregister},
+    {"session.open", p_session_open, conch_daemon_handle_session_open},
+    {"session.run", p_session_run, conch_daemon_handle_session_run},
+    {"session.write", p_session_write, conch_daemon_handle_session_write},
+    {"session.attach", p_session_attach, conch_daemon_handle_session_attach},
+    {"session.detach", p_session_id, conch_daemon_handle_session_detach},
+    {"session.resize", p_session_resize, conch_daemon_handle_session_resize},
+    {"session.signal", p_session_signal, conch_daemon_handle_session_signal},
+    {"session.list", p_session_list, conch_daemon_handle_session_list},
+    {"session.close", p_session_id, conch_daemon_handle_session_close},
     {NULL, NULL, NULL},
 };

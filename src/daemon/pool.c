@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 
-void pool_fill(struct daemon *d)
+void conch_daemon_pool_fill(struct daemon *d)
 {
     if (d->stopping)
         return;
@@ -40,18 +40,19 @@ void pool_fill(struct daemon *d)
  * sandbox that anything else touched (another run or a session by its id, file requests,
  * workspace operations) is destroyed as before: the warden's recycle ends processes without
  * final events, so none may be live. */
-void sandbox_retire(struct sandbox *sb)
+void conch_daemon_sandbox_retire(struct sandbox *sb)
 {
     struct daemon *d = sb->d;
     unsigned runs = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs) runs++;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->runs) runs++;
     struct conch_err err = {0};
     if (!sb->from_pool || d->stopping || sb->as_root || sb->workspace[0] || sb->upper_dir[0] ||
-        !sb->jail || runs > 1 || sb->super.live || !dlist_empty(&sb->done_jobs) ||
-        !dlist_empty(&sb->files) || sb->file_pool || sb->ws_running || !dlist_empty(&sb->ws_ops) ||
-        d->n_pooled >= d->opts.pool_size || conch_jail_send_recycle(sb->jail, &err) < 0) {
-        sandbox_destroy(sb);
+        !sb->jail || runs > 1 || sb->super.live || !conch_list_empty(&sb->done_jobs) ||
+        !conch_list_empty(&sb->files) || sb->file_pool || sb->ws_running ||
+        !conch_list_empty(&sb->ws_ops) || d->n_pooled >= d->opts.pool_size ||
+        conch_jail_send_recycle(sb->jail, &err) < 0) {
+        conch_daemon_sandbox_destroy(sb);
         return;
     }
     /* Renewed (a new id) and not taken before the warden's answer (on_ctl_readable). */
@@ -61,17 +62,17 @@ void sandbox_retire(struct sandbox *sb)
 /* A sandbox of the pool ready to be taken, or NULL. */
 static struct sandbox *pool_ready(struct daemon *d)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
-        if (sb->state == SB_POOLED && dlist_empty(&sb->runs))
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
+        if (sb->state == SB_POOLED && conch_list_empty(&sb->runs))
             return sb;
     }
     return NULL;
 }
 
-struct sandbox *pool_take(struct daemon *d)
+struct sandbox *conch_daemon_pool_take(struct daemon *d)
 {
     struct sandbox *sb = pool_ready(d);
     if (sb)
@@ -103,7 +104,7 @@ static int send_with_fd(struct client *c, const char *line, int fd)
     /* A short write of a line this small to a socket with nothing queued does not happen;
      * if it did, the client would read half a line: it is disconnected instead. */
     if ((size_t)n < len) {
-        client_close(c);
+        conch_daemon_client_close(c);
         return -EPIPE;
     }
     return 0;
@@ -122,7 +123,7 @@ void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *er
             conch_rpc_call_fail_err(call, 0, NULL, r < 0 ? err : &herr);
         else
             conch_rpc_call_reply(call, json_null()); /* nobody reads it */
-        sandbox_destroy(sb);
+        conch_daemon_sandbox_destroy(sb);
         return;
     }
     json_t *res = json_pack("{s:s,s:i,s:i,s:b,s:I}", "sandbox", sb->id, "warden_pid",
@@ -138,7 +139,7 @@ void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *er
     }
     if (sr < 0) {
         log_warn("sandbox %s: lease answer not sent: %s", sb->id, strerror(-sr));
-        sandbox_destroy(sb);
+        conch_daemon_sandbox_destroy(sb);
         return;
     }
     conch_sb_set_state(sb, SB_LENT, NULL);
@@ -149,31 +150,31 @@ void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *er
 static void lease_end(struct sandbox *sb, bool clean)
 {
     if (clean)
-        sandbox_retire(sb);
+        conch_daemon_sandbox_retire(sb);
     else
-        sandbox_destroy(sb);
+        conch_daemon_sandbox_destroy(sb);
 }
 
-void sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink)
+void conch_daemon_sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink *sink)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (sb->state == SB_LENT && sb->lease_sink == sink)
             lease_end(sb, false);
     }
 }
 
-void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     (void)params;
-    struct dlist *pos, *tmp;
+    struct conch_list *pos, *tmp;
     unsigned n = 0;
-    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    conch_list_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (sb->state == SB_LENT && sb->lease_sink == c->sink) {
             lease_end(sb, true);
             n++;
@@ -182,7 +183,7 @@ void handle_sandbox_release(struct conch_rpc_call *call, json_t *params, void *c
     conch_rpc_call_reply(call, json_pack("{s:i}", "released", n));
 }
 
-void handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_sandbox_lease(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
     struct daemon *d = c->d;

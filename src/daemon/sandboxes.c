@@ -25,12 +25,12 @@ static void on_sample(uv_timer_t *t);
 #define DISK_EVERY 4 /* samples between two measures of the upper dir */
 #define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT /* the spec's (recovered sandboxes) */
 
-struct sandbox *sandbox_find(struct daemon *d, const char *id)
+struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         /* Neither a pool's nor a lent one (a lent sandbox's borrower drives it alone: another
          * client's command there would count as its own, changes and commit included), nor
          * one being destroyed. */
@@ -42,9 +42,10 @@ struct sandbox *sandbox_find(struct daemon *d, const char *id)
     return NULL;
 }
 
-struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *call, const char *id)
+struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch_rpc_call *call,
+                                                  const char *id)
 {
-    struct sandbox *sb = sandbox_find(d, id ? id : "");
+    struct sandbox *sb = conch_daemon_sandbox_find(d, id ? id : "");
     if (!sb) {
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
                              "no sandbox '%s'", id ? id : "");
@@ -60,7 +61,7 @@ struct sandbox *sandbox_find_running(struct daemon *d, struct conch_rpc_call *ca
     return sb;
 }
 
-json_t *sandbox_json(const struct sandbox *sb)
+json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
     return json_pack(
         "{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f}", "id", sb->id, "name",
@@ -73,17 +74,17 @@ json_t *sandbox_json(const struct sandbox *sb)
 static void on_idle(uv_timer_t *t)
 {
     struct sandbox *sb = t->data;
-    if (!dlist_empty(&sb->runs) || !dlist_empty(&sb->files)) {
-        sandbox_touch(sb); /* busy: not idle */
+    if (!conch_list_empty(&sb->runs) || !conch_list_empty(&sb->files)) {
+        conch_daemon_sandbox_touch(sb); /* busy: not idle */
         return;
     }
     log_info("sandbox %s idle for %.0f s: destroying it", sb->id, sb->idle_timeout);
-    sandbox_destroy(sb);
+    conch_daemon_sandbox_destroy(sb);
 }
 
-void sandbox_touch(struct sandbox *sb)
+void conch_daemon_sandbox_touch(struct sandbox *sb)
 {
-    sb->last_used_at = daemon_now();
+    sb->last_used_at = conch_daemon_now();
     if (sb->idle_timeout > 0 && !sandbox_destroyed(sb))
         uv_timer_start(&sb->idle, on_idle, (uint64_t)(sb->idle_timeout * 1000), 0);
 }
@@ -175,19 +176,19 @@ static void measure_done(uv_work_t *req, int status)
     sb->measuring = false;
     /* A tree that takes long to measure is measured less often: at most half of a worker's
      * time goes to it. */
-    uint64_t now = daemon_now_ms();
+    uint64_t now = conch_daemon_now_ms();
     sb->next_measure_ms = now + (now - m->started_ms);
     if (status == 0)
         sb->disk_over = m->charged > sb->disk_bytes;
     if (status == 0 && !sandbox_destroyed(sb) && sb->jail && m->charged > sb->disk_bytes) {
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &sb->runs)
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &sb->runs)
         {
-            run_limit_hit(dlist_entry(pos, struct run, link), RUN_LIMIT_DISK);
+            conch_daemon_run_limit_hit(conch_list_entry(pos, struct run, link), RUN_LIMIT_DISK);
         }
     }
     free(m);
-    sandbox_release(sb);
+    conch_daemon_sandbox_release(sb);
 }
 
 /* Measure the upper dir and the spill files of @sb in a worker (one at a time): with
@@ -195,14 +196,14 @@ static void measure_done(uv_work_t *req, int status)
 static void measure_start(struct sandbox *sb)
 {
     if (sb->measuring || (!sb->upper_dir[0] && !sb->spill_dir[0]) ||
-        daemon_now_ms() < sb->next_measure_ms)
+        conch_daemon_now_ms() < sb->next_measure_ms)
         return;
     struct measure *m = calloc(1, sizeof(*m));
     if (!m)
         return;
     m->req.data = m;
     m->sb = sb;
-    m->started_ms = daemon_now_ms();
+    m->started_ms = conch_daemon_now_ms();
     sb->measure_wanted = false;
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
@@ -212,12 +213,12 @@ static void measure_start(struct sandbox *sb)
         return;
     }
     sb->measuring = true;
-    sandbox_hold(sb);
+    conch_daemon_sandbox_hold(sb);
 }
 
-bool sandbox_changes_none(struct sandbox *sb)
+bool conch_daemon_sandbox_changes_none(struct sandbox *sb)
 {
-    if (!sb->upper_dir[0] || sb->ws_running || !dlist_empty(&sb->ws_ops))
+    if (!sb->upper_dir[0] || sb->ws_running || !conch_list_empty(&sb->ws_ops))
         return false;
     char rel[128];
     snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
@@ -238,7 +239,7 @@ bool sandbox_changes_none(struct sandbox *sb)
     return empty;
 }
 
-void sandbox_measure(struct sandbox *sb)
+void conch_daemon_sandbox_measure(struct sandbox *sb)
 {
     /* Requests coalesce, and the throttle holds (a tree that takes seconds to measure is not
      * measured after every command): one that cannot start now starts from on_sample. */
@@ -248,7 +249,7 @@ void sandbox_measure(struct sandbox *sb)
     }
 }
 
-bool sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call)
+bool conch_daemon_sandbox_disk_refuse(struct sandbox *sb, struct conch_rpc_call *call)
 {
     if (!sb->disk_over)
         return false;
@@ -267,7 +268,7 @@ static void on_sample(uv_timer_t *t)
     struct sandbox *sb = t->data;
     if (sb->jail && sb->measure_wanted)
         measure_start(sb);
-    if (!sb->jail || dlist_empty(&sb->runs))
+    if (!sb->jail || conch_list_empty(&sb->runs))
         return;
     enum run_limit hit = RUN_LIMIT_NONE;
     struct conch_jail_usage u;
@@ -282,10 +283,10 @@ static void on_sample(uv_timer_t *t)
         measure_start(sb);
     if (hit == RUN_LIMIT_NONE)
         return;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sb->runs)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->runs)
     {
-        run_limit_hit(dlist_entry(pos, struct run, link), hit);
+        conch_daemon_run_limit_hit(conch_list_entry(pos, struct run, link), hit);
     }
 }
 
@@ -334,20 +335,20 @@ struct sandbox *conch_sb_new(struct daemon *d)
     sb->d = d;
     sb->state = SB_NEW;
     conch_jail_ids_init(&sb->ids);
-    DLIST_INIT(&sb->runs);
-    DLIST_INIT(&sb->done_jobs);
-    DLIST_INIT(&sb->files);
+    CONCH_LIST_INIT(&sb->runs);
+    CONCH_LIST_INIT(&sb->done_jobs);
+    CONCH_LIST_INIT(&sb->files);
     uv_timer_init(&d->loop, &sb->idle);
     sb->idle.data = sb;
-    sb->created_at = sb->last_used_at = daemon_now();
-    DLIST_INIT(&sb->ws_ops);
-    dlist_add(&d->sandboxes, &sb->link);
+    sb->created_at = sb->last_used_at = conch_daemon_now();
+    CONCH_LIST_INIT(&sb->ws_ops);
+    conch_list_add(&d->sandboxes, &sb->link);
     d->n_sandboxes++;
-    daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
+    conch_daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
     return sb;
 }
 
-const char *sandbox_spill_dir(struct sandbox *sb)
+const char *conch_daemon_sandbox_spill_dir(struct sandbox *sb)
 {
     struct daemon *d = sb->d;
     if (sb->fresh || sandbox_in_pool(sb))
@@ -371,8 +372,8 @@ const char *sandbox_spill_dir(struct sandbox *sb)
     return sb->spill_dir;
 }
 
-int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct sandbox **ret,
-                   struct conch_err *err)
+int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spec,
+                                struct sandbox **ret, struct conch_err *err)
 {
     if (d->n_sandboxes >= d->opts.max_sandboxes)
         return conch_err_setk(err, CONCH_ERR_LIMIT, EMFILE,
@@ -421,7 +422,7 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
             goto fail;
         }
     }
-    if ((r = sandbox_start(sb, err)) < 0)
+    if ((r = conch_daemon_sandbox_start(sb, err)) < 0)
         goto fail;
     /* A sandbox that is not recorded would be unknown after a restart, its changes
      * orphaned: better not to have it. */
@@ -430,11 +431,11 @@ int sandbox_create(struct daemon *d, const struct sandbox_spec *spec, struct san
         conch_sb_destroy_why(sb, "it could not be recorded");
         return r;
     }
-    sandbox_touch(sb);
+    conch_daemon_sandbox_touch(sb);
     *ret = sb;
     return 0;
 fail:
-    sandbox_destroy(sb); /* the directory goes with it */
+    conch_daemon_sandbox_destroy(sb); /* the directory goes with it */
     return r;
 }
 
@@ -453,7 +454,7 @@ static void destroy(struct sandbox *sb, const char *why, void (*gone)(void *arg)
     conch_sb_set_state(sb, SB_GONE, NULL);
 }
 
-void sandbox_destroy_keep_record(struct sandbox *sb)
+void conch_daemon_sandbox_destroy_keep_record(struct sandbox *sb)
 {
     if (sandbox_destroyed(sb))
         return;
@@ -461,7 +462,7 @@ void sandbox_destroy_keep_record(struct sandbox *sb)
     destroy(sb, "the daemon is shutting down", NULL, NULL);
 }
 
-void sandbox_destroy(struct sandbox *sb)
+void conch_daemon_sandbox_destroy(struct sandbox *sb)
 {
     destroy(sb, "the sandbox was destroyed", NULL, NULL);
 }
@@ -471,14 +472,14 @@ void conch_sb_destroy_why(struct sandbox *sb, const char *why)
     destroy(sb, why, NULL, NULL);
 }
 
-void sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg)
+void conch_daemon_sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *arg), void *arg)
 {
     destroy(sb, "the sandbox was destroyed", gone, arg);
 }
 
 /* ---- what a previous daemon left ---- */
 
-void sandboxes_recover(struct daemon *d)
+void conch_daemon_sandboxes_recover(struct daemon *d)
 {
     struct conch_state_sandbox *list = NULL;
     size_t n = 0;

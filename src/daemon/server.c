@@ -26,32 +26,12 @@
 #include "daemon/sessions.h"
 #include "daemon/statedir.h"
 
-void dlist_add(struct dlist *head, struct dlist *item)
-{
-    item->prev = head->prev;
-    item->next = head;
-    head->prev->next = item;
-    head->prev = item;
-}
-
-void dlist_del(struct dlist *item)
-{
-    item->prev->next = item->next;
-    item->next->prev = item->prev;
-    item->prev = item->next = item;
-}
-
-bool dlist_empty(const struct dlist *head)
-{
-    return head->next == head;
-}
-
-double daemon_now(void)
+double conch_daemon_now(void)
 {
     return conch_clock_wall();
 }
 
-uint64_t daemon_now_ms(void)
+uint64_t conch_daemon_now_ms(void)
 {
     return conch_clock_ms();
 }
@@ -59,21 +39,21 @@ uint64_t daemon_now_ms(void)
 /* Whether @id names one of our sandboxes (pooled, lent or being destroyed included) or jobs. */
 static bool id_taken(struct daemon *d, const char *id)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
-        if (!strcmp(dlist_entry(pos, struct sandbox, link)->id, id))
+        if (!strcmp(conch_list_entry(pos, struct sandbox, link)->id, id))
             return true;
     }
-    dlist_for_each_safe(pos, tmp, &d->jobs)
+    conch_list_for_each_safe(pos, tmp, &d->jobs)
     {
-        if (!strcmp(dlist_entry(pos, struct run, dlink)->job_id, id))
+        if (!strcmp(conch_list_entry(pos, struct run, dlink)->job_id, id))
             return true;
     }
     return false;
 }
 
-void daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size)
+void conch_daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size)
 {
     /* Random, so that no client finds another's sandbox (or job) by guessing: an id made of
      * the time, our pid and a counter was found by trying the few hundred it could be.
@@ -143,23 +123,23 @@ static void on_client_handle_closed(uv_handle_t *h)
 static void client_wake_waiters(struct client *c)
 {
     c->congested = false;
-    while (!dlist_empty(&c->drain_waiters)) {
-        struct sink_waiter *w = dlist_entry(c->drain_waiters.next, struct sink_waiter, link);
-        client_sink_wait_cancel(w);
+    while (!conch_list_empty(&c->drain_waiters)) {
+        struct sink_waiter *w = conch_list_entry(c->drain_waiters.next, struct sink_waiter, link);
+        conch_daemon_client_sink_wait_cancel(w);
         if (w->cb)
             w->cb(w);
     }
 }
 
-void client_close(struct client *c)
+void conch_daemon_client_close(struct client *c)
 {
     if (c->closing)
         return;
     c->closing = true;
-    dlist_del(&c->link);
+    conch_list_del(&c->link);
     client_wake_waiters(c);
-    client_tools_gone(c);
-    sandboxes_client_gone(c->d, c->sink);
+    conch_daemon_client_tools_gone(c);
+    conch_daemon_sandboxes_client_gone(c->d, c->sink);
     /* Calls still running keep the sink; their late replies are dropped. */
     conch_rpc_sink_close(c->sink);
     c->sink = NULL;
@@ -191,30 +171,30 @@ static void on_written(uv_write_t *req, int status)
         client_wake_waiters(c);
 }
 
-bool client_sink_congested(struct conch_rpc_sink *sink)
+bool conch_daemon_client_sink_congested(struct conch_rpc_sink *sink)
 {
     struct client *c = conch_rpc_sink_ctx(sink);
     return c && c->congested && !c->closing;
 }
 
-bool client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w)
+bool conch_daemon_client_sink_wait_drain(struct conch_rpc_sink *sink, struct sink_waiter *w)
 {
-    if (!client_sink_congested(sink))
+    if (!conch_daemon_client_sink_congested(sink))
         return false;
     if (w->armed)
         return true;
     struct client *c = conch_rpc_sink_ctx(sink);
     w->armed = true;
-    dlist_add(&c->drain_waiters, &w->link);
+    conch_list_add(&c->drain_waiters, &w->link);
     return true;
 }
 
-void client_sink_wait_cancel(struct sink_waiter *w)
+void conch_daemon_client_sink_wait_cancel(struct sink_waiter *w)
 {
     if (!w->armed)
         return;
     w->armed = false;
-    dlist_del(&w->link);
+    conch_list_del(&w->link);
 }
 
 /* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. */
@@ -246,7 +226,7 @@ static void client_send_line(void *ctx, char *line, size_t len)
         log_warn("client disconnected: %zu bytes of responses unread (output buffer hard limit "
                  "%u bytes)",
                  queued, CLIENT_OUTPUT_HARD);
-        client_close(c);
+        conch_daemon_client_close(c);
         return;
     }
     if (queued > CLIENT_OUTPUT_SOFT)
@@ -262,7 +242,7 @@ static void client_send(void *ctx, json_t *msg)
         client_send_line(c, line, strlen(line));
 }
 
-void client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params)
+void conch_daemon_client_notify(struct conch_rpc_sink *sink, const char *method, json_t *params)
 {
     if (!sink) {
         json_decref(params);
@@ -278,7 +258,7 @@ static void on_response(void *ctx, json_t *id, json_t *result, json_t *error)
 {
     struct client *c = ctx;
     if (!c->closing)
-        client_tools_response(c, id, result, error);
+        conch_daemon_client_tools_response(c, id, result, error);
 }
 
 static void on_line(void *ctx, const char *line, size_t len)
@@ -286,7 +266,7 @@ static void on_line(void *ctx, const char *line, size_t len)
     struct client *c = ctx;
     if (c->closing)
         return;
-    conch_rpc_dispatch(daemon_methods, line, len, c, c->sink);
+    conch_rpc_dispatch(conch_daemon_methods, line, len, c, c->sink);
 }
 
 static void on_oversize(void *ctx)
@@ -315,7 +295,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void on_stdout_flushed(uv_shutdown_t *req, int status)
 {
     (void)status;
-    client_close(req->data);
+    conch_daemon_client_close(req->data);
 }
 
 /* --stdio and stdin closed: the client is gone, and so are its sandboxes. Destroying them
@@ -326,21 +306,22 @@ static void stdio_eof(struct client *c)
     struct daemon *d = c->d;
     uv_read_stop((uv_stream_t *)&c->in);
     unsigned running = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
-        struct dlist *r, *rt;
-        dlist_for_each_safe(r, rt, &dlist_entry(pos, struct sandbox, link)->runs) running++;
+        struct conch_list *r, *rt;
+        conch_list_for_each_safe(r, rt, &conch_list_entry(pos, struct sandbox, link)->runs)
+            running++;
     }
     if (running > 0)
         log_warn("stdin closed: destroying %u sandbox(es), killing the %u command(s) still "
                  "running in them",
                  d->n_sandboxes, running);
-    dlist_for_each_safe(pos, tmp, &d->sandboxes)
-        sandbox_destroy(dlist_entry(pos, struct sandbox, link));
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
+        conch_daemon_sandbox_destroy(conch_list_entry(pos, struct sandbox, link));
     d->stdio_shutdown.data = c;
     if (uv_shutdown(&d->stdio_shutdown, (uv_stream_t *)&c->out, on_stdout_flushed) < 0)
-        client_close(c);
+        conch_daemon_client_close(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -350,12 +331,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         if (c->stdio && !c->closing && !c->d->stopping)
             stdio_eof(c);
         else
-            client_close(c);
+            conch_daemon_client_close(c);
         return;
     }
     if (n > 0 &&
         conch_rpc_framer_feed(&c->framer, buf->base, (size_t)n, on_line, on_oversize, c) < 0)
-        client_close(c); /* out of memory buffering a partial line */
+        conch_daemon_client_close(c); /* out of memory buffering a partial line */
 }
 
 static struct client *client_new(struct daemon *d)
@@ -364,13 +345,13 @@ static struct client *client_new(struct daemon *d)
     if (!c)
         return NULL;
     c->d = d;
-    DLIST_INIT(&c->drain_waiters);
-    DLIST_INIT(&c->out_calls);
+    CONCH_LIST_INIT(&c->drain_waiters);
+    CONCH_LIST_INIT(&c->out_calls);
     conch_rpc_framer_init(&c->framer, d->opts.max_message);
     c->sink = conch_rpc_sink_new(client_send, c);
     conch_rpc_sink_set_line_sender(c->sink, client_send_line);
     conch_rpc_sink_set_response_handler(c->sink, on_response);
-    dlist_add(&d->clients, &c->link);
+    conch_list_add(&d->clients, &c->link);
     return c;
 }
 
@@ -386,7 +367,7 @@ static void on_connection(uv_stream_t *server, int status)
     c->in.data = c;
     c->refs = 1;
     if (uv_accept(server, (uv_stream_t *)&c->in) < 0) {
-        client_close(c);
+        conch_daemon_client_close(c);
         return;
     }
     /* Only our own uid, or root, may drive sandboxes that run as us. */
@@ -397,7 +378,7 @@ static void on_connection(uv_stream_t *server, int status)
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
         (cred.uid != geteuid() && cred.uid != 0)) {
         log_warn("refused a connection from uid %u", (unsigned)cred.uid);
-        client_close(c);
+        conch_daemon_client_close(c);
         return;
     }
     uv_read_start((uv_stream_t *)&c->in, on_alloc, on_read);
@@ -424,7 +405,7 @@ static void on_stop_signal(uv_signal_t *h, int sig)
 
 static void on_pool_timer(uv_timer_t *t)
 {
-    pool_fill(t->data);
+    conch_daemon_pool_fill(t->data);
 }
 
 /* Socket activation (sd_listen_fds(3)): when LISTEN_PID is this process and LISTEN_FDS is at
@@ -537,7 +518,7 @@ static int serve_stdio(struct daemon *d, struct conch_err *err)
     if (r == 0)
         r = uv_pipe_open(&c->out, 1);
     if (r < 0) {
-        client_close(c);
+        conch_daemon_client_close(c);
         return conch_err_set(err, -r, "serve on stdin/stdout: %s (they must be pipes or sockets)",
                              uv_strerror(r));
     }
@@ -633,9 +614,9 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
         return conch_err_set(err, ENOMEM, "out of memory");
     int r;
     d->opts = *o;
-    DLIST_INIT(&d->clients);
-    DLIST_INIT(&d->sandboxes);
-    DLIST_INIT(&d->jobs);
+    CONCH_LIST_INIT(&d->clients);
+    CONCH_LIST_INIT(&d->sandboxes);
+    CONCH_LIST_INIT(&d->jobs);
     conch_budget_init(&d->bridge_budget, "the daemon's tool bridges", o->max_bridge_memory, NULL);
     conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
     if (o->state_dir)
@@ -674,8 +655,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     struct conch_err rerr = {0};
     if (conch_recover_reap(d->state, &report, &rerr) < 0)
         log_warn("recovery: %s", rerr.msg);
-    sandboxes_recover(d);
-    sessions_recover(d);
+    conch_daemon_sandboxes_recover(d);
+    conch_daemon_sessions_recover(d);
 
     signal(SIGPIPE, SIG_IGN);
     uv_signal_init(&d->loop, &d->sigchld);
@@ -701,18 +682,18 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
 out_loop:
     d->stopping = true;
     {
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &d->clients)
-            client_close(dlist_entry(pos, struct client, link));
-        dlist_for_each_safe(pos, tmp, &d->sandboxes)
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &d->clients)
+            conch_daemon_client_close(conch_list_entry(pos, struct client, link));
+        conch_list_for_each_safe(pos, tmp, &d->sandboxes)
         {
-            struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+            struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
             /* Shutting down kills every sandbox process; the records stay (stopped), except
              * for --stdio, whose sandboxes live as long as its one client. */
             if (d->opts.stdio)
-                sandbox_destroy(sb);
+                conch_daemon_sandbox_destroy(sb);
             else
-                sandbox_destroy_keep_record(sb);
+                conch_daemon_sandbox_destroy_keep_record(sb);
         }
     }
     if (d->listening && !d->activated)

@@ -26,13 +26,13 @@
 enum sess_state { SS_STARTING, SS_LIVE, SS_ENDED };
 
 struct sclient {
-    struct dlist link;
+    struct conch_list link;
     struct conch_rpc_sink *sink; /* a reference */
     bool writer;
 };
 
 struct srun {
-    struct dlist link;
+    struct conch_list link;
     struct session *s;
     struct conch_rpc_call *call;
     char *command;
@@ -46,7 +46,7 @@ struct srun {
 enum { T_NONE, T_DEADLINE, T_GRACE, T_SYNC, T_MARKER, T_BUSY };
 
 struct session {
-    struct dlist link;
+    struct conch_list link;
     struct daemon *d;
     char id[32];
     char sandbox_id[64];
@@ -75,9 +75,9 @@ struct session {
     size_t ring_cap, ring_len, ring_pos;
     uint64_t seq; /* bytes of output so far */
     unsigned short rows, cols;
-    struct dlist clients;
+    struct conch_list clients;
     /* command mode */
-    struct dlist queue;
+    struct conch_list queue;
     struct srun *cur;
     char nonce[17];
     char mark_s[32], mark_e[64];
@@ -122,106 +122,108 @@ struct session {
  * after its destroy, and a session outlives it as an ended record). */
 static inline struct sandbox *sess_sb(struct session *s)
 {
-    return sandbox_find(s->d, s->sandbox_id);
+    return conch_daemon_sandbox_find(s->d, s->sandbox_id);
 }
 
 /* ---- sessions.c: the module's state, clients, records, idle ---- */
 
-/* session_find - the session named @id, or NULL. */
-struct session *session_find(const char *id);
+/* conch_daemon_session_find - the session named @id, or NULL. */
+struct session *conch_daemon_session_find(const char *id);
 
-/* session_notify_all - send notification @method with @params (taken) to every attached
- * client still connected. */
-void session_notify_all(struct session *s, const char *method, json_t *params);
+/* conch_daemon_session_notify_all - send notification @method with @params (taken) to every
+ * attached client still connected. */
+void conch_daemon_session_notify_all(struct session *s, const char *method, json_t *params);
 
-/* session_json - what session.list shows of @s, as a new object. */
-json_t *session_json(struct session *s);
+/* conch_daemon_session_json - what session.list shows of @s, as a new object. */
+json_t *conch_daemon_session_json(struct session *s);
 
-/* session_touch - @s (and its sandbox, whose own idle timer knows nothing of sessions) is in
- * use: restart its idle timer. */
-void session_touch(struct session *s);
+/* conch_daemon_session_touch - @s (and its sandbox, whose own idle timer knows nothing of sessions)
+ * is in use: restart its idle timer. */
+void conch_daemon_session_touch(struct session *s);
 
-/* session_record - save @s's record and scrollback now (see records in sessions.c). */
-void session_record(struct session *s);
+/* conch_daemon_session_record - save @s's record and scrollback now (see records in sessions.c). */
+void conch_daemon_session_record(struct session *s);
 
-/* session_on_save - the save timer's callback: saves the scrollback if output came since. */
-void session_on_save(uv_timer_t *t);
+/* conch_daemon_session_on_save - the save timer's callback: saves the scrollback if output came
+ * since. */
+void conch_daemon_session_on_save(uv_timer_t *t);
 
-/* session_free - free @s, already off the session list, with no shell alive and its fds
- * closed: its clients' references, timers, scrollback. */
-void session_free(struct session *s);
+/* conch_daemon_session_free - free @s, already off the session list, with no shell alive and its
+ * fds closed: its clients' references, timers, scrollback. */
+void conch_daemon_session_free(struct session *s);
 
 /* ---- session-io.c: the terminal, the control socket, scrollback, capture, timers ---- */
 
-/* session_timers_open - a session's four timers (command deadline, idle timeout, record
- * save, EOF grace), each a handle of its own; all or none. Returns 0 or -ENOMEM. */
-int session_timers_open(struct session *s);
+/* conch_daemon_session_timers_open - a session's four timers (command deadline, idle timeout,
+ * record save, EOF grace), each a handle of its own; all or none. Returns 0 or -ENOMEM. */
+int conch_daemon_session_timers_open(struct session *s);
 
-/* session_timers_close - close the timers session_timers_open made (the handles are freed
- * by the loop). */
-void session_timers_close(struct session *s);
+/* conch_daemon_session_timers_close - close the timers conch_daemon_session_timers_open made (the
+ * handles are freed by the loop). */
+void conch_daemon_session_timers_close(struct session *s);
 
-/* session_close_fds - stop polling and close the terminal's master and the control socket;
- * drop the bytes still queued for either. */
-void session_close_fds(struct session *s);
+/* conch_daemon_session_close_fds - stop polling and close the terminal's master and the control
+ * socket; drop the bytes still queued for either. */
+void conch_daemon_session_close_fds(struct session *s);
 
-/* session_ring_copy - the scrollback in order, as a new buffer (*@ret_len bytes); NULL when
- * out of memory. */
-char *session_ring_copy(const struct session *s, size_t *ret_len);
+/* conch_daemon_session_ring_copy - the scrollback in order, as a new buffer (*@ret_len bytes); NULL
+ * when out of memory. */
+char *conch_daemon_session_ring_copy(const struct session *s, size_t *ret_len);
 
-/* session_hold_commit - pass the held-back end of the command's output (see
+/* conch_daemon_session_hold_commit - pass the held-back end of the command's output (see
  * hold_strip_trace) to its capture. */
-void session_hold_commit(struct session *s);
+void conch_daemon_session_hold_commit(struct session *s);
 
-/* session_master_drain - read everything the terminal has (the control socket first while a
- * command waits for its status). Returns false at EOF/EIO (the shell's side is closed). */
-bool session_master_drain(struct session *s);
+/* conch_daemon_session_master_drain - read everything the terminal has (the control socket first
+ * while a command waits for its status). Returns false at EOF/EIO (the shell's side is closed). */
+bool conch_daemon_session_master_drain(struct session *s);
 
-/* session_on_master - the terminal master's poll callback (@h->data is the session). */
-void session_on_master(uv_poll_t *h, int status, int events);
+/* conch_daemon_session_on_master - the terminal master's poll callback (@h->data is the session).
+ */
+void conch_daemon_session_on_master(uv_poll_t *h, int status, int events);
 
-/* session_sock_poll_update - poll the control socket for reading, and for writing while
- * bytes wait. */
-void session_sock_poll_update(struct session *s);
+/* conch_daemon_session_sock_poll_update - poll the control socket for reading, and for writing
+ * while bytes wait. */
+void conch_daemon_session_sock_poll_update(struct session *s);
 
-/* session_sock_write - queue @len bytes of @buf (copied) for the shell's control socket and
- * send what it takes now. */
-void session_sock_write(struct session *s, const char *buf, size_t len);
+/* conch_daemon_session_sock_write - queue @len bytes of @buf (copied) for the shell's control
+ * socket and send what it takes now. */
+void conch_daemon_session_sock_write(struct session *s, const char *buf, size_t len);
 
-/* session_master_write - queue @len bytes of @buf (copied) as keys for the terminal and
- * write what it takes now. Returns 0, or -1 with errno: EIO (no terminal), ENOBUFS (more than
+/* conch_daemon_session_master_write - queue @len bytes of @buf (copied) as keys for the terminal
+ * and write what it takes now. Returns 0, or -1 with errno: EIO (no terminal), ENOBUFS (more than
  * MAX_PENDING_KEYS would wait), ENOMEM. */
-int session_master_write(struct session *s, const char *buf, size_t len);
+int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len);
 
-/* session_fg_signal - send @sig to the terminal's foreground process group, never to the
- * shell's own group. Returns what ioctl/kill returned (-1 with errno on failure). */
-int session_fg_signal(struct session *s, int sig);
+/* conch_daemon_session_fg_signal - send @sig to the terminal's foreground process group, never to
+ * the shell's own group. Returns what ioctl/kill returned (-1 with errno on failure). */
+int conch_daemon_session_fg_signal(struct session *s, int sig);
 
-/* session_on_timer - the command timer's callback: its stage is @s->tstage (T_*). */
-void session_on_timer(uv_timer_t *t);
+/* conch_daemon_session_on_timer - the command timer's callback: its stage is @s->tstage (T_*). */
+void conch_daemon_session_on_timer(uv_timer_t *t);
 
 /* ---- session-run.c: the shell's life, the command queue, results ---- */
 
-/* session_shell_start - start a new shell for @s in its sandbox (the session is SS_STARTING
- * until the shell has sent its terminal). Returns 0, or -errno with @err filled. */
-int session_shell_start(struct session *s, struct conch_err *err);
+/* conch_daemon_session_shell_start - start a new shell for @s in its sandbox (the session is
+ * SS_STARTING until the shell has sent its terminal). Returns 0, or -errno with @err filled. */
+int conch_daemon_session_shell_start(struct session *s, struct conch_err *err);
 
-/* session_pump - start the next queued command when the shell waits for one (a new shell if
- * the last one ended and the sandbox runs). */
-void session_pump(struct session *s);
+/* conch_daemon_session_pump - start the next queued command when the shell waits for one (a new
+ * shell if the last one ended and the sandbox runs). */
+void conch_daemon_session_pump(struct session *s);
 
-/* session_run_finish - build and send the result of the current command (none: nothing
+/* conch_daemon_session_run_finish - build and send the result of the current command (none: nothing
  * happens), then start the next one. */
-void session_run_finish(struct session *s);
+void conch_daemon_session_run_finish(struct session *s);
 
-/* session_fail_queue - fail every queued command (not the current one) with @why. */
-void session_fail_queue(struct session *s, const char *why);
+/* conch_daemon_session_fail_queue - fail every queued command (not the current one) with @why. */
+void conch_daemon_session_fail_queue(struct session *s, const char *why);
 
-/* session_end - the shell is gone (exit, sandbox destroyed, idle, close): tell every client
- * why. The current command ends with the shell's status; queued ones start a new shell. */
-void session_end(struct session *s, const char *why);
+/* conch_daemon_session_end - the shell is gone (exit, sandbox destroyed, idle, close): tell every
+ * client why. The current command ends with the shell's status; queued ones start a new shell. */
+void conch_daemon_session_end(struct session *s, const char *why);
 
-/* session_set_winsize - give the terminal @s->rows and @s->cols. */
-void session_set_winsize(struct session *s);
+/* conch_daemon_session_set_winsize - give the terminal @s->rows and @s->cols. */
+void conch_daemon_session_set_winsize(struct session *s);
 
 #endif

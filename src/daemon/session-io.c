@@ -37,7 +37,7 @@ static void free_handle(uv_handle_t *h)
 
 /* A session's four timers (command deadline, idle timeout, record save, EOF grace), each a
  * handle of its own; all or none. Returns 0 or -ENOMEM. */
-int session_timers_open(struct session *s)
+int conch_daemon_session_timers_open(struct session *s)
 {
     uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
     for (size_t i = 0; i < ARRAY_SIZE(t); i++)
@@ -58,7 +58,7 @@ int session_timers_open(struct session *s)
     return 0;
 }
 
-void session_timers_close(struct session *s)
+void conch_daemon_session_timers_close(struct session *s)
 {
     uv_timer_t **t[] = {&s->timer, &s->idle, &s->save, &s->eof_timer};
     for (size_t i = 0; i < ARRAY_SIZE(t); i++) {
@@ -99,7 +99,7 @@ static void ring_append(struct session *s, const char *buf, size_t len)
 }
 
 /* The scrollback in order, as a new buffer (*@ret_len bytes). */
-char *session_ring_copy(const struct session *s, size_t *ret_len)
+char *conch_daemon_session_ring_copy(const struct session *s, size_t *ret_len)
 {
     char *b = malloc(s->ring_len + 1);
     if (!b)
@@ -149,7 +149,7 @@ static void cap_append(struct session *s, const char *buf, size_t len)
 
 /* The command's output passes through @s->hold, which keeps its last bytes until the end
  * (see hold_strip_trace). */
-void session_hold_commit(struct session *s)
+void conch_daemon_session_hold_commit(struct session *s)
 {
     cap_append(s, s->hold, s->hold_len);
     s->hold_len = 0;
@@ -159,7 +159,7 @@ static void hold_append(struct session *s, const char *buf, size_t len)
 {
     const size_t max = sizeof(s->hold);
     if (len >= max) {
-        session_hold_commit(s);
+        conch_daemon_session_hold_commit(s);
         cap_append(s, buf, len - max);
         memcpy(s->hold, buf + len - max, max);
         s->hold_len = max;
@@ -205,8 +205,8 @@ static void hold_strip_trace(struct session *s)
 /* Feed the terminal's output to the current command: what lies between its markers. The end
  * marker names N, a number the shell draws after the command and sends with its status, so
  * until the status is in, everything after the start marker is output (the marker is printed
- * after the status is sent, and session_master_drain reads the socket before it feeds what it read:
- * a marker seen here always comes after its status). */
+ * after the status is sent, and conch_daemon_session_master_drain reads the socket before it feeds
+ * what it read: a marker seen here always comes after its status). */
 static void feed(struct session *s, const char *buf, size_t len)
 {
     while (len && s->phase < 2) {
@@ -241,9 +241,9 @@ static void feed(struct session *s, const char *buf, size_t len)
             len -= from_buf;
             if (s->phase == 2) {
                 hold_strip_trace(s);
-                session_hold_commit(s);
+                conch_daemon_session_hold_commit(s);
                 if (s->got_status)
-                    session_run_finish(s);
+                    conch_daemon_session_run_finish(s);
             }
             continue;
         }
@@ -267,7 +267,7 @@ static void feed(struct session *s, const char *buf, size_t len)
 static void master_output(struct session *s, const char *buf, size_t n)
 {
     ring_append(s, buf, n);
-    if (!dlist_empty(&s->clients)) {
+    if (!conch_list_empty(&s->clients)) {
         /* A character split between two reads would become two U+FFFD: the last bytes of an
          * incomplete UTF-8 sequence wait for the next read (seq is the offset of the first
          * byte sent). Reads are at most 64 KiB. */
@@ -292,14 +292,14 @@ static void master_output(struct session *s, const char *buf, size_t n)
                       "data", conch_json_text(joined, jl - keep));
         memcpy(s->u8, joined + jl - keep, keep);
         s->u8_len = keep;
-        session_notify_all(s, "session.output", p);
+        conch_daemon_session_notify_all(s, "session.output", p);
     }
     s->seq += n;
     /* A shell that prints is not idle (a build a person started, say). */
-    if (daemon_now() - s->last_used_at > 1)
-        session_touch(s);
+    if (conch_daemon_now() - s->last_used_at > 1)
+        conch_daemon_session_touch(s);
     if (s->save && !uv_is_active((uv_handle_t *)s->save))
-        uv_timer_start(s->save, session_on_save, SAVE_MS, 0);
+        uv_timer_start(s->save, conch_daemon_session_on_save, SAVE_MS, 0);
     if (s->cur)
         feed(s, buf, n);
 }
@@ -310,7 +310,7 @@ static void sock_read(struct session *s);
  * While a command waits for its status, the socket is read after each read of the terminal
  * and before what was read is fed: the shell sends its status before it prints the end
  * marker, so a marker read here finds its status already taken. */
-bool session_master_drain(struct session *s)
+bool conch_daemon_session_master_drain(struct session *s)
 {
     char buf[65536];
     for (int rounds = 0; s->master >= 0 && rounds < 64; rounds++) {
@@ -332,12 +332,12 @@ bool session_master_drain(struct session *s)
 
 static void master_flush(struct session *s);
 
-void session_on_master(uv_poll_t *h, int status, int events)
+void conch_daemon_session_on_master(uv_poll_t *h, int status, int events)
 {
     struct session *s = h->data;
     if (status >= 0 && (events & UV_WRITABLE))
         master_flush(s);
-    if (status < 0 || !session_master_drain(s)) {
+    if (status < 0 || !conch_daemon_session_master_drain(s)) {
         /* The slave side is gone: the shell's end comes from the supervisor. */
         close_poll(&s->master_poll);
     }
@@ -385,7 +385,7 @@ static void sock_line(struct session *s, const char *line)
         s->status_code = code;
         s->mark_e_len = (size_t)snprintf(s->mark_e, sizeof(s->mark_e), "\x1b]697;E%s\a", n);
         s->tstage = T_MARKER;
-        uv_timer_start(s->timer, session_on_timer, MARKER_WAIT_MS, 0);
+        uv_timer_start(s->timer, conch_daemon_session_on_timer, MARKER_WAIT_MS, 0);
     } else if (kind == 'B' && s->tstage != T_SYNC) {
         const char *why = b + 13 + strlen(nonce);
         while (*why == ' ')
@@ -395,7 +395,7 @@ static void sock_line(struct session *s, const char *line)
                  "the shell's status reporter could not run (%.40s): shell code changed what "
                  "it needs (a read-only POSIXLY_CORRECT, __conch_c or function named builtin?)",
                  why);
-        session_run_finish(s);
+        conch_daemon_session_run_finish(s);
         /* A shell that cannot report is of no use to the next command: it starts anew. */
         if (s->proc_live && !s->closing) {
             snprintf(s->kill_reason, sizeof(s->kill_reason),
@@ -404,7 +404,7 @@ static void sock_line(struct session *s, const char *line)
         }
     } else if (kind == 'Y' && s->tstage == T_SYNC) {
         s->synced = true;
-        session_run_finish(s);
+        conch_daemon_session_run_finish(s);
     }
 }
 
@@ -512,7 +512,7 @@ static void on_eof_timer(uv_timer_t *t)
     }
 }
 
-void session_sock_poll_update(struct session *s)
+void conch_daemon_session_sock_poll_update(struct session *s)
 {
     if (!s->sock_poll)
         return;
@@ -535,10 +535,10 @@ static void sock_flush(struct session *s)
         free(s->wpend);
         s->wpend = NULL;
     }
-    session_sock_poll_update(s);
+    conch_daemon_session_sock_poll_update(s);
 }
 
-void session_sock_write(struct session *s, const char *buf, size_t len)
+void conch_daemon_session_sock_write(struct session *s, const char *buf, size_t len)
 {
     char *nb = realloc(s->wpend, s->wpend_len - s->wpend_off + len);
     if (!nb)
@@ -560,7 +560,7 @@ static void master_poll_update(struct session *s)
 {
     if (s->master_poll)
         uv_poll_start(s->master_poll, UV_READABLE | (s->mpend ? UV_WRITABLE : 0),
-                      session_on_master);
+                      conch_daemon_session_on_master);
 }
 
 static void master_flush(struct session *s)
@@ -581,7 +581,7 @@ static void master_flush(struct session *s)
     master_poll_update(s);
 }
 
-int session_master_write(struct session *s, const char *buf, size_t len)
+int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len)
 {
     if (s->master < 0) {
         errno = EIO;
@@ -614,7 +614,7 @@ int session_master_write(struct session *s, const char *buf, size_t len)
  * program did to its termios) only takes SIGINT, SIGQUIT and SIGTSTP; other signals go by
  * kill() to the group the terminal names (a host pid: the sandbox's pid namespaces are
  * below ours), never to the shell's own group. */
-int session_fg_signal(struct session *s, int sig)
+int conch_daemon_session_fg_signal(struct session *s, int sig)
 {
     if (s->master < 0)
         return -1;
@@ -626,13 +626,13 @@ int session_fg_signal(struct session *s, int sig)
     return kill(-pg, sig);
 }
 
-void session_on_timer(uv_timer_t *t)
+void conch_daemon_session_on_timer(uv_timer_t *t)
 {
     struct session *s = t->data;
     if (!s->cur) {
         if (s->tstage == T_BUSY) {
             s->tstage = T_NONE;
-            session_pump(s);
+            conch_daemon_session_pump(s);
         }
         return;
     }
@@ -644,7 +644,8 @@ void session_on_timer(uv_timer_t *t)
         if (s->master >= 0)
             ioctl(s->master, TIOCSIG, SIGINT);
         s->tstage = T_GRACE;
-        uv_timer_start(s->timer, session_on_timer, s->cur->grace_ms ? s->cur->grace_ms : 1, 0);
+        uv_timer_start(s->timer, conch_daemon_session_on_timer,
+                       s->cur->grace_ms ? s->cur->grace_ms : 1, 0);
         break;
     case T_GRACE: {
         /* Still not back: kill the foreground job unless it is the shell itself, then ask
@@ -652,16 +653,16 @@ void session_on_timer(uv_timer_t *t)
         pid_t pg = 0, sid = 0;
         if (s->master >= 0 && ioctl(s->master, TIOCGPGRP, &pg) == 0 &&
             ioctl(s->master, TIOCGSID, &sid) == 0 && pg != sid) {
-            session_fg_signal(s, SIGKILL);
+            conch_daemon_session_fg_signal(s, SIGKILL);
             s->killed_fg = true;
         }
         s->tstage = T_SYNC;
         char rec[40];
         int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
-        session_sock_write(s, rec, (size_t)n + 1);
+        conch_daemon_session_sock_write(s, rec, (size_t)n + 1);
         static const char sync_line[] = "\x15 \\__conch_s\n";
-        session_master_write(s, sync_line, sizeof(sync_line) - 1);
-        uv_timer_start(s->timer, session_on_timer, 2000 + s->cur->grace_ms, 0);
+        conch_daemon_session_master_write(s, sync_line, sizeof(sync_line) - 1);
+        uv_timer_start(s->timer, conch_daemon_session_on_timer, 2000 + s->cur->grace_ms, 0);
         break;
     }
     case T_SYNC:
@@ -671,12 +672,12 @@ void session_on_timer(uv_timer_t *t)
         s->tstage = T_NONE;
         break;
     case T_MARKER:
-        session_run_finish(s);
+        conch_daemon_session_run_finish(s);
         break;
     }
 }
 
-void session_close_fds(struct session *s)
+void conch_daemon_session_close_fds(struct session *s)
 {
     close_poll(&s->master_poll);
     close_poll(&s->sock_poll);

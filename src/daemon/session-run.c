@@ -257,11 +257,11 @@ static void session_answer_free(struct session_answer *a)
 /* The answer is out: the session's next command may start. */
 static void session_answered(struct session_answer *a)
 {
-    struct session *s = session_find(a->session);
+    struct session *s = conch_daemon_session_find(a->session);
     session_answer_free(a);
     if (s) {
         s->scanning = false;
-        session_pump(s);
+        conch_daemon_session_pump(s);
     }
 }
 
@@ -317,20 +317,20 @@ static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
 }
 
 /* Build and send the result of the current command, then start the next one. */
-void session_run_finish(struct session *s)
+void conch_daemon_session_run_finish(struct session *s)
 {
     struct srun *r = s->cur;
     if (!r)
         return;
     s->cur = NULL;
     uv_timer_stop(s->timer);
-    session_hold_commit(s);
+    conch_daemon_session_hold_commit(s);
     struct session_answer *a = calloc(1, sizeof(*a));
     struct conch_run_result res;
     memset(&res, 0, sizeof(res));
     res.out = s->cap;
     res.err = s->nocap;
-    res.duration_ms = daemon_now_ms() - s->start_ms;
+    res.duration_ms = conch_daemon_now_ms() - s->start_ms;
     int code;
     if (s->shell_died)
         code = s->end_code >= 0 ? s->end_code : 137;
@@ -388,12 +388,12 @@ void session_run_finish(struct session *s)
     struct conch_rpc_call *call = r->call;
     srun_free(r);
     session_clear_run_state(s);
-    s->last_used_at = daemon_now();
+    s->last_used_at = conch_daemon_now();
     struct sandbox *sb = sess_sb(s);
     if (sb)
-        sandbox_touch(sb);
+        conch_daemon_sandbox_touch(sb);
     if (!a) {
-        session_pump(s);
+        conch_daemon_session_pump(s);
         return;
     }
     a->d = s->d;
@@ -405,18 +405,18 @@ void session_run_finish(struct session *s)
     s->scanning = true;
     /* The result lists the workspace's changes, as exec.run's does: a worker scans them. */
     if (sb && sb->upper_dir[0] && !sb->super.gone &&
-        sandbox_changes_async(sb, changes_done, a) == 0)
+        conch_daemon_sandbox_changes_async(sb, changes_done, a) == 0)
         return;
     session_answer_send(a);
 }
 
-void session_fail_queue(struct session *s, const char *why)
+void conch_daemon_session_fail_queue(struct session *s, const char *why)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->queue)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->queue)
     {
-        struct srun *r = dlist_entry(pos, struct srun, link);
-        dlist_del(&r->link);
+        struct srun *r = conch_list_entry(pos, struct srun, link);
+        conch_list_del(&r->link);
         conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
                              "session %s ended: %s", s->id, why);
         srun_free(r);
@@ -424,23 +424,23 @@ void session_fail_queue(struct session *s, const char *why)
 }
 
 /* Start the next queued command when the shell waits for one. */
-void session_pump(struct session *s)
+void conch_daemon_session_pump(struct session *s)
 {
-    if (s->cur || s->scanning || dlist_empty(&s->queue) || s->closing)
+    if (s->cur || s->scanning || conch_list_empty(&s->queue) || s->closing)
         return;
     if (s->d->stopping) {
-        session_fail_queue(s, "the daemon is shutting down");
+        conch_daemon_session_fail_queue(s, "the daemon is shutting down");
         return;
     }
     if (s->state == SS_ENDED) {
         struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
         if (!sb || sb->state != SB_READY) {
-            session_fail_queue(s, s->end_reason);
+            conch_daemon_session_fail_queue(s, s->end_reason);
             return;
         }
         struct conch_err err = {0};
-        if (session_shell_start(s, &err) < 0) {
-            session_fail_queue(s, err.msg);
+        if (conch_daemon_session_shell_start(s, &err) < 0) {
+            conch_daemon_session_fail_queue(s, err.msg);
             return;
         }
         s->new_shell = true;
@@ -449,39 +449,40 @@ void session_pump(struct session *s)
         return; /* started again when the master arrives */
     if (s->kill_reason[0])
         return; /* we are ending this shell: the next one takes the command */
-    struct srun *r = dlist_entry(s->queue.next, struct srun, link);
+    struct srun *r = conch_list_entry(s->queue.next, struct srun, link);
     /* A program of a person's (an editor, a pager) has the terminal: typing into it would
      * be wrong. Commands run only when the shell itself is in the foreground. */
     pid_t pg = 0, sid = 0;
     if (ioctl(s->master, TIOCGPGRP, &pg) == 0 && ioctl(s->master, TIOCGSID, &sid) == 0 &&
         pg != sid) {
         if (!s->busy_since)
-            s->busy_since = daemon_now_ms();
-        if (daemon_now_ms() - s->busy_since < BUSY_WAIT_MS) {
+            s->busy_since = conch_daemon_now_ms();
+        if (conch_daemon_now_ms() - s->busy_since < BUSY_WAIT_MS) {
             s->tstage = T_BUSY;
-            uv_timer_start(s->timer, session_on_timer, 20, 0);
+            uv_timer_start(s->timer, conch_daemon_session_on_timer, 20, 0);
             return;
         }
         s->busy_since = 0;
-        dlist_del(&r->link);
+        conch_list_del(&r->link);
         conch_rpc_call_failf(r->call, CONCH_RPC_LIMIT, "session_busy", NULL,
                              "session %s: a program is running in the foreground of its "
                              "terminal; wait for it, or end it with session.signal",
                              s->id);
         srun_free(r);
-        session_pump(s);
+        conch_daemon_session_pump(s);
         return;
     }
     s->busy_since = 0;
     if (s->tstage == T_BUSY)
         uv_timer_stop(s->timer);
-    dlist_del(&r->link);
+    conch_list_del(&r->link);
     s->cur = r;
     session_clear_run_state(s);
     struct conch_err err = {0};
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     if (conch_output_init(&s->cap, "stdout", r->max_output, 256ULL << 20,
-                          sess_sb(s) ? sandbox_spill_dir(sess_sb(s)) : NULL, &err) < 0 ||
+                          sess_sb(s) ? conch_daemon_sandbox_spill_dir(sess_sb(s)) : NULL,
+                          &err) < 0 ||
         conch_output_init(&s->nocap, "stderr", 0, 0, NULL, &err) < 0) {
         s->cur = NULL;
         conch_rpc_call_fail_err(r->call, 0, NULL, &err);
@@ -515,7 +516,7 @@ void session_pump(struct session *s)
         rec[off + r->in_len] = 0;
         off += r->in_len + 1;
     }
-    s->start_ms = daemon_now_ms();
+    s->start_ms = conch_daemon_now_ms();
     {
         /* Calls made between commands (raw mode) are not this command's. */
         struct sandbox *bsb = sess_sb(s);
@@ -526,7 +527,7 @@ void session_pump(struct session *s)
             conch_bridge_report_done(&before);
         }
     }
-    session_sock_write(s, rec, off);
+    conch_daemon_session_sock_write(s, rec, off);
     free(rec);
     /* Typed whole, not through an alias (shell code may redefine one): every name in it is
      * quoted (no alias applies) and is a read-only function of ours or the builtin `builtin`
@@ -537,12 +538,12 @@ void session_pump(struct session *s)
     static const char run_in_line[] = "\x15 \\__conch_b&&\\builtin eval "
                                       "\"$__conch_c\"<<<\"$__conch_in\" 62>&-;\\__conch_e \"$?\"\n";
     if (r->has_in)
-        session_master_write(s, run_in_line, sizeof(run_in_line) - 1);
+        conch_daemon_session_master_write(s, run_in_line, sizeof(run_in_line) - 1);
     else
-        session_master_write(s, run_line, sizeof(run_line) - 1);
+        conch_daemon_session_master_write(s, run_line, sizeof(run_line) - 1);
     if (r->timeout_ms) {
         s->tstage = T_DEADLINE;
-        uv_timer_start(s->timer, session_on_timer, r->timeout_ms, 0);
+        uv_timer_start(s->timer, conch_daemon_session_on_timer, r->timeout_ms, 0);
     }
 }
 
@@ -561,7 +562,7 @@ static bool recv_fd(int sock, int *ret)
     return true;
 }
 
-void session_set_winsize(struct session *s)
+void conch_daemon_session_set_winsize(struct session *s)
 {
     struct winsize ws = {.ws_row = s->rows, .ws_col = s->cols};
     if (s->master >= 0)
@@ -605,22 +606,22 @@ static void shell_started(struct conch_proc *p, pid_t pid)
     fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
     fcntl(s->sock, F_SETFL, fcntl(s->sock, F_GETFL) | O_NONBLOCK);
     s->master = master;
-    session_set_winsize(s);
+    conch_daemon_session_set_winsize(s);
     s->master_poll = malloc(sizeof(*s->master_poll));
     s->sock_poll = malloc(sizeof(*s->sock_poll));
     uv_poll_init(&s->d->loop, s->master_poll, master);
     uv_poll_init(&s->d->loop, s->sock_poll, s->sock);
     s->master_poll->data = s->sock_poll->data = s;
-    uv_poll_start(s->master_poll, UV_READABLE, session_on_master);
-    session_sock_poll_update(s);
+    uv_poll_start(s->master_poll, UV_READABLE, conch_daemon_session_on_master);
+    conch_daemon_session_sock_poll_update(s);
     s->state = SS_LIVE;
     if (s->open_call) {
-        conch_rpc_call_reply(s->open_call, session_json(s));
+        conch_rpc_call_reply(s->open_call, conch_daemon_session_json(s));
         s->open_call = NULL;
     }
     json_t *params = json_pack("{s:s,s:i}", "session", s->id, "shell", s->shells);
-    session_notify_all(s, "session.started", params);
-    session_pump(s);
+    conch_daemon_session_notify_all(s, "session.started", params);
+    conch_daemon_session_pump(s);
 }
 
 static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
@@ -635,7 +636,7 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
         conch_bridge_origin_end(bsb->bridge, "session", s->id, &s->tools);
     }
     if (s->master >= 0 && !s->closing)
-        session_master_drain(s);
+        conch_daemon_session_master_drain(s);
     int sig = 0;
     if (end->start_failed) {
         s->end_code = 127;
@@ -657,7 +658,7 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
         snprintf(s->end_reason, sizeof(s->end_reason), "%s", s->kill_reason);
     s->kill_reason[0] = 0;
     if (s->closing) {
-        session_free(s);
+        conch_daemon_session_free(s);
         return;
     }
     if (s->open_call) {
@@ -666,36 +667,36 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
         conch_rpc_call_fail_err(s->open_call, 0, NULL, &err);
         s->open_call = NULL;
     }
-    session_end(s, s->end_reason);
+    conch_daemon_session_end(s, s->end_reason);
 }
 
 static const struct conch_proc_ops shell_ops = {.started = shell_started, .ended = shell_ended};
 
 /* The shell is gone (exit, sandbox destroyed, idle, close): tell every client why. The
  * current command ends with the shell's status; queued ones start a new shell. */
-void session_end(struct session *s, const char *why)
+void conch_daemon_session_end(struct session *s, const char *why)
 {
     if (s->state == SS_ENDED)
         return;
     s->state = SS_ENDED;
     if (why != s->end_reason)
         snprintf(s->end_reason, sizeof(s->end_reason), "%s", why);
-    session_close_fds(s);
+    conch_daemon_session_close_fds(s);
     if (s->save)
         uv_timer_stop(s->save);
     json_t *params = json_pack("{s:s,s:s,s:i}", "session", s->id, "reason", s->end_reason,
                                "exit_code", s->end_code);
-    session_notify_all(s, "session.ended", params);
-    session_record(s);
+    conch_daemon_session_notify_all(s, "session.ended", params);
+    conch_daemon_session_record(s);
     if (s->cur) {
         s->shell_died = true;
-        session_run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
+        conch_daemon_session_run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
     } else {
-        session_pump(s);
+        conch_daemon_session_pump(s);
     }
 }
 
-int session_shell_start(struct session *s, struct conch_err *err)
+int conch_daemon_session_shell_start(struct session *s, struct conch_err *err)
 {
     struct sandbox *sb = sess_sb(s);
     if (!sb || sb->state != SB_READY)

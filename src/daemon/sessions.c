@@ -29,19 +29,19 @@
 #define MAX_SESSIONS_PER_DAEMON 4096
 #define MAX_QUEUE 256
 
-static struct dlist sessions = {&sessions, &sessions};
+static struct conch_list sessions = {&sessions, &sessions};
 static unsigned n_sessions;
 static uint64_t next_session;
 
 static void session_unrecord(struct session *s);
 static void sessions_trim(struct daemon *d);
 
-struct session *session_find(const char *id)
+struct session *conch_daemon_session_find(const char *id)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sessions)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sessions)
     {
-        struct session *s = dlist_entry(pos, struct session, link);
+        struct session *s = conch_list_entry(pos, struct session, link);
         if (!strcmp(s->id, id))
             return s;
     }
@@ -52,26 +52,26 @@ struct session *session_find(const char *id)
  * the keyboard. */
 static void prune_clients(struct session *s)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
-        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        struct sclient *c = conch_list_entry(pos, struct sclient, link);
         if (!conch_rpc_sink_ctx(c->sink)) {
-            dlist_del(&c->link);
+            conch_list_del(&c->link);
             conch_rpc_sink_unref(c->sink);
             free(c);
         }
     }
 }
 
-void session_notify_all(struct session *s, const char *method, json_t *params)
+void conch_daemon_session_notify_all(struct session *s, const char *method, json_t *params)
 {
     prune_clients(s);
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
-        struct sclient *c = dlist_entry(pos, struct sclient, link);
-        client_notify(c->sink, method, json_incref(params));
+        struct sclient *c = conch_list_entry(pos, struct sclient, link);
+        conch_daemon_client_notify(c->sink, method, json_incref(params));
     }
     json_decref(params);
 }
@@ -117,7 +117,7 @@ static void session_save(struct session *s, bool with_scrollback)
     char dir[PATH_MAX];
     if (s->recovered || records_dir(s->d, dir, sizeof(dir)) < 0)
         return;
-    json_t *o = session_json(s);
+    json_t *o = conch_daemon_session_json(s);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     char name[64];
@@ -128,7 +128,7 @@ static void session_save(struct session *s, bool with_scrollback)
     }
     if (with_scrollback) {
         size_t len = 0;
-        char *sbk = session_ring_copy(s, &len);
+        char *sbk = conch_daemon_session_ring_copy(s, &len);
         if (sbk) {
             snprintf(name, sizeof(name), "%s.out", s->id);
             write_file(dir, name, sbk, len);
@@ -138,14 +138,14 @@ static void session_save(struct session *s, bool with_scrollback)
     }
 }
 
-void session_on_save(uv_timer_t *t)
+void conch_daemon_session_on_save(uv_timer_t *t)
 {
     struct session *s = t->data;
     if (s->saved_seq != s->seq)
         session_save(s, true);
 }
 
-void session_record(struct session *s)
+void conch_daemon_session_record(struct session *s)
 {
     session_save(s, true);
 }
@@ -177,7 +177,7 @@ static char *read_record(const char *path, size_t max, size_t *ret_len)
 static void on_idle(uv_timer_t *t)
 {
     struct session *s = t->data;
-    if (s->cur || !dlist_empty(&s->queue)) {
+    if (s->cur || !conch_list_empty(&s->queue)) {
         uv_timer_start(s->idle, on_idle, (uint64_t)(s->idle_timeout * 1000), 0);
         return;
     }
@@ -188,14 +188,14 @@ static void on_idle(uv_timer_t *t)
 }
 
 /* The session (and its sandbox, whose own idle timer knows nothing of sessions) is in use. */
-void session_touch(struct session *s)
+void conch_daemon_session_touch(struct session *s)
 {
-    s->last_used_at = daemon_now();
+    s->last_used_at = conch_daemon_now();
     if (s->idle_timeout > 0 && s->idle)
         uv_timer_start(s->idle, on_idle, (uint64_t)(s->idle_timeout * 1000), 0);
     struct sandbox *sb = s->recovered ? NULL : sess_sb(s);
     if (sb)
-        sandbox_touch(sb);
+        conch_daemon_sandbox_touch(sb);
 }
 
 /* ---- JSON ---- */
@@ -203,20 +203,20 @@ void session_touch(struct session *s)
 static int queued_count(struct session *s)
 {
     int n = s->cur ? 1 : 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->queue) n++;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->queue) n++;
     return n;
 }
 
-json_t *session_json(struct session *s)
+json_t *conch_daemon_session_json(struct session *s)
 {
     prune_clients(s);
-    struct dlist *pos, *tmp;
+    struct conch_list *pos, *tmp;
     int clients = 0, writers = 0;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
         clients++;
-        if (dlist_entry(pos, struct sclient, link)->writer)
+        if (conch_list_entry(pos, struct sclient, link)->writer)
             writers++;
     }
     json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:f,s:f,s:I,s:i,s:i}", "session", s->id,
@@ -239,7 +239,7 @@ json_t *session_json(struct session *s)
 static struct session *find_or_fail(struct conch_rpc_call *call, json_t *params)
 {
     const char *id = conch_rpc_str(params, "session", "");
-    struct session *s = session_find(id);
+    struct session *s = conch_daemon_session_find(id);
     if (!s)
         conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "session_not_found", NULL,
                              "no session '%s' (session.list shows them)", id);
@@ -248,10 +248,10 @@ static struct session *find_or_fail(struct conch_rpc_call *call, json_t *params)
 
 static struct sclient *client_of(struct session *s, struct conch_rpc_sink *sink)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
-        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        struct sclient *c = conch_list_entry(pos, struct sclient, link);
         if (c->sink == sink)
             return c;
     }
@@ -267,7 +267,7 @@ static struct conch_rpc_sink *ctx_sink(void *ctx)
 
 /* ---- handlers ---- */
 
-void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *cl = ctx;
     struct daemon *d = cl->d;
@@ -281,7 +281,8 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
                              MAX_SESSIONS_PER_DAEMON);
         return;
     }
-    struct sandbox *sb = sandbox_find_running(d, call, conch_rpc_str(params, "sandbox", ""));
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(d, call, conch_rpc_str(params, "sandbox", ""));
     if (!sb)
         return;
     struct session *s = calloc(1, sizeof(*s));
@@ -298,8 +299,8 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
         rnd = ((uint32_t)getpid() * 0x9e3779b9u) ^ (uint32_t)(uintptr_t)&rnd;
     snprintf(s->id, sizeof(s->id), "ses-%llu-%08x", (unsigned long long)++next_session, rnd);
     snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sb->id);
-    DLIST_INIT(&s->clients);
-    DLIST_INIT(&s->queue);
+    CONCH_LIST_INIT(&s->clients);
+    CONCH_LIST_INIT(&s->queue);
     s->rows = (unsigned short)conch_rpc_int(params, "rows", 24);
     s->cols = (unsigned short)conch_rpc_int(params, "cols", 80);
     s->ring_cap = (size_t)conch_rpc_int(params, "scrollback", SCROLLBACK_DEFAULT);
@@ -313,14 +314,14 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
     if (!s->cwd)
         s->cwd = strdup("/workspace");
     s->idle_timeout = conch_rpc_num(params, "idle_timeout", 3600);
-    s->created_at = s->last_used_at = daemon_now();
+    s->created_at = s->last_used_at = conch_daemon_now();
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
-    if ((s->ring_cap && !s->ring) || session_timers_open(s) < 0 ||
-        session_shell_start(s, &err) < 0) {
+    if ((s->ring_cap && !s->ring) || conch_daemon_session_timers_open(s) < 0 ||
+        conch_daemon_session_shell_start(s, &err) < 0) {
         if (!err.code)
             conch_err_set(&err, ENOMEM, "out of memory");
-        session_timers_close(s);
+        conch_daemon_session_timers_close(s);
         free(s->ring);
         free(s->cwd);
         json_decref(s->env);
@@ -328,12 +329,12 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
-    dlist_add(&sessions, &s->link);
+    conch_list_add(&sessions, &s->link);
     n_sessions++;
     sessions_trim(d);
     session_save(s, false);
-    session_touch(s);
-    sandbox_touch(sb);
+    conch_daemon_session_touch(s);
+    conch_daemon_sandbox_touch(sb);
     /* The client that opened it is attached (read-only unless it asks to write). */
     struct conch_rpc_sink *sink = ctx_sink(ctx);
     if (sink && conch_rpc_bool(params, "attach", false)) {
@@ -341,13 +342,13 @@ void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx)
         if (c) {
             c->sink = conch_rpc_sink_ref(sink);
             c->writer = true;
-            dlist_add(&s->clients, &c->link);
+            conch_list_add(&s->clients, &c->link);
         }
     }
     s->open_call = call; /* answered when the shell has started (or failed to) */
 }
 
-void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     (void)ctx;
     struct session *s = find_or_fail(call, params);
@@ -365,8 +366,8 @@ void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
         return;
     }
     unsigned queued = 0;
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->queue) queued++;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->queue) queued++;
     if (queued >= MAX_QUEUE) {
         conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
                              "too many commands queued on session %s (%d)", s->id, MAX_QUEUE);
@@ -394,12 +395,12 @@ void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx)
     r->grace_ms = (uint64_t)(grace * 1000);
     long long mo = conch_rpc_int(params, "max_output", 1 << 20);
     r->max_output = mo > 0 ? (size_t)mo : 1 << 20;
-    dlist_add(&s->queue, &r->link);
-    session_touch(s);
-    session_pump(s);
+    conch_list_add(&s->queue, &r->link);
+    conch_daemon_session_touch(s);
+    conch_daemon_session_pump(s);
 }
 
-void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct session *s = find_or_fail(call, params);
     if (!s)
@@ -407,11 +408,11 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
     struct conch_rpc_sink *sink = ctx_sink(ctx);
     prune_clients(s);
     struct sclient *me = client_of(s, sink);
-    struct dlist *pos, *tmp;
+    struct conch_list *pos, *tmp;
     bool other_writer = false;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
-        struct sclient *c = dlist_entry(pos, struct sclient, link);
+        struct sclient *c = conch_list_entry(pos, struct sclient, link);
         if (c != me && c->writer)
             other_writer = true;
     }
@@ -430,7 +431,7 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
     }
     size_t len = 0;
     const char *data = conch_rpc_strn(params, "data", &len);
-    if (session_master_write(s, data, len) < 0) {
+    if (conch_daemon_session_master_write(s, data, len) < 0) {
         if (errno == ENOBUFS)
             conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
                                  "session %s: %u bytes of keys wait already: the program in its "
@@ -441,11 +442,11 @@ void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx
                                  "session %s: write to its terminal: %s", s->id, strerror(errno));
         return;
     }
-    session_touch(s);
+    conch_daemon_session_touch(s);
     conch_rpc_call_reply(call, json_pack("{s:I}", "written", (json_int_t)len));
 }
 
-void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct session *s = find_or_fail(call, params);
     if (!s)
@@ -464,49 +465,49 @@ void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ct
             return;
         }
         me->sink = conch_rpc_sink_ref(sink);
-        dlist_add(&s->clients, &me->link);
+        conch_list_add(&s->clients, &me->link);
     }
     if (write) {
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &s->clients)
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &s->clients)
         {
-            struct sclient *c = dlist_entry(pos, struct sclient, link);
+            struct sclient *c = conch_list_entry(pos, struct sclient, link);
             if (c != me && c->writer) {
                 c->writer = false;
-                client_notify(c->sink, "session.writer",
-                              json_pack("{s:s,s:b,s:s}", "session", s->id, "writer", 0, "reason",
-                                        "another client took over"));
+                conch_daemon_client_notify(c->sink, "session.writer",
+                                           json_pack("{s:s,s:b,s:s}", "session", s->id, "writer", 0,
+                                                     "reason", "another client took over"));
             }
         }
         me->writer = true;
     }
     size_t len = 0;
-    char *sbk = session_ring_copy(s, &len);
-    json_t *o = session_json(s);
+    char *sbk = conch_daemon_session_ring_copy(s, &len);
+    json_t *o = conch_daemon_session_json(s);
     json_object_set_new(o, "scrollback", conch_json_text(sbk ? sbk : "", sbk ? len : 0));
     json_object_set_new(o, "seq", json_integer((json_int_t)(s->seq - len)));
     json_object_set_new(o, "next_seq", json_integer((json_int_t)s->seq));
     json_object_set_new(o, "you_write", json_boolean(me->writer));
     free(sbk);
-    session_touch(s);
+    conch_daemon_session_touch(s);
     conch_rpc_call_reply(call, o);
 }
 
-void handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct session *s = find_or_fail(call, params);
     if (!s)
         return;
     struct sclient *me = client_of(s, ctx_sink(ctx));
     if (me) {
-        dlist_del(&me->link);
+        conch_list_del(&me->link);
         conch_rpc_sink_unref(me->sink);
         free(me);
     }
     conch_rpc_call_reply(call, json_pack("{s:b}", "detached", me != NULL));
 }
 
-void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     (void)ctx;
     struct session *s = find_or_fail(call, params);
@@ -514,11 +515,11 @@ void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ct
         return;
     s->rows = (unsigned short)conch_rpc_int(params, "rows", s->rows);
     s->cols = (unsigned short)conch_rpc_int(params, "cols", s->cols);
-    session_set_winsize(s);
+    conch_daemon_session_set_winsize(s);
     conch_rpc_call_reply(call, json_pack("{s:i,s:i}", "rows", s->rows, "cols", s->cols));
 }
 
-void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     (void)ctx;
     struct session *s = find_or_fail(call, params);
@@ -541,7 +542,7 @@ void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ct
         conch_rpc_call_fail_param(call, "signal", "unknown signal '%s'", name);
         return;
     }
-    if (s->state != SS_LIVE || s->master < 0 || session_fg_signal(s, sig) < 0) {
+    if (s->state != SS_LIVE || s->master < 0 || conch_daemon_session_fg_signal(s, sig) < 0) {
         conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
                              "session %s is not running", s->id);
         return;
@@ -549,32 +550,32 @@ void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ct
     conch_rpc_call_reply(call, json_pack("{s:i}", "signal", sig));
 }
 
-void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     (void)ctx;
     const char *sb = conch_rpc_str(params, "sandbox", NULL);
     json_t *a = json_array();
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &sessions)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sessions)
     {
-        struct session *s = dlist_entry(pos, struct session, link);
+        struct session *s = conch_list_entry(pos, struct session, link);
         if (!sb || !strcmp(sb, s->sandbox_id))
-            json_array_append_new(a, session_json(s));
+            json_array_append_new(a, conch_daemon_session_json(s));
     }
     conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", a));
 }
 
-void session_free(struct session *s)
+void conch_daemon_session_free(struct session *s)
 {
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &s->clients)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &s->clients)
     {
-        struct sclient *c = dlist_entry(pos, struct sclient, link);
-        dlist_del(&c->link);
+        struct sclient *c = conch_list_entry(pos, struct sclient, link);
+        conch_list_del(&c->link);
         conch_rpc_sink_unref(c->sink);
         free(c);
     }
-    session_timers_close(s);
+    conch_daemon_session_timers_close(s);
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
@@ -586,20 +587,20 @@ void session_free(struct session *s)
 static void session_destroy(struct session *s, const char *why)
 {
     s->closing = true;
-    session_fail_queue(s, why);
+    conch_daemon_session_fail_queue(s, why);
     if (s->state != SS_ENDED)
-        session_end(s, why);
+        conch_daemon_session_end(s, why);
     session_unrecord(s);
-    dlist_del(&s->link);
+    conch_list_del(&s->link);
     n_sessions--;
     /* The proc stays the supervisor's until its final event: shell_ended frees @s then. */
     if (s->proc_live)
         conch_super_signal(&s->proc, SIGKILL);
     else
-        session_free(s);
+        conch_daemon_session_free(s);
 }
 
-void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     (void)ctx;
     struct session *s = find_or_fail(call, params);
@@ -615,24 +616,24 @@ static void sessions_trim(struct daemon *d)
     (void)d;
     while (n_sessions > MAX_RECORDS) {
         struct session *old = NULL;
-        struct dlist *pos, *tmp;
-        dlist_for_each_safe(pos, tmp, &sessions)
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &sessions)
         {
-            struct session *s = dlist_entry(pos, struct session, link);
-            if (s->state == SS_ENDED && !s->cur && dlist_empty(&s->queue) && !s->proc_live &&
+            struct session *s = conch_list_entry(pos, struct session, link);
+            if (s->state == SS_ENDED && !s->cur && conch_list_empty(&s->queue) && !s->proc_live &&
                 (!old || s->created_at < old->created_at))
                 old = s;
         }
         if (!old)
             return;
         session_unrecord(old);
-        dlist_del(&old->link);
+        conch_list_del(&old->link);
         n_sessions--;
-        session_free(old);
+        conch_daemon_session_free(old);
     }
 }
 
-void sessions_recover(struct daemon *d)
+void conch_daemon_sessions_recover(struct daemon *d)
 {
     char dir[PATH_MAX];
     if (records_dir(d, dir, sizeof(dir)) < 0)
@@ -653,7 +654,8 @@ void sessions_recover(struct daemon *d)
         free(text);
         const char *id = json_string_value(json_object_get(o, "session"));
         const char *sb = json_string_value(json_object_get(o, "sandbox"));
-        struct session *s = id && sb && !session_find(id) ? calloc(1, sizeof(*s)) : NULL;
+        struct session *s =
+            id && sb && !conch_daemon_session_find(id) ? calloc(1, sizeof(*s)) : NULL;
         if (!s) {
             json_decref(o);
             continue;
@@ -677,20 +679,20 @@ void sessions_recover(struct daemon *d)
         s->created_at = json_real_value(json_object_get(o, "created_at"));
         s->last_used_at = json_real_value(json_object_get(o, "last_used_at"));
         json_decref(o);
-        DLIST_INIT(&s->clients);
-        DLIST_INIT(&s->queue);
+        CONCH_LIST_INIT(&s->clients);
+        CONCH_LIST_INIT(&s->queue);
         snprintf(path, sizeof(path), "%s/%s.out", dir, s->id);
         s->ring = read_record(path, 64u << 20, &len);
         s->ring_cap = s->ring_len = s->ring ? len : 0;
         s->ring_pos = 0;
         s->seq = s->ring_len;
         s->cap.spill_fd = s->nocap.spill_fd = -1;
-        if (session_timers_open(s) < 0) {
+        if (conch_daemon_session_timers_open(s) < 0) {
             free(s->ring);
             free(s);
             continue;
         }
-        dlist_add(&sessions, &s->link);
+        conch_list_add(&sessions, &s->link);
         n_sessions++;
     }
     closedir(dh);

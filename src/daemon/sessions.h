@@ -8,19 +8,19 @@
 
 #include "rpc/rpc.h"
 
-void handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx);
-void handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_open(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_write(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_attach(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_detach(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_resize(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_signal(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_session_close(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 struct daemon;
-/* sessions_recover - list the sessions recorded by a previous daemon (<state>/sessions/) as
- * ended, with their last scrollback. Call once at start. */
-void sessions_recover(struct daemon *d);
+/* conch_daemon_sessions_recover - list the sessions recorded by a previous daemon
+ * (<state>/sessions/) as ended, with their last scrollback. Call once at start. */
+void conch_daemon_sessions_recover(struct daemon *d);
 
 #endif

@@ -14,7 +14,7 @@
 
 /* A call delivered to a client and not answered yet. */
 struct out_call {
-    struct dlist link; /* in client->out_calls */
+    struct conch_list link; /* in client->out_calls */
     struct client *c;
     json_int_t rpc_id;
     struct conch_bridge_call *call;
@@ -22,7 +22,7 @@ struct out_call {
 
 static void out_call_free(struct out_call *oc)
 {
-    dlist_del(&oc->link);
+    conch_list_del(&oc->link);
     free(oc);
 }
 
@@ -44,7 +44,7 @@ static int bridge_deliver(void *ctx, void *owner, struct conch_bridge_call *call
     oc->c = c;
     oc->rpc_id = json_integer_value(id);
     oc->call = call;
-    dlist_add(&c->out_calls, &oc->link);
+    conch_list_add(&c->out_calls, &oc->link);
     conch_bridge_call_set_handle(call, oc);
     const char *method =
         conch_bridge_call_kind(call) == CONCH_BRIDGE_TOOL ? "tool.call" : "agent.spawn";
@@ -73,9 +73,10 @@ static void bridge_cancel(void *ctx, void *owner, struct conch_bridge_call *call
     conch_bridge_call_set_handle(call, NULL);
     struct client *c = owner;
     if (c && !c->closing && c->sink)
-        client_notify(c->sink, "$/cancel",
-                      json_pack("{s:s,s:I,s:s}", "call_id", conch_bridge_call_id(call), "id",
-                                rpc_id, "reason", reason ? reason : "cancelled"));
+        conch_daemon_client_notify(c->sink, "$/cancel",
+                                   json_pack("{s:s,s:I,s:s}", "call_id", conch_bridge_call_id(call),
+                                             "id", rpc_id, "reason",
+                                             reason ? reason : "cancelled"));
 }
 
 /* A connection from a pid namespace the bridge does not know: the command may have started
@@ -88,7 +89,7 @@ static void bridge_resolve(void *ctx)
     if (sb->state != SB_READY && sb->state != SB_POOLED)
         return;
     if (conch_super_dispatch(&sb->super) == 0)
-        sandbox_warden_gone(sb);
+        conch_daemon_sandbox_warden_gone(sb);
 }
 
 static const struct conch_bridge_ops bridge_ops = {
@@ -97,7 +98,7 @@ static const struct conch_bridge_ops bridge_ops = {
     .resolve = bridge_resolve,
 };
 
-int sandbox_bridge_new(struct sandbox *sb, struct conch_err *err)
+int conch_daemon_sandbox_bridge_new(struct sandbox *sb, struct conch_err *err)
 {
     struct conch_bridge_limits lim;
     conch_bridge_limits_init(&lim);
@@ -110,7 +111,7 @@ int sandbox_bridge_new(struct sandbox *sb, struct conch_err *err)
     return conch_bridge_new(&sb->d->loop, sb->id, &lim, &bridge_ops, sb, &sb->bridge, err);
 }
 
-void sandbox_bridge_listen(struct sandbox *sb)
+void conch_daemon_sandbox_bridge_listen(struct sandbox *sb)
 {
     if (!sb->bridge || !sb->jail)
         return;
@@ -120,15 +121,15 @@ void sandbox_bridge_listen(struct sandbox *sb)
         log_warn("sandbox %s: %s", sb->id, err.msg);
 }
 
-void client_tools_response(struct client *c, json_t *id, json_t *result, json_t *error)
+void conch_daemon_client_tools_response(struct client *c, json_t *id, json_t *result, json_t *error)
 {
     if (!json_is_integer(id))
         return;
     json_int_t want = json_integer_value(id);
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->out_calls)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->out_calls)
     {
-        struct out_call *oc = dlist_entry(pos, struct out_call, link);
+        struct out_call *oc = conch_list_entry(pos, struct out_call, link);
         if (oc->rpc_id != want)
             continue;
         struct conch_bridge_call *call = oc->call;
@@ -145,18 +146,18 @@ void client_tools_response(struct client *c, json_t *id, json_t *result, json_t 
     /* An answer to a call the daemon gave up on (timed out, cancelled): dropped. */
 }
 
-void client_tools_gone(struct client *c)
+void conch_daemon_client_tools_gone(struct client *c)
 {
     /* Forget the deliveries first: the bridges fail those calls without cancelling them. */
-    while (!dlist_empty(&c->out_calls)) {
-        struct out_call *oc = dlist_entry(c->out_calls.next, struct out_call, link);
+    while (!conch_list_empty(&c->out_calls)) {
+        struct out_call *oc = conch_list_entry(c->out_calls.next, struct out_call, link);
         conch_bridge_call_set_handle(oc->call, NULL);
         out_call_free(oc);
     }
-    struct dlist *pos, *tmp;
-    dlist_for_each_safe(pos, tmp, &c->d->sandboxes)
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
-        struct sandbox *sb = dlist_entry(pos, struct sandbox, link);
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (sb->bridge)
             conch_bridge_drop_owner(sb->bridge, c);
     }
@@ -166,7 +167,8 @@ void client_tools_gone(struct client *c)
 
 static struct sandbox *bridge_sandbox(struct client *c, struct conch_rpc_call *call, json_t *params)
 {
-    struct sandbox *sb = sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", ""));
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", ""));
     if (sb && !sb->bridge) {
         conch_rpc_call_failf(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", NULL,
                              "sandbox %s has no tool bridge", sb->id);
@@ -215,34 +217,34 @@ static void do_unregister(struct conch_rpc_call *call, json_t *params, void *ctx
         call, json_pack("{s:o}", "removed", conch_bridge_unregister(sb->bridge, agents, names)));
 }
 
-void handle_tools_register(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_tools_register(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     do_register(call, params, ctx, false);
 }
 
-void handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_agents_register(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     do_register(call, params, ctx, true);
 }
 
-void handle_tools_unregister(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_tools_unregister(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     do_unregister(call, params, ctx, false);
 }
 
-void handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_agents_unregister(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     do_unregister(call, params, ctx, true);
 }
 
-void handle_tools_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_tools_list(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = bridge_sandbox(ctx, call, params);
     if (sb)
         conch_rpc_call_reply(call, conch_bridge_list(sb->bridge));
 }
 
-void handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = bridge_sandbox(ctx, call, params);
     if (!sb)
@@ -263,7 +265,7 @@ void handle_tools_trace(struct conch_rpc_call *call, json_t *params, void *ctx)
                          json_pack("{s:o}", "calls", conch_bridge_trace(sb->bridge, kind, id)));
 }
 
-void handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx)
+void conch_daemon_handle_tools_prompt(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = bridge_sandbox(ctx, call, params);
     if (!sb)

@@ -35,7 +35,7 @@ static void queued_free(struct jail_queued *q)
     free(q);
 }
 
-int jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int nfds)
+int conch_jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int nfds)
 {
     if (j->ctl_fd < 0)
         return -EPIPE;
@@ -73,7 +73,7 @@ int jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int 
     return 0;
 }
 
-void jail_ctl_queue_clear(struct conch_jail *j)
+void conch_jail_ctl_queue_clear(struct conch_jail *j)
 {
     while (j->outq_head) {
         struct jail_queued *q = j->outq_head;
@@ -103,7 +103,7 @@ int conch_jail_flush(struct conch_jail *j, struct conch_err *err)
         if (r == -EAGAIN)
             return 1;
         if (r < 0) {
-            jail_ctl_queue_clear(j);
+            conch_jail_ctl_queue_clear(j);
             return conch_err_set(err, -r, "send to the warden: %s", strerror(-r));
         }
         j->outq_head = q->next;

@@ -18,7 +18,7 @@
 /* Keep every capability we hold in our user namespace across the exec. We exec before the
  * parent has written our id maps, so as an id that is not the namespace's root: an exec drops
  * them all, but for the ambient set. The new image clears the ambient and inheritable sets
- * first thing (jail_warden_main). */
+ * first thing (conch_jail_warden_main). */
 static int keep_caps_across_exec(void)
 {
     struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
@@ -40,7 +40,7 @@ static int keep_caps_across_exec(void)
     return 0;
 }
 
-__attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x)
+__attribute__((noreturn)) void conch_jail_warden_exec_child(const struct jail_exec *x)
 {
     struct conch_err err = {0};
     const char *step = "set up its fds";
@@ -80,7 +80,7 @@ __attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x)
         struct jail_msg m;
         memset(&m, 0, sizeof(m));
         m.type = JMSG_ID_MAP_FDS;
-        if ((r = jail_send(ctl, &m, maps, 3)) < 0) {
+        if ((r = conch_jail_send(ctl, &m, maps, 3)) < 0) {
             errno = -r;
             goto fail_errno;
         }
@@ -101,6 +101,6 @@ fail_errno:
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_ERR;
     m.err = err;
-    jail_send(ctl, &m, NULL, 0);
+    conch_jail_send(ctl, &m, NULL, 0);
     _exit(1);
 }

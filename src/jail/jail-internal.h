@@ -118,13 +118,13 @@ struct jail_plan {
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
     /* a workspace may be attached later (JMSG_ATTACH): unprivileged, the warden keeps a mount
-     * namespace that sees the host (see jail_warden_main) */
+     * namespace that sees the host (see conch_jail_warden_main) */
     bool attachable;
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries
- * JAIL_PROTO_VERSION; jail_recv refuses any other, so a daemon and a warden built from
+ * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
 #define JAIL_PROTO_VERSION 0x636f0009u /* "co" + version 9 */
 
@@ -176,7 +176,7 @@ enum jail_msg_type {
 #define JRUN_LAST 2u
 
 struct jail_msg {
-    uint32_t version; /* JAIL_PROTO_VERSION; set by jail_send */
+    uint32_t version; /* JAIL_PROTO_VERSION; set by conch_jail_send */
     uint32_t type;
     int32_t a;
     uint32_t b;
@@ -208,9 +208,9 @@ struct jail_cmd_blob {
     } rlim[JAIL_RLIMITS];
 };
 
-/* jail_warden_main - the warden, in the clean image (conch_jail_warden_entry): set up, then
+/* conch_jail_warden_main - the warden, in the clean image (conch_jail_warden_entry): set up, then
  * serve the control socket (@plan->ctl_fd). Never returns. */
-__attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan);
+__attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *plan);
 
 /* The warden's state: one process, single-threaded, so nothing here needs a lock. Shared by
  * its files: warden-child.c (setup, the main loop, slots, deadlines, the lease channel,
@@ -230,7 +230,7 @@ struct jail_shep_report {
     int32_t started_sent; /* the warden reported STARTED itself (before handing RUN over) */
     uint64_t ns_ino;      /* the shepherd's pid namespace, once its /proc is up; 0: not yet */
     uint64_t sig_req;     /* signals (bit n-1: signal n) the warden asks it to send, see
-                           * jail_ctl_signal */
+                           * conch_jail_ctl_signal */
     int32_t chan_update;  /* the warden sends the command's channel after the RUN (JMSG_LEASE):
                            * it is not the one the shepherd was built with */
     struct conch_err err;
@@ -250,11 +250,12 @@ struct jail_proc_slot {
     uint64_t deadline_ms; /* monotonic; 0: none */
     uint64_t kill_at_ms;  /* SIGKILL after the grace; 0: not armed */
     uint64_t grace_ms;
-    uint32_t chan;      /* the channel its request came on: its events go there */
-    uint32_t shep_chan; /* the channel a shepherd was built with (inherited, see jail_chan_now) */
+    uint32_t chan; /* the channel its request came on: its events go there */
+    uint32_t
+        shep_chan; /* the channel a shepherd was built with (inherited, see conch_jail_chan_now) */
 };
 
-struct jail_warden {
+struct conch_jail_warden {
     struct jail_proc_slot slots[JAIL_MAX_PROCS];
     struct jail_shep_report *reports; /* MAP_SHARED, JAIL_MAX_PROCS entries */
     int ready_slot;                   /* the shepherd started ahead of need, or -1 */
@@ -266,7 +267,7 @@ struct jail_warden {
     uint64_t refill_after_us;
     /* The CPUs we may run on, and the slot of the last command started: a refill that finds
      * itself on the CPU that command exec'd on moves to another for the build (see
-     * jail_ensure_ready). */
+     * conch_jail_ensure_ready). */
     cpu_set_t cpus;
     bool cpus_known;
     bool refill_never; /* the last command was started (JRUN_LAST): no more spares */
@@ -284,46 +285,46 @@ struct jail_warden {
 };
 
 /* The warden's state (warden-child.c). */
-extern struct jail_warden jail_warden;
+extern struct conch_jail_warden conch_jail_warden;
 
-/* jail_chan_fd - the fd of the warden's channel @chan (0: the parent's control socket, else
- * a lease's), or -1 when that channel is revoked. jail_chan_now - the channel a process forked
- * now inherits and reports on, before it is told otherwise. (warden-child.c) */
-int jail_chan_fd(uint32_t chan);
-uint32_t jail_chan_now(void);
+/* conch_jail_chan_fd - the fd of the warden's channel @chan (0: the parent's control socket, else
+ * a lease's), or -1 when that channel is revoked. conch_jail_chan_now - the channel a process
+ * forked now inherits and reports on, before it is told otherwise. (warden-child.c) */
+int conch_jail_chan_fd(uint32_t chan);
+uint32_t conch_jail_chan_now(void);
 
-/* jail_chan_send - send event @m on channel @chan. On the parent's control socket as ever
+/* conch_jail_chan_send - send event @m on channel @chan. On the parent's control socket as ever
  * (blocking; a failure, returned as -errno, means the parent is gone). A borrower never
  * blocks us: one that does not read, or went away, loses its channel (and the event); a
  * channel revoked drops it; both return 0. (warden-child.c) */
-int jail_chan_send(uint32_t chan, struct jail_msg *m);
+int conch_jail_chan_send(uint32_t chan, struct jail_msg *m);
 
-/* jail_reset_signals - every signal's disposition back to the default, none blocked.
+/* conch_jail_reset_signals - every signal's disposition back to the default, none blocked.
  * (warden-child.c) */
-void jail_reset_signals(void);
+void conch_jail_reset_signals(void);
 
-/* jail_lower_rlimit - set resource @res to at most @cur/@max, never above what the process has
- * now. Returns 0 or -errno. (shepherd-child.c) */
-int jail_lower_rlimit(int res, rlim_t cur, rlim_t max);
+/* conch_jail_lower_rlimit - set resource @res to at most @cur/@max, never above what the process
+ * has now. Returns 0 or -errno. (shepherd-child.c) */
+int conch_jail_lower_rlimit(int res, rlim_t cur, rlim_t max);
 
-/* jail_ctl_signal - the signal the warden sends a shepherd to make it read its requests
+/* conch_jail_ctl_signal - the signal the warden sends a shepherd to make it read its requests
  * (sig_req in its report). (shepherd-child.c) */
-int jail_ctl_signal(void);
+int conch_jail_ctl_signal(void);
 
-/* jail_ensure_ready - keep one shepherd ready for the next command, when it is time (see
+/* conch_jail_ensure_ready - keep one shepherd ready for the next command, when it is time (see
  * refill_after_us) and starting them has not failed too often. (shepherd-child.c) */
-void jail_ensure_ready(const struct jail_plan *plan);
+void conch_jail_ensure_ready(const struct jail_plan *plan);
 
-/* jail_start_command - start RUN @m (with its @nfds fds, borrowed) that came on channel
+/* conch_jail_start_command - start RUN @m (with its @nfds fds, borrowed) that came on channel
  * @chan: hand it to the ready shepherd, or start one now. Returns 0 (its events follow on
  * @chan), or -1 with @reply's error filled. (shepherd-child.c) */
-int jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
-                       struct jail_msg *reply, uint32_t chan);
+int conch_jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                             int nfds, struct jail_msg *reply, uint32_t chan);
 
-/* jail_start_file_worker - start a file worker for FILE or FILE_SERVE @m (with its @nfds fds,
+/* conch_jail_start_file_worker - start a file worker for FILE or FILE_SERVE @m (with its @nfds fds,
  * borrowed) in a free slot. Returns 0, or -1 with @reply's error filled. (shepherd-child.c) */
-int jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
-                           int nfds, struct jail_msg *reply);
+int conch_jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                                 int nfds, struct jail_msg *reply);
 
 /* A daemon's wardens start from a clean image, as crun, bubblewrap and nsjail start theirs:
  * the child of clone() is a copy of the daemon (threadpool workers, one of which may hold the
@@ -338,8 +339,8 @@ int jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *
  * the child). */
 struct jail_exec {
     int ctl_fd;        /* the child's end of the control socket */
-    int plan_fd;       /* the sealed plan (jail_plan_pack) */
-    int exe_fd;        /* the wardens' image (jail_clean_image) */
+    int plan_fd;       /* the sealed plan (conch_jail_plan_pack) */
+    int exe_fd;        /* the wardens' image (conch_jail_clean_image) */
     char *const *argv; /* {JAIL_WARDEN_ARGV0, JAIL_WARDEN_PLAN_ARG, "4", NULL} */
     char *const *envp; /* the sanitizers' options only, when the caller has them */
     /* Send our /proc/self/{setgroups,uid_map,gid_map}, opened for writing, to the parent
@@ -348,104 +349,107 @@ struct jail_exec {
     bool send_id_map_fds;
 };
 
-/* jail_warden_exec_child - the child after clone(CLONE_VFORK), in its new user and pid
+/* conch_jail_warden_exec_child - the child after clone(CLONE_VFORK), in its new user and pid
  * namespaces: put the control socket at fd 3 and the plan at fd 4, close every other fd, keep
  * the namespace's capabilities across the exec (ambient: the exec runs before the parent has
  * written the id maps, as an id that is not the namespace's root) and exec the wardens'
  * image. Every signal stays blocked (the parent blocked them around the clone) until the new
  * image has reset their dispositions. On failure sends SETUP_ERR and exits. No allocation.
  * (exec-child.c) */
-__attribute__((noreturn)) void jail_warden_exec_child(const struct jail_exec *x);
+__attribute__((noreturn)) void conch_jail_warden_exec_child(const struct jail_exec *x);
 
-/* jail_clean_image_prepare - copy the running binary (/proc/self/exe: the file we run, even if
- * its path was replaced since) into a sealed, execute-only memfd that every warden is exec'd
+/* conch_jail_clean_image_prepare - copy the running binary (/proc/self/exe: the file we run, even
+ * if its path was replaced since) into a sealed, execute-only memfd that every warden is exec'd
  * from; once per process (a daemon, at start). Returns 0 or -errno with @err.
- * jail_clean_image - that memfd, or -1 when there is none (the caller's wardens are then
+ * conch_jail_clean_image - that memfd, or -1 when there is none (the caller's wardens are then
  * plain clones: `conch run`, single-threaded, holding only its own data). (warden-exec.c) */
-int jail_clean_image_prepare(struct conch_err *err);
-int jail_clean_image(void);
+int conch_jail_clean_image_prepare(struct conch_err *err);
+int conch_jail_clean_image(void);
 
-/* jail_plan_pack - @plan (with its seccomp programs and file handlers) in a new sealed memfd,
+/* conch_jail_plan_pack - @plan (with its seccomp programs and file handlers) in a new sealed memfd,
  * flat: the plan's bytes, its programs after it, the handlers as offsets within the conch
  * image (the new image is the same file, so they are the same functions there). Returns the
  * memfd (O_CLOEXEC) or -errno with @err. (warden-exec.c) */
-int jail_plan_pack(const struct jail_plan *plan, struct conch_err *err);
+int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err);
 
-/* jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
+/* conch_jail_mounts_setup_child - build the sandbox root per @plan and pivot into it. On success
  * *@ret_upper_fd is the upper dir (or -1), *@ret_ptc_fd the tool bridge's listening socket
  * (or -1). Returns 0 or -errno with @err. No allocation. */
-int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
-                            struct conch_err *err);
+int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
+                                  struct conch_err *err);
 
-/* jail_session_pty_setup_child - in a session's shell, after setsid(): open a new pty of the
+/* conch_jail_session_pty_setup_child - in a session's shell, after setsid(): open a new pty of the
  * sandbox's devpts and make it the controlling terminal; send its master over @fds[0] (a unix
  * socket to the daemon), keep that socket as fd 62 (inherited by the shell's exec), and put the
  * pty's slave in @fds[0..2] for the stdio setup. Returns 0 or -1 with errno. No allocation.
  * (session-child.c) */
-int jail_session_pty_setup_child(int fds[4]);
+int conch_jail_session_pty_setup_child(int fds[4]);
 
-/* jail_send / jail_recv - one message over the control socket, with up to @nfds fds.
- * jail_send stamps the protocol version; jail_recv returns -EPROTO for a message of another
- * version or size (its fds are closed), 0 at EOF, 1 with a message. @flags: MSG_DONTWAIT. */
-int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds);
+/* conch_jail_send / conch_jail_recv - one message over the control socket, with up to @nfds fds.
+ * conch_jail_send stamps the protocol version; conch_jail_recv returns -EPROTO for a message of
+ * another version or size (its fds are closed), 0 at EOF, 1 with a message. @flags: MSG_DONTWAIT.
+ */
+int conch_jail_send(int fd, struct jail_msg *m, const int *fds, int nfds);
 
 /* The most fds one message carries (JMSG_RUN: stdin, stdout, stderr, the command blob). */
 #define JAIL_MSG_MAX_FDS 4
 /* The most messages that wait for room on a warden's control socket: beyond, -ENOBUFS. */
 #define JAIL_OUTQ_MAX 1024
 
-/* jail_ctl_send - send @m (with @fds, borrowed) to @j's warden without blocking, in order
+/* conch_jail_ctl_send - send @m (with @fds, borrowed) to @j's warden without blocking, in order
  * with the messages already queued: when the socket is full, or others wait, a copy (the fds
  * dup'd) joins the queue that conch_jail_flush() empties. Returns 0 (sent or queued),
  * -ENOBUFS when JAIL_OUTQ_MAX messages already wait, or another -errno (nothing queued). */
-int jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int nfds);
-/* jail_ctl_queue_clear - drop every queued message, closing its fds. */
-void jail_ctl_queue_clear(struct conch_jail *j);
-int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
+int conch_jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds, int nfds);
+/* conch_jail_ctl_queue_clear - drop every queued message, closing its fds. */
+void conch_jail_ctl_queue_clear(struct conch_jail *j);
+int conch_jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
 
-/* jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
+/* conch_jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
  * once every process but the warden is gone: every mount a command can write (/tmp,
  * /home/agent, /dev/shm, /dev/pts, /workspace) is replaced by a new, empty one. The rest of
  * the tree is read-only to commands. Runs in the warden. */
-int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err);
+int conch_jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err);
 
-/* jail_overlay_make - a detached overlay mount over @lower (a detached or private mount of
+/* conch_jail_overlay_make - a detached overlay mount over @lower (a detached or private mount of
  * the workspace dir) with its upper in a new detached tmpfs of @bytes; the upper dir gets
  * @uid/@gid/@mode (the workspace root's, as the sandbox sees them). Returns 0 with *@ret_mnt
  * (the overlay) and *@ret_upper (its upper dir), or -errno with @err. No allocation: the
  * warden and a root parent both use it. */
-int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes, int *ret_mnt,
-                      int *ret_upper, struct conch_err *err);
+int conch_jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes,
+                            int *ret_mnt, int *ret_upper, struct conch_err *err);
 
-/* jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
+/* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
  * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
  * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
  * bounds its processes whatever their uids. No allocation. */
-int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
+int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
 
-/* jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
+/* conch_jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
  * *@ret_st when not NULL), refusing a directory other than @dev/@ino when @ino is not 0: one
  * that replaced it, or a link swapped in. Returns 0 or -errno with @err (usage). (spawn.c) */
-int jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
-                        struct stat *ret_st, struct conch_err *err);
+int conch_jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
+                              struct stat *ret_st, struct conch_err *err);
 
 /* Parent-side helpers in userns.c. */
 /* @host_id_base: root mode's host id block (see conch_jail_spec). @map_fds: NULL, or the
  * child's setgroups, uid_map and gid_map opened for writing (JMSG_ID_MAP_FDS), written
  * instead of /proc/@pid's. */
-int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
-                       uid_t outer_uid, gid_t outer_gid, const int *map_fds, struct conch_err *err);
-int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
-                       gid_t owner_gid, bool read_only, struct conch_err *err);
-/* The two halves of jail_idmapped_tree: the idmapping's user namespace (an fd; it costs a
+int conch_jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
+                             uid_t outer_uid, gid_t outer_gid, const int *map_fds,
+                             struct conch_err *err);
+int conch_jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range,
+                             uid_t owner_uid, gid_t owner_gid, bool read_only,
+                             struct conch_err *err);
+/* The two halves of conch_jail_idmapped_tree: the idmapping's user namespace (an fd; it costs a
  * fork), and a clone of @path idmapped through it. */
-int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
-                      struct conch_err *err);
-int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
-                          struct conch_err *err);
-/* jail_stage_attach - move_mount detached mount @tree_fd onto @dir (over what is there). No
+int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                            struct conch_err *err);
+int conch_jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
+                                struct conch_err *err);
+/* conch_jail_stage_attach - move_mount detached mount @tree_fd onto @dir (over what is there). No
  * allocation: the warden attaches a workspace with it too. */
-int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
+int conch_jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);
 
 #endif

@@ -75,7 +75,7 @@ static int pack_command(const struct conch_jail_cmd *cmd, struct conch_err *err)
     return TAKE_FD(fd);
 }
 
-/* A send to the warden failed (jail_ctl_send's -errno @r): say what, and why. */
+/* A send to the warden failed (conch_jail_ctl_send's -errno @r): say what, and why. */
 static int send_failed(struct conch_err *err, int r, const char *what)
 {
     if (r == -ENOBUFS)
@@ -98,7 +98,7 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
         m.b |= JRUN_PTY;
     if (cmd->last)
         m.b |= JRUN_LAST;
-    int r = jail_ctl_send(j, &m, fds, 4);
+    int r = conch_jail_ctl_send(j, &m, fds, 4);
     return r < 0 ? send_failed(err, r, "send command to the warden") : 0;
 }
 
@@ -107,7 +107,7 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
     struct jail_msg m;
     int nfds;
     for (;;) {
-        int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, MSG_DONTWAIT);
+        int r = conch_jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, MSG_DONTWAIT);
         if (r == 0)
             return 0;
         if (r == -EAGAIN)
@@ -142,14 +142,14 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
 int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_SIGNAL, .a = sig, .id = id};
-    int r = jail_ctl_send(j, &m, NULL, 0);
+    int r = conch_jail_ctl_send(j, &m, NULL, 0);
     return r < 0 ? send_failed(err, r, "signal the warden") : 0;
 }
 
 int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_RECYCLE};
-    int r = jail_ctl_send(j, &m, NULL, 0);
+    int r = conch_jail_ctl_send(j, &m, NULL, 0);
     if (r < 0)
         return send_failed(err, r, "ask the warden to recycle");
     /* An attached workspace goes with the recycle. */
@@ -164,14 +164,14 @@ int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_
 {
     int fds[2] = {req_fd, resp_fd};
     struct jail_msg m = {.type = JMSG_FILE, .id = id, .timeout_ms = timeout_ms};
-    int r = jail_ctl_send(j, &m, fds, 2);
+    int r = conch_jail_ctl_send(j, &m, fds, 2);
     return r < 0 ? send_failed(err, r, "send file request to the warden") : 0;
 }
 
 int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err)
 {
     struct jail_msg m = {.type = JMSG_FILE_SERVE, .id = id};
-    int r = jail_ctl_send(j, &m, &sock, 1);
+    int r = conch_jail_ctl_send(j, &m, &sock, 1);
     return r < 0 ? send_failed(err, r, "start a file worker in the warden") : 0;
 }
 
@@ -200,14 +200,14 @@ static int root_attach_mounts(struct conch_jail *j, const char *workspace, const
         j->idmap_fd = -1;
     }
     if (j->idmap_fd < 0) {
-        j->idmap_fd = jail_idmap_userns(j->host_id_base, false, ws->st_uid, ws->st_gid, err);
+        j->idmap_fd = conch_jail_idmap_userns(j->host_id_base, false, ws->st_uid, ws->st_gid, err);
         if (j->idmap_fd < 0)
             return j->idmap_fd;
         j->idmap_uid = ws->st_uid;
         j->idmap_gid = ws->st_gid;
     }
     _cleanup_close_ int tree =
-        jail_idmapped_tree_in(workspace, j->idmap_fd, false, mode == CONCH_WS_RO, err);
+        conch_jail_idmapped_tree_in(workspace, j->idmap_fd, false, mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
     struct stat st;
@@ -224,7 +224,7 @@ static int root_attach_mounts(struct conch_jail *j, const char *workspace, const
     uid_t agent = j->host_id_base + CONCH_AGENT_UID;
     uid_t uid = st.st_uid == 65534 ? agent : st.st_uid;
     gid_t gid = st.st_gid == 65534 ? j->host_id_base + CONCH_AGENT_GID : st.st_gid;
-    return jail_overlay_make(tree, uid, gid, st.st_mode, disk_bytes, ret_mnt, ret_upper, err);
+    return conch_jail_overlay_make(tree, uid, gid, st.st_mode, disk_bytes, ret_mnt, ret_upper, err);
 }
 
 int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
@@ -237,7 +237,7 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
     if (j->host_ws_fd >= 0 || j->ctl_fd < 0 || conch_jail_wants_write(j))
         return conch_err_set(err, EBUSY, "this sandbox cannot take a workspace");
     struct stat st;
-    int r = jail_open_workspace(j, workspace, ws_dev, ws_ino, &st, err);
+    int r = conch_jail_open_workspace(j, workspace, ws_dev, ws_ino, &st, err);
     if (r < 0)
         return r;
     struct jail_msg m = {.type = JMSG_ATTACH, .a = (int32_t)mode, .bytes = disk_bytes};
@@ -247,13 +247,13 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
         if (r >= 0) {
             m.b = JATTACH_MOUNTED;
             nfds = fds[1] >= 0 ? 2 : 1;
-            if ((r = jail_send(j->ctl_fd, &m, fds, nfds)) < 0)
+            if ((r = conch_jail_send(j->ctl_fd, &m, fds, nfds)) < 0)
                 conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
             close(fds[0]);
             if (fds[1] >= 0)
                 close(fds[1]);
         }
-    } else if ((r = jail_send(j->ctl_fd, &m, fds, nfds)) < 0) {
+    } else if ((r = conch_jail_send(j->ctl_fd, &m, fds, nfds)) < 0) {
         conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
     }
     if (r < 0) {
@@ -267,7 +267,7 @@ int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
     int nfds = 0;
-    int r = jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
+    int r = conch_jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
     if (r <= 0)
         return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died attaching the workspace");
     if (m.type == JMSG_SETUP_ERR) {
@@ -292,7 +292,7 @@ int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
         return conch_err_set(err, errno, "make the borrower's channel: %s", strerror(errno));
     struct jail_msg m = {.type = JMSG_LEASE};
-    int r = jail_send(j->ctl_fd, &m, &sp[1], 1);
+    int r = conch_jail_send(j->ctl_fd, &m, &sp[1], 1);
     close(sp[1]);
     if (r < 0) {
         close(sp[0]);
@@ -322,7 +322,7 @@ int conch_jail_adopt(const struct conch_jail_lease *lease, int ctl, const char *
     j->upper_fd_nr = lease->upper_fd_nr;
     j->root_mode = lease->root_mode;
     j->host_id_base = lease->host_id_base;
-    int r = workspace ? jail_open_workspace(j, workspace, ws_dev, ws_ino, NULL, err) : 0;
+    int r = workspace ? conch_jail_open_workspace(j, workspace, ws_dev, ws_ino, NULL, err) : 0;
     if (r < 0) {
         conch_jail_destroy(j);
         return r;

@@ -170,7 +170,7 @@ static int bound_inotify(struct conch_err *err)
     return 0;
 }
 
-int jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err)
+int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err)
 {
     int r = make_dir("/proc", 0555, err);
     if (r < 0)
@@ -293,7 +293,7 @@ static int mount_workspace_tmpfs(const struct jail_plan *plan, struct conch_err 
     return mount_agent_tmpfs(plan, "/workspace", 0755, plan->disk_bytes, err);
 }
 
-/* /tmp, with the directories agent frameworks expect there (see jail_mounts_setup_child). */
+/* /tmp, with the directories agent frameworks expect there (see conch_jail_mounts_setup_child). */
 static int mount_tmp(const struct jail_plan *plan, struct conch_err *err)
 {
     int r = mount_tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777", plan->tmp_bytes, err);
@@ -436,8 +436,8 @@ static int setup_ptc(const struct jail_plan *plan, int *ret_ptc_fd, struct conch
     return 0;
 }
 
-int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
-                            struct conch_err *err)
+int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
+                                  struct conch_err *err)
 {
     int r;
     *ret_upper_fd = -1;
@@ -484,7 +484,7 @@ int jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int
     for (int i = 0; i < plan->n_links; i++)
         if (symlink(plan->links[i].target, plan->links[i].path) < 0 && errno != EEXIST)
             return fail(err, "symlink", plan->links[i].path, errno);
-    if ((r = jail_proc_mount_child(OLDROOT "/dev/null", plan->pid_max, err)) < 0 ||
+    if ((r = conch_jail_proc_mount_child(OLDROOT "/dev/null", plan->pid_max, err)) < 0 ||
         (r = setup_dev(err)) < 0)
         return r;
 
@@ -527,7 +527,7 @@ static int unmount(const char *path, struct conch_err *err)
     return umount2(path, MNT_DETACH) < 0 ? fail(err, "unmount", path, errno) : 0;
 }
 
-int jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
+int conch_jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err *err)
 {
     if (plan->has_workspace)
         return conch_err_set(err, EINVAL, "a sandbox with a workspace is not reused");
@@ -553,8 +553,8 @@ static int fsconfig_str(int fs, const char *key, const char *value)
     return (int)syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, key, value, 0);
 }
 
-int jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes, int *ret_mnt,
-                      int *ret_upper, struct conch_err *err)
+int conch_jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes,
+                            int *ret_mnt, int *ret_upper, struct conch_err *err)
 {
     *ret_mnt = *ret_upper = -1;
     char size[32], inodes[32];

@@ -18,7 +18,7 @@
 #define TIOCGPTPEER _IO('T', 0x41)
 #endif
 
-int jail_session_pty_setup_child(int fds[4])
+int conch_jail_session_pty_setup_child(int fds[4])
 {
     int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
     if (master < 0)

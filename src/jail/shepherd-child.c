@@ -79,7 +79,7 @@ static void exec_in_path(const char *file, char *const *argv, char *const *envp,
 /* Set resource @res to at most @cur/@max, never above what the process has now: a limit can
  * always be lowered, and the caller's own (`ulimit -u 500` before `conch run`) stays the
  * bound, as it would for any program it starts. Returns 0 or -errno. */
-int jail_lower_rlimit(int res, rlim_t cur, rlim_t max)
+int conch_jail_lower_rlimit(int res, rlim_t cur, rlim_t max)
 {
     struct rlimit now;
     if (getrlimit(res, &now) < 0)
@@ -109,21 +109,21 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
 {
     *step = "set resource limits";
     int r;
-    if ((r = jail_lower_rlimit(RLIMIT_CORE, 0, 0)) < 0)
+    if ((r = conch_jail_lower_rlimit(RLIMIT_CORE, 0, 0)) < 0)
         return r;
     if (plan->set_rlimit_nproc &&
-        (r = jail_lower_rlimit(RLIMIT_NPROC, plan->rlimit_nproc, plan->rlimit_nproc)) < 0)
+        (r = conch_jail_lower_rlimit(RLIMIT_NPROC, plan->rlimit_nproc, plan->rlimit_nproc)) < 0)
         return r;
     /* A daemon raises its own open-files limit; its commands get the usual one back. */
     if (plan->rlimit_nofile.rlim_cur &&
-        (r = jail_lower_rlimit(RLIMIT_NOFILE, plan->rlimit_nofile.rlim_cur,
-                               plan->rlimit_nofile.rlim_max)) < 0)
+        (r = conch_jail_lower_rlimit(RLIMIT_NOFILE, plan->rlimit_nofile.rlim_cur,
+                                     plan->rlimit_nofile.rlim_max)) < 0)
         return r;
     if (plan->rlimit_fsize &&
-        (r = jail_lower_rlimit(RLIMIT_FSIZE, plan->rlimit_fsize, plan->rlimit_fsize)) < 0)
+        (r = conch_jail_lower_rlimit(RLIMIT_FSIZE, plan->rlimit_fsize, plan->rlimit_fsize)) < 0)
         return r;
     if (plan->set_rlimit_as &&
-        (r = jail_lower_rlimit(RLIMIT_AS, plan->rlimit_as, plan->rlimit_as)) < 0)
+        (r = conch_jail_lower_rlimit(RLIMIT_AS, plan->rlimit_as, plan->rlimit_as)) < 0)
         return r;
     /* The bounding set was cut to @plan->keep_caps by the warden, once for all. */
     *step = "switch to the command's identity";
@@ -154,8 +154,8 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     return 0;
 }
 
-/* fork() as a bare clone: we are single-threaded and have no handlers (jail_reset_signals), so
- * nothing runs in the child but what it calls; no atfork handler of a library either. */
+/* fork() as a bare clone: we are single-threaded and have no handlers (conch_jail_reset_signals),
+ * so nothing runs in the child but what it calls; no atfork handler of a library either. */
 static pid_t raw_fork(void)
 {
     return (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, 0);
@@ -269,7 +269,8 @@ ON_ZYGOTE_STACK __attribute__((noreturn)) static void command_exec(int fds[4],
         step = "take the caller's resource limits";
         umask((mode_t)hdr->umask & 0777);
         for (int res = 0; res < JAIL_RLIMITS; res++) {
-            int r = jail_lower_rlimit(res, (rlim_t)hdr->rlim[res].cur, (rlim_t)hdr->rlim[res].max);
+            int r = conch_jail_lower_rlimit(res, (rlim_t)hdr->rlim[res].cur,
+                                            (rlim_t)hdr->rlim[res].max);
             if (r < 0) {
                 errno = -r;
                 goto fail_errno;
@@ -282,7 +283,7 @@ ON_ZYGOTE_STACK __attribute__((noreturn)) static void command_exec(int fds[4],
             setpriority(PRIO_PROCESS, 0, hdr->nice) < 0)
             goto fail_errno;
     }
-    if (pty && jail_session_pty_setup_child(fds) < 0)
+    if (pty && conch_jail_session_pty_setup_child(fds) < 0)
         goto fail_errno;
     step = "set up stdio";
     for (int i = 0; i < 3; i++) {
@@ -294,7 +295,8 @@ ON_ZYGOTE_STACK __attribute__((noreturn)) static void command_exec(int fds[4],
         }
     }
     /* Only fds 0-2 reach the command (fds 3 and 4, its shepherd's socket and gate, are
-     * close-on-exec; a session's shell also keeps fd 62, see jail_session_pty_setup_child). */
+     * close-on-exec; a session's shell also keeps fd 62, see conch_jail_session_pty_setup_child).
+     */
     if (syscall(SYS_close_range, 5, pty ? 61 : ~0U, 0) < 0 ||
         (pty && syscall(SYS_close_range, 63, ~0U, 0) < 0))
         goto fail_errno;
@@ -362,7 +364,7 @@ ON_ZYGOTE_STACK static int command_zygote(void *arg)
         command_fail(out, &err);
     }
     int fds[4], nfds = 0;
-    r = jail_recv(3, &out->run, fds, 4, &nfds, 0);
+    r = conch_jail_recv(3, &out->run, fds, 4, &nfds, 0);
     if (r <= 0 || nfds != 4 || out->run.type != JMSG_RUN) {
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
@@ -381,7 +383,7 @@ ON_ZYGOTE_STACK static int command_zygote(void *arg)
 #define ZYGOTE_GUARD 4096
 
 /* The refill waits this long after a command took the ready shepherd (see
- * jail_warden.refill_after_us). */
+ * conch_jail_warden.refill_after_us). */
 #define REFILL_DELAY_US 300
 static bool refill_moved; /* the shepherd being built inherits a narrowed mask */
 
@@ -394,13 +396,13 @@ static bool refill_moved; /* the shepherd being built inherits a narrowed mask *
  * itself, so that kills and timeouts were lost in every sandbox of the same host user. A
  * command can also send it to its shepherd (PID 1 in its view): the shepherd then only finds
  * no request. */
-int jail_ctl_signal(void)
+int conch_jail_ctl_signal(void)
 {
     return SIGUSR1;
 }
 
-/* Send every signal the warden asked for (the mask in @rep, see jail_ctl_signal) to every process
- * of our namespace. */
+/* Send every signal the warden asked for (the mask in @rep, see conch_jail_ctl_signal) to every
+ * process of our namespace. */
 static void signal_requests(struct jail_shep_report *rep)
 {
     uint64_t req = __atomic_exchange_n(&rep->sig_req, 0, __ATOMIC_ACQ_REL);
@@ -436,23 +438,23 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     /* The command's process runs on this stack, in our memory, until it execs; a guard page
      * below it turns an overflow into a crash of that process, not a write into ours. */
     char *stack = MAP_FAILED;
-    if (jail_warden.host_view >= 0)
-        close(jail_warden.host_view);
+    if (conch_jail_warden.host_view >= 0)
+        close(conch_jail_warden.host_view);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     conch_proctitle_set_child("conch-shepherd");
     if (refill_moved) /* our command may run on any CPU the warden may */
-        sched_setaffinity(0, sizeof(jail_warden.cpus), &jail_warden.cpus);
+        sched_setaffinity(0, sizeof(conch_jail_warden.cpus), &conch_jail_warden.cpus);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, jail_ctl_signal());
+    sigaddset(&mask, conch_jail_ctl_signal());
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (jail_warden.ws_shared && mount(NULL, "/workspace", NULL, MS_SLAVE, NULL) < 0) {
+    if (conch_jail_warden.ws_shared && mount(NULL, "/workspace", NULL, MS_SLAVE, NULL) < 0) {
         conch_err_set(&err, errno, "start command: make its /workspace a slave mount: %s",
                       strerror(errno));
-    } else if (jail_proc_mount_child("/dev/null", 0, &err) < 0) {
+    } else if (conch_jail_proc_mount_child("/dev/null", 0, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
     } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0 ||
                (stack = mmap(NULL, ZYGOTE_STACK + ZYGOTE_GUARD, PROT_READ | PROT_WRITE,
@@ -467,7 +469,8 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         struct zygote_args za = {.plan = plan,
                                  .sock = wsock,
                                  .gate = gate[1],
-                                 .late_landlock = jail_warden.ws_shared && !jail_warden.ws_attached,
+                                 .late_landlock =
+                                     conch_jail_warden.ws_shared && !conch_jail_warden.ws_attached,
                                  .out = &zout};
         cmd = clone(command_zygote, stack + ZYGOTE_GUARD + ZYGOTE_STACK, CLONE_VM | SIGCHLD, &za);
         if (cmd < 0)
@@ -486,7 +489,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     if (zout.got_run && __atomic_load_n(&rep->chan_update, __ATOMIC_ACQUIRE)) {
         struct jail_msg cm;
         int cfd = -1, n = 0;
-        int r = jail_recv(wsock, &cm, &cfd, 1, &n, 0);
+        int r = conch_jail_recv(wsock, &cm, &cfd, 1, &n, 0);
         ctl = r > 0 && cm.type == JMSG_LEASE && n == 1 ? cfd : -1;
         if (ctl < 0 && n == 1)
             close(cfd);
@@ -521,7 +524,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         m.id = id;
         m.a = cmd;
         m.ns = rep->ns_ino; /* who the command's tool-bridge connections come from */
-        jail_send(ctl, &m, NULL, 0);
+        conch_jail_send(ctl, &m, NULL, 0);
     }
     rep->state = SHEP_STARTED;
 
@@ -536,7 +539,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
             continue;
         if (n != (ssize_t)sizeof(si))
             break;
-        if ((int)si.ssi_signo == jail_ctl_signal()) {
+        if ((int)si.ssi_signo == conch_jail_ctl_signal()) {
             signal_requests(rep);
             continue;
         }
@@ -566,7 +569,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     m.a = status;
     m.b = rep->timed_out ? JEXIT_TIMED_OUT : 0;
     getrusage(RUSAGE_CHILDREN, &m.usage);
-    if (ctl >= 0 && jail_send(ctl, &m, NULL, 0) == 0)
+    if (ctl >= 0 && conch_jail_send(ctl, &m, NULL, 0) == 0)
         rep->state = SHEP_EXIT_SENT;
     /* What is left of us is our exit: the teardown of the command's namespaces and memory,
      * ~150 µs of kernel work that waits on RCU. It must not take the CPU from the parent that
@@ -600,10 +603,10 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
         _exit(121);
     /* The shepherds' reports are shared with us: one written here would be taken as a
      * command's start or exit status. */
-    munmap(jail_warden.reports, JAIL_MAX_PROCS * sizeof(*jail_warden.reports));
-    jail_warden.reports = NULL;
-    if (jail_warden.host_view >= 0)
-        close(jail_warden.host_view);
+    munmap(conch_jail_warden.reports, JAIL_MAX_PROCS * sizeof(*conch_jail_warden.reports));
+    conch_jail_warden.reports = NULL;
+    if (conch_jail_warden.host_view >= 0)
+        close(conch_jail_warden.host_view);
     if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds == 2 && dup3(fds[1], 4, O_CLOEXEC) < 0))
         _exit(120);
     if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
@@ -616,7 +619,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
         if (devnull > 2)
             close(devnull);
     }
-    jail_reset_signals();
+    conch_jail_reset_signals();
     /* A write past RLIMIT_FSIZE (the sandbox's disk limit) must fail with EFBIG, answered as
      * too_large with its temporary file removed, not kill the worker mid-request. */
     signal(SIGXFSZ, SIG_IGN);
@@ -636,7 +639,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
 static int slot_alloc(void)
 {
     for (int i = 0; i < JAIL_MAX_PROCS; i++)
-        if (jail_warden.slots[i].pid == 0)
+        if (conch_jail_warden.slots[i].pid == 0)
             return i;
     return -1;
 }
@@ -670,14 +673,14 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
         return -errno;
-    memset(&jail_warden.reports[i], 0, sizeof(jail_warden.reports[i]));
-    jail_warden.reports[i].cpu = -1;
-    uint32_t chan = jail_chan_now();
+    memset(&conch_jail_warden.reports[i], 0, sizeof(conch_jail_warden.reports[i]));
+    conch_jail_warden.reports[i].cpu = -1;
+    uint32_t chan = conch_jail_chan_now();
     pid_t pid =
         (pid_t)syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL, 0);
     if (pid == 0) {
         close(sp[0]);
-        shepherd(plan, sp[1], jail_chan_fd(chan), &jail_warden.reports[i]);
+        shepherd(plan, sp[1], conch_jail_chan_fd(chan), &conch_jail_warden.reports[i]);
     }
     int e = errno;
     close(sp[1]);
@@ -685,10 +688,10 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
         close(sp[0]);
         return -e;
     }
-    memset(&jail_warden.slots[i], 0, sizeof(jail_warden.slots[i]));
-    jail_warden.slots[i].pid = pid;
-    jail_warden.slots[i].sock = sp[0];
-    jail_warden.slots[i].shep_chan = chan;
+    memset(&conch_jail_warden.slots[i], 0, sizeof(conch_jail_warden.slots[i]));
+    conch_jail_warden.slots[i].pid = pid;
+    conch_jail_warden.slots[i].sock = sp[0];
+    conch_jail_warden.slots[i].shep_chan = chan;
     return 0;
 }
 
@@ -700,20 +703,20 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
  * woke that process), we would take that CPU from the command for the whole build, while
  * another may be idle: so we move ourselves off it first (the migration costs a few
  * microseconds of the command's time, the build none), and back after the clone. */
-void jail_ensure_ready(const struct jail_plan *plan)
+void conch_jail_ensure_ready(const struct jail_plan *plan)
 {
-    if (jail_warden.ready_slot >= 0 || jail_warden.ready_failures >= 3 ||
-        jail_warden.refill_never || conch_clock_us() < jail_warden.refill_after_us)
+    if (conch_jail_warden.ready_slot >= 0 || conch_jail_warden.ready_failures >= 3 ||
+        conch_jail_warden.refill_never || conch_clock_us() < conch_jail_warden.refill_after_us)
         return;
     int i = slot_alloc();
     if (i < 0)
         return;
     refill_moved = false;
-    if (jail_warden.cpus_known && jail_warden.last_cmd_slot >= 0 &&
-        CPU_COUNT(&jail_warden.cpus) > 1) {
-        int busy = jail_warden.reports[jail_warden.last_cmd_slot].cpu;
+    if (conch_jail_warden.cpus_known && conch_jail_warden.last_cmd_slot >= 0 &&
+        CPU_COUNT(&conch_jail_warden.cpus) > 1) {
+        int busy = conch_jail_warden.reports[conch_jail_warden.last_cmd_slot].cpu;
         if (busy >= 0 && busy < CPU_SETSIZE && busy == sched_getcpu()) {
-            cpu_set_t others = jail_warden.cpus;
+            cpu_set_t others = conch_jail_warden.cpus;
             CPU_CLR(busy, &others);
             refill_moved =
                 CPU_COUNT(&others) > 0 && sched_setaffinity(0, sizeof(others), &others) == 0;
@@ -721,24 +724,24 @@ void jail_ensure_ready(const struct jail_plan *plan)
     }
     int r = spawn_shepherd(plan, i);
     if (refill_moved)
-        sched_setaffinity(0, sizeof(jail_warden.cpus), &jail_warden.cpus);
+        sched_setaffinity(0, sizeof(conch_jail_warden.cpus), &conch_jail_warden.cpus);
     refill_moved = false;
     if (r < 0)
         return;
-    jail_warden.slots[i].ready = true;
-    jail_warden.ready_slot = i;
+    conch_jail_warden.slots[i].ready = true;
+    conch_jail_warden.ready_slot = i;
 }
 
 /* Start a command that came on channel @chan: hand it to the ready shepherd (or start one
  * now). Returns 0, or -1 with @reply's error filled. */
-int jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds, int nfds,
-                       struct jail_msg *reply, uint32_t chan)
+int conch_jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                             int nfds, struct jail_msg *reply, uint32_t chan)
 {
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
-    int i = jail_warden.ready_slot;
-    jail_warden.ready_slot = -1;
-    jail_warden.refill_after_us = conch_clock_us() + REFILL_DELAY_US;
+    int i = conch_jail_warden.ready_slot;
+    conch_jail_warden.ready_slot = -1;
+    conch_jail_warden.refill_after_us = conch_clock_us() + REFILL_DELAY_US;
     if (i < 0) {
         i = slot_alloc();
         if (i < 0)
@@ -751,43 +754,43 @@ int jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, i
                                  strerror(-r)),
                    -1;
     }
-    struct jail_proc_slot *s = &jail_warden.slots[i];
+    struct jail_proc_slot *s = &conch_jail_warden.slots[i];
     slot_arm(s, m->id, m, false);
     s->chan = chan;
     bool update = s->shep_chan != chan;
     if (update)
-        __atomic_store_n(&jail_warden.reports[i].chan_update, 1, __ATOMIC_RELEASE);
-    jail_warden.last_cmd_slot = i;
+        __atomic_store_n(&conch_jail_warden.reports[i].chan_update, 1, __ATOMIC_RELEASE);
+    conch_jail_warden.last_cmd_slot = i;
     if (m->b & JRUN_LAST)
-        jail_warden.refill_never = true;
+        conch_jail_warden.refill_never = true;
     /* A shepherd that is up (its pid namespace known) has its command's start reported by
      * us, before the RUN, so that it comes before the end: the shepherd then has nothing to
      * say at the exec. The command's process is its first child: pid 2 there. Not for a
      * session: the daemon takes the start as the sign that the pty's master is on its way
      * (the process sends it just before its exec) and reads it then. */
-    uint64_t ino = __atomic_load_n(&jail_warden.reports[i].ns_ino, __ATOMIC_ACQUIRE);
+    uint64_t ino = __atomic_load_n(&conch_jail_warden.reports[i].ns_ino, __ATOMIC_ACQUIRE);
     if (ino && !(m->b & JRUN_PTY)) {
-        __atomic_store_n(&jail_warden.reports[i].started_sent, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&conch_jail_warden.reports[i].started_sent, 1, __ATOMIC_RELEASE);
         struct jail_msg st = {.type = JMSG_STARTED, .id = m->id, .a = 2, .ns = ino};
-        jail_chan_send(chan, &st);
+        conch_jail_chan_send(chan, &st);
     }
     /* To the command's process itself, which waits on this socket fenced (command_zygote).
      * If its shepherd died meanwhile the send fails; reaping it reports the start failure. */
     struct jail_msg run = {.type = JMSG_RUN, .id = m->id, .b = m->b};
-    jail_send(s->sock, &run, fds, 4);
+    conch_jail_send(s->sock, &run, fds, 4);
     if (update) {
         /* For the shepherd, read after its command's exec: off the command's path. */
         struct jail_msg cm = {.type = JMSG_LEASE};
-        int cfd = jail_chan_fd(chan);
-        jail_send(s->sock, &cm, &cfd, cfd >= 0 ? 1 : 0);
+        int cfd = conch_jail_chan_fd(chan);
+        conch_jail_send(s->sock, &cm, &cfd, cfd >= 0 ? 1 : 0);
     }
     close(s->sock);
     s->sock = -1;
     return 0;
 }
 
-int jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
-                           int nfds, struct jail_msg *reply)
+int conch_jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
+                                 int nfds, struct jail_msg *reply)
 {
     int i = slot_alloc();
     bool serve = m->type == JMSG_FILE_SERVE;
@@ -802,9 +805,9 @@ int jail_start_file_worker(const struct jail_plan *plan, const struct jail_msg *
         file_worker(plan, fds, nfds);
     if (pid < 0)
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
-    memset(&jail_warden.slots[i], 0, sizeof(jail_warden.slots[i]));
-    jail_warden.slots[i].pid = pid;
-    jail_warden.slots[i].sock = -1;
-    slot_arm(&jail_warden.slots[i], m->id, m, true);
+    memset(&conch_jail_warden.slots[i], 0, sizeof(conch_jail_warden.slots[i]));
+    conch_jail_warden.slots[i].pid = pid;
+    conch_jail_warden.slots[i].sock = -1;
+    slot_arm(&conch_jail_warden.slots[i], m->id, m, true);
     return 0;
 }

@@ -25,7 +25,7 @@
 
 #define STAGE_ROOT "/run/conch/stage"
 
-int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
+int conch_jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
 {
     m->version = JAIL_PROTO_VERSION;
     ssize_t n = conch_send_fds(fd, m, sizeof(*m), fds, nfds, 0);
@@ -34,7 +34,7 @@ int jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
     return n == (ssize_t)sizeof(*m) ? 0 : -EPROTO;
 }
 
-int jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags)
+int conch_jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags)
 {
     ssize_t n = conch_recv_fds(fd, m, sizeof(*m), fds, max_fds, ret_nfds, flags);
     if (n <= 0)
@@ -88,7 +88,7 @@ static int stage_prepare(struct conch_err *err)
 
 int conch_jail_host_prepare(struct conch_err *err)
 {
-    int r = jail_clean_image_prepare(err);
+    int r = conch_jail_clean_image_prepare(err);
     if (r < 0)
         return r;
     return geteuid() == 0 ? stage_prepare(err) : 0;
@@ -99,7 +99,7 @@ static int stage_tree(int tree, char *dir, size_t dir_size, const char *name, st
     snprintf(dir, dir_size, STAGE_ROOT "/%s", name);
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         return conch_err_set(err, errno, "mkdir '%s': %s", dir, strerror(errno));
-    return jail_stage_attach(tree, dir, err);
+    return conch_jail_stage_attach(tree, dir, err);
 }
 
 static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *spec,
@@ -112,8 +112,8 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
      * is, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
      * was checked against the caller's record: a workspace swapped meanwhile is refused. */
     _cleanup_close_ int tree =
-        jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
-                           j->ws_owner_gid, spec->ws_mode == CONCH_WS_RO, err);
+        conch_jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
+                                 j->ws_owner_gid, spec->ws_mode == CONCH_WS_RO, err);
     if (tree < 0)
         return tree;
     struct stat a, b;
@@ -134,7 +134,8 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
-    _cleanup_close_ int tree = jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
+    _cleanup_close_ int tree =
+        conch_jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
     if (tree < 0)
         return conch_err_wrap(err, "--rootfs");
     char name[80];
@@ -193,8 +194,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
              CONCH_AGENT_UID, CONCH_AGENT_GID);
     snprintf(plan->group, sizeof(plan->group),
              "root:x:0:\ntty:x:5:\nagent:x:%d:\nnogroup:x:65534:\n", CONCH_AGENT_GID);
-    if ((r = jail_plan_rootfs(plan, spec->rootfs, j->mounted_root_stage ? j->root_stage_dir : NULL,
-                              err)) < 0)
+    if ((r = conch_jail_plan_rootfs(plan, spec->rootfs,
+                                    j->mounted_root_stage ? j->root_stage_dir : NULL, err)) < 0)
         return r;
     plan->tmp_bytes = spec->tmp_bytes;
     plan->home_bytes = spec->home_bytes;
@@ -284,8 +285,8 @@ static int seccomp_prog_for(bool as_root, bool file_worker, struct conch_seccomp
 /* Open @path as @j's host workspace (host_ws_fd, its owner's ids; *@ret_st when not NULL),
  * refusing a directory other than @dev/@ino when @ino is not 0: one that replaced it, or a
  * link swapped in. Returns 0 or -errno with @err (usage). */
-int jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
-                        struct stat *ret_st, struct conch_err *err)
+int conch_jail_open_workspace(struct conch_jail *j, const char *path, dev_t dev, ino_t ino,
+                              struct stat *ret_st, struct conch_err *err)
 {
     struct stat st;
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -330,7 +331,7 @@ static int recv_id_map_fds(int ctl, int fds[3], struct conch_err *err)
 {
     struct jail_msg m;
     int nfds = 0;
-    int r = jail_recv(ctl, &m, fds, 3, &nfds, MSG_DONTWAIT);
+    int r = conch_jail_recv(ctl, &m, fds, 3, &nfds, MSG_DONTWAIT);
     if (r > 0 && m.type == JMSG_ID_MAP_FDS && nfds == 3)
         return 0;
     for (int i = 0; i < nfds; i++) {
@@ -361,8 +362,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     else
         snprintf(j->name, sizeof(j->name), "run-%d", (int)getpid());
 
-    if (spec->workspace &&
-        (r = jail_open_workspace(j, spec->workspace, spec->ws_dev, spec->ws_ino, NULL, err)) < 0)
+    if (spec->workspace && (r = conch_jail_open_workspace(j, spec->workspace, spec->ws_dev,
+                                                          spec->ws_ino, NULL, err)) < 0)
         goto fail;
 
     if ((r = seccomp_prog_for(spec->as_root, false, &j->seccomp, err)) < 0)
@@ -421,11 +422,11 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     plan->unshare_cgroup = j->has_cgroup;
 
     /* A daemon's wardens are exec'd from its clean image (warden-exec.c); `conch run`'s is a
-     * plain clone that calls jail_warden_main (single-threaded, it holds only its own data,
+     * plain clone that calls conch_jail_warden_main (single-threaded, it holds only its own data,
      * and copying the binary would cost more than the whole exec). */
-    int image = jail_clean_image();
+    int image = conch_jail_clean_image();
     bool exec_image = image >= 0;
-    if (exec_image && (plan_fd = jail_plan_pack(plan, err)) < 0) {
+    if (exec_image && (plan_fd = conch_jail_plan_pack(plan, err)) < 0) {
         r = plan_fd;
         goto fail;
     }
@@ -458,15 +459,15 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
      * namespaces itself (they cost a millisecond of kernel time, better spent in the child
      * than in a daemon's loop). With the image, CLONE_VFORK: we go on once the child has
      * exec'd (or died), so the id maps are written after the exec, which must find the
-     * namespace without them (see jail_clean_image_prepare). */
+     * namespace without them (see conch_jail_clean_image_prepare). */
     long pid =
         syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWPID | (exec_image ? CLONE_VFORK : 0) | SIGCHLD,
                 NULL, NULL, NULL, 0);
     if (pid == 0) {
         if (exec_image)
-            jail_warden_exec_child(&x);
+            conch_jail_warden_exec_child(&x);
         close(sv[0]);
-        jail_warden_main(plan);
+        conch_jail_warden_main(plan);
     }
     int clone_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
@@ -489,8 +490,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     int map_fds[3] = {-1, -1, -1};
     if (exec_image && x.send_id_map_fds && (r = recv_id_map_fds(j->ctl_fd, map_fds, err)) < 0)
         goto fail;
-    r = jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root, outer_uid,
-                           outer_gid, map_fds[0] >= 0 ? map_fds : NULL, err);
+    r = conch_jail_write_id_maps(j->warden_pid, j->root_mode, j->host_id_base, spec->as_root,
+                                 outer_uid, outer_gid, map_fds[0] >= 0 ? map_fds : NULL, err);
     for (int i = 0; i < 3; i++)
         if (map_fds[i] >= 0)
             close(map_fds[i]);
@@ -504,7 +505,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     if (j->root_mode)
         write_proc_file(j->warden_pid, "oom_score_adj", "-1000");
     struct jail_msg m = {.type = JMSG_SETUP_OK};
-    if ((r = jail_send(j->ctl_fd, &m, NULL, 0)) < 0) {
+    if ((r = conch_jail_send(j->ctl_fd, &m, NULL, 0)) < 0) {
         conch_err_set(err, -r, "start the warden: %s", strerror(-r));
         goto fail;
     }
@@ -519,7 +520,7 @@ int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
     int nfds = 0, fds[1] = {-1};
-    int r = jail_recv(j->ctl_fd, &m, fds, 1, &nfds, 0);
+    int r = conch_jail_recv(j->ctl_fd, &m, fds, 1, &nfds, 0);
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
         goto fail;
@@ -641,7 +642,7 @@ void conch_jail_destroy(struct conch_jail *j)
     if (j->warden_pid > 0 && !j->adopted) {
         struct jail_msg m = {.type = JMSG_SHUTDOWN};
         if (j->ctl_fd >= 0)
-            jail_send(j->ctl_fd, &m, NULL, 0);
+            conch_jail_send(j->ctl_fd, &m, NULL, 0);
         /* The warden is PID 1 of its namespace: SIGKILL to it kills every process inside.
          * Tearing the namespaces down takes the kernel a millisecond or more; only a cgroup
          * (which cannot be removed while the warden is in it) needs us to wait for that. */
@@ -654,7 +655,7 @@ void conch_jail_destroy(struct conch_jail *j)
             ;
         j->warden_pid = 0;
     }
-    jail_ctl_queue_clear(j);
+    conch_jail_ctl_queue_clear(j);
     if (j->ctl_fd >= 0)
         close(j->ctl_fd);
     j->ctl_fd = -1;

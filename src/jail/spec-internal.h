@@ -4,10 +4,10 @@
 
 #include "jail/jail-internal.h"
 
-/* jail_plan_rootfs - fill @plan's binds and links for the host system dirs and curated
+/* conch_jail_plan_rootfs - fill @plan's binds and links for the host system dirs and curated
  * /etc (@rootfs NULL) or for every top-level entry of @rootfs. @rootfs_src is where the
  * child finds @rootfs (a staged copy when conch runs as root), or NULL for @rootfs itself. */
-int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *rootfs_src,
-                     struct conch_err *err);
+int conch_jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *rootfs_src,
+                           struct conch_err *err);
 
 #endif

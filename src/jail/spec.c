@@ -109,8 +109,8 @@ static const char *const etc_entries[] = {
     NULL,
 };
 
-int jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *rootfs_src,
-                     struct conch_err *err)
+int conch_jail_plan_rootfs(struct jail_plan *plan, const char *rootfs, const char *rootfs_src,
+                           struct conch_err *err)
 {
     int r;
     if (!rootfs) {

@@ -33,8 +33,9 @@ static int write_map(pid_t pid, int fd, const char *name, const char *text, stru
     return 0;
 }
 
-int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
-                       uid_t outer_uid, gid_t outer_gid, const int *map_fds, struct conch_err *err)
+int conch_jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as_root,
+                             uid_t outer_uid, gid_t outer_gid, const int *map_fds,
+                             struct conch_err *err)
 {
     char map[128];
     int none[3] = {-1, -1, -1};
@@ -68,8 +69,8 @@ int jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, bool as
  * sandbox (0..65535 onto the block at @base: a root-owned --rootfs looks root-owned
  * inside); otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to
  * the host ids of the sandbox's agent (@base + 1000). Returns an fd. */
-int jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
-                      struct conch_err *err)
+int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                            struct conch_err *err)
 {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
@@ -129,20 +130,21 @@ out:
     return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
 }
 
-int jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range, uid_t owner_uid,
-                       gid_t owner_gid, bool read_only, struct conch_err *err)
+int conch_jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range,
+                             uid_t owner_uid, gid_t owner_gid, bool read_only,
+                             struct conch_err *err)
 {
     if (host_id_base < CONCH_HOST_ID_FIRST)
         return conch_err_set(err, EINVAL, "idmap '%s': no host id block claimed", path);
     _cleanup_close_ int userns =
-        jail_idmap_userns(host_id_base, whole_range, owner_uid, owner_gid, err);
+        conch_jail_idmap_userns(host_id_base, whole_range, owner_uid, owner_gid, err);
     if (userns < 0)
         return userns;
-    return jail_idmapped_tree_in(path, userns, whole_range, read_only, err);
+    return conch_jail_idmapped_tree_in(path, userns, whole_range, read_only, err);
 }
 
-int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
-                          struct conch_err *err)
+int conch_jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
+                                struct conch_err *err)
 {
     _cleanup_close_ int tree =
         (int)syscall(SYS_open_tree, AT_FDCWD, path,
@@ -166,7 +168,7 @@ int jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool r
     return TAKE_FD(tree);
 }
 
-int jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err)
+int conch_jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err)
 {
     if (syscall(SYS_move_mount, tree_fd, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0)
         return conch_err_set(err, errno, "attach the workspace mount at '%s': %s", dir,

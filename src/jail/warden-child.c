@@ -70,7 +70,7 @@ static int drop_bounding_caps(uint64_t keep)
     return 0;
 }
 
-void jail_reset_signals(void)
+void conch_jail_reset_signals(void)
 {
     for (int sig = 1; sig < NSIG; sig++)
         signal(sig, SIG_DFL);
@@ -95,13 +95,13 @@ static int warden_ctl = -1;
 static int lease_ctl = -1; /* the current lease's channel, or -1 (none, or closed) */
 static uint32_t lease_no;  /* the current (or last) lease's number; 0: none yet */
 
-int jail_chan_fd(uint32_t chan)
+int conch_jail_chan_fd(uint32_t chan)
 {
     return chan == 0 ? warden_ctl : chan == lease_no ? lease_ctl : -1;
 }
 
 /* The channel a process forked now inherits and reports on, before it is told otherwise. */
-uint32_t jail_chan_now(void)
+uint32_t conch_jail_chan_now(void)
 {
     return lease_ctl >= 0 ? lease_no : 0;
 }
@@ -116,11 +116,11 @@ static void lease_revoke(void)
 /* Send event @m on channel @chan. On the parent's control socket as ever (blocking; a failure
  * means the parent is gone). A borrower never blocks us: one that does not read, or went
  * away, loses its channel (and the event); a channel revoked drops it. */
-int jail_chan_send(uint32_t chan, struct jail_msg *m)
+int conch_jail_chan_send(uint32_t chan, struct jail_msg *m)
 {
     if (chan == 0)
-        return jail_send(warden_ctl, m, NULL, 0);
-    int fd = jail_chan_fd(chan);
+        return conch_jail_send(warden_ctl, m, NULL, 0);
+    int fd = conch_jail_chan_fd(chan);
     if (fd < 0)
         return 0;
     m->version = JAIL_PROTO_VERSION;
@@ -129,10 +129,11 @@ int jail_chan_send(uint32_t chan, struct jail_msg *m)
     return 0;
 }
 
-/* The queued signals a sandbox's processes may hold (see jail_warden_main). */
+/* The queued signals a sandbox's processes may hold (see conch_jail_warden_main). */
 #define SANDBOX_SIGPENDING 256
 
-struct jail_warden jail_warden = {.ready_slot = -1, .last_cmd_slot = -1, .host_view = -1};
+struct conch_jail_warden conch_jail_warden = {
+    .ready_slot = -1, .last_cmd_slot = -1, .host_view = -1};
 static int attached_upper = -1; /* the attached overlay's upper dir, or -1 */
 
 /* Kill every process of the sandbox but us, and reap them all. */
@@ -156,9 +157,9 @@ static void slot_signal(struct jail_proc_slot *s, int sig)
     }
     if (sig < 1 || sig > 64)
         return;
-    __atomic_fetch_or(&jail_warden.reports[s - jail_warden.slots].sig_req, 1ULL << (sig - 1),
-                      __ATOMIC_RELEASE);
-    kill(s->pid, jail_ctl_signal());
+    __atomic_fetch_or(&conch_jail_warden.reports[s - conch_jail_warden.slots].sig_req,
+                      1ULL << (sig - 1), __ATOMIC_RELEASE);
+    kill(s->pid, conch_jail_ctl_signal());
 }
 
 /* Fire the deadlines that are due; returns the poll timeout until the next one (-1: none). */
@@ -166,13 +167,13 @@ static int slots_tick(void)
 {
     uint64_t now = conch_clock_ms(), next = 0;
     for (int i = 0; i < JAIL_MAX_PROCS; i++) {
-        struct jail_proc_slot *s = &jail_warden.slots[i];
+        struct jail_proc_slot *s = &conch_jail_warden.slots[i];
         if (s->pid <= 0)
             continue;
         if (s->deadline_ms && now >= s->deadline_ms) {
             s->deadline_ms = 0;
             s->timed_out = true;
-            jail_warden.reports[s - jail_warden.slots].timed_out = 1;
+            conch_jail_warden.reports[s - conch_jail_warden.slots].timed_out = 1;
             if (s->grace_ms && !s->is_file) {
                 slot_signal(s, SIGTERM);
                 s->kill_at_ms = now + s->grace_ms;
@@ -197,8 +198,8 @@ static int slots_tick(void)
  * gets exactly one, RUN_ERR or EXITED, whatever happened to its shepherd. */
 static int slot_finish(int i, int status, const struct rusage *ru)
 {
-    struct jail_proc_slot *s = &jail_warden.slots[i];
-    struct jail_shep_report *rep = &jail_warden.reports[i];
+    struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+    struct jail_shep_report *rep = &conch_jail_warden.reports[i];
     struct jail_msg m;
     memset(&m, 0, sizeof(m));
     m.id = s->id;
@@ -216,8 +217,8 @@ static int slot_finish(int i, int status, const struct rusage *ru)
         /* A shepherd started ahead of need died before it had a command: nothing to report;
          * after a few such deaths, shepherds are only started on demand. */
         s->ready = false;
-        jail_warden.ready_slot = -1;
-        jail_warden.ready_failures++;
+        conch_jail_warden.ready_slot = -1;
+        conch_jail_warden.ready_failures++;
         return 0;
     }
     if (is_file || rep->state == SHEP_EXIT_SENT)
@@ -243,7 +244,7 @@ static int slot_finish(int i, int status, const struct rusage *ru)
         if (s->timed_out)
             m.b |= JEXIT_TIMED_OUT;
     }
-    return jail_chan_send(chan, &m);
+    return conch_jail_chan_send(chan, &m);
 }
 
 static void reap_children(void)
@@ -253,7 +254,7 @@ static void reap_children(void)
     pid_t pid;
     while ((pid = wait4(-1, &st, WNOHANG, &ru)) > 0) {
         for (int i = 0; i < JAIL_MAX_PROCS; i++) {
-            if (jail_warden.slots[i].pid == pid) {
+            if (conch_jail_warden.slots[i].pid == pid) {
                 if (slot_finish(i, st, &ru) < 0)
                     _exit(1);
                 break;
@@ -266,9 +267,9 @@ static void reap_children(void)
 static struct jail_proc_slot *slot_find(int64_t id, uint32_t chan)
 {
     for (int i = 0; i < JAIL_MAX_PROCS; i++)
-        if (jail_warden.slots[i].pid > 0 && jail_warden.slots[i].id == id &&
-            jail_warden.slots[i].chan == chan)
-            return &jail_warden.slots[i];
+        if (conch_jail_warden.slots[i].pid > 0 && conch_jail_warden.slots[i].id == id &&
+            conch_jail_warden.slots[i].chan == chan)
+            return &conch_jail_warden.slots[i];
     return NULL;
 }
 
@@ -276,14 +277,14 @@ static struct jail_proc_slot *slot_find(int64_t id, uint32_t chan)
  * peer group is new and ours: the root was made private, nothing of the host is in it. */
 static void share_workspace(const struct jail_plan *plan)
 {
-    jail_warden.ws_shared =
+    conch_jail_warden.ws_shared =
         plan->attachable && mount(NULL, "/workspace", NULL, MS_SHARED, NULL) == 0;
 }
 
 /* JMSG_RECYCLE: make this sandbox (one without a workspace) as new for its next user. Every
  * process but us dies (commands, shepherds, file workers); the network, IPC and UTS
  * namespaces are replaced by new ones (the old die with their last user: us); every mount a
- * command could write is replaced by a new, empty one (jail_mounts_scrub_child); our records
+ * command could write is replaced by a new, empty one (conch_jail_mounts_scrub_child); our records
  * start over. What stays is read-only to commands (the root, /usr, /etc, /dev's nodes) or
  * ours (the user, mount and pid namespaces, the cgroup). */
 static int recycle(const struct jail_plan *plan, struct conch_err *err)
@@ -291,18 +292,18 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     kill_all_and_reap();
     lease_revoke(); /* the last copy of our end: its borrower reads EOF */
     for (int i = 0; i < JAIL_MAX_PROCS; i++)
-        if (jail_warden.slots[i].pid && jail_warden.slots[i].sock >= 0)
-            close(jail_warden.slots[i].sock);
-    memset(jail_warden.slots, 0, sizeof(jail_warden.slots));
-    memset(jail_warden.reports, 0, JAIL_MAX_PROCS * sizeof(*jail_warden.reports));
-    jail_warden.ready_slot = jail_warden.last_cmd_slot = -1;
-    jail_warden.ready_failures = 0;
+        if (conch_jail_warden.slots[i].pid && conch_jail_warden.slots[i].sock >= 0)
+            close(conch_jail_warden.slots[i].sock);
+    memset(conch_jail_warden.slots, 0, sizeof(conch_jail_warden.slots));
+    memset(conch_jail_warden.reports, 0, JAIL_MAX_PROCS * sizeof(*conch_jail_warden.reports));
+    conch_jail_warden.ready_slot = conch_jail_warden.last_cmd_slot = -1;
+    conch_jail_warden.ready_failures = 0;
     if (attached_upper >= 0)
         close(attached_upper); /* the attached workspace goes with the scrub's new /workspace */
     attached_upper = -1;
-    jail_warden.ws_attached = false;
-    jail_warden.refill_never = false;
-    jail_warden.refill_after_us = 0;
+    conch_jail_warden.ws_attached = false;
+    conch_jail_warden.refill_never = false;
+    conch_jail_warden.refill_after_us = 0;
     if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
         return conch_err_set(err, errno, "renew the network, ipc and uts namespaces: %s",
                              strerror(errno));
@@ -311,7 +312,7 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     int r = loopback_up(err);
     if (r < 0)
         return r;
-    if ((r = jail_mounts_scrub_child(plan, err)) < 0)
+    if ((r = conch_jail_mounts_scrub_child(plan, err)) < 0)
         return r;
     share_workspace(plan);
     return 0;
@@ -332,7 +333,7 @@ static int clone_from_host_view(int ws, struct conch_err *err)
     path[n] = '\0';
     int here = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (here < 0 || root < 0 || setns(jail_warden.host_view, CLONE_NEWNS) < 0) {
+    if (here < 0 || root < 0 || setns(conch_jail_warden.host_view, CLONE_NEWNS) < 0) {
         int e = errno;
         if (here >= 0)
             close(here);
@@ -369,18 +370,18 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
                   int *ret_upper, struct conch_err *err)
 {
     *ret_upper = -1;
-    if (jail_warden.last_cmd_slot >= 0 || jail_warden.ws_attached)
+    if (conch_jail_warden.last_cmd_slot >= 0 || conch_jail_warden.ws_attached)
         return conch_err_set(err, EBUSY, "attach the workspace: this sandbox has been used");
-    if (jail_warden.ready_slot >= 0 && !jail_warden.ws_shared) {
+    if (conch_jail_warden.ready_slot >= 0 && !conch_jail_warden.ws_shared) {
         /* It stays, idle, until the recycle's kill_all: ending it now (its pid and mount
          * namespaces' teardown) delayed our answer by a millisecond and more. */
-        struct jail_proc_slot *s = &jail_warden.slots[jail_warden.ready_slot];
+        struct jail_proc_slot *s = &conch_jail_warden.slots[conch_jail_warden.ready_slot];
         s->ready = false;
         s->retired = true;
         s->id = -1;
-        jail_warden.ready_slot = -1;
+        conch_jail_warden.ready_slot = -1;
     }
-    jail_warden.refill_after_us = 0;
+    conch_jail_warden.refill_after_us = 0;
     int mnt = -1, upper = -1, r;
     if (m->b & JATTACH_MOUNTED) {
         if (nfds < 1 || nfds > 2)
@@ -391,7 +392,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
         if (nfds == 2)
             fds[1] = -1;
     } else {
-        if (nfds != 1 || jail_warden.host_view < 0)
+        if (nfds != 1 || conch_jail_warden.host_view < 0)
             return conch_err_set(err, EINVAL, "warden: this sandbox cannot take a workspace");
         int tree = clone_from_host_view(fds[0], err);
         if (tree < 0)
@@ -404,7 +405,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
             }
             uid_t uid = st.st_uid == 65534 ? plan->cmd_uid : st.st_uid;
             gid_t gid = st.st_gid == 65534 ? plan->cmd_gid : st.st_gid;
-            r = jail_overlay_make(tree, uid, gid, st.st_mode, m->bytes, &mnt, &upper, err);
+            r = conch_jail_overlay_make(tree, uid, gid, st.st_mode, m->bytes, &mnt, &upper, err);
             close(tree);
             if (r < 0)
                 return r;
@@ -421,7 +422,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     }
     /* Over the empty /workspace, which is not unmounted here: an unmount waits for RCU, on
      * the command's path; the recycle's scrub removes both. */
-    r = jail_stage_attach(mnt, "/workspace", err);
+    r = conch_jail_stage_attach(mnt, "/workspace", err);
     close(mnt);
     if (r < 0) {
         if (upper >= 0)
@@ -429,7 +430,7 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
         return r;
     }
     attached_upper = *ret_upper = upper;
-    jail_warden.ws_attached = true;
+    conch_jail_warden.ws_attached = true;
     return 0;
 }
 
@@ -441,7 +442,7 @@ static void lease_serve(const struct jail_plan *plan)
 {
     struct jail_msg m;
     int fds[4], nfds = 0;
-    int r = jail_recv(lease_ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
+    int r = conch_jail_recv(lease_ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
     if (r == -EAGAIN || r == -EPROTO)
         return;
     if (r <= 0) {
@@ -450,8 +451,8 @@ static void lease_serve(const struct jail_plan *plan)
     }
     struct jail_msg reply = {.type = JMSG_RUN_ERR, .id = m.id};
     if (m.type == JMSG_RUN) {
-        if (jail_start_command(plan, &m, fds, nfds, &reply, lease_no) < 0)
-            jail_chan_send(lease_no, &reply);
+        if (conch_jail_start_command(plan, &m, fds, nfds, &reply, lease_no) < 0)
+            conch_jail_chan_send(lease_no, &reply);
     } else if (m.type == JMSG_SIGNAL) {
         struct jail_proc_slot *s = slot_find(m.id, lease_no);
         if (s && m.a > 0 && m.a < NSIG)
@@ -490,7 +491,7 @@ static int clear_inherited_caps(void)
 /* A daemon's warden runs in a new image exec'd by the jail (warden-exec.c,
  * conch_jail_warden_entry), with every signal blocked since the clone: single-threaded,
  * nothing of the daemon's memory. `conch run`'s is the clone child itself. */
-__attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
+__attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *plan)
 {
     struct jail_msg m;
     struct conch_err err = {0};
@@ -498,7 +499,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     int ctl = plan->ctl_fd;
     /* Ignored signals stay ignored across an exec (the daemon ignores SIGPIPE): every
      * disposition back to the default, then unblocked. */
-    jail_reset_signals();
+    conch_jail_reset_signals();
     if (clear_inherited_caps() < 0)
         _exit(1);
     /* Dumpable again (an exec of an image we may not read, as a daemon's is, is not): an
@@ -520,16 +521,17 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         _exit(1);
     warden_ctl = ctl;
     scrub_inherited_memory();
-    jail_warden.cpus_known = sched_getaffinity(0, sizeof(jail_warden.cpus), &jail_warden.cpus) == 0;
-    jail_warden.reports = mmap(NULL, JAIL_MAX_PROCS * sizeof(*jail_warden.reports),
-                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (jail_warden.reports == MAP_FAILED)
+    conch_jail_warden.cpus_known =
+        sched_getaffinity(0, sizeof(conch_jail_warden.cpus), &conch_jail_warden.cpus) == 0;
+    conch_jail_warden.reports = mmap(NULL, JAIL_MAX_PROCS * sizeof(*conch_jail_warden.reports),
+                                     PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (conch_jail_warden.reports == MAP_FAILED)
         _exit(1);
 
     /* Wait until the parent wrote our id maps (and put us in the cgroup). */
     int fds[4];
     int nfds = 0;
-    if (jail_recv(ctl, &m, fds, 0, &nfds, 0) < 0)
+    if (conch_jail_recv(ctl, &m, fds, 0, &nfds, 0) < 0)
         _exit(1);
     /* Become the namespace's own ids: until now we were unmapped kernel ids. */
     if (setresgid(plan->warden_gid, plan->warden_gid, plan->warden_gid) < 0 ||
@@ -557,7 +559,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
      * parent makes the mount itself (idmapped) and hands it over: no such view. */
     if (plan->attachable && !plan->root_mode) {
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
-            (jail_warden.host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0) {
+            (conch_jail_warden.host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0) {
             conch_err_set(&err, errno, "keep a view of the host for attached workspaces: %s",
                           strerror(errno));
             goto setup_failed;
@@ -579,7 +581,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     if (loopback_up(&err) < 0)
         goto setup_failed;
     int ptc_fd = -1;
-    if (jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
+    if (conch_jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
         goto setup_failed;
     share_workspace(plan);
     /* Nothing we start may ever gain a capability beyond @plan->keep_caps: cut the bounding
@@ -597,7 +599,8 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
      * sandbox can hold; the daemon's 256 sandboxes stay below the host's quota. Set here, once,
      * and inherited by everything we start: we and the shepherds receive only standard
      * signals, which the limit does not refuse. */
-    if ((r = jail_lower_rlimit(RLIMIT_SIGPENDING, SANDBOX_SIGPENDING, SANDBOX_SIGPENDING)) < 0) {
+    if ((r = conch_jail_lower_rlimit(RLIMIT_SIGPENDING, SANDBOX_SIGPENDING, SANDBOX_SIGPENDING)) <
+        0) {
         conch_err_set(&err, -r, "limit queued signals: %s", strerror(-r));
         goto setup_failed;
     }
@@ -605,7 +608,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_OK;
     m.a = upper_fd;
-    if (jail_send(ctl, &m, &ptc_fd, ptc_fd >= 0 ? 1 : 0) < 0)
+    if (conch_jail_send(ctl, &m, &ptc_fd, ptc_fd >= 0 ? 1 : 0) < 0)
         _exit(1);
     if (ptc_fd >= 0)
         close(ptc_fd); /* the parent accepts; nothing we fork may hold it */
@@ -619,7 +622,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         _exit(1);
 
     for (;;) {
-        jail_ensure_ready(plan);
+        conch_jail_ensure_ready(plan);
         struct pollfd pfd[3] = {{.fd = ctl, .events = POLLIN},
                                 {.fd = sfd, .events = POLLIN},
                                 {.fd = lease_ctl, .events = POLLIN}};
@@ -627,9 +630,9 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         int timeout = slots_tick();
         int64_t wait_us = timeout >= 0 ? (int64_t)timeout * 1000 : -1;
         uint64_t now_us = conch_clock_us();
-        if (jail_warden.ready_slot < 0 && jail_warden.refill_after_us > now_us &&
-            (wait_us < 0 || (uint64_t)wait_us > jail_warden.refill_after_us - now_us))
-            wait_us = (int64_t)(jail_warden.refill_after_us - now_us);
+        if (conch_jail_warden.ready_slot < 0 && conch_jail_warden.refill_after_us > now_us &&
+            (wait_us < 0 || (uint64_t)wait_us > conch_jail_warden.refill_after_us - now_us))
+            wait_us = (int64_t)(conch_jail_warden.refill_after_us - now_us);
         struct timespec ts = {.tv_sec = wait_us / 1000000, .tv_nsec = wait_us % 1000000 * 1000};
         if (ppoll(pfd, 3, wait_us >= 0 ? &ts : NULL, NULL) < 0) {
             if (errno == EINTR)
@@ -647,7 +650,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             lease_serve(plan);
         if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
-        r = jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
+        r = conch_jail_recv(ctl, &m, fds, 4, &nfds, MSG_DONTWAIT);
         if (r == -EAGAIN || r == -EPROTO)
             continue; /* a message of another version is dropped, its fds closed */
         if (r <= 0)
@@ -656,17 +659,17 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         int started = 0;
         switch (m.type) {
         case JMSG_RUN:
-            started = jail_start_command(plan, &m, fds, nfds, &reply, 0);
+            started = conch_jail_start_command(plan, &m, fds, nfds, &reply, 0);
             break;
         case JMSG_FILE:
         case JMSG_FILE_SERVE:
-            started = jail_start_file_worker(plan, &m, fds, nfds, &reply);
+            started = conch_jail_start_file_worker(plan, &m, fds, nfds, &reply);
             break;
         case JMSG_RECYCLE: {
             struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
             if (recycle(plan, &done.err) < 0)
                 done.type = JMSG_SETUP_ERR;
-            if (jail_send(ctl, &done, NULL, 0) < 0 || done.type == JMSG_SETUP_ERR)
+            if (conch_jail_send(ctl, &done, NULL, 0) < 0 || done.type == JMSG_SETUP_ERR)
                 _exit(1);
             break;
         }
@@ -676,7 +679,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
             if (attach(plan, &m, fds, nfds, &up, &done.err) < 0)
                 done.type = JMSG_SETUP_ERR;
             done.a = up;
-            if (jail_send(ctl, &done, NULL, 0) < 0)
+            if (conch_jail_send(ctl, &done, NULL, 0) < 0)
                 _exit(1);
             break;
         }
@@ -705,7 +708,7 @@ __attribute__((noreturn)) void jail_warden_main(const struct jail_plan *plan)
         for (int i = 0; i < nfds; i++)
             if (fds[i] >= 0)
                 close(fds[i]);
-        if (started < 0 && jail_send(ctl, &reply, NULL, 0) < 0)
+        if (started < 0 && conch_jail_send(ctl, &reply, NULL, 0) < 0)
             _exit(1);
     }
 
@@ -713,6 +716,6 @@ setup_failed:
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_ERR;
     m.err = err;
-    jail_send(ctl, &m, NULL, 0);
+    conch_jail_send(ctl, &m, NULL, 0);
     _exit(1);
 }

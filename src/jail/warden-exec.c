@@ -1,8 +1,8 @@
 /* warden-exec.c - a daemon's wardens start from a clean image. At start the daemon copies
- * its binary into a sealed, execute-only memfd (jail_clean_image_prepare); for each sandbox
- * it packs the plan into a sealed memfd (jail_plan_pack) and the clone child execs the copy
+ * its binary into a sealed, execute-only memfd (conch_jail_clean_image_prepare); for each sandbox
+ * it packs the plan into a sealed memfd (conch_jail_plan_pack) and the clone child execs the copy
  * (exec-child.c), whose main() calls conch_jail_warden_entry: it maps the plan and becomes
- * the warden (jail_warden_main), a single-threaded process that holds nothing of the daemon's
+ * the warden (conch_jail_warden_main), a single-threaded process that holds nothing of the daemon's
  * memory, so that what it forks (shepherds, file workers, which call malloc and parse JSON)
  * starts from it alone. */
 #include <dlfcn.h>
@@ -49,7 +49,7 @@ struct plan_blob {
 
 static int clean_image = -1;
 
-int jail_clean_image_prepare(struct conch_err *err)
+int conch_jail_clean_image_prepare(struct conch_err *err)
 {
     if (clean_image >= 0)
         return 0;
@@ -90,7 +90,7 @@ int jail_clean_image_prepare(struct conch_err *err)
     return 0;
 }
 
-int jail_clean_image(void)
+int conch_jail_clean_image(void)
 {
     return clean_image;
 }
@@ -142,7 +142,7 @@ static int pwrite_all(int fd, const void *buf, size_t len, size_t off)
     return 0;
 }
 
-int jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
+int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
 {
     struct plan_blob hdr = {
         .magic = PLAN_MAGIC, .version = JAIL_PROTO_VERSION, .plan_size = sizeof(*plan)};
@@ -261,12 +261,12 @@ void conch_jail_warden_entry(int argc, char **argv)
             memset(&m, 0, sizeof(m));
             m.type = JMSG_SETUP_ERR;
             m.err = err;
-            jail_send(JAIL_WARDEN_CTL_FD, &m, NULL, 0);
+            conch_jail_send(JAIL_WARDEN_CTL_FD, &m, NULL, 0);
         } else {
             fprintf(stderr, "conch-warden: %s (an entry point of conch's own, not a command)\n",
                     err.msg);
         }
         _exit(1);
     }
-    jail_warden_main(plan);
+    conch_jail_warden_main(plan);
 }

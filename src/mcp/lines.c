@@ -19,7 +19,7 @@ static size_t utf8_back(const char *s, size_t i)
     return i;
 }
 
-char *mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len)
+char *conch_mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len)
 {
     if (len <= max) {
         char *d = malloc(len + 1);
@@ -52,7 +52,7 @@ char *mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len)
     return d;
 }
 
-int mcp_linebuf_fill(struct mcp_linebuf *b, int fd)
+int conch_mcp_linebuf_fill(struct mcp_linebuf *b, int fd)
 {
     if (b->cap - b->len < 65536) {
         size_t cap = b->cap ? b->cap * 2 : 131072;
@@ -90,9 +90,9 @@ static void tail_add(struct mcp_linebuf *b, const char *p, size_t n)
  * Hand every complete line to @fn. A line longer than b->max is not kept: its first and last
  * MCP_SNIFF bytes go to @too_large once its end arrives, so that its id can still be answered.
  */
-void mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
-                       void (*fn)(void *ctx, const char *line, size_t len),
-                       void (*too_large)(void *ctx, struct mcp_linebuf *b))
+void conch_mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
+                             void (*fn)(void *ctx, const char *line, size_t len),
+                             void (*too_large)(void *ctx, struct mcp_linebuf *b))
 {
     size_t start = 0;
     for (;;) {
@@ -259,7 +259,7 @@ static json_t *sniff_tail(const char *s, size_t n)
     return id_at(v, end);
 }
 
-json_t *mcp_sniff_id(const struct mcp_linebuf *b)
+json_t *conch_mcp_sniff_id(const struct mcp_linebuf *b)
 {
     json_t *id = sniff_head(b->head, b->head_len);
     return id ? id : sniff_tail(b->tail, b->tail_len);

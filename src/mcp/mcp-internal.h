@@ -17,7 +17,8 @@ struct mcp_tool {
     const char *schema; /* the input schema, JSON text */
     bool read_only;     /* annotations.readOnlyHint */
     bool destructive;   /* annotations.destructiveHint */
-    /* Check the arguments and call the daemon (mcp_daemon_call) or finish (mcp_call_done). */
+    /* Check the arguments and call the daemon (conch_mcp_daemon_call) or finish
+     * (conch_mcp_call_done). */
     void (*start)(struct mcp *m, struct mcp_call *c);
     /* The daemon answered the call's request: @res, or @error (its error object). Both
      * borrowed. Calls the daemon again or finishes. */
@@ -32,45 +33,46 @@ struct mcp_call {
     json_t *args;       /* the tool's arguments (an object); owned */
     uint64_t daemon_id; /* the daemon request it awaits; 0 = none */
     int stage;          /* for tools that make more than one request */
-    bool parked;        /* waits for another call of its tool (mcp_call_park) */
+    bool parked;        /* waits for another call of its tool (conch_mcp_call_park) */
 };
 
-extern const struct mcp_tool mcp_tools[]; /* ends with a NULL name */
+extern const struct mcp_tool conch_mcp_tools[]; /* ends with a NULL name */
 
-/* mcp_daemon_call - send @method with @params (stolen; "sandbox" is added when @c's tool
+/* conch_mcp_daemon_call - send @method with @params (stolen; "sandbox" is added when @c's tool
  * works on the session's sandbox) and have @c's tool's reply() called with the answer. */
-void mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params);
+void conch_mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params);
 
-/* mcp_call_done - answer @c with one text item of @len bytes of @text (borrowed), as a tool
+/* conch_mcp_call_done - answer @c with one text item of @len bytes of @text (borrowed), as a tool
  * error when @is_error; the text is capped at the session's output size. Frees @c. */
-void mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text, size_t len);
+void conch_mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text,
+                         size_t len);
 
-/* mcp_call_donef - mcp_call_done with a printf-formatted text. */
-void mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
+/* conch_mcp_call_donef - conch_mcp_call_done with a printf-formatted text. */
+void conch_mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* mcp_call_fail_daemon - answer @c with the daemon's error object @error as a tool error. */
-void mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);
+/* conch_mcp_call_fail_daemon - answer @c with the daemon's error object @error as a tool error. */
+void conch_mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);
 
-const char *mcp_sandbox_id(const struct mcp *m);
-size_t mcp_max_output(const struct mcp *m);
+const char *conch_mcp_sandbox_id(const struct mcp *m);
+size_t conch_mcp_max_output(const struct mcp *m);
 /* The child daemon's state dir: host paths under it mean nothing inside the sandbox. */
-const char *mcp_state_dir(const struct mcp *m);
-uint64_t mcp_default_timeout_ms(const struct mcp *m);
-/* mcp_call_park - keep @c until mcp_call_unpark returns it (it waits for another call of its
- * tool, e.g. the opening of the shell session); parked calls fail if the daemon exits. */
-void mcp_call_park(struct mcp *m, struct mcp_call *c);
-/* mcp_call_unpark - the oldest parked call of @tool, no longer parked, or NULL. */
-struct mcp_call *mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool);
+const char *conch_mcp_state_dir(const struct mcp *m);
+uint64_t conch_mcp_default_timeout_ms(const struct mcp *m);
+/* conch_mcp_call_park - keep @c until conch_mcp_call_unpark returns it (it waits for another call
+ * of its tool, e.g. the opening of the shell session); parked calls fail if the daemon exits. */
+void conch_mcp_call_park(struct mcp *m, struct mcp_call *c);
+/* conch_mcp_call_unpark - the oldest parked call of @tool, no longer parked, or NULL. */
+struct mcp_call *conch_mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool);
 
 /* The session of the `shell` tool: its id ("" until opened), set with NULL or "" to forget
  * it, and whether its session.open is in flight. Closed at the end of the MCP session. */
-const char *mcp_shell_session(const struct mcp *m);
-void mcp_shell_set_session(struct mcp *m, const char *id);
-bool *mcp_shell_opening(struct mcp *m);
+const char *conch_mcp_shell_session(const struct mcp *m);
+void conch_mcp_shell_set_session(struct mcp *m, const char *id);
+bool *conch_mcp_shell_opening(struct mcp *m);
 
 /* The read offsets of each background job the model has read (job id -> [stdout, stderr]). */
-json_t *mcp_job_offsets(struct mcp *m);
+json_t *conch_mcp_job_offsets(struct mcp *m);
 
 /* A buffer of newline-delimited input with a cap on the line length. */
 #define MCP_SNIFF 4096 /* bytes kept of each end of an oversize line */
@@ -83,30 +85,31 @@ struct mcp_linebuf {
     size_t head_len, tail_len;
 };
 
-/* mcp_linebuf_fill - one read(2) of @fd into @b. Returns 1 (read or retry), 0 at EOF, -errno. */
-int mcp_linebuf_fill(struct mcp_linebuf *b, int fd);
+/* conch_mcp_linebuf_fill - one read(2) of @fd into @b. Returns 1 (read or retry), 0 at EOF, -errno.
+ */
+int conch_mcp_linebuf_fill(struct mcp_linebuf *b, int fd);
 
 /*
- * mcp_linebuf_lines - hand every complete line in @b to @fn (leading blanks and a trailing \r
+ * conch_mcp_linebuf_lines - hand every complete line in @b to @fn (leading blanks and a trailing \r
  * stripped, empty lines skipped). A line longer than b->max is not kept: @too_large is called
  * once its end arrives, with its first and last MCP_SNIFF bytes in b->head and b->tail.
  */
-void mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
-                       void (*fn)(void *ctx, const char *line, size_t len),
-                       void (*too_large)(void *ctx, struct mcp_linebuf *b));
+void conch_mcp_linebuf_lines(struct mcp_linebuf *b, void *ctx,
+                             void (*fn)(void *ctx, const char *line, size_t len),
+                             void (*too_large)(void *ctx, struct mcp_linebuf *b));
 
 /*
- * mcp_sniff_id - the JSON-RPC id of the oversize line that @b just dropped: the top-level
+ * conch_mcp_sniff_id - the JSON-RPC id of the oversize line that @b just dropped: the top-level
  * "id" member when it comes in the line's first bytes, or when it ends the object (as the
  * MCP SDK serialises requests). Returns a new integer or string, or NULL.
  */
-json_t *mcp_sniff_id(const struct mcp_linebuf *b);
+json_t *conch_mcp_sniff_id(const struct mcp_linebuf *b);
 
 /*
- * mcp_cap_text - @len bytes of @s, or when longer than @max its head and tail around a note
+ * conch_mcp_cap_text - @len bytes of @s, or when longer than @max its head and tail around a note
  * saying how much was left out. Cuts only between UTF-8 sequences. Returns a new string
  * (caller frees) and its length in *@ret_len, or NULL when out of memory.
  */
-char *mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len);
+char *conch_mcp_cap_text(const char *s, size_t len, size_t max, size_t *ret_len);
 
 #endif

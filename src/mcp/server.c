@@ -103,42 +103,42 @@ static void send_error(struct mcp *m, json_t *id, int code, const char *fmt, ...
 
 /* ---- tool calls ---- */
 
-const char *mcp_sandbox_id(const struct mcp *m)
+const char *conch_mcp_sandbox_id(const struct mcp *m)
 {
     return m->sandbox;
 }
 
-const char *mcp_state_dir(const struct mcp *m)
+const char *conch_mcp_state_dir(const struct mcp *m)
 {
     return m->state_dir;
 }
 
-size_t mcp_max_output(const struct mcp *m)
+size_t conch_mcp_max_output(const struct mcp *m)
 {
     return m->o->max_output;
 }
 
-uint64_t mcp_default_timeout_ms(const struct mcp *m)
+uint64_t conch_mcp_default_timeout_ms(const struct mcp *m)
 {
     return m->o->timeout_ms;
 }
 
-json_t *mcp_job_offsets(struct mcp *m)
+json_t *conch_mcp_job_offsets(struct mcp *m)
 {
     return m->jobs;
 }
 
-const char *mcp_shell_session(const struct mcp *m)
+const char *conch_mcp_shell_session(const struct mcp *m)
 {
     return m->shell;
 }
 
-void mcp_shell_set_session(struct mcp *m, const char *id)
+void conch_mcp_shell_set_session(struct mcp *m, const char *id)
 {
     snprintf(m->shell, sizeof(m->shell), "%s", id ? id : "");
 }
 
-bool *mcp_shell_opening(struct mcp *m)
+bool *conch_mcp_shell_opening(struct mcp *m)
 {
     return &m->shell_opening;
 }
@@ -162,7 +162,7 @@ static void unlink_pending(struct mcp *m, struct mcp_call *c)
         }
 }
 
-void mcp_call_park(struct mcp *m, struct mcp_call *c)
+void conch_mcp_call_park(struct mcp *m, struct mcp_call *c)
 {
     unlink_pending(m, c);
     c->daemon_id = 0; /* no daemon answer matches it */
@@ -171,7 +171,7 @@ void mcp_call_park(struct mcp *m, struct mcp_call *c)
     m->pending = c;
 }
 
-struct mcp_call *mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool)
+struct mcp_call *conch_mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool)
 {
     struct mcp_call *oldest = NULL; /* the list is newest first */
     for (struct mcp_call *c = m->pending; c; c = c->next)
@@ -184,11 +184,12 @@ struct mcp_call *mcp_call_unpark(struct mcp *m, const struct mcp_tool *tool)
     return oldest;
 }
 
-void mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text, size_t len)
+void conch_mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char *text,
+                         size_t len)
 {
     unlink_pending(m, c);
     size_t cl = 0;
-    _cleanup_free_ char *capped = mcp_cap_text(text, len, m->o->max_output, &cl);
+    _cleanup_free_ char *capped = conch_mcp_cap_text(text, len, m->o->max_output, &cl);
     json_t *t = capped ? json_stringn(capped, cl) : NULL;
     if (!t) /* cut text that is not UTF-8 cannot come from the daemon's JSON: say so */
         t = json_string("conch mcp: the result could not be encoded as text");
@@ -198,7 +199,7 @@ void mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const char 
     call_free(c);
 }
 
-void mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
+void conch_mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
 {
     char *s = NULL;
     va_list ap;
@@ -206,19 +207,19 @@ void mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char
     int n = vasprintf(&s, fmt, ap);
     va_end(ap);
     if (n < 0) {
-        mcp_call_done(m, c, true, "out of memory", 13);
+        conch_mcp_call_done(m, c, true, "out of memory", 13);
         return;
     }
-    mcp_call_done(m, c, is_error, s, (size_t)n);
+    conch_mcp_call_done(m, c, is_error, s, (size_t)n);
     free(s);
 }
 
-void mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error)
+void conch_mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error)
 {
     const char *msg = json_string_value(json_object_get(error, "message"));
     const char *code = json_string_value(json_object_get(json_object_get(error, "data"), "code"));
-    mcp_call_donef(m, c, true, "Error%s%s%s: %s", code ? " (" : "", code ? code : "",
-                   code ? ")" : "", msg ? msg : "unknown error");
+    conch_mcp_call_donef(m, c, true, "Error%s%s%s: %s", code ? " (" : "", code ? code : "",
+                         code ? ")" : "", msg ? msg : "unknown error");
 }
 
 /* Send one request to the daemon; steals @params. Returns 0 with its id, or -errno. */
@@ -246,7 +247,7 @@ static int daemon_send(struct mcp *m, const char *method, json_t *params, uint64
     return 0;
 }
 
-void mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params)
+void conch_mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json_t *params)
 {
     /* Every method but those that name a job or a session works on the session's sandbox. */
     bool by_job = !strcmp(method, "job.output") || !strcmp(method, "job.wait") ||
@@ -258,9 +259,9 @@ void mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method, json
     int r = daemon_send(m, method, params, &id);
     if (r < 0) {
         if (r == -ENOMEM)
-            mcp_call_done(m, c, true, "out of memory", 13);
+            conch_mcp_call_done(m, c, true, "out of memory", 13);
         else
-            mcp_call_donef(m, c, true, "Error: the sandbox is gone (conch's daemon exited)");
+            conch_mcp_call_donef(m, c, true, "Error: the sandbox is gone (conch's daemon exited)");
         return;
     }
     c->daemon_id = id;
@@ -380,7 +381,7 @@ static void handle_initialize(struct mcp *m, json_t *id, json_t *params)
 
 static const struct mcp_tool *find_tool(const char *name)
 {
-    for (const struct mcp_tool *t = mcp_tools; t->name; t++)
+    for (const struct mcp_tool *t = conch_mcp_tools; t->name; t++)
         if (!strcmp(t->name, name))
             return t;
     return NULL;
@@ -412,8 +413,8 @@ static void handle_tools_call(struct mcp *m, json_t *id, json_t *params)
     c->id = json_incref(id);
     c->args = json_is_object(args) ? json_incref(args) : json_object();
     if (!m->sandbox[0]) {
-        mcp_call_donef(m, c, true, "Error: no sandbox: %s",
-                       m->sandbox_err[0] ? m->sandbox_err : "the session is not initialized");
+        conch_mcp_call_donef(m, c, true, "Error: no sandbox: %s",
+                             m->sandbox_err[0] ? m->sandbox_err : "the session is not initialized");
         return;
     }
     t->start(m, c);
@@ -513,7 +514,7 @@ static void on_daemon_message(void *ctx, const char *line, size_t len)
 static void client_too_large(void *ctx, struct mcp_linebuf *b)
 {
     struct mcp *m = ctx;
-    json_t *id = mcp_sniff_id(b);
+    json_t *id = conch_mcp_sniff_id(b);
     send_error(m, id, -32600, "message too large: more than %zu bytes in one line", b->max);
     json_decref(id);
 }
@@ -644,7 +645,7 @@ static json_t *call_sync(struct mcp *m, const char *method, json_t *params, stru
             continue;
         }
         if (r > 0) {
-            r = mcp_linebuf_fill(&m->from_child, m->child_out);
+            r = conch_mcp_linebuf_fill(&m->from_child, m->child_out);
             if (r <= 0) {
                 m->child_gone = true;
                 conch_err_set(err, EPIPE, "%s: conch's daemon exited", method);
@@ -712,7 +713,7 @@ void conch_mcp_opts_init(struct conch_mcp_opts *o)
 static json_t *build_tools_list(struct conch_err *err)
 {
     json_t *arr = json_array();
-    for (const struct mcp_tool *t = mcp_tools; t->name; t++) {
+    for (const struct mcp_tool *t = conch_mcp_tools; t->name; t++) {
         json_error_t je;
         json_t *schema = json_loads(t->schema, 0, &je);
         if (!schema) {
@@ -826,9 +827,9 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
             quit = true;
         }
         if (p[1].revents) {
-            int got = mcp_linebuf_fill(&m.from_child, m.child_out);
+            int got = conch_mcp_linebuf_fill(&m.from_child, m.child_out);
             if (got > 0) {
-                mcp_linebuf_lines(&m.from_child, &m, on_daemon_message, daemon_too_large);
+                conch_mcp_linebuf_lines(&m.from_child, &m, on_daemon_message, daemon_too_large);
             } else if (got <= 0) {
                 m.child_gone = true;
                 fprintf(stderr, "conch mcp: conch's daemon exited; tools now fail\n");
@@ -839,17 +840,17 @@ int conch_mcp_serve(const struct conch_mcp_opts *o, int in_fd, int out_fd, struc
                         init_reply(&m, c, NULL, e);
                         json_decref(e);
                     } else {
-                        mcp_call_donef(&m, c, true,
-                                       "Error: the sandbox is gone (conch's "
-                                       "daemon exited)");
+                        conch_mcp_call_donef(&m, c, true,
+                                             "Error: the sandbox is gone (conch's "
+                                             "daemon exited)");
                     }
                 }
             }
         }
         if (p[0].revents && !quit) {
-            int got = mcp_linebuf_fill(&m.from_client, in_fd);
+            int got = conch_mcp_linebuf_fill(&m.from_client, in_fd);
             if (got > 0) {
-                mcp_linebuf_lines(&m.from_client, &m, on_client_message, client_too_large);
+                conch_mcp_linebuf_lines(&m.from_client, &m, on_client_message, client_too_large);
             } else {
                 in_eof = true;
                 quit = true;

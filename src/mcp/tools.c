@@ -24,15 +24,16 @@ static bool arg_string(struct mcp *m, struct mcp_call *c, const char *key, bool 
     if (!v || json_is_null(v)) {
         if (!required)
             return true;
-        mcp_call_donef(m, c, true, "Error: argument '%s' is required (a string)", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' is required (a string)", key);
         return false;
     }
     if (!json_is_string(v)) {
-        mcp_call_donef(m, c, true, "Error: argument '%s' must be a string", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' must be a string", key);
         return false;
     }
     if (!nul_ok && strlen(json_string_value(v)) != json_string_length(v)) {
-        mcp_call_donef(m, c, true, "Error: argument '%s' holds a NUL character (U+0000)", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' holds a NUL character (U+0000)",
+                             key);
         return false;
     }
     *ret = json_string_value(v);
@@ -58,7 +59,7 @@ static bool arg_bool(struct mcp *m, struct mcp_call *c, const char *key, bool *r
     if (!v || json_is_null(v))
         return true;
     if (!json_is_boolean(v)) {
-        mcp_call_donef(m, c, true, "Error: argument '%s' must be true or false", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' must be true or false", key);
         return false;
     }
     *ret = json_is_true(v);
@@ -72,7 +73,7 @@ static bool arg_num(struct mcp *m, struct mcp_call *c, const char *key, double *
     if (!v || json_is_null(v))
         return true;
     if (!json_is_number(v) || json_number_value(v) < 0) {
-        mcp_call_donef(m, c, true, "Error: argument '%s' must be a number >= 0", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' must be a number >= 0", key);
         return false;
     }
     *ret = json_number_value(v);
@@ -91,7 +92,8 @@ static bool arg_paths(struct mcp *m, struct mcp_call *c, const char *key, json_t
     bool ok = json_is_array(v);
     json_array_foreach(v, i, e) ok = ok && json_is_string(e);
     if (!ok) {
-        mcp_call_donef(m, c, true, "Error: argument '%s' must be a list of paths (strings)", key);
+        conch_mcp_call_donef(m, c, true, "Error: argument '%s' must be a list of paths (strings)",
+                             key);
         return false;
     }
     *ret = v;
@@ -103,9 +105,9 @@ static bool arg_paths(struct mcp *m, struct mcp_call *c, const char *key, json_t
 static void text_done(struct mcp *m, struct mcp_call *c, struct conch_sb *t, bool is_error)
 {
     if (t->oom)
-        mcp_call_done(m, c, true, "out of memory", 13);
+        conch_mcp_call_done(m, c, true, "out of memory", 13);
     else
-        mcp_call_done(m, c, is_error, t->buf ? t->buf : "", t->len);
+        conch_mcp_call_done(m, c, is_error, t->buf ? t->buf : "", t->len);
     free(t->buf);
 }
 
@@ -118,7 +120,7 @@ static const char *jstr(json_t *o, const char *key)
 #define REPLY_ERRORS(m, c, error)                                                                  \
     do {                                                                                           \
         if (error) {                                                                               \
-            mcp_call_fail_daemon(m, c, error);                                                     \
+            conch_mcp_call_fail_daemon(m, c, error);                                               \
             return;                                                                                \
         }                                                                                          \
     } while (0)
@@ -136,7 +138,7 @@ static bool run_text(struct mcp *m, json_t *res, struct conch_sb *out)
     /* The notice of cut output names the spill file; one in the daemon's state dir is a host
      * path that no tool can read: say what to do instead. */
     char needle[4200];
-    snprintf(needle, sizeof(needle), "; full output in %s/", mcp_state_dir(m));
+    snprintf(needle, sizeof(needle), "; full output in %s/", conch_mcp_state_dir(m));
     for (const char *p = s; p < s + len;) {
         const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
         const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
@@ -157,7 +159,7 @@ static void bash_start(struct mcp *m, struct mcp_call *c)
 {
     const char *cmd, *cwd;
     bool background;
-    double timeout = (double)mcp_default_timeout_ms(m) / 1000.0;
+    double timeout = (double)conch_mcp_default_timeout_ms(m) / 1000.0;
     if (!arg_str(m, c, "command", true, &cmd) || !arg_str(m, c, "cwd", false, &cwd) ||
         !arg_bool(m, c, "background", &background) || !arg_num(m, c, "timeout", &timeout))
         return;
@@ -165,15 +167,16 @@ static void bash_start(struct mcp *m, struct mcp_call *c)
     if (cwd)
         json_object_set_new(p, "cwd", json_string(cwd));
     /* Both streams of the result fit in one tool result. */
-    size_t per_stream = mcp_max_output(m) / 2 > 1024 ? mcp_max_output(m) / 2 - 512 : 512;
+    size_t per_stream =
+        conch_mcp_max_output(m) / 2 > 1024 ? conch_mcp_max_output(m) / 2 - 512 : 512;
     json_object_set_new(p, "max_output", json_integer((json_int_t)per_stream));
     if (background) {
         c->stage = 1;
-        mcp_daemon_call(m, c, "job.start", p);
+        conch_mcp_daemon_call(m, c, "job.start", p);
         return;
     }
     json_object_set_new(p, "timeout", json_real(timeout));
-    mcp_daemon_call(m, c, "exec.run", p);
+    conch_mcp_daemon_call(m, c, "exec.run", p);
 }
 
 static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -181,11 +184,12 @@ static void bash_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     REPLY_ERRORS(m, c, error);
     if (c->stage == 1) {
         const char *job = jstr(res, "job_id");
-        mcp_call_donef(m, c, false,
-                       "Started background job %s. Read its output with job_output "
-                       "{\"job_id\": \"%s\"} (each call returns what is new; \"wait\": S waits "
-                       "up to S seconds for it to end first); stop it with job_kill.",
-                       job, job);
+        conch_mcp_call_donef(
+            m, c, false,
+            "Started background job %s. Read its output with job_output "
+            "{\"job_id\": \"%s\"} (each call returns what is new; \"wait\": S waits "
+            "up to S seconds for it to end first); stop it with job_kill.",
+            job, job);
         return;
     }
     struct conch_sb out = {0};
@@ -200,15 +204,15 @@ enum { SHELL_OPEN = 1, SHELL_RUN = 2, SHELL_RETRIED = 4 };
 
 static void shell_run(struct mcp *m, struct mcp_call *c)
 {
-    double timeout = (double)mcp_default_timeout_ms(m) / 1000.0;
+    double timeout = (double)conch_mcp_default_timeout_ms(m) / 1000.0;
     arg_num(m, c, "timeout", &timeout); /* checked by shell_start */
-    size_t max = mcp_max_output(m) > 2048 ? mcp_max_output(m) - 1024 : 1024;
+    size_t max = conch_mcp_max_output(m) > 2048 ? conch_mcp_max_output(m) - 1024 : 1024;
     c->stage = SHELL_RUN | (c->stage & SHELL_RETRIED);
-    json_object_set_new(c->args, RUN_SESSION, json_string(mcp_shell_session(m)));
-    mcp_daemon_call(m, c, "session.run",
-                    json_pack("{s:s,s:O,s:f,s:I}", "session", mcp_shell_session(m), "command",
-                              json_object_get(c->args, "command"), "timeout", timeout, "max_output",
-                              (json_int_t)max));
+    json_object_set_new(c->args, RUN_SESSION, json_string(conch_mcp_shell_session(m)));
+    conch_mcp_daemon_call(m, c, "session.run",
+                          json_pack("{s:s,s:O,s:f,s:I}", "session", conch_mcp_shell_session(m),
+                                    "command", json_object_get(c->args, "command"), "timeout",
+                                    timeout, "max_output", (json_int_t)max));
 }
 
 static void shell_start(struct mcp *m, struct mcp_call *c)
@@ -217,14 +221,14 @@ static void shell_start(struct mcp *m, struct mcp_call *c)
     double timeout = 0;
     if (!arg_str(m, c, "command", true, &cmd) || !arg_num(m, c, "timeout", &timeout))
         return;
-    if (mcp_shell_session(m)[0]) {
+    if (conch_mcp_shell_session(m)[0]) {
         shell_run(m, c);
-    } else if (*mcp_shell_opening(m)) { /* a call that came while the session opens */
-        mcp_call_park(m, c);
+    } else if (*conch_mcp_shell_opening(m)) { /* a call that came while the session opens */
+        conch_mcp_call_park(m, c);
     } else {
-        *mcp_shell_opening(m) = true;
+        *conch_mcp_shell_opening(m) = true;
         c->stage = SHELL_OPEN | (c->stage & SHELL_RETRIED);
-        mcp_daemon_call(m, c, "session.open", json_object());
+        conch_mcp_daemon_call(m, c, "session.open", json_object());
     }
 }
 
@@ -232,22 +236,22 @@ static void shell_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *
 {
     const struct mcp_tool *self = c->tool;
     if (c->stage & SHELL_OPEN) {
-        *mcp_shell_opening(m) = false;
+        *conch_mcp_shell_opening(m) = false;
         const char *id = json_string_value(json_object_get(res, "session"));
         if (error || !id) {
             json_t *e = error ? error : json_pack("{s:s}", "message", "no session id");
             struct mcp_call *w;
-            while ((w = mcp_call_unpark(m, self)))
-                mcp_call_fail_daemon(m, w, e);
-            mcp_call_fail_daemon(m, c, e);
+            while ((w = conch_mcp_call_unpark(m, self)))
+                conch_mcp_call_fail_daemon(m, w, e);
+            conch_mcp_call_fail_daemon(m, c, e);
             if (!error)
                 json_decref(e);
             return;
         }
-        mcp_shell_set_session(m, id);
+        conch_mcp_shell_set_session(m, id);
         shell_run(m, c);
         struct mcp_call *w;
-        while ((w = mcp_call_unpark(m, self)))
+        while ((w = conch_mcp_call_unpark(m, self)))
             shell_run(m, w);
         return;
     }
@@ -258,13 +262,13 @@ static void shell_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *
          * one, once. */
         if (code && !strcmp(code, "session_not_found") && !(c->stage & SHELL_RETRIED)) {
             const char *used = json_string_value(json_object_get(c->args, RUN_SESSION));
-            if (used && !strcmp(used, mcp_shell_session(m))) /* not reopened meanwhile */
-                mcp_shell_set_session(m, NULL);
+            if (used && !strcmp(used, conch_mcp_shell_session(m))) /* not reopened meanwhile */
+                conch_mcp_shell_set_session(m, NULL);
             c->stage = SHELL_RETRIED;
             shell_start(m, c);
             return;
         }
-        mcp_call_fail_daemon(m, c, error);
+        conch_mcp_call_fail_daemon(m, c, error);
         return;
     }
     struct conch_sb out = {0};
@@ -285,17 +289,18 @@ static void job_output_start(struct mcp *m, struct mcp_call *c)
         return;
     if (wait > 0) {
         c->stage = 1;
-        mcp_daemon_call(m, c, "job.wait",
-                        json_pack("{s:s,s:f}", "job_id", job, "timeout", wait > 600 ? 600 : wait));
+        conch_mcp_daemon_call(
+            m, c, "job.wait",
+            json_pack("{s:s,s:f}", "job_id", job, "timeout", wait > 600 ? 600 : wait));
         return;
     }
     c->stage = 2;
-    json_t *off = json_object_get(mcp_job_offsets(m), job);
-    mcp_daemon_call(m, c, "job.output",
-                    json_pack("{s:s,s:I,s:I,s:I}", "job_id", job, "stdout_offset",
-                              json_integer_value(json_array_get(off, 0)), "stderr_offset",
-                              json_integer_value(json_array_get(off, 1)), "max_bytes",
-                              (json_int_t)(mcp_max_output(m) / 2)));
+    json_t *off = json_object_get(conch_mcp_job_offsets(m), job);
+    conch_mcp_daemon_call(m, c, "job.output",
+                          json_pack("{s:s,s:I,s:I,s:I}", "job_id", job, "stdout_offset",
+                                    json_integer_value(json_array_get(off, 0)), "stderr_offset",
+                                    json_integer_value(json_array_get(off, 1)), "max_bytes",
+                                    (json_int_t)(conch_mcp_max_output(m) / 2)));
 }
 
 static void job_output_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -308,10 +313,10 @@ static void job_output_reply(struct mcp *m, struct mcp_call *c, json_t *res, jso
         return;
     }
     json_t *so = json_object_get(res, "stdout_offset"), *eo = json_object_get(res, "stderr_offset");
-    json_t *off = json_object_get(mcp_job_offsets(m), job);
+    json_t *off = json_object_get(conch_mcp_job_offsets(m), job);
     json_int_t old_so = json_integer_value(json_array_get(off, 0));
     json_int_t old_eo = json_integer_value(json_array_get(off, 1));
-    json_object_set_new(mcp_job_offsets(m), job, json_pack("[O,O]", so, eo));
+    json_object_set_new(conch_mcp_job_offsets(m), job, json_pack("[O,O]", so, eo));
     json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
     struct conch_sb t = {0};
     if (json_string_length(out))
@@ -325,7 +330,7 @@ static void job_output_reply(struct mcp *m, struct mcp_call *c, json_t *res, jso
         conch_sb_putn(&t, "\n", 1);
     bool more =
         (size_t)(json_integer_value(so) - old_so) + (size_t)(json_integer_value(eo) - old_eo) >=
-        mcp_max_output(m) / 2;
+        conch_mcp_max_output(m) / 2;
     if (!t.len)
         conch_sb_printf(&t, "(no new output)\n");
     if (json_is_true(json_object_get(res, "running")))
@@ -343,18 +348,18 @@ static void job_kill_start(struct mcp *m, struct mcp_call *c)
     const char *job, *sig;
     if (!arg_str(m, c, "job_id", true, &job) || !arg_str(m, c, "signal", false, &sig))
         return;
-    mcp_daemon_call(m, c, "job.kill",
-                    json_pack("{s:s,s:s}", "job_id", job, "signal", sig ? sig : "TERM"));
+    conch_mcp_daemon_call(m, c, "job.kill",
+                          json_pack("{s:s,s:s}", "job_id", job, "signal", sig ? sig : "TERM"));
 }
 
 static void job_kill_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
-    mcp_call_donef(m, c, false, "Sent %s to every process of job %s.",
-                   json_string_value(json_object_get(c->args, "signal"))
-                       ? json_string_value(json_object_get(c->args, "signal"))
-                       : "TERM",
-                   json_string_value(json_object_get(c->args, "job_id")));
+    conch_mcp_call_donef(m, c, false, "Sent %s to every process of job %s.",
+                         json_string_value(json_object_get(c->args, "signal"))
+                             ? json_string_value(json_object_get(c->args, "signal"))
+                             : "TERM",
+                         json_string_value(json_object_get(c->args, "job_id")));
 }
 
 /* ---- files ---- */
@@ -368,9 +373,9 @@ static void read_start(struct mcp *m, struct mcp_call *c)
         return;
     if (limit < 1)
         limit = 1;
-    mcp_daemon_call(m, c, "fs.read",
-                    json_pack("{s:s,s:I,s:I}", "path", path, "offset", (json_int_t)offset, "limit",
-                              (json_int_t)limit));
+    conch_mcp_daemon_call(m, c, "fs.read",
+                          json_pack("{s:s,s:I,s:I}", "path", path, "offset", (json_int_t)offset,
+                                    "limit", (json_int_t)limit));
 }
 
 static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -384,7 +389,8 @@ static void read_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     json_int_t total = json_integer_value(json_object_get(res, "total_lines"));
     struct conch_sb t = {0};
     /* Whole lines only, as many as fit: a cut in the middle would hide which lines came. */
-    size_t budget = mcp_max_output(m) > 512 ? mcp_max_output(m) - 256 : mcp_max_output(m);
+    size_t budget =
+        conch_mcp_max_output(m) > 512 ? conch_mcp_max_output(m) - 256 : conch_mcp_max_output(m);
     json_int_t shown = 0;
     bool cut = false;
     for (size_t i = 0; s && i < len;) {
@@ -436,7 +442,7 @@ static void write_next(struct mcp *m, struct mcp_call *c)
     if (p && off)
         json_object_set_new(p, "append", json_true());
     c->stage = (int)(off + n);
-    mcp_daemon_call(m, c, "fs.write", p);
+    conch_mcp_daemon_call(m, c, "fs.write", p);
 }
 
 static void write_start(struct mcp *m, struct mcp_call *c)
@@ -459,9 +465,10 @@ static void write_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *
         write_next(m, c);
         return;
     }
-    mcp_call_donef(m, c, false, "%s %s (%zu bytes).",
-                   json_is_true(json_object_get(c->args, WRITE_CREATED)) ? "Created" : "Overwrote",
-                   json_string_value(json_object_get(c->args, "path")), len);
+    conch_mcp_call_donef(m, c, false, "%s %s (%zu bytes).",
+                         json_is_true(json_object_get(c->args, WRITE_CREATED)) ? "Created"
+                                                                               : "Overwrote",
+                         json_string_value(json_object_get(c->args, "path")), len);
 }
 
 static void edit_start(struct mcp *m, struct mcp_call *c)
@@ -471,18 +478,18 @@ static void edit_start(struct mcp *m, struct mcp_call *c)
     if (!arg_str(m, c, "path", true, &path) || !arg_text(m, c, "old_string", &o) ||
         !arg_text(m, c, "new_string", &n) || !arg_bool(m, c, "replace_all", &all))
         return;
-    mcp_daemon_call(m, c, "fs.edit",
-                    json_pack("{s:s,s:O,s:O,s:b}", "path", path, "old_string",
-                              json_object_get(c->args, "old_string"), "new_string",
-                              json_object_get(c->args, "new_string"), "replace_all", all));
+    conch_mcp_daemon_call(m, c, "fs.edit",
+                          json_pack("{s:s,s:O,s:O,s:b}", "path", path, "old_string",
+                                    json_object_get(c->args, "old_string"), "new_string",
+                                    json_object_get(c->args, "new_string"), "replace_all", all));
 }
 
 static void edit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     REPLY_ERRORS(m, c, error);
     json_int_t n = json_integer_value(json_object_get(res, "occurrences"));
-    mcp_call_donef(m, c, false, "Replaced %lld occurrence%s in %s.", (long long)n,
-                   n == 1 ? "" : "s", json_string_value(json_object_get(c->args, "path")));
+    conch_mcp_call_donef(m, c, false, "Replaced %lld occurrence%s in %s.", (long long)n,
+                         n == 1 ? "" : "s", json_string_value(json_object_get(c->args, "path")));
 }
 
 static void ls_start(struct mcp *m, struct mcp_call *c)
@@ -490,7 +497,7 @@ static void ls_start(struct mcp *m, struct mcp_call *c)
     const char *path;
     if (!arg_str(m, c, "path", false, &path))
         return;
-    mcp_daemon_call(m, c, "fs.ls", path ? json_pack("{s:s}", "path", path) : json_object());
+    conch_mcp_daemon_call(m, c, "fs.ls", path ? json_pack("{s:s}", "path", path) : json_object());
 }
 
 static void ls_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -524,7 +531,7 @@ static void glob_start(struct mcp *m, struct mcp_call *c)
     json_t *p = json_pack("{s:s}", "pattern", pattern);
     if (path)
         json_object_set_new(p, "path", json_string(path));
-    mcp_daemon_call(m, c, "fs.glob", p);
+    conch_mcp_daemon_call(m, c, "fs.glob", p);
 }
 
 static void glob_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -556,7 +563,7 @@ static void grep_start(struct mcp *m, struct mcp_call *c)
         json_object_set_new(p, "path", json_string(path));
     if (glob)
         json_object_set_new(p, "glob", json_string(glob));
-    mcp_daemon_call(m, c, "fs.grep", p);
+    conch_mcp_daemon_call(m, c, "fs.grep", p);
 }
 
 static void grep_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -580,7 +587,7 @@ static void grep_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
 
 static void changes_start(struct mcp *m, struct mcp_call *c)
 {
-    mcp_daemon_call(m, c, "workspace.changes", json_object());
+    conch_mcp_daemon_call(m, c, "workspace.changes", json_object());
 }
 
 static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -619,8 +626,8 @@ static void diff_start(struct mcp *m, struct mcp_call *c)
     json_t *paths;
     if (!arg_paths(m, c, "paths", &paths))
         return;
-    mcp_daemon_call(m, c, "workspace.diff",
-                    paths ? json_pack("{s:O}", "paths", paths) : json_object());
+    conch_mcp_daemon_call(m, c, "workspace.diff",
+                          paths ? json_pack("{s:O}", "paths", paths) : json_object());
 }
 
 static void diff_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -628,7 +635,7 @@ static void diff_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     REPLY_ERRORS(m, c, error);
     json_t *d = json_object_get(res, "diff");
     if (!json_string_length(d)) {
-        mcp_call_donef(m, c, false, "No changes.");
+        conch_mcp_call_donef(m, c, false, "No changes.");
         return;
     }
     struct conch_sb t = {0};
@@ -645,8 +652,8 @@ static void commit_start(struct mcp *m, struct mcp_call *c)
     json_t *paths;
     if (!arg_paths(m, c, "paths", &paths))
         return;
-    mcp_daemon_call(m, c, "workspace.commit",
-                    paths ? json_pack("{s:O}", "paths", paths) : json_object());
+    conch_mcp_daemon_call(m, c, "workspace.commit",
+                          paths ? json_pack("{s:O}", "paths", paths) : json_object());
 }
 
 static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -657,7 +664,7 @@ static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t 
     json_t *e;
     json_t *done = json_object_get(res, "committed"), *skipped = json_object_get(res, "skipped");
     if (!json_array_size(done) && !json_array_size(skipped)) {
-        mcp_call_donef(m, c, false, "Nothing to commit: no changes.");
+        conch_mcp_call_donef(m, c, false, "Nothing to commit: no changes.");
         return;
     }
     conch_sb_printf(&t, "Committed %zu path%s to the host directory:\n", json_array_size(done),
@@ -672,7 +679,7 @@ static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t 
 
 #define PATH_DESC "\"description\": \"A path in the sandbox: relative to /workspace, or absolute\""
 
-const struct mcp_tool mcp_tools[] = {
+const struct mcp_tool conch_mcp_tools[] = {
     {
         .name = "bash",
         .title = "Run a shell command",

@@ -24,7 +24,7 @@ static int drain(int fd, int64_t *next_id)
     for (;;) {
         struct jail_msg m;
         int fds[JAIL_MSG_MAX_FDS], nfds = 0;
-        int r = jail_recv(fd, &m, fds, JAIL_MSG_MAX_FDS, &nfds, MSG_DONTWAIT);
+        int r = conch_jail_recv(fd, &m, fds, JAIL_MSG_MAX_FDS, &nfds, MSG_DONTWAIT);
         if (r == -EAGAIN)
             return n;
         cr_assert_eq(r, 1, "recv: %d", r);
@@ -51,7 +51,7 @@ Test(ctlq, a_full_socket_queues_in_order_up_to_the_cap)
     int r = 0;
     for (; id < 5000 && r == 0; id++) {
         struct jail_msg m = {.type = JMSG_SIGNAL, .id = id};
-        r = jail_ctl_send(j, &m, &devnull, 1);
+        r = conch_jail_ctl_send(j, &m, &devnull, 1);
     }
     cr_assert_eq(r, -ENOBUFS, "send %lld: %d", (long long)id - 1, r);
     cr_assert_eq(j->outq_len, JAIL_OUTQ_MAX);
@@ -71,19 +71,19 @@ Test(ctlq, a_full_socket_queues_in_order_up_to_the_cap)
     cr_assert_eq(got, sent);
     /* with room again, a send goes straight out */
     struct jail_msg m = {.type = JMSG_SIGNAL, .id = next};
-    cr_assert_eq(jail_ctl_send(j, &m, &devnull, 1), 0);
+    cr_assert_eq(conch_jail_ctl_send(j, &m, &devnull, 1), 0);
     cr_assert_not(conch_jail_wants_write(j));
     cr_assert_eq(drain(sv[1], &next), 1);
     /* a warden gone: the queue is dropped with an error */
     for (int i = 0; i < 5000 && !conch_jail_wants_write(j); i++) {
         struct jail_msg m2 = {.type = JMSG_SIGNAL, .id = next + i};
-        cr_assert_eq(jail_ctl_send(j, &m2, &devnull, 1), 0);
+        cr_assert_eq(conch_jail_ctl_send(j, &m2, &devnull, 1), 0);
     }
     cr_assert(conch_jail_wants_write(j));
     close(sv[1]);
     cr_assert_lt(conch_jail_flush(j, &err), 0);
     cr_assert_not(conch_jail_wants_write(j));
-    jail_ctl_queue_clear(j);
+    conch_jail_ctl_queue_clear(j);
     close(sv[0]);
     close(devnull);
     free(j);

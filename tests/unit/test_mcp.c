@@ -24,7 +24,7 @@ static bool valid_utf8(const char *s, size_t n)
 Test(mcp, cap_text_short_is_a_copy)
 {
     size_t n = 0;
-    char *t = mcp_cap_text("hello", 5, 5, &n);
+    char *t = conch_mcp_cap_text("hello", 5, 5, &n);
     cr_assert_eq(n, 5);
     cr_assert_str_eq(t, "hello");
     free(t);
@@ -36,7 +36,7 @@ Test(mcp, cap_text_keeps_head_and_tail_around_a_note)
     for (size_t i = 0; i < sizeof(big); i++)
         big[i] = (char)('a' + i % 26);
     size_t n = 0;
-    char *t = mcp_cap_text(big, sizeof(big), 1000, &n);
+    char *t = conch_mcp_cap_text(big, sizeof(big), 1000, &n);
     cr_assert_eq(strlen(t), n);
     cr_assert(!memcmp(t, big, 750), "the first three quarters of the cap are the head");
     cr_assert(!memcmp(t + n - 250, big + sizeof(big) - 250, 250), "the last quarter the tail");
@@ -55,7 +55,7 @@ Test(mcp, cap_text_never_splits_a_utf8_sequence)
         memcpy(s + i, "\xe2\x82\xac", 3);
     for (size_t max = 100; max < 110; max++) {
         size_t n = 0;
-        char *t = mcp_cap_text(s, len, max, &n);
+        char *t = conch_mcp_cap_text(s, len, max, &n);
         cr_assert(valid_utf8(t, n), "cap %zu cut a character", max);
         json_t *j = json_stringn(t, n);
         cr_assert(j != NULL);
@@ -84,7 +84,7 @@ static void on_too_large(void *ctx, struct mcp_linebuf *b)
     struct seen *s = ctx;
     s->too_large++;
     json_decref(s->too_large_id);
-    s->too_large_id = mcp_sniff_id(b);
+    s->too_large_id = conch_mcp_sniff_id(b);
 }
 
 /* Feed @data through a pipe in chunks of @chunk bytes. */
@@ -97,8 +97,8 @@ static void feed(struct mcp_linebuf *b, struct seen *s, const char *data, size_t
         size_t n = len - off < chunk ? len - off : chunk;
         cr_assert_eq(write(p[1], data + off, n), (ssize_t)n);
         close(p[1]);
-        while (mcp_linebuf_fill(b, p[0]) > 0)
-            mcp_linebuf_lines(b, s, on_line, on_too_large);
+        while (conch_mcp_linebuf_fill(b, p[0]) > 0)
+            conch_mcp_linebuf_lines(b, s, on_line, on_too_large);
         close(p[0]);
     }
 }
