@@ -126,7 +126,13 @@ def idle_side_by_side(ws):
                                 "--ro-bind", "/etc", "/etc", "--tmpfs", "/tmp", "--proc", "/proc",
                                 "--dev", "/dev", "--bind", ws, "/workspace", "--",
                                 "sleep", "infinity"]) for _ in range(N_IDLE)]
-        time.sleep(2)
+        # settled: each bwrap has its namespace's init and `sleep` below it, past their exec
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not all(
+                any(open(f"/proc/{q}/comm").read().strip() == "sleep" for q in tree(p.pid)[1:])
+                for p in ps):
+            time.sleep(0.2)
+        time.sleep(1)
         rows["bwrap + sleep infinity"] = sum(total_pss(p.pid)[0] for p in ps) / N_IDLE
         for p in ps:
             p.kill()
