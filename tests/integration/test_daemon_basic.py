@@ -372,3 +372,29 @@ def test_state_dir_under_private_parent(daemon_factory, ws):
     r = c.call("exec.run", {"sandbox": sb, "command": "echo hi > f; cat f"})
     assert r["stdout"] == "hi\n", r
     assert [x["path"] for x in c.call("workspace.changes", {"sandbox": sb})["changes"]] == ["f"]
+
+
+@pytest.mark.root_only
+def test_the_daemons_mount_table_does_not_grow_with_its_sandboxes(daemon_factory, tmp_path):
+    """As root the daemon stages each sandbox's workspace and upper dir as binds in its own
+    mount namespace for the warden to take; they stayed there for the sandbox's life, so with
+    1,000 sandboxes every new warden's clone copied 2,000 mounts (creation 4.5x slower at
+    1,000 than at one). They go once the warden reported its setup."""
+    d = daemon_factory(extra_args=("--pool", "0"))
+    c = d.client()
+
+    def mounts():
+        with open(f"/proc/{d.pid}/mountinfo") as f:
+            return len(f.read().splitlines())
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    first = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    before = mounts()
+    ids = [c.call("sandbox.create", {"workspace": str(ws)})["id"] for _ in range(8)]
+    assert mounts() <= before, f"{mounts() - before} more mounts in the daemon's namespace for 8 sandboxes"
+    # and they all still work, the workspace included
+    (ws / "seen.txt").write_text("x\n")
+    for sb in [first, *ids]:
+        r = c.call("exec.run", {"sandbox": sb, "command": "cat seen.txt; echo new > n.txt"})
+        assert r["stdout"] == "x\n" and [ch["path"] for ch in r["changes"]] == ["n.txt"], r
