@@ -20,7 +20,7 @@ def test_fork_bomb_contained(sh):
     # the marker sits in the script text, so every bash of the bomb carries it in its argv
     # (ended by its limit or its timeout, not by `sleep 30`: the kind says which; the 120 s
     # limit only catches a hang)
-    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--pids", "64", "--timeout", "20", timeout=120)
+    r = sh(f": {marker}; b() {{ b | b & }}; b; sleep 30", "--pids", "64", "--timeout", "5", timeout=120)
     assert r.rc != 0, r.describe()
     assert r.kind in ("limit", "timeout"), r.describe()
     assert wait_no_pids(marker) == []
@@ -45,7 +45,7 @@ except OSError as e:
     print("fork failed", n, e.errno, flush=True)
 time.sleep(60)
 """
-    r = py(code, "--pids", "64", "--timeout", "10", timeout=120)
+    r = py(code, "--pids", "64", "--timeout", "4", timeout=120)
     assert "forked 1000" not in r.out, r.describe()
     if r.out.startswith("fork failed"):
         n, err = map(int, r.out.split()[2:4])
