@@ -42,7 +42,8 @@
  * a pipe or memfd of ours would not allow). It defines the reporter before any code of the
  * user's runs (the rc files come last) and locks it: read-only functions (none can be
  * redefined or unset), no `enable` any more (no builtin can be disabled, no loadable
- * loaded). Each reporter function first enters posix mode by an assignment (no name is
+ * loaded), no `bind` and a read-only INPUTRC (/dev/null: no readline macro can rewrite the
+ * line we type). Each reporter function first enters posix mode by an assignment (no name is
  * looked up) to remove a function named `builtin` with the special builtin `unset` (which
  * no function can shadow in posix mode), so that every `builtin X` after it is the real one,
  * and puts back the options posix mode touched. Whatever it cannot do (a read-only
@@ -55,6 +56,8 @@
 static const char init_script[] =
     "unset PROMPT_COMMAND __conch_init\n"
     "if enable -f fdflags fdflags 2>/dev/null; then fdflags -s +cloexec 62; enable -n fdflags; fi\n"
+    "declare -r INPUTRC\n"
+    "enable -n bind\n"
     "enable -n enable\n"
     "declare -r __conch_q=\n"
     "__conch_u() {\n"
@@ -709,11 +712,15 @@ int conch_daemon_session_shell_start(struct session *s, struct conch_err *err)
         goto out;
     }
     devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    size_t n = json_object_size(sb->env) + json_object_size(s->env) + 4;
+    size_t n = json_object_size(sb->env) + json_object_size(s->env) + 5;
     char **extra = calloc(n + 1, sizeof(char *));
     size_t i = 0;
     if (extra) {
         extra[i++] = strdup("TERM=xterm-256color");
+        /* The daemon types the line that runs a command and reports its status: a readline
+         * macro would rewrite it (`"$?": "0"` in an ~/.inputrc a program wrote made every
+         * status 0). No init file (INPUTRC, read-only), no `bind`: readline's defaults. */
+        extra[i++] = strdup("INPUTRC=/dev/null");
         if (asprintf(&extra[i], "__conch_init=%s", init_script) >= 0)
             i++;
         extra[i++] = strdup("PROMPT_COMMAND=eval \"$__conch_init\"");

@@ -147,3 +147,23 @@ def test_a_locked_out_reporter_makes_the_status_unknown(rpc, session, lock, at_o
     r = run(rpc, sid, "echo fresh; (exit 4)", timeout=10)
     assert r["exit_code"] == 4 and r["stdout"] == "fresh\n", r
     assert r["new_shell"] is True and r["status_unknown"] is False, r
+
+
+def test_a_program_cannot_rewrite_the_typed_line_with_readline(rpc, sandbox):
+    """Found by the outside attack: the daemon types the line that runs a command and reports
+    its status, and a program that wrote `"$?": "0"` to ~/.inputrc made readline rewrite it:
+    every later command of every shell of the sandbox reported 0. A .bashrc that binds the
+    same macro (sourced shell code an agent's tools plausibly write) must not either."""
+    sb = sandbox()
+    prog = "import os\nopen(os.path.expanduser('~/.inputrc'), 'w').write('\"$?\": \"0\"\\n')\n"
+    r = rpc.call("exec.run", {"sandbox": sb, "command": "python3 -", "stdin": prog}, timeout=60)
+    assert r["exit_code"] == 0, r
+    r = rpc.call("exec.run", {"sandbox": sb, "command":
+                              "echo 'bind \"\\\"\\$?\\\": \\\"0\\\"\" 2>/dev/null; INPUTRC=~/.inputrc' >> ~/.bashrc"},
+                 timeout=60)
+    assert r["exit_code"] == 0, r
+    sid = rpc.call("session.open", {"sandbox": sb}, timeout=60)["session"]
+    for cmd, want in (("false", 1), ("(exit 7)", 7), ("ls /nonexistent", 2)):
+        r = rpc.call("session.run", {"session": sid, "command": cmd, "timeout": 30}, timeout=60)
+        assert r["exit_code"] == want, (cmd, r)
+        assert not r.get("status_unknown"), r
