@@ -12,18 +12,18 @@ smoke run), BENCH_TIMEOUT (whole run, 900 s), BENCH_REQUIRE_GOAL=1 (exit 2 if a 
 """
 
 import ctypes
-import json
 import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from rpc import Client, RpcError  # noqa: E402 (bench/rpc.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,48 +64,6 @@ BWRAP_ARGS = ["--unshare-all", "--die-with-parent", "--new-session",
               "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
               "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc",
               "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--"]
-
-
-# ---- a minimal JSON-RPC client: one unix socket, newline-delimited JSON ----
-
-class RpcError(Exception):
-    pass
-
-
-class Client:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.settimeout(RPC_TIMEOUT)
-        self.sock.connect(path)
-        self.buf = b""
-        self.next_id = 0
-
-    def close(self):
-        self.sock.close()
-
-    def _line(self):
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line, self.buf = self.buf[:i], self.buf[i + 1:]
-                return line
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RpcError("the daemon closed the connection")
-            self.buf += chunk
-
-    def call(self, method, params=None):
-        self.next_id += 1
-        rid = self.next_id
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
-        self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
-        while True:
-            resp = json.loads(self._line())
-            if resp.get("id") != rid:
-                continue  # a notification (exec.output, job.exited)
-            if "error" in resp:
-                raise RpcError(f"{method}: {resp['error']}")
-            return resp["result"]
 
 
 # ---- the daemon under test, its temp dirs, and cleanup on every exit path ----

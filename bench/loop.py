@@ -13,11 +13,9 @@ BENCH_FILES (changed files for the scans, 100000), BENCH_TIMEOUT (whole run, 900
 """
 
 import ctypes
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,57 +28,16 @@ CONCH = os.environ.get("CONCH_BIN") or os.path.join(ROOT, "build", "conch")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS") or 4)
 FILES = int(os.environ.get("BENCH_FILES") or 100000)
 TIMEOUT = int(os.environ.get("BENCH_TIMEOUT") or 900)
+from rpc import Client, RpcError  # noqa: E402 (bench/rpc.py)
+
 RPC_TIMEOUT = 300.0
-
-
-class RpcError(Exception):
-    pass
-
-
-class Client:
-    """One connection, one request at a time (notifications are skipped)."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.settimeout(RPC_TIMEOUT)
-        self.sock.connect(path)
-        self.buf = bytearray()
-        self.next_id = 0
-
-    def close(self):
-        self.sock.close()
-
-    def _line(self):
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self.buf[:i])
-                del self.buf[:i + 1]
-                return line
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise RpcError("the daemon closed the connection")
-            self.buf += chunk
-
-    def call(self, method, params=None):
-        self.next_id += 1
-        rid = self.next_id
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
-        self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
-        while True:
-            resp = json.loads(self._line())
-            if resp.get("id") != rid:
-                continue
-            if "error" in resp:
-                raise RpcError(f"{method}: {resp['error']}")
-            return resp["result"]
 
 
 class Pinger:
     """Pings back to back from its own connection; keeps each round trip's latency."""
 
     def __init__(self, path):
-        self.c = Client(path)
+        self.c = Client(path, RPC_TIMEOUT)
         self.lat = []
         self.stop_ev = threading.Event()
         self.error = None
@@ -132,7 +89,7 @@ def main():
             if d.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"bench: error: conch serve did not start: {open(log.name).read()}")
             time.sleep(0.02)
-        c = Client(sock)
+        c = Client(sock, RPC_TIMEOUT)
         sb = c.call("sandbox.create", {"workspace": ws})["id"]
         sid = c.call("session.open", {"sandbox": sb})["session"]
         c.call("exec.run", {"sandbox": sb, "timeout": 600, "command":

@@ -15,16 +15,16 @@ BENCH_N (timed creations / exec.runs per step, 20), BENCH_IDLE (idle sandboxes o
 for the side-by-side, 20).
 """
 
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from rpc import Client  # bench/rpc.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONCH = os.environ.get("CONCH_BIN") or os.path.join(ROOT, "build", "conch")
@@ -32,33 +32,6 @@ STEPS = [int(x) for x in os.environ.get("BENCH_STEPS", "1,10,100,1000").split(",
 N = int(os.environ.get("BENCH_N", "20"))
 N_IDLE = int(os.environ.get("BENCH_IDLE", "20"))
 KiB = 1024.0
-
-
-class Client:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.settimeout(120)
-        self.sock.connect(path)
-        self.buf = b""
-        self.next = 0
-
-    def call(self, method, params):
-        self.next += 1
-        line = json.dumps({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params})
-        self.sock.sendall(line.encode() + b"\n")
-        while True:
-            while b"\n" not in self.buf:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    raise RuntimeError("the daemon closed the connection")
-                self.buf += chunk
-            raw, self.buf = self.buf.split(b"\n", 1)
-            msg = json.loads(raw)
-            if msg.get("id") != self.next:
-                continue
-            if "error" in msg:
-                raise RuntimeError(f"{method}: {msg['error']}")
-            return msg["result"]
 
 
 def pss_kib(pid):
@@ -164,7 +137,7 @@ def main():
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        c = Client(sock)
+        c = Client(sock, timeout=120)
         made = []
         rows = []
         for step in STEPS:
