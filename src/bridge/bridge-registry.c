@@ -190,6 +190,14 @@ json_t *conch_bridge__list_json(struct conch_bridge *b, bool full)
     return json_pack("{s:o,s:o}", "tools", tools, "agents", agents);
 }
 
+bool conch_bridge_used(const struct conch_bridge *b)
+{
+    return b && (!conch_list_empty(&b->tools) || !conch_list_empty(&b->agents) ||
+                 !conch_list_empty(&b->calls) || !conch_list_empty(&b->deferred) ||
+                 !conch_list_empty(&b->conns) || !conch_list_empty(&b->origins) ||
+                 json_array_size(b->trace) > 0);
+}
+
 json_t *conch_bridge_list(struct conch_bridge *b)
 {
     return conch_bridge__list_json(b, true);

@@ -113,6 +113,11 @@ json_t *conch_bridge_unregister(struct conch_bridge *b, bool agents, json_t *nam
  * it was answering fail as unavailable for their callers. */
 void conch_bridge_drop_owner(struct conch_bridge *b, void *owner);
 
+/* conch_bridge_used - whether anything was registered on @b or anything reached it (a call,
+ * a record in its trace, a connection or an origin): a sandbox whose bridge was used is not
+ * made as new for another client (its tools and trace would carry over). NULL: false. */
+bool conch_bridge_used(const struct conch_bridge *b);
+
 /* conch_bridge_list - {"tools": [...], "agents": [...]}, new reference. */
 json_t *conch_bridge_list(struct conch_bridge *b);
 

@@ -241,7 +241,13 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         sb->jail = NULL;
         return conch_err_set(err, ENOMEM, "out of memory");
     }
-    uv_poll_init(&sb->d->loop, sb->ctl_poll, conch_jail_ctl_fd(sb->jail));
+    if ((r = uv_poll_init(&sb->d->loop, sb->ctl_poll, conch_jail_ctl_fd(sb->jail))) < 0) {
+        free(sb->ctl_poll);
+        sb->ctl_poll = NULL;
+        conch_jail_destroy(sb->jail);
+        sb->jail = NULL;
+        return conch_err_set(err, -r, "poll the warden's socket: %s", uv_strerror(r));
+    }
     sb->ctl_poll->data = sb;
     /* Pool sandboxes spill to the shared directory (see conch_daemon_sandbox_spill_dir): nothing to
      * measure there unless a limit has to be sampled. */

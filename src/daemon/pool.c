@@ -43,12 +43,12 @@ void conch_daemon_pool_fill(struct daemon *d)
 void conch_daemon_sandbox_retire(struct sandbox *sb)
 {
     struct daemon *d = sb->d;
-    unsigned runs = 0;
-    struct conch_list *pos, *tmp;
-    conch_list_for_each_safe(pos, tmp, &sb->runs) runs++;
     struct conch_err err = {0};
+    /* Its one command's run is out of sb->runs by now (answered): any run left is another's;
+     * tools registered on it by its id, or its trace, would carry over to the next client. */
     if (!sb->from_pool || d->stopping || sb->as_root || sb->workspace[0] || sb->upper_dir[0] ||
-        !sb->jail || runs > 1 || sb->super.live || !conch_list_empty(&sb->done_jobs) ||
+        !sb->jail || !conch_list_empty(&sb->runs) || sb->super.live ||
+        conch_bridge_used(sb->bridge) || !conch_list_empty(&sb->done_jobs) ||
         !conch_list_empty(&sb->files) || sb->file_pool || sb->ws_running ||
         !conch_list_empty(&sb->ws_ops) || d->n_pooled >= d->opts.pool_size ||
         conch_jail_send_recycle(sb->jail, &err) < 0) {
@@ -66,7 +66,7 @@ static struct sandbox *pool_ready(struct daemon *d)
     conch_list_for_each_safe(pos, tmp, &d->sandboxes)
     {
         struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
-        if (sb->state == SB_POOLED && conch_list_empty(&sb->runs))
+        if (sb->state == SB_POOLED)
             return sb;
     }
     return NULL;

@@ -395,13 +395,15 @@ static void sock_line(struct session *s, const char *line)
                  "the shell's status reporter could not run (%.40s): shell code changed what "
                  "it needs (a read-only POSIXLY_CORRECT, __conch_c or function named builtin?)",
                  why);
-        conch_daemon_session_run_finish(s);
-        /* A shell that cannot report is of no use to the next command: it starts anew. */
+        /* A shell that cannot report is of no use to the next command: it starts anew. Killed
+         * before this command is finished, since finishing it may pump the queue at once:
+         * the kill reason keeps the next command from being typed into this shell. */
         if (s->proc_live && !s->closing) {
             snprintf(s->kill_reason, sizeof(s->kill_reason),
                      "its status reporter was locked out by shell code");
             conch_super_signal(&s->proc, SIGKILL);
         }
+        conch_daemon_session_run_finish(s);
     } else if (kind == 'Y' && s->tstage == T_SYNC) {
         s->synced = true;
         conch_daemon_session_run_finish(s);

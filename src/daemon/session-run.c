@@ -608,12 +608,27 @@ static void shell_started(struct conch_proc *p, pid_t pid)
     s->foreign = 0;
     fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
     fcntl(s->sock, F_SETFL, fcntl(s->sock, F_GETFL) | O_NONBLOCK);
-    s->master = master;
-    conch_daemon_session_set_winsize(s);
     s->master_poll = malloc(sizeof(*s->master_poll));
     s->sock_poll = malloc(sizeof(*s->sock_poll));
-    uv_poll_init(&s->d->loop, s->master_poll, master);
-    uv_poll_init(&s->d->loop, s->sock_poll, s->sock);
+    if (!s->master_poll || !s->sock_poll || uv_poll_init(&s->d->loop, s->master_poll, master) < 0) {
+        free(s->master_poll);
+        free(s->sock_poll);
+        s->master_poll = s->sock_poll = NULL;
+        log_warn("session %s: cannot poll its terminal: out of memory or descriptors", s->id);
+        close(master);
+        conch_super_signal(&s->proc, SIGKILL);
+        return;
+    }
+    s->master = master;
+    if (uv_poll_init(&s->d->loop, s->sock_poll, s->sock) < 0) {
+        /* the master's handle is live: the session's close path frees both */
+        free(s->sock_poll);
+        s->sock_poll = NULL;
+        log_warn("session %s: cannot poll its control socket", s->id);
+        conch_super_signal(&s->proc, SIGKILL);
+        return;
+    }
+    conch_daemon_session_set_winsize(s);
     s->master_poll->data = s->sock_poll->data = s;
     uv_poll_start(s->master_poll, UV_READABLE, conch_daemon_session_on_master);
     conch_daemon_session_sock_poll_update(s);

@@ -17,7 +17,7 @@ def wardens(daemon):
                   and proc_cmdline(p).startswith(b"conch-warden"))
 
 
-def settled(daemon, n, timeout=10.0):
+def settled(daemon, n, timeout=60.0):
     """Wait until the pool holds @n wardens again, each ready to be taken (built, or made as
     new: daemon.ping's pool_ready); return them."""
     deadline = time.monotonic() + timeout
@@ -147,3 +147,4 @@ def test_many_fresh_commands_back_to_back_stay_correct(daemon_factory):
         assert r["exit_code"] == 0, r
         assert r["stdout"] == f"conversation_history large_tool_results {i}\n", (i, r)
     assert len(settled(daemon, 2)) == 2
+
