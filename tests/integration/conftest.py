@@ -46,7 +46,8 @@ JAIL_FILES = {
     "test_file_workers", "test_fresh_reuse", "test_identity", "test_lease_attack", "test_limits",
     "test_programs", "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
     "test_supervisor_attack", "test_timeout", "test_workspace", "test_workspace_limits",
-    "test_attack_review", "test_daemon_stdio", "test_embedding",
+    "test_attack_review", "test_daemon_stdio", "test_embedding", "test_clean_image",
+    "test_lease_revoke", "test_session_forgery",
 }
 DAEMON_CODE_FILES = {
     "test_bridge", "test_bridge_attack", "test_cli", "test_cli_daemon", "test_daemon_badinput",
@@ -55,7 +56,12 @@ DAEMON_CODE_FILES = {
     "test_embedding", "test_file_workers", "test_fresh_reuse", "test_lease_attack",
     "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
     "test_supervisor_attack", "test_workspace", "test_attack_review",
+    "test_clean_image", "test_daemon_budgets", "test_lease_revoke", "test_session_forgery",
+    "test_session_ids",
 }
+# Files that only the root pass runs: what they test is the same in every mode and below the
+# daemon's C code (in-sandbox clients, the terminal UI, service units), or it is a stress test.
+ROOT_PASS_FILES = {"test_daemon_stress", "test_ptc_clients", "test_service", "test_sessions_tmux"}
 # Files whose every test loads or counts something host-wide (systemd units, process floods).
 SERIAL_FILES = {"test_service", "test_daemon_stress", "test_limits"}
 # Tests elsewhere that flood the host (fork bombs) or count a host-wide or per-uid resource
@@ -66,6 +72,9 @@ SERIAL_WORDS = ("fork_bomb", "aio", "inotify", "pending_signals", "process_bound
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).stem
+        if name not in JAIL_FILES | DAEMON_CODE_FILES | ROOT_PASS_FILES:
+            raise pytest.UsageError(f"{name}.py is in none of conftest.py's JAIL_FILES, "
+                                    "DAEMON_CODE_FILES or ROOT_PASS_FILES: say which passes run it")
         if name in JAIL_FILES or item.get_closest_marker("user_only"):
             item.add_marker(pytest.mark.jail)
         if name in DAEMON_CODE_FILES:
