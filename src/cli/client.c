@@ -59,6 +59,10 @@ int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
 
 int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *params, int *ret_id)
 {
+    if (!params) { /* json_pack refused an argument: not UTF-8 (or out of memory) */
+        errno = EILSEQ;
+        return -1;
+    }
     int id = ++c->next_id;
     size_t n = 0;
     _cleanup_free_ char *line = conch_rpc_request_line((uint64_t)id, method, params, &n);

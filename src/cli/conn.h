@@ -31,7 +31,8 @@ int conch_cli_conn_open(struct conch_cli_conn *c, const char *path);
 json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params);
 
 /* conch_cli_conn_send - send one request (takes @params) without waiting; its id in *@ret_id
- * (may be NULL). Returns 0 or -1 (errno set). */
+ * (may be NULL). Returns 0 or -1 (errno set: EILSEQ for NULL @params, what a json_pack of
+ * arguments that are not UTF-8 gives). */
 int conch_cli_conn_send(struct conch_cli_conn *c, const char *method, json_t *params, int *ret_id);
 
 /* conch_cli_conn_fill - read from the socket once (poll said readable, or to block for more).

@@ -161,8 +161,8 @@ static int run_opt(void *ctx, int key, const char *value, struct conch_err *err)
     case OPT_GRACE:
         return conch_cli_parse_seconds(value, "--grace", &c->run.grace_ms, err);
     case OPT_MAX_OUTPUT:
-        r = conch_parse_size(value, "--max-output", &v, err);
-        c->run.max_output = (size_t)v;
+        if ((r = conch_parse_size(value, "--max-output", &v, err)) == 0)
+            c->run.max_output = (size_t)v;
         break;
     case OPT_MAX_SPILL:
         return conch_parse_size(value, "--max-spill", &c->run.max_spill, err);

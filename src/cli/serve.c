@@ -103,13 +103,11 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
         /* 0 is a pool of none; more than 64 is 64. */
         char *end = NULL;
         errno = 0;
-        v = strtoull(value, &end, 10);
-        if (errno == ERANGE)
-            v = 64;
-        else if (errno || end == value || *end || value[0] == '-')
+        v = value[0] == '-' ? 0 : strtoull(value, &end, 10);
+        if (value[0] == '-' || (errno && errno != ERANGE) || end == value || *end)
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                   "--pool: '%s' is not a number of sandboxes", value);
-        c->o.pool_size = (unsigned)(v > 64 ? 64 : v);
+        c->o.pool_size = (unsigned)(errno == ERANGE || v > 64 ? 64 : v);
         c->pool_set = true;
         break;
     }

@@ -323,7 +323,6 @@ static int host_start(struct conch_toolhost *h, json_t *def, struct conch_bridge
         conch_bridge_call_set_handle(call, NULL);
         hc->call = NULL;
         conch_bridge_call_fail(call, "tool_error", msg);
-        hc->open = 4;
         uv_close((uv_handle_t *)&hc->proc, on_hc_closed);
         uv_close((uv_handle_t *)&hc->in, on_hc_closed);
         uv_close((uv_handle_t *)&hc->out, on_hc_closed);
@@ -425,7 +424,6 @@ static int toolhost_start(struct conch_run_tools *t, int listen_fd, struct conch
 {
     struct conch_toolhost *h = (struct conch_toolhost *)t;
     int r;
-    json_t *names = NULL;
     if ((r = conch_bridge_new(&h->loop, "run", NULL, &host_ops, h, &h->bridge, err)) < 0) {
         close(listen_fd);
         return r;
@@ -435,7 +433,7 @@ static int toolhost_start(struct conch_run_tools *t, int listen_fd, struct conch
     /* The owner of each is its own definition (its command). */
     json_array_foreach(h->tools, i, d)
     {
-        json_t *one = json_pack("[O]", d);
+        json_t *one = json_pack("[O]", d), *names = NULL;
         r = conch_bridge_register(h->bridge, false, one, d, &names, err);
         json_decref(one);
         json_decref(names);
@@ -446,11 +444,13 @@ static int toolhost_start(struct conch_run_tools *t, int listen_fd, struct conch
     {
         if (r < 0)
             break;
-        json_t *one = json_pack("[O]", d);
+        json_t *one = json_pack("[O]", d), *names = NULL;
         r = conch_bridge_register(h->bridge, true, one, d, &names, err);
         json_decref(one);
         json_decref(names);
     }
+    if (r < 0)
+        close(listen_fd); /* not taken over: the bridge never listened */
     if (r < 0 || (r = conch_bridge_listen(h->bridge, listen_fd, err)) < 0 ||
         (r = conch_bridge_origin_begin(h->bridge, "run", "1", 0)) < 0) {
         if (r == -ENOMEM)

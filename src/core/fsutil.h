@@ -80,7 +80,8 @@ int conch_rm_contents(int fd, unsigned flags);
 int conch_rm_at(int dfd, const char *name, unsigned flags);
 
 /* conch_rm_path - conch_rm_at for a path: its last component in the directory its parent
- * names (opened without following a symlink in the last step). Returns 0 or -errno. */
+ * names (trailing slashes ignored). Returns 0 (a missing path too), -EINVAL for a path with
+ * no last component to remove ("/", ".", ".."), or -errno. */
 int conch_rm_path(const char *path, unsigned flags);
 
 /* conch_rm_at_named - conch_rm_at, and on failure *@ret_failed (malloc'd, or NULL if out of

@@ -316,13 +316,23 @@ int conch_rm_at(int dfd, const char *name, unsigned flags)
 
 int conch_rm_path(const char *path, unsigned flags)
 {
-    const char *slash = strrchr(path, '/');
-    _cleanup_free_ char *parent =
-        !slash ? strdup(".") : strndup(path, slash == path ? 1 : (size_t)(slash - path));
-    if (!parent)
+    _cleanup_free_ char *p = strdup(path);
+    if (!p)
         return -ENOMEM;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') /* "dir/" is "dir" */
+        p[--n] = '\0';
+    char *slash = strrchr(p, '/');
+    const char *name = slash ? slash + 1 : p;
+    if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+        return -EINVAL; /* "/", "x/.", "..": no entry of a parent to remove */
+    const char *parent = ".";
+    if (slash) {
+        *slash = '\0';
+        parent = slash == p ? "/" : p;
+    }
     _cleanup_close_ int dfd = open(parent, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return errno == ENOENT ? 0 : -errno;
-    return conch_rm_at(dfd, slash ? slash + 1 : path, flags);
+    return conch_rm_at(dfd, name, flags);
 }

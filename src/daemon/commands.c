@@ -204,9 +204,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     CONCH_LIST_INIT(&r->waiters);
     CONCH_LIST_INIT(&r->dlink);
     r->out_cap.spill_fd = r->err_cap.spill_fd = -1;
-    long long max_output = conch_rpc_int(params, "max_output", 1 << 20);
-    if (max_output < 0)
-        max_output = 1 << 20;
+    long long max_output = conch_rpc_int(params, "max_output", 1 << 20); /* ranged by the table */
     /* Jobs keep every byte in their spill files (read back by offset); commands keep the
      * head and tail in memory. */
     if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,

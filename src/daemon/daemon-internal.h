@@ -1,7 +1,9 @@
 /* daemon-internal.h - the daemon's objects: clients, sandboxes, running commands and jobs.
  * Shared by the daemon's files (server.c, methods.c, lifecycle.c, sandboxes.c, pool.c,
- * commands.c, files.c...). Single-threaded: everything runs on the libuv loop, which also
- * keeps fork() from the daemon safe. */
+ * commands.c, files.c...). Loop-owned: these objects are touched only on the libuv loop's
+ * thread; work sent to the threadpool (scans, diffs, measurements, teardowns, large results)
+ * gets copies or a hold (conch_daemon_sandbox_hold). Nothing is forked from the daemon: a
+ * warden is a new image (jail/, "A daemon's wardens start from a clean image"). */
 #ifndef CONCH_DAEMON_INTERNAL_H
 #define CONCH_DAEMON_INTERNAL_H
 
@@ -442,12 +444,5 @@ void conch_daemon_handle_agents_unregister(struct conch_rpc_call *call, json_t *
 
 /* methods.c: every method a client may call (conch_rpc_dispatch's table). */
 extern const struct conch_rpc_method conch_daemon_methods[];
-
-/* the ctx every handler receives */
-struct handler_ctx {
-    struct daemon *d;
-    struct client *c;
-    const char *method;
-};
 
 #endif

@@ -17,8 +17,6 @@
 #include "daemon/statedir.h"
 #include "ptc/ptc.h"
 
-#define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT /* the spec's (pool, recovered sandboxes) */
-
 /* ---- the table ---- */
 
 static const char *const state_names[SB_N_STATES] = {
@@ -95,8 +93,8 @@ static void on_handle_closed(uv_handle_t *h)
 }
 
 /* The warden's control socket is watched for writability only while sends wait for room
- * (conch_super_wants_write): a socket with room is always writable. Not while lent: the
- * borrower reads and writes it then. */
+ * (conch_super_wants_write): a socket with room is always writable. Not at all while lent:
+ * the borrower's commands and events go over its own channel, and nothing of ours is sent. */
 static void ctl_poll_update(struct sandbox *sb)
 {
     if (!sb->ctl_poll || sb->state == SB_LENT || !sb->jail)
@@ -207,7 +205,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
-    spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : DEFAULT_DISK_BYTES;
+    spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
     spec.file_handler = conch_fs_worker_run;
     spec.file_server = conch_fs_worker_serve;
     /* The daemon raised its open files limit; commands keep the usual one. */

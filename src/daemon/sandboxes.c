@@ -23,7 +23,6 @@ static void on_sample(uv_timer_t *t);
 
 #define SAMPLE_MS 50
 #define DISK_EVERY 4 /* samples between two measures of the upper dir */
-#define DEFAULT_DISK_BYTES CONCH_SPEC_DISK_DEFAULT /* the spec's (recovered sandboxes) */
 
 struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id)
 {
@@ -398,7 +397,7 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     sb->as_root = spec->as_root;
     sb->limits = spec->limits;
     sb->tmp_bytes = spec->tmp_bytes;
-    sb->disk_bytes = spec->disk_bytes ? spec->disk_bytes : DEFAULT_DISK_BYTES;
+    sb->disk_bytes = spec->disk_bytes ? spec->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
     sb->env = spec->env ? json_deep_copy(spec->env) : json_object();
     sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
     sb->tool_timeout = spec->tool_timeout;

@@ -233,8 +233,9 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
     if (mode == CONCH_WS_RW)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "a workspace in rw mode is not attached to a built sandbox");
-    /* Its answer is awaited at once (conch_jail_await_attach): it cannot wait in the queue. */
-    if (j->host_ws_fd >= 0 || j->ctl_fd < 0 || conch_jail_wants_write(j))
+    /* In order with what is queued: its answer is read when the socket is readable, after
+     * the queue was flushed (the daemon's on_ctl_readable). */
+    if (j->host_ws_fd >= 0 || j->ctl_fd < 0)
         return conch_err_set(err, EBUSY, "this sandbox cannot take a workspace");
     struct stat st;
     int r = conch_jail_open_workspace(j, workspace, ws_dev, ws_ino, &st, err);
@@ -247,13 +248,13 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
         if (r >= 0) {
             m.b = JATTACH_MOUNTED;
             nfds = fds[1] >= 0 ? 2 : 1;
-            if ((r = conch_jail_send(j->ctl_fd, &m, fds, nfds)) < 0)
+            if ((r = conch_jail_ctl_send(j, &m, fds, nfds)) < 0)
                 conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
             close(fds[0]);
             if (fds[1] >= 0)
                 close(fds[1]);
         }
-    } else if ((r = conch_jail_send(j->ctl_fd, &m, fds, nfds)) < 0) {
+    } else if ((r = conch_jail_ctl_send(j, &m, fds, nfds)) < 0) {
         conch_err_set(err, -r, "send the workspace to the warden: %s", strerror(-r));
     }
     if (r < 0) {
@@ -291,6 +292,9 @@ int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
         return conch_err_set(err, errno, "make the borrower's channel: %s", strerror(errno));
+    /* Sent directly, not queued: a lent sandbox's socket is not watched for room, and nothing
+     * waits ahead of it (the attach's answer, read just before, came after the queue was
+     * flushed). */
     struct jail_msg m = {.type = JMSG_LEASE};
     int r = conch_jail_send(j->ctl_fd, &m, &sp[1], 1);
     close(sp[1]);

@@ -108,7 +108,7 @@ static void text_done(struct mcp *m, struct mcp_call *c, struct conch_sb *t, boo
         conch_mcp_call_done(m, c, true, "out of memory", 13);
     else
         conch_mcp_call_done(m, c, is_error, t->buf ? t->buf : "", t->len);
-    free(t->buf);
+    conch_sb_done(t);
 }
 
 static const char *jstr(json_t *o, const char *key)

@@ -79,6 +79,18 @@ def test_exec_prints_output_with_nul_bytes(d):
     assert p.returncode == 3 and p.stdout == b"x\0y\n" and p.stderr == b"e\0", p
 
 
+def test_exec_refuses_arguments_that_are_not_utf8(d):
+    """Found in review: a request whose params could not be built (json_pack refuses bytes
+    that are not UTF-8) went out with no params at all, and the daemon blamed a missing
+    'command'. It is refused here, saying why, and nothing runs."""
+    sid = ok(cli(d, "create")).strip()
+    p = subprocess.run([CONCH_BIN.encode(), b"exec", b"--socket", d.sock.encode(), sid.encode(),
+                        b"--", b"sh", b"-c", b"echo \xff > ran"], capture_output=True, timeout=30)
+    assert p.returncode != 0 and b"multibyte" in p.stderr, p
+    assert b"missing required param" not in p.stderr, p
+    assert ok(cli(d, "exec", sid, "--", "sh", "-c", "ls ran 2>/dev/null; true")) == ""
+
+
 def test_changes_diff_commit_discard(d, proj):
     sid = ok(cli(d, "create", "--workspace", str(proj), "--name", "w")).strip()
     ok(cli(d, "exec", "w", "--", "bash", "-c",

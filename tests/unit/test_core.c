@@ -189,6 +189,12 @@ Test(rmtree, rm_path_removes_a_tree_and_never_follows_a_link)
     snprintf(f, sizeof(f), "%s/kept.txt", keep);
     cr_assert_eq(lstat(f, &st), 0, "the link's target is left alone");
     cr_assert_eq(conch_rm_path(path, 0), 0, "a missing path is not an error");
+    cr_assert_eq(conch_rm_path("/", 0), -EINVAL);
+    cr_assert_eq(conch_rm_path("..", 0), -EINVAL);
+    snprintf(f, sizeof(f), "%s/slash/", top);
+    cr_assert_eq(mkdir(f, 0700), 0);
+    cr_assert_eq(conch_rm_path(f, 0), 0);
+    cr_assert_eq(lstat(f, &st), -1, "a trailing slash names the directory itself");
     cr_assert_eq(conch_rm_path(top, 0), 0);
     cr_assert_eq(lstat(top, &st), -1);
 }
