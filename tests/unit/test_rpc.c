@@ -1190,3 +1190,30 @@ Test(client, request_line_and_reader_round_trip)
     conch_rpc_reader_done(&in);
     close(sv[0]);
 }
+
+Test(client, a_line_too_long_is_dropped_across_reads)
+{
+    /* The long line arrives without its newline first: what is held of it is let go at once
+     * (the reader keeps nothing past its cap), its end is dropped when it comes, and the next
+     * message is read. */
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    char big[150];
+    memset(big, 'x', sizeof(big));
+    struct conch_rpc_reader in = {.max = 100};
+    json_t *m = NULL;
+    struct conch_err err = {0};
+    cr_assert_eq(write(sv[1], big, sizeof(big)), (ssize_t)sizeof(big));
+    cr_assert_gt(conch_rpc_reader_fill(&in, sv[0], NULL), 0);
+    cr_assert_eq(conch_rpc_reader_next(&in, &m, &err), 0);
+    cr_assert(in.skipping && in.len == 0, "the partial long line was kept");
+    cr_assert_eq(write(sv[1], "xx\n{\"id\":9}\n", 12), 12);
+    cr_assert_gt(conch_rpc_reader_fill(&in, sv[0], NULL), 0);
+    cr_assert_eq(conch_rpc_reader_next(&in, &m, &err), -EMSGSIZE);
+    cr_assert_eq(conch_rpc_reader_next(&in, &m, &err), 1);
+    cr_assert_eq(json_integer_value(json_object_get(m, "id")), 9);
+    json_decref(m);
+    conch_rpc_reader_done(&in);
+    close(sv[0]);
+    close(sv[1]);
+}
