@@ -94,6 +94,9 @@ struct sandbox {
     bool keep_dir;
     struct conch_jail *jail;  /* the warden, owned; non-NULL while one is up */
     struct conch_super super; /* drives jail's warden while it is up */
+    /* The request whose answer the warden owes (the setup while BUILDING, the recycle while
+     * RECYCLING, the attach while LEASING): routed by the supervisor to conch_sb_answered. */
+    struct conch_super_req answer;
     /* As root: the sandbox's host id block, held from its first start until it is freed, so
      * that a restart (discard) finds its upper dir's files owned by its own ids. */
     struct conch_jail_ids ids;
@@ -179,17 +182,21 @@ struct job_wait {
     uv_timer_t timer;
 };
 
+/* An fs.* request served by a worker forked for it. Freed once its pipe is closed and its
+ * worker's final event has come. */
 struct file_req {
-    struct conch_list link;
+    struct conch_list link; /* in sandbox->files while its pipe is open */
     struct sandbox *sb;
     struct conch_rpc_call *call;
     uv_pipe_t pipe;
     char *buf;
     size_t len, cap;
-    bool closed;
-    bool measure; /* a write or delete: measure the sandbox's disk use after it */
-    bool frees;   /* a delete */
-    int64_t id;
+    bool closed;               /* the pipe is closing: out of sandbox->files */
+    bool pipe_closed;          /* its close completed */
+    bool measure;              /* a write or delete: measure the sandbox's disk use after it */
+    bool frees;                /* a delete */
+    struct conch_proc proc;    /* the worker: the supervisor's until its final event */
+    struct conch_proc_end end; /* that event, once it came */
 };
 
 struct daemon {
@@ -415,6 +422,10 @@ bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *ca
 /* conch_daemon_file_pool_stop - fail the requests of @sb's persistent workers and end them. */
 void conch_daemon_file_pool_stop(struct sandbox *sb);
 void conch_daemon_file_req_abort(struct file_req *fr);
+/* conch_daemon_file_fail_ended - fail @call, a file request whose worker ended (@end) before
+ * its answer was whole, saying why: it could not start, the sandbox stopped (lost), its
+ * deadline fired, or what killed it. */
+void conch_daemon_file_fail_ended(struct conch_rpc_call *call, const struct conch_proc_end *end);
 /* conch_daemon_handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
 void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx,
                             const char *method);

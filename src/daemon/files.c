@@ -29,13 +29,16 @@ static void file_req_free(struct file_req *fr)
 
 static void on_file_pipe_closed(uv_handle_t *h)
 {
-    file_req_free(h->data);
+    struct file_req *fr = h->data;
+    fr->pipe_closed = true;
+    if (!conch_proc_live(&fr->proc))
+        file_req_free(fr);
 }
 
 static void file_req_close(struct file_req *fr)
 {
-    conch_list_del(&fr->link);
     if (!fr->closed) {
+        conch_list_del(&fr->link);
         fr->closed = true;
         uv_read_stop((uv_stream_t *)&fr->pipe);
         uv_close((uv_handle_t *)&fr->pipe, on_file_pipe_closed);
@@ -182,8 +185,18 @@ void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *c
     }
 }
 
+/* The pipe's EOF: the answer is whole. An empty one means the worker died without
+ * answering: its final event (which follows as soon as the warden reaps it) says why. */
 static void file_req_done(struct file_req *fr)
 {
+    if (fr->len == 0) {
+        file_req_close(fr); /* the call stays, for file_ended */
+        if (!conch_proc_live(&fr->proc)) {
+            conch_daemon_file_fail_ended(fr->call, &fr->end);
+            fr->call = NULL;
+        }
+        return;
+    }
     struct conch_rpc_call *call = fr->call;
     char *buf = fr->buf;
     size_t len = fr->len;
@@ -193,6 +206,26 @@ static void file_req_done(struct file_req *fr)
     file_req_close(fr);
     conch_daemon_file_answer_queue(fr->sb, call, buf, len, fr->measure, fr->frees);
 }
+
+/* The worker's final event. Before the answer was whole (it could not start, it was killed,
+ * the sandbox stopped), the request fails with the reason; else its answer went already. */
+static void file_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct file_req *fr = p->data;
+    fr->end = *end;
+    if (fr->call && (fr->closed || end->start_failed || end->lost)) {
+        conch_daemon_file_fail_ended(fr->call, end);
+        fr->call = NULL;
+    }
+    /* Not closed: it exited and its pipe's EOF is on its way (file_req_done answers). A
+     * start failure or a loss ends the request now. */
+    if (!fr->closed && !fr->call)
+        file_req_close(fr);
+    else if (fr->pipe_closed)
+        file_req_free(fr);
+}
+
+static const struct conch_proc_ops file_ops = {.ended = file_ended};
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
@@ -409,9 +442,10 @@ void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *c
     fr->sb = sb;
     fr->measure = writes || frees;
     fr->frees = frees;
-    fr->id = conch_super_next_id(&sb->super);
+    fr->proc.ops = &file_ops;
+    fr->proc.data = fr;
     /* The warden kills a worker that runs past this: a request never hangs forever. */
-    if (conch_jail_send_file(sb->jail, fr->id, memfd, pipefd[1], CONCH_FILE_TIMEOUT_MS, &err) < 0)
+    if (conch_super_file(&sb->super, &fr->proc, memfd, pipefd[1], CONCH_FILE_TIMEOUT_MS, &err) < 0)
         goto fail;
     close(memfd);
     close(pipefd[1]);

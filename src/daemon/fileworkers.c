@@ -6,13 +6,16 @@
  * per-request worker reads it from its memfd, the answer as it writes it to its pipe. The daemon
  * side times each request out (CONCH_FILE_TIMEOUT_MS) and kills a worker that dies, hangs or
  * misbehaves; its request fails as a per-request worker's would, and the next request starts a new
- * worker. When every worker is busy, files.c forks one for the request, as before. */
+ * worker. Each worker is a process object of the supervisor (conch_super_file_server): its
+ * final event comes whatever ends it, and a request it held when it died is failed with the
+ * reason that event gives. When every worker is busy, files.c forks one for the request. */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -75,10 +78,11 @@ static void pool_next(struct file_pool *pool);
 struct fworker {
     struct conch_list link;
     struct file_pool *pool; /* NULL once retired */
-    int64_t id;             /* the warden's id of it (for SIGKILL) */
+    struct conch_proc proc; /* the supervisor's until its final event */
+    struct conch_proc_end end;
     uv_pipe_t pipe;
     uv_timer_t timer;
-    int handles; /* open libuv handles: freed when none is left */
+    int handles; /* open libuv handles, and the process until its final event: freed at 0 */
     unsigned served;
     /* the request in flight */
     bool busy;
@@ -99,13 +103,17 @@ struct fw_write {
     char *text;
 };
 
-static void fw_on_closed(uv_handle_t *h)
+static void fw_unref(struct fworker *w)
 {
-    struct fworker *w = h->data;
     if (--w->handles == 0) {
         free(w->buf);
         free(w);
     }
+}
+
+static void fw_on_closed(uv_handle_t *h)
+{
+    fw_unref(h->data);
 }
 
 static void fw_on_written(uv_write_t *req, int status)
@@ -127,10 +135,8 @@ static void fw_retire(struct fworker *w, bool kill_it)
     if (!w->served)
         pool->failures++;
     w->pool = NULL;
-    struct conch_err err = {0};
-    if (kill_it && pool->sb->jail &&
-        conch_jail_send_signal(pool->sb->jail, w->id, SIGKILL, &err) < 0)
-        log_warn("sandbox %s: kill a file worker: %s", pool->sb->id, err.msg);
+    if (kill_it)
+        conch_super_signal(&w->proc, SIGKILL);
     uv_read_stop((uv_stream_t *)&w->pipe);
     uv_timer_stop(&w->timer);
     uv_close((uv_handle_t *)&w->pipe, fw_on_closed);
@@ -168,12 +174,61 @@ static void fw_fail(struct fworker *w)
     pool_next(pool);
 }
 
+/* The worker died (EOF) with a request in flight: it leaves the pool at once (the next
+ * request starts a new one), and its request waits for the final event, which says why. */
+static void fw_died(struct fworker *w)
+{
+    struct file_pool *pool = w->pool;
+    w->busy = false;
+    free(w->buf);
+    w->buf = NULL;
+    if (!conch_proc_live(&w->proc)) { /* the event came first */
+        conch_daemon_file_fail_ended(w->call, &w->end);
+        w->call = NULL;
+    }
+    fw_retire(w, true);
+    pool_next(pool);
+}
+
+/* The worker's final event. One still in the pool died unasked (the OOM killer, a SIGKILL
+ * from the host, the warden's death): its request fails with the reason, and it is
+ * replaced. */
+static void fw_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct fworker *w = p->data;
+    w->end = *end;
+    struct file_pool *pool = w->pool;
+    if (pool) {
+        w->busy = false;
+        free(w->buf);
+        w->buf = NULL;
+        fw_retire(w, false);
+    }
+    if (w->call) {
+        conch_daemon_file_fail_ended(w->call, end);
+        w->call = NULL;
+    }
+    if (pool && !end->lost)
+        pool_next(pool);
+    fw_unref(w);
+}
+
+static const struct conch_proc_ops fw_ops = {.ended = fw_ended};
+
 static void fw_on_timeout(uv_timer_t *t)
 {
     struct fworker *w = t->data;
     log_warn("sandbox %s: a file request ran past %d s: its worker is killed", w->pool->sb->id,
              CONCH_FILE_TIMEOUT_MS / 1000);
-    fw_fail(w);
+    struct file_pool *pool = w->pool;
+    struct conch_proc_end end = {.timed_out = true};
+    conch_daemon_file_fail_ended(w->call, &end);
+    w->call = NULL;
+    w->busy = false;
+    free(w->buf);
+    w->buf = NULL;
+    fw_retire(w, true);
+    pool_next(pool);
 }
 
 static void fw_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -194,8 +249,12 @@ static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
     (void)b;
     if (n == 0)
         return;
+    if (n < 0 && w->busy) {
+        fw_died(w); /* EOF (it died or was killed) or an error */
+        return;
+    }
     if (n < 0 || !w->busy) {
-        /* EOF (it died or was killed), an error, or bytes nobody asked for. */
+        /* EOF while idle, or bytes nobody asked for. */
         if (n > 0)
             log_warn("sandbox %s: a file worker wrote out of turn: killed", w->pool->sb->id);
         fw_fail(w);
@@ -245,8 +304,11 @@ static struct fworker *fw_start(struct file_pool *pool)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
         return NULL;
     struct fworker *w = calloc(1, sizeof(*w));
-    int64_t id = conch_super_next_id(&sb->super);
-    if (!w || conch_jail_send_file_server(sb->jail, id, sp[1], &err) < 0) {
+    if (w) {
+        w->proc.ops = &fw_ops;
+        w->proc.data = w;
+    }
+    if (!w || conch_super_file_server(&sb->super, &w->proc, sp[1], &err) < 0) {
         if (w)
             log_warn("sandbox %s: %s", sb->id, err.msg);
         free(w);
@@ -257,11 +319,10 @@ static struct fworker *fw_start(struct file_pool *pool)
     }
     close(sp[1]);
     w->pool = pool;
-    w->id = id;
     uv_pipe_init(&sb->d->loop, &w->pipe, 0);
     uv_timer_init(&sb->d->loop, &w->timer);
     w->pipe.data = w->timer.data = w;
-    w->handles = 2;
+    w->handles = 3; /* the pipe, the timer, the process */
     conch_list_add(&pool->workers, &w->link);
     pool->n++;
     if (uv_pipe_open(&w->pipe, sp[0]) < 0) {
@@ -392,6 +453,9 @@ void conch_daemon_file_pool_stop(struct sandbox *sb)
     struct file_pool *pool = sb->file_pool;
     if (!pool)
         return;
+    /* The supervisor was stopped first (conch_super_done): every worker has had its final
+     * event, which failed its request and took it out of the pool. What is left had none
+     * (a sandbox without a warden). */
     while (!conch_list_empty(&pool->workers)) {
         struct fworker *w = conch_list_entry(pool->workers.next, struct fworker, link);
         if (w->busy && w->call)
@@ -399,7 +463,6 @@ void conch_daemon_file_pool_stop(struct sandbox *sb)
                                  "the file request could not complete: the sandbox stopped");
         w->call = NULL;
         w->busy = false;
-        /* The warden goes down with everything in the sandbox: no signal needed. */
         fw_retire(w, false);
     }
     while (!conch_list_empty(&pool->queue)) {
@@ -412,4 +475,36 @@ void conch_daemon_file_pool_stop(struct sandbox *sb)
     }
     free(pool);
     sb->file_pool = NULL;
+}
+
+/* ---- why a file request failed when its worker ended first ---- */
+
+void conch_daemon_file_fail_ended(struct conch_rpc_call *call, const struct conch_proc_end *end)
+{
+    if (!call)
+        return;
+    if (end->start_failed) {
+        conch_rpc_call_fail_err(call, 0, NULL, &end->err);
+    } else if (end->lost) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                             "the file request could not complete: %s",
+                             end->why ? end->why : "the sandbox stopped");
+    } else if (end->timed_out) {
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "the file worker in the sandbox gave no answer: the request ran "
+                             "past %d s and its worker was killed",
+                             CONCH_FILE_TIMEOUT_MS / 1000);
+    } else if (WIFSIGNALED(end->status)) {
+        int sig = WTERMSIG(end->status);
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "the file worker in the sandbox gave no answer: it was killed by "
+                             "signal %d (%s)%s",
+                             sig, strsignal(sig),
+                             sig == SIGKILL ? ": out of memory, or killed from outside" : "");
+    } else {
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "the file worker in the sandbox gave no answer: it exited with "
+                             "status %d",
+                             WIFEXITED(end->status) ? WEXITSTATUS(end->status) : end->status);
+    }
 }

@@ -1,7 +1,8 @@
 /* lifecycle.c - a sandbox's lifecycle: the table of legal edges, the one transition function
  * that owns what entering and leaving each state means, and the warden's control socket
- * whose events drive most edges (setup and recycle answers, the lease's attach, the warden's
- * death). docs/ARCHITECTURE.md ("A sandbox's lifecycle") draws the same table. */
+ * whose events, routed by the supervisor, drive most edges (setup and recycle answers, the
+ * lease's attach, the warden's death). docs/ARCHITECTURE.md ("A sandbox's lifecycle") draws the
+ * same table. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -110,76 +111,50 @@ static void on_write_wanted(struct conch_super *s)
     ctl_poll_update(s->data);
 }
 
-/* Warden events that are not about a command: a file request the warden could not start. */
-static void on_other_event(struct conch_super *s, const struct conch_jail_event *ev)
+/* The warden answered the request it owed (see sandbox.answer), or it died first, or the
+ * sandbox was stopped meanwhile (then it is no longer in the state that awaited it). */
+static void on_answer(struct conch_super_req *q, int r, const struct conch_err *err)
 {
-    struct sandbox *sb = s->data;
-    struct conch_list *pos, *tmp;
-    conch_list_for_each_safe(pos, tmp, &sb->files)
-    {
-        struct file_req *fr = conch_list_entry(pos, struct file_req, link);
-        if (fr->id == ev->id && ev->type == CONCH_JAIL_START_FAILED) {
-            conch_daemon_file_req_abort(fr);
-            return;
+    struct sandbox *sb = q->data;
+    switch (sb->state) {
+    case SB_LEASING:
+        conch_sb_lease_answer(sb, r, err);
+        break;
+    case SB_BUILDING:
+    case SB_RECYCLING:
+        if (r < 0) {
+            log_warn("pool: %s", err->msg);
+            conch_daemon_sandbox_destroy(sb);
+        } else {
+            conch_sb_set_state(sb, SB_POOLED, NULL);
         }
+        break;
+    default:
+        break; /* stopped meanwhile: its stop said why */
     }
-}
-
-/* A pool sandbox's setup (BUILDING) or recycle (RECYCLING) answered (@status < 0: the
- * socket failed). */
-static void setup_answered(struct sandbox *sb, int status)
-{
-    struct conch_err err = {0};
-    int r = status < 0 ? conch_err_set(&err, -status, "pool sandbox: %s", uv_strerror(status))
-                       : conch_jail_await_setup(sb->jail, &err);
-    if (r < 0) {
-        log_warn("pool: %s", err.msg);
-        if (status < 0)
-            conch_jail_destroy(sb->jail);
-        sb->jail = NULL; /* await_setup destroyed it */
-        conch_daemon_sandbox_destroy(sb);
-        return;
-    }
-    conch_sb_set_state(sb, SB_POOLED, NULL);
 }
 
 static void on_ctl_readable(uv_poll_t *h, int status, int events)
 {
     struct sandbox *sb = h->data;
-    /* An answer is due (setup, recycle, attach): a warden gone reads as EOF below, and the
-     * answer's reader decides. */
-    bool answer_due =
-        sb->state == SB_BUILDING || sb->state == SB_RECYCLING || sb->state == SB_LEASING;
-    /* Queued sends first: a recycle's answer (read below, blocking) comes only once the
-     * RECYCLE itself has reached the warden. */
-    if (status >= 0 && (events & UV_WRITABLE)) {
-        int r = conch_super_flush(&sb->super);
-        if (r == 0 && !answer_due) {
-            conch_daemon_sandbox_warden_gone(sb);
-            return;
-        }
-        if (r >= 0)
-            ctl_poll_update(sb); /* a warden gone mid-setup reads as EOF next */
-        if (!(events & (UV_READABLE | UV_DISCONNECT)))
-            return;
-    }
-    if (sb->state == SB_LEASING) {
-        struct conch_err err = {0};
-        int r = status < 0 ? conch_err_set(&err, -status, "lease: %s", uv_strerror(status))
-                           : conch_jail_await_attach(sb->jail, &err);
-        conch_sb_lease_answer(sb, r, &err);
-        return;
-    }
-    if (sb->state == SB_BUILDING || sb->state == SB_RECYCLING) {
-        setup_answered(sb, status);
-        return;
-    }
     if (status < 0) {
+        log_warn("sandbox %s: poll the warden's socket: %s", sb->id, uv_strerror(status));
         conch_daemon_sandbox_warden_gone(sb);
         return;
     }
-    /* 0: the warden is gone (every running command has been ended); -1: the sandbox was
-     * stopped by a callback meanwhile. */
+    /* Queued sends first. 0: the warden is gone (every running process has been ended,
+     * every pending request failed); -1: the sandbox was stopped by a callback meanwhile. */
+    if (events & UV_WRITABLE) {
+        int r = conch_super_flush(&sb->super);
+        if (r == 0)
+            conch_daemon_sandbox_warden_gone(sb);
+        if (r <= 0)
+            return;
+        ctl_poll_update(sb);
+        if (!(events & (UV_READABLE | UV_DISCONNECT)))
+            return;
+    }
+    /* Events and answers alike: nothing here waits for the warden. */
     if (conch_super_dispatch(&sb->super) == 0)
         conch_daemon_sandbox_warden_gone(sb);
 }
@@ -229,9 +204,12 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     if (r < 0)
         return r;
     conch_super_init(&sb->super, sb->jail);
-    sb->super.other_event = on_other_event;
     sb->super.write_wanted = on_write_wanted;
     sb->super.data = sb;
+    sb->answer.done = on_answer;
+    sb->answer.data = sb;
+    if (async) /* the setup's outcome, when it comes */
+        conch_super_await_setup(&sb->super, &sb->answer);
     /* A handle of its own per warden: the previous one may still be closing (restart). */
     sb->ctl_poll = calloc(1, sizeof(*sb->ctl_poll));
     if (!sb->ctl_poll) {

@@ -51,11 +51,11 @@ void conch_daemon_sandbox_retire(struct sandbox *sb)
         conch_bridge_used(sb->bridge) || !conch_list_empty(&sb->done_jobs) ||
         !conch_list_empty(&sb->files) || sb->file_pool || sb->ws_running ||
         !conch_list_empty(&sb->ws_ops) || d->n_pooled >= d->opts.pool_size ||
-        conch_jail_send_recycle(sb->jail, &err) < 0) {
+        conch_super_recycle(&sb->super, &sb->answer, &err) < 0) {
         conch_daemon_sandbox_destroy(sb);
         return;
     }
-    /* Renewed (a new id) and not taken before the warden's answer (on_ctl_readable). */
+    /* Renewed (a new id) and not taken before the warden's answer (lifecycle.c on_answer). */
     conch_sb_set_state(sb, SB_RECYCLING, NULL);
 }
 
@@ -221,9 +221,9 @@ void conch_daemon_handle_sandbox_lease(struct conch_rpc_call *call, json_t *para
         return;
     }
     uint64_t disk = (uint64_t)conch_rpc_int(params, "disk", 0);
-    if (conch_jail_send_attach(sb->jail, ws, (dev_t)conch_rpc_int(params, "ws_dev", 0),
-                               (ino_t)conch_rpc_int(params, "ws_ino", 0), mode,
-                               disk ? disk : CONCH_SPEC_DISK_DEFAULT, &err) < 0) {
+    if (conch_super_attach(&sb->super, &sb->answer, ws, (dev_t)conch_rpc_int(params, "ws_dev", 0),
+                           (ino_t)conch_rpc_int(params, "ws_ino", 0), mode,
+                           disk ? disk : CONCH_SPEC_DISK_DEFAULT, &err) < 0) {
         /* Nothing was attached (a missing or replaced workspace, say): the sandbox is as it
          * was, in the pool. */
         conch_rpc_call_fail_err(call, 0, NULL, &err);

@@ -126,11 +126,13 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f0009u /* "co" + version 9 */
+#define JAIL_PROTO_VERSION 0x636f000au /* "co" + version 10 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
-                        * fds [the tool bridge's listening socket] when asked for */
+                        * fds [the tool bridge's listening socket] when asked for. The answer
+                        * to the setup, a RECYCLE or an ATTACH: they are answered in the order
+                        * they were sent, in order with the events */
     JMSG_SETUP_ERR,    /* warden → parent: err */
     JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
                         * fds [stdin, stdout, stderr, blob memfd] */
@@ -138,7 +140,8 @@ enum jail_msg_type {
                    * ns = the inode of that pid namespace */
     JMSG_RUN_ERR, /* warden → parent: id, err (could not start); final for @id */
     JMSG_EXITED,  /* warden → parent: id, a = wait status, b = JEXIT_* flags, usage;
-                   * final for @id, sent exactly once whatever happened to the shepherd */
+                   * final for @id, sent exactly once whatever happened to the shepherd; for
+                   * a file worker (FILE, FILE_SERVE) once the warden has reaped it */
     JMSG_SIGNAL,  /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,   /* parent → warden: kill everything and exit */
     JMSG_FILE,       /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
@@ -404,6 +407,10 @@ int conch_jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds
 /* conch_jail_ctl_queue_clear - drop every queued message, closing its fds. */
 void conch_jail_ctl_queue_clear(struct conch_jail *j);
 int conch_jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
+/* conch_jail_event_from_msg - the event or answer @m of the warden (with @fd, taken: kept in an
+ * answer, else closed; -1: none) in *@ret. False for a message that is neither (@fd then
+ * stays the caller's). (jail-ops.c) */
+bool conch_jail_event_from_msg(const struct jail_msg *m, int fd, struct conch_jail_event *ret);
 
 /* conch_jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
  * once every process but the warden is gone: every mount a command can write (/tmp,

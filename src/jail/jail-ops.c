@@ -102,40 +102,63 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
     return r < 0 ? send_failed(err, r, "send command to the warden") : 0;
 }
 
+bool conch_jail_event_from_msg(const struct jail_msg *m, int fd, struct conch_jail_event *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    ret->id = m->id;
+    ret->answer_fd = -1;
+    switch (m->type) {
+    case JMSG_STARTED:
+        ret->type = CONCH_JAIL_STARTED;
+        ret->pid = m->a;
+        ret->pidns_ino = m->ns;
+        break;
+    case JMSG_RUN_ERR:
+        ret->type = CONCH_JAIL_START_FAILED;
+        ret->err = m->err;
+        break;
+    case JMSG_EXITED:
+        ret->type = CONCH_JAIL_EXITED;
+        ret->status = m->a;
+        ret->usage = m->usage;
+        ret->timed_out = m->b & JEXIT_TIMED_OUT;
+        ret->lost = m->b & JEXIT_LOST;
+        break;
+    case JMSG_SETUP_OK:
+    case JMSG_SETUP_ERR:
+        ret->type = CONCH_JAIL_ANSWER;
+        ret->answer_ok = m->type == JMSG_SETUP_OK;
+        ret->answer_nr = ret->answer_ok ? m->a : -1;
+        if (!ret->answer_ok)
+            ret->err = m->err;
+        ret->answer_fd = fd;
+        return true;
+    default:
+        return false; /* nothing else is addressed to the parent */
+    }
+    if (fd >= 0)
+        close(fd); /* an event carries none */
+    return true;
+}
+
 int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, struct conch_err *err)
 {
     struct jail_msg m;
-    int nfds;
     for (;;) {
-        int r = conch_jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, MSG_DONTWAIT);
+        int fds[JAIL_MSG_MAX_FDS], nfds = 0;
+        int r = conch_jail_recv(j->ctl_fd, &m, fds, JAIL_MSG_MAX_FDS, &nfds, MSG_DONTWAIT);
         if (r == 0)
             return 0;
         if (r == -EAGAIN)
             return -EAGAIN;
         if (r < 0)
             return conch_err_set(err, -r, "read from the warden: %s", strerror(-r));
-        memset(ret, 0, sizeof(*ret));
-        ret->id = m.id;
-        switch (m.type) {
-        case JMSG_STARTED:
-            ret->type = CONCH_JAIL_STARTED;
-            ret->pid = m.a;
-            ret->pidns_ino = m.ns;
+        for (int i = 1; i < nfds; i++)
+            close(fds[i]);
+        if (conch_jail_event_from_msg(&m, nfds > 0 ? fds[0] : -1, ret))
             return 1;
-        case JMSG_RUN_ERR:
-            ret->type = CONCH_JAIL_START_FAILED;
-            ret->err = m.err;
-            return 1;
-        case JMSG_EXITED:
-            ret->type = CONCH_JAIL_EXITED;
-            ret->status = m.a;
-            ret->usage = m.usage;
-            ret->timed_out = m.b & JEXIT_TIMED_OUT;
-            ret->lost = m.b & JEXIT_LOST;
-            return 1;
-        default:
-            continue; /* nothing else is addressed to the parent after setup */
-        }
+        if (nfds > 0)
+            close(fds[0]);
     }
 }
 
@@ -264,23 +287,6 @@ int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws
     return r;
 }
 
-int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err)
-{
-    struct jail_msg m;
-    int nfds = 0;
-    int r = conch_jail_recv(j->ctl_fd, &m, NULL, 0, &nfds, 0);
-    if (r <= 0)
-        return conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died attaching the workspace");
-    if (m.type == JMSG_SETUP_ERR) {
-        *err = m.err;
-        return -(err->code ? err->code : EIO);
-    }
-    if (m.type != JMSG_SETUP_OK)
-        return conch_err_set(err, EPROTO, "unexpected warden message %u attaching", m.type);
-    j->upper_fd_nr = m.a;
-    return 0;
-}
-
 int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int *ret_ctl,
                          struct conch_err *err)
 {
@@ -293,8 +299,8 @@ int conch_jail_hand_over(struct conch_jail *j, struct conch_jail_lease *ret, int
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
         return conch_err_set(err, errno, "make the borrower's channel: %s", strerror(errno));
     /* Sent directly, not queued: a lent sandbox's socket is not watched for room, and nothing
-     * waits ahead of it (the attach's answer, read just before, came after the queue was
-     * flushed). */
+     * waits ahead of it (the attach's answer, routed just before, came after the attach
+     * itself had left the queue, and nothing is sent to a sandbox being leased meanwhile). */
     struct jail_msg m = {.type = JMSG_LEASE};
     int r = conch_jail_send(j->ctl_fd, &m, &sp[1], 1);
     close(sp[1]);

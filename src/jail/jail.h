@@ -129,14 +129,14 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail **ret
                      struct conch_err *err);
 
 /*
- * conch_jail_spawn / conch_jail_await_setup - conch_jail_start in two halves, for an event
- * loop: spawn clones the warden and lets it build the sandbox; when its control socket
- * (conch_jail_ctl_fd) becomes readable, await_setup collects the outcome (it blocks until
- * then). On failure await_setup destroys (frees) @j, as conch_jail_start does.
+ * conch_jail_spawn - conch_jail_start without waiting for the setup, for an event loop:
+ * clones the warden and lets it build the sandbox; its outcome arrives as the first
+ * CONCH_JAIL_ANSWER event on the control socket (conch_jail_read_event; the supervisor
+ * routes it: conch_super_await_setup), which conch_jail_take_answer(SETUP) applies. On
+ * failure the caller destroys @j.
  */
 int conch_jail_spawn(const struct conch_jail_spec *spec, struct conch_jail **ret,
                      struct conch_err *err);
-int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err);
 
 /*
  * conch_jail_host_prepare - as host root, move the calling process into a private mount
@@ -192,18 +192,24 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
 int conch_jail_send_signal(struct conch_jail *j, int64_t id, int sig, struct conch_err *err);
 
 /* conch_jail_send_recycle - ask the warden of a sandbox without a workspace, once every
- * command of it has ended, to make the sandbox as new (every process killed, new network,
- * IPC and UTS namespaces, new empty writable mounts, a lent channel closed: see
- * conch_jail_hand_over). Its answer is read like a new sandbox's setup: conch_jail_await_setup. */
+ * command and file worker of it has ended, to make the sandbox as new (every process killed
+ * without a final event, new network, IPC and UTS namespaces, new empty writable mounts, a
+ * lent channel closed: see conch_jail_hand_over). Its answer is a CONCH_JAIL_ANSWER event
+ * (conch_jail_take_answer(RECYCLE)); the supervisor routes it: conch_super_recycle. */
 int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err);
 
 enum conch_jail_event_type {
     CONCH_JAIL_STARTED = 1,
     CONCH_JAIL_START_FAILED,
     CONCH_JAIL_EXITED,
+    /* The warden's answer to the oldest request of those that get one (the setup of a
+     * spawned jail, a recycle, an attach): they are answered in the order they were sent.
+     * Apply it with conch_jail_take_answer. */
+    CONCH_JAIL_ANSWER,
 };
 
-/* What the warden or a shepherd reports about a command (or a refused file request). */
+/* What the warden or a shepherd reports about a command or a file worker, or the answer to a
+ * request. */
 struct conch_jail_event {
     enum conch_jail_event_type type;
     int64_t id;
@@ -213,8 +219,28 @@ struct conch_jail_event {
     bool timed_out;       /* EXITED: the deadline fired */
     bool lost;            /* EXITED: the shepherd died unasked; status is a synthetic SIGKILL */
     struct rusage usage;  /* EXITED: of the command and its descendants */
-    struct conch_err err; /* START_FAILED */
+    struct conch_err err; /* START_FAILED; ANSWER when it failed */
+    bool answer_ok;       /* ANSWER: the request succeeded */
+    int answer_nr;        /* ANSWER: the upper dir's fd number in the warden, or -1 */
+    int answer_fd;        /* ANSWER: an fd that came with it (the setup's tool-bridge socket)
+                           * or -1; conch_jail_take_answer takes it, else the reader closes it */
 };
+
+/* The requests the warden answers with a CONCH_JAIL_ANSWER event. */
+enum conch_jail_answer_kind {
+    CONCH_JAIL_ANSWER_SETUP = 1, /* conch_jail_spawn */
+    CONCH_JAIL_ANSWER_RECYCLE,   /* conch_jail_send_recycle */
+    CONCH_JAIL_ANSWER_ATTACH,    /* conch_jail_send_attach */
+};
+
+/*
+ * conch_jail_take_answer - apply the warden's answer @ev (CONCH_JAIL_ANSWER) to the request of
+ * @kind it answers: a setup's tool-bridge socket and upper dir (the staging mounts go), an
+ * attach's upper dir. Takes @ev->answer_fd. Returns 0, or -errno with @err (the warden's
+ * error, wrapped: a setup's is of kind infrastructure). @j stays the caller's either way.
+ */
+int conch_jail_take_answer(struct conch_jail *j, enum conch_jail_answer_kind kind,
+                           struct conch_jail_event *ev, struct conch_err *err);
 
 /*
  * Sends to the warden never block and never fail because its control socket is full: the
@@ -241,8 +267,10 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret,
  * fence of a command, then calls the spec's file_handler with @req_fd (the request) and
  * @resp_fd (where the answer goes). Both fds are borrowed: the caller closes its copies and
  * reads the answer from the other end of @resp_fd until EOF. The warden kills a worker that
- * runs past @timeout_ms (0: none): the answer then ends early. If the warden cannot start the
- * worker, a START_FAILED event with @id arrives instead.
+ * runs past @timeout_ms (0: none): the answer then ends early. Exactly one final event with
+ * @id follows, as for a command: EXITED once the warden has reaped the worker (its wait
+ * status, timed_out when the deadline killed it), or START_FAILED when it could not start it.
+ * Most callers use the supervisor (conch_super_file).
  */
 int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
                          uint64_t timeout_ms, struct conch_err *err);
@@ -253,8 +281,9 @@ int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_
  * namespace, where no command can see it), which runs the spec's file_server on @sock
  * (borrowed: the caller closes its copy and keeps the other end). It has no deadline of the
  * warden's: the caller ends it by closing its end, or with conch_jail_send_signal(@id,
- * SIGKILL). If the warden cannot start it, a START_FAILED event with @id arrives and @sock's
- * peer sees EOF.
+ * SIGKILL). Exactly one final event with @id follows: EXITED when the warden has reaped it
+ * (whatever killed it), or START_FAILED (and @sock's peer sees EOF). Most callers use the
+ * supervisor (conch_super_file_server).
  */
 int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err);
 
@@ -286,15 +315,14 @@ int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
  * @ws_ino is not 0) at /workspace in @j, as @mode (CONCH_WS_RW is refused: its writes would
  * be bounded by no tmpfs); an overlay's upper is a tmpfs of @disk_bytes. As host root the
  * mount is made here (idmapped, as conch_jail_start does) and handed to the warden; otherwise
- * the warden clones the directory from the host view it kept. The warden's answer arrives on
- * the control socket: conch_jail_await_attach. Returns 0, or -errno with @err (usage: the
- * workspace is not a directory or was replaced) and nothing attached: @j is as it was.
+ * the warden clones the directory from the host view it kept. Queued in order with what
+ * waits to be sent; the warden's answer is a CONCH_JAIL_ANSWER event
+ * (conch_jail_take_answer(ATTACH)); the supervisor routes it: conch_super_attach. Returns 0,
+ * or -errno with @err (usage: the workspace is not a directory or was replaced) and nothing
+ * attached: @j is as it was.
  */
 int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
                            enum conch_ws_mode mode, uint64_t disk_bytes, struct conch_err *err);
-/* conch_jail_await_attach - read the warden's answer to the attach (blocks until it is
- * there). Returns 0, or -errno with @err; @j stays the caller's either way. */
-int conch_jail_await_attach(struct conch_jail *j, struct conch_err *err);
 
 /* What a process that lends a running jail to another (conch_jail_hand_over) tells it,
  * besides the control socket. */

@@ -539,38 +539,59 @@ fail:
     return r < 0 ? r : -EIO;
 }
 
-int conch_jail_await_setup(struct conch_jail *j, struct conch_err *err)
+int conch_jail_take_answer(struct conch_jail *j, enum conch_jail_answer_kind kind,
+                           struct conch_jail_event *ev, struct conch_err *err)
+{
+    int fd = ev->answer_fd;
+    ev->answer_fd = -1;
+    if (!ev->answer_ok) {
+        if (fd >= 0)
+            close(fd);
+        *err = ev->err;
+        int r = -(err->code ? err->code : EIO);
+        if (kind == CONCH_JAIL_ANSWER_SETUP) {
+            err->kind = CONCH_ERR_INFRASTRUCTURE;
+            conch_err_wrap(err, "build sandbox");
+        } else if (kind == CONCH_JAIL_ANSWER_RECYCLE) {
+            conch_err_wrap(err, "make the sandbox as new");
+        }
+        return r;
+    }
+    j->upper_fd_nr = ev->answer_nr;
+    if (kind != CONCH_JAIL_ANSWER_SETUP) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    if (fd >= 0) {
+        if (j->ptc_fd >= 0)
+            close(j->ptc_fd);
+        j->ptc_fd = fd;
+    }
+    unstage(j);
+    return 0;
+}
+
+/* conch_jail_start's second half: block until the warden's setup answers. On failure @j is
+ * destroyed. */
+static int await_setup(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
     int nfds = 0, fds[1] = {-1};
     int r = conch_jail_recv(j->ctl_fd, &m, fds, 1, &nfds, 0);
+    struct conch_jail_event ev;
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
-        goto fail;
-    }
-    if (m.type == JMSG_SETUP_ERR) {
-        *err = m.err;
-        err->kind = CONCH_ERR_INFRASTRUCTURE;
-        r = -(err->code ? err->code : EIO);
-        conch_err_wrap(err, "build sandbox");
-        goto fail;
-    }
-    if (m.type != JMSG_SETUP_OK) {
+    } else if (m.type != JMSG_SETUP_OK && m.type != JMSG_SETUP_ERR) {
+        if (nfds == 1)
+            close(fds[0]);
         r = conch_err_set(err, EPROTO, "unexpected warden message %u during setup", m.type);
-        goto fail;
+    } else {
+        conch_jail_event_from_msg(&m, nfds == 1 ? fds[0] : -1, &ev);
+        r = conch_jail_take_answer(j, CONCH_JAIL_ANSWER_SETUP, &ev, err);
     }
-    j->upper_fd_nr = m.a;
-    if (nfds == 1) {
-        j->ptc_fd = fds[0];
-        fds[0] = -1;
-    }
-    unstage(j);
-    return 0;
-
-fail:
-    if (nfds == 1 && fds[0] >= 0)
-        close(fds[0]);
-    conch_jail_destroy(j);
+    if (r < 0)
+        conch_jail_destroy(j);
     return r;
 }
 
@@ -609,7 +630,7 @@ int conch_jail_start(const struct conch_jail_spec *spec, struct conch_jail **ret
 {
     struct conch_jail *j;
     int r = conch_jail_spawn(spec, &j, err);
-    if (r < 0 || (r = conch_jail_await_setup(j, err)) < 0)
+    if (r < 0 || (r = await_setup(j, err)) < 0)
         return r;
     *ret = j;
     return 0;

@@ -194,8 +194,8 @@ static int slots_tick(void)
     return next > now ? (int)(next - now) : 0;
 }
 
-/* A shepherd or file worker was reaped: send the final event of its command. Every command
- * gets exactly one, RUN_ERR or EXITED, whatever happened to its shepherd. */
+/* A shepherd or file worker was reaped: send the final event of its command or request.
+ * Every one gets exactly one, RUN_ERR or EXITED, whatever happened to its shepherd. */
 static int slot_finish(int i, int status, const struct rusage *ru)
 {
     struct jail_proc_slot *s = &conch_jail_warden.slots[i];
@@ -221,8 +221,19 @@ static int slot_finish(int i, int status, const struct rusage *ru)
         conch_jail_warden.ready_failures++;
         return 0;
     }
-    if (is_file || rep->state == SHEP_EXIT_SENT)
-        return 0; /* its answer (or EOF) went through the response pipe / its end is sent */
+    if (is_file) {
+        /* A file worker's answer went through its pipe or socket; its end is reported too,
+         * so that the parent learns of a worker killed (deadline, OOM, the host) or dead
+         * from the event, not only from EOF. */
+        m.type = JMSG_EXITED;
+        m.a = status;
+        m.usage = *ru;
+        if (s->timed_out)
+            m.b |= JEXIT_TIMED_OUT;
+        return conch_jail_chan_send(chan, &m);
+    }
+    if (rep->state == SHEP_EXIT_SENT)
+        return 0; /* its end is sent */
     if (rep->state == SHEP_START_FAILED) {
         m.type = JMSG_RUN_ERR;
         m.err = rep->err;
