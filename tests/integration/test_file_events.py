@@ -133,3 +133,61 @@ def test_file_requests_behind_a_full_control_queue_are_all_answered(rpc, ws, san
         assert "result" in resp, resp
     for i in range(2, n_files, 3):
         assert rpc.call("fs.read", {"sandbox": sb, "path": f"w{i}.txt"})["content"] == f"w{i}"
+
+
+def _workers_forked(daemon):
+    found = []
+    for p in descendants(daemon.pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if f.read().startswith(b"conch-file-worker"):
+                    found.append(p)
+        except OSError:
+            continue
+    return found
+
+
+def test_forked_worker_killed_from_the_host_fails_its_request_with_the_reason(daemon, ws,
+                                                                             sandbox):
+    """With both file servers busy (stopped, each holding a request), a request is served by
+    a worker forked for it; SIGKILLed from the host, its request fails saying so (its empty
+    answer waits for the worker's final event, which tells why), and the held requests are
+    answered once their servers run again."""
+    (ws / "a.txt").write_text("alpha\n")
+    for i in range(5):
+        (ws / f"big{i}").write_bytes(os.urandom(9_000_000))
+    sb = sandbox()
+    pid1, c1, r1 = _held_request(daemon, sb)
+    c2 = daemon.client()
+    c2.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=60)  # starts the second
+    servers = _wait_servers(daemon, lambda s: len(s) == 2)
+    (pid2,) = [p for p in servers if p != pid1]
+    os.kill(pid2, signal.SIGSTOP)
+    r2 = c2.request("fs.grep", {"sandbox": sb, "pattern": "alpha"})
+    time.sleep(0.3)
+    killed = None
+    c3 = daemon.client()
+    try:
+        for _attempt in range(10):
+            rid = c3.request("fs.download", {"sandbox": sb,
+                                             "paths": [f"big{i}" for i in range(5)]})
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and rid not in c3._responses:
+                found = _workers_forked(daemon)
+                if found:
+                    os.kill(found[0], signal.SIGKILL)
+                    killed = found[0]
+                    break
+            resp = c3.wait(rid, timeout=60)
+            if killed:
+                break
+        assert killed, "no forked file worker was ever seen"
+        assert "error" in resp, resp
+        assert "signal 9" in resp["error"]["message"], resp
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+        os.kill(pid2, signal.SIGCONT)
+    assert "result" in c1.wait(r1, timeout=60)
+    assert "result" in c2.wait(r2, timeout=60)
+    got = c3.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=60)
+    assert got["content"] == "alpha\n"
