@@ -147,16 +147,9 @@ def _workers_forked(daemon):
     return found
 
 
-def test_forked_worker_killed_from_the_host_fails_its_request_with_the_reason(daemon, ws,
-                                                                             sandbox):
-    """With both file servers busy (stopped, each holding a request), a request is served by
-    a worker forked for it; SIGKILLed from the host, its request fails saying so (its empty
-    answer waits for the worker's final event, which tells why), and the held requests are
-    answered once their servers run again."""
-    (ws / "a.txt").write_text("alpha\n")
-    for i in range(5):
-        (ws / f"big{i}").write_bytes(os.urandom(9_000_000))
-    sb = sandbox()
+def _both_servers_held(daemon, sb):
+    """Both file servers stopped, each holding a request: [(pid, client, request id)] x2.
+    The next request is served by a worker forked for it."""
     pid1, c1, r1 = _held_request(daemon, sb)
     c2 = daemon.client()
     c2.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=60)  # starts the second
@@ -165,29 +158,72 @@ def test_forked_worker_killed_from_the_host_fails_its_request_with_the_reason(da
     os.kill(pid2, signal.SIGSTOP)
     r2 = c2.request("fs.grep", {"sandbox": sb, "pattern": "alpha"})
     time.sleep(0.3)
-    killed = None
+    assert r2 not in c2._responses, "answered by a stopped worker?"
+    return [(pid1, c1, r1), (pid2, c2, r2)]
+
+
+def _forked_worker_caught(daemon, sb, client, act):
+    """Send a request big enough that its forked worker is seen at work, and @act(pid) on
+    it. Returns (request id, pid)."""
+    for _attempt in range(10):
+        rid = client.request("fs.download", {"sandbox": sb,
+                                             "paths": [f"big{i}" for i in range(5)]})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and rid not in client._responses:
+            found = _workers_forked(daemon)
+            if found:
+                act(found[0])
+                return rid, found[0]
+        client.wait(rid, timeout=60)
+    raise AssertionError("no forked file worker was ever seen at work")
+
+
+def _big_files(ws):
+    (ws / "a.txt").write_text("alpha\n")
+    for i in range(5):
+        (ws / f"big{i}").write_bytes(os.urandom(9_000_000))
+
+
+def test_forked_worker_killed_from_the_host_fails_its_request_with_the_reason(daemon, ws,
+                                                                             sandbox):
+    """With both file servers busy (stopped, each holding a request), a request is served by
+    a worker forked for it; SIGKILLed from the host, its request fails saying so (its empty
+    answer waits for the worker's final event, which tells why), and the held requests are
+    answered once their servers run again."""
+    _big_files(ws)
+    sb = sandbox()
+    held = _both_servers_held(daemon, sb)
     c3 = daemon.client()
     try:
-        for _attempt in range(10):
-            rid = c3.request("fs.download", {"sandbox": sb,
-                                             "paths": [f"big{i}" for i in range(5)]})
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and rid not in c3._responses:
-                found = _workers_forked(daemon)
-                if found:
-                    os.kill(found[0], signal.SIGKILL)
-                    killed = found[0]
-                    break
-            resp = c3.wait(rid, timeout=60)
-            if killed:
-                break
-        assert killed, "no forked file worker was ever seen"
+        rid, _ = _forked_worker_caught(daemon, sb, c3, lambda p: os.kill(p, signal.SIGKILL))
+        resp = c3.wait(rid, timeout=60)
         assert "error" in resp, resp
         assert "signal 9" in resp["error"]["message"], resp
     finally:
-        os.kill(pid1, signal.SIGCONT)
-        os.kill(pid2, signal.SIGCONT)
-    assert "result" in c1.wait(r1, timeout=60)
-    assert "result" in c2.wait(r2, timeout=60)
-    got = c3.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=60)
-    assert got["content"] == "alpha\n"
+        for pid, _, _ in held:
+            os.kill(pid, signal.SIGCONT)
+    for _, c, r in held:
+        assert "result" in c.wait(r, timeout=60)
+    assert c3.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=60)["content"] == "alpha\n"
+
+
+def test_warden_killed_with_servers_and_a_forked_worker_in_flight(daemon_factory, ws):
+    """kill -9 of the warden while both file servers and a forked worker hold requests (all
+    three stopped): every request is answered with sandbox_stopped naming the warden, from
+    the final events the warden's death gives them, and the daemon serves on."""
+    _big_files(ws)
+    daemon = daemon_factory(extra_args=["--pool", "0"])
+    rpc = daemon.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws)})["id"]
+    held = _both_servers_held(daemon, sb)
+    c3 = daemon.client()
+    rid, _ = _forked_worker_caught(daemon, sb, c3, lambda p: os.kill(p, signal.SIGSTOP))
+    wardens = _wardens(daemon)
+    assert len(wardens) == 1, wardens
+    os.kill(wardens[0], signal.SIGKILL)
+    for c, r in [(c, r) for _, c, r in held] + [(c3, rid)]:
+        resp = c.wait(r, timeout=60)
+        assert "error" in resp, resp
+        assert resp["error"]["data"]["code"] == "sandbox_stopped", resp
+        assert "warden" in resp["error"]["message"], resp
+    assert rpc.call("daemon.ping", {}) is not None
