@@ -372,8 +372,9 @@ def test_large_file_answers_do_not_stall_other_clients(daemon):
     assert pinger.answered_between(t0, t1) > 0, "no ping was answered while the work ran"
     main, rest = main1 - main0, rest1 - rest0
     # The loop still moves the bytes (from the file worker, to the client: about twice what
-    # the threadpool spends encoding them); encoded on the loop, the threadpool spends none.
-    assert rest * 4 > main, f"the event loop's thread used {main} ticks of CPU, the threadpool {rest}"
+    # the threadpool spends encoding them, up to four times on a loaded machine or under
+    # ASan); encoded on the loop, the threadpool spends next to none (a tick or two).
+    assert rest * 10 > main, f"the event loop's thread used {main} ticks of CPU, the threadpool {rest}"
     c.call("sandbox.destroy", {"id": sb})
 
 
