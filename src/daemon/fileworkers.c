@@ -87,7 +87,7 @@ struct fworker {
     /* its answer */
     unsigned char hdr[8];
     size_t hdr_got;
-    char *buf;
+    char *buf; /* want bytes, charged to the sandbox's budget (sb->held) */
     size_t len, want;
     char scratch[64]; /* where bytes read when no answer is due go */
 };
@@ -116,12 +116,23 @@ static void fw_on_written(uv_write_t *req, int status)
     free(wr);
 }
 
+/* Free @w's answer buffer, and its charge: on the loop, while its sandbox is alive. */
+static void fw_drop_buf(struct fworker *w, struct sandbox *sb)
+{
+    if (!w->buf)
+        return;
+    free(w->buf);
+    w->buf = NULL;
+    conch_budget_uncharge(&sb->held, w->want);
+}
+
 /* Take @w out of its pool, kill it and close its handles. */
 static void fw_retire(struct fworker *w, bool kill_it)
 {
     struct file_pool *pool = w->pool;
     if (!pool)
         return;
+    fw_drop_buf(w, pool->sb);
     conch_list_del(&w->link);
     pool->n--;
     if (!w->served)
@@ -145,7 +156,8 @@ static void fw_answer(struct fworker *w, char *buf, size_t len)
     w->call = NULL;
     w->busy = false;
     uv_timer_stop(&w->timer);
-    conch_daemon_file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
+    conch_daemon_file_answer_queue(w->pool->sb, call, buf, len, buf ? len : 0, w->measure,
+                                   w->frees);
     pool_next(w->pool);
 }
 
@@ -160,11 +172,9 @@ static void fw_fail(struct fworker *w)
     struct conch_rpc_call *call = w->call;
     w->call = NULL;
     w->busy = false;
-    free(w->buf);
-    w->buf = NULL;
-    fw_retire(w, true);
+    fw_retire(w, true); /* drops the answer's buffer */
     if (busy)
-        conch_daemon_file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
+        conch_daemon_file_answer_queue(pool->sb, call, NULL, 0, 0, w->measure, w->frees);
     pool_next(pool);
 }
 
@@ -218,10 +228,29 @@ static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
             pool_next(pool);
             return;
         }
+        /* The answer comes from inside the sandbox: its buffer is charged to the sandbox's
+         * budget before it is allocated. One that does not fit fails its request with
+         * `limit`; the worker, with a frame half read, is replaced (not counted as a failure
+         * to start: it served). */
+        struct conch_err err = {0};
+        if (conch_budget_charge(&w->pool->sb->held, want, &err) < 0) {
+            struct conch_rpc_call *call = w->call;
+            w->call = NULL;
+            w->busy = false;
+            w->served++;
+            char size[64];
+            snprintf(size, sizeof(size), "of %llu bytes", (unsigned long long)want);
+            conch_daemon_file_answer_refuse(call, size, &err);
+            struct file_pool *pool = w->pool;
+            fw_retire(w, true);
+            pool_next(pool);
+            return;
+        }
         w->want = (size_t)want;
         w->len = 0;
         w->buf = want ? malloc(w->want) : NULL;
         if (want && !w->buf) {
+            conch_budget_uncharge(&w->pool->sb->held, want);
             fw_fail(w);
             return;
         }

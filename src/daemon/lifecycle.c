@@ -366,6 +366,15 @@ static void warden_teardown(struct sandbox *sb)
 static void on_idle_closed(uv_handle_t *h)
 {
     struct sandbox *sb = h->data;
+    /* Every holder of a charge held the sandbox, or let go of it when it went (the bridge):
+     * what is left is a slip, which must not stay charged to the daemon's budget. */
+    uint64_t left = conch_budget_held(&sb->held);
+    if (left) {
+        log_error("sandbox %s: %llu bytes still charged to its budget at its end (a bug in the "
+                  "daemon)",
+                  sb->id, (unsigned long long)left);
+        conch_budget_uncharge(sb->held.parent, left);
+    }
     json_decref(sb->env);
     free(sb);
 }
@@ -437,6 +446,7 @@ static void on_pool_timer(uv_timer_t *t)
 static void renew(struct sandbox *sb)
 {
     conch_daemon_make_id(sb->d, "sb", sb->id, sizeof(sb->id));
+    conch_daemon_sandbox_budget_label(sb);
     sb->fresh = sb->from_pool = false;
     sb->commands = 0;
     sb->disk_over = sb->measure_wanted = false;
