@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/lifecycle.h"
+#include "daemon/sessions.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
 #include "ptc/ptc.h"
@@ -463,6 +464,7 @@ static void unlink_sandbox(struct sandbox *sb)
         conch_daemon_run_forget(conch_list_entry(pos, struct run, link));
     conch_bridge_free(sb->bridge);
     sb->bridge = NULL;
+    conch_daemon_sessions_sandbox_gone(sb);
     conch_list_del(&sb->link);
     sb->d->n_sandboxes--;
     if (sb->holds == 0)

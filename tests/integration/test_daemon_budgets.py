@@ -262,6 +262,71 @@ def test_file_answers_in_flight_are_bounded_per_sandbox(daemon_factory, ws):
     assert again["size"] == 10000000
 
 
+# ---- sessions: scrollback and keys waiting for the terminal ---------------------------------
+
+
+@not_under_asan
+def test_session_scrollback_is_charged_to_the_sandbox(daemon_factory, ws):
+    # Four sessions asking for 16 MiB of scrollback each, whose programs print 40 MB with no
+    # client attached: 64 MiB of rings on a daemon without the budget (each allocated whole at
+    # open and filled). With a budget of 4 MiB for the sandbox, the rings grow as far as it
+    # grants, then wrap: the scrollback holds less, the daemon no more.
+    d = daemon_factory(extra_args=["--max-sandbox-bridge-memory", "4M"])
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    sids = [c.call("session.open", {"sandbox": sb, "scrollback": 16 * MiB}, timeout=30)["session"]
+            for _ in range(4)]
+    hwm_reset(d.pid)
+    before = rss_mib(d.pid)
+    for i, sid in enumerate(sids):
+        c.call("session.write", {"session": sid,
+                                 "data": f"head -c 40000000 /dev/zero | tr '\\0' x; echo; echo flood-{i}-done\n"})
+    for i, sid in enumerate(sids):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            sbk = c.call("session.attach", {"session": sid})["scrollback"]
+            c.call("session.detach", {"session": sid})
+            if f"flood-{i}-done" in sbk.replace(f"echo flood-{i}-done", ""):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"session {i}'s flood did not end")
+        # The scrollback keeps the latest output, in a ring the budget allowed.
+        assert 0 < len(sbk) <= 4 * MiB, len(sbk)
+    grown = hwm_mib(d.pid) - before
+    print(f"session floods: the daemon grew by {grown:.0f} MiB at its peak")
+    # The budget (4 MiB), the copies of a scrollback that attach makes (4 MiB), the allocator.
+    assert grown < 24, f"the daemon grew by {grown:.0f} MiB holding the scrollback of 4 sessions"
+    assert 0 < sandbox_held(c, sb) <= 4 * MiB
+    for sid in sids:
+        c.call("session.close", {"session": sid})
+    assert wait_held(c, sb) == 0
+
+
+def test_keys_waiting_for_the_terminal_are_charged_to_the_sandbox(daemon_factory, ws):
+    # A program in the foreground that reads nothing: keys wait in the daemon. With a budget of
+    # 256 KiB for the sandbox, the keys past it are refused (limit, naming the budget), before
+    # the session's own cap of 1 MiB.
+    d = daemon_factory(extra_args=["--max-sandbox-bridge-memory", "256K"])
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    sid = c.call("session.open", {"sandbox": sb}, timeout=30)["session"]
+    c.call("session.write", {"session": sid, "data": "stty -icanon -echo; sleep 600\n"})
+    time.sleep(1)
+    chunk = "k" * (100 << 10)
+    c.call("session.write", {"session": sid, "data": chunk})
+    with pytest.raises(Exception) as e:
+        for _ in range(2):
+            c.call("session.write", {"session": sid, "data": chunk})
+    err = e.value
+    assert getattr(err, "data_code", None) == "limit", err
+    assert "sandbox " + sb in err.message and "--max-sandbox-held" in err.message, err.message
+    assert sandbox_held(c, sb) > 0
+    # The program goes: the keys reach the terminal (or go with it), and nothing stays charged.
+    c.call("session.close", {"session": sid})
+    assert wait_held(c, sb) == 0
+
+
 # ---- defect 4: output held for a client that does not read ----------------------------------
 
 
