@@ -652,8 +652,11 @@ int conch_daemon_session_master_write(struct session *s, const char *buf, size_t
      * sandbox's budget (the new buffer before it is allocated; the old one's charge goes
      * with it below). */
     uint64_t charge = client && s->held_sb ? left + len : 0;
-    if (charge && conch_budget_charge(&s->held_sb->held, charge, err) < 0)
-        return conch_err_wrap(err, "session %s: keys waiting for the terminal", s->id);
+    int r = charge ? conch_budget_charge(&s->held_sb->held, charge, err) : 0;
+    if (r < 0) {
+        conch_err_wrap(err, "session %s: keys waiting for the terminal", s->id);
+        return r;
+    }
     char *nb = malloc(left + len);
     if (!nb) {
         if (charge)
@@ -664,9 +667,13 @@ int conch_daemon_session_master_write(struct session *s, const char *buf, size_t
         memcpy(nb, s->mpend + s->mpend_off, left);
     memcpy(nb + left, buf, len);
     free(s->mpend);
-    if (s->held_sb)
+    if (client && s->held_sb) {
         conch_budget_uncharge(&s->held_sb->held, s->keys_charged);
-    s->keys_charged = charge;
+        s->keys_charged = charge;
+    } else if (s->keys_charged > left) { /* a client's keys still waiting stay charged */
+        conch_budget_uncharge(&s->held_sb->held, s->keys_charged - left);
+        s->keys_charged = left;
+    }
     s->mpend = nb;
     s->mpend_len = left + len;
     s->mpend_off = 0;
