@@ -190,7 +190,8 @@ struct file_req {
     struct conch_rpc_call *call;
     uv_pipe_t pipe;
     char *buf;
-    size_t len, cap;  /* cap: allocated, and charged to sb->held */
+    size_t len, cap;  /* bytes read, allocated */
+    uint64_t charged; /* charged to sb->held: what was read and the room given to the next read */
     bool over_budget; /* the answer outgrew the sandbox's budget: failed with `limit` */
     char over_why[512];
     bool closed;

@@ -40,8 +40,9 @@ static void file_req_close(struct file_req *fr)
      * freed before the pipe's close completes. */
     free(fr->buf);
     fr->buf = NULL;
-    conch_budget_uncharge(&fr->sb->held, fr->cap);
+    conch_budget_uncharge(&fr->sb->held, fr->charged);
     fr->len = fr->cap = 0;
+    fr->charged = 0;
     if (!fr->closed) {
         fr->closed = true;
         uv_read_stop((uv_stream_t *)&fr->pipe);
@@ -63,13 +64,17 @@ static void file_req_done(struct file_req *fr)
     struct conch_rpc_call *call = fr->call;
     char *buf = fr->buf;
     size_t len = fr->len;
-    uint64_t charged = fr->cap; /* goes with the buffer */
+    uint64_t charged = fr->charged; /* goes with the buffer */
     fr->call = NULL;
     fr->buf = NULL;
     fr->len = fr->cap = 0;
+    fr->charged = 0;
     file_req_close(fr);
     conch_daemon_file_answer_queue(fr->sb, call, buf, len, charged, fr->measure, fr->frees);
 }
+
+/* Room the next read of an answer is given, charged ahead of it. */
+#define FILE_READ_WINDOW (256u << 10)
 
 static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
@@ -80,26 +85,31 @@ static void on_file_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         size_t cap = fr->cap ? fr->cap * 2 : 131072;
         if (cap > CONCH_FILE_MAX_RESPONSE + 65536)
             cap = CONCH_FILE_MAX_RESPONSE + 65536;
-        /* The answer comes from inside the sandbox: its buffer is charged to the sandbox's
-         * budget before it grows. Past it, the request fails (on_file_read). */
-        struct conch_err err = {0};
-        if (cap <= fr->cap || conch_budget_charge(&fr->sb->held, cap - fr->cap, &err) < 0) {
-            if (!fr->over_budget)
-                snprintf(fr->over_why, sizeof(fr->over_why), "%s", err.msg);
-            fr->over_budget = true;
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        char *nb = realloc(fr->buf, cap);
+        char *nb = cap > fr->cap ? realloc(fr->buf, cap) : NULL;
         if (!nb) {
-            conch_budget_uncharge(&fr->sb->held, cap - fr->cap);
             *buf = uv_buf_init(NULL, 0);
             return;
         }
         fr->buf = nb;
         fr->cap = cap;
     }
-    *buf = uv_buf_init(fr->buf + fr->len, (unsigned)(fr->cap - fr->len));
+    /* The answer comes from inside the sandbox: what is read of it is charged to the
+     * sandbox's budget before it is read (the bytes so far and the room for the next read;
+     * the buffer's doubling is address space until written). Past it, the request fails
+     * (on_file_read). */
+    uint64_t need = fr->len + FILE_READ_WINDOW < fr->cap ? fr->len + FILE_READ_WINDOW : fr->cap;
+    struct conch_err err = {0};
+    if (fr->charged < need) {
+        if (conch_budget_charge(&fr->sb->held, need - fr->charged, &err) < 0) {
+            if (!fr->over_budget)
+                snprintf(fr->over_why, sizeof(fr->over_why), "%s", err.msg);
+            fr->over_budget = true;
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        fr->charged = need;
+    }
+    *buf = uv_buf_init(fr->buf + fr->len, (unsigned)(fr->charged - fr->len));
 }
 
 static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
