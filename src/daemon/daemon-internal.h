@@ -426,7 +426,8 @@ void conch_daemon_file_answer_refuse(struct conch_rpc_call *call, const char *si
                                      const struct conch_err *err);
 /* conch_daemon_file_pool_submit - give the request @text (owned when it returns true) to a free
  * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
- * when all are busy and many forked workers are in flight, and return true; false: the
+ * when all are busy and many forked workers are in flight (charged to the sandbox's budget
+ * while it waits; past the budget @call is failed with `limit`), and return true; false: the
  * caller forks a worker for it. */
 bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text,
                                    bool measure, bool frees);

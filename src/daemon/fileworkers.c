@@ -67,6 +67,7 @@ struct queued {
     struct conch_list link;
     struct conch_rpc_call *call;
     char *text;
+    uint64_t charged; /* the request's bytes, charged to the sandbox's budget while it waits */
     bool measure, frees;
 };
 
@@ -369,6 +370,7 @@ static void pool_next(struct file_pool *pool)
         }
         conch_list_del(&q->link);
         pool->queued--;
+        conch_budget_uncharge(&pool->sb->held, q->charged);
         free(q->text);
         free(q);
     }
@@ -404,9 +406,23 @@ bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *ca
     /* All busy: fork a worker for it, unless many are already forked (then wait in line). */
     if (pool->n == 0 || forked_in_flight(sb) < FILE_FORK_MAX || pool->queued >= FILE_QUEUE_MAX)
         return false;
+    /* Requests waiting here (up to FILE_QUEUE_MAX, each up to CONCH_FS_MAX_REQUEST) are held
+     * for the sandbox: charged to its budget while they wait, refused past it. */
+    uint64_t charge = strlen(text) + sizeof(struct queued);
+    struct conch_err err = {0};
+    if (conch_budget_charge(&sb->held, charge, &err) < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "a file request of %zu bytes cannot wait for a file worker: %s",
+                             strlen(text), err.msg);
+        free(text);
+        return true;
+    }
     struct queued *q = calloc(1, sizeof(*q));
-    if (!q)
+    if (!q) {
+        conch_budget_uncharge(&sb->held, charge);
         return false;
+    }
+    q->charged = charge;
     q->call = call;
     q->text = text;
     q->measure = measure;
@@ -436,6 +452,7 @@ void conch_daemon_file_pool_stop(struct sandbox *sb)
         conch_list_del(&q->link);
         conch_rpc_call_failf(q->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                              "the file request could not complete: the sandbox stopped");
+        conch_budget_uncharge(&sb->held, q->charged);
         free(q->text);
         free(q);
     }
