@@ -250,8 +250,9 @@ def test_file_answers_in_flight_are_bounded_per_sandbox(daemon_factory, ws):
           f"{grown:.0f} MiB at its peak; {limited[:1]}")
     # The budget (16 MiB), the line being built from the one answer it holds (13 MiB, copied
     # once into the response) and the responses queued for the client (it reads them as they
-    # come), with margin for the allocator: 64 MiB. Without the budget: 150-300 MiB.
-    assert grown < 64, f"the daemon grew by {grown:.0f} MiB holding 20 file answers of 13 MiB"
+    # come; a few when it is slow to), with margin for the allocator: 72 MiB. Measured: 29-39
+    # MiB; without the budget, 153 MiB and the client was cut off.
+    assert grown < 72, f"the daemon grew by {grown:.0f} MiB holding 20 file answers of 13 MiB"
     assert not closed and not other, other[:3]
     assert ok >= 1
     # Refused with a message naming the budget and the option that raises it.
@@ -311,8 +312,13 @@ def test_keys_waiting_for_the_terminal_are_charged_to_the_sandbox(daemon_factory
     c = d.client()
     sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
     sid = c.call("session.open", {"sandbox": sb}, timeout=30)["session"]
-    c.call("session.write", {"session": sid, "data": "stty -icanon -echo; sleep 600\n"})
-    time.sleep(1)
+    # Once READY is printed, the shell runs the sleep and reads no keys until it ends.
+    c.call("session.write", {"session": sid, "data": "stty -icanon -echo; echo READY-$((6*7)); sleep 600\n"})
+    deadline = time.time() + 30
+    while "READY-42" not in c.call("session.attach", {"session": sid})["scrollback"]:
+        assert time.time() < deadline, "the session's program did not start"
+        time.sleep(0.1)
+    c.call("session.detach", {"session": sid})
     chunk = "k" * (100 << 10)
     c.call("session.write", {"session": sid, "data": chunk})
     with pytest.raises(Exception) as e:
