@@ -80,8 +80,9 @@ static void close_poll(uv_poll_t **p)
 /* ---- scrollback ---- */
 
 /* Make room in the ring for @len more bytes while it has not wrapped yet: it grows (doubling,
- * at least 64 KiB) up to ring_cap, as far as the sandbox's budget grants. Past that it wraps
- * at the size it has: a flood keeps the daemon at the budget, the scrollback just holds less. */
+ * at least 64 KiB) up to ring_cap, as far as the sandbox's budget grants (leaving half of it
+ * to the rest). Past that it wraps at the size it has: a flood keeps the daemon within the
+ * budget, the scrollback just holds less. */
 static void ring_grow(struct session *s, size_t len)
 {
     if (s->ring_size >= s->ring_cap || s->ring_pos != s->ring_len ||
@@ -94,7 +95,16 @@ static void ring_grow(struct session *s, size_t len)
         want = 64u << 10;
     if (want > s->ring_cap)
         want = s->ring_cap;
-    uint64_t grant = conch_budget_charge_upto(&s->held_sb->held, want - s->ring_size);
+    /* Scrollback may take half of the sandbox's budget at most: a session printing without
+     * end must not leave its tool bridge and file answers no room. */
+    struct conch_budget *b = &s->held_sb->held;
+    uint64_t room = conch_budget_room(b), reserve = b->cap / 2;
+    uint64_t ask = want - s->ring_size;
+    if (room <= reserve)
+        return;
+    if (ask > room - reserve)
+        ask = room - reserve;
+    uint64_t grant = conch_budget_charge_upto(b, ask);
     if (!grant)
         return;
     char *nb = realloc(s->ring, s->ring_size + grant);
