@@ -284,9 +284,20 @@ static void send_unknown(struct conn *c, json_t *id, struct conch_list *list, co
     conch_bridge__conn_send(c, conch_bridge__error_msg(id, "unknown_tool", msg));
 }
 
+/* Charge @held to @b's budget for what keeps a request, taking it from *@charged (what the
+ * caller charged already for the same request) when that covers it. Returns 0 or -ENOBUFS. */
+static int take_charge(struct conch_bridge *b, uint64_t held, uint64_t *charged)
+{
+    if (charged && *charged >= held) {
+        *charged -= held;
+        return 0;
+    }
+    return conch_budget_charge(&b->budget, held, NULL);
+}
+
 /* Start a call (op "call" or "spawn") from @c. */
 void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes,
-                              uint64_t held)
+                              uint64_t held, uint64_t *charged)
 {
     struct conch_bridge *b = c->b;
     struct entry *e = NULL;
@@ -393,7 +404,7 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
         conch_bridge__conn_send(c, conch_bridge__error_msg(id, "limit", msg));
         return;
     }
-    if (conch_budget_charge(&b->budget, held, NULL) < 0) {
+    if (take_charge(b, held, charged) < 0) {
         json_decref(input);
         char state[256];
         conch_bridge__budget_state(b, state, sizeof(state));
@@ -486,10 +497,13 @@ void conch_bridge__deferred_replay(struct conch_bridge *b, struct deferred *d)
     json_t *req = json_incref(d->req);
     size_t bytes = d->bytes;
     uint64_t held = d->held;
+    d->held = 0; /* its charge goes on to the call, or is uncharged below */
     conch_bridge__deferred_free(b, d);
     const char *op = json_string_value(json_object_get(req, "op"));
+    uint64_t charged = held;
     conch_bridge__start_call(c, req, json_object_get(req, "id"), op && !strcmp(op, "spawn"), bytes,
-                             held);
+                             held, &charged);
+    conch_budget_uncharge(&b->budget, charged);
     json_decref(req);
 }
 
@@ -513,9 +527,10 @@ static void on_defer_timer(uv_timer_t *t)
         uv_timer_stop(t);
 }
 
-/* Keep @req of @c (@held: its cost, json_cost) until its origin begins. Returns false when
- * it cannot be kept. */
-bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_t held)
+/* Keep @req of @c (@held: its cost, conch_rpc_json_cost) until its origin begins, taking
+ * the charge from *@charged when it covers it. Returns false when it cannot be kept. */
+bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_t held,
+                              uint64_t *charged)
 {
     struct conch_bridge *b = c->b;
     if (!c->have_pidns || b->n_deferred >= DEFER_MAX)
@@ -527,12 +542,12 @@ bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_
         b->defer_timer->data = b;
         b->handles++;
     }
-    if (conch_budget_charge(&b->budget, held, NULL) < 0)
-        return false; /* conch_bridge__start_call answers "limit" */
     struct deferred *d = calloc(1, sizeof(*d));
-    if (!d) {
-        conch_budget_uncharge(&b->budget, held);
+    if (!d)
         return false;
+    if (take_charge(b, held, charged) < 0) {
+        free(d);
+        return false; /* conch_bridge__start_call answers "limit" */
     }
     d->held = held;
     d->c = c;

@@ -106,17 +106,11 @@ json_t *conch_bridge__error_msg(json_t *id, const char *kind, const char *messag
                      kind, "message", message);
 }
 
-/* What the budget holds, for a message: "the tool bridge holds N of its M MiB for this
- * sandbox (the daemon's bridges: N of M MiB)". */
+/* What the budget holds, for a message: each capped level, the sandbox's and the daemon's
+ * ("sandbox sb-1: N bytes held of 64 MiB (conch serve --max-sandbox-held); ..."). */
 void conch_bridge__budget_state(const struct conch_bridge *b, char *buf, size_t size)
 {
-    const struct conch_budget *p = b->budget.parent;
-    int n = snprintf(buf, size, "the tool bridge holds %llu bytes of its %llu MiB for this sandbox",
-                     (unsigned long long)conch_budget_held(&b->budget),
-                     (unsigned long long)(b->budget.cap >> 20));
-    if (p && n >= 0 && (size_t)n < size)
-        snprintf(buf + n, size - (size_t)n, " (all sandboxes: %llu bytes of %llu MiB)",
-                 (unsigned long long)conch_budget_held(p), (unsigned long long)(p->cap >> 20));
+    conch_budget_describe(&b->budget, buf, size);
 }
 
 /* Close @c for the budget, telling the caller why (@what: what did not fit) with a line the
@@ -139,33 +133,6 @@ static void conn_refuse(struct conn *c, const char *what)
 
 /* ---- Request lines -------------------------------------------------------------------------- */
 
-/* What one parsed JSON value costs at most, about (json_cost). */
-#define JSON_VALUE_COST 64
-
-/* Bytes of memory a parsed @line takes at most, about: jansson keeps a copy of every string
- * and ~40-64 bytes per value (an array of 2 million zeros is 4 MiB of text and 90 MiB parsed). */
-static uint64_t json_cost(const char *line, size_t len)
-{
-    uint64_t values = 1;
-    bool in_str = false, esc = false;
-    for (size_t i = 0; i < len; i++) {
-        char ch = line[i];
-        if (in_str) {
-            if (esc)
-                esc = false;
-            else if (ch == '\\')
-                esc = true;
-            else if (ch == '"')
-                in_str = false;
-        } else if (ch == '"') {
-            in_str = true;
-        } else if (ch == ',' || ch == '[' || ch == '{') {
-            values++;
-        }
-    }
-    return (uint64_t)len + values * JSON_VALUE_COST;
-}
-
 /* Answer a request that cannot be parsed within the budget, by its id (found in constant
  * memory). */
 static void refuse_line(struct conn *c, const char *line, size_t len, uint64_t cost)
@@ -181,26 +148,31 @@ static void refuse_line(struct conn *c, const char *line, size_t len, uint64_t c
     conch_rpc_idscan_init(&ids);
 }
 
-static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost);
+static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost,
+                        uint64_t *charged);
 
 static void on_request_line(void *ctx, const char *line, size_t len)
 {
     struct conn *c = ctx;
     if (c->closing || c->b->freeing)
         return;
-    /* Parsing holds the whole request: charged while it lasts (and again by a call that keeps
-     * it), so that no line makes the daemon hold more than the budget, even for a moment. */
+    /* Parsing holds the whole request: charged while it lasts, so that no line makes the
+     * daemon hold more than the budget, even for a moment. A call that keeps the request takes
+     * this charge over (it was charged twice, so that a request using more than half of the
+     * budget was refused though it fit); what is left of it is uncharged here. */
     struct conch_bridge *b = c->b;
-    uint64_t cost = json_cost(line, len);
+    uint64_t cost = conch_rpc_json_cost(line, len);
     if (conch_budget_charge(&b->budget, cost, NULL) < 0) {
         refuse_line(c, line, len, cost);
         return;
     }
-    handle_line(c, line, len, cost);
-    conch_budget_uncharge(&b->budget, cost);
+    uint64_t charged = cost;
+    handle_line(c, line, len, cost, &charged);
+    conch_budget_uncharge(&b->budget, charged);
 }
 
-static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost)
+static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost,
+                        uint64_t *charged)
 {
     json_error_t jerr;
     json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -222,8 +194,8 @@ static void handle_line(struct conn *c, const char *line, size_t len, uint64_t c
             c, conch_bridge__error_msg(id, "invalid_request", "a request needs a string \"op\""));
     } else if (!strcmp(op, "call") || !strcmp(op, "spawn")) {
         if (conch_bridge__origin_of(c) || c->closing || c->b->freeing ||
-            !conch_bridge__defer_call(c, req, len, cost))
-            conch_bridge__start_call(c, req, id, !strcmp(op, "spawn"), len, cost);
+            !conch_bridge__defer_call(c, req, len, cost, charged))
+            conch_bridge__start_call(c, req, id, !strcmp(op, "spawn"), len, cost, charged);
     } else if (!strcmp(op, "list")) {
         conch_bridge__conn_send(c, json_pack("{s:O,s:b,s:o}", "id", id, "ok", 1, "result",
                                              conch_bridge__list_json(c->b, false)));

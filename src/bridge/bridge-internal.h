@@ -142,11 +142,15 @@ void conch_bridge__on_connection(uv_stream_t *server, int status);
 void conch_bridge__call_fail(struct conch_bridge_call *c, const char *kind, const char *message,
                              const char *cancel_reason);
 /* conch_bridge__start_call - start a call (op "call", or "spawn" with @spawn) of @c's request
- * @req (borrowed; @bytes its line, @held its cost) or answer why not. */
+ * @req (borrowed; @bytes its line, @held its cost) or answer why not. *@charged: what the
+ * caller already charged to the budget for this request; a call that keeps it takes @held of
+ * it over (subtracted) instead of charging again; the caller uncharges what is left. */
 void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spawn, size_t bytes,
-                              uint64_t held);
-/* conch_bridge__defer_call - keep @req of @c until its origin begins; false when it cannot. */
-bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_t held);
+                              uint64_t held, uint64_t *charged);
+/* conch_bridge__defer_call - keep @req of @c until its origin begins (its charge taken from
+ * *@charged as for conch_bridge__start_call); false when it cannot. */
+bool conch_bridge__defer_call(struct conn *c, json_t *req, size_t bytes, uint64_t held,
+                              uint64_t *charged);
 /* conch_bridge__conn_has_deferred - whether @c has calls waiting for their origin. */
 bool conch_bridge__conn_has_deferred(struct conn *c);
 /* conch_bridge__deferred_free - drop @d, uncharging it. */

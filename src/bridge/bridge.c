@@ -27,9 +27,6 @@ void conch_bridge__maybe_free(struct conch_bridge *b)
 {
     if (!b->freeing || b->handles)
         return;
-    /* Everything charged went with its holder (the last of which closed with the handles);
-     * whatever a slip left must not stay charged to the daemon-wide budget forever. */
-    conch_budget_uncharge(b->budget.parent, conch_budget_held(&b->budget));
     json_decref(b->trace);
     free(b);
 }
@@ -70,6 +67,10 @@ static void on_listener_closed(uv_handle_t *h)
     struct conch_bridge *b = h->data;
     free(h);
     b->handles--;
+    /* What it holds goes with the handles, closed later: let go of it in the shared budgets
+     * now, so that they need only outlive this call (the holders uncharge the bridge's own). */
+    conch_budget_uncharge(b->budget.parent, conch_budget_held(&b->budget));
+    b->budget.parent = NULL;
     conch_bridge__maybe_free(b);
 }
 
@@ -135,5 +136,9 @@ void conch_bridge_free(struct conch_bridge *b)
         uv_close((uv_handle_t *)b->defer_timer, on_listener_closed);
         b->defer_timer = NULL;
     }
+    /* What it holds goes with the handles, closed later: let go of it in the shared budgets
+     * now, so that they need only outlive this call (the holders uncharge the bridge's own). */
+    conch_budget_uncharge(b->budget.parent, conch_budget_held(&b->budget));
+    b->budget.parent = NULL;
     conch_bridge__maybe_free(b);
 }

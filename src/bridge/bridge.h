@@ -53,8 +53,9 @@ struct conch_bridge_limits {
      * parsed JSON, estimated), open connections. A connection whose next bytes would not fit
      * is closed with an error line; a call that would not fit is answered "limit". */
     uint64_t max_held;
-    /* The daemon-wide budget every bridge's draws on too (borrowed; must outlive the
-     * bridge), or NULL for none. */
+    /* The budget the bridge's draws on too (the sandbox's, which draws on the daemon's),
+     * borrowed: it must outlive the bridge until conch_bridge_free returns; or NULL. With
+     * max_held 0 the bridge has no cap of its own, only @shared's. */
     struct conch_budget *shared;
 };
 
@@ -87,7 +88,8 @@ void conch_bridge_refuse(struct conch_bridge *b, bool refuse);
 
 /* conch_bridge_free - stop serving: every pending call is failed for its caller and
  * cancelled for its owner (reason "the sandbox stopped"), no op is called after this
- * returns, and the memory goes once libuv has closed the handles. NULL is a no-op. */
+ * returns, and the memory goes once libuv has closed the handles. What it held is uncharged
+ * from limits.shared before it returns. NULL is a no-op. */
 void conch_bridge_free(struct conch_bridge *b);
 
 /* ---- Registry --------------------------------------------------------------------------- */

@@ -39,12 +39,14 @@ static const char serve_usage[] =
     "  --max-output-memory BYTES\n"
     "                      output of all commands kept in memory together (default 64M);\n"
     "                      past it, output goes to the spill files early\n"
-    "  --max-bridge-memory BYTES\n"
-    "                      what all tool bridges hold together: partial request lines,\n"
-    "                      unread answers, calls in flight (default 256M)\n"
-    "  --max-sandbox-bridge-memory BYTES\n"
-    "                      the same for one sandbox (default 64M); past either, the\n"
-    "                      connection or call that does not fit is refused\n";
+    "  --max-sandbox-held BYTES\n"
+    "                      what the daemon holds for one sandbox (default 64M): its tool\n"
+    "                      bridge's partial lines, unread answers and calls in flight, its\n"
+    "                      file answers being read and checked, its sessions' scrollback\n"
+    "                      and keys waiting for the terminal; past it, what does not fit\n"
+    "                      is refused (`limit`) or kept smaller (scrollback)\n"
+    "  --max-held BYTES    the same for all sandboxes together (default 256M)\n"
+    "  (--max-sandbox-bridge-memory and --max-bridge-memory are older names of the two)\n";
 
 enum {
     OPT_SOCKET = 1,
@@ -55,8 +57,8 @@ enum {
     OPT_MAX_SANDBOXES,
     OPT_IDLE,
     OPT_MAX_OUTPUT_MEMORY,
-    OPT_MAX_BRIDGE_MEMORY,
-    OPT_MAX_SANDBOX_BRIDGE_MEMORY
+    OPT_MAX_HELD,
+    OPT_MAX_SANDBOX_HELD
 };
 
 static const struct conch_cli_opt serve_opts[] = {
@@ -68,8 +70,10 @@ static const struct conch_cli_opt serve_opts[] = {
     {"max-sandboxes", 0, true, OPT_MAX_SANDBOXES},
     {"idle-timeout", 0, true, OPT_IDLE},
     {"max-output-memory", 0, true, OPT_MAX_OUTPUT_MEMORY},
-    {"max-bridge-memory", 0, true, OPT_MAX_BRIDGE_MEMORY},
-    {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_BRIDGE_MEMORY},
+    {"max-held", 0, true, OPT_MAX_HELD},
+    {"max-sandbox-held", 0, true, OPT_MAX_SANDBOX_HELD},
+    {"max-bridge-memory", 0, true, OPT_MAX_HELD},
+    {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_HELD},
     {NULL, 0, false, 0},
 };
 
@@ -123,18 +127,17 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
     case OPT_MAX_OUTPUT_MEMORY:
         r = conch_parse_size(value, "--max-output-memory", &c->o.max_output_memory, err);
         break;
-    case OPT_MAX_BRIDGE_MEMORY:
-        r = conch_parse_size(value, "--max-bridge-memory", &c->o.max_bridge_memory, err);
-        if (r == 0 && c->o.max_bridge_memory < 64 * 1024)
-            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--max-bridge-memory: at least 64K");
+    case OPT_MAX_HELD:
+        r = conch_parse_size(value, "--max-held", &c->o.max_held, err);
+        if (r == 0 && c->o.max_held < 64 * 1024)
+            r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--max-held: at least 64K");
         break;
-    case OPT_MAX_SANDBOX_BRIDGE_MEMORY:
-        r = conch_parse_size(value, "--max-sandbox-bridge-memory", &c->o.max_sandbox_bridge_memory,
-                             err);
-        if (r == 0 && c->o.max_sandbox_bridge_memory < 64 * 1024)
+    case OPT_MAX_SANDBOX_HELD:
+        r = conch_parse_size(value, "--max-sandbox-held", &c->o.max_sandbox_held, err);
+        if (r == 0 && c->o.max_sandbox_held < 64 * 1024)
             r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                               "--max-sandbox-bridge-memory: at least 64K (a connection "
-                               "and a short call must fit)");
+                               "--max-sandbox-held: at least 64K (a connection and a short "
+                               "call must fit)");
         break;
     }
     return r;

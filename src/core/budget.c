@@ -14,6 +14,12 @@ void conch_budget_init(struct conch_budget *b, const char *label, uint64_t cap,
     atomic_init(&b->held, 0);
     b->parent = parent;
     snprintf(b->label, sizeof(b->label), "%s", label ? label : "a budget");
+    b->raise_with = NULL;
+}
+
+void conch_budget_set_raise_with(struct conch_budget *b, const char *how)
+{
+    b->raise_with = how;
 }
 
 /* Add @n to @b alone if it stays within the cap. */
@@ -55,8 +61,10 @@ int conch_budget_charge(struct conch_budget *b, uint64_t n, struct conch_err *er
         return 0;
     return conch_err_setk(err, CONCH_ERR_LIMIT, ENOBUFS,
                           "%s is at its budget of %" PRIu64 " MiB (%" PRIu64 " bytes held, %" PRIu64
-                          " more asked)",
-                          full->label, full->cap >> 20, conch_budget_held(full), n);
+                          " more asked)%s%s",
+                          full->label, full->cap >> 20, conch_budget_held(full), n,
+                          full->raise_with ? "; raise it with " : "",
+                          full->raise_with ? full->raise_with : "");
 }
 
 uint64_t conch_budget_charge_upto(struct conch_budget *b, uint64_t n)
@@ -94,4 +102,22 @@ uint64_t conch_budget_room(const struct conch_budget *b)
 uint64_t conch_budget_held(const struct conch_budget *b)
 {
     return b ? atomic_load_explicit(&b->held, memory_order_relaxed) : 0;
+}
+
+void conch_budget_describe(const struct conch_budget *b, char *buf, size_t size)
+{
+    size_t len = 0;
+    if (size)
+        buf[0] = '\0';
+    for (const struct conch_budget *x = b; x && len < size; x = x->parent) {
+        if (x->cap == UINT64_MAX)
+            continue;
+        int w = snprintf(buf + len, size - len,
+                         "%s%s: %" PRIu64 " bytes held of %" PRIu64 " MiB%s%s%s", len ? "; " : "",
+                         x->label, conch_budget_held(x), x->cap >> 20, x->raise_with ? " (" : "",
+                         x->raise_with ? x->raise_with : "", x->raise_with ? ")" : "");
+        if (w < 0)
+            break;
+        len += (size_t)w;
+    }
 }

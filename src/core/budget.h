@@ -10,6 +10,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -20,7 +21,9 @@ struct conch_budget {
     uint64_t cap;                /* bytes that may be held at once; UINT64_MAX: no cap */
     _Atomic uint64_t held;       /* bytes charged and not uncharged yet */
     struct conch_budget *parent; /* borrowed: charged too, must outlive this one; or NULL */
-    char label[96];              /* who holds: "sandbox sb-1's tool bridge", for messages */
+    char label[96];              /* who holds: "sandbox sb-1", for messages */
+    const char *raise_with;      /* borrowed, static: what raises the cap ("conch serve
+                                  * --max-sandbox-held"), named in messages; or NULL */
 };
 
 /*
@@ -30,11 +33,15 @@ struct conch_budget {
 void conch_budget_init(struct conch_budget *b, const char *label, uint64_t cap,
                        struct conch_budget *parent);
 
+/* conch_budget_set_raise_with - name @how (a static string: "conch serve --max-held") in the
+ * messages about @b's cap. */
+void conch_budget_set_raise_with(struct conch_budget *b, const char *how);
+
 /*
  * conch_budget_charge - count @n more bytes as held by @b and by every parent, all or
- * nothing. A NULL @b is unbounded (always 0). Returns 0, or -ENOBUFS with @err (may be NULL)
- * naming the budget that is full, its cap, what it holds and what was asked; nothing is
- * charged then.
+ * nothing. A NULL @b is unbounded (always 0). Returns 0, or -ENOBUFS with @err (may be NULL,
+ * kind CONCH_ERR_LIMIT) naming the budget that is full, its cap, what it holds, what was asked
+ * and what raises the cap; nothing is charged then.
  */
 int conch_budget_charge(struct conch_budget *b, uint64_t n, struct conch_err *err);
 
@@ -55,5 +62,11 @@ uint64_t conch_budget_room(const struct conch_budget *b);
 
 /* conch_budget_held - bytes @b holds now (0 for NULL). */
 uint64_t conch_budget_held(const struct conch_budget *b);
+
+/* conch_budget_describe - what @b and its parents hold, for a message, into @buf (@size
+ * bytes, always terminated): "sandbox sb-1: N bytes held of 64 MiB (conch serve
+ * --max-sandbox-held); all sandboxes: N bytes held of 256 MiB (...)". Levels without a cap
+ * are left out. */
+void conch_budget_describe(const struct conch_budget *b, char *buf, size_t size);
 
 #endif

@@ -137,7 +137,12 @@ struct sandbox {
     struct conch_list files;     /* struct file_req in flight */
     struct file_pool *file_pool; /* persistent file workers (fileworkers.c); NULL: none yet */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
-    double tool_timeout;         /* its limits (0: the bridge's defaults) */
+    /* What the daemon holds for this sandbox (draws on d->held_budget): its tool bridge's
+     * bytes (the bridge's budget draws on this one), its file answers being read and checked,
+     * its sessions' scrollback and pending keys. Whatever holds a charge holds the sandbox
+     * too (conch_daemon_sandbox_hold), so that this outlives every charge. */
+    struct conch_budget held;
+    double tool_timeout; /* its limits (0: the bridge's defaults) */
     unsigned max_tool_calls;
 };
 
@@ -190,7 +195,10 @@ struct file_req {
     struct conch_rpc_call *call;
     uv_pipe_t pipe;
     char *buf;
-    size_t len, cap;
+    size_t len, cap;  /* bytes read, allocated */
+    uint64_t charged; /* charged to sb->held: what was read and the room given to the next read */
+    bool over_budget; /* the answer outgrew the sandbox's budget: failed with `limit` */
+    char over_why[512];
     bool closed;               /* the pipe is closing: out of sandbox->files */
     bool pipe_closed;          /* its close completed */
     bool measure;              /* a write or delete: measure the sandbox's disk use after it */
@@ -223,10 +231,10 @@ struct daemon {
     bool ptc_warned;              /* said once that the tool-bridge clients are missing */
     bool private_state;           /* --stdio without --state-dir: state_dir is ours alone */
     uv_shutdown_t stdio_shutdown; /* --stdio: flushing stdout after stdin closed */
-    /* What sandboxes and clients make the daemon hold, all together: each sandbox's bridge
-     * budget draws on bridge_budget; every command's output kept in memory (exec.run's
+    /* What sandboxes and clients make the daemon hold, all together: each sandbox's budget
+     * (sandbox->held) draws on held_budget; every command's output kept in memory (exec.run's
      * head and tail, session.run's) is charged to output_budget. */
-    struct conch_budget bridge_budget, output_budget;
+    struct conch_budget held_budget, output_budget;
 };
 
 /* server.c */
@@ -312,6 +320,9 @@ struct sandbox_spec {
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */
 struct sandbox *conch_sb_new(struct daemon *d);
+/* conch_daemon_sandbox_budget_label - name @sb's budget (sb->held) after its id, which a
+ * recycle changes; a budget that holds nothing is (re)initialised. */
+void conch_daemon_sandbox_budget_label(struct sandbox *sb);
 int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spec,
                                 struct sandbox **ret, struct conch_err *err);
 /* conch_daemon_sandbox_destroy - at once: fail its commands and requests, forget it (not found from
@@ -410,12 +421,20 @@ void conch_daemon_ws_ops_cancel(struct sandbox *sb, const char *why);
 /* The largest answer of a file worker. */
 #define CONCH_FILE_MAX_RESPONSE (64u << 20)
 /* conch_daemon_file_answer_queue - parse the worker's answer @buf (owned) off the loop and complete
- * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). */
+ * @call with it; measure @sb's disk use first when @measure (a write or delete, @frees). @charged:
+ * bytes of sb->held charged for @buf, taken over (uncharged once the answer has gone to its
+ * client); parsing it whole charges its estimated parsed size too, or fails with `limit`. */
 void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *call, char *buf,
-                                    size_t len, bool measure, bool frees);
+                                    size_t len, uint64_t charged, bool measure, bool frees);
+/* conch_daemon_file_answer_refuse - fail @call with `limit`: a file worker's answer (@size:
+ * "of 12345 bytes", "of more than 12345 bytes") does not fit the sandbox's budget (@err->msg,
+ * from conch_budget_charge, names the budget and the option that raises it). */
+void conch_daemon_file_answer_refuse(struct conch_rpc_call *call, const char *size,
+                                     const struct conch_err *err);
 /* conch_daemon_file_pool_submit - give the request @text (owned when it returns true) to a free
  * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
- * when all are busy and many forked workers are in flight, and return true; false: the
+ * when all are busy and many forked workers are in flight (charged to the sandbox's budget
+ * while it waits; past the budget @call is failed with `limit`), and return true; false: the
  * caller forks a worker for it. */
 bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text,
                                    bool measure, bool frees);
@@ -426,6 +445,13 @@ void conch_daemon_file_req_abort(struct file_req *fr);
  * its answer was whole, saying why: it could not start, the sandbox stopped (lost), its
  * deadline fired, or what killed it. */
 void conch_daemon_file_fail_ended(struct conch_rpc_call *call, const struct conch_proc_end *end);
+/* file-answers.c: fs.* on /run/conch/output, served on the host from @sb's spill dir. */
+/* conch_daemon_fs_output_request - whether fs.@method with @params names the output dir: 1 all
+ * of its paths do, 0 none, -1 some do and some do not (download). */
+int conch_daemon_fs_output_request(const char *method, json_t *params);
+/* conch_daemon_fs_output_handle - serve fs.@method on the output dir, off the loop. */
+void conch_daemon_fs_output_handle(struct sandbox *sb, struct conch_rpc_call *call, json_t *params,
+                                   const char *method);
 /* conch_daemon_handle_fs - fs.<@method>: the request runs in a fenced worker inside the sandbox. */
 void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx,
                             const char *method);

@@ -18,11 +18,12 @@ struct conch_daemon_opts {
     unsigned max_sandboxes;  /* default 256 */
     double idle_timeout;     /* default idle timeout of a sandbox, seconds (default 3600) */
     /* Budgets of what sandboxes and clients make the daemon hold (docs/ARCHITECTURE.md,
-     * "Budgets"): the tool bridges' bytes, per sandbox and all together, and the output of
+     * "Budgets"): what the daemon holds for a sandbox (its tool bridge, its file answers,
+     * its sessions' scrollback and keys), per sandbox and all together, and the output of
      * commands kept in memory, all together. */
-    uint64_t max_sandbox_bridge_memory; /* default 64 MiB */
-    uint64_t max_bridge_memory;         /* default 256 MiB */
-    uint64_t max_output_memory;         /* default 64 MiB */
+    uint64_t max_sandbox_held;  /* default 64 MiB */
+    uint64_t max_held;          /* default 256 MiB */
+    uint64_t max_output_memory; /* default 64 MiB */
 };
 
 /* conch_daemon_opts_init - the defaults above. */

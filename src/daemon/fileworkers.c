@@ -70,6 +70,7 @@ struct queued {
     struct conch_list link;
     struct conch_rpc_call *call;
     char *text;
+    uint64_t charged; /* the request's bytes, charged to the sandbox's budget while it waits */
     bool measure, frees;
 };
 
@@ -91,7 +92,7 @@ struct fworker {
     /* its answer */
     unsigned char hdr[8];
     size_t hdr_got;
-    char *buf;
+    char *buf; /* want bytes, charged to the sandbox's budget (sb->held) */
     size_t len, want;
     char scratch[64]; /* where bytes read when no answer is due go */
 };
@@ -124,12 +125,23 @@ static void fw_on_written(uv_write_t *req, int status)
     free(wr);
 }
 
+/* Free @w's answer buffer, and its charge: on the loop, while its sandbox is alive. */
+static void fw_drop_buf(struct fworker *w, struct sandbox *sb)
+{
+    if (!w->buf)
+        return;
+    free(w->buf);
+    w->buf = NULL;
+    conch_budget_uncharge(&sb->held, w->want);
+}
+
 /* Take @w out of its pool, kill it and close its handles. */
 static void fw_retire(struct fworker *w, bool kill_it)
 {
     struct file_pool *pool = w->pool;
     if (!pool)
         return;
+    fw_drop_buf(w, pool->sb);
     conch_list_del(&w->link);
     pool->n--;
     if (!w->served)
@@ -151,7 +163,8 @@ static void fw_answer(struct fworker *w, char *buf, size_t len)
     w->call = NULL;
     w->busy = false;
     uv_timer_stop(&w->timer);
-    conch_daemon_file_answer_queue(w->pool->sb, call, buf, len, w->measure, w->frees);
+    conch_daemon_file_answer_queue(w->pool->sb, call, buf, len, buf ? len : 0, w->measure,
+                                   w->frees);
     pool_next(w->pool);
 }
 
@@ -166,11 +179,9 @@ static void fw_fail(struct fworker *w)
     struct conch_rpc_call *call = w->call;
     w->call = NULL;
     w->busy = false;
-    free(w->buf);
-    w->buf = NULL;
-    fw_retire(w, true);
+    fw_retire(w, true); /* drops the answer's buffer */
     if (busy)
-        conch_daemon_file_answer_queue(pool->sb, call, NULL, 0, w->measure, w->frees);
+        conch_daemon_file_answer_queue(pool->sb, call, NULL, 0, 0, w->measure, w->frees);
     pool_next(pool);
 }
 
@@ -277,10 +288,29 @@ static void fw_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
             pool_next(pool);
             return;
         }
+        /* The answer comes from inside the sandbox: its buffer is charged to the sandbox's
+         * budget before it is allocated. One that does not fit fails its request with
+         * `limit`; the worker, with a frame half read, is replaced (not counted as a failure
+         * to start: it served). */
+        struct conch_err err = {0};
+        if (conch_budget_charge(&w->pool->sb->held, want, &err) < 0) {
+            struct conch_rpc_call *call = w->call;
+            w->call = NULL;
+            w->busy = false;
+            w->served++;
+            char size[64];
+            snprintf(size, sizeof(size), "of %llu bytes", (unsigned long long)want);
+            conch_daemon_file_answer_refuse(call, size, &err);
+            struct file_pool *pool = w->pool;
+            fw_retire(w, true);
+            pool_next(pool);
+            return;
+        }
         w->want = (size_t)want;
         w->len = 0;
         w->buf = want ? malloc(w->want) : NULL;
         if (want && !w->buf) {
+            conch_budget_uncharge(&w->pool->sb->held, want);
             fw_fail(w);
             return;
         }
@@ -401,6 +431,7 @@ static void pool_next(struct file_pool *pool)
         }
         conch_list_del(&q->link);
         pool->queued--;
+        conch_budget_uncharge(&pool->sb->held, q->charged);
         free(q->text);
         free(q);
     }
@@ -436,9 +467,23 @@ bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *ca
     /* All busy: fork a worker for it, unless many are already forked (then wait in line). */
     if (pool->n == 0 || forked_in_flight(sb) < FILE_FORK_MAX || pool->queued >= FILE_QUEUE_MAX)
         return false;
+    /* Requests waiting here (up to FILE_QUEUE_MAX, each up to CONCH_FS_MAX_REQUEST) are held
+     * for the sandbox: charged to its budget while they wait, refused past it. */
+    uint64_t charge = strlen(text) + sizeof(struct queued);
+    struct conch_err err = {0};
+    if (conch_budget_charge(&sb->held, charge, &err) < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "a file request of %zu bytes cannot wait for a file worker: %s",
+                             strlen(text), err.msg);
+        free(text);
+        return true;
+    }
     struct queued *q = calloc(1, sizeof(*q));
-    if (!q)
+    if (!q) {
+        conch_budget_uncharge(&sb->held, charge);
         return false;
+    }
+    q->charged = charge;
     q->call = call;
     q->text = text;
     q->measure = measure;
@@ -470,6 +515,7 @@ void conch_daemon_file_pool_stop(struct sandbox *sb)
         conch_list_del(&q->link);
         conch_rpc_call_failf(q->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
                              "the file request could not complete: the sandbox stopped");
+        conch_budget_uncharge(&sb->held, q->charged);
         free(q->text);
         free(q);
     }

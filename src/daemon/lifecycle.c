@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/lifecycle.h"
+#include "daemon/sessions.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
 #include "ptc/ptc.h"
@@ -344,6 +345,15 @@ static void warden_teardown(struct sandbox *sb)
 static void on_idle_closed(uv_handle_t *h)
 {
     struct sandbox *sb = h->data;
+    /* Every holder of a charge held the sandbox, or let go of it when it went (the bridge):
+     * what is left is a slip, which must not stay charged to the daemon's budget. */
+    uint64_t left = conch_budget_held(&sb->held);
+    if (left) {
+        log_error("sandbox %s: %llu bytes still charged to its budget at its end (a bug in the "
+                  "daemon)",
+                  sb->id, (unsigned long long)left);
+        conch_budget_uncharge(sb->held.parent, left);
+    }
     json_decref(sb->env);
     free(sb);
 }
@@ -415,6 +425,7 @@ static void on_pool_timer(uv_timer_t *t)
 static void renew(struct sandbox *sb)
 {
     conch_daemon_make_id(sb->d, "sb", sb->id, sizeof(sb->id));
+    conch_daemon_sandbox_budget_label(sb);
     sb->fresh = sb->from_pool = false;
     sb->commands = 0;
     sb->disk_over = sb->measure_wanted = false;
@@ -431,6 +442,7 @@ static void unlink_sandbox(struct sandbox *sb)
         conch_daemon_run_forget(conch_list_entry(pos, struct run, link));
     conch_bridge_free(sb->bridge);
     sb->bridge = NULL;
+    conch_daemon_sessions_sandbox_gone(sb);
     conch_list_del(&sb->link);
     sb->d->n_sandboxes--;
     if (sb->holds == 0)

@@ -24,9 +24,12 @@ static void handle_ping(struct conch_rpc_call *call, json_t *params, void *ctx)
         /* what conch_daemon_pool_take would lend now (being built or made as new: not yet) */
         ready += sb->state == SB_POOLED;
     }
-    conch_rpc_call_reply(call, json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", "0.1.0", "pid",
-                                         (int)getpid(), "sandboxes", n, "pool_ready", ready,
-                                         "state_dir", c->d->state_dir));
+    conch_rpc_call_reply(call,
+                         json_pack("{s:s,s:i,s:i,s:i,s:s,s:{s:I,s:I}}", "version", "0.1.0", "pid",
+                                   (int)getpid(), "sandboxes", n, "pool_ready", ready, "state_dir",
+                                   c->d->state_dir, "held", "sandboxes",
+                                   (json_int_t)conch_budget_held(&c->d->held_budget), "output",
+                                   (json_int_t)conch_budget_held(&c->d->output_budget)));
 }
 
 /* Fill @spec from sandbox.create (or exec.run fresh) params, by the one spec parser

@@ -62,12 +62,13 @@ struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch
 
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
-    return json_pack(
-        "{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f}", "id", sb->id, "name",
-        sb->name[0] ? sb->name : NULL, "state", sb->state == SB_READY ? "running" : "stopped",
-        "workspace", sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
-        "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at", sb->last_used_at,
-        "commands", (int)sb->commands, "idle_timeout", sb->idle_timeout);
+    return json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I}", "id", sb->id, "name",
+                     sb->name[0] ? sb->name : NULL, "state",
+                     sb->state == SB_READY ? "running" : "stopped", "workspace",
+                     sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
+                     "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
+                     sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
+                     sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held));
 }
 
 static void on_idle(uv_timer_t *t)
@@ -344,7 +345,19 @@ struct sandbox *conch_sb_new(struct daemon *d)
     conch_list_add(&d->sandboxes, &sb->link);
     d->n_sandboxes++;
     conch_daemon_make_id(d, "sb", sb->id, sizeof(sb->id));
+    conch_daemon_sandbox_budget_label(sb);
+    conch_budget_set_raise_with(&sb->held, "conch serve --max-sandbox-held");
     return sb;
+}
+
+void conch_daemon_sandbox_budget_label(struct sandbox *sb)
+{
+    char label[96];
+    snprintf(label, sizeof(label), "sandbox %s", sb->id);
+    if (conch_budget_held(&sb->held) == 0)
+        conch_budget_init(&sb->held, label, sb->d->opts.max_sandbox_held, &sb->d->held_budget);
+    else
+        snprintf(sb->held.label, sizeof(sb->held.label), "%s", label);
 }
 
 const char *conch_daemon_sandbox_spill_dir(struct sandbox *sb)

@@ -77,8 +77,8 @@ void conch_daemon_opts_init(struct conch_daemon_opts *o)
     o->pool_size = 4;
     o->max_sandboxes = 256;
     o->idle_timeout = 3600;
-    o->max_sandbox_bridge_memory = 64u << 20;
-    o->max_bridge_memory = 256u << 20;
+    o->max_sandbox_held = 64u << 20;
+    o->max_held = 256u << 20;
     o->max_output_memory = 64u << 20;
 }
 
@@ -617,8 +617,10 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     CONCH_LIST_INIT(&d->clients);
     CONCH_LIST_INIT(&d->sandboxes);
     CONCH_LIST_INIT(&d->jobs);
-    conch_budget_init(&d->bridge_budget, "the daemon's tool bridges", o->max_bridge_memory, NULL);
+    conch_budget_init(&d->held_budget, "all sandboxes", o->max_held, NULL);
+    conch_budget_set_raise_with(&d->held_budget, "conch serve --max-held");
     conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
+    conch_budget_set_raise_with(&d->output_budget, "conch serve --max-output-memory");
     if (o->state_dir)
         snprintf(d->state_dir, sizeof(d->state_dir), "%s", o->state_dir);
     else if ((r = conch_state_default_dir(d->state_dir, sizeof(d->state_dir), err)) < 0)

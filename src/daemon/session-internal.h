@@ -68,11 +68,18 @@ struct session {
     size_t socklen;
     char *mpend; /* keys not yet written to the terminal */
     size_t mpend_len, mpend_off;
-    char *wpend; /* control-socket bytes not yet written */
+    uint64_t keys_charged; /* bytes of mpend charged to held_sb's budget */
+    char *wpend;           /* control-socket bytes not yet written */
     size_t wpend_len, wpend_off;
-    /* scrollback ring */
+    /* scrollback ring: allocated as output comes (ring_size bytes, charged to held_sb's
+     * budget) up to ring_cap, or less when the budget has no room; it wraps at ring_size */
     char *ring;
-    size_t ring_cap, ring_len, ring_pos;
+    size_t ring_cap, ring_size, ring_len, ring_pos;
+    uint64_t ring_charged;
+    /* The sandbox whose budget (sandbox->held) the scrollback and the pending keys are
+     * charged to: set at open, cleared (all uncharged) when the sandbox goes
+     * (conch_daemon_sessions_sandbox_gone); NULL for a session listed from its record. */
+    struct sandbox *held_sb;
     uint64_t seq; /* bytes of output so far */
     unsigned short rows, cols;
     struct conch_list clients;
@@ -191,9 +198,17 @@ void conch_daemon_session_sock_poll_update(struct session *s);
 void conch_daemon_session_sock_write(struct session *s, const char *buf, size_t len);
 
 /* conch_daemon_session_master_write - queue @len bytes of @buf (copied) as keys for the terminal
- * and write what it takes now. Returns 0, or -1 with errno: EIO (no terminal), ENOBUFS (more than
- * MAX_PENDING_KEYS would wait), ENOMEM. */
-int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len);
+ * and write what it takes now. A @client's keys are charged to the sandbox's budget while they
+ * wait (the daemon's own short lines are not). Returns 0, or -errno with @err (may be NULL)
+ * filled: -EIO (no terminal), -ENOBUFS (more than MAX_PENDING_KEYS would wait, or the
+ * sandbox's budget has no room: the message names it), -ENOMEM. */
+int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len, bool client,
+                                      struct conch_err *err);
+
+/* conch_daemon_session_uncharge - @s holds nothing more for its sandbox: uncharge its scrollback
+ * and pending keys from the sandbox's budget and forget the sandbox (it goes, or @s is freed).
+ * A scrollback that never wrapped shrinks to what it holds. */
+void conch_daemon_session_uncharge(struct session *s);
 
 /* conch_daemon_session_fg_signal - send @sig to the terminal's foreground process group, never to
  * the shell's own group. Returns what ioctl/kill returned (-1 with errno on failure). */

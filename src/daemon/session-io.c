@@ -79,23 +79,83 @@ static void close_poll(uv_poll_t **p)
 
 /* ---- scrollback ---- */
 
-static void ring_append(struct session *s, const char *buf, size_t len)
+/* Make room in the ring for @len more bytes while it has not wrapped yet: it grows (doubling,
+ * at least 64 KiB) up to ring_cap, as far as the sandbox's budget grants (leaving half of it
+ * to the rest). Past that it wraps at the size it has: a flood keeps the daemon within the
+ * budget, the scrollback just holds less. */
+static void ring_grow(struct session *s, size_t len)
 {
-    if (!s->ring_cap)
+    if (s->ring_size >= s->ring_cap || s->ring_pos != s->ring_len ||
+        s->ring_len + len <= s->ring_size || !s->held_sb)
         return;
-    if (len >= s->ring_cap) {
-        memcpy(s->ring, buf + len - s->ring_cap, s->ring_cap);
-        s->ring_pos = 0;
-        s->ring_len = s->ring_cap;
+    size_t want = s->ring_size * 2;
+    if (want < s->ring_len + len)
+        want = s->ring_len + len;
+    if (want < (64u << 10))
+        want = 64u << 10;
+    if (want > s->ring_cap)
+        want = s->ring_cap;
+    /* Scrollback may take half of the sandbox's budget at most: a session printing without
+     * end must not leave its tool bridge and file answers no room. */
+    struct conch_budget *b = &s->held_sb->held;
+    uint64_t room = conch_budget_room(b), reserve = b->cap / 2;
+    uint64_t ask = want - s->ring_size;
+    if (room <= reserve)
+        return;
+    if (ask > room - reserve)
+        ask = room - reserve;
+    uint64_t grant = conch_budget_charge_upto(b, ask);
+    if (!grant)
+        return;
+    char *nb = realloc(s->ring, s->ring_size + grant);
+    if (!nb) {
+        conch_budget_uncharge(&s->held_sb->held, grant);
         return;
     }
-    size_t first = s->ring_cap - s->ring_pos;
+    s->ring = nb;
+    s->ring_size += grant;
+    s->ring_charged += grant;
+}
+
+static void ring_append(struct session *s, const char *buf, size_t len)
+{
+    ring_grow(s, len);
+    size_t size = s->ring_size;
+    if (!size)
+        return;
+    if (len >= size) {
+        memcpy(s->ring, buf + len - size, size);
+        s->ring_pos = 0;
+        s->ring_len = size;
+        return;
+    }
+    size_t first = size - s->ring_pos;
     if (first > len)
         first = len;
     memcpy(s->ring + s->ring_pos, buf, first);
     memcpy(s->ring, buf + first, len - first);
-    s->ring_pos = (s->ring_pos + len) % s->ring_cap;
-    s->ring_len = s->ring_len + len > s->ring_cap ? s->ring_cap : s->ring_len + len;
+    s->ring_pos = (s->ring_pos + len) % size;
+    s->ring_len = s->ring_len + len > size ? size : s->ring_len + len;
+}
+
+void conch_daemon_session_uncharge(struct session *s)
+{
+    if (!s->held_sb)
+        return;
+    conch_budget_uncharge(&s->held_sb->held, s->ring_charged + s->keys_charged);
+    s->ring_charged = s->keys_charged = 0;
+    s->held_sb = NULL;
+    /* Nothing is added to it from now on (the shell is gone with the sandbox). */
+    if (s->ring_len < s->ring_size && s->ring_pos == s->ring_len) {
+        char *nb = s->ring_len ? realloc(s->ring, s->ring_len) : NULL;
+        if (nb || !s->ring_len) {
+            if (!s->ring_len)
+                free(s->ring);
+            s->ring = nb;
+            s->ring_size = s->ring_len;
+            s->ring_pos = 0;
+        }
+    }
 }
 
 /* The scrollback in order, as a new buffer (*@ret_len bytes). */
@@ -104,8 +164,9 @@ char *conch_daemon_session_ring_copy(const struct session *s, size_t *ret_len)
     char *b = malloc(s->ring_len + 1);
     if (!b)
         return NULL;
-    size_t start = (s->ring_pos + s->ring_cap - s->ring_len) % (s->ring_cap ? s->ring_cap : 1);
-    size_t first = s->ring_cap - start;
+    size_t size = s->ring_size ? s->ring_size : 1;
+    size_t start = (s->ring_pos + size - s->ring_len) % size;
+    size_t first = size - start;
     if (first > s->ring_len)
         first = s->ring_len;
     if (s->ring_len) {
@@ -579,30 +640,50 @@ static void master_flush(struct session *s)
         free(s->mpend);
         s->mpend = NULL;
         s->mpend_len = s->mpend_off = 0;
+        if (s->held_sb)
+            conch_budget_uncharge(&s->held_sb->held, s->keys_charged);
+        s->keys_charged = 0;
     }
     master_poll_update(s);
 }
 
-int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len)
+int conch_daemon_session_master_write(struct session *s, const char *buf, size_t len, bool client,
+                                      struct conch_err *err)
 {
-    if (s->master < 0) {
-        errno = EIO;
-        return -1;
-    }
+    if (s->master < 0)
+        return conch_err_set(err, EIO, "session %s: it has no terminal", s->id);
     size_t left = s->mpend ? s->mpend_len - s->mpend_off : 0;
-    if (left + len > MAX_PENDING_KEYS) {
-        errno = ENOBUFS;
-        return -1;
+    if (left + len > MAX_PENDING_KEYS)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, ENOBUFS,
+                              "session %s: %u bytes of keys wait already: the program in its "
+                              "terminal does not read them",
+                              s->id, MAX_PENDING_KEYS);
+    /* Keys wait here while the terminal's queue is full: a client's are charged to the
+     * sandbox's budget (the new buffer before it is allocated; the old one's charge goes
+     * with it below). */
+    uint64_t charge = client && s->held_sb ? left + len : 0;
+    int r = charge ? conch_budget_charge(&s->held_sb->held, charge, err) : 0;
+    if (r < 0) {
+        conch_err_wrap(err, "session %s: keys waiting for the terminal", s->id);
+        return r;
     }
     char *nb = malloc(left + len);
     if (!nb) {
-        errno = ENOMEM;
-        return -1;
+        if (charge)
+            conch_budget_uncharge(&s->held_sb->held, charge);
+        return conch_err_set(err, ENOMEM, "out of memory");
     }
     if (left)
         memcpy(nb, s->mpend + s->mpend_off, left);
     memcpy(nb + left, buf, len);
     free(s->mpend);
+    if (client && s->held_sb) {
+        conch_budget_uncharge(&s->held_sb->held, s->keys_charged);
+        s->keys_charged = charge;
+    } else if (s->keys_charged > left) { /* a client's keys still waiting stay charged */
+        conch_budget_uncharge(&s->held_sb->held, s->keys_charged - left);
+        s->keys_charged = left;
+    }
     s->mpend = nb;
     s->mpend_len = left + len;
     s->mpend_off = 0;
@@ -663,7 +744,7 @@ void conch_daemon_session_on_timer(uv_timer_t *t)
         int n = snprintf(rec, sizeof(rec), "%s", s->nonce);
         conch_daemon_session_sock_write(s, rec, (size_t)n + 1);
         static const char sync_line[] = "\x15 \\__conch_s\n";
-        conch_daemon_session_master_write(s, sync_line, sizeof(sync_line) - 1);
+        conch_daemon_session_master_write(s, sync_line, sizeof(sync_line) - 1, false, NULL);
         uv_timer_start(s->timer, conch_daemon_session_on_timer, 2000 + s->cur->grace_ms, 0);
         break;
     }
@@ -693,5 +774,8 @@ void conch_daemon_session_close_fds(struct session *s)
     free(s->mpend);
     s->mpend = NULL;
     s->mpend_len = s->mpend_off = 0;
+    if (s->held_sb)
+        conch_budget_uncharge(&s->held_sb->held, s->keys_charged);
+    s->keys_charged = 0;
     s->socklen = 0;
 }

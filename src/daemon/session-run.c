@@ -541,9 +541,9 @@ void conch_daemon_session_pump(struct session *s)
     static const char run_in_line[] = "\x15 \\__conch_b&&\\builtin eval "
                                       "\"$__conch_c\"<<<\"$__conch_in\" 62>&-;\\__conch_e \"$?\"\n";
     if (r->has_in)
-        conch_daemon_session_master_write(s, run_in_line, sizeof(run_in_line) - 1);
+        conch_daemon_session_master_write(s, run_in_line, sizeof(run_in_line) - 1, false, NULL);
     else
-        conch_daemon_session_master_write(s, run_line, sizeof(run_line) - 1);
+        conch_daemon_session_master_write(s, run_line, sizeof(run_line) - 1, false, NULL);
     if (r->timeout_ms) {
         s->tstage = T_DEADLINE;
         uv_timer_start(s->timer, conch_daemon_session_on_timer, r->timeout_ms, 0);

@@ -303,8 +303,9 @@ void conch_daemon_handle_session_open(struct conch_rpc_call *call, json_t *param
     CONCH_LIST_INIT(&s->queue);
     s->rows = (unsigned short)conch_rpc_int(params, "rows", 24);
     s->cols = (unsigned short)conch_rpc_int(params, "cols", 80);
+    /* The ring grows as output comes, charged to the sandbox's budget (session-io.c). */
     s->ring_cap = (size_t)conch_rpc_int(params, "scrollback", SCROLLBACK_DEFAULT);
-    s->ring = s->ring_cap ? malloc(s->ring_cap) : NULL;
+    s->held_sb = sb;
     s->env = json_incref(json_object_get(params, "env"));
     const char *cwd = conch_rpc_str(params, "cwd", NULL);
     if (cwd && cwd[0] == '/')
@@ -317,8 +318,7 @@ void conch_daemon_handle_session_open(struct conch_rpc_call *call, json_t *param
     s->created_at = s->last_used_at = conch_daemon_now();
     s->cap.spill_fd = s->nocap.spill_fd = -1;
     struct conch_err err = {0};
-    if ((s->ring_cap && !s->ring) || conch_daemon_session_timers_open(s) < 0 ||
-        conch_daemon_session_shell_start(s, &err) < 0) {
+    if (conch_daemon_session_timers_open(s) < 0 || conch_daemon_session_shell_start(s, &err) < 0) {
         if (!err.code)
             conch_err_set(&err, ENOMEM, "out of memory");
         conch_daemon_session_timers_close(s);
@@ -431,15 +431,15 @@ void conch_daemon_handle_session_write(struct conch_rpc_call *call, json_t *para
     }
     size_t len = 0;
     const char *data = conch_rpc_strn(params, "data", &len);
-    if (conch_daemon_session_master_write(s, data, len) < 0) {
-        if (errno == ENOBUFS)
-            conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
-                                 "session %s: %u bytes of keys wait already: the program in its "
-                                 "terminal does not read them",
-                                 s->id, MAX_PENDING_KEYS);
-        else
-            conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
-                                 "session %s: write to its terminal: %s", s->id, strerror(errno));
+    struct conch_err err = {0};
+    int r = conch_daemon_session_master_write(s, data, len, true, &err);
+    if (r == -ENOBUFS || r == -ENOMEM) {
+        conch_rpc_call_fail_err(call, CONCH_RPC_LIMIT, "limit", &err);
+        return;
+    }
+    if (r < 0) {
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_STOPPED, "session_ended", NULL,
+                             "session %s: write to its terminal: %s", s->id, err.msg);
         return;
     }
     conch_daemon_session_touch(s);
@@ -576,11 +576,23 @@ void conch_daemon_session_free(struct session *s)
         free(c);
     }
     conch_daemon_session_timers_close(s);
+    conch_daemon_session_uncharge(s);
     free(s->ring);
     free(s->cwd);
     json_decref(s->env);
     conch_bridge_report_done(&s->tools);
     free(s);
+}
+
+void conch_daemon_sessions_sandbox_gone(struct sandbox *sb)
+{
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sessions)
+    {
+        struct session *s = conch_list_entry(pos, struct session, link);
+        if (s->held_sb == sb)
+            conch_daemon_session_uncharge(s);
+    }
 }
 
 /* Forget @s: kill its shell (its end comes at once, synchronously or not), tell clients. */
@@ -683,7 +695,7 @@ void conch_daemon_sessions_recover(struct daemon *d)
         CONCH_LIST_INIT(&s->queue);
         snprintf(path, sizeof(path), "%s/%s.out", dir, s->id);
         s->ring = read_record(path, 64u << 20, &len);
-        s->ring_cap = s->ring_len = s->ring ? len : 0;
+        s->ring_cap = s->ring_size = s->ring_len = s->ring ? len : 0;
         s->ring_pos = 0;
         s->seq = s->ring_len;
         s->cap.spill_fd = s->nocap.spill_fd = -1;

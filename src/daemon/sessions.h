@@ -23,4 +23,10 @@ struct daemon;
  * (<state>/sessions/) as ended, with their last scrollback. Call once at start. */
 void conch_daemon_sessions_recover(struct daemon *d);
 
+struct sandbox;
+/* conch_daemon_sessions_sandbox_gone - @sb goes (out of the registry, about to be freed): its
+ * sessions, ended with it, hold nothing more for it (their scrollback and keys are uncharged
+ * from its budget; the ended sessions' scrollback stays as it is, listed). */
+void conch_daemon_sessions_sandbox_gone(struct sandbox *sb);
+
 #endif

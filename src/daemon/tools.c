@@ -106,8 +106,8 @@ int conch_daemon_sandbox_bridge_new(struct sandbox *sb, struct conch_err *err)
         lim.call_timeout_s = sb->tool_timeout;
     if (sb->max_tool_calls)
         lim.max_calls = sb->max_tool_calls;
-    lim.max_held = sb->d->opts.max_sandbox_bridge_memory;
-    lim.shared = &sb->d->bridge_budget;
+    lim.max_held = 0; /* its cap is the sandbox's (sb->held), which draws on the daemon's */
+    lim.shared = &sb->held;
     return conch_bridge_new(&sb->d->loop, sb->id, &lim, &bridge_ops, sb, &sb->bridge, err);
 }
 

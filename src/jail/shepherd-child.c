@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/fdpass.h"
 #include "core/proctitle.h"
 #include "jail/jail-internal.h"
 #include "jail/landlock.h"
@@ -427,6 +428,21 @@ static void signal_requests(struct jail_shep_report *rep)
  * signal the whole namespace when the warden asks, and when the command exits kill
  * (kill(-1), atomic) and reap everything it left, report the exit and leave it in @rep for
  * the warden too. */
+/* Send our command's event @m on @ctl. The parent's control socket (channel 0) blocks as
+ * ever; a borrower's channel never does: a borrower that does not read loses its command
+ * (the caller kills it) rather than leaving us, and the sandbox's slot, stalled. Returns 0,
+ * or -1 when the message did not go. */
+static int report_event(int ctl, bool lease, struct jail_msg *m)
+{
+    if (ctl < 0)
+        return -1;
+    if (!lease)
+        return conch_jail_send(ctl, m, NULL, 0) == 0 ? 0 : -1;
+    m->version = JAIL_PROTO_VERSION;
+    return conch_send_fds(ctl, m, sizeof(*m), NULL, 0, MSG_DONTWAIT) == (ssize_t)sizeof(*m) ? 0
+                                                                                            : -1;
+}
+
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock, int ctl,
                                                struct jail_shep_report *rep)
 {
@@ -438,6 +454,8 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     /* The command's process runs on this stack, in our memory, until it execs; a guard page
      * below it turns an overflow into a crash of that process, not a write into ours. */
     char *stack = MAP_FAILED;
+    /* A channel other than the parent's (channel 0) is a borrower's. */
+    bool lease = ctl >= 0 && ctl != conch_jail_chan_fd(0);
     if (conch_jail_warden.host_view >= 0)
         close(conch_jail_warden.host_view);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
@@ -493,6 +511,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         ctl = r > 0 && cm.type == JMSG_LEASE && n == 1 ? cfd : -1;
         if (ctl < 0 && n == 1)
             close(cfd);
+        lease = true;
     }
     /* What the command's process mapped is ours now: its argv and environment must not stay
      * in our memory while it runs. */
@@ -524,7 +543,8 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         m.id = id;
         m.a = cmd;
         m.ns = rep->ns_ino; /* who the command's tool-bridge connections come from */
-        conch_jail_send(ctl, &m, NULL, 0);
+        if (report_event(ctl, lease, &m) < 0 && lease)
+            kill(-1, SIGKILL); /* its borrower does not read: the command goes (loop below) */
     }
     rep->state = SHEP_STARTED;
 
@@ -569,7 +589,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     m.a = status;
     m.b = rep->timed_out ? JEXIT_TIMED_OUT : 0;
     getrusage(RUSAGE_CHILDREN, &m.usage);
-    if (ctl >= 0 && conch_jail_send(ctl, &m, NULL, 0) == 0)
+    if (report_event(ctl, lease, &m) == 0)
         rep->state = SHEP_EXIT_SENT;
     /* What is left of us is our exit: the teardown of the command's namespaces and memory,
      * ~150 µs of kernel work that waits on RCU. It must not take the CPU from the parent that

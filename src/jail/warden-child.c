@@ -106,16 +106,40 @@ uint32_t conch_jail_chan_now(void)
     return lease_ctl >= 0 ? lease_no : 0;
 }
 
-static void lease_revoke(void)
+static void slot_signal(struct jail_proc_slot *s, int sig);
+
+/* End the current lease: close our end of its channel and, with @kill_commands, kill the
+ * commands started through it (their borrower does not read, or went away: nobody will see
+ * their events, and they must not run on in a sandbox whose slots they hold). */
+static void lease_revoke(bool kill_commands)
 {
-    if (lease_ctl >= 0)
-        close(lease_ctl);
+    if (lease_ctl < 0)
+        return;
+    close(lease_ctl);
     lease_ctl = -1;
+    for (int i = 0; kill_commands && i < JAIL_MAX_PROCS; i++) {
+        struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+        if (s->pid <= 0 || s->is_file)
+            continue;
+        if (s->ready && s->shep_chan == lease_no) {
+            /* Built during the lease, it holds a copy of the channel: the borrower would
+             * never read EOF. Reaped silently; the next one is built on channel 0. */
+            s->ready = false;
+            s->retired = true;
+            s->id = -1;
+            conch_jail_warden.ready_slot = -1;
+            kill(s->pid, SIGKILL);
+        } else if (!s->ready && !s->retired && s->chan == lease_no) {
+            slot_signal(s, SIGKILL);
+        }
+    }
 }
 
 /* Send event @m on channel @chan. On the parent's control socket as ever (blocking; a failure
  * means the parent is gone). A borrower never blocks us: one that does not read, or went
- * away, loses its channel (and the event); a channel revoked drops it. */
+ * away, loses its lease (the channel closed, its commands killed; the event dropped); a
+ * channel revoked drops it. Shepherds send on a borrower's channel without blocking too
+ * (shepherd-child.c). */
 int conch_jail_chan_send(uint32_t chan, struct jail_msg *m)
 {
     if (chan == 0)
@@ -125,7 +149,7 @@ int conch_jail_chan_send(uint32_t chan, struct jail_msg *m)
         return 0;
     m->version = JAIL_PROTO_VERSION;
     if (conch_send_fds(fd, m, sizeof(*m), NULL, 0, MSG_DONTWAIT) != (ssize_t)sizeof(*m))
-        lease_revoke();
+        lease_revoke(true);
     return 0;
 }
 
@@ -301,7 +325,7 @@ static void share_workspace(const struct jail_plan *plan)
 static int recycle(const struct jail_plan *plan, struct conch_err *err)
 {
     kill_all_and_reap();
-    lease_revoke(); /* the last copy of our end: its borrower reads EOF */
+    lease_revoke(false); /* the last copy of our end: its borrower reads EOF */
     for (int i = 0; i < JAIL_MAX_PROCS; i++)
         if (conch_jail_warden.slots[i].pid && conch_jail_warden.slots[i].sock >= 0)
             close(conch_jail_warden.slots[i].sock);
@@ -447,8 +471,8 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
 
 /* One message on the borrower's channel: a command to run, or a signal for one of the commands
  * it started. Everything else (recycle, attach, lease, file requests, shutdown) is the
- * parent's alone and dropped. EOF or an error closes the channel: the lease's commands run
- * on, their events dropped, until the parent recycles or destroys the sandbox. */
+ * parent's alone and dropped. EOF or an error ends the lease: the channel is closed and the
+ * lease's commands are killed (nobody is left to read their events). */
 static void lease_serve(const struct jail_plan *plan)
 {
     struct jail_msg m;
@@ -457,7 +481,7 @@ static void lease_serve(const struct jail_plan *plan)
     if (r == -EAGAIN || r == -EPROTO)
         return;
     if (r <= 0) {
-        lease_revoke();
+        lease_revoke(true);
         return;
     }
     struct jail_msg reply = {.type = JMSG_RUN_ERR, .id = m.id};
@@ -701,7 +725,7 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
             break;
         }
         case JMSG_LEASE:
-            lease_revoke();
+            lease_revoke(true); /* a lease before (none is left by a recycle) */
             if (++lease_no == 0)
                 lease_no = 1;
             if (nfds == 1) {

@@ -291,3 +291,28 @@ json_t *conch_rpc_peek_id(const char *s, size_t n)
         i++;
     }
 }
+
+/* What one parsed JSON value costs at most, about (conch_rpc_json_cost). */
+#define JSON_VALUE_COST 64
+
+uint64_t conch_rpc_json_cost(const char *line, size_t len)
+{
+    uint64_t values = 1;
+    bool in_str = false, esc = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = line[i];
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (ch == '\\')
+                esc = true;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == ',' || ch == '[' || ch == '{') {
+            values++;
+        }
+    }
+    return (uint64_t)len + values * JSON_VALUE_COST;
+}

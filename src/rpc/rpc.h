@@ -68,6 +68,12 @@ struct conch_rpc_idscan {
     char idbuf[256];
 };
 
+/* conch_rpc_json_cost - bytes of memory the JSON text @text (@len bytes) takes at most once
+ * parsed by jansson, about: a copy of every string and ~40-64 bytes per value (an array of 2
+ * million zeros is 4 MiB of text and ~90 MiB parsed). One pass, no allocation: what a budget
+ * is charged before the text is parsed. */
+uint64_t conch_rpc_json_cost(const char *text, size_t len);
+
 /* conch_rpc_idscan_init - reset @s (freeing a found id). */
 void conch_rpc_idscan_init(struct conch_rpc_idscan *s);
 

@@ -119,13 +119,13 @@ def try_send(sock, data, fds=()):
         return False
 
 
-def run_on(chan, proto, id, argv):
+def run_on(chan, proto, id, argv, timeout_ms=20000):
     """Send a RUN of @argv on @chan with a pipe for its output; (sent, the pipe's read end)."""
     r, w = os.pipe()
     devnull = os.open("/dev/null", os.O_RDONLY)
     b = blob(argv)
     try:
-        sent = try_send(chan, msg(proto, JMSG_RUN, id=id, timeout_ms=20000), (devnull, w, w, b))
+        sent = try_send(chan, msg(proto, JMSG_RUN, id=id, timeout_ms=timeout_ms), (devnull, w, w, b))
     finally:
         for fd in (devnull, w, b):
             os.close(fd)
@@ -285,3 +285,58 @@ def test_a_kept_channel_cannot_kill_the_next_borrowers_command(daemon_factory, w
             p.kill()
             p.wait(10)
         old.close()
+
+
+def test_a_borrower_that_never_reads_loses_its_lease(daemon_factory, ws):
+    """(d) A borrower that sends commands and never reads their events must not stall the
+    sandbox's shepherds or warden (sends on a lease channel never block): once its channel is
+    full it loses the lease: the channel is closed (it reads what was queued, then EOF) and
+    its commands are killed; the daemon recycles the sandbox at release as ever. Before the
+    fix the shepherds blocked sending on the full channel, holding their slots, and the
+    lease's commands ran on."""
+    d = daemon_factory(extra_args=["--pool", "1"])
+    proto = proto_of(d, ws)
+    before = settled(d, 1)
+    b = Borrower(d, ws)
+    try:
+        assert b.chan is not None, b.answer
+        marker = unique_marker("unread")
+        sent, out = run_on(b.chan, proto, 1, ["bash", "-c", f"exec -a {marker} sleep 600"],
+                           timeout_ms=600000)
+        os.close(out)
+        assert sent
+        pids = wait_named(marker)
+        assert pids, "the borrowed command did not start"
+        # Commands, each answered with events that are never read, until the channel is full
+        # and the warden lets go of it (our sends fail then).
+        b.chan.settimeout(5)
+        deadline = time.monotonic() + 60
+        n = 0
+        while time.monotonic() < deadline:
+            sent, out = run_on(b.chan, proto, 100 + n, ["true"])
+            os.close(out)
+            if not sent:
+                break
+            n += 1
+        # Its command is killed.
+        gone = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < gone:
+            time.sleep(0.1)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        assert not alive, f"the lease's command ran on after {n} unread commands"
+        # Its channel is closed: what was queued, then EOF.
+        b.chan.settimeout(30)
+        got = None
+        for _ in range(100000):
+            got = b.chan.recv(MSG_SIZE)
+            if not got:
+                break
+        assert got == b"", "the channel of a borrower that does not read stayed open"
+        b.release()
+    finally:
+        b.close()
+    # The sandbox is made as new for the next user, and serves it.
+    assert settled(d, 1) == before
+    c = d.client()
+    res = c.call("exec.run", {"fresh": True, "command": "echo next"}, timeout=30)
+    assert res["exit_code"] == 0 and res["stdout"] == "next\n", res

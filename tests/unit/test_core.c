@@ -223,3 +223,30 @@ Test(budget, charges_both_levels_all_or_nothing)
     cr_assert_eq(conch_budget_charge(NULL, 1u << 30, NULL), 0);
     cr_assert_eq(conch_budget_room(NULL), UINT64_MAX);
 }
+
+/* A refusal names what raises the full budget; a description lists the capped levels only
+ * (a bridge's own budget has no cap: the sandbox's and the daemon's are shown). */
+Test(budget, messages_name_the_option_and_the_capped_levels)
+{
+    struct conch_budget daemon, sb, bridge;
+    conch_budget_init(&daemon, "all sandboxes", 2u << 20, NULL);
+    conch_budget_set_raise_with(&daemon, "conch serve --max-held");
+    conch_budget_init(&sb, "sandbox sb-1", 1u << 20, &daemon);
+    conch_budget_set_raise_with(&sb, "conch serve --max-sandbox-held");
+    conch_budget_init(&bridge, "sandbox sb-1's tool bridge", UINT64_MAX, &sb);
+    struct conch_err err = {0};
+    cr_assert_eq(conch_budget_charge(&bridge, 1000, NULL), 0);
+    cr_assert_eq(conch_budget_charge(&bridge, 2u << 20, &err), -ENOBUFS);
+    cr_assert_not_null(strstr(err.msg, "sandbox sb-1 is at its budget of 1 MiB"), "%s", err.msg);
+    cr_assert_not_null(strstr(err.msg, "raise it with conch serve --max-sandbox-held"), "%s",
+                       err.msg);
+    char buf[512];
+    conch_budget_describe(&bridge, buf, sizeof(buf));
+    cr_assert_str_eq(buf,
+                     "sandbox sb-1: 1000 bytes held of 1 MiB (conch serve --max-sandbox-held); "
+                     "all sandboxes: 1000 bytes held of 2 MiB (conch serve --max-held)");
+    conch_budget_describe(&bridge, buf, 20); /* truncated, terminated */
+    cr_assert_eq(strlen(buf), 19);
+    conch_budget_uncharge(&bridge, 1000);
+    cr_assert_eq(conch_budget_held(&daemon), 0);
+}

@@ -58,7 +58,7 @@ class ProtocolMethods:
 
     # -- daemon -------------------------------------------------------------------------
     def ping(self):
-        """daemon.ping -> ``{"version", "pid", "sandboxes", "pool_ready", "state_dir"}``."""
+        """daemon.ping -> ``{"version", "pid", "sandboxes", "pool_ready", "state_dir", "held"}``."""
         return self._request("daemon.ping", {})
 
     # -- sandbox.* ----------------------------------------------------------------------

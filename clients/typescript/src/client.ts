@@ -17,6 +17,8 @@ export interface SandboxInfo {
   created_at: number;
   last_used_at: number;
   commands: number;
+  /** bytes the daemon holds for the sandbox now, charged to its budget */
+  held: number;
   [key: string]: unknown;
 }
 
@@ -399,6 +401,8 @@ export class ConchClient extends EventEmitter {
     sandboxes: number;
     pool_ready: number;
     state_dir: string;
+    /** bytes charged now to the daemon's budgets (docs/ARCHITECTURE.md, "Budgets") */
+    held: { sandboxes: number; output: number };
   }> {
     return this.call("daemon.ping");
   }
