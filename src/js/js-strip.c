@@ -505,7 +505,8 @@ static size_t count_nl(const char *s, size_t n)
 
 static void apply_edits(struct tx *t, struct conch_sb *out)
 {
-    qsort(t->edits, t->n, sizeof(*t->edits), cmp_edit);
+    if (t->n)
+        qsort(t->edits, t->n, sizeof(*t->edits), cmp_edit);
     size_t at = 0;
     for (size_t i = 0; i < t->n; i++) {
         struct edit *e = &t->edits[i];
