@@ -545,3 +545,24 @@ Test(js_worker, serves_evals_tool_calls_and_reset)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
+
+/* A script that replaces the builtins the console and the renderer use still gets its
+ * console lines and its value shown. */
+Test(js_session, replaced_builtins_do_not_change_rendering)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval(s, "JSON.stringify = () => 'hacked'; Array.prototype.map = null;\n"
+                          "Array.prototype.push = null; Array.prototype.join = null;\n"
+                          "console.log('x', { a: [1] }); ({ b: [2, 3] })");
+    char *d = json_dumps(res, JSON_COMPACT);
+    cr_assert(json_is_true(json_object_get(res, "ok")), "%s", d);
+    cr_assert_str_eq(json_string_value(json_object_get(
+                         json_array_get(json_object_get(res, "console"), 0), "text")),
+                     "x {\"a\":[1]}", "%s", d);
+    json_t *want = json_loads("{\"b\":[2,3]}", 0, NULL);
+    cr_assert(json_equal(json_object_get(res, "value"), want), "%s", d);
+    json_decref(want);
+    free(d);
+    json_decref(res);
+    conch_js_session_free(s);
+}
