@@ -94,12 +94,14 @@ int64_t conch_js_host_next_timer(struct conch_js_session *s, uint64_t now_ms);
 /* js-render.c: the renderer's source (a function expression). */
 extern const char conch_js_render_source[];
 /* js-render.c: render @v as a JSON value (new reference), cut at the session's value cap;
- * *@ret_type is set to typeof-like text ("undefined", "bigint", "map", ...), static. */
-json_t *conch_js_render_value(struct conch_js_session *s, JSValueConst v, const char **ret_type);
+ * *@ret_type is set to typeof-like text ("undefined", "bigint", "map", ...), static;
+ * *@ret_text (if not NULL) to a new string of the value's JSON as JavaScript printed it. */
+json_t *conch_js_render_value(struct conch_js_session *s, JSValueConst v, const char **ret_type,
+                              char **ret_text);
 /* js-render.c: a thrown value as {name, message, stack?, line?}; @filename finds the line. */
 json_t *conch_js_render_error(struct conch_js_session *s, JSValueConst exc, const char *filename);
 /* js-render.c: the text for a model: console lines, then `→ value` or the error. */
-json_t *conch_js_result_text(json_t *res);
+json_t *conch_js_result_text(json_t *res, const char *value_text);
 /* js-render.c: a JSON string of @n bytes of @s, invalid UTF-8 repaired (U+FFFD). */
 json_t *conch_js_json_string(const char *s, size_t n);
 

@@ -138,9 +138,12 @@ static json_t *unrenderable(struct conch_js_session *s)
     return j;
 }
 
-json_t *conch_js_render_value(struct conch_js_session *s, JSValueConst v, const char **ret_type)
+json_t *conch_js_render_value(struct conch_js_session *s, JSValueConst v, const char **ret_type,
+                              char **ret_text)
 {
     *ret_type = "object";
+    if (ret_text)
+        *ret_text = NULL;
     JSValue args[2] = {JS_DupValue(s->ctx, v), JS_FALSE};
     JSValue r = JS_Call(s->ctx, s->render, JS_UNDEFINED, 2, args);
     JS_FreeValue(s->ctx, args[0]);
@@ -152,30 +155,35 @@ json_t *conch_js_render_value(struct conch_js_session *s, JSValueConst v, const 
     if (!text)
         return unrenderable(s);
     json_t *pair = json_loadb(text, len, 0, NULL);
-    JS_FreeCString(s->ctx, text);
     json_t *type = json_array_get(pair, 0), *value = json_array_get(pair, 1);
     if (!json_is_string(type) || !value) {
+        JS_FreeCString(s->ctx, text);
         json_decref(pair);
         return json_string("[unrenderable]");
     }
     *ret_type = static_type(json_string_value(type));
-    json_incref(value);
-    json_decref(pair);
-    if (len > s->limits.value_bytes) {
+    /* The value's own JSON text, as JavaScript printed it (shortest numbers: 3.14, where
+     * jansson would print 3.1400000000000001): `["type",` ... `]`. */
+    size_t skip = 4 + json_string_length(type);
+    const char *raw = text + skip;
+    size_t raw_len = len > skip ? len - skip - 1 : 0;
+    json_t *ret;
+    if (raw_len > s->limits.value_bytes) {
         /* Too big to carry: the start of its JSON text, and how much there was. */
-        char *dump = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
-        json_decref(value);
-        if (!dump)
-            return json_string("[unrenderable: out of memory]");
         size_t cut = s->limits.value_bytes;
-        while (cut > 0 && ((unsigned char)dump[cut] & 0xC0) == 0x80)
+        while (cut > 0 && ((unsigned char)raw[cut] & 0xC0) == 0x80)
             cut--; /* not inside a UTF-8 sequence */
-        json_t *j =
-            json_sprintf("%.*s... [cut: %zu bytes of JSON in all]", (int)cut, dump, strlen(dump));
-        free(dump);
-        return j;
+        ret = json_sprintf("%.*s... [cut: %zu bytes of JSON in all]", (int)cut, raw, raw_len);
+        if (ret_text)
+            *ret_text = strdup(json_string_value(ret));
+    } else {
+        ret = json_incref(value);
+        if (ret_text)
+            *ret_text = strndup(raw, raw_len);
     }
-    return value;
+    json_decref(pair);
+    JS_FreeCString(s->ctx, text);
+    return ret;
 }
 
 json_t *conch_js_json_string(const char *s, size_t n)
@@ -235,7 +243,7 @@ json_t *conch_js_render_error(struct conch_js_session *s, JSValueConst exc, cons
             json_object_set_new(e, "message", message);
         else {
             const char *type;
-            json_object_set_new(e, "message", conch_js_render_value(s, exc, &type));
+            json_object_set_new(e, "message", conch_js_render_value(s, exc, &type, NULL));
         }
         if (stack) {
             json_object_set_new(e, "stack", stack);
@@ -261,7 +269,7 @@ json_t *conch_js_render_error(struct conch_js_session *s, JSValueConst exc, cons
     return e;
 }
 
-json_t *conch_js_result_text(json_t *res)
+json_t *conch_js_result_text(json_t *res, const char *value_text)
 {
     struct conch_sb b = {0};
     size_t i;
@@ -288,11 +296,12 @@ json_t *conch_js_result_text(json_t *res)
     } else {
         json_t *v = json_object_get(res, "value");
         const char *type = json_string_value(json_object_get(res, "type"));
-        char *dump = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-        conch_sb_printf(&b, "→ %s",
-                        type && strcmp(type, "undefined") == 0 ? "undefined"
-                        : dump                                 ? dump
-                                                               : "?");
+        char *dump = value_text ? NULL : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        const char *shown = type && strcmp(type, "undefined") == 0 ? "undefined"
+                            : value_text                           ? value_text
+                            : dump                                 ? dump
+                                                                   : "?";
+        conch_sb_printf(&b, "→ %s", shown);
         free(dump);
     }
     while (b.len && b.buf[b.len - 1] == '\n')

@@ -185,6 +185,7 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
     JS_UpdateStackTop(s->rt);
 
     json_t *error = NULL;
+    char *value_text = NULL;
     if (cell.parsed) {
         /* Names the cell declares exist as globals before it runs (so that its
          * assignments to them work in strict code too); existing values are kept. */
@@ -282,7 +283,7 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
         if (s->cpu_deadline_ns && s->cpu_deadline_ns < thread_cpu_ns() + 100000000u)
             s->cpu_deadline_ns = thread_cpu_ns() + 100000000u;
         const char *type = "undefined";
-        json_object_set_new(res, "value", conch_js_render_value(s, s->outcome, &type));
+        json_object_set_new(res, "value", conch_js_render_value(s, s->outcome, &type, &value_text));
         json_object_set_new(res, "type", json_string(type));
     }
     s->deadline_ms = 0;
@@ -300,6 +301,8 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
                                          w->path);
             if (wr < 0) {
                 error = json_pack("{s:s,s:s}", "name", "WriteError", "message", werr.msg);
+                free(value_text);
+                value_text = NULL;
                 json_object_del(res, "value");
                 json_object_del(res, "type");
                 break;
@@ -319,7 +322,8 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
     json_object_set_new(res, "tool_calls", s->trace);
     json_object_set_new(res, "writes", writes);
     s->console = s->trace = NULL;
-    json_object_set_new(res, "text", conch_js_result_text(res));
+    json_object_set_new(res, "text", conch_js_result_text(res, value_text));
+    free(value_text);
     *ret_result = res;
     return 0;
 }

@@ -29,6 +29,7 @@ enum action {
     A_DECLARATOR, /* `let x!: T` */
     A_ABSTRACT,   /* abstract class */
     A_METHOD,     /* optional methods, constructor parameter properties */
+    A_NAMESPACE,  /* an object filled by a function, as TypeScript emits it */
 };
 
 static const struct {
@@ -65,6 +66,8 @@ static const struct {
     {"variable_declarator", A_DECLARATOR},
     {"abstract_class_declaration", A_ABSTRACT},
     {"method_definition", A_METHOD},
+    {"internal_module", A_NAMESPACE},
+    {"module", A_NAMESPACE},
 };
 
 static const TSLanguage *lang;
@@ -310,6 +313,9 @@ static void do_constructor(struct tx *t, TSNode method)
     conch_sb_done(&b);
 }
 
+static bool at_top(struct tx *t, TSNode n);
+static void do_namespace(struct tx *t, TSNode n, bool top);
+
 /* Decide what to do with @n; returns whether to walk into its children. */
 static bool visit(struct tx *t, TSNode n)
 {
@@ -342,14 +348,11 @@ static bool visit(struct tx *t, TSNode n)
             blank(t, last);
         return true;
     }
-    case A_ENUM: {
+    case A_ENUM:
         /* A REPL cell's top-level enum is a global: repl_statement makes it. */
-        TSNode p = ts_node_parent(n);
-        if (!(t->repl && (is_type(p, "program") || (is_type(p, "export_statement") &&
-                                                    is_type(ts_node_parent(p), "program")))))
+        if (!at_top(t, n))
             do_enum(t, n, false);
         return false;
-    }
     case A_IMPORT:
         if (has_token(n, "type")) {
             blank(t, n);
@@ -393,6 +396,10 @@ static bool visit(struct tx *t, TSNode n)
         blank_tokens(t, n, question);
         do_constructor(t, n);
         return true;
+    case A_NAMESPACE:
+        if (!at_top(t, n))
+            do_namespace(t, n, false);
+        return true;
     }
     return true;
 }
@@ -417,6 +424,82 @@ static void collect_names(struct tx *t, TSNode n)
         for (uint32_t i = 0; i < count; i++)
             collect_names(t, ts_node_named_child(n, i));
     }
+}
+
+/* Whether @n stands at a REPL cell's top level (itself, or in an expression statement or an
+ * export there): repl_statement handles those. */
+static bool at_top(struct tx *t, TSNode n)
+{
+    if (!t->repl)
+        return false;
+    TSNode p = ts_node_parent(n);
+    if (is_type(p, "expression_statement") || is_type(p, "export_statement"))
+        p = ts_node_parent(p);
+    return is_type(p, "program");
+}
+
+/* `namespace N { export const a = 1; }` → `var N = N || {};(function (N) { const a = 1;N.a = a;
+ * })(N);` on the same lines: exports are copied onto the object after their declaration.
+ * Dotted and quoted names are left alone (the engine then reports them). */
+static void do_namespace(struct tx *t, TSNode n, bool top)
+{
+    TSNode name = ts_node_child_by_field_name(n, "name", 4);
+    TSNode body = ts_node_child_by_field_name(n, "body", 4);
+    if (!is_type(name, "identifier") || ts_node_is_null(body))
+        return;
+    size_t nlen;
+    const char *nm = text_of(t, name, &nlen);
+    struct conch_sb b = {0};
+    conch_sb_printf(&b, "%s%.*s = %.*s || {};(function (%.*s) {", top ? ";" : "var ", (int)nlen, nm,
+                    (int)nlen, nm, (int)nlen, nm);
+    add_edit(t, ts_node_start_byte(n), ts_node_start_byte(body) + 1, b.buf);
+    conch_sb_done(&b);
+    if (top)
+        add_global(t, nm, nlen);
+    uint32_t count = ts_node_named_child_count(body);
+    for (uint32_t i = 0; i < count; i++) {
+        TSNode st = ts_node_named_child(body, i);
+        TSNode decl = ts_node_child_by_field_name(st, "declaration", 11);
+        if (!is_type(st, "export_statement") || ts_node_is_null(decl) ||
+            action_of(decl) == A_BLANK || has_token(st, "type"))
+            continue;
+        add_edit(t, ts_node_start_byte(st), ts_node_start_byte(decl), NULL);
+        /* The names it declares, collected aside from the cell's globals. */
+        char **saved = t->globals;
+        size_t saved_n = t->n_globals, saved_cap = t->cap_globals;
+        t->globals = NULL;
+        t->n_globals = t->cap_globals = 0;
+        if (is_type(decl, "lexical_declaration") || is_type(decl, "variable_declaration")) {
+            for (uint32_t j = 0; j < ts_node_named_child_count(decl); j++) {
+                TSNode d = ts_node_named_child(decl, j);
+                if (is_type(d, "variable_declarator"))
+                    collect_names(t, ts_node_child_by_field_name(d, "name", 4));
+            }
+        } else {
+            TSNode dn = ts_node_child_by_field_name(decl, "name", 4);
+            if (is_type(dn, "identifier") || is_type(dn, "type_identifier")) {
+                size_t l;
+                const char *x = text_of(t, dn, &l);
+                add_global(t, x, l);
+            }
+        }
+        for (size_t k = 0; k < t->n_globals; k++) {
+            conch_sb_printf(&b, ";%.*s.%s = %s;", (int)nlen, nm, t->globals[k], t->globals[k]);
+            free(t->globals[k]);
+        }
+        free(t->globals);
+        t->globals = saved;
+        t->n_globals = saved_n;
+        t->cap_globals = saved_cap;
+        if (b.oom)
+            t->oom = true;
+        if (b.len)
+            add_edit(t, ts_node_end_byte(decl), ts_node_end_byte(decl), b.buf);
+        conch_sb_done(&b);
+    }
+    conch_sb_printf(&b, "})(%.*s);", (int)nlen, nm);
+    add_edit(t, ts_node_end_byte(body) - 1, ts_node_end_byte(n), b.buf);
+    conch_sb_done(&b);
 }
 
 /* A top-level statement of a REPL cell: declarations become globals. */
@@ -480,6 +563,13 @@ static void repl_statement(struct tx *t, TSNode st)
     }
     if (strcmp(type, "enum_declaration") == 0)
         do_enum(t, st, true);
+    if (strcmp(type, "internal_module") == 0 || strcmp(type, "module") == 0)
+        do_namespace(t, st, true);
+    if (strcmp(type, "expression_statement") == 0) {
+        TSNode e = ts_node_named_child(st, 0);
+        if (is_type(e, "internal_module") || is_type(e, "module"))
+            do_namespace(t, e, true);
+    }
 }
 
 static int cmp_edit(const void *a, const void *b)
@@ -609,8 +699,9 @@ int conch_js_transform(const char *src, size_t len, bool repl, struct conch_js_c
             repl_statement(&t, st);
             last = st;
         }
-        if (!ts_node_is_null(last) && is_type(last, "expression_statement")) {
-            TSNode e = ts_node_named_child(last, 0);
+        TSNode e = ts_node_is_null(last) ? last : ts_node_named_child(last, 0);
+        if (is_type(last, "expression_statement") && !is_type(e, "internal_module") &&
+            !is_type(e, "module")) {
             add_edit(&t, ts_node_start_byte(e), ts_node_start_byte(e), "return (");
             add_edit(&t, ts_node_end_byte(e), ts_node_end_byte(e), ")");
         }

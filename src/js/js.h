@@ -18,8 +18,9 @@
  * type syntax (interfaces, type aliases, annotations, generics, as/satisfies, non-null `!`,
  * optional `?` marks, type-only imports and exports, `declare`, overload signatures, access
  * modifiers, readonly, abstract, implements) becomes spaces, so every line and column of
- * the rest holds. Enums become a real object (`var E = ...`, on the enum's own lines), and
- * constructor parameter properties an assignment at the top of the constructor's body.
+ * the rest holds. Enums and namespaces become a real object (`var E = ...`, on their own
+ * lines), and constructor parameter properties an assignment at the top of the
+ * constructor's body.
  * Code that does not parse is returned as given. *@ret_out is a new NUL-terminated string
  * (caller frees), *@ret_len its length (may be NULL). Returns 1 if the code parsed and was
  * stripped, 0 if it was returned as given, or -errno with @err filled (out of memory).

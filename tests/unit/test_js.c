@@ -566,3 +566,14 @@ Test(js_session, replaced_builtins_do_not_change_rendering)
     json_decref(res);
     conch_js_session_free(s);
 }
+
+/* The text for a model prints numbers as JavaScript does (3.14, not 3.1400000000000001). */
+Test(js_session, text_prints_numbers_as_javascript_does)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval(s, "({ pi: 3.14, sum: 0.1 + 0.2 })");
+    cr_assert_str_eq(json_string_value(json_object_get(res, "text")),
+                     "→ {\"pi\":3.14,\"sum\":0.30000000000000004}");
+    json_decref(res);
+    conch_js_session_free(s);
+}
