@@ -178,6 +178,33 @@ static bool is_type(TSNode n, const char *type)
     return !ts_node_is_null(n) && strcmp(ts_node_type(n), type) == 0;
 }
 
+/* @n's children (only the named ones if @named) in a new array (caller frees), by a cursor:
+ * ts_node_child(n, i) walks i siblings each time, so a loop over it is quadratic in the child
+ * count (a cell of 100,000 statements). NULL with *@ret_n 0 if none, or out of memory. */
+static TSNode *kids(struct tx *t, TSNode n, bool named, uint32_t *ret_n)
+{
+    uint32_t cap = named ? ts_node_named_child_count(n) : ts_node_child_count(n), k = 0;
+    *ret_n = 0;
+    if (!cap)
+        return NULL;
+    TSNode *v = malloc(cap * sizeof(*v));
+    if (!v) {
+        t->oom = true;
+        return NULL;
+    }
+    TSTreeCursor c = ts_tree_cursor_new(n);
+    if (ts_tree_cursor_goto_first_child(&c)) {
+        do {
+            TSNode x = ts_tree_cursor_current_node(&c);
+            if ((!named || ts_node_is_named(x)) && k < cap)
+                v[k++] = x;
+        } while (ts_tree_cursor_goto_next_sibling(&c));
+    }
+    ts_tree_cursor_delete(&c);
+    *ret_n = k;
+    return v;
+}
+
 /* Blank @n's direct anonymous children spelled like one of @toks (NULL-terminated). */
 static bool blank_tokens(struct tx *t, TSNode n, const char *const *toks)
 {
@@ -227,9 +254,10 @@ static void do_enum(struct tx *t, TSNode n, bool top)
     conch_sb_done(&b);
     if (top && t->repl)
         add_global(t, nm, nlen);
-    uint32_t count = ts_node_child_count(body);
+    uint32_t count;
+    TSNode *members = kids(t, body, false, &count);
     for (uint32_t i = 0; i < count; i++) {
-        TSNode m = ts_node_child(body, i);
+        TSNode m = members[i];
         if (is_token(m, ",")) {
             blank(t, m);
             continue;
@@ -265,6 +293,7 @@ static void do_enum(struct tx *t, TSNode n, bool top)
         add_edit(t, ts_node_start_byte(m), ts_node_end_byte(m), b.buf ? b.buf : "");
         conch_sb_done(&b);
     }
+    free(members);
     conch_sb_printf(&b, "return %.*s;})({});", (int)nlen, nm);
     add_edit(t, ts_node_end_byte(body) - 1, ts_node_end_byte(n), b.buf);
     conch_sb_done(&b);
@@ -284,9 +313,10 @@ static void do_constructor(struct tx *t, TSNode method)
     if (ts_node_is_null(params) || ts_node_is_null(body))
         return;
     struct conch_sb b = {0};
-    uint32_t count = ts_node_named_child_count(params);
+    uint32_t count;
+    TSNode *ps = kids(t, params, true, &count);
     for (uint32_t i = 0; i < count; i++) {
-        TSNode p = ts_node_named_child(params, i);
+        TSNode p = ps[i];
         bool prop = has_token(p, "readonly");
         for (uint32_t j = 0; j < ts_node_named_child_count(p); j++)
             if (is_type(ts_node_named_child(p, j), "accessibility_modifier"))
@@ -297,6 +327,7 @@ static void do_constructor(struct tx *t, TSNode method)
             conch_sb_printf(&b, "this.%.*s = %.*s;", (int)len, id, (int)len, id);
         }
     }
+    free(ps);
     if (!b.len)
         return;
     uint32_t at = ts_node_start_byte(body) + 1;
@@ -404,9 +435,13 @@ static bool visit(struct tx *t, TSNode n)
     return true;
 }
 
-/* The names a binding pattern declares (not its defaults, not its keys). */
-static void collect_names(struct tx *t, TSNode n)
+/* The names a binding pattern declares (not its defaults, not its keys), down to a depth no
+ * real pattern reaches (deeper names are not predeclared: assigning them still works in
+ * sloppy code). */
+static void collect_names_at(struct tx *t, TSNode n, int depth)
 {
+    if (depth > 200)
+        return;
     const char *type = ts_node_type(n);
     size_t len;
     if (strcmp(type, "identifier") == 0 ||
@@ -414,16 +449,23 @@ static void collect_names(struct tx *t, TSNode n)
         const char *s = text_of(t, n, &len);
         add_global(t, s, len);
     } else if (strcmp(type, "pair_pattern") == 0) {
-        collect_names(t, ts_node_child_by_field_name(n, "value", 5));
+        collect_names_at(t, ts_node_child_by_field_name(n, "value", 5), depth + 1);
     } else if (strcmp(type, "assignment_pattern") == 0 ||
                strcmp(type, "object_assignment_pattern") == 0) {
-        collect_names(t, ts_node_child_by_field_name(n, "left", 4));
+        collect_names_at(t, ts_node_child_by_field_name(n, "left", 4), depth + 1);
     } else if (strcmp(type, "object_pattern") == 0 || strcmp(type, "array_pattern") == 0 ||
                strcmp(type, "rest_pattern") == 0) {
-        uint32_t count = ts_node_named_child_count(n);
+        uint32_t count;
+        TSNode *v = kids(t, n, true, &count);
         for (uint32_t i = 0; i < count; i++)
-            collect_names(t, ts_node_named_child(n, i));
+            collect_names_at(t, v[i], depth + 1);
+        free(v);
     }
+}
+
+static void collect_names(struct tx *t, TSNode n)
+{
+    collect_names_at(t, n, 0);
 }
 
 /* Whether @n stands at a REPL cell's top level (itself, or in an expression statement or an
@@ -456,9 +498,10 @@ static void do_namespace(struct tx *t, TSNode n, bool top)
     conch_sb_done(&b);
     if (top)
         add_global(t, nm, nlen);
-    uint32_t count = ts_node_named_child_count(body);
+    uint32_t count;
+    TSNode *sts = kids(t, body, true, &count);
     for (uint32_t i = 0; i < count; i++) {
-        TSNode st = ts_node_named_child(body, i);
+        TSNode st = sts[i];
         TSNode decl = ts_node_child_by_field_name(st, "declaration", 11);
         if (!is_type(st, "export_statement") || ts_node_is_null(decl) ||
             action_of(decl) == A_BLANK || has_token(st, "type"))
@@ -470,11 +513,12 @@ static void do_namespace(struct tx *t, TSNode n, bool top)
         t->globals = NULL;
         t->n_globals = t->cap_globals = 0;
         if (is_type(decl, "lexical_declaration") || is_type(decl, "variable_declaration")) {
-            for (uint32_t j = 0; j < ts_node_named_child_count(decl); j++) {
-                TSNode d = ts_node_named_child(decl, j);
-                if (is_type(d, "variable_declarator"))
-                    collect_names(t, ts_node_child_by_field_name(d, "name", 4));
-            }
+            uint32_t nd;
+            TSNode *ds = kids(t, decl, true, &nd);
+            for (uint32_t j = 0; j < nd; j++)
+                if (is_type(ds[j], "variable_declarator"))
+                    collect_names(t, ts_node_child_by_field_name(ds[j], "name", 4));
+            free(ds);
         } else {
             TSNode dn = ts_node_child_by_field_name(decl, "name", 4);
             if (is_type(dn, "identifier") || is_type(dn, "type_identifier")) {
@@ -497,6 +541,7 @@ static void do_namespace(struct tx *t, TSNode n, bool top)
             add_edit(t, ts_node_end_byte(decl), ts_node_end_byte(decl), b.buf);
         conch_sb_done(&b);
     }
+    free(sts);
     conch_sb_printf(&b, "})(%.*s);", (int)nlen, nm);
     add_edit(t, ts_node_end_byte(body) - 1, ts_node_end_byte(n), b.buf);
     conch_sb_done(&b);
@@ -525,9 +570,10 @@ static void repl_statement(struct tx *t, TSNode st)
             head[i] = ' ';
         head[kwlen < 2 ? 2 : (kwlen < sizeof(head) ? kwlen : sizeof(head) - 1)] = '\0';
         add_edit(t, ts_node_start_byte(kw), ts_node_end_byte(kw), head);
-        uint32_t count = ts_node_named_child_count(st), last_end = 0;
+        uint32_t count, last_end = 0;
+        TSNode *ds = kids(t, st, true, &count);
         for (uint32_t i = 0; i < count; i++) {
-            TSNode d = ts_node_named_child(st, i);
+            TSNode d = ds[i];
             if (!is_type(d, "variable_declarator"))
                 continue;
             collect_names(t, ts_node_child_by_field_name(d, "name", 4));
@@ -535,6 +581,7 @@ static void repl_statement(struct tx *t, TSNode st)
                 add_edit(t, ts_node_end_byte(d), ts_node_end_byte(d), " = undefined");
             last_end = ts_node_end_byte(d);
         }
+        free(ds);
         if (last_end)
             add_edit(t, last_end, last_end, ")");
         return;
@@ -655,7 +702,9 @@ int conch_js_transform(const char *src, size_t len, bool repl, struct conch_js_c
     pthread_once(&actions_once, actions_init);
     if (!actions)
         return conch_err_set(err, ENOMEM, "load the TypeScript grammar: out of memory");
-    if (len > UINT32_MAX / 2)
+    /* The parse is not interruptible and its tree takes ~50 bytes a token: a cell past
+     * CONCH_JS_MAX_STRIP is not stripped (it runs as plain JavaScript). */
+    if (len > CONCH_JS_MAX_STRIP)
         return as_given(src, len, ret, err);
     TSParser *parser = ts_parser_new();
     if (!parser || !ts_parser_set_language(parser, lang)) {
@@ -690,15 +739,17 @@ int conch_js_transform(const char *src, size_t len, bool repl, struct conch_js_c
     }
     ts_tree_cursor_delete(&cur);
     if (repl) {
-        uint32_t count = ts_node_named_child_count(root);
+        uint32_t count;
         TSNode last = {0};
+        TSNode *sts = kids(&t, root, true, &count);
         for (uint32_t i = 0; i < count; i++) {
-            TSNode st = ts_node_named_child(root, i);
+            TSNode st = sts[i];
             if (is_type(st, "comment") || is_type(st, "hash_bang_line"))
                 continue;
             repl_statement(&t, st);
             last = st;
         }
+        free(sts);
         TSNode e = ts_node_is_null(last) ? last : ts_node_named_child(last, 0);
         if (is_type(last, "expression_statement") && !is_type(e, "internal_module") &&
             !is_type(e, "module")) {

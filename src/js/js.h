@@ -13,6 +13,9 @@
 
 #include "core/error.h"
 
+/* The longest code conch_js_strip_types parses (1 MiB). */
+#define CONCH_JS_MAX_STRIP (1u << 20)
+
 /*
  * conch_js_strip_types - TypeScript to JavaScript with the tree-sitter TypeScript grammar:
  * type syntax (interfaces, type aliases, annotations, generics, as/satisfies, non-null `!`,
@@ -21,9 +24,10 @@
  * the rest holds. Enums and namespaces become a real object (`var E = ...`, on their own
  * lines), and constructor parameter properties an assignment at the top of the
  * constructor's body.
- * Code that does not parse is returned as given. *@ret_out is a new NUL-terminated string
- * (caller frees), *@ret_len its length (may be NULL). Returns 1 if the code parsed and was
- * stripped, 0 if it was returned as given, or -errno with @err filled (out of memory).
+ * Code that does not parse, or is longer than CONCH_JS_MAX_STRIP, is returned as given. *@ret_out
+ * is a new NUL-terminated string (caller frees), *@ret_len its length (may be NULL). Returns 1 if
+ * the code parsed and was stripped, 0 if it was returned as given, or -errno with @err filled (out
+ * of memory).
  */
 int conch_js_strip_types(const char *src, size_t len, char **ret_out, size_t *ret_len,
                          struct conch_err *err);
@@ -93,7 +97,6 @@ struct conch_js_eval_opts {
     int64_t cpu_ms;       /* CPU time the script may use (checked by the interrupt handler);
                              <= 0: the timeout's */
     const char *filename; /* the name in stacks and syntax errors; NULL: "<eval>" */
-    bool javascript;      /* skip type stripping */
 };
 
 /*
@@ -124,7 +127,7 @@ int conch_js_tool_answer(struct conch_js_session *s, uint64_t id, bool ok, const
  * conch_js_worker_serve - the JS worker's body: serve one session over the stream socket
  * @fd (borrowed) until EOF. Frames both ways are a native-endian uint64_t length then that
  * many bytes of JSON (as the file workers'). Requests: {"method": "eval", "params": {code,
- * timeout_ms?, cpu_ms?, javascript?, tools?: [names]}} → {"result": <conch_js_eval's
+ * timeout_ms?, cpu_ms?, filename?, tools?: [names]}} → {"result": <conch_js_eval's
  * object>}; {"method": "reset"} → {"result": {"reset": true}} (a fresh session);
  * {"method": "tool_result", "params": {id, ok, value | error}} answers a call the worker
  * sent as {"tool_call": {id, name, input}} during an eval. Files are read and written

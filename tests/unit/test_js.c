@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/strbuf.h"
 #include "js/js.h"
 
 #ifndef CORPUS_DIR
@@ -575,5 +576,23 @@ Test(js_session, text_prints_numbers_as_javascript_does)
     cr_assert_str_eq(json_string_value(json_object_get(res, "text")),
                      "→ {\"pi\":3.14,\"sum\":0.30000000000000004}");
     json_decref(res);
+    conch_js_session_free(s);
+}
+
+/* A cell of 20,000 top-level declarations: every one becomes a global (the rewrite walks a
+ * node's children with a cursor, not by index, which was quadratic in their count). */
+Test(js_session, many_top_level_declarations)
+{
+    struct conch_sb b = {0};
+    for (int i = 0; i < 20000; i++)
+        conch_sb_printf(&b, "const v%d: number = %d;\n", i, i);
+    conch_sb_puts(&b, "v0 + v19999");
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval_t(s, b.buf, 60000);
+    cr_assert_eq(json_integer_value(json_object_get(res, "value")), 19999, "%s",
+                 json_dumps(res, 0));
+    json_decref(res);
+    expect_value(s, "v12345", "12345");
+    conch_sb_done(&b);
     conch_js_session_free(s);
 }
