@@ -54,6 +54,7 @@ static const struct {
     {"index_signature", A_BLANK},
     {"accessibility_modifier", A_BLANK},
     {"override_modifier", A_BLANK},
+    {"hash_bang_line", A_BLANK}, /* `#!...` is only valid first in a file, not in a wrapper */
     {"as_expression", A_AS},
     {"satisfies_expression", A_AS},
     {"non_null_expression", A_NONNULL},

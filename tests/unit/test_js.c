@@ -596,3 +596,13 @@ Test(js_session, many_top_level_declarations)
     conch_sb_done(&b);
     conch_js_session_free(s);
 }
+
+Test(js_session, hash_bang_line_and_console_aliases)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval(s, "#!/usr/bin/env node\nconsole.table([1]); console.dir({ a: 1 }); 5");
+    cr_assert_eq(json_integer_value(json_object_get(res, "value")), 5, "%s", json_dumps(res, 0));
+    cr_assert_eq(json_array_size(json_object_get(res, "console")), 2);
+    json_decref(res);
+    conch_js_session_free(s);
+}
