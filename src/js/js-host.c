@@ -175,9 +175,18 @@ static JSValue js_tool(JSContext *ctx, JSValueConst this_val, int argc, JSValueC
         return settled(ctx, error_value(ctx, msg), true);
     }
     JSValue json = JS_JSONStringify(ctx, argv[1], JS_UNDEFINED, JS_UNDEFINED);
-    const char *input =
-        JS_IsException(json) || JS_IsUndefined(json) ? NULL : JS_ToCString(ctx, json);
+    size_t input_len = 0;
+    const char *input = JS_IsException(json) || JS_IsUndefined(json)
+                            ? NULL
+                            : JS_ToCStringLen(ctx, &input_len, json);
     JS_FreeValue(ctx, json);
+    if (input && input_len > CONCH_JS_MAX_TOOL_INPUT) {
+        snprintf(msg, sizeof(msg), "tools.%s: the input is %zu bytes of JSON, more than %u", name,
+                 input_len, CONCH_JS_MAX_TOOL_INPUT);
+        JS_FreeCString(ctx, name);
+        JS_FreeCString(ctx, input);
+        return settled(ctx, error_value(ctx, msg), true);
+    }
     if (!input) {
         JSValue exc = JS_GetException(ctx);
         JS_FreeCString(ctx, name);
@@ -235,7 +244,8 @@ int conch_js_tool_answer(struct conch_js_session *s, uint64_t id, bool ok, const
         } else {
             /* The host's error: a JSON string's content, or the text as it came. */
             json_t *j = json_loadb(text, len, JSON_DECODE_ANY, NULL);
-            v = error_value(ctx, json_is_string(j) ? json_string_value(j) : text);
+            json_t *m = json_is_object(j) ? json_object_get(j, "message") : j;
+            v = error_value(ctx, json_is_string(m) ? json_string_value(m) : text);
             json_decref(j);
         }
         free(text);

@@ -178,6 +178,10 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
     s->console_bytes = s->console_dropped = 0;
     int64_t timeout = opts->timeout_ms > 0 ? opts->timeout_ms : 0;
     int64_t cpu = opts->cpu_ms > 0 ? opts->cpu_ms : timeout;
+    if (timeout > CONCH_JS_MAX_TIMEOUT_MS)
+        timeout = CONCH_JS_MAX_TIMEOUT_MS;
+    if (cpu > CONCH_JS_MAX_TIMEOUT_MS)
+        cpu = CONCH_JS_MAX_TIMEOUT_MS;
     uint64_t start = conch_clock_ms();
     s->deadline_ms = timeout ? start + (uint64_t)timeout : 0;
     s->cpu_deadline_ns = cpu ? thread_cpu_ns() + (uint64_t)cpu * 1000000u : 0;

@@ -32,6 +32,11 @@
 int conch_js_strip_types(const char *src, size_t len, char **ret_out, size_t *ret_len,
                          struct conch_err *err);
 
+/* The largest JSON input of one tool call (as the tool bridge's lines). */
+#define CONCH_JS_MAX_TOOL_INPUT (4u << 20)
+/* The longest timeout_ms or cpu_ms an eval takes (a larger one is this): 30 days. */
+#define CONCH_JS_MAX_TIMEOUT_MS (30LL * 24 * 3600 * 1000)
+
 /* An engine session's limits; conch_js_limits_default fills the defaults. */
 struct conch_js_limits {
     size_t memory_bytes;     /* the engine's heap (JS_SetMemoryLimit); 0 = none. 256 MiB */
@@ -117,8 +122,8 @@ int conch_js_eval(struct conch_js_session *s, const char *code, size_t len,
 /*
  * conch_js_tool_answer - settle tool call @id: resolve its promise with @json (@len bytes of
  * JSON text) if @ok, else reject it with an Error whose message is @json's string (or its
- * text). An unknown or finished @id is ignored (an answer that came after its eval ended).
- * Returns 0, 1 if ignored, or -errno.
+ * text, or its "message" if it is an object). An unknown or finished @id is ignored (an answer that
+ * came after its eval ended). Returns 0, 1 if ignored, or -errno.
  */
 int conch_js_tool_answer(struct conch_js_session *s, uint64_t id, bool ok, const char *json,
                          size_t len);

@@ -606,3 +606,24 @@ Test(js_session, hash_bang_line_and_console_aliases)
     json_decref(res);
     conch_js_session_free(s);
 }
+
+/* Numbers and sizes from a client are bounded: a tool input past 4 MiB is refused inside,
+ * a CPU limit whose nanoseconds pass 2^64 is a long one (not a wrapped, past deadline). */
+Test(js_host, tool_input_cap_and_huge_timeouts)
+{
+    struct fake_host h = {.reverse = true};
+    struct conch_js_session *s = host_session(&h, 0);
+    expect_value(s, "await tools.echo('x'.repeat(5 * 1024 * 1024)).catch((e) => e.message)",
+                 "\"tools.echo: the input is 5242882 bytes of JSON, more than 4194304\"");
+    cr_assert_eq(h.n_calls, 0, "the oversize call never reached the host");
+    /* 2^64 / 1e6 rounded up: as nanoseconds it wraps to almost nothing. */
+    struct conch_js_eval_opts o = {.timeout_ms = 1000000000000000000LL, .cpu_ms = 18446744073710LL};
+    json_t *res = NULL;
+    struct conch_err err = {0};
+    const char *code = "let k = 0; for (let i = 0; i < 100000; i++) k += i; k";
+    cr_assert_eq(conch_js_eval(s, code, strlen(code), &o, &res, &err), 0);
+    cr_assert_eq(json_integer_value(json_object_get(res, "value")), 4999950000LL, "%s",
+                 json_dumps(res, 0));
+    json_decref(res);
+    conch_js_session_free(s);
+}
