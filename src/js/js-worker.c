@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/strbuf.h"
+#include "core/utf8.h"
 #include "js/js-internal.h"
 
 /* The largest frame either way: a script, a tool's answer. */
@@ -24,8 +26,12 @@ struct worker {
     int fd;
     struct conch_js_limits limits;
     struct conch_js_session *s;
+    struct conch_sb calls; /* tool_call frames not sent yet */
     bool broken;
 };
+
+/* Flush at this much: a Promise.all of many calls goes out in a few writes, not one each. */
+#define JS_CALLS_FLUSH (1u << 20)
 
 static int read_full(int fd, void *buf, size_t len)
 {
@@ -124,19 +130,68 @@ static int worker_write(void *data, const char *path, const char *buf, size_t le
     return 0;
 }
 
+/* Send the tool_call frames gathered since the last flush; -1 (and broken) if the channel
+ * is gone. */
+static int flush_calls(struct worker *w)
+{
+    if (!w->calls.len || w->broken)
+        return w->broken ? -1 : 0;
+    int r = w->calls.oom ? -1 : conch_send_all(w->fd, w->calls.buf, w->calls.len);
+    conch_sb_trunc(&w->calls, 0);
+    if (r < 0)
+        w->broken = true;
+    return r < 0 ? -1 : 0;
+}
+
+/* A call's frame, gathered: its input is the script's JSON.stringify text, put in as it is
+ * (the name is an identifier, checked by conch_js_session_set_tools). Sent at the next wait
+ * or at the eval's end. */
 static int worker_tool_start(void *data, struct conch_js_session *s, uint64_t id, const char *name,
                              const char *input, struct conch_err *err)
 {
     struct worker *w = data;
-    json_t *in = json_loads(input, JSON_DECODE_ANY, NULL);
-    json_t *msg = json_pack("{s:{s:I,s:s,s:o}}", "tool_call", "id", (json_int_t)id, "name", name,
-                            "input", in ? in : json_null());
-    int r = msg ? write_frame(w->fd, msg) : -1;
-    json_decref(msg);
-    if (r < 0) {
-        w->broken = true;
-        return conch_err_set(err, EPIPE, "tools.%s: the worker's channel is gone", name);
+    /* A lone surrogate in a script's string is not UTF-8: repaired (U+FFFD), as everything
+     * conch sends. */
+    char *fixed = NULL;
+    size_t ilen = strlen(input);
+    for (size_t i = 0; i < ilen;) {
+        size_t k = conch_utf8_seq((const unsigned char *)input + i, ilen - i);
+        if (!k) {
+            size_t flen;
+            fixed = conch_utf8_repair(input, ilen, &flen);
+            if (!fixed)
+                return conch_err_set(err, ENOMEM, "tools.%s: out of memory", name);
+            input = fixed;
+            break;
+        }
+        i += k;
     }
+    /* JSON.stringify writes a lone surrogate as an escape ("\ud800"), which the daemon's
+     * JSON reader (jansson) refuses: such an input is refused here, with the reason. */
+    if (strstr(input, "\\ud") || strstr(input, "\\uD")) {
+        json_t *check = json_loads(input, JSON_DECODE_ANY, NULL);
+        json_decref(check);
+        if (!check) {
+            free(fixed);
+            return conch_err_set(err, EINVAL,
+                                 "tools.%s: the input has a lone UTF-16 surrogate (a \\ud800-"
+                                 "\\udfff escape with no pair), which is not valid JSON text "
+                                 "for the tool",
+                                 name);
+        }
+    }
+    size_t at = w->calls.len;
+    uint64_t len = 0;
+    conch_sb_putn(&w->calls, (const char *)&len, sizeof(len));
+    conch_sb_printf(&w->calls, "{\"tool_call\":{\"id\":%llu,\"name\":\"%s\",\"input\":%s}}",
+                    (unsigned long long)id, name, input);
+    free(fixed);
+    if (!w->calls.oom) {
+        len = w->calls.len - at - sizeof(len);
+        memcpy(w->calls.buf + at, &len, sizeof(len));
+    }
+    if ((w->calls.len > JS_CALLS_FLUSH || w->calls.oom) && flush_calls(w) < 0)
+        return conch_err_set(err, EPIPE, "tools.%s: the worker's channel is gone", name);
     return 0;
 }
 
@@ -163,6 +218,8 @@ static int worker_wait(void *data, struct conch_js_session *s, int timeout_ms,
                        struct conch_err *err)
 {
     struct worker *w = data;
+    if (flush_calls(w) < 0)
+        return conch_err_set(err, EPIPE, "send tool calls: the worker's channel is gone");
     struct pollfd p = {.fd = w->fd, .events = POLLIN};
     int n = poll(&p, 1, timeout_ms);
     if (n < 0 && errno != EINTR)
@@ -232,10 +289,11 @@ static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
         .filename = json_string_value(json_object_get(params, "filename")),
     };
     json_t *res = NULL;
-    if (conch_js_eval(w->s, json_string_value(code), json_string_length(code), &opts, &res, err) <
-        0)
-        return NULL;
-    return res;
+    int r =
+        conch_js_eval(w->s, json_string_value(code), json_string_length(code), &opts, &res, err);
+    /* Calls the script started and did not wait for go out before its answer. */
+    flush_calls(w);
+    return r < 0 ? NULL : res;
 }
 
 int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
@@ -289,5 +347,6 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
             break;
     }
     conch_js_session_free(w.s);
+    conch_sb_done(&w.calls);
     return ret;
 }

@@ -122,3 +122,13 @@ def test_not_on_a_socket_is_refused():
     p = subprocess.run([CONCH_BIN, "__js-worker"], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True)
     assert p.returncode == 2 and "not a socket" in p.stderr
+
+
+def test_tool_input_with_a_lone_surrogate_is_refused_with_the_reason(worker):
+    worker.send({"method": "eval", "params": {"tools": ["t"], "code":
+                 "[await tools.t('a\\ud800b').catch((e) => e.message), await tools.t('\\ud83d\\ude00')]"}})
+    call = worker.recv()["tool_call"]  # only the second call goes out
+    assert call["input"] == "\U0001F600"
+    worker.send({"method": "tool_result", "params": {"id": call["id"], "ok": True, "value": 1}})
+    r = worker.recv()["result"]
+    assert "lone UTF-16 surrogate" in r["value"][0] and r["value"][1] == 1, r
