@@ -627,3 +627,21 @@ Test(js_host, tool_input_cap_and_huge_timeouts)
     json_decref(res);
     conch_js_session_free(s);
 }
+
+/* A lone UTF-16 surrogate (not UTF-8, not JSON jansson reads) is shown as U+FFFD, once. */
+Test(js_session, lone_surrogates_render_as_replacement_characters)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res =
+        eval(s, "console.log('x\\udc00'); ({ k: 'a\\ud800b', ['\\udfff']: '\\ud83d\\ude00' })");
+    json_t *want = json_loads("{\"k\":\"a\xef\xbf\xbd"
+                              "b\",\"\xef\xbf\xbd\":\"\xf0\x9f\x98\x80\"}",
+                              0, NULL);
+    cr_assert(json_equal(json_object_get(res, "value"), want), "%s", json_dumps(res, 0));
+    cr_assert_str_eq(json_string_value(json_object_get(
+                         json_array_get(json_object_get(res, "console"), 0), "text")),
+                     "x\xef\xbf\xbd");
+    json_decref(want);
+    json_decref(res);
+    conch_js_session_free(s);
+}
