@@ -231,7 +231,20 @@ static json_t *string_prop(struct conch_js_session *s, JSValueConst obj, const c
     size_t len;
     const char *c = JS_ToCStringLen(s->ctx, &len, v);
     JS_FreeValue(s->ctx, v);
-    json_t *j = c ? conch_js_json_string(c, len) : NULL;
+    json_t *j = NULL;
+    if (c && len > s->limits.value_bytes) {
+        /* An error's text is the script's to make as long as it likes: cut like a value. */
+        size_t cut = s->limits.value_bytes;
+        while (cut > 0 && ((unsigned char)c[cut] & 0xC0) == 0x80)
+            cut--;
+        struct conch_sb b = {0};
+        conch_sb_putn(&b, c, cut);
+        conch_sb_printf(&b, "... [cut: %zu bytes in all]", len);
+        j = b.oom ? NULL : conch_js_json_string(b.buf, b.len);
+        conch_sb_done(&b);
+    } else if (c) {
+        j = conch_js_json_string(c, len);
+    }
     JS_FreeCString(s->ctx, c);
     return j;
 }

@@ -645,3 +645,16 @@ Test(js_session, lone_surrogates_render_as_replacement_characters)
     json_decref(res);
     conch_js_session_free(s);
 }
+
+/* An error's message is cut like a value: a script cannot make the result as big as it likes. */
+Test(js_session, huge_error_message_is_cut)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval(s, "throw new Error('x'.repeat(10 * 1024 * 1024))");
+    const char *m = err_field(res, "message");
+    cr_assert_lt(strlen(m), 70000);
+    cr_assert(strstr(m, "[cut: 10485760 bytes in all]"), "%.100s", m);
+    cr_assert_lt(strlen(json_string_value(json_object_get(res, "text"))), 140000);
+    json_decref(res);
+    conch_js_session_free(s);
+}
