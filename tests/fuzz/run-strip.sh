@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run-strip.sh - build the JS stripping fuzz target (src/js/js-strip.c) with libFuzzer + ASan +
-# UBSan and run it for $1 seconds (default 60), starting from tests/fuzz/corpus_strip. The
+# UBSan and run it for $1 seconds (default 60), starting from tests/unit/ts-corpus (the unit tests' TypeScript). The
 # TypeScript grammar (third-party, from .deps/js: meson setup fetches it) is compiled without
 # instrumentation. New inputs go to build-fuzz/corpus_strip, a crash to build-fuzz/crash-*.
 set -euo pipefail
@@ -31,4 +31,4 @@ fi
   $(pkg-config --cflags --libs tree-sitter jansson) -o "$out/fuzz_strip"
 
 exec "$out/fuzz_strip" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus_strip" tests/fuzz/corpus_strip
+  -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus_strip" tests/unit/ts-corpus
