@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run-strip.sh - build the JS stripping fuzz target (src/js/js-strip.c) with libFuzzer + ASan +
-# UBSan and run it for $1 seconds (default 60), starting from tests/unit/ts-corpus (the unit tests' TypeScript). The
-# TypeScript grammar (third-party, from .deps/js: meson setup fetches it) is compiled without
-# instrumentation. New inputs go to build-fuzz/corpus_strip, a crash to build-fuzz/crash-*.
+# UBSan and run it for $1 seconds (default 60), seeded with tests/unit/ts-corpus (the unit
+# tests' TypeScript). The TypeScript grammar (third-party, from .deps/js: meson setup fetches
+# it) is compiled without instrumentation. New inputs go to build-fuzz/corpus_strip, a crash
+# to build-fuzz/crash-*.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
