@@ -116,6 +116,7 @@ struct tx {
     char **globals;
     size_t n_globals, cap_globals;
     struct conch_sb prefix; /* REPL: run first inside the wrapper (functions to globals) */
+    uint32_t import_line;   /* REPL: the first line with an import statement, or 0 */
     bool oom;
 };
 
@@ -554,6 +555,14 @@ static void repl_statement(struct tx *t, TSNode st)
 {
     const char *type = ts_node_type(st);
     size_t len;
+    if (strcmp(type, "import_statement") == 0 && !has_token(st, "type")) {
+        /* A cell is a script: the engine would only say "expecting '('". Fail before
+         * anything runs, saying why. */
+        if (!t->import_line)
+            t->import_line = ts_node_start_point(st).row + 1;
+        blank(t, st);
+        return;
+    }
     if (strcmp(type, "export_statement") == 0) {
         TSNode decl = ts_node_child_by_field_name(st, "declaration", 11);
         if (ts_node_is_null(decl) || action_of(decl) == A_BLANK || has_token(st, "type"))
@@ -763,6 +772,12 @@ int conch_js_transform(const char *src, size_t len, bool repl, struct conch_js_c
     struct conch_sb out = {0};
     if (repl) {
         conch_sb_puts(&out, "(async () => {");
+        if (t.import_line)
+            conch_sb_printf(&out,
+                            "throw new SyntaxError('line %u: a cell cannot import modules (it is "
+                            "a script with no module loader): use readFile, writeFile and "
+                            "tools.<name>');",
+                            t.import_line);
         if (t.prefix.len)
             conch_sb_putn(&out, t.prefix.buf, t.prefix.len);
     }

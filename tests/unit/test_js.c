@@ -658,3 +658,17 @@ Test(js_session, huge_error_message_is_cut)
     json_decref(res);
     conch_js_session_free(s);
 }
+
+/* An import in a cell fails before anything runs, saying why (not "expecting '('"); a
+ * type-only import is just stripped. */
+Test(js_session, import_in_a_cell_is_refused_with_the_reason)
+{
+    struct conch_js_session *s = new_session(NULL, NULL);
+    json_t *res = eval(s, "globalThis.ran = 1;\n\nimport fs from 'fs';\nfs");
+    cr_assert_str_eq(err_field(res, "name"), "SyntaxError");
+    cr_assert(strstr(err_field(res, "message"), "line 3: a cell cannot import modules"), "%s",
+              err_field(res, "message"));
+    json_decref(res);
+    expect_value(s, "import type { X } from './x';\ntypeof ran", "\"undefined\"");
+    conch_js_session_free(s);
+}
