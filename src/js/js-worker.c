@@ -1,0 +1,352 @@
+/* js-worker.c - the JS worker's body: one engine session served over a stream socket in
+ * frames (a native-endian uint64_t length, then JSON), the file workers' framing. During an
+ * eval the worker sends the session's tool calls as frames and reads their answers, so a
+ * script's Promise.all has every call out at once. Files are the worker's own (relative to
+ * its working directory, the workspace inside a sandbox). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
+#include "core/strbuf.h"
+#include "core/utf8.h"
+#include "js/js-internal.h"
+
+/* The largest frame either way: a script, a tool's answer. */
+#define JS_MAX_FRAME (64u << 20)
+/* The largest file readFile loads. */
+#define JS_MAX_READ (64u << 20)
+
+struct worker {
+    int fd;
+    struct conch_js_limits limits;
+    struct conch_js_session *s;
+    struct conch_sb calls; /* tool_call frames not sent yet */
+    bool broken;
+};
+
+/* Flush at this much: a Promise.all of many calls goes out in a few writes, not one each. */
+#define JS_CALLS_FLUSH (1u << 20)
+
+static int read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n == 0 && got == 0 ? 0 : -1;
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+/* One frame's JSON; NULL at EOF (*@ret_eof) or on a broken or oversize frame. */
+static json_t *read_frame(int fd, bool *ret_eof)
+{
+    uint64_t len;
+    *ret_eof = false;
+    int r = read_full(fd, &len, sizeof(len));
+    if (r == 0)
+        *ret_eof = true;
+    if (r <= 0 || len == 0 || len > JS_MAX_FRAME)
+        return NULL;
+    char *buf = malloc(len);
+    if (!buf || read_full(fd, buf, len) != 1) {
+        free(buf);
+        return NULL;
+    }
+    json_t *j = json_loadb(buf, len, 0, NULL);
+    free(buf);
+    return j ? j : json_object(); /* not JSON: a request without a method */
+}
+
+/* One frame of @j's JSON, in one send (MSG_NOSIGNAL: a peer gone is an error, not a
+ * signal that kills the worker). */
+static int write_frame(int fd, json_t *j)
+{
+    char *text = json_dumps(j, JSON_COMPACT);
+    if (!text)
+        return -1;
+    uint64_t len = strlen(text);
+    char *frame = malloc(sizeof(len) + len);
+    int r = -1;
+    if (frame) {
+        memcpy(frame, &len, sizeof(len));
+        memcpy(frame + sizeof(len), text, len);
+        r = conch_send_all(fd, frame, sizeof(len) + len);
+    }
+    free(frame);
+    free(text);
+    return r < 0 ? -1 : 0;
+}
+
+static int worker_read(void *data, const char *path, char **ret_buf, size_t *ret_len,
+                       struct conch_err *err)
+{
+    int r = conch_read_file(path, JS_MAX_READ, ret_buf, ret_len, err);
+    if (r < 0)
+        conch_err_wrap(err, "readFile");
+    return r;
+}
+
+/* Atomic replace: a temporary file beside it, then rename; the mode of a file replaced is
+ * kept, a new one is 0644 less the umask. */
+static int worker_write(void *data, const char *path, const char *buf, size_t len,
+                        struct conch_err *err)
+{
+    struct stat st;
+    mode_t mode = stat(path, &st) == 0 ? (st.st_mode & 07777) : 0644;
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp)
+        return conch_err_set(err, ENOMEM, "writeFile '%s': out of memory", path);
+    snprintf(tmp, plen + 16, "%s.conch-XXXXXX", path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        return conch_err_set(err, e, "writeFile '%s': %s", path, strerror(e));
+    }
+    int r = conch_write_all(fd, buf, len);
+    if (r == 0 && fchmod(fd, mode) < 0)
+        r = -errno;
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == 0 && rename(tmp, path) < 0)
+        r = -errno;
+    if (r < 0) {
+        unlink(tmp);
+        free(tmp);
+        return conch_err_set(err, -r, "writeFile '%s': %s", path, strerror(-r));
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Send the tool_call frames gathered since the last flush; -1 (and broken) if the channel
+ * is gone. */
+static int flush_calls(struct worker *w)
+{
+    if (!w->calls.len || w->broken)
+        return w->broken ? -1 : 0;
+    int r = w->calls.oom ? -1 : conch_send_all(w->fd, w->calls.buf, w->calls.len);
+    conch_sb_trunc(&w->calls, 0);
+    if (r < 0)
+        w->broken = true;
+    return r < 0 ? -1 : 0;
+}
+
+/* A call's frame, gathered: its input is the script's JSON.stringify text, put in as it is
+ * (the name is an identifier, checked by conch_js_session_set_tools). Sent at the next wait
+ * or at the eval's end. */
+static int worker_tool_start(void *data, struct conch_js_session *s, uint64_t id, const char *name,
+                             const char *input, struct conch_err *err)
+{
+    struct worker *w = data;
+    /* A lone surrogate in a script's string is not UTF-8: repaired (U+FFFD), as everything
+     * conch sends. */
+    char *fixed = NULL;
+    size_t ilen = strlen(input);
+    for (size_t i = 0; i < ilen;) {
+        size_t k = conch_utf8_seq((const unsigned char *)input + i, ilen - i);
+        if (!k) {
+            size_t flen;
+            fixed = conch_utf8_repair(input, ilen, &flen);
+            if (!fixed)
+                return conch_err_set(err, ENOMEM, "tools.%s: out of memory", name);
+            input = fixed;
+            break;
+        }
+        i += k;
+    }
+    /* JSON.stringify writes a lone surrogate as an escape ("\ud800"), which the daemon's
+     * JSON reader (jansson) refuses: such an input is refused here, with the reason. */
+    if (strstr(input, "\\ud") || strstr(input, "\\uD")) {
+        json_t *check = json_loads(input, JSON_DECODE_ANY, NULL);
+        json_decref(check);
+        if (!check) {
+            free(fixed);
+            return conch_err_set(err, EINVAL,
+                                 "tools.%s: the input has a lone UTF-16 surrogate (a \\ud800-"
+                                 "\\udfff escape with no pair), which is not valid JSON text "
+                                 "for the tool",
+                                 name);
+        }
+    }
+    size_t at = w->calls.len;
+    uint64_t len = 0;
+    conch_sb_putn(&w->calls, (const char *)&len, sizeof(len));
+    conch_sb_printf(&w->calls, "{\"tool_call\":{\"id\":%llu,\"name\":\"%s\",\"input\":%s}}",
+                    (unsigned long long)id, name, input);
+    free(fixed);
+    if (!w->calls.oom) {
+        len = w->calls.len - at - sizeof(len);
+        memcpy(w->calls.buf + at, &len, sizeof(len));
+    }
+    if ((w->calls.len > JS_CALLS_FLUSH || w->calls.oom) && flush_calls(w) < 0)
+        return conch_err_set(err, EPIPE, "tools.%s: the worker's channel is gone", name);
+    return 0;
+}
+
+static void deliver(struct worker *w, json_t *params)
+{
+    json_int_t id = json_integer_value(json_object_get(params, "id"));
+    bool ok = json_is_true(json_object_get(params, "ok"));
+    json_t *v = json_object_get(params, ok ? "value" : "error");
+    char *text = json_dumps(v ? v : json_null(), JSON_COMPACT | JSON_ENCODE_ANY);
+    if (text)
+        conch_js_tool_answer(w->s, (uint64_t)id, ok, text, strlen(text));
+    free(text);
+}
+
+static int answer_error(int fd, const char *msg)
+{
+    json_t *e = json_pack("{s:{s:s}}", "error", "message", msg);
+    int r = write_frame(fd, e);
+    json_decref(e);
+    return r;
+}
+
+static int worker_wait(void *data, struct conch_js_session *s, int timeout_ms,
+                       struct conch_err *err)
+{
+    struct worker *w = data;
+    if (flush_calls(w) < 0)
+        return conch_err_set(err, EPIPE, "send tool calls: the worker's channel is gone");
+    struct pollfd p = {.fd = w->fd, .events = POLLIN};
+    int n = poll(&p, 1, timeout_ms);
+    if (n < 0 && errno != EINTR)
+        return conch_err_set(err, errno, "wait for tool answers: %s", strerror(errno));
+    if (n <= 0)
+        return 0;
+    /* Every answer already there, before the script runs again: 100 answers to a
+     * Promise.all are one wake-up of the eval loop, not 100. */
+    do {
+        bool eof;
+        json_t *req = read_frame(w->fd, &eof);
+        if (!req) {
+            w->broken = true;
+            return conch_err_set(err, EPIPE, "wait for tool answers: the worker's channel %s",
+                                 eof ? "was closed" : "broke");
+        }
+        const char *method = json_string_value(json_object_get(req, "method"));
+        if (method && strcmp(method, "tool_result") == 0)
+            deliver(w, json_object_get(req, "params"));
+        else if (answer_error(w->fd, "an eval is under way: only tool_result frames are read") < 0)
+            w->broken = true;
+        json_decref(req);
+    } while (!w->broken && s->calls && poll(&p, 1, 0) == 1);
+    return 0;
+}
+
+static int new_session(struct worker *w, struct conch_err *err)
+{
+    struct conch_js_host host = {.data = w,
+                                 .read_file = worker_read,
+                                 .write_file = worker_write,
+                                 .tool_start = worker_tool_start,
+                                 .wait = worker_wait};
+    conch_js_session_free(w->s);
+    w->s = NULL;
+    return conch_js_session_new(&w->limits, &host, &w->s, err);
+}
+
+static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
+{
+    json_t *code = json_object_get(params, "code");
+    if (!json_is_string(code)) {
+        conch_err_set(err, EINVAL, "eval: 'code' must be a string");
+        return NULL;
+    }
+    json_t *tools = json_object_get(params, "tools");
+    if (json_is_array(tools)) {
+        size_t n = json_array_size(tools);
+        const char **names = calloc(n + 1, sizeof(*names));
+        if (!names) {
+            conch_err_set(err, ENOMEM, "eval: out of memory");
+            return NULL;
+        }
+        for (size_t i = 0; i < n; i++) {
+            names[i] = json_string_value(json_array_get(tools, i));
+            if (!names[i])
+                names[i] = "";
+        }
+        int r = conch_js_session_set_tools(w->s, names, n, err);
+        free(names);
+        if (r < 0)
+            return NULL;
+    }
+    struct conch_js_eval_opts opts = {
+        .timeout_ms = json_integer_value(json_object_get(params, "timeout_ms")),
+        .cpu_ms = json_integer_value(json_object_get(params, "cpu_ms")),
+        .filename = json_string_value(json_object_get(params, "filename")),
+    };
+    json_t *res = NULL;
+    int r =
+        conch_js_eval(w->s, json_string_value(code), json_string_length(code), &opts, &res, err);
+    /* Calls the script started and did not wait for go out before its answer. */
+    flush_calls(w);
+    return r < 0 ? NULL : res;
+}
+
+int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
+{
+    struct worker w = {.fd = fd};
+    if (limits)
+        w.limits = *limits;
+    else
+        conch_js_limits_default(&w.limits);
+    struct conch_err err = {0};
+    if (new_session(&w, &err) < 0) {
+        answer_error(fd, err.msg);
+        return 1;
+    }
+    int ret = 1;
+    for (;;) {
+        bool eof;
+        json_t *req = read_frame(fd, &eof);
+        if (!req) {
+            ret = eof ? 0 : 1;
+            break;
+        }
+        const char *method = json_string_value(json_object_get(req, "method"));
+        json_t *params = json_object_get(req, "params");
+        json_t *result = NULL;
+        conch_err_clear(&err);
+        if (!method) {
+            conch_err_set(&err, EINVAL, "a request needs a 'method'");
+        } else if (strcmp(method, "eval") == 0) {
+            result = do_eval(&w, params, &err);
+        } else if (strcmp(method, "reset") == 0) {
+            if (new_session(&w, &err) == 0)
+                result = json_pack("{s:b}", "reset", 1);
+        } else if (strcmp(method, "tool_result") == 0) {
+            /* An answer to a call of an eval that has ended: nothing waits for it. */
+            json_decref(req);
+            continue;
+        } else {
+            conch_err_set(&err, EINVAL, "unknown method '%s' (eval, reset, tool_result)", method);
+        }
+        json_decref(req);
+        int r;
+        if (result) {
+            json_t *a = json_pack("{s:o}", "result", result);
+            r = write_frame(fd, a);
+            json_decref(a);
+        } else {
+            r = answer_error(fd, err.msg[0] ? err.msg : "out of memory");
+        }
+        if (r < 0 || w.broken || !w.s)
+            break;
+    }
+    conch_js_session_free(w.s);
+    conch_sb_done(&w.calls);
+    return ret;
+}
