@@ -386,6 +386,8 @@ static json_t *run_result_build(const struct conch_run_result *res, json_t *call
     free(text);
     json_object_del(o, "committed");
     set_tools_json(o, calls, detached);
+    if (o && res->tools_summary)
+        json_object_set_new(o, "tools_summary", json_string(res->tools_summary));
     return o;
 }
 

@@ -34,6 +34,9 @@ class RunResult:
     changes: List[Dict[str, Any]] = field(default_factory=list)
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)
     detached_agents: List[Dict[str, Any]] = field(default_factory=list)
+    #: the bridge's ``[tools: N calls (...), N ok, N failed, T s]`` line (also in ``text``)
+    #: when the command called tools or sub-agents, else None
+    tools_summary: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     #: session.run only: a new shell ran this command (the previous one had exited; the
     #: session's state was lost), the shell exited during it (``exit``, ``exec``, ``set -e``),
@@ -55,7 +58,8 @@ class RunResult:
                    duration_ms=r.get("duration_ms"), error=r.get("error"),
                    changes=list(r.get("changes") or []),
                    tool_calls=list(r.get("tool_calls") or []),
-                   detached_agents=list(r.get("detached_agents") or []), raw=r,
+                   detached_agents=list(r.get("detached_agents") or []),
+                   tools_summary=r.get("tools_summary"), raw=r,
                    new_shell=bool(r.get("new_shell")),
                    shell_exited=bool(r.get("shell_exited")),
                    session_usable=r.get("session_usable"))

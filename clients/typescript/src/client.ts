@@ -66,6 +66,13 @@ export interface CallRecord {
   detached?: boolean;
 }
 
+/** A `spawn_agent --detach` request: recorded by the daemon, run by the harness. */
+export interface DetachedAgentRequest {
+  call_id: string;
+  task: string;
+  type: string | null;
+}
+
 export interface ExecParams {
   sandbox?: string;
   fresh?: boolean;
@@ -105,7 +112,9 @@ export interface ExecResult {
   error: null | { kind: "command" | "timeout" | "limit" | string; message: string };
   text: string;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
+  /** The `[tools: ...]` summary line (also in `text`) when the command called tools. */
+  tools_summary?: string;
   [key: string]: unknown;
 }
 
@@ -139,7 +148,7 @@ export interface JobWaitResult {
   lost?: string;
   tools_summary?: string;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
 }
 export interface JobExitedEvent {
   job_id: string;
@@ -147,7 +156,7 @@ export interface JobExitedEvent {
   exit_code: number | null;
   signal: number | null;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
 }
 
 export interface FsReadText {

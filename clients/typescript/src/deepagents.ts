@@ -21,7 +21,7 @@ import type {
   FileDownloadResponse,
   FileOperationError,
 } from "deepagents";
-import { ConchClient, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
+import { ConchClient, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
 import { ConchError } from "./rpc.js";
 
 const EMPTY_CONTENT_WARNING = "System reminder: File exists but has empty contents";
@@ -124,6 +124,23 @@ export interface ConchSandboxOptions extends ConnectOptions {
   searchRoot?: string;
   /** Files written at create(): path -> text. */
   initialFiles?: Record<string, string>;
+  /**
+   * Called after execute() with the command's `spawn_agent --detach` requests (also in the
+   * result's `detached_agents`): the daemon only records them; the harness runs them.
+   */
+  onDetachedAgents?: (requests: DetachedAgentRequest[], sandbox: ConchSandbox) => unknown;
+}
+
+/**
+ * execute()'s result: deepagents' ExecuteResponse plus what the tool bridge recorded for the
+ * command (present when it made calls): `tool_calls` (CallRecords, in order of completion),
+ * `tools_summary` (the `[tools: ...]` line, also at the end of `output`) and
+ * `detached_agents` (`spawn_agent --detach` requests, for the harness to run).
+ */
+export interface ConchExecuteResponse extends ExecuteResponse {
+  tool_calls?: CallRecord[];
+  tools_summary?: string;
+  detached_agents?: DetachedAgentRequest[];
 }
 
 /** What spawnInteractive() returns (the shape deepagents' unpublished PTC engine uses). */
@@ -225,7 +242,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   }
 
   // ---- execute: LocalShellBackend's output format ----
-  async execute(command: string): Promise<ExecuteResponse> {
+  async execute(command: string): Promise<ConchExecuteResponse> {
     if (!command || typeof command !== "string") return { output: "Error: Command must be a non-empty string.", exitCode: 1, truncated: false };
     let r;
     try {
@@ -243,7 +260,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     } catch (e) {
       return { output: `Error executing command: ${errMsg(e)}`, exitCode: 1, truncated: false };
     }
-    if (r.timed_out) return { output: `Error: Command timed out after ${this.timeout.toFixed(1)} seconds.`, exitCode: 124, truncated: false };
+    if (r.timed_out) return this.withToolRecords(r, { output: `Error: Command timed out after ${this.timeout.toFixed(1)} seconds.${r.tools_summary ? `\n${r.tools_summary}` : ""}`, exitCode: 124, truncated: false });
     const parts: string[] = [];
     if (r.stdout) parts.push(r.stdout);
     if (r.stderr) parts.push(...r.stderr.trim().split("\n").map((l) => `[stderr] ${l}`));
@@ -253,10 +270,29 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
       output = output.slice(0, this.maxOutput) + `\n\n... Output truncated at ${this.maxOutput} bytes.`;
       truncated = true;
     } else if (truncated) output += `\n\n... Output truncated at ${this.maxOutput} bytes.`;
+    // What the tool bridge recorded: its summary line after the output (as the daemon puts
+    // it in exec.run's text), the call records and the detached spawn requests.
+    if (r.tools_summary) output = `${output.replace(/\n+$/, "")}\n${r.tools_summary}`;
     const exitCode = r.exit_code ?? 1;
     if (exitCode !== 0) output = `${output.trimEnd()}\n\nExit code: ${exitCode}`;
     if (r.error && r.error.kind === "limit") output += `\n${r.error.message}`;
-    return { output, exitCode, truncated };
+    return this.withToolRecords(r, { output, exitCode, truncated });
+  }
+
+  /** @res with what the bridge recorded for the command of @r; hands detached spawns to onDetachedAgents. */
+  private async withToolRecords(r: ExecResult, res: ConchExecuteResponse): Promise<ConchExecuteResponse> {
+    if (r.tool_calls?.length) res.tool_calls = r.tool_calls;
+    if (r.tools_summary) res.tools_summary = r.tools_summary;
+    if (r.detached_agents?.length) {
+      res.detached_agents = r.detached_agents;
+      try {
+        await this.opts.onDetachedAgents?.(r.detached_agents, this);
+      } catch (e) {
+        // A backend that throws aborts the agent's whole run: the model is told instead.
+        res.output += `\n[detached agents: the harness could not take them: ${errMsg(e)}]`;
+      }
+    }
+    return res;
   }
 
   private searchPath(path: string | null | undefined): string {
