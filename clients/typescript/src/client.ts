@@ -629,6 +629,10 @@ export class ConchClient extends EventEmitter {
   openSession(sandbox: string, opts: Omit<SessionOpenParams, "sandbox"> = {}): Promise<ConchSession> {
     return ConchSession.open(this, sandbox, opts);
   }
+  /** A ConchSession for an existing session (any client's), optionally attaching (see ConchSession.get). */
+  getSession(session: string, opts: { attach?: boolean; write?: boolean } = {}): Promise<ConchSession> {
+    return ConchSession.get(this, session, opts);
+  }
   /** session.open: a long-lived bash on a pty of the sandbox. */
   sessionOpen(p: SessionOpenParams): Promise<SessionInfo> {
     return this.call("session.open", p);
