@@ -101,6 +101,9 @@ function linesResult(r: FsReadText, off: number, lim: number, mimeType: string):
 /** Same ordering as deepagents' `a.path.localeCompare(b.path)`. */
 const byPath = (a: { path: string }, b: { path: string }) => a.path.localeCompare(b.path);
 
+/** What ConchSandbox.close() does with the workspace's changes unless `onClose` says otherwise. */
+export const DEFAULT_ON_CLOSE: "commit" | "discard" = "discard";
+
 export interface ConchSandboxOptions extends ConnectOptions {
   /** An existing client to use (not closed by close()); else one is connected per sandbox. */
   client?: ConchClient;
@@ -108,7 +111,7 @@ export interface ConchSandboxOptions extends ConnectOptions {
   sandboxId?: string;
   /** sandbox.create params (workspace, mode, limits...). */
   sandbox?: SandboxCreateParams;
-  /** What close() does with the workspace's changes: "commit" applies them to the host, "discard" (default) drops them. */
+  /** What close() does with the workspace's changes: "commit" applies them to the host, "discard" (DEFAULT_ON_CLOSE) drops them. */
   onClose?: "commit" | "discard";
   /** Working directory of execute() commands (default /workspace). */
   cwd?: string;
@@ -193,6 +196,10 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   get id(): string {
     return this._id;
   }
+  /** What close() does with the workspace's changes: the `onClose` option, else DEFAULT_ON_CLOSE. */
+  get onClose(): "commit" | "discard" {
+    return this.opts.onClose ?? DEFAULT_ON_CLOSE;
+  }
   get isRunning(): boolean {
     return this.initialized;
   }
@@ -238,7 +245,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
    */
   async close(opts: { workspace?: "commit" | "discard" | "keep"; paths?: string[] } = {}): Promise<{ committed?: string[] }> {
     if (!this.initialized || !this._client) return {};
-    const what = opts.workspace ?? this.opts.onClose ?? "discard";
+    const what = opts.workspace ?? this.onClose;
     const out: { committed?: string[] } = {};
     try {
       if (what === "commit") out.committed = (await this._client.workspaceCommit(this._id, opts.paths)).committed;
