@@ -24,6 +24,8 @@
 /* spawn_agent --detach: the requests are kept for the command's result. */
 #define DETACHED_MAX 256
 #define DETACHED_TASK_MAX (256u << 10)
+/* Bytes of the name a refused call asked for that its record keeps. */
+#define REFUSED_NAME_MAX 100
 
 static json_t *call_origin_json(const struct conch_bridge_call *c)
 {
@@ -61,6 +63,19 @@ static json_t *record_value(json_t *v, size_t at_most)
     return r;
 }
 
+/* Keep record @rec (taken) in the trace and in its origin @o's records (NULL: none). */
+static void record_store(struct conch_bridge *b, json_t *rec, struct origin *o)
+{
+    if (b->trace) {
+        json_array_append(b->trace, rec);
+        while (json_array_size(b->trace) > b->lim.max_trace)
+            json_array_remove(b->trace, 0);
+    }
+    if (o)
+        json_array_append(o->records, rec);
+    json_decref(rec);
+}
+
 /* Record @c's outcome (@result, whose JSON is @result_text when the caller has it, or
  * @ekind/@emsg) in the trace and its origin. */
 static void call_record(struct conch_bridge_call *c, json_t *result, const char *result_text,
@@ -88,16 +103,9 @@ static void call_record(struct conch_bridge_call *c, json_t *result, const char 
                                         : record_value(result, SIZE_MAX));
     if (detached)
         json_object_set_new(rec, "detached", json_true());
-    if (b->trace) {
-        json_array_append(b->trace, rec);
-        while (json_array_size(b->trace) > b->lim.max_trace)
-            json_array_remove(b->trace, 0);
-    }
-    struct origin *o =
-        c->origin_kind[0] ? conch_bridge__origin_find(b, c->origin_kind, c->origin_id) : NULL;
-    if (o)
-        json_array_append(o->records, rec);
-    json_decref(rec);
+    record_store(b, rec,
+                 c->origin_kind[0] ? conch_bridge__origin_find(b, c->origin_kind, c->origin_id)
+                                   : NULL);
 }
 
 static void on_call_timer_closed(uv_handle_t *h)
@@ -273,15 +281,53 @@ static void names_of(struct conch_list *head, char *buf, size_t size)
     }
 }
 
-/* Answer @id with unknown_tool: @name is not among @list's entries (named in the message). */
-static void send_unknown(struct conn *c, json_t *id, struct conch_list *list, const char *what,
-                         const char *name, const char *names_label, const char *none)
+/* Refuse @c's call @id before it starts (@code, @msg to the caller) and record the refusal
+ * as a failed call, so that the harness sees a model's malformed attempts in the trace, the
+ * command's records and its summary. @spawn: an agent spawn; @name: the tool or agent type
+ * asked for (NULL: none; cut to REFUSED_NAME_MAX bytes); @input: the call's input as
+ * recorded (borrowed; NULL: not recorded). A refusal counts against the command's cap of
+ * calls: past it, refusals are answered but no longer recorded. */
+static void call_refuse(struct conn *c, json_t *id, bool spawn, const char *name, json_t *input,
+                        size_t bytes, const char *code, const char *msg)
+{
+    struct conch_bridge *b = c->b;
+    struct origin *o = conch_bridge__origin_of(c);
+    if (b->freeing || c->closing)
+        return;
+    if (!o || o->calls < b->lim.max_calls) {
+        if (o)
+            o->calls++;
+        size_t cut = name ? strnlen(name, REFUSED_NAME_MAX + 1) : 1;
+        if (cut > REFUSED_NAME_MAX) {
+            cut = REFUSED_NAME_MAX;
+            while (cut > 0 && ((unsigned char)name[cut] & 0xC0) == 0x80)
+                cut--; /* not inside a UTF-8 sequence */
+        }
+        char call_id[32];
+        snprintf(call_id, sizeof(call_id), "call-%llu", (unsigned long long)++b->next_call);
+        json_t *rec = json_pack(
+            "{s:s,s:s,s:s%,s:o,s:b,s:f,s:f,s:o,s:{s:s,s:s}}", "call_id", call_id, "kind",
+            spawn ? "agent" : "tool", "name", name ? name : "?", cut, "input",
+            record_value(input, bytes), "ok", 0, "start", conch_clock_wall(), "duration_ms", 0.0,
+            "origin", o ? json_pack("{s:s,s:s}", "kind", o->kind, "id", o->id) : json_null(),
+            "error", "kind", code, "message", msg);
+        if (rec)
+            record_store(b, rec, o);
+    }
+    conch_bridge__conn_send(c, conch_bridge__error_msg(id, code, msg));
+}
+
+/* Refuse @c's call @id with unknown_tool: @name is not among @list's entries (named in the
+ * message). */
+static void refuse_unknown(struct conn *c, json_t *id, bool spawn, json_t *input, size_t bytes,
+                           struct conch_list *list, const char *what, const char *name,
+                           const char *names_label, const char *none)
 {
     char names[400], msg[600];
     names_of(list, names, sizeof(names));
     snprintf(msg, sizeof(msg), "unknown %s '%.100s' (%s%s)", what, name,
              names[0] ? names_label : none, names);
-    conch_bridge__conn_send(c, conch_bridge__error_msg(id, "unknown_tool", msg));
+    call_refuse(c, id, spawn, name, input, bytes, "unknown_tool", msg);
 }
 
 /* Charge @held to @b's budget for what keeps a request, taking it from *@charged (what the
@@ -309,27 +355,31 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
     if (!spawn) {
         name = json_string_value(json_object_get(req, "name"));
         if (!name) {
-            conch_bridge__conn_send(c, conch_bridge__error_msg(id, "invalid_request",
-                                                               "a call needs a string \"name\""));
-            return;
-        }
-        if (!(e = conch_bridge__entry_find(&b->tools, name))) {
-            send_unknown(c, id, &b->tools, "tool", name, "tools: ", "no tools are registered");
+            call_refuse(c, id, false, NULL, NULL, 0, "invalid_request",
+                        "a call needs a string \"name\"");
             return;
         }
         input = json_object_get(req, "input");
         input = input && !json_is_null(input) ? json_incref(input) : json_object();
-        if (too_deep(input, INPUT_DEPTH_MAX)) {
+        /* Input nested too deep is not recorded: a trace must stay readable by any parser. */
+        bool deep = too_deep(input, INPUT_DEPTH_MAX);
+        if (!(e = conch_bridge__entry_find(&b->tools, name))) {
+            refuse_unknown(c, id, false, deep ? NULL : input, bytes, &b->tools, "tool", name,
+                           "tools: ", "no tools are registered");
+            json_decref(input);
+            return;
+        }
+        if (deep) {
             snprintf(msg, sizeof(msg), "input: nested deeper than %d levels", INPUT_DEPTH_MAX);
-            conch_bridge__conn_send(c, conch_bridge__error_msg(id, "invalid_input", msg));
+            call_refuse(c, id, false, name, NULL, 0, "invalid_input", msg);
             json_decref(input);
             return;
         }
         char *why = NULL;
         json_t *schema = json_object_get(e->def, "input_schema");
         if (schema && conch_toolschema_validate(schema, input, &why) < 0) {
-            conch_bridge__conn_send(c, conch_bridge__error_msg(id, "invalid_input",
-                                                               why ? why : "input does not match"));
+            call_refuse(c, id, false, name, input, bytes, "invalid_input",
+                        why ? why : "input does not match");
             free(why);
             json_decref(input);
             return;
@@ -340,24 +390,25 @@ void conch_bridge__start_call(struct conn *c, json_t *req, json_t *id, bool spaw
         type = json_string_value(t);
         detach = json_is_true(json_object_get(req, "detach"));
         if (!task || (t && !json_is_null(t) && !type)) {
-            conch_bridge__conn_send(
-                c, conch_bridge__error_msg(
-                       id, "invalid_request",
-                       "a spawn needs a string \"task\" and a string or null \"type\""));
+            call_refuse(c, id, true, type, NULL, 0, "invalid_request",
+                        "a spawn needs a string \"task\" and a string or null \"type\"");
             return;
         }
         if (type && !(e = conch_bridge__entry_find(&b->agents, type))) {
-            send_unknown(c, id, &b->agents, "agent type", type,
-                         "types: ", "no agent types are registered");
+            json_t *spawn_in = json_pack("{s:s,s:s}", "task", task, "type", type);
+            refuse_unknown(c, id, true, spawn_in, bytes, &b->agents, "agent type", type,
+                           "types: ", "no agent types are registered");
+            json_decref(spawn_in);
             return;
         }
         if (!e && b->agents.next != &b->agents)
             e = conch_list_entry(b->agents.next, struct entry, link);
         if (!e && !detach) {
-            conch_bridge__conn_send(
-                c, conch_bridge__error_msg(id, "unavailable",
-                                           "no sub-agents are available: the harness registered no "
-                                           "agent types for this sandbox"));
+            json_t *spawn_in = json_pack("{s:s,s:n}", "task", task, "type");
+            call_refuse(c, id, true, "agent", spawn_in, bytes, "unavailable",
+                        "no sub-agents are available: the harness registered no agent types "
+                        "for this sandbox");
+            json_decref(spawn_in);
             return;
         }
     }

@@ -264,9 +264,8 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
     /* exec.run's "shell": "sh" runs /bin/sh as deepagents' LocalShellBackend does. */
-    const char *shell =
-        strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
-    char *argv[] = {(char *)shell, "-c", (char *)command, NULL};
+    r->shell = strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
+    char *argv[] = {(char *)r->shell, "-c", (char *)command, NULL};
     struct conch_jail_cmd cmd = {.argv = argv,
                                  .envp = env,
                                  .cwd = cwd,
@@ -352,6 +351,7 @@ static void run_result_fill(struct run *r, struct conch_ws_changes *changes,
         .usage = r->end.usage,
         .start_failed = r->end.start_failed,
         .start_err = r->end.err,
+        .start_shell = r->shell,
         .timed_out = r->end.timed_out,
         .timeout_ms = r->timeout_ms,
         .grace_ms = r->grace_ms,
@@ -400,7 +400,7 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
 static void job_record_exit(struct run *r)
 {
     int sig = 0;
-    int code = r->end.start_failed ? 127 : conch_exit_code(r->end.status, &sig);
+    int code = r->end.start_failed ? CONCH_RUN_EXIT_INFRA : conch_exit_code(r->end.status, &sig);
     struct conch_state_job rec;
     memset(&rec, 0, sizeof(rec));
     snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
@@ -421,7 +421,7 @@ static json_t *job_status_json(struct run *r)
         return json_pack("{s:b,s:n,s:n}", "running", 1, "exit_code", "signal");
     json_t *o;
     if (r->end.start_failed) {
-        o = json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", 127, "signal");
+        o = json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", CONCH_RUN_EXIT_INFRA, "signal");
     } else {
         int sig;
         int code = conch_exit_code(r->end.status, &sig);

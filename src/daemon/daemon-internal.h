@@ -154,6 +154,7 @@ struct run {
     bool is_job;
     char job_id[32];
     char *command;
+    const char *shell; /* static: the shell the command runs with ("/bin/bash", "/bin/sh") */
     struct conch_rpc_call *call;   /* exec.run: answered when done */
     struct conch_rpc_sink *notify; /* where exec.output / job.exited go (a reference) */
     json_t *request_id;            /* of the exec.run, for exec.output notifications */

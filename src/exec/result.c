@@ -119,6 +119,9 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
     json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
     json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));
     json_object_set_new(o, "usage", usage);
+    /* The [tools: ...] line of the text, for harnesses that show it apart. */
+    if (res->tools_summary)
+        json_object_set_new(o, "tools_summary", json_string(res->tools_summary));
     if (res->tools.calls) {
         json_object_set_new(o, "tool_calls", json_incref(res->tools.calls));
         json_object_set_new(o, "detached_agents",
@@ -215,6 +218,14 @@ int conch_exit_code(int status, int *ret_signal)
 void conch_run_result_end(struct conch_run_result *res, const struct conch_run_end *end)
 {
     res->timed_out = end->timed_out;
+    if (end->start_failed && end->start_shell) {
+        res->exit_code = CONCH_RUN_EXIT_INFRA;
+        SET_ERROR(res, CONCH_ERR_INFRASTRUCTURE,
+                  "the sandbox cannot run commands: its root filesystem has no usable %.32s "
+                  "(commands run as '%.32s -c COMMAND'): %.200s",
+                  end->start_shell, end->start_shell, end->start_err.msg);
+        return;
+    }
     if (end->start_failed) {
         /* Like a shell: a program that cannot be executed is the command's failure. */
         res->exit_code = end->start_err.code == ENOENT ? 127 : 126;

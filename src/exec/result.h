@@ -13,6 +13,10 @@ struct conch_run_end {
     struct rusage usage;
     bool start_failed; /* the program could not be executed: start_err says why */
     struct conch_err start_err;
+    /* The program that could not start is the shell conch runs commands with (exec.run,
+     * jobs): the sandbox cannot run commands, an infrastructure error (125), not the
+     * command's own "not found" (127). */
+    const char *start_shell;
     bool timed_out;
     uint64_t timeout_ms, grace_ms;
     uint64_t spill_exceeded;  /* the spill cap the output went past; 0: it did not */
@@ -25,6 +29,8 @@ struct conch_run_end {
 /* The exit code of a command that ran past its deadline, whatever signal ended it (as
  * timeout(1)): `conch run`'s exit status, and exit_code in every result. */
 #define CONCH_RUN_EXIT_TIMEOUT 124
+/* The exit code when the sandbox, not the command, failed (as `conch run`'s exit status). */
+#define CONCH_RUN_EXIT_INFRA 125
 
 /*
  * conch_exit_code - a wait status the way a shell reports it: N, or 128+signal (the signal

@@ -172,6 +172,31 @@ def test_exit_codes_and_schema_violations_never_reach_the_client(bridge):
     assert tool_calls_seen(c, "nosuch") == []
 
 
+def test_calls_refused_inside_are_traced_and_counted_as_failed(bridge):
+    """A model's malformed attempts (unknown tool, input the schema refuses, unknown agent
+    type) never reach the harness, but it sees them: in the command's records, tools.trace
+    and the summary line, as failed calls."""
+    c, sb, run = bridge
+    long_name = "n" * 5000
+    r = run("""tool_call nosuch '{}'; tool_call strict '{"count": "3"}'; tool_call echo '{"a": 1}'; """
+            f"""spawn_agent 'a task' nosuchtype; tool_call {long_name} '{{}}'; echo done""")
+    assert r["stdout"] == '{"a":1}\ndone\n' or r["stdout"].endswith("done\n"), r["text"]
+    got = [(x["kind"], x["name"][:20], x["ok"], (x.get("error") or {}).get("kind")) for x in r["tool_calls"]]
+    assert got == [("tool", "nosuch", False, "unknown_tool"), ("tool", "strict", False, "invalid_input"),
+                   ("tool", "echo", True, None), ("agent", "nosuchtype", False, "unknown_tool"),
+                   ("tool", "n" * 20, False, "unknown_tool")], r["tool_calls"]
+    refused = r["tool_calls"][1]
+    assert refused["input"] == {"count": "3"} and "input.count" in refused["error"]["message"]
+    assert refused["origin"]["kind"] == "exec" and refused["call_id"].startswith("call-")
+    assert r["tool_calls"][3]["input"] == {"task": "a task", "type": "nosuchtype"}
+    assert len(r["tool_calls"][4]["name"]) <= 128  # a name is recorded cut, whatever its size
+    assert r["text"].splitlines()[-2].startswith(
+        "[tools: 5 calls (nosuch=1, strict=1, echo=1, nosuchtype=1, " + "n" * 20), r["text"]
+    assert ", 1 ok, 4 failed, " in r["text"].splitlines()[-2]
+    assert c.call("tools.trace", {"sandbox": sb, "origin": refused["origin"]})["calls"] == r["tool_calls"]
+    assert tool_calls_seen(c, "nosuch") == [] and tool_calls_seen(c, "strict") == []
+
+
 def test_stdin_input_list_and_help(bridge):
     c, sb, run = bridge
     r = run("""echo '{"from": "stdin"}' | tool_call echo -""")
@@ -444,7 +469,8 @@ def test_conch_run_tools_file(tmp_path):
     res = json.loads(p.stdout)
     out = res["stdout"]["text"] if isinstance(res["stdout"], dict) else res["stdout"]
     assert '{"sum":42}' in out and "rc=1" in out and "answer: hello" in out and "rc=2" in out, res
-    assert [(x["name"], x["ok"]) for x in res["tool_calls"]] == [("add", True), ("fail", False), ("analyst", True)]
+    assert [(x["name"], x["ok"]) for x in res["tool_calls"]] == [("add", True), ("fail", False), ("analyst", True), ("add", False)]
+    assert res["tool_calls"][3]["error"]["kind"] == "invalid_input"  # refused inside, recorded
     assert res["tool_calls"][1]["error"]["message"] == "broken"
     # A bad file fails before any sandbox is built, as a usage error.
     f.write_text('{"tools": [{"name": "x", "input_schema": {"type": "object"}}]}')

@@ -184,3 +184,24 @@ def test_zero_sizes_mean_the_default_not_unlimited(ws):
     tmp, fsize = r.stdout.split()
     assert int(tmp) == 256 << 20, r.describe()
     assert fsize != "unlimited" and int(fsize) * 512 == 4 << 30, r.describe()
+
+
+def test_a_root_without_bash_is_an_infrastructure_error(busybox_root, daemon):
+    # exec.run and jobs run `/bin/bash -c`: a root filesystem without bash cannot run
+    # commands at all. That is the sandbox's failure (125, kind infrastructure: harnesses
+    # stop retrying), not the command's "not found" (127).
+    c = daemon.client()
+    sb = c.call("sandbox.create", {"rootfs": str(busybox_root)}, timeout=60)["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command": "echo hi"}, timeout=60)
+    assert r["exit_code"] == 125, r
+    assert r["error"]["kind"] == "infrastructure" and "/bin/bash" in r["error"]["message"], r
+    assert r["text"].endswith("[exit code: 125]"), r["text"]
+    # /bin/sh is there: the same sandbox runs commands with shell "sh".
+    r = c.call("exec.run", {"sandbox": sb, "command": "echo hi", "shell": "sh"}, timeout=60)
+    assert (r["exit_code"], r["stdout"]) == (0, "hi\n"), r
+    # A command that is not found is still the command's own 127.
+    r = c.call("exec.run", {"sandbox": sb, "command": "nosuchcmd", "shell": "sh"}, timeout=60)
+    assert r["exit_code"] == 127 and r["error"]["kind"] == "command", r
+    job = c.call("job.start", {"sandbox": sb, "command": "echo hi"}, timeout=60)["job_id"]
+    w = c.call("job.wait", {"job_id": job, "timeout": 30}, timeout=60)
+    assert w["exit_code"] == 125, w

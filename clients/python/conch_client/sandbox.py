@@ -11,11 +11,15 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from .aio import AsyncClient
 from .client import Client
-from .errors import ConchError, from_file_error
+from .errors import ConchError, TooLarge, from_file_error
 
 log = logging.getLogger("conch_client")
 
 DEFAULT_SERVE_ARGS = ("--pool", "0")
+
+#: The most file content one request carries (the daemon's cap, 10 MiB): larger files move
+#: in chunks of this size (fs.read offset/length, fs.write append).
+CHUNK = 10 << 20
 
 
 @dataclass
@@ -34,6 +38,9 @@ class RunResult:
     changes: List[Dict[str, Any]] = field(default_factory=list)
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)
     detached_agents: List[Dict[str, Any]] = field(default_factory=list)
+    #: the bridge's ``[tools: N calls (...), N ok, N failed, T s]`` line (also in ``text``)
+    #: when the command called tools or sub-agents, else None
+    tools_summary: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     #: session.run only: a new shell ran this command (the previous one had exited; the
     #: session's state was lost), the shell exited during it (``exit``, ``exec``, ``set -e``),
@@ -55,7 +62,8 @@ class RunResult:
                    duration_ms=r.get("duration_ms"), error=r.get("error"),
                    changes=list(r.get("changes") or []),
                    tool_calls=list(r.get("tool_calls") or []),
-                   detached_agents=list(r.get("detached_agents") or []), raw=r,
+                   detached_agents=list(r.get("detached_agents") or []),
+                   tools_summary=r.get("tools_summary"), raw=r,
                    new_shell=bool(r.get("new_shell")),
                    shell_exited=bool(r.get("shell_exited")),
                    session_usable=r.get("session_usable"))
@@ -116,6 +124,34 @@ def _async(op):
     return method
 
 
+def _write_chunks(sid: str, path: str, data: bytes):
+    """Create or replace @path with @data in CHUNK-sized fs.writes (the first replaces the
+    file, the others append: not atomic) -> ``{"bytes_written", "created"}``."""
+    view = memoryview(data)
+    r = yield _call("fs_write", sid, path, bytes(view[:CHUNK]))
+    created, written = r.get("created"), r.get("bytes_written", 0)
+    for off in range(CHUNK, len(data), CHUNK):
+        r = yield _call("fs_write", sid, path, bytes(view[off:off + CHUNK]), append=True)
+        written += r.get("bytes_written", 0)
+    return {"bytes_written": written, "created": created}
+
+
+def _read_chunks(sid: str, path: str):
+    """The bytes of @path, in CHUNK-sized fs.reads from offset 0 to its end."""
+    parts, off = [], 0
+    while True:
+        r = yield _call("fs_read", sid, path, offset=off, encoding="base64", length=CHUNK)
+        b = base64.b64decode(r.get("content", ""))
+        parts.append(b)
+        off += len(b)
+        if r.get("eof") or not b:
+            return b"".join(parts)
+
+
+def _as_bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
 class _Ops:
     """The operations of a sandbox (generators; see Sandbox/AsyncSandbox)."""
 
@@ -138,13 +174,23 @@ class _Ops:
 
     def read(self, path: str, offset: Optional[int] = None, limit: Optional[int] = None) -> str:
         """The text of a file (``offset``: first line, 0-based; ``limit``: line count,
-        daemon default 2000). FileNotFound, IsADirectory, InvalidPath, TooLarge."""
-        r = yield _call("fs_read", self.id, path, offset=offset, limit=limit)
-        return r["content"]
+        daemon default 2000). FileNotFound, IsADirectory, InvalidPath. A file over the
+        daemon's 10 MiB per request is read whole in chunks and sliced here."""
+        try:
+            r = yield _call("fs_read", self.id, path, offset=offset, limit=limit)
+            return r["content"]
+        except TooLarge:
+            data = yield from _read_chunks(self.id, path)
+        lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
+        start = offset or 0
+        return "".join(lines[start:start + (2000 if limit is None else limit)])
 
     def write(self, path: str, content: Union[str, bytes]):
         """Create or replace a file (str as UTF-8; bytes exactly) -> ``{"bytes_written",
-        "created"}``. Parent directories are created."""
+        "created"}``. Parent directories are created. Over 10 MiB it is written in chunks
+        (then not atomically)."""
+        if len(content) > CHUNK // 4 and len(_as_bytes(content)) > CHUNK:
+            return (yield from _write_chunks(self.id, path, _as_bytes(content)))
         return (yield _call("fs_write", self.id, path, content))
 
     def edit(self, path: str, old_string: str, new_string: str, replace_all: bool = False) -> int:
@@ -176,32 +222,65 @@ class _Ops:
         return (yield _call("fs_delete", self.id, path, recursive=recursive or None))
 
     def upload(self, path: str, data: Union[bytes, str]) -> None:
-        """Write ``data`` (bytes) to ``path``; raises the file's ConchError."""
+        """Write ``data`` (bytes) to ``path``, of any size (over 10 MiB in chunks, not
+        atomically); raises the file's ConchError."""
+        data = _as_bytes(data)
+        if len(data) > CHUNK:
+            yield from _write_chunks(self.id, path, data)
+            return
         res = yield _call("fs_upload", self.id, [(path, data)])
         err = res[0].get("error") if res else {"code": "internal_error", "message": "no answer"}
         if err:
             raise from_file_error(err, path, "fs.upload")
 
     def upload_many(self, files: Union[Mapping[str, bytes], Iterable]) -> Dict[str, Optional[ConchError]]:
-        """Upload several files -> path -> None (written) or the ConchError of that file."""
-        res = yield _call("fs_upload", self.id, files)
-        return {r["path"]: (from_file_error(r["error"], r["path"], "fs.upload")
-                            if r.get("error") else None) for r in res}
+        """Upload several files -> path -> None (written) or the ConchError of that file.
+        Files over 10 MiB go one by one in chunks."""
+        items = [(p, _as_bytes(d)) for p, d in (files.items() if isinstance(files, Mapping)
+                                                 else files)]
+        out: Dict[str, Optional[ConchError]] = {}
+        small = [(p, d) for p, d in items if len(d) <= CHUNK]
+        if small:
+            res = yield _call("fs_upload", self.id, small)
+            out.update({r["path"]: (from_file_error(r["error"], r["path"], "fs.upload")
+                                    if r.get("error") else None) for r in res})
+        for p, d in items:
+            if len(d) > CHUNK:
+                try:
+                    yield from _write_chunks(self.id, p, d)
+                    out[p] = None
+                except ConchError as e:
+                    out[p] = e
+        return out
 
     def download(self, path: str) -> bytes:
-        """The bytes of a file; raises its ConchError (FileNotFound, TooLarge...)."""
+        """The bytes of a file of any size (over 10 MiB in chunks); raises its ConchError
+        (FileNotFound, IsADirectory...)."""
         res = yield _call("fs_download", self.id, [path])
         f = res[0] if res else {"error": {"code": "internal_error", "message": "no answer"}}
+        if f.get("error", {}).get("code") == "too_large":
+            return (yield from _read_chunks(self.id, path))
         if f.get("error"):
             raise from_file_error(f["error"], path, "fs.download")
         return base64.b64decode(f.get("content", ""))
 
     def download_many(self, paths: Iterable[str]) -> Dict[str, Union[bytes, ConchError]]:
-        """Download several files -> path -> bytes, or the ConchError of that file."""
+        """Download several files -> path -> bytes, or the ConchError of that file. Files
+        over 10 MiB (or past fs.download's 64 MiB in all) are read again in chunks."""
         res = yield _call("fs_download", self.id, list(paths))
-        return {f["path"]: (from_file_error(f["error"], f["path"], "fs.download")
-                            if f.get("error") else base64.b64decode(f.get("content", "")))
-                for f in res}
+        out: Dict[str, Union[bytes, ConchError]] = {}
+        for f in res:
+            err = f.get("error")
+            if err and err.get("code") == "too_large":
+                try:
+                    out[f["path"]] = yield from _read_chunks(self.id, f["path"])
+                except ConchError as e:
+                    out[f["path"]] = e
+            elif err:
+                out[f["path"]] = from_file_error(err, f["path"], "fs.download")
+            else:
+                out[f["path"]] = base64.b64decode(f.get("content", ""))
+        return out
 
     def changes(self) -> List[Dict[str, Any]]:
         """Every change of the workspace against the host dir (all pages), in path order."""

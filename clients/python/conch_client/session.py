@@ -149,6 +149,26 @@ class Session(_SessionState):
         s.you_write = bool(params.get("attach"))
         return s
 
+    @classmethod
+    def get(cls, client: Any, session: str, *, attach: bool = False,
+            write: bool = False) -> "Session":
+        """A Session for a session that already exists (opened by this or another client),
+        found by id (SessionNotFound). ``attach`` (or ``write``, which takes the keyboard)
+        attaches this connection, so that output() yields the terminal's output from then on.
+        ``close()`` ends the session for everyone; ``detach()`` just lets go."""
+        info = next((x for x in client.session_list() if x.get("session") == session), None)
+        if info is None:
+            raise SessionNotFound(f"no session '{session}'", method="session.list")
+        s = cls(client, info["sandbox"])  # listening before attaching: no output is lost
+        s._set_info(info)
+        if attach or write:
+            try:
+                s.attach(write=write)
+            except BaseException:
+                s._unsubscribe()
+                raise
+        return s
+
     def _put(self, item: Any) -> None:
         self._q.put(item)
 
@@ -226,6 +246,24 @@ class AsyncSession(_SessionState):
             raise
         s._set_info(info)
         s.you_write = bool(params.get("attach"))
+        return s
+
+    @classmethod
+    async def get(cls, client: Any, session: str, *, attach: bool = False,
+                  write: bool = False) -> "AsyncSession":
+        """As Session.get, on an AsyncClient."""
+        info = next((x for x in await client.session_list() if x.get("session") == session),
+                    None)
+        if info is None:
+            raise SessionNotFound(f"no session '{session}'", method="session.list")
+        s = cls(client, info["sandbox"])
+        s._set_info(info)
+        if attach or write:
+            try:
+                await s.attach(write=write)
+            except BaseException:
+                s._unsubscribe()
+                raise
         return s
 
     def _put(self, item: Any) -> None:

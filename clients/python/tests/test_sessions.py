@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conch_client import (AsyncSandbox, Client, NotWriter, Sandbox, SessionNotFound)
+from conch_client import (AsyncSandbox, Client, NotWriter, Sandbox, Session, SessionNotFound)
 from conftest import arun
 
 
@@ -167,3 +167,27 @@ def test_async_session(aconnect):
         finally:
             await c.close()
     arun(main())
+
+
+def test_a_second_client_gets_a_session_by_id(socket_daemon):
+    a = Client.connect(socket_daemon.sock, timeout=60)
+    b = Client.connect(socket_daemon.sock, timeout=60)
+    try:
+        sb = Sandbox.create(a)
+        s = sb.session()
+        s.run("export SHARED=from-a; cd /tmp")
+        t = Session.get(b, s.id)
+        assert (t.id, t.sandbox, t.info["state"]) == (s.id, sb.id, "running")
+        assert t.run("echo $SHARED; pwd").stdout == "from-a\n/tmp\n"
+        w = Session.get(b, s.id, write=True)
+        assert w.you_write
+        w.write("echo typed-$((6*7))\n")
+        w.wait_for("typed-42")
+        with pytest.raises(SessionNotFound):
+            Session.get(b, "ses-nosuch")
+        w.detach()
+        s.close()
+        sb.destroy()
+    finally:
+        b.close()
+        a.close()

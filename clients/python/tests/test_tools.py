@@ -107,6 +107,23 @@ def test_schema_unknown_tool_and_unregister(sb):
     assert sb.run("""tool_call typed '{"x":3}'""").exit_code == 2
 
 
+def test_run_result_keeps_the_bridge_record(sb):
+    """The summary line, the call records and the detached spawns, as a harness reads them."""
+    sb.register_tool("echo", lambda inp: inp, "Echo the input", ECHO_SCHEMA)
+    sb.register_tool("fail", fail, "Always fails")
+    sb.register_agent("analyst", "Analyses data", lambda task: "never run: detached")
+    r = sb.run("""tool_call echo '{"x":1}' >/dev/null; tool_call fail 2>/dev/null; """
+               """spawn_agent --detach 'watch the build' analyst >/dev/null; echo end""")
+    assert r.exit_code == 0, r.text
+    assert r.tools_summary is not None and r.tools_summary.startswith(
+        "[tools: 3 calls (echo=1, fail=1, analyst=1), 2 ok, 1 failed, "), r.tools_summary
+    assert r.text.splitlines()[-2:] == [r.tools_summary, "[exit code: 0]"]
+    assert [(c["name"], c["ok"]) for c in r.tool_calls] == [
+        ("echo", True), ("fail", False), ("analyst", True)]
+    assert [(d["task"], d["type"]) for d in r.detached_agents] == [("watch the build", "analyst")]
+    assert sb.run("echo plain").tools_summary is None
+
+
 def test_list_and_prompt(sb):
     sb.register_tool("echo", lambda inp: inp, "Echo the input", ECHO_SCHEMA)
     sb.register_agent("analyst", "Analyses data", lambda task: "done")

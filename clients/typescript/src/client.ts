@@ -1,6 +1,6 @@
 // client.ts - ConchClient: every method of docs/PROTOCOL.md (and the tool bridge of
 // notes/BRIDGE.md) as a typed async method over one RpcConnection.
-import { RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
+import { ConchError, RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
 import { EventEmitter } from "node:events";
 import { ConchSession } from "./session.js";
 import { join } from "node:path";
@@ -68,6 +68,13 @@ export interface CallRecord {
   detached?: boolean;
 }
 
+/** A `spawn_agent --detach` request: recorded by the daemon, run by the harness. */
+export interface DetachedAgentRequest {
+  call_id: string;
+  task: string;
+  type: string | null;
+}
+
 export interface ExecParams {
   sandbox?: string;
   fresh?: boolean;
@@ -107,7 +114,9 @@ export interface ExecResult {
   error: null | { kind: "command" | "timeout" | "limit" | string; message: string };
   text: string;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
+  /** The `[tools: ...]` summary line (also in `text`) when the command called tools. */
+  tools_summary?: string;
   [key: string]: unknown;
 }
 
@@ -141,7 +150,7 @@ export interface JobWaitResult {
   lost?: string;
   tools_summary?: string;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
 }
 export interface JobExitedEvent {
   job_id: string;
@@ -149,7 +158,7 @@ export interface JobExitedEvent {
   exit_code: number | null;
   signal: number | null;
   tool_calls?: CallRecord[];
-  detached_agents?: { call_id: string; task: string; type: string | null }[];
+  detached_agents?: DetachedAgentRequest[];
 }
 
 export interface FsReadText {
@@ -164,6 +173,21 @@ export interface FsReadBase64 {
   content: string;
   size: number;
 }
+/** One chunk of a file (fs.read's chunk form). */
+export interface FsChunk {
+  content: Uint8Array;
+  /** The file's size when read. */
+  size: number;
+  offset: number;
+  length: number;
+  eof: boolean;
+}
+
+/** The most file content one request carries (the daemon's cap: 10 MiB). */
+export const FS_CHUNK_MAX = 10 << 20;
+/** Chunk size of fsReadFile / fsWriteFile by default (see bench/README.md). */
+export const FS_CHUNK_DEFAULT = FS_CHUNK_MAX;
+
 export interface FsEntry {
   name: string;
   path: string;
@@ -491,6 +515,60 @@ export class ConchClient extends EventEmitter {
     if (typeof content === "string") return this.call("fs.write", { sandbox, path, content });
     return this.call("fs.write", { sandbox, path, content: Buffer.from(content).toString("base64"), encoding: "base64" });
   }
+  /** fs.read's chunk form: at most `length` bytes (1 .. 10 MiB) from byte `offset`. */
+  async fsReadChunk(sandbox: string, path: string, offset: number, length = FS_CHUNK_MAX): Promise<FsChunk> {
+    const r = await this.call<{ content: string; size: number; offset: number; length: number; eof: boolean }>("fs.read", { sandbox, path, encoding: "base64", offset, length });
+    return { ...r, content: new Uint8Array(Buffer.from(r.content, "base64")) };
+  }
+  /**
+   * A whole file of any size, in chunks of `chunk` bytes (default 10 MiB, the daemon's cap).
+   * A file over `maxBytes` (default 1 GiB) is refused with too_large before it is read.
+   */
+  async fsReadFile(sandbox: string, path: string, opts: { chunk?: number; maxBytes?: number } = {}): Promise<Uint8Array> {
+    const chunk = Math.max(1, Math.min(FS_CHUNK_MAX, opts.chunk ?? FS_CHUNK_DEFAULT));
+    const max = opts.maxBytes ?? 1 << 30;
+    const first = await this.fsReadChunk(sandbox, path, 0, chunk);
+    if (first.eof) return first.content;
+    if (first.size > max) throw new ConchError(-32017, `${path} has ${first.size} bytes, over the client's limit of ${max} bytes (maxBytes)`, { code: "too_large", kind: "usage", limit: max });
+    const parts = [first.content];
+    let off = first.content.length;
+    while (true) {
+      const r = await this.fsReadChunk(sandbox, path, off, chunk);
+      parts.push(r.content);
+      off += r.content.length;
+      if (r.eof || r.content.length === 0) break;
+      if (off > max) throw new ConchError(-32017, `${path} grew past the client's limit of ${max} bytes (maxBytes) while read`, { code: "too_large", kind: "usage", limit: max });
+    }
+    const out = new Uint8Array(off);
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return out;
+  }
+  /**
+   * Create or replace a file of any size: one fs.write when it fits in `chunk` bytes
+   * (atomic), else the first chunk then appends (not atomic: a failure leaves a partial file).
+   */
+  async fsWriteFile(sandbox: string, path: string, content: Uint8Array, opts: { chunk?: number } = {}): Promise<{ bytes_written: number; created: boolean }> {
+    const chunk = Math.max(1, Math.min(FS_CHUNK_MAX, opts.chunk ?? FS_CHUNK_DEFAULT));
+    const b = Buffer.from(content.buffer, content.byteOffset, content.byteLength);
+    let created = false;
+    let written = 0;
+    for (let off = 0; off === 0 || off < b.length; off += chunk) {
+      const r = await this.call<{ bytes_written: number; created: boolean }>("fs.write", {
+        sandbox,
+        path,
+        content: b.subarray(off, off + chunk).toString("base64"),
+        encoding: "base64",
+        ...(off > 0 ? { append: true } : {}),
+      });
+      if (off === 0) created = r.created;
+      written += r.bytes_written;
+    }
+    return { bytes_written: written, created };
+  }
   fsEdit(sandbox: string, path: string, old_string: string, new_string: string, replace_all = false): Promise<{ occurrences: number }> {
     return this.call("fs.edit", { sandbox, path, old_string, new_string, replace_all });
   }
@@ -554,6 +632,10 @@ export class ConchClient extends EventEmitter {
   /** Open a session of `sandbox` as a ConchSession (run, write, attach, output, close). */
   openSession(sandbox: string, opts: Omit<SessionOpenParams, "sandbox"> = {}): Promise<ConchSession> {
     return ConchSession.open(this, sandbox, opts);
+  }
+  /** A ConchSession for an existing session (any client's), optionally attaching (see ConchSession.get). */
+  getSession(session: string, opts: { attach?: boolean; write?: boolean } = {}): Promise<ConchSession> {
+    return ConchSession.get(this, session, opts);
   }
   /** session.open: a long-lived bash on a pty of the sandbox. */
   sessionOpen(p: SessionOpenParams): Promise<SessionInfo> {

@@ -21,7 +21,7 @@ import type {
   FileDownloadResponse,
   FileOperationError,
 } from "deepagents";
-import { ConchClient, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
+import { ConchClient, FS_CHUNK_MAX, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
 import { ConchError } from "./rpc.js";
 
 const EMPTY_CONTENT_WARNING = "System reminder: File exists but has empty contents";
@@ -50,17 +50,23 @@ export function isTextMimeType(m: string): boolean {
 }
 
 function errCode(e: unknown): string {
-  return e instanceof ConchError ? e.data.code : "transport";
+  return e instanceof ConchError ? e.data.code : SandboxError.isInstance(e) ? e.code : "transport";
 }
 function errMsg(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
 }
-/** conch's data.code -> deepagents' FileOperationError, as FilesystemBackend maps errno. */
-function toFileOpError(code: string): FileOperationError {
-  if (code === "file_not_found") return "file_not_found";
-  if (code === "permission_denied") return "permission_denied";
-  if (code === "is_directory") return "is_directory";
-  return "invalid_path";
+/**
+ * conch's data.code -> deepagents' FileOperationError, as FilesystemBackend maps errno. A
+ * failure that is not about the path (a size or disk limit, the daemon gone...) keeps its real
+ * cause, `"<code>: <message>"` (e.g. "limit: ..."), rather than passing for invalid_path.
+ */
+function toFileOpError(code: string, message = ""): FileOperationError {
+  if (code === "file_not_found" || code === "permission_denied" || code === "is_directory") return code;
+  if (code === "invalid_path" || code === "not_a_directory") return "invalid_path";
+  return (message ? `${code}: ${message}` : code) as FileOperationError;
+}
+function errFileOp(e: unknown): FileOperationError {
+  return toFileOpError(errCode(e), errMsg(e));
 }
 
 /** Bytes as text, as Node's fs.readFile(path, "utf-8") gives them (BOM kept, bad bytes U+FFFD). */
@@ -95,6 +101,9 @@ function linesResult(r: FsReadText, off: number, lim: number, mimeType: string):
 /** Same ordering as deepagents' `a.path.localeCompare(b.path)`. */
 const byPath = (a: { path: string }, b: { path: string }) => a.path.localeCompare(b.path);
 
+/** What ConchSandbox.close() does with the workspace's changes unless `onClose` says otherwise. */
+export const DEFAULT_ON_CLOSE: "commit" | "discard" = "discard";
+
 export interface ConchSandboxOptions extends ConnectOptions {
   /** An existing client to use (not closed by close()); else one is connected per sandbox. */
   client?: ConchClient;
@@ -102,7 +111,7 @@ export interface ConchSandboxOptions extends ConnectOptions {
   sandboxId?: string;
   /** sandbox.create params (workspace, mode, limits...). */
   sandbox?: SandboxCreateParams;
-  /** What close() does with the workspace's changes: "commit" applies them to the host, "discard" (default) drops them. */
+  /** What close() does with the workspace's changes: "commit" applies them to the host, "discard" (DEFAULT_ON_CLOSE) drops them. */
   onClose?: "commit" | "discard";
   /** Working directory of execute() commands (default /workspace). */
   cwd?: string;
@@ -124,6 +133,29 @@ export interface ConchSandboxOptions extends ConnectOptions {
   searchRoot?: string;
   /** Files written at create(): path -> text. */
   initialFiles?: Record<string, string>;
+  /**
+   * Largest file uploadFiles, downloadFiles, read, readRaw and write move (default 1 GiB):
+   * they hold it in memory; larger files get `too_large`. Files over the daemon's 10 MiB per
+   * request go in chunks (fs.read offset/length, fs.write append).
+   */
+  maxFileBytes?: number;
+  /**
+   * Called after execute() with the command's `spawn_agent --detach` requests (also in the
+   * result's `detached_agents`): the daemon only records them; the harness runs them.
+   */
+  onDetachedAgents?: (requests: DetachedAgentRequest[], sandbox: ConchSandbox) => unknown;
+}
+
+/**
+ * execute()'s result: deepagents' ExecuteResponse plus what the tool bridge recorded for the
+ * command (present when it made calls): `tool_calls` (CallRecords, in order of completion),
+ * `tools_summary` (the `[tools: ...]` line, also at the end of `output`) and
+ * `detached_agents` (`spawn_agent --detach` requests, for the harness to run).
+ */
+export interface ConchExecuteResponse extends ExecuteResponse {
+  tool_calls?: CallRecord[];
+  tools_summary?: string;
+  detached_agents?: DetachedAgentRequest[];
 }
 
 /** What spawnInteractive() returns (the shape deepagents' unpublished PTC engine uses). */
@@ -148,6 +180,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   private ownsSandbox: boolean;
   private readonly timeout: number;
   private readonly maxOutput: number;
+  private readonly maxFile: number;
 
   constructor(opts: ConchSandboxOptions = {}) {
     this.opts = opts;
@@ -156,11 +189,16 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     this.ownsSandbox = !opts.sandboxId;
     this.timeout = opts.timeout ?? 120;
     this.maxOutput = opts.maxOutputBytes ?? 100000;
+    this.maxFile = opts.maxFileBytes ?? 1 << 30;
   }
 
   /** The conch sandbox id ("" before initialize()). */
   get id(): string {
     return this._id;
+  }
+  /** What close() does with the workspace's changes: the `onClose` option, else DEFAULT_ON_CLOSE. */
+  get onClose(): "commit" | "discard" {
+    return this.opts.onClose ?? DEFAULT_ON_CLOSE;
   }
   get isRunning(): boolean {
     return this.initialized;
@@ -207,7 +245,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
    */
   async close(opts: { workspace?: "commit" | "discard" | "keep"; paths?: string[] } = {}): Promise<{ committed?: string[] }> {
     if (!this.initialized || !this._client) return {};
-    const what = opts.workspace ?? this.opts.onClose ?? "discard";
+    const what = opts.workspace ?? this.onClose;
     const out: { committed?: string[] } = {};
     try {
       if (what === "commit") out.committed = (await this._client.workspaceCommit(this._id, opts.paths)).committed;
@@ -225,7 +263,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   }
 
   // ---- execute: LocalShellBackend's output format ----
-  async execute(command: string): Promise<ExecuteResponse> {
+  async execute(command: string): Promise<ConchExecuteResponse> {
     if (!command || typeof command !== "string") return { output: "Error: Command must be a non-empty string.", exitCode: 1, truncated: false };
     let r;
     try {
@@ -243,7 +281,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     } catch (e) {
       return { output: `Error executing command: ${errMsg(e)}`, exitCode: 1, truncated: false };
     }
-    if (r.timed_out) return { output: `Error: Command timed out after ${this.timeout.toFixed(1)} seconds.`, exitCode: 124, truncated: false };
+    if (r.timed_out) return this.withToolRecords(r, { output: `Error: Command timed out after ${this.timeout.toFixed(1)} seconds.${r.tools_summary ? `\n${r.tools_summary}` : ""}`, exitCode: 124, truncated: false });
     const parts: string[] = [];
     if (r.stdout) parts.push(r.stdout);
     if (r.stderr) parts.push(...r.stderr.trim().split("\n").map((l) => `[stderr] ${l}`));
@@ -253,10 +291,29 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
       output = output.slice(0, this.maxOutput) + `\n\n... Output truncated at ${this.maxOutput} bytes.`;
       truncated = true;
     } else if (truncated) output += `\n\n... Output truncated at ${this.maxOutput} bytes.`;
+    // What the tool bridge recorded: its summary line after the output (as the daemon puts
+    // it in exec.run's text), the call records and the detached spawn requests.
+    if (r.tools_summary) output = `${output.replace(/\n+$/, "")}\n${r.tools_summary}`;
     const exitCode = r.exit_code ?? 1;
     if (exitCode !== 0) output = `${output.trimEnd()}\n\nExit code: ${exitCode}`;
     if (r.error && r.error.kind === "limit") output += `\n${r.error.message}`;
-    return { output, exitCode, truncated };
+    return this.withToolRecords(r, { output, exitCode, truncated });
+  }
+
+  /** @res with what the bridge recorded for the command of @r; hands detached spawns to onDetachedAgents. */
+  private async withToolRecords(r: ExecResult, res: ConchExecuteResponse): Promise<ConchExecuteResponse> {
+    if (r.tool_calls?.length) res.tool_calls = r.tool_calls;
+    if (r.tools_summary) res.tools_summary = r.tools_summary;
+    if (r.detached_agents?.length) {
+      res.detached_agents = r.detached_agents;
+      try {
+        await this.opts.onDetachedAgents?.(r.detached_agents, this);
+      } catch (e) {
+        // A backend that throws aborts the agent's whole run: the model is told instead.
+        res.output += `\n[detached agents: the harness could not take them: ${errMsg(e)}]`;
+      }
+    }
+    return res;
   }
 
   private searchPath(path: string | null | undefined): string {
@@ -300,7 +357,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     }
     let bytes: Uint8Array;
     try {
-      bytes = (await this.client.fsReadBytes(this._id, filePath)).content;
+      bytes = await this.client.fsReadFile(this._id, filePath, { maxBytes: this.maxFile });
     } catch (e) {
       const c = errCode(e);
       if (c === "file_not_found" || c === "is_directory") return { error: `File '${filePath}' not found` };
@@ -330,7 +387,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   async readRaw(filePath: string): Promise<ReadRawResult> {
     const mimeType = getMimeType(filePath);
     try {
-      const { content } = await this.client.fsReadBytes(this._id, filePath);
+      const content = await this.client.fsReadFile(this._id, filePath, { maxBytes: this.maxFile });
       const now = new Date().toISOString();
       return { data: { content: isTextMimeType(mimeType) ? utf8(content) : content, mimeType, created_at: now, modified_at: now } };
     } catch (e) {
@@ -342,8 +399,9 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
 
   async write(filePath: string, content: string): Promise<WriteResult> {
     try {
-      if (isTextMimeType(getMimeType(filePath))) await this.client.fsWrite(this._id, filePath, content);
-      else await this.client.fsWrite(this._id, filePath, new Uint8Array(Buffer.from(content, "base64")));
+      const bytes = isTextMimeType(getMimeType(filePath)) ? Buffer.from(content, "utf8") : Buffer.from(content, "base64");
+      if (bytes.length > this.maxFile) return { error: `Error writing file '${filePath}': ${this.tooLarge(bytes.length)}` };
+      await this.client.fsWriteFile(this._id, filePath, bytes);
       return { path: filePath, filesUpdate: null };
     } catch (e) {
       return { error: `Error writing file '${filePath}': ${errMsg(e)}` };
@@ -430,10 +488,15 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     }
   }
 
+  private tooLarge(n: number): string {
+    return `too_large: ${n} bytes, over this backend's limit of ${this.maxFile} bytes (maxFileBytes)`;
+  }
+
   async uploadFiles(files: Array<[string, Uint8Array]>): Promise<FileUploadResponse[]> {
-    const out: FileUploadResponse[] = [];
-    // Batches of at most 1000 files and about 8 MiB of payload per request.
-    let batch: Array<[string, Uint8Array]> = [];
+    const out: FileUploadResponse[] = new Array(files.length);
+    // Small files in batches of at most 1000 files and about 8 MiB of payload per request;
+    // a file over one request's 10 MiB goes alone, in chunks.
+    let batch: number[] = [];
     let size = 0;
     const flush = async () => {
       if (!batch.length) return;
@@ -441,16 +504,30 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
       batch = [];
       size = 0;
       try {
-        const r = await this.client.fsUpload(this._id, b.map(([path, content]) => ({ path, content })));
-        r.results.forEach((x, i) => out.push({ path: b[i][0], error: x.error ? toFileOpError(x.error.code) : null }));
+        const r = await this.client.fsUpload(this._id, b.map((i) => ({ path: files[i][0], content: files[i][1] })));
+        r.results.forEach((x, j) => (out[b[j]] = { path: files[b[j]][0], error: x.error ? toFileOpError(x.error.code, x.error.message) : null }));
       } catch (e) {
-        for (const [p] of b) out.push({ path: p, error: toFileOpError(errCode(e)) });
+        for (const i of b) out[i] = { path: files[i][0], error: errFileOp(e) };
       }
     };
-    for (const f of files) {
-      if (batch.length >= 1000 || (batch.length && size + f[1].length > 8 << 20)) await flush();
-      batch.push(f);
-      size += f[1].length;
+    for (let i = 0; i < files.length; i++) {
+      const [path, content] = files[i];
+      if (content.length > this.maxFile) {
+        out[i] = { path, error: this.tooLarge(content.length) as FileOperationError };
+        continue;
+      }
+      if (content.length > FS_CHUNK_MAX) {
+        try {
+          await this.client.fsWriteFile(this._id, path, content);
+          out[i] = { path, error: null };
+        } catch (e) {
+          out[i] = { path, error: errFileOp(e) };
+        }
+        continue;
+      }
+      if (batch.length >= 1000 || (batch.length && size + content.length > 8 << 20)) await flush();
+      batch.push(i);
+      size += content.length;
     }
     await flush();
     return out;
@@ -460,11 +537,24 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     const out: FileDownloadResponse[] = [];
     for (let i = 0; i < paths.length; i += 1000) {
       const chunk = paths.slice(i, i + 1000);
+      let files: { path: string; content?: Uint8Array; error?: { code: string; message: string } }[];
       try {
-        const r = await this.client.fsDownload(this._id, chunk);
-        r.files.forEach((f, j) => out.push({ path: chunk[j], content: f.content ?? null, error: f.error ? toFileOpError(f.error.code) : f.content ? null : "file_not_found" }));
+        files = (await this.client.fsDownload(this._id, chunk)).files;
       } catch (e) {
-        for (const p of chunk) out.push({ path: p, content: null, error: toFileOpError(errCode(e)) });
+        for (const p of chunk) out.push({ path: p, content: null, error: errFileOp(e) });
+        continue;
+      }
+      for (let j = 0; j < chunk.length; j++) {
+        const f = files[j];
+        if (f?.error?.code === "too_large") {
+          // Over one request's 10 MiB, or past fs.download's 64 MiB in all: read it in chunks.
+          try {
+            out.push({ path: chunk[j], content: await this.client.fsReadFile(this._id, chunk[j], { maxBytes: this.maxFile }), error: null });
+          } catch (e) {
+            out.push({ path: chunk[j], content: null, error: errFileOp(e) });
+          }
+        } else if (f?.error) out.push({ path: chunk[j], content: null, error: toFileOpError(f.error.code, f.error.message) });
+        else out.push({ path: chunk[j], content: f?.content ?? null, error: f?.content ? null : "file_not_found" });
       }
     }
     return out;

@@ -87,6 +87,34 @@ export class ConchSession {
     }
   }
 
+  /**
+   * A ConchSession for a session that already exists (opened by this or another client, e.g.
+   * one a person or another harness started), found by id with session.list. With `attach`
+   * (or `write`, which takes the keyboard) this client attaches, so that output() yields the
+   * terminal's output from then on; the scrollback is in `info.scrollback`. Rejects with
+   * session_not_found. close() ends the session for everyone; detach() just lets go.
+   */
+  static async get(client: ConchClient, session: string, opts: { attach?: boolean; write?: boolean } = {}): Promise<ConchSession> {
+    const info = (await client.sessionList()).sessions.find((x) => x.session === session);
+    if (!info) throw new ConchError(-32003, `no session '${session}'`, { code: "session_not_found", kind: "usage" });
+    const s = new ConchSession(client, info, []); // listening before attaching: no output is lost
+    if (opts.attach || opts.write) {
+      try {
+        await s.attach({ write: !!opts.write });
+      } catch (e) {
+        s.release();
+        throw e;
+      }
+    }
+    return s;
+  }
+
+  /** Stop listening to the session's notifications (the session goes on). */
+  private release(): void {
+    for (const [m, fn] of this.listeners) this.client.off(m, fn);
+    this.listeners = [];
+  }
+
   private onEvent(method: string, p: any): void {
     if (p?.session !== this.id) return;
     if (method === "session.output") this.push(p as SessionOutputEvent);
@@ -205,8 +233,7 @@ export class ConchSession {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    for (const [m, fn] of this.listeners) this.client.off(m, fn);
-    this.listeners = [];
+    this.release();
     this.wake?.();
     try {
       await this.client.sessionClose(this.id);

@@ -74,7 +74,7 @@ test("tool_call inside the sandbox reaches the LangChain tool and prints its res
   if (skipped(t)) return;
   const r = await sb.execute(`tool_call add '{"a": 2, "b": 3}'; tool_call lookup '{"key": "abc"}'`);
   assert.equal(r.exitCode, 0, r.output);
-  assert.equal(r.output, '5\n{"key":"abc","value":"ABC","n":3}\n');
+  assert.match(r.output, /^5\n\{"key":"abc","value":"ABC","n":3\}\n\[tools: 2 calls \(add=1, lookup=1\), 2 ok, 0 failed, \d+\.\d s\]$/);
   const bad = await sb.execute(`tool_call add '{"a": "x", "b": 1}'`);
   assert.equal(bad.exitCode, 2);
   assert.match(bad.output, /input\.a/);
@@ -110,7 +110,7 @@ test("sub-agents: a BridgeAgent and a deepagents sub-agent answer spawn_agent", 
   assert.deepEqual(names.sort(), ["analyst", "echoer"]);
   const r = await sb.execute("spawn_agent 'count the files' echoer; spawn_agent 'analyse it' analyst");
   assert.equal(r.exitCode, 0, r.output);
-  assert.equal(r.output, "echo: count the files\nthe sub-agent's answer\n");
+  assert.match(r.output, /^echo: count the files\nthe sub-agent's answer\n\[tools: 2 calls \(echoer=1, analyst=1\), 2 ok, 0 failed, \d+\.\d s\]$/);
   assert.ok((await sb.client.toolsList(sb.id)).agents.some((a) => a.name === "analyst"));
 });
 
@@ -129,5 +129,25 @@ test("the tools.prompt middleware puts the tool documentation in the system prom
   assert.ok(sysText.startsWith("Base prompt."), sysText.slice(0, 80));
   assert.ok(sysText.includes(text), "tools.prompt text in the system prompt");
   const tm = out.messages.find((m) => ToolMessage.isInstance(m));
-  assert.equal(tm.content, "42\n\n[Command succeeded with exit code 0]");
+  assert.match(tm.content, /^42\n\[tools: 1 call \(add=1\), 1 ok, 0 failed, \d+\.\d s\]\n\[Command succeeded with exit code 0\]$/);
+});
+
+test("execute keeps what the bridge recorded: the [tools: …] line, tool_calls, detached spawns", async (t) => {
+  if (skipped(t)) return;
+  await registerTools(sb, [add, fail]);
+  const handed = [];
+  const sb2 = await ConchSandbox.create({ client: sb.client, sandboxId: sb.id, onDetachedAgents: (reqs) => handed.push(...reqs) });
+  const r = await sb2.execute(`tool_call add '{"a": 1, "b": 2}'; tool_call fail_tool 2>/dev/null; spawn_agent --detach 'watch the build' echoer >/dev/null; echo end`);
+  assert.equal(r.exitCode, 0, r.output);
+  assert.match(r.output, /^3\nend\n\[tools: 3 calls \(add=1, fail_tool=1, echoer=1\), 2 ok, 1 failed, \d+\.\d s\]$/);
+  assert.equal(r.tools_summary, r.output.split("\n").pop());
+  assert.deepEqual(r.tool_calls.map((c) => [c.name, c.ok]), [["add", true], ["fail_tool", false], ["echoer", true]]);
+  assert.equal(r.tool_calls[0].result, "3");
+  assert.deepEqual(r.detached_agents.map((d) => [d.task, d.type]), [["watch the build", "echoer"]]);
+  assert.deepEqual(handed, r.detached_agents);
+  // A command that called nothing has no summary line and no records.
+  const plain = await sb2.execute("echo plain");
+  assert.equal(plain.output, "plain\n");
+  assert.equal(plain.tool_calls, undefined);
+  assert.equal(plain.detached_agents, undefined);
 });

@@ -164,3 +164,38 @@ test("writer takeover between two connections on a socket", { skip }, async () =
     d.kill("SIGTERM");
   }
 });
+
+test("a second client gets a ConchSession for an existing session", { skip }, async () => {
+  const dir = tmp("conch-ts-sock-");
+  const sock = join(dir, "conch.sock");
+  const d = spawn(conchBin, ["serve", "--socket", sock, "--state-dir", join(dir, "state"), "--pool", "0", "--idle-timeout", "0"], { stdio: "ignore" });
+  try {
+    for (let i = 0; i < 300 && !existsSync(sock); i++) await sleep(50);
+    const a = await ConchClient.connect({ socket: sock });
+    const b = await ConchClient.connect({ socket: sock });
+    try {
+      const id = (await a.sandboxCreate({})).id;
+      const s = await a.openSession(id);
+      await s.run("export SHARED=from-a; cd /tmp");
+      // b knows only the id: it gets the same session, with its state, as an object.
+      const t = await b.getSession(s.id);
+      assert.ok(t instanceof ConchSession);
+      assert.deepEqual([t.id, t.sandbox, t.info.state], [s.id, id, "running"]);
+      assert.equal((await t.run("echo $SHARED; pwd")).stdout, "from-a\n/tmp\n");
+      // Attached as the writer, b types into the terminal and reads its output.
+      const w = await ConchSession.get(b, s.id, { write: true });
+      assert.equal(w.youWrite, true);
+      await w.write("echo typed-$((6*7))\n");
+      await w.waitFor("typed-42");
+      await assert.rejects(b.getSession("ses-nosuch"), (e) => e instanceof ConchError && e.data.code === "session_not_found");
+      await w.detach();
+      await s.close();
+      await a.sandboxDestroy(id);
+    } finally {
+      await b.close();
+      await a.close();
+    }
+  } finally {
+    d.kill("SIGTERM");
+  }
+});
