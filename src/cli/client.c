@@ -1,4 +1,4 @@
-/* client.c - `conch ps`, `conch exec` and `conch rm`: small blocking JSON-RPC clients of a
+/* client.c - `conch ps` and `conch rm`: small blocking JSON-RPC clients of a
  * running `conch serve`. */
 #include <errno.h>
 #include <jansson.h>
@@ -179,7 +179,7 @@ int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size
     return r;
 }
 
-/* The options of ps, exec and rm: --socket PATH, --json. */
+/* The options of ps and rm: --socket PATH, --json. */
 struct client_opts {
     const char *sock;
     bool json;
@@ -277,88 +277,6 @@ int conch_cli_ps(int argc, char **argv)
     }
     json_decref(res);
     return 0;
-}
-
-/* Quote @s for bash: 'it'\''s'. */
-static void append_quoted(char **buf, size_t *len, const char *s)
-{
-    size_t need = *len + strlen(s) * 4 + 4;
-    *buf = realloc(*buf, need);
-    char *p = *buf + *len;
-    *p++ = '\'';
-    for (; *s; s++) {
-        if (*s == '\'') {
-            memcpy(p, "'\\''", 4);
-            p += 4;
-        } else {
-            *p++ = *s;
-        }
-    }
-    *p++ = '\'';
-    *p++ = ' ';
-    *p = '\0';
-    *len = (size_t)(p - *buf);
-}
-
-int conch_cli_exec(int argc, char **argv)
-{
-    static const char usage[] =
-        "usage: conch exec [--socket PATH] [--json] ID -- CMD [ARGS...]\n"
-        "Run CMD in the daemon sandbox ID (an id or a name) and exit with its status;\n"
-        "--json prints the whole exec.run result instead of the output.\n";
-    struct client_opts o;
-    int status;
-    int i = client_parse("exec", usage, argc, argv, &o, &status);
-    if (i < 0)
-        return status;
-    if (i >= argc) {
-        fputs(usage, stderr);
-        return CONCH_EXIT_USAGE;
-    }
-    const char *sock = o.sock;
-    bool json = o.json;
-    const char *id = argv[i++];
-    if (i < argc && !strcmp(argv[i], "--"))
-        i++;
-    if (i >= argc) {
-        fputs("conch exec: no command given\n", stderr);
-        return CONCH_EXIT_USAGE;
-    }
-    char *cmd = NULL;
-    size_t len = 0;
-    for (; i < argc; i++)
-        append_quoted(&cmd, &len, argv[i]);
-    struct conch_cli_conn c;
-    if (conch_cli_conn_open(&c, sock) < 0) {
-        free(cmd);
-        return CONCH_EXIT_INFRA;
-    }
-    char sid[128];
-    json_t *res = NULL;
-    if (conch_cli_resolve(&c, id, sid, sizeof(sid)) == 0)
-        res = conch_cli_conn_call(&c, "exec.run",
-                                  json_pack("{s:s,s:s}", "sandbox", sid, "command", cmd));
-    free(cmd);
-    conch_cli_conn_close(&c);
-    if (!res)
-        return CONCH_EXIT_INFRA;
-    int code = (int)json_integer_value(json_object_get(res, "exit_code"));
-    if (json_is_true(json_object_get(res, "timed_out")))
-        code = CONCH_EXIT_TIMEOUT;
-    if (json) {
-        print_json(res);
-        json_decref(res);
-        return code;
-    }
-    /* Whole streams, NUL bytes included. */
-    json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
-    if (json_is_string(out))
-        fwrite(json_string_value(out), 1, json_string_length(out), stdout);
-    fflush(stdout);
-    if (json_is_string(err))
-        fwrite(json_string_value(err), 1, json_string_length(err), stderr);
-    json_decref(res);
-    return code;
 }
 
 int conch_cli_rm(int argc, char **argv)

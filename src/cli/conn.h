@@ -53,4 +53,10 @@ void conch_cli_conn_close(struct conch_cli_conn *c);
  */
 int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size_t size);
 
+/* conch_cli_tty_exec - `conch exec -t`: run @cmd (bash-quoted words) on a new session of the
+ * sandbox @sbid (env @env and @cwd may be NULL), this terminal its keyboard and screen, then
+ * forget the session once it ended (shell.c). Returns the exit status. */
+int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *cmd, json_t *env,
+                       const char *cwd);
+
 #endif

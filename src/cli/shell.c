@@ -122,6 +122,52 @@ static void write_out(const char *s, size_t n)
     }
 }
 
+/* What a program run by `conch exec -t` must not show: the prompt and the echo of the line
+ * that started it, up to the end of the echoed @marker. Past 64 KiB without it, all shows.
+ * The end of such a session is the program's: no note of it. */
+struct hide {
+    const char *marker; /* NULL: nothing hidden (any more) */
+    bool quiet_end;
+    char *buf;
+    size_t len;
+};
+
+static void show(struct hide *h, const char *s, size_t n)
+{
+    if (!h->marker) {
+        write_out(s, n);
+        return;
+    }
+    char *nb = realloc(h->buf, h->len + n + 1);
+    if (!nb) {
+        h->marker = NULL;
+        write_out(s, n);
+        return;
+    }
+    h->buf = nb;
+    memcpy(h->buf + h->len, s, n);
+    h->len += n;
+    h->buf[h->len] = '\0';
+    /* The echo that counts is readline's, after the prompt: a line typed before the shell
+     * read its first one was echoed by the terminal too, alone on its line. */
+    size_t ml = strlen(h->marker);
+    const char *nl = NULL;
+    for (const char *at = h->buf; (at = memmem(at, h->len - (size_t)(at - h->buf), h->marker, ml));
+         at++) {
+        if (at == h->buf || at[-1] == '\n')
+            continue;
+        nl = memchr(at, '\n', h->len - (size_t)(at - h->buf));
+        break;
+    }
+    if (nl || h->len > 65536) {
+        size_t from = nl ? (size_t)(nl + 1 - h->buf) : 0;
+        write_out(h->buf + from, h->len - from);
+        h->marker = NULL;
+        free(h->buf);
+        h->buf = NULL;
+    }
+}
+
 static void send_keys(struct conch_cli_conn *c, const char *sid, const char *buf, size_t n)
 {
     if (!n)
@@ -132,10 +178,10 @@ static void send_keys(struct conch_cli_conn *c, const char *sid, const char *buf
 }
 
 /*
- * The interactive loop: keys to the session, its output to the terminal. Returns the exit
- * status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
+ * The interactive loop: keys to the session, its output to the terminal (through @h). Returns
+ * the exit status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
  */
-static int interact(struct conch_cli_conn *c, const char *sid, bool write)
+static int interact_shown(struct conch_cli_conn *c, const char *sid, bool write, struct hide *h)
 {
     json_t *a = conch_cli_conn_call(c, "session.attach",
                                     json_pack("{s:s,s:b}", "session", sid, "write", write));
@@ -143,7 +189,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
         return 1;
     const char *sb = json_string_value(json_object_get(a, "scrollback"));
     if (sb)
-        write_out(sb, json_string_length(json_object_get(a, "scrollback")));
+        show(h, sb, json_string_length(json_object_get(a, "scrollback")));
     json_int_t next_seq = json_integer_value(json_object_get(a, "next_seq"));
     bool ended = !strcmp(json_string_value(json_object_get(a, "state")) ?: "", "ended");
     json_decref(a);
@@ -174,7 +220,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
                 /* the scrollback already held what came before next_seq */
                 if (seq + (json_int_t)n > next_seq) {
                     size_t skip = seq < next_seq ? (size_t)(next_seq - seq) : 0;
-                    write_out(json_string_value(d) + skip, n - skip);
+                    show(h, json_string_value(d) + skip, n - skip);
                     next_seq = seq + (json_int_t)n;
                 }
             } else if (m && !strcmp(m, "session.ended") &&
@@ -183,7 +229,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
                 status = json_is_integer(code) ? (int)json_integer_value(code) : 1;
                 tty_restore();
                 const char *why = json_string_value(json_object_get(p, "reason"));
-                if (status != 0 || (why && !strstr(why, "exited")))
+                if (!h->quiet_end && (status != 0 || (why && !strstr(why, "exited"))))
                     fprintf(stderr, "\nconch: session %s ended: %s\n", sid, why ? why : "?");
                 json_decref(msg);
                 return status;
@@ -248,6 +294,16 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
     return status;
 }
 
+/* interact_shown with @hidden (may be NULL) hidden as struct hide says. */
+static int interact(struct conch_cli_conn *c, const char *sid, bool write, const char *hidden,
+                    bool quiet_end)
+{
+    struct hide h = {.marker = hidden, .quiet_end = quiet_end};
+    int st = interact_shown(c, sid, write, &h);
+    free(h.buf);
+    return st;
+}
+
 static const char shell_usage[] =
     "usage: conch shell [--socket PATH] [SANDBOX]\n"
     "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
@@ -301,7 +357,7 @@ int conch_cli_shell(int argc, char **argv)
     char sid[64];
     snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
     json_decref(s);
-    int st = interact(&c, sid, true);
+    int st = interact(&c, sid, true, NULL, false);
     conch_cli_conn_close(&c);
     return st;
 }
@@ -325,7 +381,7 @@ int conch_cli_attach(int argc, char **argv)
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0)
         return CONCH_EXIT_INFRA;
-    int st = interact(&c, argv[i], write);
+    int st = interact(&c, argv[i], write, NULL, false);
     conch_cli_conn_close(&c);
     return st;
 }
@@ -360,4 +416,69 @@ int conch_cli_sessions(int argc, char **argv)
     }
     json_decref(res);
     return 0;
+}
+
+/* Whether the session @sid has ended (not only been detached from). */
+static bool session_ended(struct conch_cli_conn *c, const char *sid)
+{
+    json_t *res = conch_cli_conn_call(c, "session.list", json_object());
+    bool ended = false;
+    size_t k;
+    json_t *s;
+    json_array_foreach(json_object_get(res, "sessions"), k, s)
+    {
+        if (!strcmp(json_string_value(json_object_get(s, "session")) ?: "", sid))
+            ended = !strcmp(json_string_value(json_object_get(s, "state")) ?: "", "ended");
+    }
+    json_decref(res);
+    return ended;
+}
+
+int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *cmd, json_t *env,
+                       const char *cwd)
+{
+    struct winsize ws = {.ws_row = 24, .ws_col = 80};
+    if (isatty(STDIN_FILENO))
+        ioctl(STDIN_FILENO, TIOCGWINSZ, &ws);
+    json_t *params = json_pack("{s:s}", "sandbox", sbid);
+    if (ws.ws_row && ws.ws_col) {
+        json_object_set_new(params, "rows", json_integer(ws.ws_row));
+        json_object_set_new(params, "cols", json_integer(ws.ws_col));
+    }
+    if (env && json_object_size(env))
+        json_object_set(params, "env", env);
+    if (cwd)
+        json_object_set_new(params, "cwd", json_string(cwd));
+    json_t *s = conch_cli_conn_call(c, "session.open", params);
+    if (!s)
+        return CONCH_EXIT_INFRA;
+    char sid[64];
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
+    json_decref(s);
+    /* The session's shell is bash: any other command replaces it (exec), typed before we
+     * attach, its prompt and echo hidden. */
+    char *line = NULL;
+    if (strcmp(cmd, "'bash' ") != 0) {
+        if (asprintf(&line, "exec %s", cmd) < 0)
+            return 1;
+        size_t n = strlen(line);
+        while (n && line[n - 1] == ' ')
+            line[--n] = '\0';
+        char *typed = NULL;
+        if (asprintf(&typed, "%s\r", line) < 0) {
+            free(line);
+            return 1;
+        }
+        json_decref(conch_cli_conn_call(
+            c, "session.write",
+            json_pack("{s:s,s:o}", "session", sid, "data", conch_json_text(typed, strlen(typed)))));
+        free(typed);
+    }
+    int st = interact(c, sid, true, line, true);
+    free(line);
+    /* As docker exec leaves nothing behind: an ended session is forgotten; a detached one
+     * goes on (conch attach). */
+    if (session_ended(c, sid))
+        json_decref(conch_cli_conn_call(c, "session.close", json_pack("{s:s}", "session", sid)));
+    return st;
 }

@@ -365,6 +365,8 @@ enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DIS
  * process limit is only noted (forks fail by themselves). */
 void conch_daemon_run_limit_hit(struct run *r, enum run_limit which);
 void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_handle_exec_signal - exec.signal (execsignal.c). */
+void conch_daemon_handle_exec_signal(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* conch_daemon_client_close - disconnect @c (its pending responses are dropped). */
 void conch_daemon_client_close(struct client *c);
 void conch_daemon_handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -210,6 +210,8 @@ static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 P("changes", B, false),
                                                 P("shell", S, false),
                                                 END};
+static const struct conch_rpc_param p_exec_signal[] = {
+    P("sandbox", S, true), P("request_id", CONCH_RPC_ANY, true), P("signal", S, false), END};
 static const struct conch_rpc_param p_job_start[] = {P("sandbox", S, true),
                                                      P("command", S, true),
                                                      P("cwd", S, false),
@@ -306,6 +308,7 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"sandbox.get", p_id, handle_sandbox_get},
     {"sandbox.destroy", p_id, handle_sandbox_destroy},
     {"exec.run", p_exec, conch_daemon_handle_exec_run},
+    {"exec.signal", p_exec_signal, conch_daemon_handle_exec_signal},
     {"sandbox.lease", p_lease, conch_daemon_handle_sandbox_lease},
     {"sandbox.release", p_none, conch_daemon_handle_sandbox_release},
     {"job.start", p_job_start, conch_daemon_handle_job_start},
