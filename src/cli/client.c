@@ -19,6 +19,21 @@
 #include "rpc/rpc.h"
 #include "workspace/workspace.h"
 
+/* Why the daemon at @path cannot be reached (@e, an errno), and what to do about it: only a
+ * daemon that is not there is started with 'conch serve'. */
+static int unreachable(struct conch_err *err, const char *path, int e)
+{
+    if (e == EACCES || e == EPERM)
+        return conch_err_set(err, e,
+                             "cannot reach the daemon at '%s': permission denied (the socket "
+                             "or its directory belongs to another user: run as the user who "
+                             "started the daemon, or as root)",
+                             path);
+    return conch_err_set(err, e,
+                         "cannot reach the daemon at '%s': %s (start it with 'conch serve')", path,
+                         strerror(e));
+}
+
 int conch_cli_connect(const char *path, struct conch_err *err)
 {
     char def[PATH_MAX];
@@ -27,6 +42,8 @@ int conch_cli_connect(const char *path, struct conch_err *err)
         path = def;
     }
     int r = conch_daemon_socket_check(path, true, err);
+    if (r == -EACCES)
+        return unreachable(err, path, EACCES);
     if (r < 0)
         return r;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -38,9 +55,7 @@ int conch_cli_connect(const char *path, struct conch_err *err)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return conch_err_set(err, e,
-                             "cannot reach the daemon at '%s': %s (start it with 'conch serve')",
-                             path, strerror(e));
+        return unreachable(err, path, e);
     }
     return fd;
 }
@@ -103,6 +118,55 @@ json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block)
     }
 }
 
+/* Protocol methods the daemon's messages name, and the verbs a person at the command line
+ * uses for them (longest first: a name inside a longer one is replaced once). */
+static const struct {
+    const char *method, *verb;
+} method_verbs[] = {
+    {"workspace.* and sandbox.destroy work on it",
+     "'conch changes', 'diff', 'commit', 'discard' and 'rm' work on it ('conch start' brings it "
+     "back)"},
+    {"session.attach {write: true}", "'conch attach'"},
+    {"workspace.discard", "'conch discard'"},
+    {"workspace.commit", "'conch commit'"},
+    {"workspace.*", "'conch changes', 'diff', 'commit' and 'discard'"},
+    {"sandbox.destroy", "'conch rm'"},
+    {"sandbox.create", "'conch create'"},
+    {"sandbox.list", "'conch ps'"},
+    {"session.list", "'conch sessions'"},
+    {"session.signal", "Ctrl-C in 'conch attach'"},
+    {"session.open", "'conch shell'"},
+    {"fs.delete", "'conch exec ID -- rm'"},
+};
+
+char *conch_cli_error_text(const char *msg)
+{
+    size_t cap = strlen(msg) * 4 + 512, len = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    while (*msg) {
+        size_t k = 0;
+        for (; k < sizeof(method_verbs) / sizeof(method_verbs[0]); k++)
+            if (!strncmp(msg, method_verbs[k].method, strlen(method_verbs[k].method)))
+                break;
+        if (k < sizeof(method_verbs) / sizeof(method_verbs[0])) {
+            size_t n = strlen(method_verbs[k].verb);
+            if (len + n + 1 > cap)
+                break;
+            memcpy(out + len, method_verbs[k].verb, n);
+            len += n;
+            msg += strlen(method_verbs[k].method);
+        } else if (len + 2 <= cap) {
+            out[len++] = *msg++;
+        } else {
+            break;
+        }
+    }
+    out[len] = '\0';
+    return out;
+}
+
 json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params)
 {
     int id;
@@ -130,8 +194,12 @@ json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t
         json_t *e = json_object_get(msg, "error");
         const char *code = json_string_value(json_object_get(json_object_get(e, "data"), "code"));
         const char *m = json_string_value(json_object_get(e, "message"));
+        _cleanup_free_ char *text = conch_cli_error_text(m ? m : "unknown");
         fprintf(stderr, "conch: error%s%s%s: %s\n", code ? " (" : "", code ? code : "",
-                code ? ")" : "", m ? m : "unknown");
+                code ? ")" : "",
+                text ? text
+                : m  ? m
+                     : "unknown");
         json_decref(msg);
         return NULL;
     }
@@ -250,7 +318,7 @@ int conch_cli_ps(int argc, char **argv)
     bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
-        return 1;
+        return CONCH_EXIT_INFRA;
     json_t *res = conch_cli_conn_call(&c, "sandbox.list", json_object());
     conch_cli_conn_close(&c);
     if (!res)
@@ -299,7 +367,7 @@ int conch_cli_rm(int argc, char **argv)
     bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
-        return 1;
+        return CONCH_EXIT_INFRA;
     json_t *destroyed = json_array(), *failed = json_array();
     for (; i < argc; i++) {
         char sid[128];

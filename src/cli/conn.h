@@ -43,6 +43,11 @@ bool conch_cli_conn_fill(struct conch_cli_conn *c);
  * when @block, reading until one is complete. NULL: none buffered (!@block), or EOF. */
 json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block);
 
+/* conch_cli_error_text - the daemon's error message @msg for a person at the command line: the
+ * protocol methods it names become the verbs that do the same. Returns a new string (NULL:
+ * out of memory). */
+char *conch_cli_error_text(const char *msg);
+
 /* conch_cli_conn_close - close @c and free its buffer. */
 void conch_cli_conn_close(struct conch_cli_conn *c);
 

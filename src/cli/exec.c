@@ -223,7 +223,8 @@ static json_t *run_streamed(struct conch_cli_conn *c, const char *sid, json_t *p
                 if (!res) {
                     json_t *e = json_object_get(msg, "error");
                     const char *msgtext = json_string_value(json_object_get(e, "message"));
-                    fprintf(stderr, "conch exec: %s\n", msgtext ? msgtext : "failed");
+                    _cleanup_free_ char *text = conch_cli_error_text(msgtext ? msgtext : "failed");
+                    fprintf(stderr, "conch exec: %s\n", text ? text : "failed");
                 }
                 done = true;
             }

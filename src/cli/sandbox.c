@@ -51,15 +51,17 @@ static void print_json(json_t *res)
     json_decref(res);
 }
 
-/* Connect and resolve @ref (an id or a name) into @id. */
+/* Connect and resolve @ref (an id or a name) into @id. Returns 0, or the exit status after
+ * printing why not: 125 (CONCH_EXIT_INFRA) when the daemon cannot be reached, as from every
+ * verb, 1 when it knows no such sandbox. */
 static int open_sandbox(const struct common *o, struct conch_cli_conn *c, const char *ref, char *id,
                         size_t size)
 {
     if (conch_cli_conn_open(c, o->sock) < 0)
-        return -1;
+        return CONCH_EXIT_INFRA;
     if (conch_cli_resolve(c, ref, id, size) < 0) {
         conch_cli_conn_close(c);
-        return -1;
+        return 1;
     }
     return 0;
 }
@@ -141,7 +143,7 @@ int conch_cli_create(int argc, char **argv)
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0) {
         json_decref(params);
-        return 1;
+        return CONCH_EXIT_INFRA;
     }
     json_t *res = conch_cli_conn_call(&c, "sandbox.create", params);
     conch_cli_conn_close(&c);
@@ -237,8 +239,8 @@ static int ws_verb(enum ws_verb v, int argc, char **argv)
         return usage_error(&o, "unexpected argument", argv[optind + 1]);
     char id[128];
     struct conch_cli_conn c;
-    if (open_sandbox(&o, &c, argv[optind], id, sizeof(id)) < 0)
-        return 1;
+    if ((r = open_sandbox(&o, &c, argv[optind], id, sizeof(id))) != 0)
+        return r;
     json_t *paths = NULL;
     if (optind + 1 < argc) {
         paths = json_array();
@@ -531,8 +533,8 @@ int conch_cli_cp(int argc, char **argv)
         snprintf(dst, sizeof(dst), "%s", dst0);
     char id[128];
     struct conch_cli_conn c;
-    if (open_sandbox(&o, &c, sremote ? sref : dref, id, sizeof(id)) < 0)
-        return 1;
+    if ((r = open_sandbox(&o, &c, sremote ? sref : dref, id, sizeof(id))) != 0)
+        return r;
     json_int_t bytes = 0;
     r = sremote ? cp_out(&c, id, src, dst, &bytes) : cp_in(&c, id, src, dst, &bytes);
     conch_cli_conn_close(&c);
