@@ -1,4 +1,4 @@
-/* client.c - `conch ps` and `conch rm`: small blocking JSON-RPC clients of a
+/* client.c - `conch ps`, `conch start` and `conch rm`: small blocking JSON-RPC clients of a
  * running `conch serve`. */
 #include <errno.h>
 #include <jansson.h>
@@ -387,6 +387,50 @@ int conch_cli_rm(int argc, char **argv)
     } else {
         json_decref(destroyed);
         json_decref(failed);
+    }
+    return status;
+}
+
+int conch_cli_start(int argc, char **argv)
+{
+    static const char usage[] =
+        "usage: conch start [--socket PATH] [--json] ID...\n"
+        "Start stopped daemon sandboxes (ids or names) again, as they were: their workspace\n"
+        "changes, limits and environment (a sandbox stops when its processes die, e.g. in a\n"
+        "daemon restart). Prints each id (--json: the sandbox objects); a running one is left\n"
+        "as it is.\n";
+    struct client_opts o;
+    int status;
+    int i = client_parse("start", usage, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i >= argc)
+        return conch_cli_usage_error("start", usage, "no sandbox given");
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, o.sock) < 0)
+        return CONCH_EXIT_INFRA;
+    status = 0;
+    json_t *started = json_array();
+    for (; i < argc; i++) {
+        char sid[128];
+        json_t *res = NULL;
+        if (conch_cli_resolve(&c, argv[i], sid, sizeof(sid)) == 0)
+            res = conch_cli_conn_call(&c, "sandbox.start", json_pack("{s:s}", "id", sid));
+        if (!res) {
+            status = 1;
+            continue;
+        }
+        if (!o.json)
+            puts(sid);
+        json_array_append_new(started, res);
+    }
+    conch_cli_conn_close(&c);
+    if (o.json) {
+        json_t *out = json_pack("{s:o}", "sandboxes", started);
+        print_json(out);
+        json_decref(out);
+    } else {
+        json_decref(started);
     }
     return status;
 }

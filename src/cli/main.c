@@ -22,6 +22,7 @@ static void usage(FILE *f)
           "  commit ID [PATH...]              apply them to the workspace directory\n"
           "  discard ID [PATH...]             drop them\n"
           "  cp SRC DST                       copy a file in or out (ID:PATH)\n"
+          "  start ID...                      start stopped sandboxes again, changes kept\n"
           "  rm ID...                         destroy daemon sandboxes\n"
           "  shell [SANDBOX]                  an interactive shell in a daemon sandbox\n"
           "  attach SESSION                   join a running session (Ctrl-\\ Ctrl-\\ leaves)\n"
@@ -56,6 +57,8 @@ int main(int argc, char **argv)
         return conch_cli_exec(argc - 1, argv + 1);
     if (!strcmp(verb, "rm"))
         return conch_cli_rm(argc - 1, argv + 1);
+    if (!strcmp(verb, "start"))
+        return conch_cli_start(argc - 1, argv + 1);
     if (!strcmp(verb, "shell"))
         return conch_cli_shell(argc - 1, argv + 1);
     if (!strcmp(verb, "attach"))

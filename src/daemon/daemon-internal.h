@@ -272,6 +272,10 @@ static inline bool sandbox_destroyed(const struct sandbox *sb)
  * set up before it returns (-> READY). Returns 0, or -errno with @err and the state as it
  * was. */
 int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err);
+/* conch_daemon_sandbox_resume - sandbox.start: a STOPPED sandbox (its warden died, or a previous
+ * daemon's) started again over its recorded spec, limits, host ids and changes (STOPPED ->
+ * READY); a READY one is left as it is. Returns 0, or -errno with @err (it stays STOPPED). */
+int conch_daemon_sandbox_resume(struct sandbox *sb, struct conch_err *err);
 /* conch_daemon_sandbox_start - conch_sb_spawn, not async; a RESTARTING one that fails is STOPPED.
  */
 int conch_daemon_sandbox_start(struct sandbox *sb, struct conch_err *err);
