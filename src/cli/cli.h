@@ -29,6 +29,7 @@ int conch_cli_ps(int argc, char **argv);
 int conch_cli_exec(int argc, char **argv);
 int conch_cli_rm(int argc, char **argv);
 int conch_cli_start(int argc, char **argv);
+int conch_cli_logs(int argc, char **argv);
 int conch_cli_mcp(int argc, char **argv);
 int conch_cli_shell(int argc, char **argv);
 int conch_cli_attach(int argc, char **argv);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -301,6 +302,44 @@ static void print_json(json_t *v)
     free(s);
 }
 
+double conch_cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void conch_cli_format_age(double s, char *buf, size_t size)
+{
+    if (s < 0)
+        s = 0;
+    if (s < 120)
+        snprintf(buf, size, "%ds", (int)s);
+    else if (s < 7200)
+        snprintf(buf, size, "%dm", (int)(s / 60));
+    else if (s < 172800)
+        snprintf(buf, size, "%dh", (int)(s / 3600));
+    else
+        snprintf(buf, size, "%dd", (int)(s / 86400));
+}
+
+/* How many entries of @list belong to sandbox @id and are live: @key true (jobs' "running"),
+ * or, with @key_is_bool false, @key not "ended" (sessions' "state"). */
+static int count_for(json_t *list, const char *id, const char *key, bool key_is_bool)
+{
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        if (!id || strcmp(json_string_value(json_object_get(e, "sandbox")) ?: "", id))
+            continue;
+        json_t *v = json_object_get(e, key);
+        n += key_is_bool ? json_is_true(v) : strcmp(json_string_value(v) ?: "", "ended") != 0;
+    }
+    return n;
+}
+
 int conch_cli_ps(int argc, char **argv)
 {
     static const char usage[] = "usage: conch ps [--socket PATH] [--json]\n"
@@ -320,7 +359,8 @@ int conch_cli_ps(int argc, char **argv)
     if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
     json_t *res = conch_cli_conn_call(&c, "sandbox.list", json_object());
-    conch_cli_conn_close(&c);
+    if (!res || json)
+        conch_cli_conn_close(&c);
     if (!res)
         return 1;
     if (json) {
@@ -328,21 +368,37 @@ int conch_cli_ps(int argc, char **argv)
         json_decref(res);
         return 0;
     }
-    printf("%-14s %-16s %-8s %-8s %8s  %s\n", "ID", "NAME", "STATE", "MODE", "COMMANDS",
-           "WORKSPACE");
+    /* What runs now: jobs and sessions, counted per sandbox. */
+    json_t *jobs = conch_cli_conn_call(&c, "job.list", json_object());
+    json_t *sessions = conch_cli_conn_call(&c, "session.list", json_object());
+    conch_cli_conn_close(&c);
+    double now = conch_cli_now();
+    printf("%-14s %-16s %-8s %6s %4s %4s  %-40s %s\n", "ID", "NAME", "STATE", "AGE", "JOBS", "SESS",
+           "COMMAND", "WORKSPACE");
     size_t i;
     json_t *sb;
     json_array_foreach(json_object_get(res, "sandboxes"), i, sb)
     {
+        const char *id = json_string_value(json_object_get(sb, "id"));
         const char *ws = json_string_value(json_object_get(sb, "workspace"));
         const char *name = json_string_value(json_object_get(sb, "name"));
+        const char *cmd = json_string_value(json_object_get(sb, "current_command"));
         _cleanup_free_ char *qname = name ? conch_ws_quote("", name, false) : NULL;
         _cleanup_free_ char *qws = ws ? conch_ws_quote("", ws, false) : NULL;
-        printf("%-14s %-16s %-8s %-8s %8lld  %s\n", json_string_value(json_object_get(sb, "id")),
-               qname ? qname : "-", json_string_value(json_object_get(sb, "state")),
-               json_string_value(json_object_get(sb, "mode")),
-               (long long)json_integer_value(json_object_get(sb, "commands")), qws ? qws : "-");
+        _cleanup_free_ char *qcmd = cmd ? conch_ws_quote("", cmd, false) : NULL;
+        if (qcmd && strlen(qcmd) > 40)
+            strcpy(qcmd + 37, "...");
+        char age[16];
+        conch_cli_format_age(now - json_number_value(json_object_get(sb, "created_at")), age,
+                             sizeof(age));
+        printf("%-14s %-16s %-8s %6s %4d %4d  %-40s %s\n", id ? id : "?", qname ? qname : "-",
+               json_string_value(json_object_get(sb, "state")), age,
+               count_for(json_object_get(jobs, "jobs"), id, "running", true),
+               count_for(json_object_get(sessions, "sessions"), id, "state", false),
+               qcmd ? qcmd : "-", qws ? qws : "-");
     }
+    json_decref(jobs);
+    json_decref(sessions);
     json_decref(res);
     return 0;
 }

@@ -48,6 +48,12 @@ json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block);
  * out of memory). */
 char *conch_cli_error_text(const char *msg);
 
+/* conch_cli_now - the wall clock in seconds (the daemon's timestamps are). */
+double conch_cli_now(void);
+
+/* conch_cli_format_age - @s seconds as "42s", "5m", "3h", "2d" into @buf. */
+void conch_cli_format_age(double s, char *buf, size_t size);
+
 /* conch_cli_conn_close - close @c and free its buffer. */
 void conch_cli_conn_close(struct conch_cli_conn *c);
 

@@ -31,13 +31,14 @@ static const char usage[] =
     "  -w, --cwd DIR       working directory inside the sandbox (default /workspace; a\n"
     "                      relative DIR is under /workspace)\n"
     "  --timeout S         stop CMD after S seconds (SIGTERM, then SIGKILL): exit status 124\n"
+    "  -d, --detach        run CMD as a background job and print its id (conch logs JOB)\n"
     "  --socket PATH       the daemon's socket\n"
     "  --json              print the whole exec.run result instead of the output\n"
     "\n"
     "Exit status: the command's; 124 timeout; 125 the daemon could not be reached or the\n"
     "command could not be run there; 2 usage error; 128+N killed by signal N.\n";
 
-enum { OPT_SOCKET = 1, OPT_JSON, OPT_INTERACTIVE, OPT_TTY, OPT_CWD, OPT_TIMEOUT };
+enum { OPT_SOCKET = 1, OPT_JSON, OPT_INTERACTIVE, OPT_TTY, OPT_CWD, OPT_TIMEOUT, OPT_DETACH };
 
 static const struct conch_cli_opt exec_opts[] = {
     {"socket", 0, true, OPT_SOCKET},
@@ -45,13 +46,14 @@ static const struct conch_cli_opt exec_opts[] = {
     {"interactive", 'i', false, OPT_INTERACTIVE},
     {"tty", 't', false, OPT_TTY},
     {"cwd", 'w', true, OPT_CWD},
+    {"detach", 'd', false, OPT_DETACH},
     {"timeout", 0, true, OPT_TIMEOUT},
     {NULL, 0, false, 0},
 };
 
 struct exec_cli {
     const char *sock;
-    bool json, interactive, tty;
+    bool json, interactive, tty, detach;
     const char *cwd;
     uint64_t timeout_ms;
     bool has_timeout;
@@ -72,6 +74,9 @@ static int exec_opt(void *ctx, int key, const char *value, struct conch_err *err
         break;
     case OPT_TTY:
         o->tty = true;
+        break;
+    case OPT_DETACH:
+        o->detach = true;
         break;
     case OPT_CWD:
         o->cwd = value;
@@ -289,9 +294,11 @@ int conch_cli_exec(int argc, char **argv)
         conch_spec_done(&spec);
         return conch_cli_usage_error("exec", usage, "no command given");
     }
-    if (o.tty && o.json) {
+    if ((o.tty && o.json) || (o.detach && (o.tty || o.has_timeout))) {
         conch_spec_done(&spec);
-        return conch_cli_usage_error("exec", usage, "-t and --json do not go together");
+        return conch_cli_usage_error("exec", usage,
+                                     o.detach ? "-d goes with neither -t nor --timeout"
+                                              : "-t and --json do not go together");
     }
     json_t *env = json_incref(spec.env);
     conch_spec_done(&spec);
@@ -345,6 +352,15 @@ int conch_cli_exec(int argc, char **argv)
         json_object_set(params, "stdin", in);
     if (o.cwd)
         json_object_set_new(params, "cwd", json_string(o.cwd));
+    if (o.detach) {
+        json_t *job = conch_cli_conn_call(&c, "job.start", params);
+        if (job) {
+            puts(json_string_value(json_object_get(job, "job_id")) ?: "");
+            status = 0;
+        }
+        json_decref(job);
+        goto out;
+    }
     /* As docker exec: no time limit unless asked (exec.run's default is 120 s). */
     json_object_set_new(params, "timeout",
                         json_real(o.has_timeout ? (double)o.timeout_ms / 1000.0 : 0));

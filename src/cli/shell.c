@@ -25,40 +25,50 @@
 
 #define DETACH_KEY 0x1c /* Ctrl-\ */
 
-/* The options of shell, attach and sessions: --socket PATH, and attach's --read-only. */
+/* The options of shell, attach and sessions: --socket PATH, attach's --read-only, shell's
+ * --keep. */
 struct shell_opts {
     const char *sock;
     bool read_only;
+    bool keep;
 };
 
-enum { OPT_SOCKET = 1, OPT_READ_ONLY };
+enum { OPT_SOCKET = 1, OPT_READ_ONLY, OPT_KEEP };
+
+static const struct conch_cli_opt attach_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"read-only", 0, false, OPT_READ_ONLY},
+    {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt shell_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"keep", 0, false, OPT_KEEP},
+    {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt sessions_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {NULL, 0, false, 0},
+};
 
 static int shell_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
     struct shell_opts *o = ctx;
     if (key == OPT_SOCKET)
         o->sock = value;
+    else if (key == OPT_KEEP)
+        o->keep = true;
     else
         o->read_only = true;
     return 0;
 }
 
-/* Parse them (--read-only when @read_only_ok); returns the index of the first operand, or -1
- * after printing the help (*@ret_status 0) or a usage error (*@ret_status 2). */
-static int shell_parse(const char *verb, const char *usage, bool read_only_ok, int argc,
-                       char **argv, struct shell_opts *o, int *ret_status)
+/* Parse them by @table; returns the index of the first operand, or -1 after printing the help
+ * (*@ret_status 0) or a usage error (*@ret_status 2). */
+static int shell_parse(const char *verb, const char *usage, const struct conch_cli_opt *table,
+                       int argc, char **argv, struct shell_opts *o, int *ret_status)
 {
-    static const struct conch_cli_opt table[] = {
-        {"socket", 0, true, OPT_SOCKET},
-        {"read-only", 0, false, OPT_READ_ONLY},
-        {NULL, 0, false, 0},
-    };
-    static const struct conch_cli_opt table_socket[] = {
-        {"socket", 0, true, OPT_SOCKET},
-        {NULL, 0, false, 0},
-    };
     const struct conch_cli_parser p = {
-        .verb = verb, .table = read_only_ok ? table : table_socket, .handler = shell_opt, .ctx = o};
+        .verb = verb, .table = table, .handler = shell_opt, .ctx = o};
     struct conch_err err = {0};
     int optind = 1;
     memset(o, 0, sizeof(*o));
@@ -305,16 +315,42 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write, const
 }
 
 static const char shell_usage[] =
-    "usage: conch shell [--socket PATH] [SANDBOX]\n"
-    "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
-    "  when none is given). Ctrl-\\ Ctrl-\\ detaches; the session goes on (conch attach).\n"
+    "usage: conch shell [--socket PATH] [--keep] [SANDBOX]\n"
+    "  An interactive shell in a daemon sandbox. Without SANDBOX, in a new one over the\n"
+    "  current directory, removed when the shell ends (as docker run removes one with its\n"
+    "  rm flag) unless --keep is given or it holds uncommitted changes (then it is kept,\n"
+    "  and said so).\n"
+    "  Ctrl-\\ Ctrl-\\ detaches; the session (and its sandbox) goes on (conch attach).\n"
     "  The exit status is the shell's.\n";
+
+static bool session_ended(struct conch_cli_conn *c, const char *sid);
+
+/* The sandbox `conch shell` made, once its shell ended: removed, unless it holds changes not
+ * committed (those are the user's work: kept, and said how to see them). */
+static void shell_cleanup(struct conch_cli_conn *c, const char *sbid)
+{
+    json_t *ch = conch_cli_conn_call(c, "workspace.changes",
+                                     json_pack("{s:s,s:i}", "sandbox", sbid, "limit", 1));
+    json_int_t n = ch ? json_integer_value(json_object_get(ch, "changes_total")) : 0;
+    json_decref(ch);
+    if (n > 0) {
+        fprintf(stderr,
+                "conch: kept sandbox %s: it has %lld uncommitted change%s (conch diff %s; "
+                "conch commit %s; conch rm %s)\n",
+                sbid, (long long)n, n == 1 ? "" : "s", sbid, sbid, sbid);
+        return;
+    }
+    json_t *r = conch_cli_conn_call(c, "sandbox.destroy", json_pack("{s:s}", "id", sbid));
+    if (r)
+        fprintf(stderr, "conch: removed sandbox %s\n", sbid);
+    json_decref(r);
+}
 
 int conch_cli_shell(int argc, char **argv)
 {
     struct shell_opts o;
     int status;
-    int i = shell_parse("shell", shell_usage, false, argc, argv, &o, &status);
+    int i = shell_parse("shell", shell_usage, shell_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i + 1 < argc)
@@ -324,6 +360,7 @@ int conch_cli_shell(int argc, char **argv)
     if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
     char sbid[128];
+    bool made = false;
     /* an id, or a name (as every client verb takes) */
     if (i < argc && conch_cli_resolve(&c, argv[i], sbid, sizeof(sbid)) < 0) {
         conch_cli_conn_close(&c);
@@ -341,7 +378,12 @@ int conch_cli_shell(int argc, char **argv)
             return CONCH_EXIT_INFRA;
         snprintf(sbid, sizeof(sbid), "%s", json_string_value(json_object_get(sb, "id")) ?: "");
         json_decref(sb);
-        fprintf(stderr, "conch: sandbox %s over %s (conch rm %s removes it)\n", sbid, cwd, sbid);
+        if (o.keep)
+            fprintf(stderr, "conch: sandbox %s over %s (conch rm %s removes it)\n", sbid, cwd,
+                    sbid);
+        else
+            fprintf(stderr, "conch: sandbox %s over %s (removed when the shell ends)\n", sbid, cwd);
+        made = true;
     }
     struct winsize ws = {.ws_row = 24, .ws_col = 80};
     if (isatty(STDIN_FILENO))
@@ -358,6 +400,8 @@ int conch_cli_shell(int argc, char **argv)
     snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
     json_decref(s);
     int st = interact(&c, sid, true, NULL, false);
+    if (made && !o.keep && session_ended(&c, sid))
+        shell_cleanup(&c, sbid);
     conch_cli_conn_close(&c);
     return st;
 }
@@ -370,7 +414,7 @@ int conch_cli_attach(int argc, char **argv)
         "  Ctrl-\\ Ctrl-\\ detaches; the session goes on.\n";
     struct shell_opts o;
     int status;
-    int i = shell_parse("attach", usage, true, argc, argv, &o, &status);
+    int i = shell_parse("attach", usage, attach_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i >= argc)
@@ -391,7 +435,7 @@ int conch_cli_sessions(int argc, char **argv)
     static const char usage[] = "usage: conch sessions [--socket PATH]\n";
     struct shell_opts o;
     int status;
-    int i = shell_parse("sessions", usage, false, argc, argv, &o, &status);
+    int i = shell_parse("sessions", usage, sessions_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i < argc)

@@ -18,6 +18,7 @@
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
+#include "exec/result.h"
 
 static void on_sample(uv_timer_t *t);
 
@@ -60,14 +61,40 @@ struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch
     return sb;
 }
 
+/* What runs in @sb now: its commands and jobs not finished, the latest one's command. */
+static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
+{
+    int n = 0;
+    const struct run *latest = NULL;
+    const struct conch_list *pos;
+    for (pos = sb->runs.next; pos != &sb->runs; pos = pos->next) {
+        const struct run *r = conch_list_entry(pos, struct run, link);
+        if (r->finished)
+            continue;
+        n++;
+        if (!latest || r->started_at >= latest->started_at)
+            latest = r;
+    }
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "running", json_integer(n));
+    json_object_set_new(o, "current_command",
+                        latest && latest->command
+                            ? conch_json_text(latest->command, strlen(latest->command))
+                            : json_null());
+    return o;
+}
+
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
-    return json_pack(
-        "{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f}", "id", sb->id, "name",
-        sb->name[0] ? sb->name : NULL, "state", sb->state == SB_READY ? "running" : "stopped",
-        "workspace", sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
-        "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at", sb->last_used_at,
-        "commands", (int)sb->commands, "idle_timeout", sb->idle_timeout);
+    return sandbox_running_json(
+        sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f}", "id", sb->id, "name",
+                      sb->name[0] ? sb->name : NULL, "state",
+                      sb->state == SB_READY ? "running" : "stopped", "workspace",
+                      sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
+                      "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
+                      sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
+                      sb->idle_timeout));
 }
 
 static void on_idle(uv_timer_t *t)

@@ -14,7 +14,7 @@ from conftest import CONCH_BIN, IS_ROOT, REPO
 CLIENT_VERBS = [
     ["ps"], ["create"], ["exec", "dev", "--", "true"], ["changes", "dev"], ["diff", "dev"],
     ["commit", "dev"], ["discard", "dev"], ["cp", "dev:/x", "/tmp/x"], ["rm", "dev"],
-    ["shell", "dev"], ["attach", "ses-1"], ["sessions"],
+    ["shell", "dev"], ["attach", "ses-1"], ["sessions"], ["start", "dev"], ["logs", "job-1"],
 ]
 
 

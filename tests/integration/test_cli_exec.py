@@ -2,7 +2,6 @@
 # produced, Ctrl-C forwarded with what was printed kept, --env/--cwd/--timeout, unknown options
 # named, a failure to start said on stderr, and -it giving a terminal (driven through a pty).
 import os
-import pty
 import select
 import signal
 import subprocess
@@ -11,6 +10,7 @@ import time
 import pytest
 
 from conftest import CONCH_BIN
+from ptydrive import drive
 
 
 def cli(d, *args, timeout=60, input=None, **kw):
@@ -97,42 +97,6 @@ def test_a_command_that_cannot_start_says_why(d, dev, tmp_path):
                        capture_output=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 127 and b"nosuchcmd" in p.stderr, p
     assert b"cannot run the command" in p.stderr, p
-
-
-def drive(argv, steps, timeout=30):
-    """Run argv on a pty; for each (wait_for, keys) wait until the output holds wait_for, then
-    type keys. Returns (output, exit status)."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execv(argv[0], argv)
-    out = b""
-    try:
-        for want, keys in steps:
-            end = time.monotonic() + timeout
-            while want not in out and time.monotonic() < end:
-                r, _, _ = select.select([fd], [], [], 0.2)
-                if r:
-                    try:
-                        out += os.read(fd, 4096)
-                    except OSError:
-                        break
-            assert want in out, (want, out)
-            os.write(fd, keys)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            r, _, _ = select.select([fd], [], [], 0.2)
-            if r:
-                try:
-                    data = os.read(fd, 4096)
-                except OSError:
-                    break
-                if not data:
-                    break
-                out += data
-    finally:
-        _, st = os.waitpid(pid, 0)
-        os.close(fd)
-    return out, os.waitstatus_to_exitcode(st)
 
 
 def test_exec_it_bash_gives_a_terminal(d, dev):

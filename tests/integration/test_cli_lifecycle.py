@@ -90,3 +90,101 @@ def test_start_brings_a_stopped_sandbox_back_with_its_changes(daemon_factory, tm
     # start on a running sandbox changes nothing
     ok(cli(d, "start", "dev"))
     assert ok(cli(d, "exec", "dev", "--", "cat", "a.txt")) == "changed\n"
+
+
+def shell_session(d, cwd, *opts, keys=b"exit 0\r"):
+    from ptydrive import drive
+    return drive([CONCH_BIN, "shell", "--socket", d.sock, *opts], [(b"$ ", keys)], cwd=cwd)
+
+
+def test_shell_removes_the_sandbox_it_made(d, tmp_path):
+    out, rc = shell_session(d, tmp_path)
+    assert rc == 0, out
+    assert b"removed sandbox" in out, out
+    assert json.loads(ok(cli(d, "ps", "--json")))["sandboxes"] == []
+
+
+def test_shell_keep_keeps_it(d, tmp_path):
+    out, rc = shell_session(d, tmp_path, "--keep")
+    assert rc == 0, out
+    assert len(json.loads(ok(cli(d, "ps", "--json")))["sandboxes"]) == 1
+
+
+def test_shell_keeps_a_sandbox_holding_uncommitted_work(d, tmp_path):
+    out, rc = shell_session(d, tmp_path, keys=b"echo work > new.txt; exit 0\r")
+    assert rc == 0, out
+    assert b"kept sandbox" in out and b"1 uncommitted change" in out, out
+    [sb] = json.loads(ok(cli(d, "ps", "--json")))["sandboxes"]
+    assert ok(cli(d, "changes", sb["id"])) == "A new.txt\n"
+    assert not (tmp_path / "new.txt").exists()
+
+
+def test_shell_in_a_named_sandbox_leaves_it_alone(d, tmp_path):
+    ok(cli(d, "create", "--name", "dev"))
+    from ptydrive import drive
+    out, rc = drive([CONCH_BIN, "shell", "--socket", d.sock, "dev"], [(b"$ ", b"exit 0\r")])
+    assert rc == 0 and b"removed" not in out, out
+    assert len(json.loads(ok(cli(d, "ps", "--json")))["sandboxes"]) == 1
+
+
+def test_ps_shows_what_runs_now(d):
+    sid = ok(cli(d, "create", "--name", "dev")).strip()
+    job = ok(cli(d, "exec", "-d", "dev", "--", "sleep", "30")).strip()
+    assert job.startswith("job-"), job
+    c = d.client()
+    c.call("session.open", {"sandbox": sid})
+    busy = subprocess.Popen([CONCH_BIN, "exec", "--socket", d.sock, "dev", "--", "bash", "-c",
+                             "echo go; exec sleep 30"], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert busy.stdout.readline() == b"go\n"
+        [sb] = json.loads(ok(cli(d, "ps", "--json")))["sandboxes"]
+        assert sb["running"] == 2 and "exec sleep 30" in sb["current_command"], sb
+        lines = ok(cli(d, "ps")).splitlines()
+        head = lines[0].split()
+        assert head[:7] == ["ID", "NAME", "STATE", "AGE", "JOBS", "SESS", "COMMAND"], lines
+        row = lines[1].split()
+        assert row[:6] == [sid, "dev", "running", row[3], "1", "1"], lines
+        assert row[3][-1] in "smhd" and "'echo go; exec sleep 30'" in lines[1], lines
+    finally:
+        busy.kill()
+        busy.wait()
+    ok(cli(d, "rm", "dev"))
+
+
+def test_logs_of_a_job(d):
+    ok(cli(d, "create", "--name", "dev"))
+    job = ok(cli(d, "exec", "-d", "dev", "--", "bash", "-c",
+                 "echo one; sleep 1; echo two >&2; echo three")).strip()
+    p = cli(d, "logs", "-f", job)
+    assert p.returncode == 0 and p.stdout == b"one\nthree\n" and p.stderr == b"two\n", p
+    p = cli(d, "logs", job)  # once it ended: the same, at once
+    assert p.returncode == 0 and p.stdout == b"one\nthree\n" and p.stderr == b"two\n", p
+    p = cli(d, "logs", "job-nosuch")
+    assert p.returncode == 1 and b"job-nosuch" in p.stderr, p
+    p = cli(d, "logs", "dev")
+    assert p.returncode == 2 and b"neither a job" in p.stderr, p
+
+
+def test_logs_of_a_session(d):
+    sid = ok(cli(d, "create", "--name", "dev")).strip()
+    c = d.client()
+    ses = c.call("session.open", {"sandbox": sid})["session"]
+    c.call("session.run", {"session": ses, "command": "echo hello-$((6*7))"})
+    assert "hello-42" in ok(cli(d, "logs", ses))
+    follow = subprocess.Popen([CONCH_BIN, "logs", "--socket", d.sock, "--follow", ses],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        c.call("session.run", {"session": ses, "command": "echo later-$((1+1))"})
+        seen = b""
+        deadline = time.monotonic() + 20
+        while b"later-2" not in seen and time.monotonic() < deadline:
+            r, _, _ = select.select([follow.stdout], [], [], 0.5)
+            if r:
+                seen += os.read(follow.stdout.fileno(), 4096)
+        assert b"later-2" in seen, seen
+        c.call("session.close", {"session": ses})
+        assert follow.wait(timeout=20) == 0  # it ended: so does logs -f
+    finally:
+        if follow.poll() is None:
+            follow.kill()

@@ -305,7 +305,7 @@ def test_bash_completion_offers_names_and_session_ids(installed, activated):
     named = rpc(sock, "sandbox.create", {"name": "web"}, rid=1)["result"]["id"]
     anon = rpc(sock, "sandbox.create", {}, rid=2)["result"]["id"]
     # Where a sandbox is resolved by the client, its name is offered too ("-" is not a name).
-    for verb in ("exec", "rm", "changes", "diff", "commit", "discard"):
+    for verb in ("exec", "rm", "start", "changes", "diff", "commit", "discard"):
         assert complete(verb, "--socket", sock, "") == {named, anon, "web"}, verb
     assert complete("diff", "--socket", sock, "--") >= {"--json", "--socket"}
     assert complete("changes", "--socket", sock, "web", "") == set()
@@ -328,7 +328,7 @@ def test_bash_completion_offers_commands_and_options(installed):
 
     opts = all_options()
     assert set(opts) <= complete("")
-    assert complete("s") == {"serve", "sessions", "shell"}
+    assert complete("s") == {"serve", "sessions", "shell", "start"}
     assert complete("c") == {"changes", "commit", "cp", "create"}
     for cmd, cmd_opts in opts.items():
         if cmd_opts:
