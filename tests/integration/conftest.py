@@ -58,7 +58,7 @@ DAEMON_CODE_FILES = {
     "test_supervisor_attack", "test_workspace", "test_attack_review",
     "test_clean_image", "test_daemon_budgets", "test_lease_revoke", "test_session_forgery",
     "test_session_ids", "test_cli_exec", "test_cli_consistency",
-    "test_cli_lifecycle",
+    "test_cli_lifecycle", "test_cli_cp",
 }
 # Files that only the root pass runs: what they test is the same in every mode and below the
 # daemon's C code (in-sandbox clients, the terminal UI, service units), or it is a stress test.
