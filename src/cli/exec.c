@@ -344,8 +344,8 @@ int conch_cli_exec(int argc, char **argv)
         status = conch_cli_tty_exec(&c, sid, cmd, env, o.cwd);
         goto out;
     }
-    json_t *params = json_pack("{s:s,s:s,s:O}", "sandbox", sid, "command", cmd, "env",
-                               env ? env : json_object());
+    json_t *params = json_pack("{s:s,s:s,s:o}", "sandbox", sid, "command", cmd, "env",
+                               env ? json_incref(env) : json_object());
     if (!params)
         goto out;
     if (in)
