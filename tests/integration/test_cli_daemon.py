@@ -12,8 +12,10 @@ from conftest import CONCH_BIN
 
 def cli(d, *args, timeout=60, input=None):
     verb, rest = args[0], list(args[1:])
+    # conch exec forwards a stdin that is not a terminal: give it an empty one, not ours.
     return subprocess.run([CONCH_BIN, verb, "--socket", d.sock, *rest], capture_output=True,
-                          timeout=timeout, input=input)
+                          timeout=timeout, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None)
 
 
 def ok(p):

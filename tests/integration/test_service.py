@@ -103,7 +103,7 @@ def test_socket_activation_serves_the_passed_socket(activated, tmp_path):
     assert sb["id"] in ps.stdout
     ex = subprocess.run(
         [CONCH_BIN, "exec", "--socket", str(sock), sb["id"], "--", "cat", "out.txt"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
     )
     assert (ex.returncode, ex.stdout) == (0, "out\n"), ex.stderr
     # Many connections on the one passed socket.
