@@ -499,15 +499,17 @@ int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *c
     char sid[64];
     snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
     json_decref(s);
-    /* The session's shell is bash: any other command replaces it (exec), typed before we
-     * attach, its prompt and echo hidden. */
+    /* The session's shell is bash: any other command is typed into it, followed by `exit` (so
+     * that the session ends with its status), before we attach; the prompt and the echo are
+     * hidden. Not `exec CMD`: the daemon ends a session whose shell closed its control
+     * channel, which an exec'd program does. */
     char *line = NULL;
     if (strcmp(cmd, "'bash' ") != 0) {
-        if (asprintf(&line, "exec %s", cmd) < 0)
+        size_t n = strlen(cmd);
+        while (n && cmd[n - 1] == ' ')
+            n--;
+        if (asprintf(&line, "%.*s; exit 2>/dev/null", (int)n, cmd) < 0)
             return 1;
-        size_t n = strlen(line);
-        while (n && line[n - 1] == ' ')
-            line[--n] = '\0';
         char *typed = NULL;
         if (asprintf(&typed, "%s\r", line) < 0) {
             free(line);
