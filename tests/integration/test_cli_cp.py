@@ -79,12 +79,14 @@ def test_a_workspace_directory_by_relative_path(d, tmp_path):
 
 def test_progress_on_a_terminal(d, tmp_path):
     f = tmp_path / "f.bin"
-    f.write_bytes(os.urandom(20 << 20))
-    out, rc = drive([CONCH_BIN, "cp", "--socket", d.sock, str(f), "dev:/tmp/f.bin"], [])
-    assert rc == 0, out
-    assert b"20.0 / 20.0 MiB" in out and b"MB/s" in out, out
-    out, rc = drive([CONCH_BIN, "cp", "--socket", d.sock, "dev:/tmp/f.bin", str(tmp_path / "g")], [])
-    assert rc == 0 and b"20.0 / 20.0 MiB" in out, out
+    f.write_bytes(os.urandom(12 << 20))  # two pieces
+    out, rc = drive([CONCH_BIN, "cp", "--socket", d.sock, str(f), "dev:/tmp/f.bin"], [],
+                    timeout=120)
+    assert rc == 0, (rc, out)
+    assert b"12.0 / 12.0 MiB" in out and b"MB/s" in out, out
+    out, rc = drive([CONCH_BIN, "cp", "--socket", d.sock, "dev:/tmp/f.bin", str(tmp_path / "g")], [],
+                    timeout=120)
+    assert rc == 0 and b"12.0 / 12.0 MiB" in out, (rc, out)
     # not on a pipe
     p = cli(d, "cp", str(f), "dev:/tmp/f2.bin")
     assert p.returncode == 0 and p.stderr == b"", p
