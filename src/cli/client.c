@@ -1,5 +1,6 @@
 /* client.c - `conch ps`, `conch start` and `conch rm`: small blocking JSON-RPC clients of a
  * running `conch serve`. */
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -146,11 +147,18 @@ char *conch_cli_error_text(const char *msg)
     char *out = malloc(cap);
     if (!out)
         return NULL;
+    const char *start = msg;
     while (*msg) {
-        size_t k = 0;
-        for (; k < sizeof(method_verbs) / sizeof(method_verbs[0]); k++)
-            if (!strncmp(msg, method_verbs[k].method, strlen(method_verbs[k].method)))
-                break;
+        size_t k = sizeof(method_verbs) / sizeof(method_verbs[0]);
+        /* whole words only: "fs.deleted" is not fs.delete */
+        if (msg == start || !(isalnum((unsigned char)msg[-1]) || msg[-1] == '_'))
+            for (k = 0; k < sizeof(method_verbs) / sizeof(method_verbs[0]); k++) {
+                size_t ml = strlen(method_verbs[k].method);
+                char next = msg[ml];
+                if (!strncmp(msg, method_verbs[k].method, ml) &&
+                    !(isalnum((unsigned char)next) || next == '_'))
+                    break;
+            }
         if (k < sizeof(method_verbs) / sizeof(method_verbs[0])) {
             size_t n = strlen(method_verbs[k].verb);
             if (len + n + 1 > cap)
