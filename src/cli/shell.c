@@ -508,7 +508,9 @@ int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *c
         size_t n = strlen(cmd);
         while (n && cmd[n - 1] == ' ')
             n--;
-        if (asprintf(&line, "%.*s; exit 2>/dev/null", (int)n, cmd) < 0)
+        /* An interactive bash drops the rest of a line whose command Ctrl-C killed: a trap
+         * ends the session then too, as the command's status (130). */
+        if (asprintf(&line, "trap 'exit 130' INT; %.*s; exit 2>/dev/null", (int)n, cmd) < 0)
             return 1;
         char *typed = NULL;
         if (asprintf(&typed, "%s\r", line) < 0) {

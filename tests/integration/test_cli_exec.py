@@ -113,3 +113,12 @@ def test_exec_it_runs_a_program_on_the_terminal(d, dev):
                     [(b">>> ", b"import os; print(os.isatty(0), 6*7)\r"), (b"True 42", b"exit(4)\r")])
     assert rc == 4, (rc, out)
     assert b"'python3'" not in out, out  # the line that started it is not shown
+
+
+def test_exec_t_ctrl_c_ends_the_command_and_the_session(d, dev):
+    # The command runs in the session's bash: Ctrl-C there killed it, and bash then dropped
+    # the rest of the line and waited at a (hidden) prompt for ever.
+    out, rc = drive([CONCH_BIN, "exec", "--socket", d.sock, "-t", "dev", "sh", "-c",
+                     "echo ready; sleep 30"], [(b"ready", b"\x03")])
+    assert rc == 130, (rc, out)
+    assert d.client().call("session.list", {})["sessions"] == []
