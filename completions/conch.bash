@@ -28,8 +28,8 @@ _conch()
         cword=$COMP_CWORD
     }
 
-    local commands="run doctor serve ps create exec changes diff commit discard cp rm shell
-                    attach sessions gc mcp help --help --version"
+    local commands="run doctor serve ps create exec changes diff commit discard cp start rm
+                    logs shell attach sessions gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
         return
@@ -92,7 +92,7 @@ _conch()
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
                   --cpu --tmp-size --disk --idle-timeout --help -h" ;;
-        exec|rm)
+        exec|rm|start)
             # exec takes one sandbox, then "--" and the command.
             if [[ $cmd == exec && $args -ge 1 ]]; then
                 COMPREPLY=($(compgen -W "--" -- "$cur"))
@@ -102,7 +102,19 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            opts="--socket --json --help -h" ;;
+            opts="--socket --json --help -h"
+            if [[ $cmd == exec ]]; then
+                opts="$opts --interactive -i --tty -t --env --cwd -w --timeout --detach -d"
+            fi ;;
+        logs)
+            if [[ $args -ge 1 ]]; then
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_session_ids "$sock")" -- "$cur"))
+                return
+            fi
+            opts="--socket --follow -f --help -h" ;;
         changes|diff|commit|discard)
             # Options, then the sandbox, then (but for changes) paths inside it.
             if [[ $args -ge 1 ]]; then
@@ -142,7 +154,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" 1)" -- "$cur"))
                 return
             fi
-            opts="--socket --help -h" ;;
+            opts="--socket --keep --help -h" ;;
         attach)
             if [[ $args -ge 1 ]]; then
                 return

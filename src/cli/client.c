@@ -1,5 +1,6 @@
-/* client.c - `conch ps`, `conch exec` and `conch rm`: small blocking JSON-RPC clients of a
+/* client.c - `conch ps`, `conch start` and `conch rm`: small blocking JSON-RPC clients of a
  * running `conch serve`. */
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -19,6 +21,21 @@
 #include "rpc/rpc.h"
 #include "workspace/workspace.h"
 
+/* Why the daemon at @path cannot be reached (@e, an errno), and what to do about it: only a
+ * daemon that is not there is started with 'conch serve'. */
+static int unreachable(struct conch_err *err, const char *path, int e)
+{
+    if (e == EACCES || e == EPERM)
+        return conch_err_set(err, e,
+                             "cannot reach the daemon at '%s': permission denied (the socket "
+                             "or its directory belongs to another user: run as the user who "
+                             "started the daemon, or as root)",
+                             path);
+    return conch_err_set(err, e,
+                         "cannot reach the daemon at '%s': %s (start it with 'conch serve')", path,
+                         strerror(e));
+}
+
 int conch_cli_connect(const char *path, struct conch_err *err)
 {
     char def[PATH_MAX];
@@ -27,6 +44,8 @@ int conch_cli_connect(const char *path, struct conch_err *err)
         path = def;
     }
     int r = conch_daemon_socket_check(path, true, err);
+    if (r == -EACCES)
+        return unreachable(err, path, EACCES);
     if (r < 0)
         return r;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -38,9 +57,7 @@ int conch_cli_connect(const char *path, struct conch_err *err)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return conch_err_set(err, e,
-                             "cannot reach the daemon at '%s': %s (start it with 'conch serve')",
-                             path, strerror(e));
+        return unreachable(err, path, e);
     }
     return fd;
 }
@@ -103,6 +120,62 @@ json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block)
     }
 }
 
+/* Protocol methods the daemon's messages name, and the verbs a person at the command line
+ * uses for them (longest first: a name inside a longer one is replaced once). */
+static const struct {
+    const char *method, *verb;
+} method_verbs[] = {
+    {"workspace.* and sandbox.destroy work on it",
+     "'conch changes', 'diff', 'commit', 'discard' and 'rm' work on it ('conch start' brings it "
+     "back)"},
+    {"session.attach {write: true}", "'conch attach'"},
+    {"workspace.discard", "'conch discard'"},
+    {"workspace.commit", "'conch commit'"},
+    {"workspace.*", "'conch changes', 'diff', 'commit' and 'discard'"},
+    {"sandbox.destroy", "'conch rm'"},
+    {"sandbox.create", "'conch create'"},
+    {"sandbox.list", "'conch ps'"},
+    {"session.list", "'conch sessions'"},
+    {"session.signal", "Ctrl-C in 'conch attach'"},
+    {"session.open", "'conch shell'"},
+    {"fs.delete", "'conch exec ID -- rm'"},
+};
+
+char *conch_cli_error_text(const char *msg)
+{
+    size_t cap = strlen(msg) * 4 + 512, len = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    const char *start = msg;
+    while (*msg) {
+        size_t k = sizeof(method_verbs) / sizeof(method_verbs[0]);
+        /* whole words only: "fs.deleted" is not fs.delete */
+        if (msg == start || !(isalnum((unsigned char)msg[-1]) || msg[-1] == '_'))
+            for (k = 0; k < sizeof(method_verbs) / sizeof(method_verbs[0]); k++) {
+                size_t ml = strlen(method_verbs[k].method);
+                char next = msg[ml];
+                if (!strncmp(msg, method_verbs[k].method, ml) &&
+                    !(isalnum((unsigned char)next) || next == '_'))
+                    break;
+            }
+        if (k < sizeof(method_verbs) / sizeof(method_verbs[0])) {
+            size_t n = strlen(method_verbs[k].verb);
+            if (len + n + 1 > cap)
+                break;
+            memcpy(out + len, method_verbs[k].verb, n);
+            len += n;
+            msg += strlen(method_verbs[k].method);
+        } else if (len + 2 <= cap) {
+            out[len++] = *msg++;
+        } else {
+            break;
+        }
+    }
+    out[len] = '\0';
+    return out;
+}
+
 json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t *params)
 {
     int id;
@@ -130,8 +203,12 @@ json_t *conch_cli_conn_call(struct conch_cli_conn *c, const char *method, json_t
         json_t *e = json_object_get(msg, "error");
         const char *code = json_string_value(json_object_get(json_object_get(e, "data"), "code"));
         const char *m = json_string_value(json_object_get(e, "message"));
+        _cleanup_free_ char *text = conch_cli_error_text(m ? m : "unknown");
         fprintf(stderr, "conch: error%s%s%s: %s\n", code ? " (" : "", code ? code : "",
-                code ? ")" : "", m ? m : "unknown");
+                code ? ")" : "",
+                text ? text
+                : m  ? m
+                     : "unknown");
         json_decref(msg);
         return NULL;
     }
@@ -179,7 +256,7 @@ int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size
     return r;
 }
 
-/* The options of ps, exec and rm: --socket PATH, --json. */
+/* The options of ps and rm: --socket PATH, --json. */
 struct client_opts {
     const char *sock;
     bool json;
@@ -233,6 +310,44 @@ static void print_json(json_t *v)
     free(s);
 }
 
+double conch_cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void conch_cli_format_age(double s, char *buf, size_t size)
+{
+    if (s < 0)
+        s = 0;
+    if (s < 120)
+        snprintf(buf, size, "%ds", (int)s);
+    else if (s < 7200)
+        snprintf(buf, size, "%dm", (int)(s / 60));
+    else if (s < 172800)
+        snprintf(buf, size, "%dh", (int)(s / 3600));
+    else
+        snprintf(buf, size, "%dd", (int)(s / 86400));
+}
+
+/* How many entries of @list belong to sandbox @id and are live: @key true (jobs' "running"),
+ * or, with @key_is_bool false, @key not "ended" (sessions' "state"). */
+static int count_for(json_t *list, const char *id, const char *key, bool key_is_bool)
+{
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        if (!id || strcmp(json_string_value(json_object_get(e, "sandbox")) ?: "", id))
+            continue;
+        json_t *v = json_object_get(e, key);
+        n += key_is_bool ? json_is_true(v) : strcmp(json_string_value(v) ?: "", "ended") != 0;
+    }
+    return n;
+}
+
 int conch_cli_ps(int argc, char **argv)
 {
     static const char usage[] = "usage: conch ps [--socket PATH] [--json]\n"
@@ -250,9 +365,10 @@ int conch_cli_ps(int argc, char **argv)
     bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
-        return 1;
+        return CONCH_EXIT_INFRA;
     json_t *res = conch_cli_conn_call(&c, "sandbox.list", json_object());
-    conch_cli_conn_close(&c);
+    if (!res || json)
+        conch_cli_conn_close(&c);
     if (!res)
         return 1;
     if (json) {
@@ -260,105 +376,39 @@ int conch_cli_ps(int argc, char **argv)
         json_decref(res);
         return 0;
     }
-    printf("%-14s %-16s %-8s %-8s %8s  %s\n", "ID", "NAME", "STATE", "MODE", "COMMANDS",
-           "WORKSPACE");
+    /* What runs now: jobs and sessions, counted per sandbox. */
+    json_t *jobs = conch_cli_conn_call(&c, "job.list", json_object());
+    json_t *sessions = conch_cli_conn_call(&c, "session.list", json_object());
+    conch_cli_conn_close(&c);
+    double now = conch_cli_now();
+    printf("%-14s %-16s %-8s %6s %4s %4s  %-40s %s\n", "ID", "NAME", "STATE", "AGE", "JOBS", "SESS",
+           "COMMAND", "WORKSPACE");
     size_t i;
     json_t *sb;
     json_array_foreach(json_object_get(res, "sandboxes"), i, sb)
     {
+        const char *id = json_string_value(json_object_get(sb, "id"));
         const char *ws = json_string_value(json_object_get(sb, "workspace"));
         const char *name = json_string_value(json_object_get(sb, "name"));
+        const char *cmd = json_string_value(json_object_get(sb, "current_command"));
         _cleanup_free_ char *qname = name ? conch_ws_quote("", name, false) : NULL;
         _cleanup_free_ char *qws = ws ? conch_ws_quote("", ws, false) : NULL;
-        printf("%-14s %-16s %-8s %-8s %8lld  %s\n", json_string_value(json_object_get(sb, "id")),
-               qname ? qname : "-", json_string_value(json_object_get(sb, "state")),
-               json_string_value(json_object_get(sb, "mode")),
-               (long long)json_integer_value(json_object_get(sb, "commands")), qws ? qws : "-");
+        _cleanup_free_ char *qcmd = cmd ? conch_ws_quote("", cmd, false) : NULL;
+        if (qcmd && strlen(qcmd) > 40)
+            strcpy(qcmd + 37, "...");
+        char age[16];
+        conch_cli_format_age(now - json_number_value(json_object_get(sb, "created_at")), age,
+                             sizeof(age));
+        printf("%-14s %-16s %-8s %6s %4d %4d  %-40s %s\n", id ? id : "?", qname ? qname : "-",
+               json_string_value(json_object_get(sb, "state")), age,
+               count_for(json_object_get(jobs, "jobs"), id, "running", true),
+               count_for(json_object_get(sessions, "sessions"), id, "state", false),
+               qcmd ? qcmd : "-", qws ? qws : "-");
     }
+    json_decref(jobs);
+    json_decref(sessions);
     json_decref(res);
     return 0;
-}
-
-/* Quote @s for bash: 'it'\''s'. */
-static void append_quoted(char **buf, size_t *len, const char *s)
-{
-    size_t need = *len + strlen(s) * 4 + 4;
-    *buf = realloc(*buf, need);
-    char *p = *buf + *len;
-    *p++ = '\'';
-    for (; *s; s++) {
-        if (*s == '\'') {
-            memcpy(p, "'\\''", 4);
-            p += 4;
-        } else {
-            *p++ = *s;
-        }
-    }
-    *p++ = '\'';
-    *p++ = ' ';
-    *p = '\0';
-    *len = (size_t)(p - *buf);
-}
-
-int conch_cli_exec(int argc, char **argv)
-{
-    static const char usage[] =
-        "usage: conch exec [--socket PATH] [--json] ID -- CMD [ARGS...]\n"
-        "Run CMD in the daemon sandbox ID (an id or a name) and exit with its status;\n"
-        "--json prints the whole exec.run result instead of the output.\n";
-    struct client_opts o;
-    int status;
-    int i = client_parse("exec", usage, argc, argv, &o, &status);
-    if (i < 0)
-        return status;
-    if (i >= argc) {
-        fputs(usage, stderr);
-        return CONCH_EXIT_USAGE;
-    }
-    const char *sock = o.sock;
-    bool json = o.json;
-    const char *id = argv[i++];
-    if (i < argc && !strcmp(argv[i], "--"))
-        i++;
-    if (i >= argc) {
-        fputs("conch exec: no command given\n", stderr);
-        return CONCH_EXIT_USAGE;
-    }
-    char *cmd = NULL;
-    size_t len = 0;
-    for (; i < argc; i++)
-        append_quoted(&cmd, &len, argv[i]);
-    struct conch_cli_conn c;
-    if (conch_cli_conn_open(&c, sock) < 0) {
-        free(cmd);
-        return CONCH_EXIT_INFRA;
-    }
-    char sid[128];
-    json_t *res = NULL;
-    if (conch_cli_resolve(&c, id, sid, sizeof(sid)) == 0)
-        res = conch_cli_conn_call(&c, "exec.run",
-                                  json_pack("{s:s,s:s}", "sandbox", sid, "command", cmd));
-    free(cmd);
-    conch_cli_conn_close(&c);
-    if (!res)
-        return CONCH_EXIT_INFRA;
-    int code = (int)json_integer_value(json_object_get(res, "exit_code"));
-    if (json_is_true(json_object_get(res, "timed_out")))
-        code = CONCH_EXIT_TIMEOUT;
-    if (json) {
-        print_json(res);
-        json_decref(res);
-        return code;
-    }
-    /* Whole streams, NUL bytes included. */
-    json_t *out = json_object_get(res, "stdout"), *err = json_object_get(res, "stderr");
-    if (json_is_string(out))
-        fwrite(json_string_value(out), 1, json_string_length(out), stdout);
-    fflush(stdout);
-    if (json_is_string(err))
-        fwrite(json_string_value(err), 1, json_string_length(err), stderr);
-    json_decref(res);
-    return code;
 }
 
 int conch_cli_rm(int argc, char **argv)
@@ -381,7 +431,7 @@ int conch_cli_rm(int argc, char **argv)
     bool json = o.json;
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, sock) < 0)
-        return 1;
+        return CONCH_EXIT_INFRA;
     json_t *destroyed = json_array(), *failed = json_array();
     for (; i < argc; i++) {
         char sid[128];
@@ -401,6 +451,50 @@ int conch_cli_rm(int argc, char **argv)
     } else {
         json_decref(destroyed);
         json_decref(failed);
+    }
+    return status;
+}
+
+int conch_cli_start(int argc, char **argv)
+{
+    static const char usage[] =
+        "usage: conch start [--socket PATH] [--json] ID...\n"
+        "Start stopped daemon sandboxes (ids or names) again, as they were: their workspace\n"
+        "changes, limits and environment (a sandbox stops when its processes die, e.g. in a\n"
+        "daemon restart). Prints each id (--json: the sandbox objects); a running one is left\n"
+        "as it is.\n";
+    struct client_opts o;
+    int status;
+    int i = client_parse("start", usage, argc, argv, &o, &status);
+    if (i < 0)
+        return status;
+    if (i >= argc)
+        return conch_cli_usage_error("start", usage, "no sandbox given");
+    struct conch_cli_conn c;
+    if (conch_cli_conn_open(&c, o.sock) < 0)
+        return CONCH_EXIT_INFRA;
+    status = 0;
+    json_t *started = json_array();
+    for (; i < argc; i++) {
+        char sid[128];
+        json_t *res = NULL;
+        if (conch_cli_resolve(&c, argv[i], sid, sizeof(sid)) == 0)
+            res = conch_cli_conn_call(&c, "sandbox.start", json_pack("{s:s}", "id", sid));
+        if (!res) {
+            status = 1;
+            continue;
+        }
+        if (!o.json)
+            puts(sid);
+        json_array_append_new(started, res);
+    }
+    conch_cli_conn_close(&c);
+    if (o.json) {
+        json_t *out = json_pack("{s:o}", "sandboxes", started);
+        print_json(out);
+        json_decref(out);
+    } else {
+        json_decref(started);
     }
     return status;
 }

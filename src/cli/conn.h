@@ -43,6 +43,17 @@ bool conch_cli_conn_fill(struct conch_cli_conn *c);
  * when @block, reading until one is complete. NULL: none buffered (!@block), or EOF. */
 json_t *conch_cli_conn_next(struct conch_cli_conn *c, bool block);
 
+/* conch_cli_error_text - the daemon's error message @msg for a person at the command line: the
+ * protocol methods it names become the verbs that do the same. Returns a new string (NULL:
+ * out of memory). */
+char *conch_cli_error_text(const char *msg);
+
+/* conch_cli_now - the wall clock in seconds (the daemon's timestamps are). */
+double conch_cli_now(void);
+
+/* conch_cli_format_age - @s seconds as "42s", "5m", "3h", "2d" into @buf. */
+void conch_cli_format_age(double s, char *buf, size_t size);
+
 /* conch_cli_conn_close - close @c and free its buffer. */
 void conch_cli_conn_close(struct conch_cli_conn *c);
 
@@ -52,5 +63,11 @@ void conch_cli_conn_close(struct conch_cli_conn *c);
  * prints why not (no such sandbox, a name several have) and returns -1.
  */
 int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size_t size);
+
+/* conch_cli_tty_exec - `conch exec -t`: run @cmd (bash-quoted words) on a new session of the
+ * sandbox @sbid (env @env and @cwd may be NULL), this terminal its keyboard and screen, then
+ * forget the session once it ended (shell.c). Returns the exit status. */
+int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *cmd, json_t *env,
+                       const char *cwd);
 
 #endif

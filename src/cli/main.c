@@ -14,16 +14,18 @@ static void usage(FILE *f)
           "  run [options] -- CMD [ARGS...]   run one command in a fresh sandbox\n"
           "  doctor                           show which kernel fences this machine allows\n"
           "  serve [--socket P | --stdio]     run the daemon (JSON-RPC, docs/PROTOCOL.md)\n"
-          "  ps [--json]                      list the daemon's sandboxes\n"
+          "  ps [--json]                      list the daemon's sandboxes and what runs there\n"
           "  create [--workspace DIR] [--name N] [limits]  create one; prints its id\n"
-          "  exec ID -- CMD [ARGS...]         run a command in a daemon sandbox\n"
+          "  exec [-it] ID -- CMD [ARGS...]   run a command in a daemon sandbox\n"
           "  changes ID                       list its uncommitted changes\n"
           "  diff ID [PATH...]                print them as a unified diff\n"
           "  commit ID [PATH...]              apply them to the workspace directory\n"
           "  discard ID [PATH...]             drop them\n"
           "  cp SRC DST                       copy a file in or out (ID:PATH)\n"
+          "  start ID...                      start stopped sandboxes again, changes kept\n"
+          "  logs [-f] JOB|SESSION            print a job's or a session's output\n"
           "  rm ID...                         destroy daemon sandboxes\n"
-          "  shell [SANDBOX]                  an interactive shell in a daemon sandbox\n"
+          "  shell [--keep] [SANDBOX]         an interactive shell in a daemon sandbox\n"
           "  attach SESSION                   join a running session (Ctrl-\\ Ctrl-\\ leaves)\n"
           "  sessions                         list the daemon's sessions\n"
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
@@ -56,6 +58,10 @@ int main(int argc, char **argv)
         return conch_cli_exec(argc - 1, argv + 1);
     if (!strcmp(verb, "rm"))
         return conch_cli_rm(argc - 1, argv + 1);
+    if (!strcmp(verb, "start"))
+        return conch_cli_start(argc - 1, argv + 1);
+    if (!strcmp(verb, "logs"))
+        return conch_cli_logs(argc - 1, argv + 1);
     if (!strcmp(verb, "shell"))
         return conch_cli_shell(argc - 1, argv + 1);
     if (!strcmp(verb, "attach"))

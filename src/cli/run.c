@@ -323,7 +323,10 @@ static void print_change(const struct conch_ws_change *ch, size_t inside)
 
 static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
 {
-    if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
+    /* The command's own failure is on its stderr; one that never ran has only ours. */
+    if (res->not_started)
+        fprintf(stderr, "conch run: cannot run the command: %s\n", res->error_msg);
+    else if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
         fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
                 res->error_msg);
     if (res->tools.summary && !c->quiet)

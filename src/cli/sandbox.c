@@ -1,5 +1,5 @@
-/* sandbox.c - `conch create`, `conch changes`, `conch diff`, `conch commit`, `conch discard`
- * and `conch cp`: the daemon's sandboxes and workspaces from the command line, each a thin
+/* sandbox.c - `conch create`, `conch changes`, `conch diff`, `conch commit` and `conch discard`
+ * (cp.c: `conch cp`): the daemon's sandboxes and workspaces from the command line, each a thin
  * client of one or two JSON-RPC calls (docs/PROTOCOL.md), with --json for scripts. */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,15 +51,17 @@ static void print_json(json_t *res)
     json_decref(res);
 }
 
-/* Connect and resolve @ref (an id or a name) into @id. */
+/* Connect and resolve @ref (an id or a name) into @id. Returns 0, or the exit status after
+ * printing why not: 125 (CONCH_EXIT_INFRA) when the daemon cannot be reached, as from every
+ * verb, 1 when it knows no such sandbox. */
 static int open_sandbox(const struct common *o, struct conch_cli_conn *c, const char *ref, char *id,
                         size_t size)
 {
     if (conch_cli_conn_open(c, o->sock) < 0)
-        return -1;
+        return CONCH_EXIT_INFRA;
     if (conch_cli_resolve(c, ref, id, size) < 0) {
         conch_cli_conn_close(c);
-        return -1;
+        return 1;
     }
     return 0;
 }
@@ -141,7 +143,7 @@ int conch_cli_create(int argc, char **argv)
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0) {
         json_decref(params);
-        return 1;
+        return CONCH_EXIT_INFRA;
     }
     json_t *res = conch_cli_conn_call(&c, "sandbox.create", params);
     conch_cli_conn_close(&c);
@@ -237,8 +239,8 @@ static int ws_verb(enum ws_verb v, int argc, char **argv)
         return usage_error(&o, "unexpected argument", argv[optind + 1]);
     char id[128];
     struct conch_cli_conn c;
-    if (open_sandbox(&o, &c, argv[optind], id, sizeof(id)) < 0)
-        return 1;
+    if ((r = open_sandbox(&o, &c, argv[optind], id, sizeof(id))) != 0)
+        return r;
     json_t *paths = NULL;
     if (optind + 1 < argc) {
         paths = json_array();
@@ -330,215 +332,4 @@ int conch_cli_commit(int argc, char **argv)
 int conch_cli_discard(int argc, char **argv)
 {
     return ws_verb(WS_DISCARD, argc, argv);
-}
-
-/* ---- cp ---- */
-
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static char *b64_encode(const unsigned char *p, size_t n)
-{
-    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) |
-                     (i + 2 < n ? p[i + 2] : 0);
-        *o++ = b64chars[v >> 18 & 63];
-        *o++ = b64chars[v >> 12 & 63];
-        *o++ = i + 1 < n ? b64chars[v >> 6 & 63] : '=';
-        *o++ = i + 2 < n ? b64chars[v & 63] : '=';
-    }
-    *o = '\0';
-    return out;
-}
-
-static int b64_decode(const char *s, size_t n, unsigned char **ret, size_t *ret_len)
-{
-    unsigned char *out = malloc(n / 4 * 3 + 3);
-    if (!out)
-        return -ENOMEM;
-    size_t len = 0;
-    unsigned v = 0, bits = 0;
-    for (size_t i = 0; i < n && s[i] != '='; i++) {
-        const char *k = strchr(b64chars, s[i]);
-        if (!k || !s[i]) {
-            free(out);
-            return -EINVAL;
-        }
-        v = v << 6 | (unsigned)(k - b64chars);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[len++] = (unsigned char)(v >> bits);
-        }
-    }
-    *ret = out;
-    *ret_len = len;
-    return 0;
-}
-
-/* "ID:PATH" (a colon before any '/') names a path in a sandbox; anything else is local. */
-static bool split_remote(char *arg, char **ret_ref, char **ret_path)
-{
-    char *colon = strchr(arg, ':');
-    char *slash = strchr(arg, '/');
-    if (!colon || colon == arg || (slash && slash < colon))
-        return false;
-    *colon = '\0';
-    *ret_ref = arg;
-    *ret_path = colon + 1;
-    return true;
-}
-
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
-/* Bytes moved per request: well below every cap of the protocol. */
-#define CP_CHUNK (4u << 20)
-
-/* Into the sandbox, CP_CHUNK bytes per fs.write (the first replaces, the rest append): any
- * size, constant memory. */
-static int cp_in(struct conch_cli_conn *c, const char *id, const char *src, const char *dst,
-                 json_int_t *ret_bytes)
-{
-    _cleanup_close_ int fd = open(src, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        fprintf(stderr, "conch cp: '%s': %s\n", src, strerror(errno));
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "conch cp: '%s' is not a regular file (only files are copied)\n", src);
-        return -1;
-    }
-    _cleanup_free_ unsigned char *buf = malloc(CP_CHUNK);
-    if (!buf)
-        return -1;
-    json_int_t total = 0;
-    for (bool first = true;; first = false) {
-        size_t n = 0;
-        while (n < CP_CHUNK) {
-            ssize_t got = read(fd, buf + n, CP_CHUNK - n);
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0) {
-                fprintf(stderr, "conch cp: read '%s': %s\n", src, strerror(errno));
-                return -1;
-            }
-            if (got == 0)
-                break;
-            n += (size_t)got;
-        }
-        if (n == 0 && !first)
-            break;
-        _cleanup_free_ char *b64 = b64_encode(buf, n);
-        json_t *res = b64 ? conch_cli_conn_call(c, "fs.write",
-                                                json_pack("{s:s,s:s,s:s,s:s,s:b}", "sandbox", id,
-                                                          "path", dst, "encoding", "base64",
-                                                          "content", b64, "append", !first))
-                          : NULL;
-        if (!res)
-            return -1;
-        json_decref(res);
-        total += (json_int_t)n;
-        if (n < CP_CHUNK)
-            break;
-    }
-    *ret_bytes = total;
-    return 0;
-}
-
-/* Out of the sandbox, by byte ranges of CP_CHUNK (fs.read base64 offset/length). */
-static int cp_out(struct conch_cli_conn *c, const char *id, const char *src, const char *dst,
-                  json_int_t *ret_bytes)
-{
-    _cleanup_close_ int fd = -1;
-    json_int_t off = 0;
-    for (;;) {
-        json_t *res = conch_cli_conn_call(c, "fs.read",
-                                          json_pack("{s:s,s:s,s:s,s:I,s:i}", "sandbox", id, "path",
-                                                    src, "encoding", "base64", "offset", off,
-                                                    "length", (int)CP_CHUNK));
-        if (!res)
-            return -1;
-        json_t *content = json_object_get(res, "content");
-        unsigned char *data = NULL;
-        size_t n = 0;
-        int r = json_is_string(content)
-                    ? b64_decode(json_string_value(content), json_string_length(content), &data, &n)
-                    : -EINVAL;
-        bool eof = json_is_true(json_object_get(res, "eof"));
-        json_decref(res);
-        if (r < 0) {
-            fprintf(stderr, "conch cp: the daemon sent invalid base64 for '%s'\n", src);
-            return -1;
-        }
-        if (fd < 0)
-            fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || conch_write_all(fd, data, n) < 0) {
-            fprintf(stderr, "conch cp: write '%s': %s\n", dst, strerror(errno));
-            free(data);
-            return -1;
-        }
-        free(data);
-        off += (json_int_t)n;
-        if (eof || n == 0)
-            break;
-    }
-    *ret_bytes = off;
-    return 0;
-}
-
-int conch_cli_cp(int argc, char **argv)
-{
-    struct common o = {
-        .verb = "cp",
-        .usage = "usage: conch cp [--socket PATH] [--json] SRC DST\n"
-                 "\n"
-                 "Copy one file (any size, in 4 MiB pieces) into or out of a sandbox: exactly\n"
-                 "one of SRC and DST is ID:PATH\n"
-                 "(ID an id or a name; PATH relative to /workspace, or absolute inside the\n"
-                 "sandbox). A DST ending in '/' (or a local directory) takes SRC's name. Write\n"
-                 "a local path holding ':' as ./a:b.\n"};
-    int optind = 1;
-    int r = parse(&o, argc, argv, 0, NULL, &optind);
-    if (r != 0)
-        return r > 0 ? 0 : CONCH_EXIT_USAGE;
-    if (argc - optind != 2)
-        return usage_error(&o, "expected SRC and DST", NULL);
-    char *sref = NULL, *spath = NULL, *dref = NULL, *dpath = NULL;
-    bool sremote = split_remote(argv[optind], &sref, &spath);
-    bool dremote = split_remote(argv[optind + 1], &dref, &dpath);
-    if (sremote == dremote)
-        return usage_error(&o,
-                           sremote ? "both SRC and DST are in a sandbox: copy through the host"
-                                   : "neither SRC nor DST is ID:PATH",
-                           NULL);
-    const char *src = sremote ? spath : argv[optind];
-    const char *dst0 = dremote ? dpath : argv[optind + 1];
-    if (!*src || !*dst0)
-        return usage_error(&o, "empty path", NULL);
-    char dst[PATH_MAX + 256];
-    struct stat st;
-    size_t dl = strlen(dst0);
-    if (dst0[dl - 1] == '/' || (!dremote && stat(dst0, &st) == 0 && S_ISDIR(st.st_mode)))
-        snprintf(dst, sizeof(dst), "%s%s%s", dst0, dst0[dl - 1] == '/' ? "" : "/", base_name(src));
-    else
-        snprintf(dst, sizeof(dst), "%s", dst0);
-    char id[128];
-    struct conch_cli_conn c;
-    if (open_sandbox(&o, &c, sremote ? sref : dref, id, sizeof(id)) < 0)
-        return 1;
-    json_int_t bytes = 0;
-    r = sremote ? cp_out(&c, id, src, dst, &bytes) : cp_in(&c, id, src, dst, &bytes);
-    conch_cli_conn_close(&c);
-    if (r < 0)
-        return 1;
-    if (o.json)
-        print_json(json_pack("{s:s,s:s,s:I}", "src", src, "dst", dst, "bytes", bytes));
-    return 0;
 }

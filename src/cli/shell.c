@@ -25,40 +25,50 @@
 
 #define DETACH_KEY 0x1c /* Ctrl-\ */
 
-/* The options of shell, attach and sessions: --socket PATH, and attach's --read-only. */
+/* The options of shell, attach and sessions: --socket PATH, attach's --read-only, shell's
+ * --keep. */
 struct shell_opts {
     const char *sock;
     bool read_only;
+    bool keep;
 };
 
-enum { OPT_SOCKET = 1, OPT_READ_ONLY };
+enum { OPT_SOCKET = 1, OPT_READ_ONLY, OPT_KEEP };
+
+static const struct conch_cli_opt attach_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"read-only", 0, false, OPT_READ_ONLY},
+    {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt shell_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"keep", 0, false, OPT_KEEP},
+    {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt sessions_table[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {NULL, 0, false, 0},
+};
 
 static int shell_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {
     struct shell_opts *o = ctx;
     if (key == OPT_SOCKET)
         o->sock = value;
+    else if (key == OPT_KEEP)
+        o->keep = true;
     else
         o->read_only = true;
     return 0;
 }
 
-/* Parse them (--read-only when @read_only_ok); returns the index of the first operand, or -1
- * after printing the help (*@ret_status 0) or a usage error (*@ret_status 2). */
-static int shell_parse(const char *verb, const char *usage, bool read_only_ok, int argc,
-                       char **argv, struct shell_opts *o, int *ret_status)
+/* Parse them by @table; returns the index of the first operand, or -1 after printing the help
+ * (*@ret_status 0) or a usage error (*@ret_status 2). */
+static int shell_parse(const char *verb, const char *usage, const struct conch_cli_opt *table,
+                       int argc, char **argv, struct shell_opts *o, int *ret_status)
 {
-    static const struct conch_cli_opt table[] = {
-        {"socket", 0, true, OPT_SOCKET},
-        {"read-only", 0, false, OPT_READ_ONLY},
-        {NULL, 0, false, 0},
-    };
-    static const struct conch_cli_opt table_socket[] = {
-        {"socket", 0, true, OPT_SOCKET},
-        {NULL, 0, false, 0},
-    };
     const struct conch_cli_parser p = {
-        .verb = verb, .table = read_only_ok ? table : table_socket, .handler = shell_opt, .ctx = o};
+        .verb = verb, .table = table, .handler = shell_opt, .ctx = o};
     struct conch_err err = {0};
     int optind = 1;
     memset(o, 0, sizeof(*o));
@@ -122,6 +132,52 @@ static void write_out(const char *s, size_t n)
     }
 }
 
+/* What a program run by `conch exec -t` must not show: the prompt and the echo of the line
+ * that started it, up to the end of the echoed @marker. Past 64 KiB without it, all shows.
+ * The end of such a session is the program's: no note of it. */
+struct hide {
+    const char *marker; /* NULL: nothing hidden (any more) */
+    bool quiet_end;
+    char *buf;
+    size_t len;
+};
+
+static void show(struct hide *h, const char *s, size_t n)
+{
+    if (!h->marker) {
+        write_out(s, n);
+        return;
+    }
+    char *nb = realloc(h->buf, h->len + n + 1);
+    if (!nb) {
+        h->marker = NULL;
+        write_out(s, n);
+        return;
+    }
+    h->buf = nb;
+    memcpy(h->buf + h->len, s, n);
+    h->len += n;
+    h->buf[h->len] = '\0';
+    /* The echo that counts is readline's, after the prompt: a line typed before the shell
+     * read its first one was echoed by the terminal too, alone on its line. */
+    size_t ml = strlen(h->marker);
+    const char *nl = NULL;
+    for (const char *at = h->buf; (at = memmem(at, h->len - (size_t)(at - h->buf), h->marker, ml));
+         at++) {
+        if (at == h->buf || at[-1] == '\n')
+            continue;
+        nl = memchr(at, '\n', h->len - (size_t)(at - h->buf));
+        break;
+    }
+    if (nl || h->len > 65536) {
+        size_t from = nl ? (size_t)(nl + 1 - h->buf) : 0;
+        write_out(h->buf + from, h->len - from);
+        h->marker = NULL;
+        free(h->buf);
+        h->buf = NULL;
+    }
+}
+
 static void send_keys(struct conch_cli_conn *c, const char *sid, const char *buf, size_t n)
 {
     if (!n)
@@ -132,10 +188,10 @@ static void send_keys(struct conch_cli_conn *c, const char *sid, const char *buf
 }
 
 /*
- * The interactive loop: keys to the session, its output to the terminal. Returns the exit
- * status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
+ * The interactive loop: keys to the session, its output to the terminal (through @h). Returns
+ * the exit status: the shell's when it exited, 0 on detach, 1 when the daemon went away.
  */
-static int interact(struct conch_cli_conn *c, const char *sid, bool write)
+static int interact_shown(struct conch_cli_conn *c, const char *sid, bool write, struct hide *h)
 {
     json_t *a = conch_cli_conn_call(c, "session.attach",
                                     json_pack("{s:s,s:b}", "session", sid, "write", write));
@@ -143,7 +199,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
         return 1;
     const char *sb = json_string_value(json_object_get(a, "scrollback"));
     if (sb)
-        write_out(sb, json_string_length(json_object_get(a, "scrollback")));
+        show(h, sb, json_string_length(json_object_get(a, "scrollback")));
     json_int_t next_seq = json_integer_value(json_object_get(a, "next_seq"));
     bool ended = !strcmp(json_string_value(json_object_get(a, "state")) ?: "", "ended");
     json_decref(a);
@@ -174,7 +230,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
                 /* the scrollback already held what came before next_seq */
                 if (seq + (json_int_t)n > next_seq) {
                     size_t skip = seq < next_seq ? (size_t)(next_seq - seq) : 0;
-                    write_out(json_string_value(d) + skip, n - skip);
+                    show(h, json_string_value(d) + skip, n - skip);
                     next_seq = seq + (json_int_t)n;
                 }
             } else if (m && !strcmp(m, "session.ended") &&
@@ -183,7 +239,7 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
                 status = json_is_integer(code) ? (int)json_integer_value(code) : 1;
                 tty_restore();
                 const char *why = json_string_value(json_object_get(p, "reason"));
-                if (status != 0 || (why && !strstr(why, "exited")))
+                if (!h->quiet_end && (status != 0 || (why && !strstr(why, "exited"))))
                     fprintf(stderr, "\nconch: session %s ended: %s\n", sid, why ? why : "?");
                 json_decref(msg);
                 return status;
@@ -248,17 +304,53 @@ static int interact(struct conch_cli_conn *c, const char *sid, bool write)
     return status;
 }
 
+/* interact_shown with @hidden (may be NULL) hidden as struct hide says. */
+static int interact(struct conch_cli_conn *c, const char *sid, bool write, const char *hidden,
+                    bool quiet_end)
+{
+    struct hide h = {.marker = hidden, .quiet_end = quiet_end};
+    int st = interact_shown(c, sid, write, &h);
+    free(h.buf);
+    return st;
+}
+
 static const char shell_usage[] =
-    "usage: conch shell [--socket PATH] [SANDBOX]\n"
-    "  An interactive shell in a daemon sandbox (a new one over the current directory\n"
-    "  when none is given). Ctrl-\\ Ctrl-\\ detaches; the session goes on (conch attach).\n"
+    "usage: conch shell [--socket PATH] [--keep] [SANDBOX]\n"
+    "  An interactive shell in a daemon sandbox. Without SANDBOX, in a new one over the\n"
+    "  current directory, removed when the shell ends (as docker run removes one with its\n"
+    "  rm flag) unless --keep is given or it holds uncommitted changes (then it is kept,\n"
+    "  and said so).\n"
+    "  Ctrl-\\ Ctrl-\\ detaches; the session (and its sandbox) goes on (conch attach).\n"
     "  The exit status is the shell's.\n";
+
+static bool session_ended(struct conch_cli_conn *c, const char *sid);
+
+/* The sandbox `conch shell` made, once its shell ended: removed, unless it holds changes not
+ * committed (those are the user's work: kept, and said how to see them). */
+static void shell_cleanup(struct conch_cli_conn *c, const char *sbid)
+{
+    json_t *ch = conch_cli_conn_call(c, "workspace.changes",
+                                     json_pack("{s:s,s:i}", "sandbox", sbid, "limit", 1));
+    json_int_t n = ch ? json_integer_value(json_object_get(ch, "changes_total")) : 0;
+    json_decref(ch);
+    if (n > 0) {
+        fprintf(stderr,
+                "conch: kept sandbox %s: it has %lld uncommitted change%s (conch diff %s; "
+                "conch commit %s; conch rm %s)\n",
+                sbid, (long long)n, n == 1 ? "" : "s", sbid, sbid, sbid);
+        return;
+    }
+    json_t *r = conch_cli_conn_call(c, "sandbox.destroy", json_pack("{s:s}", "id", sbid));
+    if (r)
+        fprintf(stderr, "conch: removed sandbox %s\n", sbid);
+    json_decref(r);
+}
 
 int conch_cli_shell(int argc, char **argv)
 {
     struct shell_opts o;
     int status;
-    int i = shell_parse("shell", shell_usage, false, argc, argv, &o, &status);
+    int i = shell_parse("shell", shell_usage, shell_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i + 1 < argc)
@@ -268,6 +360,7 @@ int conch_cli_shell(int argc, char **argv)
     if (conch_cli_conn_open(&c, sock) < 0)
         return CONCH_EXIT_INFRA;
     char sbid[128];
+    bool made = false;
     /* an id, or a name (as every client verb takes) */
     if (i < argc && conch_cli_resolve(&c, argv[i], sbid, sizeof(sbid)) < 0) {
         conch_cli_conn_close(&c);
@@ -285,7 +378,12 @@ int conch_cli_shell(int argc, char **argv)
             return CONCH_EXIT_INFRA;
         snprintf(sbid, sizeof(sbid), "%s", json_string_value(json_object_get(sb, "id")) ?: "");
         json_decref(sb);
-        fprintf(stderr, "conch: sandbox %s over %s (conch rm %s removes it)\n", sbid, cwd, sbid);
+        if (o.keep)
+            fprintf(stderr, "conch: sandbox %s over %s (conch rm %s removes it)\n", sbid, cwd,
+                    sbid);
+        else
+            fprintf(stderr, "conch: sandbox %s over %s (removed when the shell ends)\n", sbid, cwd);
+        made = true;
     }
     struct winsize ws = {.ws_row = 24, .ws_col = 80};
     if (isatty(STDIN_FILENO))
@@ -301,7 +399,9 @@ int conch_cli_shell(int argc, char **argv)
     char sid[64];
     snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
     json_decref(s);
-    int st = interact(&c, sid, true);
+    int st = interact(&c, sid, true, NULL, false);
+    if (made && !o.keep && session_ended(&c, sid))
+        shell_cleanup(&c, sbid);
     conch_cli_conn_close(&c);
     return st;
 }
@@ -314,7 +414,7 @@ int conch_cli_attach(int argc, char **argv)
         "  Ctrl-\\ Ctrl-\\ detaches; the session goes on.\n";
     struct shell_opts o;
     int status;
-    int i = shell_parse("attach", usage, true, argc, argv, &o, &status);
+    int i = shell_parse("attach", usage, attach_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i >= argc)
@@ -325,7 +425,7 @@ int conch_cli_attach(int argc, char **argv)
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0)
         return CONCH_EXIT_INFRA;
-    int st = interact(&c, argv[i], write);
+    int st = interact(&c, argv[i], write, NULL, false);
     conch_cli_conn_close(&c);
     return st;
 }
@@ -335,7 +435,7 @@ int conch_cli_sessions(int argc, char **argv)
     static const char usage[] = "usage: conch sessions [--socket PATH]\n";
     struct shell_opts o;
     int status;
-    int i = shell_parse("sessions", usage, false, argc, argv, &o, &status);
+    int i = shell_parse("sessions", usage, sessions_table, argc, argv, &o, &status);
     if (i < 0)
         return status;
     if (i < argc)
@@ -360,4 +460,73 @@ int conch_cli_sessions(int argc, char **argv)
     }
     json_decref(res);
     return 0;
+}
+
+/* Whether the session @sid has ended (not only been detached from). */
+static bool session_ended(struct conch_cli_conn *c, const char *sid)
+{
+    json_t *res = conch_cli_conn_call(c, "session.list", json_object());
+    bool ended = false;
+    size_t k;
+    json_t *s;
+    json_array_foreach(json_object_get(res, "sessions"), k, s)
+    {
+        if (!strcmp(json_string_value(json_object_get(s, "session")) ?: "", sid))
+            ended = !strcmp(json_string_value(json_object_get(s, "state")) ?: "", "ended");
+    }
+    json_decref(res);
+    return ended;
+}
+
+int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *cmd, json_t *env,
+                       const char *cwd)
+{
+    struct winsize ws = {.ws_row = 24, .ws_col = 80};
+    if (isatty(STDIN_FILENO))
+        ioctl(STDIN_FILENO, TIOCGWINSZ, &ws);
+    json_t *params = json_pack("{s:s}", "sandbox", sbid);
+    if (ws.ws_row && ws.ws_col) {
+        json_object_set_new(params, "rows", json_integer(ws.ws_row));
+        json_object_set_new(params, "cols", json_integer(ws.ws_col));
+    }
+    if (env && json_object_size(env))
+        json_object_set(params, "env", env);
+    if (cwd)
+        json_object_set_new(params, "cwd", json_string(cwd));
+    json_t *s = conch_cli_conn_call(c, "session.open", params);
+    if (!s)
+        return CONCH_EXIT_INFRA;
+    char sid[64];
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(s, "session")) ?: "");
+    json_decref(s);
+    /* The session's shell is bash: any other command is typed into it, followed by `exit` (so
+     * that the session ends with its status), before we attach; the prompt and the echo are
+     * hidden. Not `exec CMD`: the daemon ends a session whose shell closed its control
+     * channel, which an exec'd program does. */
+    char *line = NULL;
+    if (strcmp(cmd, "'bash' ") != 0) {
+        size_t n = strlen(cmd);
+        while (n && cmd[n - 1] == ' ')
+            n--;
+        /* An interactive bash drops the rest of a line whose command Ctrl-C killed: a trap
+         * ends the session then too, as the command's status (130). */
+        if (asprintf(&line, "trap 'exit 130' INT; %.*s; exit 2>/dev/null", (int)n, cmd) < 0)
+            return 1;
+        char *typed = NULL;
+        if (asprintf(&typed, "%s\r", line) < 0) {
+            free(line);
+            return 1;
+        }
+        json_decref(conch_cli_conn_call(
+            c, "session.write",
+            json_pack("{s:s,s:o}", "session", sid, "data", conch_json_text(typed, strlen(typed)))));
+        free(typed);
+    }
+    int st = interact(c, sid, true, line, true);
+    free(line);
+    /* As docker exec leaves nothing behind: an ended session is forgotten; a detached one
+     * goes on (conch attach). */
+    if (session_ended(c, sid))
+        json_decref(conch_cli_conn_call(c, "session.close", json_pack("{s:s}", "session", sid)));
+    return st;
 }

@@ -288,6 +288,10 @@ static inline bool sandbox_destroyed(const struct sandbox *sb)
  * set up before it returns (-> READY). Returns 0, or -errno with @err and the state as it
  * was. */
 int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err);
+/* conch_daemon_sandbox_resume - sandbox.start: a STOPPED sandbox (its warden died, or a previous
+ * daemon's) started again over its recorded spec, limits, host ids and changes (STOPPED ->
+ * READY); a READY one is left as it is. Returns 0, or -errno with @err (it stays STOPPED). */
+int conch_daemon_sandbox_resume(struct sandbox *sb, struct conch_err *err);
 /* conch_daemon_sandbox_start - conch_sb_spawn, not async; a RESTARTING one that fails is STOPPED.
  */
 int conch_daemon_sandbox_start(struct sandbox *sb, struct conch_err *err);
@@ -384,6 +388,8 @@ enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DIS
  * process limit is only noted (forks fail by themselves). */
 void conch_daemon_run_limit_hit(struct run *r, enum run_limit which);
 void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_handle_exec_signal - exec.signal (execsignal.c). */
+void conch_daemon_handle_exec_signal(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* conch_daemon_client_close - disconnect @c (its pending responses are dropped). */
 void conch_daemon_client_close(struct client *c);
 void conch_daemon_handle_job_start(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -60,7 +60,8 @@ static const unsigned edges[SB_N_STATES] = {
                      | E(SB_STOPPING), /* that failed; shutdown */
     [SB_RESTARTING] = E(SB_READY)      /* its warden started again */
                       | E(SB_STOPPED), /* that failed */
-    [SB_STOPPED] = E(SB_STOPPING),     /* destroy, idle; shutdown */
+    [SB_STOPPED] = E(SB_READY)         /* sandbox.start: its warden started again */
+                   | E(SB_STOPPING),   /* destroy, idle; shutdown */
     [SB_STOPPING] = E(SB_GONE),        /* out of the registry at once */
     [SB_GONE] = 0,
 };

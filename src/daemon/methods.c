@@ -2,8 +2,10 @@
  * (checked by rpc/ before the handler runs), and the handlers of the daemon's own and the
  * sandbox registry's methods (ping, sandbox.create/list/get/destroy); the others live with
  * what they drive (commands.c, files.c, pool.c, tools.c, sessions.c). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "daemon/daemon-internal.h"
@@ -64,9 +66,41 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
     return true;
 }
 
+/* A sandbox's name, as container names are: [a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}, and unique
+ * among the sandboxes (stopped ones included). Returns false after failing @call. */
+static bool name_ok(struct daemon *d, struct conch_rpc_call *call, const char *name)
+{
+    size_t n = strlen(name);
+    bool ok = n >= 1 && n <= 64 && isalnum((unsigned char)name[0]);
+    for (size_t i = 1; ok && i < n; i++)
+        ok = isalnum((unsigned char)name[i]) || strchr("_.-", name[i]);
+    if (!ok) {
+        conch_rpc_call_fail_param(call, "name",
+                                  "a sandbox name is 1 to 64 letters, digits, '_', '.' or '-', "
+                                  "beginning with a letter or a digit");
+        return false;
+    }
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
+        if (conch_daemon_sandbox_find(d, sb->id) == sb && !strcmp(sb->name, name)) {
+            conch_rpc_call_fail_param(call, "name",
+                                      "the name '%s' is taken by sandbox %s: choose another, or "
+                                      "remove that one first (sandbox.destroy)",
+                                      name, sb->id);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
+    const char *name = conch_rpc_str(params, "name", NULL);
+    if (name && !name_ok(c->d, call, name))
+        return;
     struct sandbox_spec spec;
     if (!conch_daemon_spec_from_params(call, params, &spec))
         return;
@@ -120,6 +154,16 @@ static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, voi
 static void destroyed(void *arg)
 {
     conch_rpc_call_reply(arg, json_pack("{s:b}", "destroyed", 1));
+}
+
+static void handle_sandbox_start(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = find_or_fail(ctx, call, params, "id");
+    struct conch_err err = {0};
+    if (sb && conch_daemon_sandbox_resume(sb, &err) < 0)
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
+    else if (sb)
+        conch_rpc_call_reply(call, conch_daemon_sandbox_json(sb));
 }
 
 static void handle_sandbox_destroy(struct conch_rpc_call *call, json_t *params, void *ctx)
@@ -213,6 +257,8 @@ static const struct conch_rpc_param p_exec[] = {P("sandbox", S, false),
                                                 P("changes", B, false),
                                                 P("shell", S, false),
                                                 END};
+static const struct conch_rpc_param p_exec_signal[] = {
+    P("sandbox", S, true), P("request_id", CONCH_RPC_ANY, true), P("signal", S, false), END};
 static const struct conch_rpc_param p_job_start[] = {P("sandbox", S, true),
                                                      P("command", S, true),
                                                      P("cwd", S, false),
@@ -308,7 +354,9 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"sandbox.list", p_none, handle_sandbox_list},
     {"sandbox.get", p_id, handle_sandbox_get},
     {"sandbox.destroy", p_id, handle_sandbox_destroy},
+    {"sandbox.start", p_id, handle_sandbox_start},
     {"exec.run", p_exec, conch_daemon_handle_exec_run},
+    {"exec.signal", p_exec_signal, conch_daemon_handle_exec_signal},
     {"sandbox.lease", p_lease, conch_daemon_handle_sandbox_lease},
     {"sandbox.release", p_none, conch_daemon_handle_sandbox_release},
     {"job.start", p_job_start, conch_daemon_handle_job_start},

@@ -18,6 +18,7 @@
 #include "daemon/daemon-internal.h"
 #include "daemon/recover.h"
 #include "daemon/statedir.h"
+#include "exec/result.h"
 
 static void on_sample(uv_timer_t *t);
 
@@ -60,15 +61,40 @@ struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch
     return sb;
 }
 
+/* What runs in @sb now: its commands and jobs not finished, the latest one's command. */
+static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
+{
+    int n = 0;
+    const struct run *latest = NULL;
+    const struct conch_list *pos;
+    for (pos = sb->runs.next; pos != &sb->runs; pos = pos->next) {
+        const struct run *r = conch_list_entry(pos, struct run, link);
+        if (r->finished)
+            continue;
+        n++;
+        if (!latest || r->started_at >= latest->started_at)
+            latest = r;
+    }
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "running", json_integer(n));
+    json_object_set_new(o, "current_command",
+                        latest && latest->command
+                            ? conch_json_text(latest->command, strlen(latest->command))
+                            : json_null());
+    return o;
+}
+
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
-    return json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I}", "id", sb->id, "name",
-                     sb->name[0] ? sb->name : NULL, "state",
-                     sb->state == SB_READY ? "running" : "stopped", "workspace",
-                     sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
-                     "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
-                     sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
-                     sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held));
+    return sandbox_running_json(
+        sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I}", "id", sb->id, "name",
+                      sb->name[0] ? sb->name : NULL, "state",
+                      sb->state == SB_READY ? "running" : "stopped", "workspace",
+                      sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
+                      "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
+                      sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
+                      sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held)));
 }
 
 static void on_idle(uv_timer_t *t)
@@ -310,9 +336,16 @@ static int record(struct sandbox *sb, struct conch_err *err)
     snprintf(rec.mode, sizeof(rec.mode), "%s", conch_ws_mode_name(sb->mode));
     snprintf(rec.state, sizeof(rec.state), "%s", sb->state == SB_READY ? "running" : "stopped");
     snprintf(rec.upper_dir, sizeof(rec.upper_dir), "%s", sb->upper_dir);
-    json_t *spec = json_pack("{s:b,s:I,s:I,s:s?,s:O?}", "as_root", sb->as_root, "ws_dev",
-                             (json_int_t)sb->ws_dev, "ws_ino", (json_int_t)sb->ws_ino, "rootfs",
-                             sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env);
+    /* Everything sandbox.start needs to bring it back as it was: its limits, and (as root)
+     * the host id block that owns its upper dir's files. */
+    json_t *spec =
+        json_pack("{s:b,s:I,s:I,s:s?,s:O?,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "as_root", sb->as_root,
+                  "ws_dev", (json_int_t)sb->ws_dev, "ws_ino", (json_int_t)sb->ws_ino, "rootfs",
+                  sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env, "memory",
+                  (json_int_t)sb->limits.memory_bytes, "pids", (json_int_t)sb->limits.pids_max,
+                  "cpu_milli", (json_int_t)sb->limits.cpu_millicpus, "tmp_size",
+                  (json_int_t)sb->tmp_bytes, "disk", (json_int_t)sb->disk_bytes, "idle_timeout",
+                  sb->idle_timeout, "host_id_base", (json_int_t)sb->ids.base);
     rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     rec.warden_pid = sb->jail ? conch_jail_warden_pid(sb->jail) : 0;
@@ -520,6 +553,17 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
             snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
         json_t *env = json_object_get(spec, "env");
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
+        sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
+        sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
+        sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));
+        sb->tmp_bytes = (uint64_t)json_integer_value(json_object_get(spec, "tmp_size"));
+        sb->disk_bytes = (uint64_t)json_integer_value(json_object_get(spec, "disk"));
+        /* Its upper dir's files are owned by its host id block: held while it is stopped, so
+         * that no pool sandbox takes it before sandbox.start brings it back. */
+        json_int_t base = json_integer_value(json_object_get(spec, "host_id_base"));
+        if (base > 0 && geteuid() == 0 &&
+            conch_jail_ids_claim_base((uint32_t)base, &sb->ids, &err) < 0)
+            log_warn("sandbox %s: %s ('conch start' cannot bring it back)", list[i].id, err.msg);
         json_decref(spec);
         sb->recorded = true;
         /* Its jobs' spill files: removed with it. */
@@ -532,4 +576,40 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         conch_sb_set_state(sb, SB_STOPPED, NULL); /* recorded as such */
     }
     conch_state_sandbox_free_list(list, n);
+}
+
+int conch_daemon_sandbox_resume(struct sandbox *sb, struct conch_err *err)
+{
+    if (sb->state == SB_READY)
+        return 0;
+    if (sb->state != SB_STOPPED)
+        return conch_err_set(err, EBUSY, "sandbox '%s' is being restarted: try again", sb->id);
+    struct conch_state_sandbox rec;
+    memset(&rec, 0, sizeof(rec));
+    int r = conch_state_sandbox_get(sb->d->state, sb->id, &rec, err);
+    if (r < 0)
+        return conch_err_wrap(err, "sandbox '%s': its record", sb->id);
+    json_t *spec = rec.spec_json ? json_loads(rec.spec_json, 0, NULL) : NULL;
+    json_int_t base = json_integer_value(json_object_get(spec, "host_id_base"));
+    double idle = json_number_value(json_object_get(spec, "idle_timeout"));
+    json_decref(spec);
+    conch_state_sandbox_done(&rec);
+    /* As root, its files belong to its own host ids: with other ids it could not use them. */
+    if (geteuid() == 0 && base > 0 && sb->ids.base != (uint32_t)base) {
+        conch_jail_ids_release(&sb->ids);
+        if ((r = conch_jail_ids_claim_base((uint32_t)base, &sb->ids, err)) < 0)
+            return conch_err_wrap(err, "sandbox '%s' cannot be started with its files' owners",
+                                  sb->id);
+    }
+    struct stat st;
+    if (sb->upper_dir[0] && (lstat(sb->upper_dir, &st) < 0 || !S_ISDIR(st.st_mode)))
+        return conch_err_set(err, ENOENT, "sandbox '%s': its changes' directory '%s' is gone",
+                             sb->id, sb->upper_dir);
+    if ((r = conch_sb_spawn(sb, false, err)) < 0)
+        return conch_err_wrap(err, "start sandbox '%s'", sb->id);
+    sb->idle_timeout = idle > 0 ? idle : 0;
+    if ((r = record(sb, err)) < 0)
+        log_warn("sandbox %s: record it as running: %s", sb->id, err->msg);
+    conch_daemon_sandbox_touch(sb);
+    return 0;
 }

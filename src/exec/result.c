@@ -133,6 +133,8 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
             e, "kind", json_string(conch_err_kind_name(infra ? infra->kind : res->error_kind)));
         const char *msg = infra ? infra->msg : res->error_msg;
         json_object_set_new(e, "message", conch_json_text(msg, strlen(msg)));
+        if (!infra && res->not_started)
+            json_object_set_new(e, "not_started", json_true());
         json_object_set_new(o, "error", e);
     } else {
         json_object_set_new(o, "error", json_null());
@@ -229,6 +231,7 @@ void conch_run_result_end(struct conch_run_result *res, const struct conch_run_e
     if (end->start_failed) {
         /* Like a shell: a program that cannot be executed is the command's failure. */
         res->exit_code = end->start_err.code == ENOENT ? 127 : 126;
+        res->not_started = true;
         SET_ERROR(res, CONCH_ERR_COMMAND, "%s", end->start_err.msg);
         return;
     }

@@ -75,6 +75,7 @@ struct conch_run_result {
     uint64_t max_rss_kb;
     enum conch_err_kind error_kind; /* CONCH_ERR_NONE when the command succeeded */
     char error_msg[512];
+    bool not_started;          /* the program could not be executed (error_msg says why) */
     const char *tools_summary; /* borrowed: "[tools: ...]", a line of the text; NULL: none */
     struct conch_run_tool_calls tools; /* owned: the command's tool calls (--tools) */
 };

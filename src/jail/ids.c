@@ -187,8 +187,9 @@ static int open_lock_dir(const char *dir, struct conch_err *err)
     return fd;
 }
 
-int conch_jail_ids_claim_in(const char *lock_dir, const char *etc_dir, struct conch_jail_ids *ret,
-                            struct conch_err *err)
+/* Claim a free block (@want 0: any; else exactly the block at @want). */
+static int claim(const char *lock_dir, const char *etc_dir, uint32_t want,
+                 struct conch_jail_ids *ret, struct conch_err *err)
 {
     int r;
     uint8_t taken[(N_BLOCKS + 7) / 8];
@@ -205,6 +206,8 @@ int conch_jail_ids_claim_in(const char *lock_dir, const char *etc_dir, struct co
         if (taken[i / 8] & (1u << (i % 8)))
             continue;
         uint32_t base = CONCH_HOST_ID_FIRST + i * CONCH_HOST_ID_COUNT;
+        if (want && base != want)
+            continue;
         char name[16];
         snprintf(name, sizeof(name), "%u", base);
         _cleanup_close_ int fd =
@@ -227,6 +230,11 @@ int conch_jail_ids_claim_in(const char *lock_dir, const char *etc_dir, struct co
             return conch_err_set(err, errno, "lock host id block '%s/%s': %s", lock_dir, name,
                                  strerror(errno));
     }
+    if (want)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, EBUSY,
+                              "host id block %u is claimed by another sandbox, or no longer "
+                              "free (/etc/subuid, /etc/subgid, a user or a group overlaps it)",
+                              want);
     return conch_err_setk(err, CONCH_ERR_LIMIT, ENOSPC,
                           "no free block of %u host ids in %u..%u (every block is claimed by a "
                           "running sandbox or overlaps /etc/subuid, /etc/subgid, a user or a "
@@ -234,7 +242,21 @@ int conch_jail_ids_claim_in(const char *lock_dir, const char *etc_dir, struct co
                           CONCH_HOST_ID_COUNT, CONCH_HOST_ID_FIRST, CONCH_HOST_ID_END - 1);
 }
 
+int conch_jail_ids_claim_in(const char *lock_dir, const char *etc_dir, struct conch_jail_ids *ret,
+                            struct conch_err *err)
+{
+    return claim(lock_dir, etc_dir, 0, ret, err);
+}
+
 int conch_jail_ids_claim(struct conch_jail_ids *ret, struct conch_err *err)
 {
-    return conch_jail_ids_claim_in(CONCH_HOST_ID_LOCK_DIR, "/etc", ret, err);
+    return claim(CONCH_HOST_ID_LOCK_DIR, "/etc", 0, ret, err);
+}
+
+int conch_jail_ids_claim_base(uint32_t base, struct conch_jail_ids *ret, struct conch_err *err)
+{
+    if (base < CONCH_HOST_ID_FIRST || base >= CONCH_HOST_ID_END ||
+        (base - CONCH_HOST_ID_FIRST) % CONCH_HOST_ID_COUNT)
+        return conch_err_set(err, EINVAL, "%u is not the base of a host id block", base);
+    return claim(CONCH_HOST_ID_LOCK_DIR, "/etc", base, ret, err);
 }

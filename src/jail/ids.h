@@ -42,6 +42,14 @@ void conch_jail_ids_init(struct conch_jail_ids *ids);
 int conch_jail_ids_claim(struct conch_jail_ids *ret, struct conch_err *err);
 
 /*
+ * conch_jail_ids_claim_base - conch_jail_ids_claim of exactly the block at @base (one a
+ * sandbox had before a daemon restart: its files are owned by those ids). Returns 0, or
+ * -EBUSY (kind limit) when that block is claimed or no longer free, -EINVAL when @base is
+ * not a block's base, with @err.
+ */
+int conch_jail_ids_claim_base(uint32_t base, struct conch_jail_ids *ret, struct conch_err *err);
+
+/*
  * conch_jail_ids_claim_in - conch_jail_ids_claim with another lock dir (created 0700 if
  * missing; it must be a directory owned by the caller that no one else may write to) and
  * another dir holding subuid, subgid, passwd and group (a missing file excludes nothing).

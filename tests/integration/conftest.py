@@ -47,7 +47,7 @@ JAIL_FILES = {
     "test_programs", "test_review_attack", "test_run_lease", "test_sessions", "test_supervisor",
     "test_supervisor_attack", "test_timeout", "test_workspace", "test_workspace_limits",
     "test_attack_review", "test_daemon_stdio", "test_embedding", "test_clean_image",
-    "test_lease_revoke", "test_session_forgery", "test_file_events",
+    "test_lease_revoke", "test_session_forgery", "test_file_events", "test_cli_lifecycle",
 }
 DAEMON_CODE_FILES = {
     "test_bridge", "test_bridge_attack", "test_cli", "test_cli_daemon", "test_daemon_badinput",
@@ -58,10 +58,13 @@ DAEMON_CODE_FILES = {
     "test_supervisor_attack", "test_workspace", "test_attack_review",
     "test_clean_image", "test_daemon_budgets", "test_lease_revoke", "test_session_forgery",
     "test_session_ids", "test_file_events", "test_js_worker",
+    "test_cli_exec", "test_cli_consistency",
+    "test_cli_lifecycle", "test_cli_cp",
 }
 # Files that only the root pass runs: what they test is the same in every mode and below the
 # daemon's C code (in-sandbox clients, the terminal UI, service units), or it is a stress test.
-ROOT_PASS_FILES = {"test_daemon_stress", "test_ptc_clients", "test_service", "test_sessions_tmux"}
+ROOT_PASS_FILES = {"test_daemon_stress", "test_ptc_clients", "test_service", "test_sessions_tmux",
+                   "test_install"}
 # Files whose every test loads or counts something host-wide (systemd units, process floods).
 SERIAL_FILES = {"test_service", "test_daemon_stress", "test_limits"}
 # Tests elsewhere that flood the host (fork bombs) or count a host-wide or per-uid resource

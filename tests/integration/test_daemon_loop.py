@@ -260,7 +260,7 @@ def test_create_fails_when_the_state_dir_is_full(daemon_factory, tmp_path):
         created, failure = [], None
         for i in range(200):
             try:
-                created.append(c.call("sandbox.create", {"name": "x" * 100 + str(i),
+                created.append(c.call("sandbox.create", {"name": "x" * 60 + str(i),
                                                          "env": {"PAD": "p" * 3000}})["id"])
             except RpcError as e:
                 failure = e

@@ -103,7 +103,7 @@ def test_socket_activation_serves_the_passed_socket(activated, tmp_path):
     assert sb["id"] in ps.stdout
     ex = subprocess.run(
         [CONCH_BIN, "exec", "--socket", str(sock), sb["id"], "--", "cat", "out.txt"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
     )
     assert (ex.returncode, ex.stdout) == (0, "out\n"), ex.stderr
     # Many connections on the one passed socket.
@@ -305,7 +305,7 @@ def test_bash_completion_offers_names_and_session_ids(installed, activated):
     named = rpc(sock, "sandbox.create", {"name": "web"}, rid=1)["result"]["id"]
     anon = rpc(sock, "sandbox.create", {}, rid=2)["result"]["id"]
     # Where a sandbox is resolved by the client, its name is offered too ("-" is not a name).
-    for verb in ("exec", "rm", "changes", "diff", "commit", "discard"):
+    for verb in ("exec", "rm", "start", "changes", "diff", "commit", "discard"):
         assert complete(verb, "--socket", sock, "") == {named, anon, "web"}, verb
     assert complete("diff", "--socket", sock, "--") >= {"--json", "--socket"}
     assert complete("changes", "--socket", sock, "web", "") == set()
@@ -328,7 +328,7 @@ def test_bash_completion_offers_commands_and_options(installed):
 
     opts = all_options()
     assert set(opts) <= complete("")
-    assert complete("s") == {"serve", "sessions", "shell"}
+    assert complete("s") == {"serve", "sessions", "shell", "start"}
     assert complete("c") == {"changes", "commit", "cp", "create"}
     for cmd, cmd_opts in opts.items():
         if cmd_opts:

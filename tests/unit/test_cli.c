@@ -2,8 +2,10 @@
  * as --opt=V or --opt V, bundled short flags, where options end, and error messages that name
  * the offending word. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cli/conn.h"
 #include "cli/opts.h"
 
 enum { K_SOCKET = 1, K_JSON, K_INTERACTIVE, K_TTY, K_USER };
@@ -196,4 +198,27 @@ Test(opts, spec_options_go_to_the_spec)
     cr_assert_lt(parse(&s, &spec, which, WORDS("test", "--disk=lots"), &i, &err), 0);
     cr_assert(strstr(err.msg, "--disk: 'lots'"), "%s", err.msg);
     conch_spec_done(&spec);
+}
+
+/* The daemon's messages name protocol methods; a person at the command line gets verbs. */
+Test(error_text, methods_become_verbs)
+{
+    char *t = conch_cli_error_text("no session 'x' (session.list shows them)");
+    cr_assert_str_eq(t, "no session 'x' ('conch sessions' shows them)");
+    free(t);
+    t = conch_cli_error_text("sandbox 'sb-1' is stopped (...): only workspace.* and "
+                             "sandbox.destroy work on it");
+    cr_assert(strstr(t, "'conch start' brings it back") != NULL, "%s", t);
+    cr_assert(strstr(t, "workspace.") == NULL && strstr(t, "sandbox.destroy") == NULL, "%s", t);
+    free(t);
+    t = conch_cli_error_text("the name 'dev' is taken by sandbox sb-1: choose another, or remove "
+                             "that one first (sandbox.destroy)");
+    cr_assert(strstr(t, "('conch rm')") != NULL, "%s", t);
+    free(t);
+    t = conch_cli_error_text("free room with fs.delete, or: fs.deleted is no method");
+    cr_assert_str_eq(t, "free room with 'conch exec ID -- rm', or: fs.deleted is no method");
+    free(t);
+    t = conch_cli_error_text("");
+    cr_assert_str_eq(t, "");
+    free(t);
 }

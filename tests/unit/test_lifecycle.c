@@ -18,6 +18,7 @@ static const struct {
     {SB_LEASING, SB_STOPPING},   {SB_LENT, SB_RECYCLING},     {SB_LENT, SB_STOPPING},
     {SB_RECYCLING, SB_POOLED},   {SB_RECYCLING, SB_STOPPING}, {SB_RESTARTING, SB_READY},
     {SB_RESTARTING, SB_STOPPED}, {SB_STOPPED, SB_STOPPING},   {SB_STOPPING, SB_GONE},
+    {SB_STOPPED, SB_READY},
 };
 
 static bool is_documented(enum sandbox_state from, enum sandbox_state to)
@@ -106,6 +107,8 @@ Test(lifecycle, the_pool_cycle_and_the_lease_cycle_close)
     cr_expect_not(conch_sb_edge_ok(SB_LENT, SB_POOLED));
     cr_expect_not(conch_sb_edge_ok(SB_LENT, SB_READY));
     cr_expect_not(conch_sb_edge_ok(SB_LENT, SB_LEASING));
-    /* nor a stopped one brought back behind the user's back */
-    cr_expect_not(conch_sb_edge_ok(SB_STOPPED, SB_READY));
+    /* a stopped one comes back only as it was (sandbox.start), never through the pool */
+    cr_expect(conch_sb_edge_ok(SB_STOPPED, SB_READY));
+    cr_expect_not(conch_sb_edge_ok(SB_STOPPED, SB_POOLED));
+    cr_expect_not(conch_sb_edge_ok(SB_STOPPED, SB_LEASING));
 }
