@@ -220,7 +220,9 @@ int conch_exit_code(int status, int *ret_signal)
 void conch_run_result_end(struct conch_run_result *res, const struct conch_run_end *end)
 {
     res->timed_out = end->timed_out;
-    if (end->start_failed && end->start_shell) {
+    /* The shell itself could not be executed: the sandbox's fault, not the command's (a
+     * working directory that does not exist is the caller's: 127 below). */
+    if (end->start_failed && end->start_shell && end->start_err.kind == CONCH_ERR_COMMAND) {
         res->exit_code = CONCH_RUN_EXIT_INFRA;
         SET_ERROR(res, CONCH_ERR_INFRASTRUCTURE,
                   "the sandbox cannot run commands: its root filesystem has no usable %.32s "
