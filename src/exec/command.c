@@ -225,32 +225,42 @@ void conch_command_signal(struct conch_command *c, int sig)
         conch_super_signal(&c->proc, sig);
 }
 
+/* Reads of one call: as libuv's stream reads, so that one flood cannot hold the loop (2 MiB). */
+#define READS_PER_CALL 32
+
 int conch_command_read(struct conch_command *c, int stream, struct conch_err *err)
 {
     /* Not on the stack, which a caller's ulimit -s may make small; one thread drives. */
     static char buf[65536];
-    if (c->fd[stream] < 0)
-        return 0;
-    ssize_t got = read(c->fd[stream], buf, sizeof(buf));
-    if (got < 0 && (errno == EINTR || errno == EAGAIN))
-        return 0;
-    if (got <= 0) {
-        close_stream(c, stream);
-        maybe_finish(c);
-        return 0;
-    }
     struct conch_output *o = &c->out[stream];
-    uint64_t before = o->total;
-    int a = conch_output_append(o, buf, (size_t)got, err);
-    if (c->ops->output)
-        c->ops->output(c, stream, buf, (size_t)got, before);
-    if (a == 1 && !c->over_spill && !c->ended) {
-        /* Past the spill cap the command is stopped: an agent's output flood must not fill
-         * the host's disk, and nobody reads gigabytes of it. */
-        c->over_spill = true;
-        conch_command_signal(c, SIGKILL);
+    for (int i = 0; i < READS_PER_CALL && c->fd[stream] >= 0 && !c->paused; i++) {
+        ssize_t got = read(c->fd[stream], buf, sizeof(buf));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno == EAGAIN)
+            return 0;
+        if (got <= 0) {
+            close_stream(c, stream);
+            maybe_finish(c); /* the last thing: @c may be gone */
+            return 0;
+        }
+        uint64_t before = o->total;
+        int a = conch_output_append(o, buf, (size_t)got, err);
+        if (c->ops->output)
+            c->ops->output(c, stream, buf, (size_t)got, before);
+        if (a == 1 && !c->over_spill && !c->ended) {
+            /* Past the spill cap the command is stopped: an agent's output flood must not
+             * fill the host's disk, and nobody reads gigabytes of it. */
+            c->over_spill = true;
+            conch_command_signal(c, SIGKILL);
+        }
+        if (a < 0)
+            return a;
+        /* A short read emptied the pipe: the next poll says when there is more. */
+        if ((size_t)got < sizeof(buf))
+            return 0;
     }
-    return a < 0 ? a : 0;
+    return 0;
 }
 
 void conch_command_pause(struct conch_command *c, bool on)

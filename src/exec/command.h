@@ -151,10 +151,11 @@ int conch_command_start(struct conch_command *c, struct conch_super *s, struct c
 int conch_command_fd(const struct conch_command *c, int stream);
 
 /*
- * conch_command_read - @stream is readable (or hung up): read what one read(2) gives (up to
- * 64 KiB, so that one stream cannot hold the loop), keep it, tell ops->output; past the spill
- * cap the command is killed (an output flood must not fill the host's disk). At EOF the stream
- * is closed (ops->watch CLOSE) and, when the command has ended, ops->finished comes last.
+ * conch_command_read - @stream is readable (or hung up): read what is there, in reads of 64
+ * KiB until the pipe is empty, the command is paused, or 2 MiB were read (so that one stream
+ * cannot hold the loop), keep it, tell ops->output of each read; past the spill cap the
+ * command is killed (an output flood must not fill the host's disk). At EOF the stream is
+ * closed (ops->watch CLOSE) and, when the command has ended, ops->finished comes last.
  * Returns 0, or -errno with @err when the spill file could not be written (or memory could
  * not be had): the bytes were counted, the stream stays readable, the caller decides.
  */
