@@ -58,6 +58,7 @@ struct harness {
     uint64_t out_bytes[2];
     int finished, ended;
     int signals[8], nsignals;
+    bool pause_on_output; /* pause the command from ops->output, as a congested client does */
 };
 
 static void logc(struct harness *h, char ch)
@@ -101,6 +102,8 @@ static void h_output(struct conch_command *c, int stream, const char *buf, size_
     (void)buf;
     cr_assert_eq(before, h->out_bytes[stream], "before counts the bytes of earlier calls");
     h->out_bytes[stream] += len;
+    if (h->pause_on_output)
+        conch_command_pause(c, true);
 }
 
 static void h_ended(struct conch_command *c)
@@ -439,6 +442,37 @@ Test(command, pause_stops_reading_until_resumed)
     cr_assert_eq(h.finished, 1);
     _cleanup_free_ char *out = h_text(&h, 0);
     cr_assert_str_eq(out, "ab");
+    conch_command_done(&h.c);
+}
+
+Test(command, a_read_takes_what_the_pipe_holds_and_stops_when_paused)
+{
+    struct harness h;
+    struct conch_command_opts o = h_opts(1 << 20, 1 << 20);
+    h_init(&h, &o);
+    h_spawn(&h, "head -c 10000000 /dev/zero");
+    /* The pipe is full (64 KiB) and the writer waits: one call reads until the pipe is
+     * empty, not one read per wakeup. */
+    struct pollfd p = {.fd = conch_command_fd(&h.c, 0), .events = POLLIN};
+    cr_assert_eq(poll(&p, 1, 5000), 1);
+    usleep(100 * 1000);
+    struct conch_err err = {0};
+    cr_assert_eq(conch_command_read(&h.c, 0, &err), 0);
+    cr_assert_geq(h.out_bytes[0], 65536);
+    cr_assert_leq(h.out_bytes[0], 2 << 20, "at most 2 MiB per call: one stream cannot hold a loop");
+    /* Paused from the output callback: that call reads no further. */
+    h.pause_on_output = true;
+    uint64_t before = h.out_bytes[0];
+    usleep(100 * 1000);
+    cr_assert_eq(conch_command_read(&h.c, 0, &err), 0);
+    cr_assert_leq(h.out_bytes[0] - before, 65536, "one read, then paused");
+    cr_assert(h.paused[0]);
+    h.pause_on_output = false;
+    conch_command_pause(&h.c, false);
+    h_drain(&h);
+    h_reap(&h, true);
+    cr_assert_eq(h.finished, 1);
+    cr_assert_eq(conch_command_output(&h.c, 0)->total, 10000000);
     conch_command_done(&h.c);
 }
 
