@@ -1,21 +1,18 @@
-/* run.c - one command in a fresh sandbox: start the jail, pump its output through the
- * capture buffers, enforce the deadline, classify how it ended, read (and maybe commit)
- * the workspace changes, tear everything down. */
+/* run.c - `conch run`: one command in a fresh (or leased) sandbox: start the jail, drive the
+ * command (exec/command.c: pipes, captures, limits, classification) from a poll loop that
+ * also forwards signals and drives the supervisor, read (and maybe commit) the workspace
+ * changes, tear everything down. */
 #include "exec/run.h"
 #include "ptc/ptc.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
