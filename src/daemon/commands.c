@@ -1,12 +1,12 @@
 /* commands.c - exec.run (one command, answered when it ends) and jobs (background commands
- * read incrementally): pipes into capture buffers, deadlines, results, notifications. */
+ * read incrementally): the libuv adapter of the command driver (exec/command.h: pipes,
+ * captures, limits, classification), the results, the notifications, the job table. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,25 +14,17 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon-internal.h"
+#include "exec/command.h"
 #include "exec/result.h"
 #include "exec/run.h"
 
 #define MAX_JOBS 4096
 
-static void run_try_finish(struct run *r);
-static void run_signal(struct run *r, int sig);
-static const struct conch_proc_ops run_proc_ops;
+static const struct conch_command_ops run_command_ops;
 
-static void close_spill(struct conch_output *o)
+/* A forgotten job's spill files go with it (the run has finished: their fds are closed). */
+static void unlink_spill(const struct conch_output *o)
 {
-    if (o->spill_fd >= 0 && o->spill_path[0])
-        close(o->spill_fd);
-    o->spill_fd = -1;
-}
-
-static void unlink_spill(struct conch_output *o)
-{
-    close_spill(o);
     if (o->spill_path[0])
         unlink(o->spill_path);
 }
@@ -40,8 +32,7 @@ static void unlink_spill(struct conch_output *o)
 static void run_free(struct run *r)
 {
     conch_daemon_client_sink_wait_cancel(&r->drain);
-    conch_output_done(&r->out_cap);
-    conch_output_done(&r->err_cap);
+    conch_command_done(&r->cmd);
     free(r->command);
     conch_bridge_report_done(&r->tools);
     json_decref(r->request_id);
@@ -51,11 +42,12 @@ static void run_free(struct run *r)
 }
 
 /* Free @r once nothing needs it: finished, not a job that stays listed, no libuv handle
- * open, no change scan under way and no answer being built. Every entry point that may end a run
- * calls it last. */
+ * open, no change scan under way, no answer being built and not being forgotten. Every entry
+ * point that may end a run calls it last. */
 static void run_maybe_free(struct run *r)
 {
-    if (r->finished && !r->is_job && r->handles == 0 && !r->scanning && !r->answering)
+    if (r->finished && !r->is_job && r->handles == 0 && !r->scanning && !r->answering &&
+        !r->forgetting)
         run_free(r);
 }
 
@@ -76,13 +68,52 @@ static void run_free_job(struct run *r)
     run_maybe_free(r);
 }
 
-static void close_pipe(struct run *r, uv_pipe_t *p, bool *open)
+/* A pipe of @r's command is readable (or hung up: libuv reports that as readable). The
+ * driver reads it; @r may be freed when it returns (ops->finished). */
+static void on_poll(uv_poll_t *h, int status, int events)
 {
-    if (!*open)
-        return;
-    *open = false;
-    uv_read_stop((uv_stream_t *)p);
-    uv_close((uv_handle_t *)p, on_run_handle_closed);
+    struct run *r = h->data;
+    (void)status;
+    (void)events;
+    int stream = h == &r->polls[CONCH_COMMAND_STDERR] ? CONCH_COMMAND_STDERR : CONCH_COMMAND_STDOUT;
+    struct conch_err err = {0};
+    /* A spill file that cannot be written is said in the result's text; the command goes on. */
+    (void)conch_command_read(&r->cmd, stream, &err);
+}
+
+/* The driver's ops->watch: a uv_poll per pipe, made at the first READ, closed at CLOSE (before
+ * the driver closes the fd, as libuv requires). */
+static int run_watch(struct conch_command *c, int stream, int fd, enum conch_command_watch what)
+{
+    struct run *r = c->data;
+    uv_poll_t *h = &r->polls[stream];
+    unsigned bit = 1u << stream;
+    if (what == CONCH_COMMAND_WATCH_READ) {
+        bool made = false;
+        if (!(r->polls_open & bit)) {
+            int e = uv_poll_init(&r->sb->d->loop, h, fd);
+            if (e < 0)
+                return e;
+            h->data = r;
+            r->polls_open |= bit;
+            r->handles++;
+            made = true;
+        }
+        int e = uv_poll_start(h, UV_READABLE, on_poll);
+        if (e < 0 && made) {
+            r->polls_open &= ~bit;
+            uv_close((uv_handle_t *)h, on_run_handle_closed);
+        }
+        return e;
+    }
+    if (!(r->polls_open & bit))
+        return 0;
+    uv_poll_stop(h);
+    if (what == CONCH_COMMAND_WATCH_CLOSE) {
+        r->polls_open &= ~bit;
+        uv_close((uv_handle_t *)h, on_run_handle_closed);
+    }
+    return 0;
 }
 
 static void stream_notify(struct run *r, const char *stream, const char *buf, size_t len)
@@ -95,60 +126,25 @@ static void stream_notify(struct run *r, const char *stream, const char *buf, si
     conch_daemon_client_notify(r->notify, "exec.output", params);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* The driver's ops->output: stream it to the client (exec.run "stream"). */
+static void run_output(struct conch_command *c, int stream, const char *buf, size_t len,
+                       uint64_t before)
 {
-    (void)h;
-    (void)suggested;
-    static char slab[65536];
-    *buf = uv_buf_init(slab, sizeof(slab));
-}
-
-static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
-{
-    struct run *r = s->data;
-    bool is_out = s == (uv_stream_t *)&r->out;
-    if (n < 0) {
-        close_pipe(r, is_out ? &r->out : &r->err, is_out ? &r->out_open : &r->err_open);
-        run_try_finish(r);
-        run_maybe_free(r);
-        return;
-    }
-    if (n == 0)
-        return;
-    struct conch_err err = {0};
-    int a = conch_output_append(is_out ? &r->out_cap : &r->err_cap, buf->base, (size_t)n, &err);
-    stream_notify(r, is_out ? "stdout" : "stderr", buf->base, (size_t)n);
+    struct run *r = c->data;
+    (void)before;
+    stream_notify(r, stream == CONCH_COMMAND_STDERR ? "stderr" : "stdout", buf, len);
     /* A client that does not read its streamed output: stop reading the command's pipes
      * until it drains; the command then blocks on its writes (backpressure, not memory). */
     if (r->stream && r->notify && conch_daemon_client_sink_congested(r->notify) &&
-        conch_daemon_client_sink_wait_drain(r->notify, &r->drain)) {
-        if (r->out_open)
-            uv_read_stop((uv_stream_t *)&r->out);
-        if (r->err_open)
-            uv_read_stop((uv_stream_t *)&r->err);
-    }
-    if (a == 1 && !r->exited) {
-        /* Past the spill cap: stop the command (as `conch run` does). */
-        r->over_spill = true;
-        run_signal(r, SIGKILL);
-    }
+        conch_daemon_client_sink_wait_drain(r->notify, &r->drain))
+        conch_command_pause(c, true);
 }
 
 /* The client drained: read the command's output again. */
 static void run_drained(struct sink_waiter *w)
 {
     struct run *r = conch_list_entry(w, struct run, drain);
-    if (r->out_open)
-        uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
-    if (r->err_open)
-        uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
-}
-
-/* Signal every process of @r (the supervisor keeps a signal asked before the command runs
- * and sends it when it starts). Deadlines are the warden's, not ours. */
-static void run_signal(struct run *r, int sig)
-{
-    conch_super_signal(&r->proc, sig);
+    conch_command_pause(&r->cmd, false);
 }
 
 /* The extra environment: the sandbox's, then the request's, as "K=V" strings. */
@@ -195,39 +191,45 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     }
     r->sb = sb;
     r->is_job = is_job;
-    r->proc.ops = &run_proc_ops;
-    r->proc.data = r;
     r->drain.cb = run_drained;
-    r->command = strdup(command);
-    if (!is_job)
-        conch_daemon_make_id(d, "exec", r->origin_id, sizeof(r->origin_id));
     CONCH_LIST_INIT(&r->waiters);
     CONCH_LIST_INIT(&r->dlink);
-    r->out_cap.spill_fd = r->err_cap.spill_fd = -1;
     long long max_output = conch_rpc_int(params, "max_output", 1 << 20); /* ranged by the table */
-    /* Jobs keep every byte in their spill files (read back by offset); commands keep the
-     * head and tail in memory. */
-    if (conch_output_init(&r->out_cap, "stdout", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          conch_daemon_sandbox_spill_dir(sb), err) < 0 ||
-        conch_output_init(&r->err_cap, "stderr", is_job ? 0 : (size_t)max_output, 256ULL << 20,
-                          conch_daemon_sandbox_spill_dir(sb), err) < 0) {
+    double timeout = conch_rpc_num(params, "timeout", is_job ? 0 : 120);
+    double grace = conch_rpc_num(params, "grace", 2);
+    size_t stdin_len = 0;
+    const char *stdin_data = conch_rpc_strn(params, "stdin", &stdin_len);
+    /* exec.run's "shell": "sh" runs /bin/sh as deepagents' LocalShellBackend does. */
+    r->shell = strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
+    struct conch_command_opts copts = {
+        .shell = r->shell,
+        /* Jobs keep every byte in their spill files (read back by offset); commands keep the
+         * head and tail in memory. */
+        .max_output = is_job ? 0 : (size_t)max_output,
+        .max_spill = 256ULL << 20,
+        .spill_dir = conch_daemon_sandbox_spill_dir(sb),
+        /* A sandbox's spill files are read through fs.* at /run/conch/output (files.c); a
+         * fresh sandbox's outlive it and keep their host path. */
+        .spill_shown_dir = !sb->fresh && !sandbox_in_pool(sb) ? CONCH_SPILL_SHOWN_DIR : NULL,
+        /* What every command keeps in memory counts against one budget: past it, output
+         * goes to the spill files early instead of growing the daemon. */
+        .budget = &d->output_budget,
+        .stdin_fd = -1,
+        .stdin_data = stdin_data,
+        .stdin_len = stdin_len,
+        .timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000) : 0,
+        .grace_ms = grace >= 0 ? (uint64_t)(grace * 1000) : 2000,
+        .limits = sb->limits,
+    };
+    if (conch_command_init(&r->cmd, &copts, &run_command_ops, r, err) < 0 ||
+        !(r->command = strdup(command))) {
+        if (!err->code)
+            conch_err_set(err, ENOMEM, "out of memory");
         run_free(r);
         return NULL;
     }
-    /* What every command keeps in memory counts against one budget: past it, output goes to
-     * the spill files early instead of growing the daemon. */
-    conch_output_set_budget(&r->out_cap, &d->output_budget);
-    conch_output_set_budget(&r->err_cap, &d->output_budget);
-    /* A sandbox's spill files are read through fs.* at /run/conch/output (files.c); a fresh
-     * sandbox's outlive it and keep their host path. */
-    if (!sb->fresh && !sandbox_in_pool(sb)) {
-        conch_output_show_spill_in(&r->out_cap, CONCH_SPILL_SHOWN_DIR);
-        conch_output_show_spill_in(&r->err_cap, CONCH_SPILL_SHOWN_DIR);
-    }
-    double timeout = conch_rpc_num(params, "timeout", is_job ? 0 : 120);
-    double grace = conch_rpc_num(params, "grace", 2);
-    r->timeout_ms = timeout > 0 ? (uint64_t)(timeout * 1000) : 0;
-    r->grace_ms = grace >= 0 ? (uint64_t)(grace * 1000) : 2000;
+    if (!is_job)
+        conch_daemon_make_id(d, "exec", r->origin_id, sizeof(r->origin_id));
 
     const char *cwd_param = conch_rpc_str(params, "cwd", NULL);
     char cwd[PATH_MAX + 16] = "/workspace";
@@ -245,73 +247,22 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         run_free(r);
         return NULL;
     }
-    int out[2] = {-1, -1}, errp[2] = {-1, -1}, in = -1;
-    size_t stdin_len = 0;
-    const char *stdin_data = conch_rpc_strn(params, "stdin", &stdin_len);
-    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
-        conch_err_set(err, errno, "pipe: %s", strerror(errno));
-        goto fail;
-    }
-    if (stdin_data && stdin_len) {
-        /* A memfd holds any amount of stdin without blocking the loop on a pipe. */
-        in = memfd_create("conch-stdin", MFD_CLOEXEC);
-        if (in < 0 || conch_write_all(in, stdin_data, stdin_len) < 0 ||
-            lseek(in, 0, SEEK_SET) < 0) {
-            conch_err_set(err, errno, "stdin: %s", strerror(errno));
-            goto fail;
-        }
-    } else {
-        in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
-    /* exec.run's "shell": "sh" runs /bin/sh as deepagents' LocalShellBackend does. */
-    r->shell = strcmp(conch_rpc_str(params, "shell", "bash"), "sh") ? "/bin/bash" : "/bin/sh";
     char *argv[] = {(char *)r->shell, "-c", (char *)command, NULL};
-    struct conch_jail_cmd cmd = {.argv = argv,
-                                 .envp = env,
-                                 .cwd = cwd,
-                                 .stdin_fd = in,
-                                 .stdout_fd = out[1],
-                                 .stderr_fd = errp[1],
-                                 .last = sb->fresh};
-    if (conch_super_run(&sb->super, &r->proc, &cmd, r->timeout_ms, r->grace_ms, err) < 0)
-        goto fail;
-    close(in);
-    close(out[1]);
-    close(errp[1]);
+    struct conch_jail_cmd cmd = {.argv = argv, .envp = env, .cwd = cwd, .last = sb->fresh};
+    int rc = conch_command_start(&r->cmd, &sb->super, &cmd, err);
     conch_exec_env_free(env);
-    uv_pipe_init(&d->loop, &r->out, 0);
-    uv_pipe_init(&d->loop, &r->err, 0);
-    r->out.data = r->err.data = r;
-    uv_pipe_open(&r->out, out[0]);
-    uv_pipe_open(&r->err, errp[0]);
-    r->out_open = r->err_open = true;
-    r->handles = 2;
-    uv_read_start((uv_stream_t *)&r->out, on_alloc, on_pipe_read);
-    uv_read_start((uv_stream_t *)&r->err, on_alloc, on_pipe_read);
-    if (conch_jail_has_cgroup(sb->jail)) {
-        struct conch_cgroup_stats cgs;
-        conch_jail_cgroup_stats(sb->jail, &cgs);
-        r->oom_base = cgs.oom_kills;
-        r->pids_base = cgs.pids_events;
+    if (rc < 0) {
+        /* Its pipes' handles may be closing: freed once they are. */
+        r->is_job = false;
+        r->finished = true;
+        run_maybe_free(r);
+        return NULL;
     }
-    r->start_ms = conch_daemon_now_ms();
     r->started_at = conch_daemon_now();
     conch_list_add(&sb->runs, &r->link);
     sb->commands++;
     conch_daemon_sandbox_touch(sb);
     return r;
-fail:
-    for (int i = 0; i < 2; i++) {
-        if (out[i] >= 0)
-            close(out[i]);
-        if (errp[i] >= 0)
-            close(errp[i]);
-    }
-    if (in >= 0)
-        close(in);
-    conch_exec_env_free(env);
-    run_free(r);
-    return NULL;
 }
 
 /* The tool calls and detached sub-agent requests of a command (borrowed, NULL: none), into
@@ -336,36 +287,9 @@ static void run_result_fill(struct run *r, struct conch_ws_changes *changes,
                             struct conch_run_result *res)
 {
     memset(res, 0, sizeof(*res));
-    res->out = r->out_cap;
-    res->err = r->err_cap;
-    res->duration_ms = r->end_ms - r->start_ms;
-    struct conch_cgroup_stats cgs = {0};
-    if (r->sb->jail)
-        conch_jail_cgroup_stats(r->sb->jail, &cgs);
-    /* The cgroup's counters are the sandbox's: only what grew during this command counts. */
-    char disk[160];
-    snprintf(disk, sizeof(disk), "the workspace's room for changes (%llu bytes, disk)",
-             (unsigned long long)r->sb->disk_bytes);
-    struct conch_run_end end = {
-        .status = r->end.status,
-        .usage = r->end.usage,
-        .start_failed = r->end.start_failed,
-        .start_err = r->end.err,
-        .start_shell = r->shell,
-        .timed_out = r->end.timed_out,
-        .timeout_ms = r->timeout_ms,
-        .grace_ms = r->grace_ms,
-        .spill_exceeded = r->over_spill ? r->out_cap.spill_max : 0,
-        .memory_exceeded =
-            r->sampled_oom || cgs.oom_kills > r->oom_base ? r->sb->limits.memory_bytes : 0,
-        .memory_sampled = !(r->sb->jail && conch_jail_has_cgroup(r->sb->jail)),
-        .pids_hit = r->sampled_pids || cgs.pids_events > r->pids_base ? r->sb->limits.pids_max : 0,
-        .disk_full =
-            r->sampled_disk || (WIFSIGNALED(r->end.status) && WTERMSIG(r->end.status) == SIGXFSZ)
-                ? disk
-                : NULL,
-    };
-    conch_run_result_end(res, &end);
+    res->out = *conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT);
+    res->err = *conch_command_output(&r->cmd, CONCH_COMMAND_STDERR);
+    conch_command_result(&r->cmd, res);
     res->tools_summary = r->tools.summary;
     /* The workspace's changes so far, scanned by a worker (conch_ws_changes_json_set caps
      * what is listed). */
@@ -397,10 +321,18 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
     return run_result_build(&res, r->tools.calls, r->tools.detached);
 }
 
+/* A job that never ran: its shell could not be executed (the sandbox's fault, as in
+ * conch_run_result_end: 125), or its working directory does not exist (127). */
+static int job_start_failed_code(const struct conch_proc_end *end)
+{
+    return end->err.kind == CONCH_ERR_COMMAND ? CONCH_RUN_EXIT_INFRA : 127;
+}
+
 static void job_record_exit(struct run *r)
 {
+    const struct conch_proc_end *end = conch_command_end(&r->cmd);
     int sig = 0;
-    int code = r->end.start_failed ? CONCH_RUN_EXIT_INFRA : conch_exit_code(r->end.status, &sig);
+    int code = end->start_failed ? job_start_failed_code(end) : conch_exit_code(end->status, &sig);
     struct conch_state_job rec;
     memset(&rec, 0, sizeof(rec));
     snprintf(rec.id, sizeof(rec.id), "%s", r->job_id);
@@ -410,8 +342,10 @@ static void job_record_exit(struct run *r)
     rec.signal = sig;
     rec.started_at = r->started_at;
     rec.ended_at = conch_daemon_now();
-    snprintf(rec.stdout_spill, sizeof(rec.stdout_spill), "%s", r->out_cap.spill_path);
-    snprintf(rec.stderr_spill, sizeof(rec.stderr_spill), "%s", r->err_cap.spill_path);
+    snprintf(rec.stdout_spill, sizeof(rec.stdout_spill), "%s",
+             conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT)->spill_path);
+    snprintf(rec.stderr_spill, sizeof(rec.stderr_spill), "%s",
+             conch_command_output(&r->cmd, CONCH_COMMAND_STDERR)->spill_path);
     conch_state_job_put(r->sb->d->state, &rec, NULL);
 }
 
@@ -419,18 +353,20 @@ static json_t *job_status_json(struct run *r)
 {
     if (!r->finished)
         return json_pack("{s:b,s:n,s:n}", "running", 1, "exit_code", "signal");
+    const struct conch_proc_end *end = conch_command_end(&r->cmd);
     json_t *o;
-    if (r->end.start_failed) {
-        o = json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", CONCH_RUN_EXIT_INFRA, "signal");
+    if (end->start_failed) {
+        o = json_pack("{s:b,s:i,s:n}", "running", 0, "exit_code", job_start_failed_code(end),
+                      "signal");
     } else {
         int sig;
-        int code = conch_exit_code(r->end.status, &sig);
+        int code = conch_exit_code(end->status, &sig);
         o = json_pack("{s:b,s:i,s:o}", "running", 0, "exit_code", code, "signal",
                       sig ? json_integer(sig) : json_null());
     }
     /* Ended without its own report (the warden died, the sandbox was stopped): say why. */
-    if (o && r->end.lost && r->end.why)
-        json_object_set_new(o, "lost", json_string(r->end.why));
+    if (o && end->lost && end->why)
+        json_object_set_new(o, "lost", json_string(end->why));
     run_tools_json(r, o);
     if (o && r->tools.summary)
         json_object_set_new(o, "tools_summary", json_string(r->tools.summary));
@@ -474,8 +410,8 @@ static void forget_old_jobs(struct daemon *d, struct run *keep)
         if (!r->finished || r == keep)
             continue;
         conch_state_job_delete(d->state, r->job_id, NULL);
-        unlink_spill(&r->out_cap);
-        unlink_spill(&r->err_cap);
+        unlink_spill(conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT));
+        unlink_spill(conch_command_output(&r->cmd, CONCH_COMMAND_STDERR));
         run_free_job(r);
         done--;
     }
@@ -567,8 +503,9 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes)
  * a fresh sandbox goes with its one command. */
 static void run_answer(struct run *r, struct conch_ws_changes *changes)
 {
-    size_t kept =
-        r->out_cap.head_len + r->out_cap.tail_len + r->err_cap.head_len + r->err_cap.tail_len;
+    const struct conch_output *out = conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT);
+    const struct conch_output *err = conch_command_output(&r->cmd, CONCH_COMMAND_STDERR);
+    size_t kept = out->head_len + out->tail_len + err->head_len + err->tail_len;
     if (kept > ANSWER_ON_LOOP_MAX && run_answer_async(r, changes))
         return;
     conch_rpc_call_reply(r->call, run_result(r, changes));
@@ -586,18 +523,27 @@ static void run_changes_done(void *arg, int rc, struct conch_ws_changes *changes
     run_maybe_free(r);
 }
 
-static void run_try_finish(struct run *r)
+/* The disk limit as a report names it. */
+static void run_disk_what(const struct run *r, char *buf, size_t size)
 {
-    if (r->finished || !r->exited || r->out_open || r->err_open)
-        return;
+    snprintf(buf, size, "the workspace's room for changes (%llu bytes, disk)",
+             (unsigned long long)r->sb->disk_bytes);
+}
+
+/* The driver finished @r (its end came, its pipes are closed): record a job's end, or answer
+ * an exec.run. */
+static void run_finish(struct run *r)
+{
     r->finished = true;
-    r->end_ms = conch_daemon_now_ms();
     conch_list_del(&r->link);
     struct sandbox *sb = r->sb;
-    /* The spill files stay (a job's output is read back from them by offset); their fds
-     * need not: a finished run holds none. */
-    close_spill(&r->out_cap);
-    close_spill(&r->err_cap);
+    const struct conch_proc_end *end = conch_command_end(&r->cmd);
+    /* A file larger than the disk limit (RLIMIT_FSIZE) is the disk limit too. */
+    if (!end->start_failed && WIFSIGNALED(end->status) && WTERMSIG(end->status) == SIGXFSZ) {
+        char what[160];
+        run_disk_what(r, what, sizeof(what));
+        conch_command_disk_full(&r->cmd, what);
+    }
     if (r->is_job) {
         /* A short command ends between two samples of the disk: measure what it left. */
         conch_daemon_sandbox_measure(sb);
@@ -620,9 +566,9 @@ static void run_try_finish(struct run *r)
         conch_daemon_sandbox_measure(sb);
         return;
     }
-    if (r->end.lost && sb->super.gone) {
+    if (end->lost && sb->super.gone) {
         conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
-                             "the command was stopped: %s", r->end.why);
+                             "the command was stopped: %s", end->why);
         r->call = NULL;
         return;
     }
@@ -647,12 +593,11 @@ static void run_try_finish(struct run *r)
 
 void conch_daemon_run_forget(struct run *r)
 {
-    close_pipe(r, &r->out, &r->out_open);
-    close_pipe(r, &r->err, &r->err_open);
-    if (!r->finished) {
-        r->exited = true;
-        run_try_finish(r);
-    }
+    /* The driver closes the pipes and, if no end came, ends it as lost: its callbacks run
+     * now, but @r is freed below, once. */
+    r->forgetting = true;
+    conch_command_abandon(&r->cmd, "the sandbox was destroyed");
+    r->forgetting = false;
     if (r->is_job)
         run_free_job(r);
     else
@@ -670,50 +615,52 @@ static const char *run_origin_id(const struct run *r)
 }
 
 /* The command runs: tool calls from its pid namespace are its own. */
-static void run_started(struct conch_proc *p, pid_t pid)
+static void run_started(struct conch_command *c, pid_t pid, uint64_t pidns_ino)
 {
-    struct run *r = p->data;
+    struct run *r = c->data;
     (void)pid;
     if (r->sb->bridge && conch_bridge_origin_begin(r->sb->bridge, run_origin_kind(r),
-                                                   run_origin_id(r), p->pidns_ino) < 0)
+                                                   run_origin_id(r), pidns_ino) < 0)
         log_warn("sandbox %s: out of memory tracing tool calls", r->sb->id);
 }
 
-/* The supervisor's final event for @p: exactly once per run. */
-static void run_ended(struct conch_proc *p, const struct conch_proc_end *end)
+/* Its final event (exactly once): its calls still pending are cancelled; what it called goes
+ * into its result. */
+static void run_ended(struct conch_command *c)
 {
-    struct run *r = p->data;
-    r->exited = true;
-    r->end = *end;
-    /* Its calls still pending are cancelled; what it called goes into its result. */
+    struct run *r = c->data;
     if (r->sb->bridge)
         conch_bridge_origin_end(r->sb->bridge, run_origin_kind(r), run_origin_id(r), &r->tools);
-    if (end->lost) {
-        /* Nothing more will be written that anyone waits for. */
-        close_pipe(r, &r->out, &r->out_open);
-        close_pipe(r, &r->err, &r->err_open);
-    }
-    run_try_finish(r);
+}
+
+static void run_finished(struct conch_command *c)
+{
+    struct run *r = c->data;
+    run_finish(r);
     run_maybe_free(r);
 }
 
-static const struct conch_proc_ops run_proc_ops = {.started = run_started, .ended = run_ended};
+static const struct conch_command_ops run_command_ops = {
+    .watch = run_watch,
+    .output = run_output,
+    .started = run_started,
+    .ended = run_ended,
+    .finished = run_finished,
+};
 
-/* Sampling saw the sandbox over a limit: memory and disk kill @r, the process limit is only
- * noted (forks fail by themselves). */
-void conch_daemon_run_limit_hit(struct run *r, enum run_limit which)
+void conch_daemon_run_limit_hit(struct run *r, unsigned limits)
+{
+    if (!r->finished)
+        conch_command_limit_hit(&r->cmd, limits);
+}
+
+void conch_daemon_run_disk_full(struct run *r)
 {
     if (r->finished)
         return;
-    if (which == RUN_LIMIT_PIDS) {
-        r->sampled_pids = true;
-        return;
-    }
-    if (which == RUN_LIMIT_MEMORY)
-        r->sampled_oom = true;
-    else
-        r->sampled_disk = true;
-    run_signal(r, SIGKILL);
+    char what[160];
+    run_disk_what(r, what, sizeof(what));
+    conch_command_disk_full(&r->cmd, what);
 }
 
 /* Checks of exec.run / job.start params beyond their JSON types. Returns false after
@@ -900,8 +847,8 @@ void conch_daemon_handle_job_output(struct conch_rpc_call *call, json_t *params,
     long long max = conch_rpc_int(params, "max_bytes", 65536);
     if (max <= 0 || max > (16 << 20))
         max = 65536;
-    json_t *out = read_stream(&r->out_cap, &so, max);
-    json_t *err = read_stream(&r->err_cap, &eo, max);
+    json_t *out = read_stream(conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT), &so, max);
+    json_t *err = read_stream(conch_command_output(&r->cmd, CONCH_COMMAND_STDERR), &eo, max);
     json_t *st = job_status_json(r);
     json_object_set_new(st, "stdout", out);
     json_object_set_new(st, "stderr", err);
@@ -972,7 +919,7 @@ void conch_daemon_handle_job_kill(struct conch_rpc_call *call, json_t *params, v
         return;
     }
     if (!r->finished)
-        run_signal(r, sig);
+        conch_command_signal(&r->cmd, sig);
     conch_rpc_call_reply(call, json_pack("{s:b}", "killed", !r->finished));
 }
 

@@ -18,6 +18,7 @@
 #include "daemon/lifecycle.h"
 #include "daemon/state.h"
 #include "daemon/statedir.h"
+#include "exec/command.h"
 #include "exec/output.h"
 #include "fs/fs.h"
 #include "jail/jail.h"
@@ -150,7 +151,9 @@ struct run {
     struct conch_list link;  /* in sandbox->runs, then sandbox->done_jobs (jobs) */
     struct conch_list dlink; /* in daemon->jobs (jobs only) */
     struct sandbox *sb;
-    struct conch_proc proc; /* the supervisor's process object */
+    /* The command driver (exec/command.h): its pipes, output captures, final event and
+     * classification; commands.c is its libuv adapter. */
+    struct conch_command cmd;
     bool is_job;
     char job_id[32];
     char *command;
@@ -159,17 +162,10 @@ struct run {
     struct conch_rpc_sink *notify; /* where exec.output / job.exited go (a reference) */
     json_t *request_id;            /* of the exec.run, for exec.output notifications */
     bool stream;
-    uv_pipe_t out, err;
-    bool out_open, err_open;
-    struct conch_output out_cap, err_cap;
-    bool exited, finished;
-    struct conch_proc_end end;
-    uint64_t start_ms, end_ms;
-    uint64_t timeout_ms, grace_ms;
-    uint64_t oom_base, pids_base;   /* the sandbox cgroup's counters when it started */
-    bool sampled_oom, sampled_pids; /* limits seen by sampling (no cgroup) */
-    bool sampled_disk;
-    bool over_spill;           /* output went past the spill cap: killed */
+    uv_poll_t polls[2];        /* the command's output pipes, as its driver asks (ops->watch) */
+    unsigned polls_open;       /* a bit per stream: polls[stream] is initialised, not closed */
+    bool finished;             /* the driver finished it (or it was dropped before it started) */
+    bool forgetting;           /* conch_daemon_run_forget runs: its callbacks must not free it */
     int handles;               /* libuv handles still open */
     bool scanning;             /* a worker lists the workspace's changes for the result */
     bool answering;            /* a worker builds the result (large output) */
@@ -383,10 +379,13 @@ void conch_sb_lease_answer(struct sandbox *sb, int r, const struct conch_err *er
 /* conch_daemon_run_forget - the sandbox of @r goes: stop reading its output, answer its exec.run if
  * that is still due, and free it (a job's record too). Its command has ended or been ended. */
 void conch_daemon_run_forget(struct run *r);
-enum run_limit { RUN_LIMIT_NONE, RUN_LIMIT_MEMORY, RUN_LIMIT_PIDS, RUN_LIMIT_DISK };
-/* conch_daemon_run_limit_hit - sampling saw the sandbox over a limit: memory and disk kill @r, the
- * process limit is only noted (forks fail by themselves). */
-void conch_daemon_run_limit_hit(struct run *r, enum run_limit which);
+/* conch_daemon_run_limit_hit - sampling saw the sandbox at @limits (CONCH_LIMIT_* bits of
+ * exec/command.h): memory kills @r, the process limit is only noted (forks fail by themselves).
+ * Nothing once @r has finished. */
+void conch_daemon_run_limit_hit(struct run *r, unsigned limits);
+/* conch_daemon_run_disk_full - the sandbox's disk use passed its limit: kill @r, whose report
+ * names the limit. Nothing once @r has finished. */
+void conch_daemon_run_disk_full(struct run *r);
 void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* conch_daemon_handle_exec_signal - exec.signal (execsignal.c). */
 void conch_daemon_handle_exec_signal(struct conch_rpc_call *call, json_t *params, void *ctx);

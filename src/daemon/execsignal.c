@@ -39,7 +39,7 @@ void conch_daemon_handle_exec_signal(struct conch_rpc_call *call, json_t *params
         if (r->is_job || r->finished || !r->call || !c->sink || r->notify != c->sink ||
             !json_equal(r->request_id, id))
             continue;
-        conch_super_signal(&r->proc, sig);
+        conch_command_signal(&r->cmd, sig);
         conch_rpc_call_reply(call, json_pack("{s:b}", "signalled", 1));
         return;
     }

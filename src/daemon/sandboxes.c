@@ -210,7 +210,7 @@ static void measure_done(uv_work_t *req, int status)
         struct conch_list *pos, *tmp;
         conch_list_for_each_safe(pos, tmp, &sb->runs)
         {
-            conch_daemon_run_limit_hit(conch_list_entry(pos, struct run, link), RUN_LIMIT_DISK);
+            conch_daemon_run_disk_full(conch_list_entry(pos, struct run, link));
         }
     }
     free(m);
@@ -296,18 +296,10 @@ static void on_sample(uv_timer_t *t)
         measure_start(sb);
     if (!sb->jail || conch_list_empty(&sb->runs))
         return;
-    enum run_limit hit = RUN_LIMIT_NONE;
-    struct conch_jail_usage u;
-    if (!conch_jail_has_cgroup(sb->jail) && (sb->limits.memory_bytes || sb->limits.pids_max) &&
-        conch_jail_usage(sb->jail, &u) == 0) {
-        if (sb->limits.pids_max && u.processes + 1 >= sb->limits.pids_max)
-            hit = RUN_LIMIT_PIDS;
-        if (sb->limits.memory_bytes && u.rss_bytes > sb->limits.memory_bytes)
-            hit = RUN_LIMIT_MEMORY;
-    }
+    unsigned hit = conch_command_sample(sb->jail, &sb->limits);
     if (++sb->samples % DISK_EVERY == 0)
         measure_start(sb);
-    if (hit == RUN_LIMIT_NONE)
+    if (!hit)
         return;
     struct conch_list *pos, *tmp;
     conch_list_for_each_safe(pos, tmp, &sb->runs)

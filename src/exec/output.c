@@ -358,12 +358,17 @@ int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len)
     return 0;
 }
 
-void conch_output_done(struct conch_output *o)
+void conch_output_close_spill(struct conch_output *o)
 {
     /* spill_path guards the close: a zeroed struct has spill_fd 0, which is not ours. */
     if (o->spill_fd >= 0 && o->spill_path[0])
         close(o->spill_fd);
     o->spill_fd = -1;
+}
+
+void conch_output_done(struct conch_output *o)
+{
+    conch_output_close_spill(o);
     free(o->head);
     o->head = NULL;
     free(o->tail);

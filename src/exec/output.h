@@ -100,6 +100,10 @@ bool conch_output_truncated(const struct conch_output *o);
  */
 int conch_output_text(const struct conch_output *o, char **ret, size_t *ret_len);
 
+/* conch_output_close_spill - close the spill file's fd once the stream has ended (the file
+ * stays on disk, named as before): a finished command holds no fd. */
+void conch_output_close_spill(struct conch_output *o);
+
 /*
  * conch_output_done - close the spill file (it stays on disk) and free buffers. Safe to
  * call twice, after a failed init, and on a zeroed struct (fd 0 is never closed unless

@@ -1,26 +1,24 @@
-/* run.c - one command in a fresh sandbox: start the jail, pump its output through the
- * capture buffers, enforce the deadline, classify how it ended, read (and maybe commit)
- * the workspace changes, tear everything down. */
+/* run.c - `conch run`: one command in a fresh (or leased) sandbox: start the jail, drive the
+ * command (exec/command.c: pipes, captures, limits, classification) from a poll loop that
+ * also forwards signals and drives the supervisor, read (and maybe commit) the workspace
+ * changes, tear everything down. */
 #include "exec/run.h"
 #include "ptc/ptc.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/clock.h"
 #include "core/fsutil.h"
+#include "exec/command.h"
 #include "exec/result.h"
 #include "super/super.h"
 
@@ -168,147 +166,80 @@ static bool path_fs_full(const char *path)
     return statvfs(path, &sv) == 0 && nearly_full(&sv);
 }
 
-struct pump {
-    int fd;
-    int echo_fd;
-    struct conch_output *o;
-};
-
-/* One `conch run` in progress: the sandbox, its supervisor, the command as a process object,
- * and what the loop saw. Each step below takes it. */
+/* One `conch run` in progress: the sandbox, its supervisor, the command (the driver of
+ * exec/command.c, polled here) and the signals it is to receive. Each step below takes it. */
 struct run_ctx {
     const struct conch_run_opts *o;
     struct conch_run_result *res;
     struct conch_jail *jail;
     struct conch_super super;
-    struct conch_proc proc;
-    bool ended;
-    struct conch_proc_end end;
-    struct pump pumps[2];
+    struct conch_command cmd;
     int sigfd;
-    bool over_spill, sampled_oom, sampled_pids;
 };
 
-static void run_proc_ended(struct conch_proc *p, const struct conch_proc_end *end)
+/* --stream: the head of each stream is copied to ours as it comes. */
+static void run_output(struct conch_command *c, int stream, const char *buf, size_t len,
+                       uint64_t before)
 {
-    struct run_ctx *x = p->data;
-    x->ended = true;
-    x->end = *end;
+    struct run_ctx *x = c->data;
+    if (x->o->stream)
+        stream_head(stream == CONCH_COMMAND_STDOUT ? 1 : 2, conch_command_output(c, stream), buf,
+                    len, before);
 }
 
-static const struct conch_proc_ops run_proc_ops = {.ended = run_proc_ended};
+/* This loop asks conch_command_fd() before each poll: no watch callback. */
+static const struct conch_command_ops run_command_ops = {.output = run_output};
 
-/* Step 1: send the command to the sandbox, its output into two pipes we read. */
+/* Step 1: send the command to the sandbox, its output into the driver's pipes. */
 static int run_start_command(struct run_ctx *x, char **env, struct conch_err *err)
 {
     const struct conch_run_opts *o = x->o;
-    int out_pipe[2], err_pipe[2];
-    if (pipe2(out_pipe, O_CLOEXEC) < 0)
-        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
-    if (pipe2(err_pipe, O_CLOEXEC) < 0) {
-        close(out_pipe[0]);
-        close(out_pipe[1]);
-        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
-    }
-    x->pumps[0] = (struct pump){out_pipe[0], o->stream ? 1 : -1, &x->res->out};
-    x->pumps[1] = (struct pump){err_pipe[0], o->stream ? 2 : -1, &x->res->err};
-    _cleanup_close_ int devnull = -1;
-    int stdin_fd = o->stdin_fd;
-    if (fcntl(stdin_fd, F_GETFD) < 0)
-        stdin_fd = devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     struct conch_jail_cmd cmd = {
         .argv = o->argv,
         .envp = env,
         .cwd = o->cwd ? o->cwd : (o->jail.workspace ? "/workspace" : "/"),
-        .stdin_fd = stdin_fd,
-        .stdout_fd = out_pipe[1],
-        .stderr_fd = err_pipe[1],
         .last = true, /* conch run: its one command, no spare shepherd after it */
         /* as for any program conch run starts, its own sandbox or a daemon's */
         .caller_attrs = true,
         /* --disk is also the largest file, borrowed (the pool sandbox's is its own) or not */
         .max_file = o->jail.file_bytes,
     };
-    x->proc = (struct conch_proc){.ops = &run_proc_ops, .data = x};
-    int r = conch_super_run(&x->super, &x->proc, &cmd, o->timeout_ms, o->grace_ms, err);
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    return r;
-}
-
-/* Without a cgroup, memory and the process count are sampled from the sandbox's /proc: a
- * memory hog is killed like an OOM kill, a full process table is noted. */
-static void run_sample(struct run_ctx *x)
-{
-    const struct conch_cgroup_limits *lim = &x->o->jail.limits;
-    struct conch_jail_usage u;
-    if (conch_jail_usage(x->jail, &u) < 0)
-        return;
-    if (lim->pids_max && u.processes + 1 >= lim->pids_max)
-        x->sampled_pids = true;
-    if (lim->memory_bytes && u.rss_bytes > lim->memory_bytes && !x->sampled_oom) {
-        x->sampled_oom = true;
-        conch_super_signal(&x->proc, SIGKILL);
-    }
-}
-
-/* Read what pump @p has; closes it at EOF. Returns 0 or -errno with @err. */
-static int run_pump_read(struct run_ctx *x, struct pump *p, struct conch_err *err)
-{
-    static char buf[65536]; /* not on the stack, which the caller's ulimit -s may make small */
-    ssize_t got = read(p->fd, buf, sizeof(buf));
-    if (got < 0 && (errno == EINTR || errno == EAGAIN))
-        return 0;
-    if (got <= 0) {
-        close(p->fd);
-        p->fd = -1;
-        return 0;
-    }
-    uint64_t before = p->o->total;
-    int a = conch_output_append(p->o, buf, (size_t)got, err);
-    if (a < 0)
-        return a;
-    if (p->echo_fd >= 0)
-        stream_head(p->echo_fd, p->o, buf, (size_t)got, before);
-    if (a == 1 && !x->over_spill) {
-        /* Past the spill cap the command is stopped: an agent's output flood must not fill
-         * the host's disk, and nobody reads gigabytes of it. */
-        x->over_spill = true;
-        conch_super_signal(&x->proc, SIGKILL);
-    }
-    return 0;
+    return conch_command_start(&x->cmd, &x->super, &cmd, err);
 }
 
 /* Step 2: pump output, forward signals (the first interrupt passes on, as a terminal would
- * to its foreground job; a second one kills) and wait for the command's final event, which
- * always comes. The deadline is the warden's. */
+ * to its foreground job; a second one kills) and wait until the command has finished: its
+ * final event, which always comes, and both streams at their end. The deadline is the
+ * warden's. Without a cgroup, memory and the process count are sampled. */
 static int run_wait(struct run_ctx *x, struct conch_err *err)
 {
+    struct conch_command *c = &x->cmd;
     const struct conch_cgroup_limits *lim = &x->o->jail.limits;
-    bool sample = !conch_jail_has_cgroup(x->jail) && (lim->memory_bytes || lim->pids_max);
+    bool sample = conch_command_sampling_wanted(x->jail, lim);
     uint64_t next_sample = 0;
     int interrupts = 0;
-    while (!x->ended || x->pumps[0].fd >= 0 || x->pumps[1].fd >= 0) {
+    while (!conch_command_finished(c)) {
+        bool ended = conch_command_ended(c);
         struct pollfd pfd[4] = {
-            {.fd = x->pumps[0].fd, .events = POLLIN},
-            {.fd = x->pumps[1].fd, .events = POLLIN},
-            {.fd = x->ended ? -1 : conch_super_fd(&x->super),
+            {.fd = conch_command_fd(c, CONCH_COMMAND_STDOUT), .events = POLLIN},
+            {.fd = conch_command_fd(c, CONCH_COMMAND_STDERR), .events = POLLIN},
+            {.fd = ended ? -1 : conch_super_fd(&x->super),
              .events = POLLIN | (conch_super_wants_write(&x->super) ? POLLOUT : 0)},
             {.fd = x->sigfd, .events = POLLIN},
         };
-        int n = poll(pfd, 4, sample && !x->ended ? SAMPLE_MS : -1);
+        int n = poll(pfd, 4, sample && !ended ? SAMPLE_MS : -1);
         if (n < 0 && errno != EINTR)
             return conch_err_set(err, errno, "poll: %s", strerror(errno));
-        if (sample && !x->ended && conch_clock_ms() >= next_sample) {
+        if (sample && !ended && conch_clock_ms() >= next_sample) {
             next_sample = conch_clock_ms() + SAMPLE_MS;
-            run_sample(x);
+            conch_command_limit_hit(c, conch_command_sample(x->jail, lim));
         }
         if (n <= 0)
             continue;
         for (int i = 0; i < 2; i++) {
             int r;
             if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) &&
-                (r = run_pump_read(x, &x->pumps[i], err)) < 0)
+                (r = conch_command_read(c, i, err)) < 0)
                 return r;
         }
         if (pfd[2].revents & POLLOUT)
@@ -317,47 +248,33 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
             conch_super_dispatch(&x->super);
         struct signalfd_siginfo si;
         while ((pfd[3].revents & POLLIN) && read(x->sigfd, &si, sizeof(si)) == sizeof(si)) {
-            if (!x->ended)
-                conch_super_signal(&x->proc, ++interrupts > 1 ? SIGKILL : (int)si.ssi_signo);
+            if (!conch_command_ended(c))
+                conch_command_signal(c, ++interrupts > 1 ? SIGKILL : (int)si.ssi_signo);
         }
     }
     return 0;
 }
 
-/* Step 3: how did it end? (limits from the cgroup's counters or our samples, a full disk as
- * the explanation of a failure). @upper is the overlay's upper dir or -1. */
+/* Step 3: how did it end? The driver classifies; a full disk (the overlay's upper dir, or
+ * /tmp) is this sandbox's explanation of a failure. @upper is the upper dir or -1. */
 static void run_classify(struct run_ctx *x, int upper)
 {
     const struct conch_run_opts *o = x->o;
-    struct conch_cgroup_stats cgs;
-    conch_jail_cgroup_stats(x->jail, &cgs);
-    x->res->timed_out = x->end.timed_out;
-    struct conch_run_end end = {
-        .status = x->end.status,
-        .usage = x->end.usage,
-        .timed_out = x->end.timed_out,
-        .timeout_ms = o->timeout_ms,
-        .grace_ms = o->grace_ms,
-        .spill_exceeded = x->over_spill ? o->max_spill : 0,
-        .memory_exceeded = cgs.oom_killed || x->sampled_oom ? o->jail.limits.memory_bytes : 0,
-        .memory_sampled = !conch_jail_has_cgroup(x->jail),
-        .pids_hit = cgs.pids_limit_hit || x->sampled_pids ? o->jail.limits.pids_max : 0,
-    };
     /* A full disk only explains a failure: a command may fill /tmp and still succeed. */
     char disk[160];
     char tmp_path[64];
     snprintf(tmp_path, sizeof(tmp_path), "/proc/%d/root/tmp", conch_jail_warden_pid(x->jail));
-    bool failed = conch_exit_code(x->end.status, NULL) != 0;
+    bool failed = conch_exit_code(conch_command_end(&x->cmd)->status, NULL) != 0;
     if (failed && upper >= 0 && fd_fs_full(upper)) {
         snprintf(disk, sizeof(disk), "the workspace's writable layer (%llu bytes, --disk)",
                  (unsigned long long)o->jail.disk_bytes);
-        end.disk_full = disk;
+        conch_command_disk_full(&x->cmd, disk);
     } else if (failed && path_fs_full(tmp_path)) {
         snprintf(disk, sizeof(disk), "/tmp (%llu bytes, --tmp-size)",
                  (unsigned long long)o->jail.tmp_bytes);
-        end.disk_full = disk;
+        conch_command_disk_full(&x->cmd, disk);
     }
-    conch_run_result_end(x->res, &end);
+    conch_command_result(&x->cmd, x->res);
 }
 
 /* Step 4: the workspace's changes, and the commit if asked and the command exited by itself.
@@ -385,20 +302,20 @@ static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
     return 0;
 }
 
-/* The command has ended: fill the result from its final event. Returns 0, or -errno with
+/* The command has finished: fill the result from its final event. Returns 0, or -errno with
  * @err when the sandbox failed it (not the command). */
 static int run_report(struct run_ctx *x, struct conch_err *err)
 {
     const struct conch_run_opts *o = x->o;
-    if (x->end.lost)
-        return conch_err_set(err, EIO, "the command's end was not reported: %s", x->end.why);
-    if (x->end.start_failed) {
-        if (x->end.err.kind != CONCH_ERR_COMMAND && x->end.err.kind != CONCH_ERR_USAGE) {
-            *err = x->end.err;
+    const struct conch_proc_end *end = conch_command_end(&x->cmd);
+    if (end->lost)
+        return conch_err_set(err, EIO, "the command's end was not reported: %s", end->why);
+    if (end->start_failed) {
+        if (end->err.kind != CONCH_ERR_COMMAND && end->err.kind != CONCH_ERR_USAGE) {
+            *err = end->err;
             return -(err->code ? err->code : EIO);
         }
-        struct conch_run_end end = {.start_failed = true, .start_err = x->end.err};
-        conch_run_result_end(x->res, &end);
+        conch_command_result(&x->cmd, x->res);
         return 0;
     }
     _cleanup_close_ int upper = -1;
@@ -423,31 +340,45 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
     return r;
 }
 
+/* Free @x and what it holds, the command's captures going to @res (which owns them after any
+ * failure too: what the command printed before it, for --json). */
+static void run_ctx_free(struct run_ctx *x, struct conch_run_result *res, char **env)
+{
+    conch_command_take_outputs(&x->cmd, &res->out, &res->err);
+    conch_command_done(&x->cmd);
+    conch_exec_env_free(env);
+    free(x);
+}
+
 static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
                     struct conch_run_result *res, struct conch_err *err)
 {
     int r;
     memset(res, 0, sizeof(*res));
     res->out.spill_fd = res->err.spill_fd = -1;
-    const char *spill_dir = o->spill_dir ? o->spill_dir : "/tmp";
-    if ((r = conch_output_init(&res->out, "stdout", o->max_output, o->max_spill, spill_dir, err)) <
-            0 ||
-        (r = conch_output_init(&res->err, "stderr", o->max_output, o->max_spill, spill_dir, err)) <
-            0)
-        return r;
-    char **env = conch_exec_env_build(o->env_extra, o->jail.as_root, err);
-    if (!env)
-        return -(err->code ? err->code : EINVAL);
-
-    uint64_t start = conch_clock_ms();
     struct run_ctx *x = calloc(1, sizeof(*x));
-    if (!x) {
-        conch_exec_env_free(env);
+    if (!x)
         return conch_err_set(err, ENOMEM, "out of memory");
-    }
     x->o = o;
     x->res = res;
-    x->sigfd = x->pumps[0].fd = x->pumps[1].fd = -1;
+    x->sigfd = -1;
+    struct conch_command_opts copts = {
+        .max_output = o->max_output,
+        .max_spill = o->max_spill,
+        .spill_dir = o->spill_dir ? o->spill_dir : "/tmp",
+        .stdin_fd = o->stdin_fd,
+        .timeout_ms = o->timeout_ms,
+        .grace_ms = o->grace_ms,
+        .limits = o->jail.limits,
+    };
+    char **env = NULL;
+    if ((r = conch_command_init(&x->cmd, &copts, &run_command_ops, x, err)) < 0 ||
+        !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, err))) {
+        run_ctx_free(x, res, env);
+        return r < 0 ? r : -(err->code ? err->code : EINVAL);
+    }
+
+    uint64_t start = conch_clock_ms();
     /* The tool bridge: tool_call and the modules are always there (they say when no bridge
      * serves them); the socket only with --tools. */
     struct conch_jail_spec spec = o->jail;
@@ -455,8 +386,7 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     _cleanup_free_ char *ptc_dir = NULL;
     struct conch_err ptc_err = {0};
     if (conch_ptc_find_dir(&ptc_dir, &ptc_err) < 0 && o->tools) {
-        conch_exec_env_free(env);
-        free(x);
+        run_ctx_free(x, res, env);
         return conch_err_setk(err, CONCH_ERR_INFRASTRUCTURE, ENOENT, "--tools: %s", ptc_err.msg);
     }
     spec.ptc_dir = ptc_dir;
@@ -471,8 +401,7 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
         (o->tools && (r = o->tools->start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
         if (x->jail)
             conch_jail_destroy(x->jail);
-        conch_exec_env_free(env);
-        free(x);
+        run_ctx_free(x, res, env);
         return r;
     }
     conch_super_init(&x->super, x->jail);
@@ -489,32 +418,30 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     if (x->sigfd < 0)
         r = conch_err_set(err, errno, "signalfd: %s", strerror(errno));
     else if ((r = run_start_command(x, env, err)) >= 0 && (r = run_wait(x, err)) >= 0) {
-        res->duration_ms = conch_clock_ms() - start;
+        uint64_t duration_ms = conch_clock_ms() - start;
         if (o->tools) {
             o->tools->finish(o->tools, &res->tools);
             res->tools_summary = res->tools.summary;
         }
         r = run_report(x, err);
+        /* conch run's duration counts the sandbox's build too, not only the command's */
+        res->duration_ms = duration_ms;
     }
     if (o->tools) {
         struct conch_run_tool_calls left;
         o->tools->finish(o->tools, &left); /* after a failure: stop its thread */
         conch_run_tool_calls_done(&left);
     }
-    if (r >= 0 && o->stream) {
-        stream_rest(1, &res->out);
-        stream_rest(2, &res->err);
-    }
-
+    /* The supervisor ends the command (lost) if it still runs, before the jail goes. */
     conch_super_done(&x->super, "conch run ended");
-    for (int i = 0; i < 2; i++)
-        if (x->pumps[i].fd >= 0)
-            close(x->pumps[i].fd);
     if (x->sigfd >= 0)
         close(x->sigfd);
     conch_jail_destroy(x->jail);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
-    conch_exec_env_free(env);
-    free(x);
+    run_ctx_free(x, res, env);
+    if (r >= 0 && o->stream) {
+        stream_rest(1, &res->out);
+        stream_rest(2, &res->err);
+    }
     return r < 0 ? r : 0;
 }

@@ -1,6 +1,7 @@
-/* run.h - running one command in a fresh sandbox from start to report: the jail, stdio
- * capture with caps and spill, timeout with grace, limits classification, and the
- * workspace changes (and their commit). What `conch run` is built on. */
+/* run.h - running one command in a fresh sandbox from start to report: the jail, the
+ * command (through the command driver, exec/command.h: stdio capture with caps and spill,
+ * timeout with grace, limits classification), and the workspace changes (and their commit).
+ * What `conch run` is built on. */
 #ifndef CONCH_EXEC_RUN_H
 #define CONCH_EXEC_RUN_H
 
