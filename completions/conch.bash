@@ -104,7 +104,7 @@ _conch()
             fi
             opts="--socket --json --help -h"
             if [[ $cmd == exec ]]; then
-                opts="$opts --interactive -i --tty -t --env --cwd -w --timeout --detach -d"
+                opts="$opts --interactive -i --no-stdin -n --tty -t --env --cwd -w --timeout --detach -d"
             fi ;;
         logs)
             if [[ $args -ge 1 ]]; then

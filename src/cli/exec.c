@@ -25,6 +25,8 @@ static const char usage[] =
     "with its status. Output is printed as it comes; Ctrl-C goes to the command.\n"
     "\n"
     "  -i, --interactive   forward stdin (done anyway when stdin is not a terminal)\n"
+    "  -n, --no-stdin      do not read stdin (as ssh -n): for a caller whose stdin is a pipe\n"
+    "                      it never closes, which would otherwise be waited for\n"
     "  -t, --tty           run CMD on a terminal of the sandbox (-it for a shell or a REPL;\n"
     "                      Ctrl-\\ Ctrl-\\ detaches, the session goes on)\n"
     "  --env K=V           add an environment variable (repeatable)\n"
@@ -38,12 +40,22 @@ static const char usage[] =
     "Exit status: the command's; 124 timeout; 125 the daemon could not be reached or the\n"
     "command could not be run there; 2 usage error; 128+N killed by signal N.\n";
 
-enum { OPT_SOCKET = 1, OPT_JSON, OPT_INTERACTIVE, OPT_TTY, OPT_CWD, OPT_TIMEOUT, OPT_DETACH };
+enum {
+    OPT_SOCKET = 1,
+    OPT_JSON,
+    OPT_INTERACTIVE,
+    OPT_NO_STDIN,
+    OPT_TTY,
+    OPT_CWD,
+    OPT_TIMEOUT,
+    OPT_DETACH
+};
 
 static const struct conch_cli_opt exec_opts[] = {
     {"socket", 0, true, OPT_SOCKET},
     {"json", 0, false, OPT_JSON},
     {"interactive", 'i', false, OPT_INTERACTIVE},
+    {"no-stdin", 'n', false, OPT_NO_STDIN},
     {"tty", 't', false, OPT_TTY},
     {"cwd", 'w', true, OPT_CWD},
     {"detach", 'd', false, OPT_DETACH},
@@ -53,7 +65,7 @@ static const struct conch_cli_opt exec_opts[] = {
 
 struct exec_cli {
     const char *sock;
-    bool json, interactive, tty, detach;
+    bool json, interactive, no_stdin, tty, detach;
     const char *cwd;
     uint64_t timeout_ms;
     bool has_timeout;
@@ -71,6 +83,9 @@ static int exec_opt(void *ctx, int key, const char *value, struct conch_err *err
         break;
     case OPT_INTERACTIVE:
         o->interactive = true;
+        break;
+    case OPT_NO_STDIN:
+        o->no_stdin = true;
         break;
     case OPT_TTY:
         o->tty = true;
@@ -321,7 +336,7 @@ int conch_cli_exec(int argc, char **argv)
     /* stdin: read before anything runs (the request carries it). A terminal is read only
      * when asked (-i); with -t the terminal is the session's keyboard. */
     json_t *in = NULL;
-    if (!o.tty && (o.interactive || !isatty(STDIN_FILENO))) {
+    if (!o.tty && !o.no_stdin && (o.interactive || !isatty(STDIN_FILENO))) {
         in = read_stdin();
         if (!in) {
             free(cmd);

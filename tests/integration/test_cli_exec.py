@@ -39,6 +39,19 @@ def test_piped_stdin_reaches_the_command(d, dev):
     assert p.returncode == 0 and p.stdout.strip() == b"3", p
 
 
+def test_no_stdin_does_not_wait_for_a_pipe_that_never_closes(d, dev):
+    """A caller whose stdin is a pipe it never closes (Node's execFile, a supervisor) uses -n,
+    as with ssh -n: the command runs at once and nothing is read."""
+    r, w = os.pipe()
+    try:
+        p = subprocess.run([CONCH_BIN, "exec", "--socket", d.sock, "-n", "dev", "--", "echo", "ran"],
+                           stdin=r, capture_output=True, timeout=60)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert p.returncode == 0 and p.stdout == b"ran\n", p
+
+
 def test_output_is_printed_as_it_is_produced(d, dev):
     proc = subprocess.Popen([CONCH_BIN, "exec", "--socket", d.sock, "dev", "--", "bash", "-c",
                              "echo first; echo err-first >&2; "
