@@ -154,9 +154,9 @@ char *conch_cli_error_text(const char *msg)
         if (msg == start || !(isalnum((unsigned char)msg[-1]) || msg[-1] == '_'))
             for (k = 0; k < sizeof(method_verbs) / sizeof(method_verbs[0]); k++) {
                 size_t ml = strlen(method_verbs[k].method);
-                char next = msg[ml];
+                /* msg[ml] only once the first ml bytes matched: msg may be shorter */
                 if (!strncmp(msg, method_verbs[k].method, ml) &&
-                    !(isalnum((unsigned char)next) || next == '_'))
+                    !(isalnum((unsigned char)msg[ml]) || msg[ml] == '_'))
                     break;
             }
         if (k < sizeof(method_verbs) / sizeof(method_verbs[0])) {
