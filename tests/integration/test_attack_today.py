@@ -120,3 +120,23 @@ def test_js_recursion_and_memory_exhaustion_are_errors_and_the_worker_lives_on(j
     with open(f"/proc/{jsw.proc.pid}/status") as f:
         hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     assert hwm < 512 << 10, f"the worker peaked at {hwm} KiB (its engine's heap is capped)"
+
+
+# ---- sandbox names through the protocol: "1 to 64 of [a-zA-Z0-9_.-], beginning with a letter
+# or a digit, unique" -----------------------------------------------------------------------
+
+
+def test_sandbox_names_with_odd_bytes_are_refused_not_cut(rpc, sandbox):
+    # The daemon reads "\u0000" in strings (command output may hold NUL bytes): a name with one
+    # was cut at it, and "a\u0000b" made a sandbox named "a" (failed before the fix).
+    for bad in ["a\u0000b", "x\u0000", "\u0000", "a\u00e9", "\u0661", "a b", "a/b", "-a", ".a",
+                "a\nb", "a" * 65, ""]:
+        with pytest.raises(RpcError) as e:
+            sandbox(name=bad)
+        assert e.value.data_code == "invalid_params" and e.value.data.get("param") == "name", bad
+    assert not [s for s in rpc.call("sandbox.list")["sandboxes"] if s["name"] is not None]
+    sb = sandbox(name="ok.Name-1_" + "z" * 54)
+    assert rpc.call("sandbox.get", {"id": sb})["name"] == "ok.Name-1_" + "z" * 54
+    with pytest.raises(RpcError) as e:
+        sandbox(name="ok.Name-1_" + "z" * 54)
+    assert "taken" in e.value.message
