@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN
+from conftest import ASAN, CONCH_BIN
 from rpcclient import Client, RpcError
 
 
@@ -140,3 +140,54 @@ def test_sandbox_names_with_odd_bytes_are_refused_not_cut(rpc, sandbox):
     with pytest.raises(RpcError) as e:
         sandbox(name="ok.Name-1_" + "z" * 54)
     assert "taken" in e.value.message
+
+
+# ---- budgets: "everything a sandbox or a client can make the daemon hold is charged to a
+# budget before it is held" ----------------------------------------------------------------
+
+
+def _status_kb(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+@pytest.mark.skipif(ASAN, reason="memory figures of a sanitizer build mean little")
+@pytest.mark.xfail(strict=True, reason=(
+    "finding: an exec.run's response line, queued to a client that does not read it, is "
+    "charged to no budget, and it is far larger than the output it was made of: each byte "
+    "of stdout 0x01 is 6 bytes of JSON ('\\u0001') and it comes twice (stdout and text), so "
+    "--max-output-memory bounds the kept output, not the lines; with connections unbounded "
+    "in number, 10 connections x 8 MiB of such output took the daemon to 620 MiB (VmHWM) "
+    "while daemon.ping's held said 64 MiB"))
+def test_unread_responses_stay_within_the_output_budget(daemon_factory):
+    d = daemon_factory(extra_args=["--pool", "0", "--max-output-memory", "8M"])
+    rpc = d.client()
+    sb = rpc.call("sandbox.create", {}, timeout=30)["id"]
+    rpc.call("exec.run", {"sandbox": sb, "command": "true"})
+    base = _status_kb(d.pid, "VmHWM")
+    socks = []
+    try:
+        for i in range(6):
+            s = socket.socket(socket.AF_UNIX)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(d.sock)
+            socks.append(s)  # never read
+            req = {"jsonrpc": "2.0", "id": 1, "method": "exec.run", "params": {
+                "sandbox": sb, "max_output": 2 << 20, "changes": False,
+                "command": "head -c 2M /dev/zero | tr '\\0' '\\1'"}}
+            s.sendall(json.dumps(req).encode() + b"\n")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                g = rpc.call("sandbox.get", {"id": sb})
+                if g["running"] == 0 and g["commands"] >= i + 2:
+                    break
+                time.sleep(0.1)
+            time.sleep(0.5)  # its answer built and queued
+        grown = (_status_kb(d.pid, "VmHWM") - base) >> 10
+        held = rpc.call("daemon.ping")["held"]
+        # 8 MiB of output budget; 6 runs of 2 MiB: what it holds for them (and the malloc
+        # slack around it) should stay within a few times the budget, not grow with them
+        assert grown < 40, f"the daemon grew by {grown} MiB for unread answers (held: {held})"
+    finally:
+        for s in socks:
+            s.close()
