@@ -122,6 +122,28 @@ def test_js_recursion_and_memory_exhaustion_are_errors_and_the_worker_lives_on(j
     assert hwm < 512 << 10, f"the worker peaked at {hwm} KiB (its engine's heap is capped)"
 
 
+def test_js_a_late_tool_answer_from_before_a_reset_is_not_taken_by_the_next_script(jsw):
+    # A script whose tool call was not answered by its deadline; the session is reset for the
+    # next user; that tool's answer comes late, while the next script's first call is out.
+    # Call ids started again at 1 in the new session, so the stale answer was taken as the new
+    # call's (failed before the fix: the second script got "stale secret").
+    jsw.send({"method": "eval", "params": {"tools": ["t"], "code": "await tools.t('first')",
+                                           "timeout_ms": 300}})
+    old = jsw.recv()["tool_call"]
+    assert jsw.recv()["result"]["error"]["name"] == "TimeoutError"
+    jsw.send({"method": "reset"})
+    assert jsw.recv()["result"] == {"reset": True}
+    jsw.send({"method": "eval", "params": {"tools": ["t"], "code": "await tools.t('second')"}})
+    jsw.send({"method": "tool_result", "params": {"id": old["id"], "ok": True,
+                                                  "value": "stale secret"}})
+    new = jsw.recv()["tool_call"]
+    assert new["input"] == "second"
+    assert new["id"] != old["id"], "a call id was given again after a reset"
+    jsw.send({"method": "tool_result", "params": {"id": new["id"], "ok": True, "value": "fresh"}})
+    r = jsw.recv()["result"]
+    assert r["value"] == "fresh", r
+
+
 # ---- sandbox names through the protocol: "1 to 64 of [a-zA-Z0-9_.-], beginning with a letter
 # or a digit, unique" -----------------------------------------------------------------------
 
