@@ -67,11 +67,13 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
 }
 
 /* A sandbox's name, as container names are: [a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}, and unique
- * among the sandboxes (stopped ones included). Returns false after failing @call. */
-static bool name_ok(struct daemon *d, struct conch_rpc_call *call, const char *name)
+ * among the sandboxes (stopped ones included). @len is the JSON string's length: a NUL byte
+ * ("a\u0000b") is refused, not cut at (the sandbox would be named "a"). Returns false after
+ * failing @call. */
+static bool name_ok(struct daemon *d, struct conch_rpc_call *call, const char *name, size_t len)
 {
     size_t n = strlen(name);
-    bool ok = n >= 1 && n <= 64 && isalnum((unsigned char)name[0]);
+    bool ok = n == len && n >= 1 && n <= 64 && isalnum((unsigned char)name[0]);
     for (size_t i = 1; ok && i < n; i++)
         ok = isalnum((unsigned char)name[i]) || strchr("_.-", name[i]);
     if (!ok) {
@@ -99,7 +101,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
 {
     struct client *c = ctx;
     const char *name = conch_rpc_str(params, "name", NULL);
-    if (name && !name_ok(c->d, call, name))
+    if (name && !name_ok(c->d, call, name, json_string_length(json_object_get(params, "name"))))
         return;
     struct sandbox_spec spec;
     if (!conch_daemon_spec_from_params(call, params, &spec))

@@ -253,9 +253,15 @@ static int new_session(struct worker *w, struct conch_err *err)
                                  .write_file = worker_write,
                                  .tool_start = worker_tool_start,
                                  .wait = worker_wait};
+    /* Call ids go on from the last session's: an answer to a call of the session before a
+     * reset, coming late, must find no call, not the new session's call of the same id. */
+    uint64_t next_call_id = w->s ? w->s->next_call_id : 0;
     conch_js_session_free(w->s);
     w->s = NULL;
-    return conch_js_session_new(&w->limits, &host, &w->s, err);
+    int r = conch_js_session_new(&w->limits, &host, &w->s, err);
+    if (r == 0)
+        w->s->next_call_id = next_call_id;
+    return r;
 }
 
 static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
