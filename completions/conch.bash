@@ -57,7 +57,7 @@ _conch()
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
         --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|\
-        --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory)
+        --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
             return ;;
     esac
 
@@ -83,7 +83,8 @@ _conch()
         serve)
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
                   --idle-timeout --max-output-memory --max-bridge-memory
-                  --max-sandbox-bridge-memory --help -h" ;;
+                  --max-sandbox-bridge-memory --max-held --max-sandbox-held
+                  --max-client-output-memory --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;

@@ -46,6 +46,10 @@ static const char serve_usage[] =
     "                      and keys waiting for the terminal; past it, what does not fit\n"
     "                      is refused (`limit`) or kept smaller (scrollback)\n"
     "  --max-held BYTES    the same for all sandboxes together (default 256M)\n"
+    "  --max-client-output-memory BYTES\n"
+    "                      responses queued for clients that do not read them, all\n"
+    "                      clients together (default 128M; each client also at most 64M):\n"
+    "                      past it, the clients with the most unread are disconnected\n"
     "  (--max-sandbox-bridge-memory and --max-bridge-memory are older names of the two)\n";
 
 enum {
@@ -57,6 +61,7 @@ enum {
     OPT_MAX_SANDBOXES,
     OPT_IDLE,
     OPT_MAX_OUTPUT_MEMORY,
+    OPT_MAX_CLIENT_OUTPUT_MEMORY,
     OPT_MAX_HELD,
     OPT_MAX_SANDBOX_HELD
 };
@@ -70,6 +75,7 @@ static const struct conch_cli_opt serve_opts[] = {
     {"max-sandboxes", 0, true, OPT_MAX_SANDBOXES},
     {"idle-timeout", 0, true, OPT_IDLE},
     {"max-output-memory", 0, true, OPT_MAX_OUTPUT_MEMORY},
+    {"max-client-output-memory", 0, true, OPT_MAX_CLIENT_OUTPUT_MEMORY},
     {"max-held", 0, true, OPT_MAX_HELD},
     {"max-sandbox-held", 0, true, OPT_MAX_SANDBOX_HELD},
     {"max-bridge-memory", 0, true, OPT_MAX_HELD},
@@ -126,6 +132,10 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
         break;
     case OPT_MAX_OUTPUT_MEMORY:
         r = conch_parse_size(value, "--max-output-memory", &c->o.max_output_memory, err);
+        break;
+    case OPT_MAX_CLIENT_OUTPUT_MEMORY:
+        r = conch_parse_size(value, "--max-client-output-memory", &c->o.max_client_output_memory,
+                             err);
         break;
     case OPT_MAX_HELD:
         r = conch_parse_size(value, "--max-held", &c->o.max_held, err);

@@ -321,11 +321,16 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
     return run_result_build(&res, r->tools.calls, r->tools.detached);
 }
 
-/* A job that never ran: its shell could not be executed (the sandbox's fault, as in
- * conch_run_result_end: 125), or its working directory does not exist (127). */
+/* A job that never ran: its shell is missing or not executable (the sandbox's fault, as in
+ * conch_run_result_end: 125), or the caller's request could not start (a working directory
+ * that does not exist: 127; arguments too long: 126). */
 static int job_start_failed_code(const struct conch_proc_end *end)
 {
-    return end->err.kind == CONCH_ERR_COMMAND ? CONCH_RUN_EXIT_INFRA : 127;
+    int code = end->err.code;
+    if (end->err.kind == CONCH_ERR_COMMAND &&
+        (code == ENOENT || code == EACCES || code == ENOEXEC || code == ELIBBAD))
+        return CONCH_RUN_EXIT_INFRA;
+    return code == ENOENT ? 127 : 126;
 }
 
 static void job_record_exit(struct run *r)

@@ -46,6 +46,7 @@ struct client {
     /* Output buffer limits (redis's client-output-buffer-limit), on the bytes of responses
      * libuv holds because the kernel has not taken them (uv_stream_get_write_queue_size). */
     bool congested;                  /* queued went past the soft limit and has not drained yet */
+    size_t counted;                  /* its queued bytes, as counted in daemon.clients_queued */
     struct conch_list drain_waiters; /* struct sink_waiter, called when no longer congested */
     /* The tool bridge: calls delivered to this client (tool.call, agent.spawn) awaiting its
      * response (struct out_call, tools.c), and the id of the last one sent. */
@@ -232,6 +233,9 @@ struct daemon {
      * (sandbox->held) draws on held_budget; every command's output kept in memory (exec.run's
      * head and tail, session.run's) is charged to output_budget. */
     struct conch_budget held_budget, output_budget;
+    /* Bytes of responses queued for clients, all together (struct client.counted summed):
+     * held to opts.max_client_output_memory by disconnecting the clients with the most. */
+    uint64_t clients_queued;
 };
 
 /* server.c */

@@ -24,6 +24,10 @@ struct conch_daemon_opts {
     uint64_t max_sandbox_held;  /* default 64 MiB */
     uint64_t max_held;          /* default 256 MiB */
     uint64_t max_output_memory; /* default 64 MiB */
+    /* Responses queued for clients that have not read them, all clients together (each one
+     * is also held to CLIENT_OUTPUT_HARD): past it, the clients with the most unread are
+     * disconnected. Default 128 MiB. */
+    uint64_t max_client_output_memory;
 };
 
 /* conch_daemon_opts_init - the defaults above. */

@@ -80,6 +80,7 @@ void conch_daemon_opts_init(struct conch_daemon_opts *o)
     o->max_sandbox_held = 64u << 20;
     o->max_held = 256u << 20;
     o->max_output_memory = 64u << 20;
+    o->max_client_output_memory = 128u << 20;
 }
 
 void conch_daemon_socket(char *buf, size_t size)
@@ -137,6 +138,9 @@ void conch_daemon_client_close(struct client *c)
         return;
     c->closing = true;
     conch_list_del(&c->link);
+    /* Its queue goes with its handle: no longer counted. */
+    c->d->clients_queued -= c->counted;
+    c->counted = 0;
     client_wake_waiters(c);
     conch_daemon_client_tools_gone(c);
     conch_daemon_sandboxes_client_gone(c->d, c->sink);
@@ -160,6 +164,38 @@ static size_t client_queued(struct client *c)
     return uv_stream_get_write_queue_size((uv_stream_t *)(c->stdio ? &c->out : &c->in));
 }
 
+/* Count @c's queue as it is now in the daemon-wide total. */
+static void client_count_queued(struct client *c)
+{
+    size_t q = c->closing ? 0 : client_queued(c);
+    c->d->clients_queued = c->d->clients_queued - c->counted + q;
+    c->counted = q;
+}
+
+/* All clients' unread responses together past the daemon's budget: disconnect the clients
+ * with the most unread until they fit, as redis's maxmemory-clients evicts its largest
+ * clients. A client that reads keeps a short queue (the kernel takes its responses), so the
+ * ones that go are those that do not read, whoever added the last byte. */
+static void clients_fit_budget(struct daemon *d)
+{
+    while (d->clients_queued > d->opts.max_client_output_memory) {
+        struct client *most = NULL;
+        struct conch_list *pos;
+        for (pos = d->clients.next; pos != &d->clients; pos = pos->next) {
+            struct client *c = conch_list_entry(pos, struct client, link);
+            if (!c->closing && c->counted && (!most || c->counted > most->counted))
+                most = c;
+        }
+        if (!most)
+            return;
+        log_warn("client disconnected: %zu bytes of responses unread, the most of any client, "
+                 "when all clients' unread responses passed %llu bytes (conch serve "
+                 "--max-client-output-memory)",
+                 most->counted, (unsigned long long)d->opts.max_client_output_memory);
+        conch_daemon_client_close(most);
+    }
+}
+
 static void on_written(uv_write_t *req, int status)
 {
     struct write_req *w = (struct write_req *)req;
@@ -167,6 +203,7 @@ static void on_written(uv_write_t *req, int status)
     free(w->data);
     free(w);
     (void)status;
+    client_count_queued(c);
     if (c->congested && !c->closing && client_queued(c) <= CLIENT_OUTPUT_SOFT / 2)
         client_wake_waiters(c);
 }
@@ -231,6 +268,8 @@ static void client_send_line(void *ctx, char *line, size_t len)
     }
     if (queued > CLIENT_OUTPUT_SOFT)
         c->congested = true;
+    client_count_queued(c);
+    clients_fit_budget(c->d);
 }
 
 static void client_send(void *ctx, json_t *msg)

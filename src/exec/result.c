@@ -220,9 +220,12 @@ int conch_exit_code(int status, int *ret_signal)
 void conch_run_result_end(struct conch_run_result *res, const struct conch_run_end *end)
 {
     res->timed_out = end->timed_out;
-    /* The shell itself could not be executed: the sandbox's fault, not the command's (a
-     * working directory that does not exist is the caller's: 127 below). */
-    if (end->start_failed && end->start_shell && end->start_err.kind == CONCH_ERR_COMMAND) {
+    /* The shell itself is missing or not executable: the sandbox's fault, not the
+     * command's. A working directory that does not exist, or arguments too long (E2BIG), are
+     * the caller's: 127 or 126 below. */
+    int code = end->start_err.code;
+    if (end->start_failed && end->start_shell && end->start_err.kind == CONCH_ERR_COMMAND &&
+        (code == ENOENT || code == EACCES || code == ENOEXEC || code == ELIBBAD)) {
         res->exit_code = CONCH_RUN_EXIT_INFRA;
         SET_ERROR(res, CONCH_ERR_INFRASTRUCTURE,
                   "the sandbox cannot run commands: its root filesystem has no usable %.32s "

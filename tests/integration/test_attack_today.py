@@ -250,3 +250,53 @@ def test_attached_clients_that_never_read_stay_within_a_budget(daemon_factory):
     finally:
         for s in socks:
             s.close()
+
+
+def test_clients_that_never_read_are_bounded_together(daemon_factory):
+    """Each client's unread responses are held to 64 MiB, and before, nothing held them
+    together: N clients that never read held N x 64 MiB. Now all clients' unread responses
+    are held to --max-client-output-memory: past it, the clients with the most unread are
+    disconnected (they read EOF before their whole answer), and a client that reads is served."""
+    d = daemon_factory(extra_args=["--pool", "0", "--max-client-output-memory", "16M"])
+    rpc = d.client()
+    sb = rpc.call("sandbox.create", {}, timeout=30)["id"]
+    socks = []
+    try:
+        for i in range(4):
+            s = socket.socket(socket.AF_UNIX)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(d.sock)
+            socks.append(s)  # reads nothing until the end
+            req = {"jsonrpc": "2.0", "id": 1, "method": "exec.run", "params": {
+                "sandbox": sb, "max_output": 10 << 20, "changes": False,
+                "command": "head -c 10M /dev/zero | tr '\\0' 'x'"}}
+            s.sendall(json.dumps(req).encode() + b"\n")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                g = rpc.call("sandbox.get", {"id": sb})
+                if g["running"] == 0 and g["commands"] >= i + 1:
+                    break
+                time.sleep(0.1)
+        time.sleep(0.5)  # the last answer built and queued
+        # a client that reads is still served
+        assert rpc.call("exec.run", {"sandbox": sb, "command": "echo fine"})["stdout"] == "fine\n"
+        cut = 0
+        for s in socks:
+            s.settimeout(30)
+            got = b""
+            while True:
+                b = s.recv(1 << 20)
+                if not b:
+                    break
+                got += b
+                if got.endswith(b"\n"):
+                    break
+            if not got.endswith(b"\n"):
+                cut += 1  # EOF before its whole answer: disconnected
+        # 4 answers of ~20 MiB each (10 MiB twice: stdout and text) against 16 MiB for all:
+        # at most one may be left whole
+        assert cut >= 3, f"only {cut} of 4 clients that never read were disconnected"
+        assert "--max-client-output-memory" in d.log()
+    finally:
+        for s in socks:
+            s.close()

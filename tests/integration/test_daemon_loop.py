@@ -57,6 +57,16 @@ def test_non_reading_client_is_disconnected_and_memory_bounded(daemon_factory):
         for _ in range(10):
             time.sleep(0.1)
             peak = max(peak, vm_kb(d.pid, "VmRSS"))
+    # Before reading, let the daemon get there: on a loaded machine (or under ASan) the
+    # commands lag behind the pacing above, and a read started early drains the queue the
+    # daemon would have cut the client off at.
+    deadline = time.monotonic() + 300
+    while "hard limit" not in d.log() and time.monotonic() < deadline:
+        g = c.call("sandbox.get", {"id": sb})
+        if g["running"] == 0 and g["commands"] >= 20:
+            break
+        time.sleep(0.2)
+        peak = max(peak, vm_kb(d.pid, "VmRSS"))
     # the daemon closed the connection: reading now gets what the kernel held, then EOF
     s.settimeout(30)
     got = 0
