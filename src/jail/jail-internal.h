@@ -111,6 +111,7 @@ struct jail_plan {
     /* file requests: run in a fenced worker with the request and response fds */
     conch_jail_file_fn file_handler;
     conch_jail_file_serve_fn file_server; /* persistent file workers */
+    conch_jail_file_serve_fn js_server;   /* JS workers (JMSG_FILE_SERVE with a = 1) */
     /* workspace upper on disk (persistent) instead of a tmpfs */
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
@@ -126,7 +127,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f000au /* "co" + version 10 */
+#define JAIL_PROTO_VERSION 0x636f000bu /* "co" + version 11 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -145,7 +146,8 @@ enum jail_msg_type {
     JMSG_SIGNAL,  /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,   /* parent → warden: kill everything and exit */
     JMSG_FILE,       /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
-    JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker */
+    JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker
+                        (a = 1: a JS worker) */
     JMSG_RECYCLE,    /* parent → warden: kill every process, renew the namespaces and the
                       * writable mounts (a sandbox without a workspace, for its next user);
                       * answered by SETUP_OK or SETUP_ERR as a new sandbox's setup is */

@@ -239,6 +239,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->rlimit_nofile = spec->nofile;
     plan->file_handler = spec->file_handler;
     plan->file_server = spec->file_handler ? spec->file_server : NULL;
+    plan->js_server = spec->js_server;
     plan->ptc_socket = spec->ptc_socket;
     plan->attachable = spec->attachable;
     if (spec->ptc_dir) {

@@ -42,7 +42,7 @@ struct plan_blob {
     uint64_t seccomp_off, seccomp_file_off; /* struct sock_filter[]; 0: none */
     uint32_t seccomp_len, seccomp_file_len;
     /* The file handlers, as offsets from plan_anchor within the image; 0: none. */
-    int64_t file_handler, file_server;
+    int64_t file_handler, file_server, js_server;
 };
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
@@ -105,7 +105,7 @@ static void plan_anchor(void)
  * handler is remembered (it is the same function from one sandbox to the next). */
 static int fn_offset(void *fn, int slot, const char *what, int64_t *ret, struct conch_err *err)
 {
-    static void *checked[2];
+    static void *checked[3];
     *ret = 0;
     if (!fn)
         return 0;
@@ -149,7 +149,8 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
     int r;
     if ((r = fn_offset((void *)plan->file_handler, 0, "file handler", &hdr.file_handler, err)) <
             0 ||
-        (r = fn_offset((void *)plan->file_server, 1, "file server", &hdr.file_server, err)) < 0)
+        (r = fn_offset((void *)plan->file_server, 1, "file server", &hdr.file_server, err)) < 0 ||
+        (r = fn_offset((void *)plan->js_server, 2, "JS worker", &hdr.js_server, err)) < 0)
         return r;
     size_t off = hdr.plan_off = ALIGN16(sizeof(hdr));
     off = ALIGN16(off + sizeof(*plan));
@@ -227,6 +228,7 @@ static int plan_load(int fd, struct jail_plan **ret, struct conch_err *err)
     plan->seccomp_file = set[1];
     plan->file_handler = (conch_jail_file_fn)fn_at(hdr->file_handler);
     plan->file_server = (conch_jail_file_serve_fn)fn_at(hdr->file_server);
+    plan->js_server = (conch_jail_file_serve_fn)fn_at(hdr->js_server);
     plan->ctl_fd = JAIL_WARDEN_CTL_FD;
     *ret = plan;
     return 0;
