@@ -40,6 +40,7 @@ struct conch_jail {
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;      /* commands */
     struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
+    struct conch_seccomp_prog seccomp_js;   /* JS workers (no exec, no sockets) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
     int ptc_fd;        /* the tool bridge's listening socket until taken, else -1; owned */
     int pidfd;         /* the warden's pidfd, or -1 (no pidfds: valgrind, old kernels); owned */
@@ -101,6 +102,7 @@ struct jail_plan {
     /* command fences */
     const struct conch_seccomp_prog *seccomp;      /* commands */
     const struct conch_seccomp_prog *seccomp_file; /* file workers */
+    const struct conch_seccomp_prog *seccomp_js;   /* JS workers */
     bool set_rlimit_nproc;
     rlim_t rlimit_nproc;
     bool set_rlimit_as;

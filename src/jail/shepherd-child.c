@@ -650,7 +650,11 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
                               : serve == plan->js_server ? "conch-js-worker"
                                                          : "conch-file-server");
     const char *step;
-    if (fence_self(plan, plan->seccomp_file, &step, NULL) < 0 || chdir("/workspace") < 0)
+    bool js = nfds == 1 && serve == plan->js_server;
+    if (js && (!plan->seccomp_js || !plan->seccomp_js->len))
+        _exit(121); /* fail closed: a JS worker never runs without its own filter */
+    if (fence_self(plan, js ? plan->seccomp_js : plan->seccomp_file, &step, NULL) < 0 ||
+        chdir("/workspace") < 0)
         _exit(121);
     /* Still not dumpable: a change of ids may have set it anew (fs.suid_dumpable). */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
