@@ -1,9 +1,10 @@
 /* js.c - the daemon's JS sessions (issue 17): js.eval, js.reset, js.close, js.list. Each
  * session of a sandbox has at most one JS worker: a process of the supervisor
  * (conch_super_js_server) that the warden forks inside the sandbox, fenced as a file server
- * (agent uid, no capabilities, no_new_privs, Landlock, the file workers' seccomp filter), and
- * that serves the session (conch_js_worker_serve, src/js/js-worker.c) over a stream socket
- * pair in frames (a native-endian uint64_t length, then JSON). A session is created by its
+ * (agent uid, no capabilities, no_new_privs, Landlock) under a seccomp filter of its own (no
+ * exec, no sockets: conch_seccomp_opts.js_worker), and that serves the session
+ * (conch_js_worker_serve, src/js/js-worker.c) over a stream socket pair in frames (a
+ * native-endian uint64_t length, then JSON). A session is created by its
  * first eval and its worker started then; globals live in the worker. A worker that dies
  * (a crash, the OOM killer, a SIGKILL from the host, a hang past the eval's deadline) fails
  * the request it held with the reason its final event gives; the session's next eval starts
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "bridge/bridge.h"
 #include "daemon/daemon-internal.h"
 #include "js/js.h"
 
@@ -459,6 +461,41 @@ oom:
     return NULL;
 }
 
+/* The sandbox's registered tools as `tools.<camelCase>` names (snake and kebab words
+ * joined: web_search -> webSearch); names that would not be identifiers are left out. A call
+ * to one reaches the daemon, which rejects it clearly (tool calls are the next slice). */
+static json_t *tool_names(struct sandbox *sb)
+{
+    json_t *out = json_array();
+    json_t *l = sb->bridge ? conch_bridge_list(sb->bridge) : NULL;
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(l, "tools"), i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        char id[128];
+        size_t n = 0;
+        bool up = false, ok = name && *name && !(name[0] >= '0' && name[0] <= '9');
+        for (const char *p = name; ok && *p && n + 1 < sizeof(id); p++) {
+            char c = *p;
+            if (c == '_' || c == '-') {
+                up = n > 0;
+                continue;
+            }
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '$'))
+                ok = false;
+            id[n++] = up && c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+            up = false;
+        }
+        id[n] = '\0';
+        if (ok && n > 0 && !(name && strlen(name) >= sizeof(id)))
+            json_array_append_new(out, json_string(id));
+    }
+    json_decref(l);
+    return out;
+}
+
 static bool refuse_busy(struct js_session *s, struct conch_rpc_call *call)
 {
     if (!s->call)
@@ -488,8 +525,9 @@ void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, vo
     json_t *t = json_object_get(params, "timeout");
     double timeout = t ? json_number_value(t) : JS_DEFAULT_TIMEOUT_S;
     int64_t timeout_ms = timeout > 0 ? (int64_t)(timeout * 1000) : 0;
-    json_t *req = json_pack("{s:s,s:{s:O,s:I}}", "method", "eval", "params", "code",
-                            json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms);
+    json_t *req = json_pack("{s:s,s:{s:O,s:I,s:o}}", "method", "eval", "params", "code",
+                            json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms,
+                            "tools", tool_names(sb));
     if (!req || w_send(s->w, req) < 0) {
         w_kill(s->w, "the eval could not be sent to it");
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,

@@ -156,6 +156,12 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
 
 
 def test_tool_calls_fail_clearly_and_reset_and_close(daemon, js):
+    js("tools.register", tools=[{"name": "web_search", "input_schema": {"type": "object"}}])
+    r = js.eval("Object.keys(tools).join(',')")
+    assert r["value"] == "webSearch", r
+    r = js.eval("await tools.webSearch({q: 'x'})")
+    assert not r["ok"], r
+    assert "tools.webSearch: tool calls from js.eval are not served yet" in r["error"]["message"], r
     r = js.eval("const kept = 5; kept")
     assert r["value"] == 5
     r = js("js.reset")
