@@ -135,9 +135,9 @@ static void describe_end(const struct conch_proc_end *end, char *buf, size_t siz
                  WIFEXITED(end->status) ? WEXITSTATUS(end->status) : end->status);
 }
 
-/* The session's worker is gone (@why): its request fails, and its next eval starts a fresh
- * worker. */
-static void session_lost(struct js_session *s, const char *why)
+/* The session's worker is gone (@why): its request fails (sandbox_stopped when @stopped: the
+ * warden died or the sandbox is going), and its next eval starts a fresh worker. */
+static void session_lost(struct js_session *s, const char *why, bool stopped)
 {
     struct js_worker *w = s->w;
     if (w) {
@@ -151,7 +151,8 @@ static void session_lost(struct js_session *s, const char *why)
     s->call = NULL;
     s->op = JS_OP_NONE;
     if (call)
-        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+        conch_rpc_call_failf(call, stopped ? CONCH_RPC_SANDBOX_STOPPED : CONCH_RPC_INTERNAL_ERROR,
+                             stopped ? "sandbox_stopped" : "internal_error", NULL,
                              "%s; the session's state is lost: the next js.eval starts a "
                              "fresh session",
                              s->lost_why);
@@ -165,7 +166,7 @@ static void w_ended(struct conch_proc *p, const struct conch_proc_end *end)
     if (w->s) {
         char why[320];
         describe_end(end, why, sizeof(why));
-        session_lost(w->s, why);
+        session_lost(w->s, why, end->lost);
     }
     w_close(w, false);
     w_unref(w);
@@ -180,7 +181,7 @@ static void w_gone(struct js_worker *w)
     if (w->ended && w->s) {
         char why[320];
         describe_end(&w->end, why, sizeof(why));
-        session_lost(w->s, why);
+        session_lost(w->s, why, w->end.lost);
     }
 }
 
@@ -190,7 +191,7 @@ static void w_kill(struct js_worker *w, const char *why)
     if (w->s) {
         log_warn("sandbox %s: JS session '%s': %s: its worker is killed", w->s->all->sb->id,
                  w->s->name, why);
-        session_lost(w->s, why);
+        session_lost(w->s, why, false);
     }
     w_close(w, true);
 }

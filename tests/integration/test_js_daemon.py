@@ -213,4 +213,5 @@ def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
     t.join(30)
     assert "e" in res, res
     assert "JS worker of session 'default' died" in str(res["e"]), res["e"]
+    assert "sandbox_stopped" in str(res["e"]), res["e"]
     assert wait_workers(daemon, lambda w: not w) == []
