@@ -33,6 +33,7 @@ int conch_cli_logs(int argc, char **argv);
 int conch_cli_mcp(int argc, char **argv);
 /* `conch __js-worker [--fd N]`: the JS worker (hidden; src/js's conch_js_worker_serve). */
 int conch_cli_js_worker(int argc, char **argv);
+int conch_cli_js(int argc, char **argv);
 int conch_cli_shell(int argc, char **argv);
 int conch_cli_attach(int argc, char **argv);
 int conch_cli_sessions(int argc, char **argv);

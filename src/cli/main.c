@@ -28,6 +28,7 @@ static void usage(FILE *f)
           "  shell [--keep] [SANDBOX]         an interactive shell in a daemon sandbox\n"
           "  attach SESSION                   join a running session (Ctrl-\\ Ctrl-\\ leaves)\n"
           "  sessions                         list the daemon's sessions\n"
+          "  js SANDBOX [-e CODE]             run JavaScript/TypeScript in its JS session\n"
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
           "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
           "\n"
@@ -60,6 +61,8 @@ int main(int argc, char **argv)
         return conch_cli_rm(argc - 1, argv + 1);
     if (!strcmp(verb, "start"))
         return conch_cli_start(argc - 1, argv + 1);
+    if (!strcmp(verb, "js"))
+        return conch_cli_js(argc - 1, argv + 1);
     if (!strcmp(verb, "logs"))
         return conch_cli_logs(argc - 1, argv + 1);
     if (!strcmp(verb, "shell"))

@@ -138,6 +138,7 @@ struct sandbox {
     struct conch_list done_jobs; /* struct run: finished jobs, output still readable */
     struct conch_list files;     /* struct file_req in flight */
     struct file_pool *file_pool; /* persistent file workers (fileworkers.c); NULL: none yet */
+    struct js_sessions *js;      /* its JS sessions (js.c); NULL: none yet */
     struct conch_bridge *bridge; /* the tool bridge (owned; keeps its tools across restarts) */
     /* What the daemon holds for this sandbox (draws on d->held_budget): its tool bridge's
      * bytes (the bridge's budget draws on this one), its file answers being read and checked,
@@ -450,6 +451,19 @@ bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *ca
                                    bool measure, bool frees);
 /* conch_daemon_file_pool_stop - fail the requests of @sb's persistent workers and end them. */
 void conch_daemon_file_pool_stop(struct sandbox *sb);
+
+/* JS sessions (js.c). The longest session name. */
+#define CONCH_JS_SESSION_NAME_MAX 64
+void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_js_reset(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_js_close(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_js_stop - close @sb's JS sessions (after conch_super_done: every worker has
+ * had its final event), failing their requests. */
+void conch_daemon_js_stop(struct sandbox *sb);
+/* conch_daemon_js_worker_main - the JS worker's body inside the sandbox (the jail spec's
+ * js_server): conch_js_worker_serve on @sock with the default limits. */
+int conch_daemon_js_worker_main(int sock);
 void conch_daemon_file_req_abort(struct file_req *fr);
 /* conch_daemon_file_fail_ended - fail @call, a file request whose worker ended (@end) before
  * its answer was whole, saying why: it could not start, the sandbox stopped (lost), its

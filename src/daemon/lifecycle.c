@@ -185,6 +185,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
     spec.file_handler = conch_fs_worker_run;
     spec.file_server = conch_fs_worker_serve;
+    spec.js_server = conch_daemon_js_worker_main;
     /* The daemon raised its open files limit; commands keep the usual one. */
     spec.nofile = sb->d->nofile_orig;
     /* The tool bridge: its socket inside, and the in-sandbox clients (tool_call, conch_tools,
@@ -404,6 +405,7 @@ static void stop_handles(struct sandbox *sb, const char *why)
     conch_list_for_each_safe(pos, tmp, &sb->files)
         conch_daemon_file_req_abort(conch_list_entry(pos, struct file_req, link));
     conch_daemon_file_pool_stop(sb);
+    conch_daemon_js_stop(sb);
     if (sb->ctl_poll) {
         uv_poll_stop(sb->ctl_poll);
         uv_close((uv_handle_t *)sb->ctl_poll, on_handle_closed);

@@ -349,6 +349,12 @@ static const struct conch_rpc_param p_session_resize[] = {
 static const struct conch_rpc_param p_session_signal[] = {P("session", S, true),
                                                           P("signal", S, false), END};
 static const struct conch_rpc_param p_session_list[] = {P("sandbox", S, false), END};
+/* JS sessions (js.c) */
+static const struct conch_rpc_param p_js_eval[] = {P("sandbox", S, true), P("session", S, false),
+                                                   P("code", S, true),
+                                                   R("timeout", N, 0, 7 * DAY, 0.001), END};
+static const struct conch_rpc_param p_js_session[] = {P("sandbox", S, true), P("session", S, false),
+                                                      END};
 
 const struct conch_rpc_method conch_daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
@@ -395,5 +401,9 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"session.signal", p_session_signal, conch_daemon_handle_session_signal},
     {"session.list", p_session_list, conch_daemon_handle_session_list},
     {"session.close", p_session_id, conch_daemon_handle_session_close},
+    {"js.eval", p_js_eval, conch_daemon_handle_js_eval},
+    {"js.reset", p_js_session, conch_daemon_handle_js_reset},
+    {"js.close", p_js_session, conch_daemon_handle_js_close},
+    {"js.list", p_sandbox, conch_daemon_handle_js_list},
     {NULL, NULL, NULL},
 };

@@ -37,9 +37,9 @@ void conch_daemon_pool_fill(struct daemon *d)
  * ran 0.7-1.2 ms in the warden (traced; about half is the new network namespace, and the
  * unmounts wait on RCU, 1-3 ms of wall time), after the answer. What a command could have
  * changed is renewed (see the warden's recycle()); what is kept is read-only to commands. A
- * sandbox that anything else touched (another run or a session by its id, file requests,
- * workspace operations) is destroyed as before: the warden's recycle ends processes without
- * final events, so none may be live. */
+ * sandbox that anything else touched (another run or a session by its id, file requests, JS
+ * sessions, workspace operations) is destroyed as before: the warden's recycle ends processes
+ * without final events, so none may be live. */
 void conch_daemon_sandbox_retire(struct sandbox *sb)
 {
     struct daemon *d = sb->d;
@@ -49,7 +49,7 @@ void conch_daemon_sandbox_retire(struct sandbox *sb)
     if (!sb->from_pool || d->stopping || sb->as_root || sb->workspace[0] || sb->upper_dir[0] ||
         !sb->jail || !conch_list_empty(&sb->runs) || sb->super.live ||
         conch_bridge_used(sb->bridge) || !conch_list_empty(&sb->done_jobs) ||
-        !conch_list_empty(&sb->files) || sb->file_pool || sb->ws_running ||
+        !conch_list_empty(&sb->files) || sb->file_pool || sb->js || sb->ws_running ||
         !conch_list_empty(&sb->ws_ops) || d->n_pooled >= d->opts.pool_size ||
         conch_super_recycle(&sb->super, &sb->answer, &err) < 0) {
         conch_daemon_sandbox_destroy(sb);

@@ -40,6 +40,7 @@ struct conch_jail {
     struct conch_cgroup cg;
     struct conch_seccomp_prog seccomp;      /* commands */
     struct conch_seccomp_prog seccomp_file; /* file workers (openat2 too) */
+    struct conch_seccomp_prog seccomp_js;   /* JS workers (no exec, no sockets) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
     int ptc_fd;        /* the tool bridge's listening socket until taken, else -1; owned */
     int pidfd;         /* the warden's pidfd, or -1 (no pidfds: valgrind, old kernels); owned */
@@ -101,6 +102,7 @@ struct jail_plan {
     /* command fences */
     const struct conch_seccomp_prog *seccomp;      /* commands */
     const struct conch_seccomp_prog *seccomp_file; /* file workers */
+    const struct conch_seccomp_prog *seccomp_js;   /* JS workers */
     bool set_rlimit_nproc;
     rlim_t rlimit_nproc;
     bool set_rlimit_as;
@@ -111,6 +113,7 @@ struct jail_plan {
     /* file requests: run in a fenced worker with the request and response fds */
     conch_jail_file_fn file_handler;
     conch_jail_file_serve_fn file_server; /* persistent file workers */
+    conch_jail_file_serve_fn js_server;   /* JS workers (JMSG_FILE_SERVE with a = 1) */
     /* workspace upper on disk (persistent) instead of a tmpfs */
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
@@ -126,7 +129,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f000au /* "co" + version 10 */
+#define JAIL_PROTO_VERSION 0x636f000bu /* "co" + version 11 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -145,7 +148,8 @@ enum jail_msg_type {
     JMSG_SIGNAL,  /* parent → warden: id, a = signal (to every process of it) */
     JMSG_SHUTDOWN,   /* parent → warden: kill everything and exit */
     JMSG_FILE,       /* parent → warden: id, timeout_ms; fds [request memfd, response pipe] */
-    JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker */
+    JMSG_FILE_SERVE, /* parent → warden: id; fds [stream socket]: a persistent file worker
+                        (a = 1: a JS worker) */
     JMSG_RECYCLE,    /* parent → warden: kill every process, renew the namespaces and the
                       * writable mounts (a sandbox without a workspace, for its next user);
                       * answered by SETUP_OK or SETUP_ERR as a new sandbox's setup is */

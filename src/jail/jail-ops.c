@@ -198,6 +198,13 @@ int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, stru
     return r < 0 ? send_failed(err, r, "start a file worker in the warden") : 0;
 }
 
+int conch_jail_send_js_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err)
+{
+    struct jail_msg m = {.type = JMSG_FILE_SERVE, .a = 1, .id = id};
+    int r = conch_jail_ctl_send(j, &m, &sock, 1);
+    return r < 0 ? send_failed(err, r, "start a JS worker in the warden") : 0;
+}
+
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
 {
     if (j->upper_fd_nr < 0)

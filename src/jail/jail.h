@@ -64,6 +64,9 @@ struct conch_jail_spec {
     const char *upper_dir;
     conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
+    /* The JS worker's loop (a persistent worker fenced as the file server); NULL:
+     * conch_jail_send_js_server() is refused. */
+    conch_jail_file_serve_fn js_server;
     /* Host root: the sandbox's ids 0..65535 map onto host ids host_id_base.. (+65535), a
      * block the caller claimed with conch_jail_ids_claim and holds while the sandbox lives;
      * 0: conch_jail_spawn claims one and releases it in conch_jail_destroy. */
@@ -286,6 +289,13 @@ int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_
  * supervisor (conch_super_file_server).
  */
 int conch_jail_send_file_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err);
+
+/*
+ * conch_jail_send_js_server - start JS worker @id: as conch_jail_send_file_server, but the
+ * worker runs the spec's js_server on @sock (titled conch-js-worker). Same fences, same
+ * final event.
+ */
+int conch_jail_send_js_server(struct conch_jail *j, int64_t id, int sock, struct conch_err *err);
 
 /*
  * conch_jail_upper_open - open the overlay upper dir of @j (host side, through the

@@ -510,9 +510,19 @@ static int resolve(uint32_t arch, const char *name)
     return -1;
 }
 
-/* The entry for @e, with the file worker's exception applied. */
+/* What the JS worker may not do (conch_seccomp_opts.js_worker): EPERM. */
+static const char *const js_denied[] = {
+    "execve", "execveat", "socket", "socketpair", "connect",
+    "bind",   "listen",   "accept", "accept4",    "ptrace",
+};
+
+/* The entry for @e, with the file worker's exception and the JS worker's denials applied. */
 static unsigned entry_kind(const struct entry *e, const struct conch_seccomp_opts *opts)
 {
+    if (opts && opts->js_worker)
+        for (size_t i = 0; i < ARRAY_SIZE(js_denied); i++)
+            if (!strcmp(e->name, js_denied[i]))
+                return K_EPERM;
     if (opts && opts->file_worker && !strcmp(e->name, "openat2"))
         return K_ALLOW;
     return e->kind;

@@ -24,6 +24,11 @@ struct conch_seccomp_opts {
      * command's, but openat2 is allowed, since the worker resolves every path with
      * RESOLVE_BENEATH. Its mode cannot be inspected, so commands never get it. */
     bool file_worker;
+    /* The JS worker's filter (with file_worker: it reads and writes files the same way):
+     * running programs (execve, execveat), sockets (socket, socketpair, connect, bind,
+     * listen, accept) and ptrace fail with EPERM. Its one channel is the socket it was
+     * given. */
+    bool js_worker;
 };
 
 /*

@@ -612,8 +612,10 @@ fail:
 }
 
 /* A file worker: fenced like a command, then the caller's handler does the request. A
- * persistent one (@nfds 1) serves requests from its socket until EOF. */
-__attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int *fds, int nfds)
+ * persistent one (@nfds 1) serves requests from its socket until EOF: @serve (the file
+ * server, or the JS worker). */
+__attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, int *fds, int nfds,
+                                                  conch_jail_file_serve_fn serve)
 {
     /* It reads files a command wrote: nothing of the same uid (the next request's worker
      * included) may read or trace its memory. Its oom score is raised first, while /proc/self
@@ -644,15 +646,21 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
      * too_large with its temporary file removed, not kill the worker mid-request. */
     signal(SIGXFSZ, SIG_IGN);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    conch_proctitle_set_child(nfds == 1 ? "conch-file-server" : "conch-file-worker");
+    conch_proctitle_set_child(nfds == 2                  ? "conch-file-worker"
+                              : serve == plan->js_server ? "conch-js-worker"
+                                                         : "conch-file-server");
     const char *step;
-    if (fence_self(plan, plan->seccomp_file, &step, NULL) < 0 || chdir("/workspace") < 0)
+    bool js = nfds == 1 && serve == plan->js_server;
+    if (js && (!plan->seccomp_js || !plan->seccomp_js->len))
+        _exit(121); /* fail closed: a JS worker never runs without its own filter */
+    if (fence_self(plan, js ? plan->seccomp_js : plan->seccomp_file, &step, NULL) < 0 ||
+        chdir("/workspace") < 0)
         _exit(121);
     /* Still not dumpable: a change of ids may have set it anew (fs.suid_dumpable). */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         _exit(121);
     if (nfds == 1)
-        _exit(plan->file_server(3) & 0x7f);
+        _exit(serve(3) & 0x7f);
     _exit(plan->file_handler(3, 4) & 0x7f);
 }
 
@@ -814,15 +822,20 @@ int conch_jail_start_file_worker(const struct jail_plan *plan, const struct jail
 {
     int i = slot_alloc();
     bool serve = m->type == JMSG_FILE_SERVE;
-    if (nfds != (serve ? 1 : 2) || (serve ? !plan->file_server : !plan->file_handler))
-        return conch_err_set(&reply->err, EINVAL, "warden: file requests are not enabled"), -1;
+    conch_jail_file_serve_fn server = !serve      ? NULL
+                                      : m->a == 1 ? plan->js_server
+                                                  : plan->file_server;
+    if (nfds != (serve ? 1 : 2) || (serve ? !server : !plan->file_handler))
+        return conch_err_set(&reply->err, EINVAL, "warden: %s are not enabled",
+                             serve && m->a == 1 ? "JS workers" : "file requests"),
+               -1;
     if (i < 0)
         return conch_err_setk(&reply->err, CONCH_ERR_LIMIT, EAGAIN,
                               "too many requests running in this sandbox (%d)", JAIL_MAX_PROCS),
                -1;
     pid_t pid = raw_fork();
     if (pid == 0)
-        file_worker(plan, fds, nfds);
+        file_worker(plan, fds, nfds, server);
     if (pid < 0)
         return conch_err_set(&reply->err, errno, "fork file worker: %s", strerror(errno)), -1;
     memset(&conch_jail_warden.slots[i], 0, sizeof(conch_jail_warden.slots[i]));

@@ -235,10 +235,12 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->disk_bytes = spec->disk_bytes;
     plan->seccomp = &j->seccomp;
     plan->seccomp_file = &j->seccomp_file;
+    plan->seccomp_js = &j->seccomp_js;
     plan->rlimit_fsize = spec->file_bytes;
     plan->rlimit_nofile = spec->nofile;
     plan->file_handler = spec->file_handler;
     plan->file_server = spec->file_handler ? spec->file_server : NULL;
+    plan->js_server = spec->js_server;
     plan->ptc_socket = spec->ptc_socket;
     plan->attachable = spec->attachable;
     if (spec->ptc_dir) {
@@ -286,13 +288,14 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
 /* The seccomp programs depend only on the mode and the purpose (a command, or a file worker
  * that may also use openat2), and compiling one with libseccomp costs a few hundred
  * microseconds: a long-lived caller compiles each once and copies it. */
-static int seccomp_prog_for(bool as_root, bool file_worker, struct conch_seccomp_prog *ret,
+static int seccomp_prog_for(bool as_root, int purpose, struct conch_seccomp_prog *ret,
                             struct conch_err *err)
 {
-    static struct conch_seccomp_prog cache[2][2];
-    struct conch_seccomp_prog *c = &cache[as_root][file_worker];
+    static struct conch_seccomp_prog cache[2][3];
+    struct conch_seccomp_prog *c = &cache[as_root][purpose];
     if (!c->insns) {
-        struct conch_seccomp_opts sopts = {.as_root = as_root, .file_worker = file_worker};
+        struct conch_seccomp_opts sopts = {
+            .as_root = as_root, .file_worker = purpose >= 1, .js_worker = purpose == 2};
         int r = conch_seccomp_prog_build(&sopts, c, err);
         if (r < 0)
             return r;
@@ -389,10 +392,11 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
                                                           spec->ws_ino, NULL, err)) < 0)
         goto fail;
 
-    if ((r = seccomp_prog_for(spec->as_root, false, &j->seccomp, err)) < 0)
+    if ((r = seccomp_prog_for(spec->as_root, 0, &j->seccomp, err)) < 0)
         goto fail;
-    if (spec->file_handler &&
-        (r = seccomp_prog_for(spec->as_root, true, &j->seccomp_file, err)) < 0)
+    if (spec->file_handler && (r = seccomp_prog_for(spec->as_root, 1, &j->seccomp_file, err)) < 0)
+        goto fail;
+    if (spec->js_server && (r = seccomp_prog_for(spec->as_root, 2, &j->seccomp_js, err)) < 0)
         goto fail;
 
     if (j->root_mode && spec->host_id_base) {
@@ -726,5 +730,6 @@ void conch_jail_destroy(struct conch_jail *j)
     conch_jail_ids_release(&j->ids);
     conch_seccomp_prog_done(&j->seccomp);
     conch_seccomp_prog_done(&j->seccomp_file);
+    conch_seccomp_prog_done(&j->seccomp_js);
     free(j);
 }

@@ -39,10 +39,10 @@ struct plan_blob {
     uint64_t size;      /* of the whole blob */
     uint64_t plan_off;  /* struct jail_plan */
     uint64_t plan_size; /* sizeof(struct jail_plan): the same binary has the same layout */
-    uint64_t seccomp_off, seccomp_file_off; /* struct sock_filter[]; 0: none */
-    uint32_t seccomp_len, seccomp_file_len;
+    uint64_t seccomp_off, seccomp_file_off, seccomp_js_off; /* struct sock_filter[]; 0: none */
+    uint32_t seccomp_len, seccomp_file_len, seccomp_js_len;
     /* The file handlers, as offsets from plan_anchor within the image; 0: none. */
-    int64_t file_handler, file_server;
+    int64_t file_handler, file_server, js_server;
 };
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
@@ -105,7 +105,7 @@ static void plan_anchor(void)
  * handler is remembered (it is the same function from one sandbox to the next). */
 static int fn_offset(void *fn, int slot, const char *what, int64_t *ret, struct conch_err *err)
 {
-    static void *checked[2];
+    static void *checked[3];
     *ret = 0;
     if (!fn)
         return 0;
@@ -149,14 +149,16 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
     int r;
     if ((r = fn_offset((void *)plan->file_handler, 0, "file handler", &hdr.file_handler, err)) <
             0 ||
-        (r = fn_offset((void *)plan->file_server, 1, "file server", &hdr.file_server, err)) < 0)
+        (r = fn_offset((void *)plan->file_server, 1, "file server", &hdr.file_server, err)) < 0 ||
+        (r = fn_offset((void *)plan->js_server, 2, "JS worker", &hdr.js_server, err)) < 0)
         return r;
     size_t off = hdr.plan_off = ALIGN16(sizeof(hdr));
     off = ALIGN16(off + sizeof(*plan));
-    const struct conch_seccomp_prog *progs[2] = {plan->seccomp, plan->seccomp_file};
-    uint64_t *prog_off[2] = {&hdr.seccomp_off, &hdr.seccomp_file_off};
-    uint32_t *prog_len[2] = {&hdr.seccomp_len, &hdr.seccomp_file_len};
-    for (int i = 0; i < 2; i++) {
+    const struct conch_seccomp_prog *progs[3] = {plan->seccomp, plan->seccomp_file,
+                                                 plan->seccomp_js};
+    uint64_t *prog_off[3] = {&hdr.seccomp_off, &hdr.seccomp_file_off, &hdr.seccomp_js_off};
+    uint32_t *prog_len[3] = {&hdr.seccomp_len, &hdr.seccomp_file_len, &hdr.seccomp_js_len};
+    for (int i = 0; i < 3; i++) {
         if (!progs[i] || !progs[i]->insns || !progs[i]->len)
             continue;
         *prog_off[i] = off;
@@ -179,7 +181,7 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
         pwrite_all(fd, (const char *)plan + tail, sizeof(*plan) - tail, hdr.plan_off + tail) < 0)
         return conch_err_set(err, errno ? errno : EIO, "write the warden's plan: %s",
                              strerror(errno ? errno : EIO));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (*prog_off[i] && pwrite_all(fd, progs[i]->insns,
                                        progs[i]->len * sizeof(*progs[i]->insns), *prog_off[i]) < 0)
             return conch_err_set(err, errno ? errno : EIO, "write the warden's plan: %s",
@@ -193,7 +195,7 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
  * Returns 0 with *@ret (valid for the process's life) or -errno with @err. */
 static int plan_load(int fd, struct jail_plan **ret, struct conch_err *err)
 {
-    static struct conch_seccomp_prog progs[2];
+    static struct conch_seccomp_prog progs[3];
     struct stat st;
     if (fstat(fd, &st) < 0)
         return conch_err_set(err, errno, "warden: read its plan: %s", strerror(errno));
@@ -209,10 +211,10 @@ static int plan_load(int fd, struct jail_plan **ret, struct conch_err *err)
         size - hdr->plan_off < sizeof(struct jail_plan))
         return conch_err_set(err, EPROTO, "warden: its plan is not of this build");
     struct jail_plan *plan = (struct jail_plan *)(p + hdr->plan_off);
-    uint64_t offs[2] = {hdr->seccomp_off, hdr->seccomp_file_off};
-    uint32_t lens[2] = {hdr->seccomp_len, hdr->seccomp_file_len};
-    const struct conch_seccomp_prog *set[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
+    uint64_t offs[3] = {hdr->seccomp_off, hdr->seccomp_file_off, hdr->seccomp_js_off};
+    uint32_t lens[3] = {hdr->seccomp_len, hdr->seccomp_file_len, hdr->seccomp_js_len};
+    const struct conch_seccomp_prog *set[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
         if (!offs[i])
             continue;
         size_t bytes = (size_t)lens[i] * sizeof(*progs[i].insns);
@@ -225,8 +227,10 @@ static int plan_load(int fd, struct jail_plan **ret, struct conch_err *err)
     }
     plan->seccomp = set[0];
     plan->seccomp_file = set[1];
+    plan->seccomp_js = set[2];
     plan->file_handler = (conch_jail_file_fn)fn_at(hdr->file_handler);
     plan->file_server = (conch_jail_file_serve_fn)fn_at(hdr->file_server);
+    plan->js_server = (conch_jail_file_serve_fn)fn_at(hdr->js_server);
     plan->ctl_fd = JAIL_WARDEN_CTL_FD;
     *ret = plan;
     return 0;

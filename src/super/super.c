@@ -117,6 +117,19 @@ int conch_super_file_server(struct conch_super *s, struct conch_proc *p, int soc
     return 0;
 }
 
+int conch_super_js_server(struct conch_super *s, struct conch_proc *p, int sock,
+                          struct conch_err *err)
+{
+    if (s->gone)
+        return conch_err_set(err, EPIPE, "the sandbox's warden is gone");
+    int64_t id = next_id(s);
+    int r = conch_jail_send_js_server(s->jail, id, sock, err);
+    if (r < 0)
+        return r;
+    proc_begin(s, p, CONCH_PROC_JS_SERVER, id);
+    return 0;
+}
+
 /* ---- requests the warden answers ---- */
 
 static void req_begin(struct conch_super *s, struct conch_super_req *q,

@@ -1,8 +1,8 @@
 /* super.h - the supervisor: the one driver of the warden protocol, used by `conch run`'s
  * blocking loop and by the daemon's libuv loop alike. Every process the warden starts for a
  * caller is a process object (struct conch_proc) with an operations table: a command, a
- * per-request file worker or a persistent file server. The supervisor routes the warden's
- * events to it and guarantees its final event: `ended` is called exactly once per process,
+ * per-request file worker, a persistent file server or a JS worker. The supervisor routes the
+ * warden's events to it and guarantees its final event: `ended` is called exactly once per process,
  * with the real outcome, or a synthetic one when the warden dies or the sandbox is torn down
  * first. The warden's answers to requests (a spawned sandbox's setup, a recycle, an attach)
  * are routed the same way, to a request object (struct conch_super_req) whose `done` is
@@ -39,6 +39,7 @@ enum conch_proc_kind {
     CONCH_PROC_COMMAND = 0, /* conch_super_run: a command under its shepherd */
     CONCH_PROC_FILE,        /* conch_super_file: a worker for one file request */
     CONCH_PROC_FILE_SERVER, /* conch_super_file_server: a persistent file worker */
+    CONCH_PROC_JS_SERVER,   /* conch_super_js_server: a JS worker (one JS session) */
 };
 
 struct conch_proc_ops {
@@ -128,6 +129,14 @@ int conch_super_file(struct conch_super *s, struct conch_proc *p, int req_fd, in
                      uint64_t timeout_ms, struct conch_err *err);
 int conch_super_file_server(struct conch_super *s, struct conch_proc *p, int sock,
                             struct conch_err *err);
+
+/*
+ * conch_super_js_server - start a JS worker (one JS session: conch_js_worker_serve) under
+ * @p on @sock (borrowed): conch_jail_send_js_server. Fenced, started and ended as a file
+ * server; same return convention.
+ */
+int conch_super_js_server(struct conch_super *s, struct conch_proc *p, int sock,
+                          struct conch_err *err);
 
 /*
  * conch_super_await_setup - @s's jail was spawned (conch_jail_spawn): route the warden's

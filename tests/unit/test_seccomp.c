@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -630,4 +631,76 @@ Test(seccomp_setid, newer_mount_calls_get_enosys, .timeout = 30)
     /* and they are not ENOSYS by nature on this kernel: unfiltered, statmount answers */
     status = run_isolated(NULL, newer_calls, NULL, msg, sizeof(msg));
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "unfiltered: %s", msg);
+}
+
+/* What the JS worker tries, each expected to fail with *@arg (EPERM under its filter), or
+ * to work (0) under the file workers'. */
+static void js_escapes(void *arg)
+{
+    int want = *(int *)arg;
+    int sv[2];
+    errno = 0;
+    long r = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (want ? !(r == -1 && errno == want) : r < 0) {
+        report("socket: returned %ld errno %d, want %d", r, errno, want);
+        _exit(1);
+    }
+    errno = 0;
+    r = socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    if (want ? !(r == -1 && errno == want) : r < 0) {
+        report("socketpair: returned %ld errno %d, want %d", r, errno, want);
+        _exit(1);
+    }
+    if (!want)
+        return; /* the file workers' filter: exec would replace the test's child */
+    char *argv[] = {"/bin/true", NULL}, *envp[] = {NULL};
+    errno = 0;
+    r = execve("/bin/true", argv, envp);
+    if (!(r == -1 && errno == want)) {
+        report("execve: returned %ld errno %d, want %d", r, errno, want);
+        _exit(1);
+    }
+    errno = 0;
+    r = syscall(SYS_execveat, AT_FDCWD, "/bin/true", argv, envp, 0);
+    if (!(r == -1 && errno == want)) {
+        report("execveat: returned %ld errno %d, want %d", r, errno, want);
+        _exit(1);
+    }
+}
+
+Test(seccomp_setid, the_js_worker_cannot_exec_or_open_a_socket, .timeout = 30)
+{
+    if (RUNNING_ON_VALGRIND)
+        cr_skip("valgrind does not emulate seccomp");
+    char msg[512];
+    struct conch_seccomp_prog prog = {0};
+    struct conch_err err = {0};
+    cr_assert_eq(
+        conch_seccomp_prog_build(
+            &(struct conch_seccomp_opts){.file_worker = true, .js_worker = true}, &prog, &err),
+        0, "%s", err.msg);
+    int want = EPERM;
+    int status = run_isolated(&prog, js_escapes, &want, msg, sizeof(msg));
+    conch_seccomp_prog_done(&prog);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "JS worker: %s", msg);
+    /* The file workers' filter lets the same sockets through: the denial is the JS filter's. */
+    cr_assert_eq(
+        conch_seccomp_prog_build(&(struct conch_seccomp_opts){.file_worker = true}, &prog, &err), 0,
+        "%s", err.msg);
+    want = 0;
+    status = run_isolated(&prog, js_escapes, &want, msg, sizeof(msg));
+    conch_seccomp_prog_done(&prog);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "file worker: %s", msg);
+}
+
+Test(seccomp_walk, js_worker_matches_its_allowlist, .timeout = 60)
+{
+    if (RUNNING_ON_VALGRIND)
+        cr_skip("valgrind does not emulate seccomp");
+    unsigned reached = 0;
+    walk_and_check(&(struct conch_seccomp_opts){.file_worker = true, .js_worker = true}, &reached);
+    cr_assert_eq(
+        conch_seccomp__verdict(&(struct conch_seccomp_opts){.file_worker = true, .js_worker = true},
+                               SYS_execve),
+        CONCH_SECCOMP__EPERM);
 }

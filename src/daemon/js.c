@@ -1,0 +1,615 @@
+/* js.c - the daemon's JS sessions (issue 17): js.eval, js.reset, js.close, js.list. Each
+ * session of a sandbox has at most one JS worker: a process of the supervisor
+ * (conch_super_js_server) that the warden forks inside the sandbox, fenced as a file server
+ * (agent uid, no capabilities, no_new_privs, Landlock) under a seccomp filter of its own (no
+ * exec, no sockets: conch_seccomp_opts.js_worker), and that serves the session
+ * (conch_js_worker_serve, src/js/js-worker.c) over a stream socket pair in frames (a
+ * native-endian uint64_t length, then JSON). A session is created by its
+ * first eval and its worker started then; globals live in the worker. A worker that dies
+ * (a crash, the OOM killer, a SIGKILL from the host, a hang past the eval's deadline) fails
+ * the request it held with the reason its final event gives; the session's next eval starts
+ * a fresh worker and says so (restarted: true). One request runs at a time per session; a
+ * second is refused (busy). Tool calls from scripts are not served yet: the daemon answers
+ * each with an error. */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "bridge/bridge.h"
+#include "daemon/daemon-internal.h"
+#include "js/js.h"
+
+/* The largest frame a worker may send (its results are capped far below: 64 KiB of value,
+ * 64 KiB of console). A larger one is a misbehaving worker: killed. */
+#define JS_FRAME_MAX (16u << 20)
+/* js.eval's timeout when none is given (seconds); 0 given means none. */
+#define JS_DEFAULT_TIMEOUT_S 60.0
+/* Past the eval's own deadline (which the worker enforces), the daemon waits this long
+ * for its answer, then kills the worker. */
+#define JS_GRACE_MS 5000
+/* Sessions per sandbox. */
+#define JS_SESSIONS_MAX 64
+
+enum js_op { JS_OP_NONE = 0, JS_OP_EVAL, JS_OP_RESET };
+
+struct js_worker;
+
+struct js_session {
+    struct conch_list link;
+    struct js_sessions *all;
+    char name[CONCH_JS_SESSION_NAME_MAX + 1];
+    struct js_worker *w; /* NULL: none running (the next eval starts one) */
+    bool lost;           /* its worker died: the next eval's reply says restarted */
+    char lost_why[512];
+    unsigned evals;
+    /* the request in flight */
+    enum js_op op;
+    struct conch_rpc_call *call;
+    bool restarted; /* the eval in flight runs in a fresh worker after a lost one */
+};
+
+struct js_sessions {
+    struct sandbox *sb;
+    struct conch_list list; /* struct js_session */
+    unsigned n;
+};
+
+struct js_worker {
+    struct js_session *s; /* NULL once detached from its session */
+    struct conch_proc proc;
+    struct conch_proc_end end;
+    bool ended;
+    uv_pipe_t pipe;
+    uv_timer_t timer;
+    int handles; /* open libuv handles, and the process until its final event: freed at 0 */
+    bool closing;
+    unsigned char hdr[8];
+    size_t hdr_got;
+    char *buf;
+    size_t len, want;
+};
+
+struct js_write {
+    uv_write_t req;
+    uint64_t len;
+    char *text;
+};
+
+/* ---- the worker ---- */
+
+static void w_unref(struct js_worker *w)
+{
+    if (--w->handles == 0) {
+        free(w->buf);
+        free(w);
+    }
+}
+
+static void w_on_closed(uv_handle_t *h)
+{
+    w_unref(h->data);
+}
+
+static void w_on_written(uv_write_t *req, int status)
+{
+    struct js_write *wr = req->data;
+    (void)status; /* a worker that is gone shows as EOF on the read side */
+    free(wr->text);
+    free(wr);
+}
+
+/* Close @w's handles (once) and kill it if @kill_it. */
+static void w_close(struct js_worker *w, bool kill_it)
+{
+    if (kill_it)
+        conch_super_signal(&w->proc, SIGKILL);
+    if (w->closing)
+        return;
+    w->closing = true;
+    uv_read_stop((uv_stream_t *)&w->pipe);
+    uv_timer_stop(&w->timer);
+    uv_close((uv_handle_t *)&w->pipe, w_on_closed);
+    uv_close((uv_handle_t *)&w->timer, w_on_closed);
+}
+
+/* Why a worker ended, for a user: "killed by signal 9 (Killed): ...". */
+static void describe_end(const struct conch_proc_end *end, char *buf, size_t size)
+{
+    if (end->start_failed)
+        snprintf(buf, size, "it could not start: %.250s", end->err.msg);
+    else if (end->lost)
+        snprintf(buf, size, "%s", end->why ? end->why : "the sandbox stopped");
+    else if (WIFSIGNALED(end->status))
+        snprintf(buf, size, "it was killed by signal %d (%s)%s", WTERMSIG(end->status),
+                 strsignal(WTERMSIG(end->status)),
+                 WTERMSIG(end->status) == SIGKILL ? ": out of memory, or killed from outside" : "");
+    else
+        snprintf(buf, size, "it exited with status %d",
+                 WIFEXITED(end->status) ? WEXITSTATUS(end->status) : end->status);
+}
+
+/* The session's worker is gone (@why): its request fails (sandbox_stopped when @stopped: the
+ * warden died or the sandbox is going), and its next eval starts a fresh worker. */
+static void session_lost(struct js_session *s, const char *why, bool stopped)
+{
+    struct js_worker *w = s->w;
+    if (w) {
+        w->s = NULL;
+        s->w = NULL;
+    }
+    s->lost = true;
+    snprintf(s->lost_why, sizeof(s->lost_why), "the JS worker of session '%s' died: %.300s",
+             s->name, why);
+    struct conch_rpc_call *call = s->call;
+    s->call = NULL;
+    s->op = JS_OP_NONE;
+    if (call)
+        conch_rpc_call_failf(call, stopped ? CONCH_RPC_SANDBOX_STOPPED : CONCH_RPC_INTERNAL_ERROR,
+                             stopped ? "sandbox_stopped" : "internal_error", NULL,
+                             "%s; the session's state is lost: the next js.eval starts a "
+                             "fresh session",
+                             s->lost_why);
+}
+
+static void w_ended(struct conch_proc *p, const struct conch_proc_end *end)
+{
+    struct js_worker *w = p->data;
+    w->end = *end;
+    w->ended = true;
+    if (w->s) {
+        char why[320];
+        describe_end(end, why, sizeof(why));
+        session_lost(w->s, why, end->lost);
+    }
+    w_close(w, false);
+    w_unref(w);
+}
+
+static const struct conch_proc_ops w_ops = {.ended = w_ended};
+
+/* EOF or a broken channel: the reason is in the final event; fail now if it came. */
+static void w_gone(struct js_worker *w)
+{
+    w_close(w, true);
+    if (w->ended && w->s) {
+        char why[320];
+        describe_end(&w->end, why, sizeof(why));
+        session_lost(w->s, why, w->end.lost);
+    }
+}
+
+/* The worker misbehaved (@why): killed, and its session lost. */
+static void w_kill(struct js_worker *w, const char *why)
+{
+    if (w->s) {
+        log_warn("sandbox %s: JS session '%s': %s: its worker is killed", w->s->all->sb->id,
+                 w->s->name, why);
+        session_lost(w->s, why, false);
+    }
+    w_close(w, true);
+}
+
+static void w_on_timeout(uv_timer_t *t)
+{
+    struct js_worker *w = t->data;
+    w_kill(w, "it did not answer within its eval's timeout and 5 s more");
+}
+
+static int w_send(struct js_worker *w, json_t *msg)
+{
+    char *text = json_dumps(msg, JSON_COMPACT);
+    json_decref(msg);
+    struct js_write *wr = text ? malloc(sizeof(*wr)) : NULL;
+    if (!wr) {
+        free(text);
+        return -ENOMEM;
+    }
+    wr->req.data = wr;
+    wr->len = strlen(text);
+    wr->text = text;
+    uv_buf_t bufs[2] = {uv_buf_init((char *)&wr->len, sizeof(wr->len)),
+                        uv_buf_init(text, (unsigned)wr->len)};
+    int r = uv_write(&wr->req, (uv_stream_t *)&w->pipe, bufs, 2, w_on_written);
+    if (r < 0) {
+        free(text);
+        free(wr);
+    }
+    return r;
+}
+
+/* A frame from the worker: a tool call (answered with an error: not served yet), or the
+ * answer to the request in flight. */
+static void w_frame(struct js_worker *w, const char *buf, size_t len)
+{
+    struct js_session *s = w->s;
+    json_t *j = json_loadb(buf, len, 0, NULL);
+    json_t *tc = j ? json_object_get(j, "tool_call") : NULL;
+    if (!j || !s || !s->call) {
+        json_decref(j);
+        w_kill(w, j ? "it wrote out of turn" : "it wrote a frame that is not JSON");
+        return;
+    }
+    if (tc) {
+        const char *name = json_string_value(json_object_get(tc, "name"));
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "tools.%s: tool calls from js.eval are not served yet; call the tool from the "
+                 "client instead",
+                 name ? name : "?");
+        json_t *ans = json_pack("{s:s,s:{s:O,s:b,s:s}}", "method", "tool_result", "params", "id",
+                                json_object_get(tc, "id"), "ok", 0, "error", msg);
+        json_decref(j);
+        if (!ans || w_send(w, ans) < 0)
+            w_kill(w, "its tool call could not be answered");
+        return;
+    }
+    struct conch_rpc_call *call = s->call;
+    enum js_op op = s->op;
+    bool restarted = s->restarted;
+    s->call = NULL;
+    s->op = JS_OP_NONE;
+    s->restarted = false;
+    uv_timer_stop(&w->timer);
+    json_t *result = json_object_get(j, "result");
+    json_t *error = json_object_get(j, "error");
+    if (json_is_object(result) && op == JS_OP_EVAL) {
+        json_object_set_new(result, "session", json_string(s->name));
+        json_object_set_new(result, "restarted", json_boolean(restarted));
+        if (restarted)
+            json_object_set_new(result, "restart_reason", json_string(s->lost_why));
+        s->evals++;
+        conch_rpc_call_reply(call, json_incref(result));
+    } else if (json_is_object(result)) {
+        conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));
+    } else {
+        const char *msg = json_string_value(json_object_get(error, "message"));
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "JS session '%s': %s", s->name,
+                             msg ? msg : "the worker's answer has neither result nor error");
+    }
+    json_decref(j);
+}
+
+static void w_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct js_worker *w = h->data;
+    (void)suggested;
+    if (w->hdr_got < sizeof(w->hdr))
+        *buf = uv_buf_init((char *)w->hdr + w->hdr_got, (unsigned)(sizeof(w->hdr) - w->hdr_got));
+    else
+        *buf = uv_buf_init(w->buf + w->len, (unsigned)(w->want - w->len));
+}
+
+static void w_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
+{
+    struct js_worker *w = st->data;
+    (void)b;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        w_gone(w);
+        return;
+    }
+    if (w->hdr_got < sizeof(w->hdr)) {
+        w->hdr_got += (size_t)n;
+        if (w->hdr_got < sizeof(w->hdr))
+            return;
+        uint64_t want;
+        memcpy(&want, w->hdr, sizeof(want));
+        if (want == 0 || want > JS_FRAME_MAX) {
+            w_kill(w, "it sent a frame of a wrong size");
+            return;
+        }
+        w->want = (size_t)want;
+        w->len = 0;
+        if (!(w->buf = malloc(w->want))) {
+            w_kill(w, "out of memory for its answer");
+            return;
+        }
+        return;
+    }
+    w->len += (size_t)n;
+    if (w->len < w->want)
+        return;
+    char *buf = w->buf;
+    size_t len = w->len;
+    w->buf = NULL;
+    w->hdr_got = w->len = w->want = 0;
+    w_frame(w, buf, len);
+    free(buf);
+}
+
+/* Start @s's worker. Returns 0, or -errno with @err. */
+static int w_start(struct js_session *s, struct conch_err *err)
+{
+    struct sandbox *sb = s->all->sb;
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+        return conch_err_set(err, errno, "JS worker: socketpair: %s", strerror(errno));
+    struct js_worker *w = calloc(1, sizeof(*w));
+    if (!w) {
+        close(sp[0]);
+        close(sp[1]);
+        return conch_err_set(err, ENOMEM, "out of memory");
+    }
+    w->proc.ops = &w_ops;
+    w->proc.data = w;
+    int r = conch_super_js_server(&sb->super, &w->proc, sp[1], err);
+    close(sp[1]);
+    if (r < 0) {
+        close(sp[0]);
+        free(w);
+        return r;
+    }
+    uv_pipe_init(&sb->d->loop, &w->pipe, 0);
+    uv_timer_init(&sb->d->loop, &w->timer);
+    w->pipe.data = w->timer.data = w;
+    w->handles = 3; /* the pipe, the timer, the process */
+    w->s = s;
+    s->w = w;
+    if ((r = uv_pipe_open(&w->pipe, sp[0])) < 0) {
+        close(sp[0]);
+        w->s = NULL;
+        s->w = NULL;
+        w_close(w, true);
+        return conch_err_set(err, -r, "JS worker: %s", uv_strerror(r));
+    }
+    uv_read_start((uv_stream_t *)&w->pipe, w_alloc, w_on_read);
+    return 0;
+}
+
+/* ---- sessions ---- */
+
+static struct js_session *session_find(struct sandbox *sb, const char *name)
+{
+    if (!sb->js)
+        return NULL;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->js->list)
+    {
+        struct js_session *s = conch_list_entry(pos, struct js_session, link);
+        if (!strcmp(s->name, name))
+            return s;
+    }
+    return NULL;
+}
+
+/* Close @s: its worker killed, its request failed with @why, its record freed. */
+static void session_free(struct js_session *s, const char *why)
+{
+    if (s->w) {
+        struct js_worker *w = s->w;
+        w->s = NULL;
+        s->w = NULL;
+        w_close(w, true);
+    }
+    if (s->call)
+        conch_rpc_call_failf(s->call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "JS session '%s': %s", s->name, why);
+    conch_list_del(&s->link);
+    s->all->n--;
+    free(s);
+}
+
+static bool valid_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > CONCH_JS_SESSION_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+/* The running sandbox and the session named in @params (created if @create), or NULL after
+ * failing @call. */
+static struct js_session *session_for(struct client *c, struct conch_rpc_call *call, json_t *params,
+                                      bool create, struct sandbox **ret_sb)
+{
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
+    if (!sb)
+        return NULL;
+    *ret_sb = sb;
+    conch_daemon_sandbox_touch(sb);
+    const char *name = conch_rpc_str(params, "session", "default");
+    if (!valid_name(name)) {
+        conch_rpc_call_fail_param(call, "session",
+                                  "a session name is 1 to %d letters, digits, '-', '_' or '.'",
+                                  CONCH_JS_SESSION_NAME_MAX);
+        return NULL;
+    }
+    struct js_session *s = session_find(sb, name);
+    if (s || !create) {
+        if (!s && !create)
+            conch_rpc_call_failf(call, CONCH_RPC_INVALID_PARAMS, "invalid_params", NULL,
+                                 "sandbox %s has no JS session '%s'", sb->id, name);
+        return s;
+    }
+    if (!sb->js) {
+        if (!(sb->js = calloc(1, sizeof(*sb->js))))
+            goto oom;
+        sb->js->sb = sb;
+        CONCH_LIST_INIT(&sb->js->list);
+    }
+    if (sb->js->n >= JS_SESSIONS_MAX) {
+        conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "limit", NULL,
+                             "sandbox %s has %d JS sessions, the most it may: close one "
+                             "(js.close)",
+                             sb->id, JS_SESSIONS_MAX);
+        return NULL;
+    }
+    if (!(s = calloc(1, sizeof(*s))))
+        goto oom;
+    s->all = sb->js;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    conch_list_add(&sb->js->list, &s->link);
+    sb->js->n++;
+    return s;
+oom:
+    conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL, "out of memory");
+    return NULL;
+}
+
+/* The sandbox's registered tools as `tools.<camelCase>` names (snake and kebab words
+ * joined: web_search -> webSearch); names that would not be identifiers are left out. A call
+ * to one reaches the daemon, which rejects it clearly (tool calls are the next slice). */
+static json_t *tool_names(struct sandbox *sb)
+{
+    json_t *out = json_array();
+    json_t *l = sb->bridge ? conch_bridge_list(sb->bridge) : NULL;
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(l, "tools"), i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        char id[128];
+        size_t n = 0;
+        bool up = false, ok = name && *name && !(name[0] >= '0' && name[0] <= '9');
+        for (const char *p = name; ok && *p && n + 1 < sizeof(id); p++) {
+            char c = *p;
+            if (c == '_' || c == '-') {
+                up = n > 0;
+                continue;
+            }
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '$'))
+                ok = false;
+            id[n++] = up && c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+            up = false;
+        }
+        id[n] = '\0';
+        if (ok && n > 0 && !(name && strlen(name) >= sizeof(id)))
+            json_array_append_new(out, json_string(id));
+    }
+    json_decref(l);
+    return out;
+}
+
+static bool refuse_busy(struct js_session *s, struct conch_rpc_call *call)
+{
+    if (!s->call)
+        return false;
+    conch_rpc_call_failf(call, CONCH_RPC_LIMIT, "busy", NULL,
+                         "JS session '%s' is running an eval: wait for it, or use another "
+                         "session",
+                         s->name);
+    return true;
+}
+
+void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = NULL;
+    struct js_session *s = session_for(ctx, call, params, true, &sb);
+    if (!s || refuse_busy(s, call))
+        return;
+    struct conch_err err = {0};
+    bool restarted = false;
+    if (!s->w) {
+        restarted = s->lost;
+        if (w_start(s, &err) < 0) {
+            conch_rpc_call_fail_err(call, CONCH_RPC_INFRASTRUCTURE, "infrastructure", &err);
+            return;
+        }
+    }
+    json_t *t = json_object_get(params, "timeout");
+    double timeout = t ? json_number_value(t) : JS_DEFAULT_TIMEOUT_S;
+    int64_t timeout_ms = timeout > 0 ? (int64_t)(timeout * 1000) : 0;
+    json_t *req = json_pack("{s:s,s:{s:O,s:I,s:o}}", "method", "eval", "params", "code",
+                            json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms,
+                            "tools", tool_names(sb));
+    if (!req || w_send(s->w, req) < 0) {
+        w_kill(s->w, "the eval could not be sent to it");
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "JS session '%s': the eval could not be sent to its worker", s->name);
+        return;
+    }
+    s->call = call;
+    s->op = JS_OP_EVAL;
+    s->restarted = restarted;
+    if (restarted)
+        s->lost = false;
+    if (timeout_ms > 0)
+        uv_timer_start(&s->w->timer, w_on_timeout, (uint64_t)timeout_ms + JS_GRACE_MS, 0);
+}
+
+void conch_daemon_handle_js_reset(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = NULL;
+    struct js_session *s = session_for(ctx, call, params, false, &sb);
+    if (!s || refuse_busy(s, call))
+        return;
+    if (!s->w) { /* no worker: the next eval's is fresh anyway */
+        s->lost = false;
+        conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));
+        return;
+    }
+    if (w_send(s->w, json_pack("{s:s}", "method", "reset")) < 0) {
+        w_kill(s->w, "the reset could not be sent to it");
+        s->lost = false; /* reset asked for a fresh session: that is what the next eval gets */
+        conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));
+        return;
+    }
+    s->call = call;
+    s->op = JS_OP_RESET;
+    uv_timer_start(&s->w->timer, w_on_timeout, JS_GRACE_MS, 0);
+}
+
+void conch_daemon_handle_js_close(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct sandbox *sb = NULL;
+    struct js_session *s = session_for(ctx, call, params, false, &sb);
+    if (!s)
+        return;
+    json_t *res = json_pack("{s:s,s:b}", "session", s->name, "closed", 1);
+    session_free(s, "the session was closed (js.close) during the request");
+    conch_rpc_call_reply(call, res);
+}
+
+void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    struct client *c = ctx;
+    struct sandbox *sb =
+        conch_daemon_sandbox_find_running(c->d, call, conch_rpc_str(params, "sandbox", NULL));
+    if (!sb)
+        return;
+    json_t *arr = json_array();
+    if (sb->js) {
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &sb->js->list)
+        {
+            struct js_session *s = conch_list_entry(pos, struct js_session, link);
+            json_array_append_new(arr, json_pack("{s:s,s:b,s:b,s:b,s:I}", "session", s->name,
+                                                 "running", s->w != NULL, "busy", s->call != NULL,
+                                                 "lost", s->lost, "evals", (json_int_t)s->evals));
+        }
+    }
+    conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", arr));
+}
+
+void conch_daemon_js_stop(struct sandbox *sb)
+{
+    if (!sb->js)
+        return;
+    while (!conch_list_empty(&sb->js->list))
+        session_free(conch_list_entry(sb->js->list.next, struct js_session, link),
+                     "the sandbox stopped");
+    free(sb->js);
+    sb->js = NULL;
+}
+
+int conch_daemon_js_worker_main(int sock)
+{
+    return conch_js_worker_serve(sock, NULL);
+}

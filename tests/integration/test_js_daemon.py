@@ -1,0 +1,220 @@
+# test_js_daemon.py - JS sessions through the daemon (js.eval/reset/close/list, src/daemon/js.c):
+# each session's worker runs inside the sandbox, forked by the warden and fenced like a file
+# server, found here on the host by its process title "conch-js-worker" among the daemon's
+# descendants. Globals persist, TypeScript runs, readFile/writeFile share the sandbox's files
+# with commands, a worker killed from the host fails its eval clearly and the next eval
+# starts a fresh session (restarted), a runaway script times out, and the worker cannot exec
+# a program nor open a socket.
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import conch, descendants, proc_status
+from rpcclient import RpcError
+
+TITLE = b"conch-js-worker"
+
+
+def js_workers(daemon):
+    """Host pids of the live JS workers under @daemon."""
+    found = []
+    for p in descendants(daemon.pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        st = proc_status(p)
+        if cmd.startswith(TITLE) and st and not st.get("State", "").startswith("Z"):
+            found.append(p)
+    return sorted(found)
+
+
+def wait_workers(daemon, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        w = js_workers(daemon)
+        if pred(w) or time.monotonic() > deadline:
+            return w
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def js(rpc, sandbox):
+    sb = sandbox()
+
+    def call(method, **params):
+        return rpc.call(method, {"sandbox": sb, **params}, timeout=60)
+
+    def ev(code, **params):
+        return call("js.eval", code=code, **params)
+
+    call.sb = sb
+    call.eval = ev
+    return call
+
+
+def test_globals_persist_across_evals_and_typescript_runs(js):
+    r = js.eval("interface P { n: number }\nconst p: P = { n: 41 };\nlet hits: number = 0;")
+    assert r["ok"], r
+    assert r["session"] == "default" and r["restarted"] is False
+    r = js.eval("hits++; p.n + hits")
+    assert r["ok"] and r["value"] == 42, r
+    assert r["text"] == "→ 42"
+    r = js.eval("function sq<T extends number>(x: T): number { return x * x }\nsq(hits as number) + 1")
+    assert r["value"] == 2, r
+    # Another session has its own globals.
+    r = js.eval("typeof p", session="other")
+    assert r["value"] == "undefined" and r["session"] == "other", r
+    names = {s["session"]: s for s in js("js.list")["sessions"]}
+    assert set(names) == {"default", "other"}
+    assert names["default"]["evals"] == 3 and names["default"]["running"]
+
+
+def test_read_file_a_command_wrote_and_write_file_a_command_reads(js, rpc):
+    rpc.call("exec.run", {"sandbox": js.sb, "command": "mkdir -p d && echo from-shell > d/in.txt"})
+    r = js.eval("const t = await readFile('d/in.txt'); t.trim()")
+    assert r["ok"] and r["value"] == "from-shell", r
+    r = js.eval("await writeFile('/workspace/d/out.json', {n: 7}); 'ok'")
+    assert r["ok"], r
+    out = rpc.call("exec.run", {"sandbox": js.sb, "command": "cat d/out.json; id -u"})
+    assert out["stdout"] == '{"n":7}1000\n', out
+    # A write of an eval that throws is not applied.
+    r = js.eval("await writeFile('d/never.txt', 'x'); throw new Error('boom')")
+    assert not r["ok"] and r["error"]["message"] == "boom", r
+    out = rpc.call("exec.run", {"sandbox": js.sb, "command": "test -e d/never.txt; echo $?"})
+    assert out["stdout"] == "1\n"
+
+
+def test_a_worker_killed_from_the_host_fails_its_eval_then_restarts(daemon, js):
+    js.eval("globalThis.kept = 1")
+    [pid] = wait_workers(daemon, lambda w: len(w) == 1)
+    st = proc_status(pid)
+    # Fenced like a file server: the agent's uid, no capabilities, no_new_privs, seccomp.
+    assert st["Uid"].split()[0] != "0" and st["CapEff"] == "0000000000000000", st
+    assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", st
+
+    import threading
+
+    res = {}
+
+    def long_eval():
+        try:
+            res["r"] = js.eval("for (;;) {}", timeout=30)
+        except RpcError as e:
+            res["e"] = e
+
+    t = threading.Thread(target=long_eval)
+    t.start()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    t.join(30)
+    assert "e" in res, res
+    msg = str(res["e"])
+    assert "killed by signal 9" in msg and "next js.eval starts a fresh session" in msg, msg
+    r = js.eval("typeof kept")
+    assert r["ok"] and r["value"] == "undefined", r
+    assert r["restarted"] is True and "died" in r["restart_reason"], r
+    # Killed while idle: the next eval says so too.
+    [pid2] = wait_workers(daemon, lambda w: len(w) == 1 and w[0] != pid)
+    os.kill(pid2, signal.SIGKILL)
+    wait_workers(daemon, lambda w: not w)
+    time.sleep(0.2)
+    r = js.eval("1 + 1")
+    assert r["value"] == 2 and r["restarted"] is True, r
+    r = js.eval("2 + 2")
+    assert r["restarted"] is False
+
+
+def test_an_infinite_loop_times_out_and_the_session_lives_on(js):
+    js.eval("const before = 'still here'")
+    r = js.eval("while (true) {}", timeout=0.5)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    assert "deadline" in r["error"]["message"], r
+    # A promise that never settles ends by the same deadline.
+    r = js.eval("await new Promise(() => {})", timeout=0.3)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    r = js.eval("before")
+    assert r["value"] == "still here" and r["restarted"] is False, r
+
+
+def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
+    # The engine has no module that could: no std/os, no require, no import of them.
+    r = js.eval("[typeof std, typeof os, typeof require, typeof process].join(',')")
+    assert r["value"] == "undefined,undefined,undefined,undefined", r
+    r = js.eval("await import('os')")
+    assert not r["ok"], r
+    r = js.eval("await import('std')")
+    assert not r["ok"], r
+    # Files are the sandbox's, seen through the fences: nothing of the host beyond them.
+    r = js.eval("await readFile('/proc/1/environ')")
+    assert not r["ok"], r
+    [pid] = wait_workers(daemon, lambda w: len(w) == 1)
+    # Its only socket is the daemon's (readable by root only: the worker is not dumpable).
+    try:
+        fds = sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
+    except PermissionError:
+        return
+    targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
+    assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
+
+
+def test_tool_calls_fail_clearly_and_reset_and_close(daemon, js):
+    js("tools.register", tools=[{"name": "web_search", "input_schema": {"type": "object"}}])
+    r = js.eval("Object.keys(tools).join(',')")
+    assert r["value"] == "webSearch", r
+    r = js.eval("await tools.webSearch({q: 'x'})")
+    assert not r["ok"], r
+    assert "tools.webSearch: tool calls from js.eval are not served yet" in r["error"]["message"], r
+    r = js.eval("const kept = 5; kept")
+    assert r["value"] == 5
+    r = js("js.reset")
+    assert r["reset"] is True
+    r = js.eval("typeof kept")
+    assert r["value"] == "undefined" and r["restarted"] is False, r
+    assert js("js.close")["closed"] is True
+    wait_workers(daemon, lambda w: not w)
+    assert js_workers(daemon) == []
+    assert js("js.list")["sessions"] == []
+    with pytest.raises(RpcError) as e:
+        js("js.close")
+    assert "no JS session 'default'" in str(e.value)
+    with pytest.raises(RpcError):
+        js.eval("1", session="bad name!")
+
+
+def test_conch_js_one_shot(daemon, js):
+    r = conch(["js", "--socket", daemon.sock, js.sb, "-e", "const x: number = 6; console.log('hi'); x * 7"])
+    assert r.rc == 0, r.describe()
+    assert r.stdout == "hi\n→ 42\n", r.describe()
+    r = conch(["js", "--socket", daemon.sock, js.sb, "-e", "throw new TypeError('nope')"])
+    assert r.rc == 1 and "nope" in r.stdout, r.describe()
+    # The code on standard input, in the same session: x persists.
+    r = conch(["js", "--socket", daemon.sock, js.sb], input=b"x + 1\n")
+    assert r.rc == 0 and r.stdout == "→ 7\n", r.describe()
+
+
+def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
+    import threading
+
+    res = {}
+
+    def long_eval():
+        try:
+            res["r"] = daemon.client().call("js.eval", {"sandbox": js.sb, "code": "for (;;) {}",
+                                                        "timeout": 60}, timeout=60)
+        except RpcError as e:
+            res["e"] = e
+
+    t = threading.Thread(target=long_eval)
+    t.start()
+    wait_workers(daemon, lambda w: len(w) == 1)
+    time.sleep(0.3)
+    rpc.call("sandbox.destroy", {"id": js.sb}, timeout=30)
+    t.join(30)
+    assert "e" in res, res
+    assert "JS worker of session 'default' died" in str(res["e"]), res["e"]
+    assert "sandbox_stopped" in str(res["e"]), res["e"]
+    assert wait_workers(daemon, lambda w: not w) == []
