@@ -338,10 +338,10 @@ def test_file_worker_killed_fails_only_its_request(daemon, rpc, sandbox, ws):
     killed = [0]
 
     def killer():
+        # Only this daemon's workers: the suite runs tests side by side, and a scan of all of
+        # /proc killed other tests' file workers ("killed by signal 9" in their fs.* answers).
         while not stop.is_set():
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
+            for pid in descendants(daemon.pid):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         if f.read().startswith(b"conch-file-"):  # -worker or -server
