@@ -668,7 +668,7 @@ static void js_escapes(void *arg)
     }
 }
 
-Test(seccomp_setid, the_js_worker_cannot_exec_or_open_a_socket, .timeout = 30)
+Test(seccomp_js, worker_cannot_exec_or_open_a_socket, .timeout = 30)
 {
     if (RUNNING_ON_VALGRIND)
         cr_skip("valgrind does not emulate seccomp");
@@ -693,7 +693,7 @@ Test(seccomp_setid, the_js_worker_cannot_exec_or_open_a_socket, .timeout = 30)
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "file worker: %s", msg);
 }
 
-Test(seccomp_walk, js_worker_matches_its_allowlist, .timeout = 60)
+Test(seccomp_js, worker_matches_its_allowlist, .timeout = 60)
 {
     if (RUNNING_ON_VALGRIND)
         cr_skip("valgrind does not emulate seccomp");
