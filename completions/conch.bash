@@ -29,7 +29,7 @@ _conch()
     }
 
     local commands="run doctor serve ps create exec changes diff commit discard cp start rm
-                    logs shell attach sessions gc mcp help --help --version"
+                    logs shell attach sessions js gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
         return
@@ -107,6 +107,16 @@ _conch()
             if [[ $cmd == exec ]]; then
                 opts="$opts --interactive -i --no-stdin -n --tty -t --env --cwd -w --timeout --detach -d"
             fi ;;
+        js)
+            if [[ $args -ge 1 ]]; then
+                COMPREPLY=($(compgen -W "-e --session --timeout" -- "$cur"))
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
+                return
+            fi
+            opts="--socket --json -e --session --timeout --help -h" ;;
         logs)
             if [[ $args -ge 1 ]]; then
                 return
