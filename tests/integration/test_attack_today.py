@@ -117,9 +117,10 @@ def test_js_recursion_and_memory_exhaustion_are_errors_and_the_worker_lives_on(j
     r = ev("let a = []; for (;;) a.push('x'.repeat(1 << 20) + a.length)")
     assert not r["ok"] and "memory" in r["error"]["message"], r
     assert ev("kept")["value"] == 7
-    with open(f"/proc/{jsw.proc.pid}/status") as f:
-        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    assert hwm < 512 << 10, f"the worker peaked at {hwm} KiB (its engine's heap is capped)"
+    if not ASAN:  # ASan's shadow memory and quarantine make the peak mean little
+        with open(f"/proc/{jsw.proc.pid}/status") as f:
+            hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        assert hwm < 512 << 10, f"the worker peaked at {hwm} KiB (its engine's heap is capped)"
 
 
 def test_js_a_late_tool_answer_from_before_a_reset_is_not_taken_by_the_next_script(jsw):
