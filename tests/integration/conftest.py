@@ -348,6 +348,22 @@ def proc_status(pid):
         return None
 
 
+def titled_descendants(pid, title):
+    """Host pids of the live (non-zombie) descendants of @pid whose title (argv) starts with
+    @title (bytes): the warden's children by the names they give themselves."""
+    found = []
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        st = proc_status(p)
+        if cmd.startswith(title) and st and not st.get("State", "").startswith("Z"):
+            found.append(p)
+    return sorted(found)
+
+
 def descendants(pid):
     """Live (non-zombie) descendants of pid."""
     children = {}

@@ -10,24 +10,14 @@ import time
 
 import pytest
 
-from conftest import descendants, proc_status
+from conftest import descendants, titled_descendants
 from rpcclient import RpcError, result_of
 
 SERVER = b"conch-file-server"
 
 
 def _servers(daemon):
-    found = []
-    for p in descendants(daemon.pid):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        st = proc_status(p)
-        if cmd.startswith(SERVER) and st and not st.get("State", "").startswith("Z"):
-            found.append(p)
-    return sorted(found)
+    return titled_descendants(daemon.pid, SERVER)
 
 
 def _wait_servers(daemon, pred, timeout=10.0):

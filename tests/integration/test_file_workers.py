@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import descendants, proc_status
+from conftest import proc_status, titled_descendants
 from rpcclient import RpcError, result_of
 
 TITLE = b"conch-file-server"
@@ -27,17 +27,7 @@ def _fd_count(pid):
 
 def workers(daemon):
     """Host pids of the live persistent file workers under @daemon."""
-    found = []
-    for p in descendants(daemon.pid):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        st = proc_status(p)
-        if cmd.startswith(TITLE) and st and not st.get("State", "").startswith("Z"):
-            found.append(p)
-    return sorted(found)
+    return titled_descendants(daemon.pid, TITLE)
 
 
 def wait_workers(daemon, pred, timeout=5.0):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import conch, descendants, proc_status
+from conftest import conch, proc_status, titled_descendants
 from rpcclient import RpcError
 
 TITLE = b"conch-js-worker"
@@ -19,17 +19,7 @@ TITLE = b"conch-js-worker"
 
 def js_workers(daemon):
     """Host pids of the live JS workers under @daemon."""
-    found = []
-    for p in descendants(daemon.pid):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        st = proc_status(p)
-        if cmd.startswith(TITLE) and st and not st.get("State", "").startswith("Z"):
-            found.append(p)
-    return sorted(found)
+    return titled_descendants(daemon.pid, TITLE)
 
 
 def wait_workers(daemon, pred, timeout=10.0):
