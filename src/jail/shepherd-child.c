@@ -21,6 +21,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <grp.h>
+#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -443,6 +444,34 @@ static int report_event(int ctl, bool lease, struct jail_msg *m)
                                                                                             : -1;
 }
 
+/* How many times a shepherd builds its command's process anew when it died before taking
+ * the RUN waiting for it (shepherd). */
+#define ZYGOTE_REBUILDS 3
+
+/* Whether a message (the RUN) waits on @wsock, not taken. */
+static bool run_waiting(int wsock)
+{
+    char byte;
+    return recv(wsock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* Reap the command's process @pid, dead before its command, and take back its SIGCHLD
+ * (blocked, read from our signalfd) and whatever it had mapped in our memory. */
+static void reap_dead_zygote(pid_t pid, struct zygote_out *out)
+{
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    struct timespec now = {0};
+    sigtimedwait(&chld, NULL, &now);
+    if (out->blob)
+        munmap(out->blob, out->blob_len);
+    if (out->vec)
+        munmap(out->vec, out->vec_len);
+}
+
 __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int wsock, int ctl,
                                                struct jail_shep_report *rep)
 {
@@ -483,22 +512,37 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
         struct stat ns;
         if (stat("/proc/self/ns/pid", &ns) == 0)
             __atomic_store_n(&rep->ns_ino, (uint64_t)ns.st_ino, __ATOMIC_RELEASE);
-        zout.cpu = &rep->cpu;
-        struct zygote_args za = {.plan = plan,
-                                 .sock = wsock,
-                                 .gate = gate[1],
-                                 .late_landlock =
-                                     conch_jail_warden.ws_shared && !conch_jail_warden.ws_attached,
-                                 .out = &zout};
-        cmd = clone(command_zygote, stack + ZYGOTE_GUARD + ZYGOTE_STACK, CLONE_VM | SIGCHLD, &za);
-        if (cmd < 0)
-            conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
-        /* Nothing but these two calls until the gate opens: the memory is shared. */
-        close(gate[1]);
-        char byte;
-        while (cmd > 0 && read(gate[0], &byte, 1) < 0)
-            ;
-        close(gate[0]);
+        for (int builds = 1;; builds++) {
+            zout = (struct zygote_out){.cpu = &rep->cpu};
+            struct zygote_args za = {.plan = plan,
+                                     .sock = wsock,
+                                     .gate = gate[1],
+                                     .late_landlock = conch_jail_warden.ws_shared &&
+                                                      !conch_jail_warden.ws_attached,
+                                     .out = &zout};
+            cmd =
+                clone(command_zygote, stack + ZYGOTE_GUARD + ZYGOTE_STACK, CLONE_VM | SIGCHLD, &za);
+            if (cmd < 0)
+                conch_err_set(&err, errno, "start command: clone: %s", strerror(errno));
+            /* Nothing but these two calls until the gate opens: the memory is shared. */
+            close(gate[1]);
+            char byte;
+            while (cmd > 0 && read(gate[0], &byte, 1) < 0)
+                ;
+            close(gate[0]);
+            if (cmd < 0 || zout.got_run || zout.failed || builds > ZYGOTE_REBUILDS ||
+                !run_waiting(wsock))
+                break;
+            /* It died before it took the RUN that waits for it: killed from outside while
+             * we were ready, the warden unaware of it when it gave us the command. Another
+             * takes it, rather than the command failing to start. */
+            reap_dead_zygote(cmd, &zout);
+            if (pipe2(gate, O_CLOEXEC) < 0) {
+                conch_err_set(&err, errno, "start command: pipe: %s", strerror(errno));
+                cmd = -1;
+                break;
+            }
+        }
     }
     /* The command's process has exec'd or exited. The warden sends one RUN on @wsock, which
      * that process took, and, when the command came on another channel than @ctl (we were
@@ -760,6 +804,17 @@ void conch_jail_ensure_ready(const struct jail_plan *plan)
     conch_jail_warden.ready_slot = i;
 }
 
+/* Whether the ready shepherd in slot @s can still take a command. Its command's process
+ * killed from outside (or the shepherd itself) closes their ends of the slot's socket before
+ * we reap the shepherd; a command handed to it then would fail to start ("died before it
+ * received the command"), where a fresh shepherd runs it. The reap counts it as a ready one
+ * that died. (Killed between this look and the RUN, the failure is reported as such.) */
+static bool ready_shepherd_alive(const struct jail_proc_slot *s)
+{
+    struct pollfd p = {.fd = s->sock, .events = POLLOUT};
+    return s->sock >= 0 && poll(&p, 1, 0) >= 0 && !(p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
 /* Start a command that came on channel @chan: hand it to the ready shepherd (or start one
  * now). Returns 0, or -1 with @reply's error filled. */
 int conch_jail_start_command(const struct jail_plan *plan, const struct jail_msg *m, int *fds,
@@ -768,6 +823,8 @@ int conch_jail_start_command(const struct jail_plan *plan, const struct jail_msg
     if (nfds != 4)
         return conch_err_set(&reply->err, EINVAL, "warden: bad run request"), -1;
     int i = conch_jail_warden.ready_slot;
+    if (i >= 0 && !ready_shepherd_alive(&conch_jail_warden.slots[i]))
+        i = -1; /* still marked ready: its reap counts it among the failures */
     conch_jail_warden.ready_slot = -1;
     conch_jail_warden.refill_after_us = conch_clock_us() + REFILL_DELAY_US;
     if (i < 0) {

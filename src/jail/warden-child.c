@@ -127,7 +127,8 @@ static void lease_revoke(bool kill_commands)
             s->ready = false;
             s->retired = true;
             s->id = -1;
-            conch_jail_warden.ready_slot = -1;
+            if (conch_jail_warden.ready_slot == i)
+                conch_jail_warden.ready_slot = -1;
             kill(s->pid, SIGKILL);
         } else if (!s->ready && !s->retired && s->chan == lease_no) {
             slot_signal(s, SIGKILL);
@@ -241,7 +242,8 @@ static int slot_finish(int i, int status, const struct rusage *ru)
         /* A shepherd started ahead of need died before it had a command: nothing to report;
          * after a few such deaths, shepherds are only started on demand. */
         s->ready = false;
-        conch_jail_warden.ready_slot = -1;
+        if (conch_jail_warden.ready_slot == i) /* another may be ready already */
+            conch_jail_warden.ready_slot = -1;
         conch_jail_warden.ready_failures++;
         return 0;
     }

@@ -49,6 +49,21 @@ struct plan_blob {
 
 static int clean_image = -1;
 
+/* Seal @fd (a memfd only we hold, never mapped) against any change. F_SEAL_WRITE waits for
+ * the kernel's transient references to its pages (the LRU's per-CPU batches, page cache
+ * lookups) and gives up with EBUSY after ~150 ms, which a loaded machine reaches (CI saw
+ * "seal the wardens' image: Device or resource busy"). There are no mappings and no other
+ * holder, so F_SEAL_FUTURE_WRITE (no write, no writable mapping from now on) is the same
+ * guarantee here: the fallback. */
+static int seal_unchangeable(int fd)
+{
+    const int fixed = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) == 0 ||
+        (errno == EBUSY && fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0))
+        return fcntl(fd, F_ADD_SEALS, fixed);
+    return -1;
+}
+
 int conch_jail_clean_image_prepare(struct conch_err *err)
 {
     if (clean_image >= 0)
@@ -83,8 +98,7 @@ int conch_jail_clean_image_prepare(struct conch_err *err)
      * host's), not by the sandbox's, as a copy of ours was. So a non-dumpable process of the
      * sandbox (a shepherd, a file worker) keeps its /proc files owned by host root, out of
      * reach of the sandbox's own root (--as-root). Sealed: no one changes it while it runs. */
-    if (fchmod(fd, 0111) < 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0)
+    if (fchmod(fd, 0111) < 0 || seal_unchangeable(fd) < 0)
         return conch_err_set(err, errno, "seal the wardens' image: %s", strerror(errno));
     clean_image = TAKE_FD(fd);
     return 0;
@@ -186,7 +200,7 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
                                        progs[i]->len * sizeof(*progs[i]->insns), *prog_off[i]) < 0)
             return conch_err_set(err, errno ? errno : EIO, "write the warden's plan: %s",
                                  strerror(errno ? errno : EIO));
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0)
+    if (seal_unchangeable(fd) < 0)
         return conch_err_set(err, errno, "seal the warden's plan: %s", strerror(errno));
     return TAKE_FD(fd);
 }
