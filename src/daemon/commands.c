@@ -428,9 +428,15 @@ static void forget_old_jobs(struct daemon *d, struct run *keep)
  * would cost a short command more than it saves. */
 #define ANSWER_ON_LOOP_MAX (64u << 10)
 
+/* What building a result holds at its peak, for each byte of output it keeps: the output's
+ * repaired copy, its JSON string, and the serialised text in a buffer grown by doubling. */
+#define ANSWER_PEAK_PER_BYTE 4
+
 /* A result being built off the loop. @r is kept (r->answering) until answer_done. */
 struct answer_job {
     uv_work_t req;
+    struct conch_list link; /* in daemon.answers_waiting, until its build fits the budget */
+    size_t charge;          /* held in daemon.answers_building while it is built */
     struct run *r;
     struct conch_run_result res; /* out/err borrowed from @r; changes owned */
     json_t *calls, *detached;    /* copies of @r's: the worker owns them */
@@ -458,15 +464,36 @@ static void answer_work(uv_work_t *req)
     json_decref(o);
 }
 
+static void answer_done(uv_work_t *req, int status);
+
+/* Start the builds that wait, in order, while they fit the budget. */
+static void answers_start_waiting(struct daemon *d)
+{
+    while (!conch_list_empty(&d->answers_waiting)) {
+        struct answer_job *a = conch_list_entry(d->answers_waiting.next, struct answer_job, link);
+        if (!conch_daemon_answer_reserve(d, a->charge))
+            return;
+        conch_list_del(&a->link);
+        if (uv_queue_work(&d->loop, &a->req, answer_work, answer_done) < 0) {
+            /* Cannot happen with a live loop; answered as an internal error, not lost. */
+            a->text = NULL;
+            answer_done(&a->req, UV_ECANCELED);
+        }
+    }
+}
+
 static void answer_done(uv_work_t *req, int status)
 {
     struct answer_job *a = req->data;
     struct run *r = a->r;
     struct sandbox *sb = r->sb;
+    struct daemon *d = sb->d;
     (void)status;
-    /* NULL text (out of memory, or cancelled) is answered as an internal error. */
+    /* NULL text (out of memory, or cancelled) is answered as an internal error. Sent before
+     * the build's charge goes: the response is charged to its client now. */
     conch_rpc_call_reply_dumped(r->call, a->text);
     r->call = NULL;
+    conch_daemon_answer_unreserve(d, a->charge);
     conch_ws_changes_done(&a->res.changes);
     json_decref(a->calls);
     json_decref(a->detached);
@@ -475,22 +502,35 @@ static void answer_done(uv_work_t *req, int status)
     run_answered(r);
     conch_daemon_sandbox_release(sb);
     run_maybe_free(r);
+    answers_start_waiting(d);
 }
 
-/* Build @r's result off the loop (see ANSWER_ON_LOOP_MAX), taking @changes' contents.
- * Returns false when it could not be queued (the caller answers on the loop). */
-static bool run_answer_async(struct run *r, struct conch_ws_changes *changes)
+/* Build @r's result, which keeps @kept bytes of output, off the loop (see ANSWER_ON_LOOP_MAX),
+ * taking @changes' contents; it waits its turn when the builds under way and the responses
+ * unread hold the clients' budget already. Returns false when it could not be queued (the
+ * caller answers on the loop). */
+static bool run_answer_async(struct run *r, struct conch_ws_changes *changes, size_t kept)
 {
+    struct daemon *d = r->sb->d;
     struct answer_job *a = calloc(1, sizeof(*a));
     if (!a)
         return false;
     a->r = r;
     a->req.data = a;
+    a->charge = kept * ANSWER_PEAK_PER_BYTE;
     run_result_fill(r, changes, &a->res);
     a->calls = r->tools.calls ? json_deep_copy(r->tools.calls) : NULL;
     a->detached = r->tools.detached ? json_deep_copy(r->tools.detached) : NULL;
-    if ((r->tools.calls && !a->calls) || (r->tools.detached && !a->detached) ||
-        uv_queue_work(&r->sb->d->loop, &a->req, answer_work, answer_done) < 0) {
+    bool queued = !(r->tools.calls && !a->calls) && !(r->tools.detached && !a->detached);
+    if (queued && conch_list_empty(&d->answers_waiting) &&
+        conch_daemon_answer_reserve(d, a->charge)) {
+        queued = uv_queue_work(&d->loop, &a->req, answer_work, answer_done) == 0;
+        if (!queued)
+            conch_daemon_answer_unreserve(d, a->charge);
+    } else if (queued) {
+        conch_list_add(&d->answers_waiting, &a->link); /* answers_start_waiting queues it */
+    }
+    if (!queued) {
         json_decref(a->calls);
         json_decref(a->detached);
         free(a);
@@ -511,7 +551,7 @@ static void run_answer(struct run *r, struct conch_ws_changes *changes)
     const struct conch_output *out = conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT);
     const struct conch_output *err = conch_command_output(&r->cmd, CONCH_COMMAND_STDERR);
     size_t kept = out->head_len + out->tail_len + err->head_len + err->tail_len;
-    if (kept > ANSWER_ON_LOOP_MAX && run_answer_async(r, changes))
+    if (kept > ANSWER_ON_LOOP_MAX && run_answer_async(r, changes, kept))
         return;
     conch_rpc_call_reply(r->call, run_result(r, changes));
     r->call = NULL;

@@ -237,9 +237,25 @@ struct daemon {
     /* Bytes of responses queued for clients, all together (struct client.counted summed):
      * held to opts.max_client_output_memory by disconnecting the clients with the most. */
     uint64_t clients_queued;
+    /* What the answers being built off the loop hold (commands.c), counted with
+     * clients_queued: an answer is built into a response, so the two are one budget. Answers
+     * that do not fit wait in answers_waiting, first come first built. */
+    uint64_t answers_building;
+    struct conch_list answers_waiting;
 };
 
 /* server.c */
+/*
+ * conch_daemon_answer_reserve - charge @bytes (what an answer being built off the loop holds
+ * at its peak) to the clients' output budget (--max-client-output-memory), which the response
+ * it becomes will be charged to. Refused (false: the caller waits for a build to end) when
+ * other answers are being built and all of it together would pass the budget; never refused
+ * while none is, so that every answer is built in the end. A client that does not read and
+ * holds what the budget needs is disconnected, as for its responses.
+ */
+bool conch_daemon_answer_reserve(struct daemon *d, size_t bytes);
+/* conch_daemon_answer_unreserve - give back what conch_daemon_answer_reserve charged. */
+void conch_daemon_answer_unreserve(struct daemon *d, size_t bytes);
 double conch_daemon_now(void);
 uint64_t conch_daemon_now_ms(void);
 void conch_daemon_make_id(struct daemon *d, const char *prefix, char *buf, size_t size);

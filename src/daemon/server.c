@@ -178,7 +178,8 @@ static void client_count_queued(struct client *c)
  * ones that go are those that do not read, whoever added the last byte. */
 static void clients_fit_budget(struct daemon *d)
 {
-    while (d->clients_queued > d->opts.max_client_output_memory) {
+    uint64_t max = d->opts.max_client_output_memory;
+    while (d->clients_queued + d->answers_building > max) {
         struct client *most = NULL;
         struct conch_list *pos;
         for (pos = d->clients.next; pos != &d->clients; pos = pos->next) {
@@ -186,7 +187,9 @@ static void clients_fit_budget(struct daemon *d)
             if (!c->closing && c->counted && (!most || c->counted > most->counted))
                 most = c;
         }
-        if (!most)
+        /* Past the budget only with the answers being built: a client that reads is not cut
+         * off for them (they wait), one that does not is. */
+        if (!most || (d->clients_queued <= max && !most->congested))
             return;
         log_warn("client disconnected: %zu bytes of responses unread, the most of any client, "
                  "when all clients' unread responses passed %llu bytes (conch serve "
@@ -194,6 +197,21 @@ static void clients_fit_budget(struct daemon *d)
                  most->counted, (unsigned long long)d->opts.max_client_output_memory);
         conch_daemon_client_close(most);
     }
+}
+
+bool conch_daemon_answer_reserve(struct daemon *d, size_t bytes)
+{
+    if (d->answers_building &&
+        d->clients_queued + d->answers_building + bytes > d->opts.max_client_output_memory)
+        return false;
+    d->answers_building += bytes;
+    clients_fit_budget(d);
+    return true;
+}
+
+void conch_daemon_answer_unreserve(struct daemon *d, size_t bytes)
+{
+    d->answers_building -= bytes < d->answers_building ? bytes : d->answers_building;
 }
 
 static void on_written(uv_write_t *req, int status)
@@ -656,6 +674,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     CONCH_LIST_INIT(&d->clients);
     CONCH_LIST_INIT(&d->sandboxes);
     CONCH_LIST_INIT(&d->jobs);
+    CONCH_LIST_INIT(&d->answers_waiting);
     conch_budget_init(&d->held_budget, "all sandboxes", o->max_held, NULL);
     conch_budget_set_raise_with(&d->held_budget, "conch serve --max-held");
     conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
