@@ -12,7 +12,7 @@ import pytest
 
 from conftest import (CONCH_BIN, IS_ROOT, conch, descendants, proc_stat, proc_status,
                       unique_marker, wait_no_pids, host_pids_matching)
-from rpcclient import result_of, wait_gone
+from rpcclient import RpcError, result_of, wait_gone
 
 
 # ---- conch run ------------------------------------------------------------------------------
@@ -49,23 +49,24 @@ def test_run_fork_bomb_dies_with_its_timeout(ws):
 
 
 def test_run_forwards_sigint_to_the_command(ws):
-    """Defect 4: conch run forwarded no SIGINT/SIGTERM/SIGHUP. A trap in the command fires."""
+    """Defect 4: conch run forwarded no SIGINT/SIGTERM/SIGHUP. A trap in the command fires.
+    The signal is sent once the command said it is ready (its output streams through): sent
+    after a fixed second, it reached a conch run still starting on a loaded machine (CI)."""
     for sig, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM"), (signal.SIGHUP, "HUP")):
-        p = subprocess.Popen([CONCH_BIN, "run", "--workspace", str(ws), "--json", "--", "bash", "-c",
+        p = subprocess.Popen([CONCH_BIN, "run", "--workspace", str(ws), "--", "bash", "-c",
                               f"trap 'echo got-{name}; exit 7' {name}; echo ready; "
-                              "for i in $(seq 1 200); do sleep 0.05; done; echo missed"],
+                              "for i in {1..600}; do sleep 0.05; done; echo missed"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            time.sleep(1.0)
+            first = p.stdout.readline()
+            assert first == b"ready\n", (name, first)
             p.send_signal(sig)
-            out, err = p.communicate(timeout=20)
+            out, err = p.communicate(timeout=60)
         finally:
             if p.poll() is None:
                 p.kill()
-        import json
-        j = json.loads(out)
-        assert f"got-{name}" in j["stdout"], (name, j, err)
-        assert j["exit_code"] == 7, (name, j)
+        assert f"got-{name}".encode() in out, (name, out, err)
+        assert p.returncode == 7, (name, p.returncode, err)
 
 
 def test_run_second_interrupt_kills(ws):
@@ -363,7 +364,16 @@ def test_file_worker_killed_fails_only_its_request(daemon, rpc, sandbox, ws):
         t.join()
     assert answered == 40
     assert killed[0] > 0 and errors > 0, (killed, errors)
-    assert rpc.call("fs.read", {"sandbox": sb, "path": "f.txt", "limit": 3})["content"], "sandbox broken"
+    # The killer's last sweep may have killed the file server just before this request went
+    # to it (its death not yet seen by the daemon): that request fails as killed, the next
+    # is served by a new one.
+    for attempt in range(3):
+        try:
+            r = rpc.call("fs.read", {"sandbox": sb, "path": "f.txt", "limit": 3})
+            break
+        except RpcError as e:
+            assert attempt < 2 and "killed by signal 9" in str(e), f"sandbox broken: {e}"
+    assert r["content"].startswith("xxx"), r
 
 
 @pytest.mark.parametrize("opts", [[], ["--memory", "256M"], ["--cpu", "1"]])
