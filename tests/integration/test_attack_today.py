@@ -174,7 +174,7 @@ def _status_kb(pid, key):
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
-@pytest.mark.skipif(ASAN, reason="memory figures of a sanitizer build mean little")
+@pytest.mark.plain_build
 @pytest.mark.xfail(strict=True, reason=(
     "finding: an exec.run's response line, queued to a client that does not read it, is "
     "charged to no budget, and it is far larger than the output it was made of: each byte "
@@ -216,7 +216,7 @@ def test_unread_responses_stay_within_the_output_budget(daemon_factory):
             s.close()
 
 
-@pytest.mark.skipif(ASAN, reason="memory figures of a sanitizer build mean little")
+@pytest.mark.plain_build
 @pytest.mark.xfail(strict=True, reason=(
     "finding: what the daemon queues for a client that does not read (here session.output "
     "notifications to attached clients) is bounded per connection only (64 MiB, "

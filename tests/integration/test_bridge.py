@@ -519,6 +519,7 @@ print("sent", sent)
     assert run("tool_call echo '{}'")["exit_code"] == 0
 
 
+@pytest.mark.slow  # 400 rounds beside two CPU hogs: once, in the plain pass (115 s under ASan)
 def test_a_call_made_at_once_is_never_orphaned(bridge):
     # A command can connect before the daemon read its shepherd's STARTED event: the call
     # waits for its command's origin instead of failing (it did, ~2% of the time).

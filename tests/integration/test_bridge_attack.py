@@ -13,7 +13,7 @@ import pytest
 from conftest import ASAN, CONCH_BIN
 
 # The daemon's memory bounds are checked on the plain build (conftest.ASAN).
-not_under_asan = pytest.mark.skipif(ASAN, reason="memory bounds are measured on the plain build, not under ASan")
+not_under_asan = pytest.mark.plain_build  # memory bounds: see conftest.py
 from rpcclient import Client, RpcError, wait_gone
 
 

@@ -22,18 +22,12 @@ def vm_kb(pid, field):
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
-def sanitized(conch_bin):
-    """Whether the binary is built with ASan (whose shadow memory and quarantine make RSS
-    meaningless as a measure of what the daemon keeps)."""
-    with open(conch_bin, "rb") as f:
-        return b"__asan_init" in f.read()
-
-
 def raw_request(sock, req_id, method, params):
     line = json.dumps({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
     sock.sendall(line.encode() + b"\n")
 
 
+@pytest.mark.plain_build  # its RSS bound; under ASan RSS means little
 def test_non_reading_client_is_disconnected_and_memory_bounded(daemon_factory):
     d = daemon_factory()
     c = d.client()
@@ -87,9 +81,9 @@ def test_non_reading_client_is_disconnected_and_memory_bounded(daemon_factory):
     assert got < 200 << 20, f"{got} bytes were sent to the client: no hard limit"
     # The promise (docs/ARCHITECTURE.md, budgets): under 256 MiB whatever a client asks. What
     # the daemon holds at once depends on how many results workers build at the same time,
-    # which a loaded machine changes (150-160 MiB seen beside other tests): bound the promise.
-    if not sanitized(d.conch_bin):
-        assert peak < 256 * 1024, f"daemon RSS peaked at {peak} kB (started at {rss0} kB)"
+    # which a loaded machine changes; answers being built are charged to the clients' budget
+    # (268 MB seen in CI before they were, ~200 MB after): bound the promise.
+    assert peak < 256 * 1024, f"daemon RSS peaked at {peak} kB (started at {rss0} kB)"
     # the other client was answered all along: pings sent while the non-reading client's
     # commands ran were answered (a loop stuck on it would leave them waiting)
     assert not pinger.errors, pinger.errors
@@ -180,13 +174,13 @@ def test_oversize_line_keeps_its_id(daemon_factory):
     assert c.call("daemon.ping", {})["version"]
 
 
-MANY = 100_000
+MANY = 30_000
 
 
 @pytest.mark.slow
 def test_workspace_scans_do_not_stall_other_clients(daemon, ws):
-    """Scans of a workspace with 100,000 changed files (seconds of work: 5-8 s on the loop
-    before) run off the loop: another client's pings, sent one after the other, are answered
+    """Scans of a workspace with 30,000 changed files (seconds of work on the loop before:
+    5-8 s for 100,000) run off the loop: another client's pings, sent one after the other, are answered
     while they run, and every scan's answer is whole."""
     c = daemon.client()
     c2 = daemon.client()
@@ -390,6 +384,7 @@ def test_large_file_answers_do_not_stall_other_clients(daemon):
     c.call("sandbox.destroy", {"id": sb})
 
 
+@pytest.mark.plain_build  # its RSS bound; under ASan RSS means little
 def test_streaming_to_a_slow_reader_pauses_the_command(daemon_factory):
     """A client that streams a command's output (stream: true) but stops reading for a while:
     the daemon stops reading the command's pipes once the client is congested (the command
@@ -425,10 +420,9 @@ def test_streaming_to_a_slow_reader_pauses_the_command(daemon_factory):
     assert "result" in result, str(result)[:300]
     assert result["result"]["exit_code"] == 0 and result["result"]["stderr"] == "done\n", str(result)[:300]
     assert streamed == total, (streamed, total)
-    if not sanitized(d.conch_bin):
-        # the 40 MB were not buffered while the client did not read (8 MiB soft limit;
-        # without the pause the daemon peaks near 50 MB)
-        assert peak < 32 * 1024, f"daemon RSS peaked at {peak} kB while the client was not reading"
+    # the 40 MB were not buffered while the client did not read (8 MiB soft limit; without
+    # the pause the daemon peaks near 50 MB)
+    assert peak < 32 * 1024, f"daemon RSS peaked at {peak} kB while the client was not reading"
     assert "hard limit" not in d.log()
 
 
