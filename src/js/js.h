@@ -88,9 +88,11 @@ int conch_js_session_new(const struct conch_js_limits *limits, const struct conc
 void conch_js_session_free(struct conch_js_session *s);
 
 /*
- * conch_js_session_set_tools - the tool names `tools.<name>(input)` offers, replacing any
- * earlier set (@names borrowed). A name must be a JavaScript identifier. Returns 0 or
- * -EINVAL/-ENOMEM with @err.
+ * conch_js_session_set_tools - the tools `tools.<name>(input)` offers, replacing any
+ * earlier set (@names borrowed): each by its name (`tools["web-search"]`) and, when that
+ * differs and is an identifier, by its camelCase form (web_search, web-search →
+ * tools.webSearch; a real name wins over another's alias). tool_start gets the real name.
+ * A name is letters, digits, '_', '$' and '-'. Returns 0 or -EINVAL/-ENOMEM with @err.
  */
 int conch_js_session_set_tools(struct conch_js_session *s, const char *const *names, size_t n,
                                struct conch_err *err);

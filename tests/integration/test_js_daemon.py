@@ -151,13 +151,93 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
     assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
 
 
-def test_tool_calls_fail_clearly_and_reset_and_close(daemon, js):
-    js("tools.register", tools=[{"name": "web_search", "input_schema": {"type": "object"}}])
-    r = js.eval("Object.keys(tools).join(',')")
-    assert r["value"] == "webSearch", r
-    r = js.eval("await tools.webSearch({q: 'x'})")
-    assert not r["ok"], r
-    assert "tools.webSearch: tool calls from js.eval are not served yet" in r["error"]["message"], r
+def test_tool_calls_from_js_go_through_the_bridge(daemon, rpc, sandbox):
+    from test_bridge import TOOLS, answer_tools
+
+    sb = sandbox(max_tool_calls=150)
+    tools = daemon.client()  # registers the tools and answers their calls
+    answer_tools(tools)
+    echo_too = tools.handlers["tool.call"]
+    tools.handlers["tool.call"] = lambda p: p["input"] if p["name"] in ("web_search", "file-reader") else echo_too(p)
+    tools.call("tools.register", {"sandbox": sb, "tools": TOOLS + [
+        {"name": "web_search", "input_schema": {"type": "object"}},
+        {"name": "file-reader", "input_schema": {"type": "object"}}]})
+
+    def ev(code, **params):
+        return rpc.call("js.eval", {"sandbox": sb, "code": code, **params}, timeout=60)
+
+    r = ev("Object.keys(tools).sort().join(',')")
+    assert r["value"] == ("echo,failing,file-reader,fileReader,meet,never,slow,strict,"
+                          "webSearch,web_search"), r
+    # A call: its answer, its CallRecord (origin js/<session>), the summary in the text.
+    r = ev("const got = await tools.echo({x: 1, s: 'héllo'}); got")
+    assert r["ok"] and r["value"] == {"x": 1, "s": "héllo"}, r
+    [rec] = r["tool_calls"]
+    assert rec["name"] == "echo" and rec["ok"] and rec["result"] == {"x": 1, "s": "héllo"}, rec
+    assert rec["origin"] == {"kind": "js", "id": "default"}, rec
+    assert r["tools_summary"].startswith("[tools: 1 call (echo=1), 1 ok, 0 failed"), r
+    assert r["text"].endswith("\n" + r["tools_summary"]), r
+    # By name, and by an alias; the harness saw the input as given.
+    r = ev("(await tools['web_search']({q: 'a'})).q + (await tools.fileReader({q: 'b'})).q",
+           session="s2")
+    assert r["ok"] and r["value"] == "ab", r
+    assert [c["name"] for c in r["tool_calls"]] == ["web_search", "file-reader"], r
+    # Fan-out: three meet calls must be in flight together, and 100 echoes at once.
+    r = ev("const m = await Promise.all([1, 2, 3].map(() => tools.meet({group: 'js', n: 3})));\n"
+           "const e = await Promise.all(Array.from({length: 100}, (_, i) => tools.echo({i})));\n"
+           "[m.map(x => x.met).join(), e.reduce((a, x) => a + x.i, 0)]")
+    assert r["ok"] and r["value"] == ["3,3,3", 4950], r
+    assert len(r["tool_calls"]) == 103 and all(c["ok"] for c in r["tool_calls"])
+    # Errors: the tool's message, and a refusal inside (schema) as exceptions the script
+    # catches; both recorded as failed calls.
+    r = ev("const errs = [];\n"
+           "for (const f of [() => tools.failing({}), () => tools.strict({count: -1})])\n"
+           "  try { await f() } catch (e) { errs.push(e.message) }\n"
+           "errs")
+    assert r["ok"], r
+    assert r["value"][0] == "the database is down", r
+    assert "count" in r["value"][1], r
+    assert [(c["name"], c["error"]["kind"]) for c in r["tool_calls"]] == [
+        ("failing", "tool_error"), ("strict", "invalid_input")], r
+    # The sandbox's cap on calls counts per eval (one origin per eval): 150 here.
+    r = ev("const rs = await Promise.allSettled(Array.from({length: 151}, () => tools.echo({})));\n"
+           "rs.filter(x => x.status === 'rejected').map(x => x.reason.message)")
+    assert r["ok"] and r["value"] == ["this command made 150 calls, the limit"], r
+    # The eval's timeout cancels a call in flight: the harness gets $/cancel for it.
+    r = ev("await tools.never({})", timeout=1)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    [rec] = r["tool_calls"]
+    assert rec["error"]["kind"] == "cancelled", rec
+    tools.wait_notification("$/cancel", lambda p: p["call_id"] == rec["call_id"])
+    # js.reset during an eval cancels it and its calls; the next eval is fresh.
+    ev("const keep = 1")
+    import threading
+
+    res = {}
+
+    def waiting():
+        try:
+            res["r"] = daemon.client().call("js.eval", {"sandbox": sb, "code": "await tools.never({n: 2})"},
+                                            timeout=60)
+        except RpcError as e:
+            res["e"] = e
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    call = tools.wait_for(lambda: [m for m in tools.incoming if m["method"] == "tool.call"
+                                   and m["params"]["input"] == {"n": 2}], what="the call")[0]
+    assert rpc.call("js.reset", {"sandbox": sb})["reset"] is True
+    t.join(30)
+    assert "cancelled by js.reset" in str(res.get("e")), res
+    tools.wait_notification("$/cancel", lambda p: p["call_id"] == call["params"]["call_id"])
+    r = ev("typeof keep")
+    assert r["value"] == "undefined" and r["restarted"] is False, r
+    # The sandbox's trace has them under the session's origin.
+    trace = rpc.call("tools.trace", {"sandbox": sb, "origin": {"kind": "js", "id": "s2"}})["calls"]
+    assert [c["name"] for c in trace] == ["web_search", "file-reader"], trace
+
+
+def test_reset_and_close(daemon, js):
     r = js.eval("const kept = 5; kept")
     assert r["value"] == 5
     r = js("js.reset")
