@@ -244,8 +244,8 @@ static void tools_answer(void *data, json_t *msg)
             ans = json_pack("{s:s,s:{s:O,s:b,s:O}}", "method", "tool_result", "params", "id", id,
                             "ok", 1, "value", v ? v : json_null());
         } else {
-            const char *m = json_string_value(
-                json_object_get(json_object_get(msg, "error"), "message"));
+            const char *m =
+                json_string_value(json_object_get(json_object_get(msg, "error"), "message"));
             ans = json_pack("{s:s,s:{s:O,s:b,s:s}}", "method", "tool_result", "params", "id", id,
                             "ok", 0, "error", m ? m : "the tool call failed");
         }
@@ -294,8 +294,8 @@ static void tools_finish(struct js_session *s, json_t *result)
         json_object_set_new(result, "tools_summary", json_string(rep.summary));
         const char *text = json_string_value(json_object_get(result, "text"));
         char *t = NULL;
-        if (text && asprintf(&t, "%s%s%s", text, *text && text[strlen(text) - 1] != '\n' ? "\n" : "",
-                             rep.summary) >= 0)
+        if (text && asprintf(&t, "%s%s%s", text,
+                             *text && text[strlen(text) - 1] != '\n' ? "\n" : "", rep.summary) >= 0)
             json_object_set_new(result, "text", json_string(t));
         free(t);
     }

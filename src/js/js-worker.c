@@ -144,8 +144,8 @@ static int flush_calls(struct worker *w)
 }
 
 /* A call's frame, gathered: its input is the script's JSON.stringify text, put in as it is
- * (the name is a tool name, [A-Za-z0-9_$-], checked by conch_js_session_set_tools). Sent at the next wait
- * or at the eval's end. */
+ * (the name is a tool name, [A-Za-z0-9_$-], checked by conch_js_session_set_tools). Sent at the
+ * next wait or at the eval's end. */
 static int worker_tool_start(void *data, struct conch_js_session *s, uint64_t id, const char *name,
                              const char *input, struct conch_err *err)
 {

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import conch, proc_status, titled_descendants
+from conftest import CONCH_BIN, conch, proc_status, titled_descendants
 from rpcclient import RpcError
 
 TITLE = b"conch-js-worker"
@@ -288,3 +288,36 @@ def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
     assert "JS worker of session 'default' died" in str(res["e"]), res["e"]
     assert "sandbox_stopped" in str(res["e"]), res["e"]
     assert wait_workers(daemon, lambda w: not w) == []
+
+
+def test_conch_js_repl_on_a_terminal(daemon, js):
+    from ptydrive import drive
+
+    # Each step waits for the editor's prompt, drawn once the terminal is in raw mode (keys
+    # typed before would be the terminal's own line, and a Ctrl-C its SIGINT).
+    P, C = b"\r\n\rjs> \x1b[K", b"\r\n\r... \x1b[K"
+    steps = [
+        (b"js> \x1b[K", b"const a: number = [1,\r"),  # an open bracket continues the cell
+        (C, b"2].length // ]\r"),
+        (b"undefined" + P, b"a * 21\r"),
+        (b"\xe2\x86\x92 42" + P, b"\x1b[A\x1b[D\x1b[D1\r"),  # Up: 'a * 21'; Left Left; '1': a * 121
+        (b"\xe2\x86\x92 242" + P, b"`x ${'}'} \r"),  # an open template continues the cell
+        (C, b"y`.length\r"),
+        (b"\xe2\x86\x92 6" + P, b"[1,\r"),  # x, space, }, space, newline, y
+        (C, b"\x03"),  # Ctrl-C at the prompt drops the cell
+        (b"^C\r" + P, b"'still ' + a\r"),
+        (b"still 2\"" + P, b"while (true) {}\r"),
+        (b"{}\x1b[K\r\r\n", b"\x03"),  # Ctrl-C during the eval cancels it
+        (b"the session was reset)" + P, b"typeof a\r"),
+        (b"undefined\"" + P, b".nope\r"),
+        (b"unknown command '.nope'", b"\x04"),  # Ctrl-D leaves
+    ]
+    out, rc = drive([CONCH_BIN, "js",
+                     "--socket", daemon.sock, js.sb, "--timeout", "60"], steps)
+    assert rc == 0, out
+    assert b"cancelling the eval" in out, out
+    # Not a terminal, with -i: the same cells, line by line, without prompts.
+    r = conch(["js", "--socket", daemon.sock, js.sb, "-i"],
+              input=b"const b = {\n  n: 5 }\nb.n + 1\n.reset\ntypeof b\n")
+    assert r.rc == 0, r.describe()
+    assert r.stdout == '→ undefined\n→ 6\n(the session was reset)\n→ "undefined"\n', r.describe()
