@@ -123,6 +123,10 @@ static void w_close(struct js_worker *w, bool kill_it)
     uv_close((uv_handle_t *)&w->timer, w_on_closed);
 }
 
+static const char watchdog_why[] =
+    "an eval ran past its deadline inside an operation the engine cannot interrupt (a "
+    "regular expression that backtracks), so the worker ended itself";
+
 /* Why a worker ended, for a user: "killed by signal 9 (Killed): ...". */
 static void describe_end(const struct conch_proc_end *end, char *buf, size_t size)
 {
@@ -134,6 +138,8 @@ static void describe_end(const struct conch_proc_end *end, char *buf, size_t siz
         snprintf(buf, size, "it was killed by signal %d (%s)%s", WTERMSIG(end->status),
                  strsignal(WTERMSIG(end->status)),
                  WTERMSIG(end->status) == SIGKILL ? ": out of memory, or killed from outside" : "");
+    else if (WIFEXITED(end->status) && WEXITSTATUS(end->status) == CONCH_JS_WATCHDOG_EXIT)
+        snprintf(buf, size, "%s", watchdog_why);
     else
         snprintf(buf, size, "it exited with status %d",
                  WIFEXITED(end->status) ? WEXITSTATUS(end->status) : end->status);
@@ -347,6 +353,11 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
                              "JS session '%s': %s", s->name,
                              msg ? msg : "the worker's answer has neither result nor error");
+    }
+    if (json_is_true(json_object_get(j, "ending")) && s->w == w) {
+        /* Its watchdog answered and it ends: the session's next eval starts a fresh one. */
+        session_lost(s, watchdog_why, false);
+        w_close(w, true);
     }
     json_decref(j);
 }

@@ -32,6 +32,11 @@
 int conch_js_strip_types(const char *src, size_t len, char **ret_out, size_t *ret_len,
                          struct conch_err *err);
 
+/* The exit status of a JS worker ended by its watchdog: an eval ran past its deadline in an
+ * operation the engine cannot interrupt (a backtracking regular expression); it answered
+ * that eval with a TimeoutError first, in a frame marked "ending": true. */
+#define CONCH_JS_WATCHDOG_EXIT 3
+
 /* The largest JSON input of one tool call (as the tool bridge's lines). */
 #define CONCH_JS_MAX_TOOL_INPUT (4u << 20)
 /* The longest timeout_ms or cpu_ms an eval takes (a larger one is this): 30 days. */

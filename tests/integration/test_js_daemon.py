@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import CONCH_BIN, conch, proc_status, titled_descendants
+from conftest import ASAN, CONCH_BIN, conch, proc_status, titled_descendants
 from rpcclient import RpcError
 
 TITLE = b"conch-js-worker"
@@ -128,6 +128,14 @@ def test_an_infinite_loop_times_out_and_the_session_lives_on(js):
     assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
     r = js.eval("before")
     assert r["value"] == "still here" and r["restarted"] is False, r
+    # A backtracking regex never reaches the engine's deadline check: the worker's watchdog
+    # answers at the deadline and ends the worker; the next eval says the session is fresh.
+    r = js.eval("/(a+)+$/.test('a'.repeat(40) + 'b')", timeout=0.5)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    assert "session's state is lost" in r["error"]["message"], r
+    r = js.eval("typeof before")
+    assert r["value"] == "undefined" and r["restarted"] is True, r
+    assert "regular expression" in r["restart_reason"], r
 
 
 def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
@@ -142,6 +150,12 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
     r = js.eval("await readFile('/proc/1/environ')")
     assert not r["ok"], r
     [pid] = wait_workers(daemon, lambda w: len(w) == 1)
+    # Its data segment is bounded beside the engine's heap: 256 MiB + 768 MiB of margin
+    # (not under ASan, whose shadow memory is mappings of terabytes).
+    if not ASAN:
+        with open(f"/proc/{pid}/limits") as f:
+            [line] = [l for l in f if l.startswith("Max data size")]
+        assert line.split()[3:5] == [str(1 << 30)] * 2, line
     # Its only socket is the daemon's (readable by root only: the worker is not dumpable).
     try:
         fds = sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
