@@ -246,6 +246,10 @@ def test_tool_calls_from_js_go_through_the_bridge(daemon, rpc, sandbox):
     tools.wait_notification("$/cancel", lambda p: p["call_id"] == call["params"]["call_id"])
     r = ev("typeof keep")
     assert r["value"] == "undefined" and r["restarted"] is False, r
+    # tools.prompt's js form declares the same names.
+    text = rpc.call("tools.prompt", {"sandbox": sb, "languages": ["js"]})["text"]
+    assert "declare const tools: {" in text and "  webSearch(input?: " in text, text
+    assert "  fileReader(input?: " in text and "tool_call" not in text, text
     # The sandbox's trace has them under the session's origin.
     trace = rpc.call("tools.trace", {"sandbox": sb, "origin": {"kind": "js", "id": "s2"}})["calls"]
     assert [c["name"] for c in trace] == ["web_search", "file-reader"], trace

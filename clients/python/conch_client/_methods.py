@@ -348,7 +348,9 @@ class ProtocolMethods:
                              post=_key("calls"))
 
     def tools_prompt(self, sandbox: str, languages: Optional[List[str]] = None):
-        """tools.prompt -> the text documenting the sandbox's tools for a model (str)."""
+        """tools.prompt -> the text documenting the sandbox's tools for a model (str).
+        ``languages``: any of "bash", "python", "node" (the default: all three) and "js"
+        (js.eval's ``tools`` global as TypeScript declarations)."""
         return self._request("tools.prompt", _params(sandbox=sandbox, languages=languages),
                              post=_key("text"))
 

@@ -673,7 +673,7 @@ export class ConchClient extends EventEmitter {
   toolsTrace(sandbox: string, origin?: { kind: string; id: string }): Promise<{ calls: CallRecord[] }> {
     return this.call("tools.trace", origin ? { sandbox, origin } : { sandbox });
   }
-  toolsPrompt(sandbox: string, languages?: ("bash" | "python" | "node")[]): Promise<{ text: string }> {
+  toolsPrompt(sandbox: string, languages?: ("bash" | "python" | "node" | "js")[]): Promise<{ text: string }> {
     return this.call("tools.prompt", languages ? { sandbox, languages } : { sandbox });
   }
   agentsRegister(sandbox: string, agents: AgentSpec[]): Promise<{ registered: string[] }> {
