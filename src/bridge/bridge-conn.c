@@ -57,6 +57,10 @@ void conch_bridge__conn_send(struct conn *c, json_t *msg)
         json_decref(msg);
         return;
     }
+    if (c->local_answer) {
+        c->local_answer(c->local_data, msg);
+        return;
+    }
     /* A caller that does not read its answers is cut off before they pile up here. */
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > CONN_OUTPUT_MAX) {
         json_decref(msg);
@@ -349,4 +353,62 @@ void conch_bridge__on_connection(uv_stream_t *server, int status)
         return;
     }
     uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}
+
+/* ---- Callers with no socket ------------------------------------------------------------ */
+
+/* An origin no socket's peer can match: pid namespace inodes are 32-bit. */
+#define LOCAL_PIDNS UINT64_MAX
+
+int conch_bridge_local_open(struct conch_bridge *b, const char *kind, const char *id,
+                            void (*answer)(void *data, json_t *msg), void *data,
+                            struct conch_bridge_local **ret, struct conch_err *err)
+{
+    struct conch_bridge_local *l = calloc(1, sizeof(*l));
+    if (!l)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    struct conn *c = &l->conn;
+    c->b = b;
+    c->local_answer = answer;
+    c->local_data = data;
+    snprintf(c->local_kind, sizeof(c->local_kind), "%s", kind);
+    snprintf(c->local_id, sizeof(c->local_id), "%s", id);
+    if (conch_bridge__origin_find(b, c->local_kind, c->local_id) ||
+        conch_bridge_origin_begin(b, c->local_kind, c->local_id, LOCAL_PIDNS) < 0) {
+        free(l);
+        return conch_err_set(err, EBUSY, "tool bridge: origin %s %s cannot begin", kind, id);
+    }
+    conch_list_add(&b->locals, &c->link);
+    *ret = l;
+    return 0;
+}
+
+void conch_bridge_local_line(struct conch_bridge_local *l, const char *line, size_t len)
+{
+    struct conn *c = &l->conn;
+    if (!c->b || c->closing)
+        return;
+    on_request_line(c, line, len);
+}
+
+void conch_bridge_local_close(struct conch_bridge_local *l, struct conch_bridge_report *ret)
+{
+    if (ret)
+        memset(ret, 0, sizeof(*ret));
+    if (!l)
+        return;
+    struct conn *c = &l->conn;
+    struct conch_bridge *b = c->b;
+    c->closing = true; /* nothing more reaches its host */
+    if (b) {
+        struct conch_bridge_report r;
+        /* Its calls still in flight fail (cancelled: the owner gets $/cancel). */
+        conch_bridge_origin_end(b, c->local_kind, c->local_id, &r);
+        conch_list_del(&c->link);
+        if (ret)
+            *ret = r;
+        else
+            conch_bridge_report_done(&r);
+    }
+    free(l);
 }

@@ -58,6 +58,16 @@ struct conn {
     bool charged;   /* sizeof(struct conn) is charged to the budget */
     unsigned calls; /* in flight from this connection */
     uv_shutdown_t shutdown;
+    /* A caller with no socket (conch_bridge_local_open): no pipe; its answers go to
+     * local_answer, its calls to the origin local_kind/local_id. */
+    void (*local_answer)(void *data, json_t *msg);
+    void *local_data;
+    char local_kind[16];
+    char local_id[64];
+};
+
+struct conch_bridge_local {
+    struct conn conn;
 };
 
 struct conch_bridge_call {
@@ -105,6 +115,7 @@ struct conch_bridge {
     const struct conch_bridge_ops *ops;
     void *ctx;
     struct conch_list tools, agents, origins, conns, calls, deferred;
+    struct conch_list locals; /* struct conn of conch_bridge_local_open */
     unsigned n_deferred;
     uv_timer_t *defer_timer; /* while calls are deferred */
     unsigned n_conns, n_pending;

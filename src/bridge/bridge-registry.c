@@ -227,6 +227,8 @@ struct origin *conch_bridge__origin_find(struct conch_bridge *b, const char *kin
 
 static bool origin_matches(const struct origin *o, const struct conn *c)
 {
+    if (c->local_answer)
+        return !strcmp(o->kind, c->local_kind) && !strcmp(o->id, c->local_id);
     return o->pidns == 0 || (c->have_pidns && o->pidns == c->pidns);
 }
 

@@ -58,6 +58,7 @@ int conch_bridge_new(uv_loop_t *loop, const char *sandbox, const struct conch_br
     CONCH_LIST_INIT(&b->conns);
     CONCH_LIST_INIT(&b->calls);
     CONCH_LIST_INIT(&b->deferred);
+    CONCH_LIST_INIT(&b->locals);
     *ret = b;
     return 0;
 }
@@ -125,6 +126,15 @@ void conch_bridge_free(struct conch_bridge *b)
         struct conch_bridge_call *c =
             conch_list_entry(b->calls.next, struct conch_bridge_call, link);
         conch_bridge__call_fail(c, "unavailable", "the sandbox stopped", "the sandbox stopped");
+    }
+    /* Callers with no socket outlive the bridge (their host closes them later): they get
+     * nothing more from it. */
+    while (b->locals.next != &b->locals) {
+        struct conn *l = conch_list_entry(b->locals.next, struct conn, link);
+        conch_list_del(&l->link);
+        CONCH_LIST_INIT(&l->link);
+        l->closing = true;
+        l->b = NULL;
     }
     conch_bridge__entries_free(&b->tools);
     conch_bridge__entries_free(&b->agents);

@@ -160,6 +160,33 @@ void conch_bridge_origin_take(struct conch_bridge *b, const char *kind, const ch
  * @id are given. New reference. */
 json_t *conch_bridge_trace(struct conch_bridge *b, const char *kind, const char *id);
 
+/* ---- Callers with no socket --------------------------------------------------------------- */
+
+/* A caller the host relays (a JS worker, which has no socket: its calls come over the
+ * daemon's channel to it). Its calls are checked, capped, delivered, timed out, traced and
+ * recorded exactly as a socket's, under an origin of its own. */
+struct conch_bridge_local;
+
+/*
+ * conch_bridge_local_open - a caller whose calls belong to a new origin @kind @id (cut to
+ * 15 and 63 bytes; it must not be live), which no socket's peer matches. Each answer (a
+ * line a socket's caller would get: {id, ok, result} or {id, ok: false, error: {kind,
+ * message}}, taken over) goes to @answer(@data, msg), possibly from inside
+ * conch_bridge_local_line. Returns 0 with *@ret, or -errno with @err.
+ */
+int conch_bridge_local_open(struct conch_bridge *b, const char *kind, const char *id,
+                            void (*answer)(void *data, json_t *msg), void *data,
+                            struct conch_bridge_local **ret, struct conch_err *err);
+
+/* conch_bridge_local_line - one request line of @l ({"op": "call"|"spawn"|"list", "id", ...},
+ * as docs/TOOLS.md's), charged to the budget as a socket's line. */
+void conch_bridge_local_line(struct conch_bridge_local *l, const char *line, size_t len);
+
+/* conch_bridge_local_close - @l is done: its calls still in flight fail (cancelled for their
+ * owners), no answer reaches @answer after this, its origin ends and *@ret (NULL: dropped)
+ * gets what it did. @l is freed; NULL is a no-op. Safe after conch_bridge_free. */
+void conch_bridge_local_close(struct conch_bridge_local *l, struct conch_bridge_report *ret);
+
 /* ---- A call, as its owner sees it --------------------------------------------------------- */
 
 enum conch_bridge_kind conch_bridge_call_kind(const struct conch_bridge_call *c);

@@ -9,8 +9,11 @@
  * (a crash, the OOM killer, a SIGKILL from the host, a hang past the eval's deadline) fails
  * the request it held with the reason its final event gives; the session's next eval starts
  * a fresh worker and says so (restarted: true). One request runs at a time per session; a
- * second is refused (busy). Tool calls from scripts are not served yet: the daemon answers
- * each with an error. */
+ * second is refused (busy), but js.reset and js.close end an eval in flight (its worker is
+ * killed). A script's tool calls (tool_call frames) go through the sandbox's tool bridge as a
+ * caller with no socket (conch_bridge_local_*), under the origin {"kind": "js", "id":
+ * SESSION} that each eval begins and ends: checked, capped, delivered, timed out and traced
+ * exactly as a command's; the eval's end cancels its calls still in flight. */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -53,6 +56,7 @@ struct js_session {
     enum js_op op;
     struct conch_rpc_call *call;
     bool restarted; /* the eval in flight runs in a fresh worker after a lost one */
+    struct conch_bridge_local *tools; /* the eval in flight's caller on the tool bridge */
 };
 
 struct js_sessions {
@@ -119,6 +123,10 @@ static void w_close(struct js_worker *w, bool kill_it)
     uv_close((uv_handle_t *)&w->timer, w_on_closed);
 }
 
+static const char watchdog_why[] =
+    "an eval ran past its deadline inside an operation the engine cannot interrupt (a "
+    "regular expression that backtracks), so the worker ended itself";
+
 /* Why a worker ended, for a user: "killed by signal 9 (Killed): ...". */
 static void describe_end(const struct conch_proc_end *end, char *buf, size_t size)
 {
@@ -130,6 +138,8 @@ static void describe_end(const struct conch_proc_end *end, char *buf, size_t siz
         snprintf(buf, size, "it was killed by signal %d (%s)%s", WTERMSIG(end->status),
                  strsignal(WTERMSIG(end->status)),
                  WTERMSIG(end->status) == SIGKILL ? ": out of memory, or killed from outside" : "");
+    else if (WIFEXITED(end->status) && WEXITSTATUS(end->status) == CONCH_JS_WATCHDOG_EXIT)
+        snprintf(buf, size, "%s", watchdog_why);
     else
         snprintf(buf, size, "it exited with status %d",
                  WIFEXITED(end->status) ? WEXITSTATUS(end->status) : end->status);
@@ -147,6 +157,8 @@ static void session_lost(struct js_session *s, const char *why, bool stopped)
     s->lost = true;
     snprintf(s->lost_why, sizeof(s->lost_why), "the JS worker of session '%s' died: %.300s",
              s->name, why);
+    conch_bridge_local_close(s->tools, NULL);
+    s->tools = NULL;
     struct conch_rpc_call *call = s->call;
     s->call = NULL;
     s->op = JS_OP_NONE;
@@ -224,8 +236,80 @@ static int w_send(struct js_worker *w, json_t *msg)
     return r;
 }
 
-/* A frame from the worker: a tool call (answered with an error: not served yet), or the
- * answer to the request in flight. */
+/* The bridge's answer @msg (taken: {id, ok, result} or {id, ok: false, error: {kind,
+ * message}}) to a call of @data's eval in flight, relayed to its worker as a tool_result
+ * frame (an error as its message: the tool's own, or why the bridge refused or gave up). */
+static void tools_answer(void *data, json_t *msg)
+{
+    struct js_session *s = data;
+    json_t *id = json_object_get(msg, "id");
+    json_t *ans = NULL;
+    if (s->w && json_is_integer(id)) {
+        if (json_is_true(json_object_get(msg, "ok"))) {
+            json_t *v = json_object_get(msg, "result");
+            ans = json_pack("{s:s,s:{s:O,s:b,s:O}}", "method", "tool_result", "params", "id", id,
+                            "ok", 1, "value", v ? v : json_null());
+        } else {
+            const char *m =
+                json_string_value(json_object_get(json_object_get(msg, "error"), "message"));
+            ans = json_pack("{s:s,s:{s:O,s:b,s:s}}", "method", "tool_result", "params", "id", id,
+                            "ok", 0, "error", m ? m : "the tool call failed");
+        }
+    }
+    json_decref(msg);
+    if (ans && w_send(s->w, ans) < 0)
+        w_kill(s->w, "a tool's answer could not be sent to it");
+}
+
+/* A script's call @tc ({id, name, input}) to the bridge, as a request line of its caller. */
+static void tools_call(struct js_session *s, json_t *tc)
+{
+    json_t *id = json_object_get(tc, "id");
+    if (!json_is_integer(id)) {
+        w_kill(s->w, "it sent a tool call without an id");
+        return;
+    }
+    if (!s->tools) {
+        tools_answer(s, json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id, "ok", 0, "error", "kind",
+                                  "unavailable", "message",
+                                  "no tools: this sandbox has no tool bridge"));
+        return;
+    }
+    json_object_set_new(tc, "op", json_string("call"));
+    char *line = json_dumps(tc, JSON_COMPACT);
+    if (!line) {
+        tools_answer(s, json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id, "ok", 0, "error", "kind",
+                                  "unavailable", "message", "out of memory"));
+        return;
+    }
+    conch_bridge_local_line(s->tools, line, strlen(line));
+    free(line);
+}
+
+/* The eval's tool calls into its @result: tool_calls (the bridge's CallRecords, in order of
+ * completion; calls still in flight are cancelled now), tools_summary and a line of text. */
+static void tools_finish(struct js_session *s, json_t *result)
+{
+    struct conch_bridge_report rep;
+    conch_bridge_local_close(s->tools, &rep);
+    s->tools = NULL;
+    if (!result)
+        goto out;
+    json_object_set(result, "tool_calls", rep.calls ? rep.calls : json_array());
+    if (rep.summary) {
+        json_object_set_new(result, "tools_summary", json_string(rep.summary));
+        const char *text = json_string_value(json_object_get(result, "text"));
+        char *t = NULL;
+        if (text && asprintf(&t, "%s%s%s", text,
+                             *text && text[strlen(text) - 1] != '\n' ? "\n" : "", rep.summary) >= 0)
+            json_object_set_new(result, "text", json_string(t));
+        free(t);
+    }
+out:
+    conch_bridge_report_done(&rep);
+}
+
+/* A frame from the worker: a tool call, or the answer to the request in flight. */
 static void w_frame(struct js_worker *w, const char *buf, size_t len)
 {
     struct js_session *s = w->s;
@@ -237,17 +321,11 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
         return;
     }
     if (tc) {
-        const char *name = json_string_value(json_object_get(tc, "name"));
-        char msg[256];
-        snprintf(msg, sizeof(msg),
-                 "tools.%s: tool calls from js.eval are not served yet; call the tool from the "
-                 "client instead",
-                 name ? name : "?");
-        json_t *ans = json_pack("{s:s,s:{s:O,s:b,s:s}}", "method", "tool_result", "params", "id",
-                                json_object_get(tc, "id"), "ok", 0, "error", msg);
+        if (s->op != JS_OP_EVAL || !json_is_object(tc))
+            w_kill(w, "it sent a tool call out of an eval");
+        else
+            tools_call(s, tc);
         json_decref(j);
-        if (!ans || w_send(w, ans) < 0)
-            w_kill(w, "its tool call could not be answered");
         return;
     }
     struct conch_rpc_call *call = s->call;
@@ -259,6 +337,8 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
     uv_timer_stop(&w->timer);
     json_t *result = json_object_get(j, "result");
     json_t *error = json_object_get(j, "error");
+    if (op == JS_OP_EVAL)
+        tools_finish(s, json_is_object(result) ? result : NULL);
     if (json_is_object(result) && op == JS_OP_EVAL) {
         json_object_set_new(result, "session", json_string(s->name));
         json_object_set_new(result, "restarted", json_boolean(restarted));
@@ -273,6 +353,11 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
                              "JS session '%s': %s", s->name,
                              msg ? msg : "the worker's answer has neither result nor error");
+    }
+    if (json_is_true(json_object_get(j, "ending")) && s->w == w) {
+        /* Its watchdog answered and it ends: the session's next eval starts a fresh one. */
+        session_lost(s, watchdog_why, false);
+        w_close(w, true);
     }
     json_decref(j);
 }
@@ -384,6 +469,8 @@ static struct js_session *session_find(struct sandbox *sb, const char *name)
 /* Close @s: its worker killed, its request failed with @why, its record freed. */
 static void session_free(struct js_session *s, const char *why)
 {
+    conch_bridge_local_close(s->tools, NULL);
+    s->tools = NULL;
     if (s->w) {
         struct js_worker *w = s->w;
         w->s = NULL;
@@ -462,9 +549,8 @@ oom:
     return NULL;
 }
 
-/* The sandbox's registered tools as `tools.<camelCase>` names (snake and kebab words
- * joined: web_search -> webSearch); names that would not be identifiers are left out. A call
- * to one reaches the daemon, which rejects it clearly (tool calls are the next slice). */
+/* The sandbox's registered tools' names: the worker offers each as tools[name] and as its
+ * camelCase alias (web_search → tools.webSearch). */
 static json_t *tool_names(struct sandbox *sb)
 {
     json_t *out = json_array();
@@ -473,25 +559,9 @@ static json_t *tool_names(struct sandbox *sb)
     json_t *t;
     json_array_foreach(json_object_get(l, "tools"), i, t)
     {
-        const char *name = json_string_value(json_object_get(t, "name"));
-        char id[128];
-        size_t n = 0;
-        bool up = false, ok = name && *name && !(name[0] >= '0' && name[0] <= '9');
-        for (const char *p = name; ok && *p && n + 1 < sizeof(id); p++) {
-            char c = *p;
-            if (c == '_' || c == '-') {
-                up = n > 0;
-                continue;
-            }
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '$'))
-                ok = false;
-            id[n++] = up && c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
-            up = false;
-        }
-        id[n] = '\0';
-        if (ok && n > 0 && !(name && strlen(name) >= sizeof(id)))
-            json_array_append_new(out, json_string(id));
+        json_t *name = json_object_get(t, "name");
+        if (json_is_string(name))
+            json_array_append(out, name);
     }
     json_decref(l);
     return out;
@@ -535,6 +605,9 @@ void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, vo
                              "JS session '%s': the eval could not be sent to its worker", s->name);
         return;
     }
+    if (sb->bridge &&
+        conch_bridge_local_open(sb->bridge, "js", s->name, tools_answer, s, &s->tools, &err) < 0)
+        log_warn("sandbox %s: JS session '%s': %s", sb->id, s->name, err.msg);
     s->call = call;
     s->op = JS_OP_EVAL;
     s->restarted = restarted;
@@ -548,8 +621,32 @@ void conch_daemon_handle_js_reset(struct conch_rpc_call *call, json_t *params, v
 {
     struct sandbox *sb = NULL;
     struct js_session *s = session_for(ctx, call, params, false, &sb);
-    if (!s || refuse_busy(s, call))
+    if (!s || (s->op != JS_OP_EVAL && refuse_busy(s, call)))
         return;
+    if (s->op == JS_OP_EVAL) {
+        /* An eval in flight is cancelled: its worker may be deep in a loop that reads
+         * nothing, so it is killed (its tool calls cancelled), and the next eval's worker is
+         * fresh, as a reset asks. */
+        struct conch_rpc_call *ev = s->call;
+        struct js_worker *w = s->w;
+        s->call = NULL;
+        s->op = JS_OP_NONE;
+        s->restarted = false;
+        conch_bridge_local_close(s->tools, NULL);
+        s->tools = NULL;
+        if (w) {
+            w->s = NULL;
+            s->w = NULL;
+            w_close(w, true);
+        }
+        s->lost = false;
+        conch_rpc_call_failf(ev, CONCH_RPC_INTERNAL_ERROR, "cancelled", NULL,
+                             "JS session '%s': the eval was cancelled by js.reset; the session's "
+                             "state is reset",
+                             s->name);
+        conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));
+        return;
+    }
     if (!s->w) { /* no worker: the next eval's is fresh anyway */
         s->lost = false;
         conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));

@@ -28,10 +28,16 @@ static const char bootstrap_source[] =
     "    return timerC(() => fn(...args), Number(ms) || 0);\n"
     "  };\n"
     "  g.clearTimeout = (id) => clearC(Number(id) || 0);\n"
+    "  const call = (n) => (input) => toolC(n, input === undefined ? null : input);\n"
+    "  const camel = (n) => n.replace(/[-_]+([A-Za-z0-9]?)/g,\n"
+    "    (m, c, at) => at === 0 ? m : c.toUpperCase());\n"
     "  return function setTools(names) {\n"
     "    const t = {};\n"
-    "    for (const n of names)\n"
-    "      t[n] = (input) => toolC(n, input === undefined ? null : input);\n"
+    "    for (const n of names) {\n"
+    "      const a = camel(n);\n"
+    "      if (a !== n && /^[A-Za-z_$][A-Za-z0-9_$]*$/.test(a)) t[a] = call(n);\n"
+    "    }\n"
+    "    for (const n of names) t[n] = call(n);\n"
     "    g.tools = Object.freeze(t);\n"
     "  };\n"
     "})";
@@ -398,13 +404,14 @@ int conch_js_host_install(struct conch_js_session *s, struct conch_err *err)
     return conch_js_session_set_tools(s, NULL, 0, err);
 }
 
-static bool is_identifier(const char *n)
+/* A tool name: letters, digits, '_', '$', '-' (the bridge's names are a subset). */
+static bool is_tool_name(const char *n)
 {
-    if (!*n || (*n >= '0' && *n <= '9'))
+    if (!*n)
         return false;
     for (const char *p = n; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '_' || *p == '$'))
+              *p == '_' || *p == '$' || *p == '-'))
             return false;
     return true;
 }
@@ -414,9 +421,11 @@ int conch_js_session_set_tools(struct conch_js_session *s, const char *const *na
 {
     JSContext *ctx = s->ctx;
     for (size_t i = 0; i < n; i++)
-        if (!is_identifier(names[i]))
+        if (!is_tool_name(names[i]))
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                  "tool name '%s' is not a JavaScript identifier", names[i]);
+                                  "tool name '%s' is not 1 or more of letters, digits, '_', '$' "
+                                  "and '-'",
+                                  names[i]);
     JSValue arr = JS_NewArray(ctx);
     for (size_t i = 0; i < n && !JS_IsException(arr); i++)
         JS_SetPropertyUint32(ctx, arr, (uint32_t)i, JS_NewString(ctx, names[i]));

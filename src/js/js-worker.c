@@ -6,10 +6,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "core/fsutil.h"
@@ -29,6 +32,98 @@ struct worker {
     struct conch_sb calls; /* tool_call frames not sent yet */
     bool broken;
 };
+
+/* ---- the watchdog ----
+ * QuickJS 2021-03-27 polls the interrupt handler that holds an eval's deadline from its
+ * bytecode loop only: a backtracking regular expression (lre_exec) or another long native
+ * operation runs past any deadline. So while an eval with a deadline runs, a SIGALRM comes
+ * WATCHDOG_GRACE_MS after the deadline; if the eval is still in the engine then (not in a
+ * host hook: waiting for tool answers, reading or writing a file), nothing can stop it but
+ * the process's end: the handler writes the eval's answer, prepared before the eval (a
+ * TimeoutError saying the session is lost, marked "ending": true beside "result"), and exits,
+ * so the caller gets its answer at the deadline and the session's next eval starts a fresh
+ * worker. */
+#define WATCHDOG_GRACE_MS 1000
+
+static struct {
+    volatile sig_atomic_t armed;   /* an eval with a deadline runs */
+    volatile sig_atomic_t in_host; /* in a host hook, not in the engine */
+    int fd;
+    char *frame; /* the answer, framed */
+    size_t len;
+} wd;
+
+static void wd_timer(int64_t ms)
+{
+    struct itimerval it = {.it_value = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    if (!wd.armed)
+        return;
+    if (wd.in_host) { /* the engine's wait ends at the deadline: look again */
+        wd_timer(WATCHDOG_GRACE_MS);
+        return;
+    }
+    size_t off = 0;
+    while (off < wd.len) {
+        ssize_t n = write(wd.fd, wd.frame + off, wd.len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    _exit(CONCH_JS_WATCHDOG_EXIT);
+}
+
+/* Arm the watchdog for an eval of @timeout_ms (<= 0: none) on @fd. */
+static void wd_arm(int fd, int64_t timeout_ms)
+{
+    if (timeout_ms <= 0)
+        return;
+    static const char msg[] =
+        "the script ran past its deadline inside an operation the engine cannot interrupt "
+        "(a regular expression that backtracks, or another long built-in call): the JS "
+        "worker was ended, and the session's state is lost: the next eval starts a fresh "
+        "session";
+    json_t *res = json_pack("{s:b,s:{s:b,s:{s:s,s:s},s:[],s:[],s:[],s:s+}}", "ending", 1, "result",
+                            "ok", 0, "error", "name", "TimeoutError", "message", msg, "console",
+                            "tool_calls", "writes", "text", "TimeoutError: ", msg);
+    char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
+    json_decref(res);
+    if (!text)
+        return;
+    uint64_t len = strlen(text);
+    char *frame = malloc(sizeof(len) + len);
+    if (frame) {
+        memcpy(frame, &len, sizeof(len));
+        memcpy(frame + sizeof(len), text, len);
+        free(wd.frame);
+        wd.frame = frame;
+        wd.len = sizeof(len) + len;
+        wd.fd = fd;
+        struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGALRM, &sa, NULL);
+        wd.in_host = 0;
+        wd.armed = 1;
+        wd_timer(timeout_ms > CONCH_JS_MAX_TIMEOUT_MS ? CONCH_JS_MAX_TIMEOUT_MS
+                                                      : timeout_ms + WATCHDOG_GRACE_MS);
+    }
+    free(text);
+}
+
+static void wd_disarm(void)
+{
+    if (!wd.armed)
+        return;
+    wd.armed = 0;
+    wd_timer(0);
+}
 
 /* Flush at this much: a Promise.all of many calls goes out in a few writes, not one each. */
 #define JS_CALLS_FLUSH (1u << 20)
@@ -90,7 +185,9 @@ static int write_frame(int fd, json_t *j)
 static int worker_read(void *data, const char *path, char **ret_buf, size_t *ret_len,
                        struct conch_err *err)
 {
+    wd.in_host = 1;
     int r = conch_read_file(path, JS_MAX_READ, ret_buf, ret_len, err);
+    wd.in_host = 0;
     if (r < 0)
         conch_err_wrap(err, "readFile");
     return r;
@@ -98,8 +195,18 @@ static int worker_read(void *data, const char *path, char **ret_buf, size_t *ret
 
 /* Atomic replace: a temporary file beside it, then rename; the mode of a file replaced is
  * kept, a new one is 0644 less the umask. */
+static int write_file(const char *path, const char *buf, size_t len, struct conch_err *err);
+
 static int worker_write(void *data, const char *path, const char *buf, size_t len,
                         struct conch_err *err)
+{
+    wd.in_host = 1;
+    int r = write_file(path, buf, len, err);
+    wd.in_host = 0;
+    return r;
+}
+
+static int write_file(const char *path, const char *buf, size_t len, struct conch_err *err)
 {
     struct stat st;
     mode_t mode = stat(path, &st) == 0 ? (st.st_mode & 07777) : 0644;
@@ -136,7 +243,10 @@ static int flush_calls(struct worker *w)
 {
     if (!w->calls.len || w->broken)
         return w->broken ? -1 : 0;
+    sig_atomic_t was = wd.in_host;
+    wd.in_host = 1; /* no answer of the watchdog's in the middle of these frames */
     int r = w->calls.oom ? -1 : conch_send_all(w->fd, w->calls.buf, w->calls.len);
+    wd.in_host = was;
     conch_sb_trunc(&w->calls, 0);
     if (r < 0)
         w->broken = true;
@@ -144,8 +254,8 @@ static int flush_calls(struct worker *w)
 }
 
 /* A call's frame, gathered: its input is the script's JSON.stringify text, put in as it is
- * (the name is an identifier, checked by conch_js_session_set_tools). Sent at the next wait
- * or at the eval's end. */
+ * (the name is a tool name, [A-Za-z0-9_$-], checked by conch_js_session_set_tools). Sent at the
+ * next wait or at the eval's end. */
 static int worker_tool_start(void *data, struct conch_js_session *s, uint64_t id, const char *name,
                              const char *input, struct conch_err *err)
 {
@@ -214,10 +324,21 @@ static int answer_error(int fd, const char *msg)
     return r;
 }
 
+static int wait_answers(struct worker *w, struct conch_js_session *s, int timeout_ms,
+                        struct conch_err *err);
+
 static int worker_wait(void *data, struct conch_js_session *s, int timeout_ms,
                        struct conch_err *err)
 {
-    struct worker *w = data;
+    wd.in_host = 1;
+    int r = wait_answers(data, s, timeout_ms, err);
+    wd.in_host = 0;
+    return r;
+}
+
+static int wait_answers(struct worker *w, struct conch_js_session *s, int timeout_ms,
+                        struct conch_err *err)
+{
     if (flush_calls(w) < 0)
         return conch_err_set(err, EPIPE, "send tool calls: the worker's channel is gone");
     struct pollfd p = {.fd = w->fd, .events = POLLIN};
@@ -295,11 +416,36 @@ static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
         .filename = json_string_value(json_object_get(params, "filename")),
     };
     json_t *res = NULL;
+    wd_arm(w->fd, opts.timeout_ms);
     int r =
         conch_js_eval(w->s, json_string_value(code), json_string_length(code), &opts, &res, err);
+    wd_disarm();
     /* Calls the script started and did not wait for go out before its answer. */
     flush_calls(w);
     return r < 0 ? NULL : res;
+}
+
+/* The worker's data segment (RLIMIT_DATA: heap and private mappings) beyond the engine's
+ * heap limit: frames, files read and writes buffered (64 MiB each), jansson's copies. A
+ * worker that grows past it fails its allocations (the engine's as "out of memory") instead
+ * of taking the sandbox's memory. Not under AddressSanitizer, whose shadow memory alone is
+ * terabytes of mappings. */
+#define JS_DATA_MARGIN (768ull << 20)
+
+static void limit_data(size_t engine_bytes)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    (void)engine_bytes;
+#else
+    if (!engine_bytes)
+        return;
+    struct rlimit rl;
+    rlim_t want = (rlim_t)engine_bytes + JS_DATA_MARGIN;
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want)) {
+        rl.rlim_cur = rl.rlim_max = want;
+        setrlimit(RLIMIT_DATA, &rl);
+    }
+#endif
 }
 
 int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
@@ -309,6 +455,7 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
         w.limits = *limits;
     else
         conch_js_limits_default(&w.limits);
+    limit_data(w.limits.memory_bytes);
     struct conch_err err = {0};
     if (new_session(&w, &err) < 0) {
         answer_error(fd, err.msg);

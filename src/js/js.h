@@ -32,6 +32,11 @@
 int conch_js_strip_types(const char *src, size_t len, char **ret_out, size_t *ret_len,
                          struct conch_err *err);
 
+/* The exit status of a JS worker ended by its watchdog: an eval ran past its deadline in an
+ * operation the engine cannot interrupt (a backtracking regular expression); it answered
+ * that eval with a TimeoutError first, in a frame marked "ending": true. */
+#define CONCH_JS_WATCHDOG_EXIT 3
+
 /* The largest JSON input of one tool call (as the tool bridge's lines). */
 #define CONCH_JS_MAX_TOOL_INPUT (4u << 20)
 /* The longest timeout_ms or cpu_ms an eval takes (a larger one is this): 30 days. */
@@ -88,9 +93,11 @@ int conch_js_session_new(const struct conch_js_limits *limits, const struct conc
 void conch_js_session_free(struct conch_js_session *s);
 
 /*
- * conch_js_session_set_tools - the tool names `tools.<name>(input)` offers, replacing any
- * earlier set (@names borrowed). A name must be a JavaScript identifier. Returns 0 or
- * -EINVAL/-ENOMEM with @err.
+ * conch_js_session_set_tools - the tools `tools.<name>(input)` offers, replacing any
+ * earlier set (@names borrowed): each by its name (`tools["web-search"]`) and, when that
+ * differs and is an identifier, by its camelCase form (web_search, web-search →
+ * tools.webSearch; a real name wins over another's alias). tool_start gets the real name.
+ * A name is letters, digits, '_', '$' and '-'. Returns 0 or -EINVAL/-ENOMEM with @err.
  */
 int conch_js_session_set_tools(struct conch_js_session *s, const char *const *names, size_t n,
                                struct conch_err *err);

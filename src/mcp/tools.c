@@ -675,6 +675,34 @@ static void commit_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t 
     text_done(m, c, &t, false);
 }
 
+static void js_start(struct mcp *m, struct mcp_call *c)
+{
+    const char *code, *session;
+    double timeout = -1;
+    if (!arg_text(m, c, "code", &code) || !arg_str(m, c, "session", false, &session) ||
+        !arg_num(m, c, "timeout", &timeout))
+        return;
+    json_t *p = json_pack("{s:s}", "code", code);
+    if (p && session)
+        json_object_set_new(p, "session", json_string(session));
+    if (p && timeout >= 0)
+        json_object_set_new(p, "timeout", json_real(timeout));
+    conch_mcp_daemon_call(m, c, "js.eval", p);
+}
+
+/* The eval's text (console lines, `→ value` or the error, the tool calls' summary), after a
+ * note when its session had to start afresh; a script that threw is a tool error. */
+static void js_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
+{
+    REPLY_ERRORS(m, c, error);
+    struct conch_sb t = {0};
+    if (json_is_true(json_object_get(res, "restarted")))
+        conch_sb_printf(&t, "[%s: this is a fresh session; earlier globals are gone]\n",
+                        jstr(res, "restart_reason"));
+    conch_sb_puts(&t, jstr(res, "text"));
+    text_done(m, c, &t, !json_is_true(json_object_get(res, "ok")));
+}
+
 /* ---- the table ---- */
 
 #define PATH_DESC "\"description\": \"A path in the sandbox: relative to /workspace, or absolute\""
@@ -727,6 +755,32 @@ const struct mcp_tool conch_mcp_tools[] = {
                   "\"required\": [\"command\"]}",
         .start = shell_start,
         .reply = shell_reply,
+    },
+    {
+        .name = "js_eval",
+        .title = "Run JavaScript or TypeScript",
+        .description =
+            "Run JavaScript or TypeScript (types are stripped) in a persistent JS session inside "
+            "the sandbox (QuickJS, ES2020): top-level const/let/function/class persist between "
+            "calls, top-level await works, and the last expression's value is returned (-> "
+            "value) after the console.log lines; a thrown error is returned with its line. Use "
+            "it for arithmetic, data wrangling and loops. Globals: readFile(path) and "
+            "writeFile(path, data) (promises; paths relative to /workspace; writes are kept only "
+            "if the code succeeds), console, setTimeout, and tools: the tools registered on "
+            "this sandbox as async functions, `await tools.name(input)` (also in camelCase), "
+            "which run concurrently with Promise.all (Object.keys(tools) lists them; empty when "
+            "none are registered). No network, no require/import, no Node APIs.",
+        .schema = "{\"type\": \"object\", \"properties\": {"
+                  "\"code\": {\"type\": \"string\", \"description\": \"JavaScript or "
+                  "TypeScript; the last expression statement is the result\"},"
+                  "\"session\": {\"type\": \"string\", \"description\": \"Session name "
+                  "(default \\\"default\\\"): each has its own globals\"},"
+                  "\"timeout\": {\"type\": \"number\", \"minimum\": 0, \"description\": "
+                  "\"Seconds the code may run, pending promises included (default 60; 0 = "
+                  "none)\"}},"
+                  "\"required\": [\"code\"]}",
+        .start = js_start,
+        .reply = js_reply,
     },
     {
         .name = "job_output",

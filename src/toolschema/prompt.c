@@ -472,6 +472,68 @@ static void node_section(struct conch_sb *o, const char *ex, const char *key, bo
     conch_sb_done(&cm);
 }
 
+/* @text with every line after the first indented by two spaces. */
+static void indented(struct conch_sb *o, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        conch_sb_putn(o, p, 1);
+        if (*p == '\n' && p[1])
+            conch_sb_puts(o, "  ");
+    }
+}
+
+/* js.eval's `tools` global as TypeScript declarations, and how to call it. */
+static void js_section(struct conch_sb *o, json_t *tools, const char *ex, const char *key)
+{
+    conch_sb_puts(o, "### From js_eval (JavaScript/TypeScript in this sandbox's JS session)\n\n"
+                     "The global `tools` holds each tool as an async function, by its name "
+                     "and in camelCase:\n\n```ts\ndeclare const tools: {\n");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        struct conch_sb name = {0};
+        camel(&name, str(t, "name"));
+        const char *d = str(t, "description");
+        if (*d) {
+            conch_sb_puts(o, "  /** ");
+            oneline(o, d);
+            conch_sb_puts(o, " */\n");
+        }
+        json_t *in = json_object_get(t, "input_schema"), *out = json_object_get(t, "output_schema");
+        char *bare = conch_toolschema_signature(name.buf ? name.buf : "", in, NULL);
+        char *typed = json_is_object(out) ? conch_toolschema_signature("", in, out) : NULL;
+        char *none = typed ? conch_toolschema_signature("", in, NULL) : NULL;
+        const char *result =
+            typed && none && strlen(typed) > strlen(none) + 2 ? typed + strlen(none) + 2 : NULL;
+        conch_sb_puts(o, "  ");
+        indented(o, bare ? bare : "");
+        conch_sb_puts(o, ": Promise<");
+        if (result)
+            indented(o, result);
+        else
+            conch_sb_puts(o, "unknown");
+        conch_sb_puts(o, ">;\n");
+        free(bare);
+        free(typed);
+        free(none);
+        conch_sb_done(&name);
+    }
+    struct conch_sb cm = {0};
+    camel(&cm, ex);
+    conch_sb_printf(o,
+                    "};\n```\n\n```ts\n"
+                    "const r = await tools.%1$s({ %2$s: '...' });\n"
+                    "// in parallel:\n"
+                    "const results = await Promise.all(queries.map((q) => tools.%1$s({ %2$s: q "
+                    "})));\n"
+                    "// a failed call throws an Error whose message says why (the tool's own "
+                    "message, or what is wrong with the input)\n"
+                    "```\n\n",
+                    cm.buf ? cm.buf : ex, key);
+    conch_sb_done(&cm);
+}
+
 static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)
 {
     conch_sb_puts(o, "### Sub-agents\n\nYou can hand a task to a sub-agent; it works on its "
@@ -530,19 +592,33 @@ static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)
 
 char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
 {
-    unsigned langs = languages & CONCH_TOOLSCHEMA_LANG_ALL;
+    unsigned langs = languages & (CONCH_TOOLSCHEMA_LANG_ALL | CONCH_TOOLSCHEMA_LANG_JS);
     if (!langs)
         langs = CONCH_TOOLSCHEMA_LANG_ALL;
+    bool js_only = langs == CONCH_TOOLSCHEMA_LANG_JS;
     bool have_tools = json_is_array(tools) && json_array_size(tools) > 0;
     bool have_agents = json_is_array(agents) && json_array_size(agents) > 0;
     struct conch_sb o = {0};
-    conch_sb_puts(&o, "## Tools you can call from your commands\n\n");
-    if (!have_tools && !have_agents) {
+    conch_sb_puts(&o, js_only ? "## Tools you can call from js_eval\n\n"
+                              : "## Tools you can call from your commands\n\n");
+    if (js_only && !have_tools) {
+        conch_sb_puts(&o, "No tools are registered in this sandbox: `tools` is empty.\n");
+        return conch_sb_take(&o);
+    }
+    if (js_only) {
+        conch_sb_puts(&o, "The tools below run outside this sandbox. Call them from the code "
+                          "you run with js_eval: in loops, in parallel (Promise.all), with "
+                          "try/catch; transform their results in code rather than reading them "
+                          "all. Inputs are JSON objects that must match the tool's signature; "
+                          "results are JSON.\n\n");
+    } else if (!have_tools && !have_agents) {
         conch_sb_puts(&o, "No tools or sub-agents are registered in this sandbox.\n");
         return conch_sb_take(&o);
     }
-    conch_sb_puts(
-        &o, "The tools below run outside this sandbox. Call them from the programs you run here "
+    if (!js_only)
+        conch_sb_puts(
+            &o,
+            "The tools below run outside this sandbox. Call them from the programs you run here "
             "(bash, Python, Node): in loops, in parallel, with error handling. Each call is a "
             "fast local round trip, so prefer one script that makes many calls over many "
             "separate commands. Inputs are JSON objects that must match the tool's signature; "
@@ -557,6 +633,10 @@ char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
     }
     if (!key || !ident(key))
         key = "query";
+    if (js_only) {
+        js_section(&o, tools, ex, key);
+        return conch_sb_take(&o);
+    }
     if (have_tools)
         tools_section(&o, tools);
     if (langs & CONCH_TOOLSCHEMA_LANG_BASH)
@@ -565,6 +645,8 @@ char *conch_toolschema_prompt(json_t *tools, json_t *agents, unsigned languages)
         python_section(&o, ex, key, have_agents);
     if (langs & CONCH_TOOLSCHEMA_LANG_NODE)
         node_section(&o, ex, key, have_agents);
+    if ((langs & CONCH_TOOLSCHEMA_LANG_JS) && have_tools)
+        js_section(&o, tools, ex, key);
     if (have_agents)
         agents_section(&o, agents, langs);
     return conch_sb_take(&o);

@@ -868,7 +868,8 @@ int conch_toolschema_languages(json_t *list, unsigned *ret, struct conch_err *er
     if (list && !json_is_null(list)) {
         if (!json_is_array(list))
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                  "languages: expected an array of \"bash\", \"python\", \"node\"");
+                                  "languages: expected an array of \"bash\", \"python\", "
+                                  "\"node\", \"js\"");
         size_t i;
         json_t *e;
         json_array_foreach(list, i, e)
@@ -880,10 +881,12 @@ int conch_toolschema_languages(json_t *list, unsigned *ret, struct conch_err *er
                 bits |= CONCH_TOOLSCHEMA_LANG_PYTHON;
             else if (n && (strcmp(n, "node") == 0 || strcmp(n, "javascript") == 0))
                 bits |= CONCH_TOOLSCHEMA_LANG_NODE;
+            else if (n && strcmp(n, "js") == 0)
+                bits |= CONCH_TOOLSCHEMA_LANG_JS;
             else
                 return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                       "languages[%zu]: unknown language (one of \"bash\", "
-                                      "\"python\", \"node\")",
+                                      "\"python\", \"node\", \"js\")",
                                       i);
         }
     }

@@ -21,6 +21,8 @@
 #define CONCH_TOOLSCHEMA_LANG_PYTHON 0x2u
 #define CONCH_TOOLSCHEMA_LANG_NODE 0x4u
 #define CONCH_TOOLSCHEMA_LANG_ALL 0x7u
+/* The `tools` global of js.eval, as TypeScript declarations: only when asked for ("js"). */
+#define CONCH_TOOLSCHEMA_LANG_JS 0x8u
 
 /*
  * conch_toolschema_check - is @schema an acceptable input_schema for tools.register?
@@ -65,7 +67,8 @@ int conch_toolschema_validate(json_t *schema, json_t *value, char **ret_msg);
 
 /*
  * conch_toolschema_languages - parse tools.prompt's `languages` param (NULL, or an array of
- * "bash", "python", "node") into CONCH_TOOLSCHEMA_LANG_* bits in *@ret (0 for NULL = all).
+ * "bash", "python", "node", "js") into CONCH_TOOLSCHEMA_LANG_* bits in *@ret (0 for NULL =
+ * bash, python and node).
  * Returns 0, or -EINVAL with @err naming the bad entry.
  */
 int conch_toolschema_languages(json_t *list, unsigned *ret, struct conch_err *err);
@@ -81,7 +84,9 @@ char *conch_toolschema_signature(const char *name, json_t *input_schema, json_t 
 /*
  * conch_toolschema_prompt - the text of tools.prompt: a markdown system-prompt section that
  * tells a model how to call the registered tools from bash, Python and Node (only the
- * languages in the @languages bit set; 0 = all), each tool's description and signature, and
+ * languages in the @languages bit set; 0 = those three), each tool's description and
+ * signature, and with CONCH_TOOLSCHEMA_LANG_JS the `tools` global of js.eval as TypeScript
+ * declarations (alone: the whole text is about js.eval), and
  * how to spawn sub-agents (in parallel, or detached) when @agents is a non-empty array.
  * @tools: borrowed array of {name, description, input_schema, output_schema?} (NULL = none);
  * @agents: borrowed array of {name, description} (NULL = none). Returns a new string (caller

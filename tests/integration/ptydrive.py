@@ -15,6 +15,7 @@ def drive(argv, steps, timeout=30, cwd=None):
             os.chdir(cwd)
         os.execv(argv[0], argv)
     out = b""
+    done = False
     try:
         for want, keys in steps:
             end = time.monotonic() + timeout
@@ -38,7 +39,10 @@ def drive(argv, steps, timeout=30, cwd=None):
                 if not data:
                     break
                 out += data
+        done = True
     finally:
+        if not done:  # a step failed: the program may wait for keys forever
+            os.kill(pid, 9)
         _, st = os.waitpid(pid, 0)
         os.close(fd)
     return out, os.waitstatus_to_exitcode(st)

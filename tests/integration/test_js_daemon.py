@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import conch, proc_status, titled_descendants
+from conftest import ASAN, CONCH_BIN, conch, proc_status, titled_descendants
 from rpcclient import RpcError
 
 TITLE = b"conch-js-worker"
@@ -128,6 +128,14 @@ def test_an_infinite_loop_times_out_and_the_session_lives_on(js):
     assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
     r = js.eval("before")
     assert r["value"] == "still here" and r["restarted"] is False, r
+    # A backtracking regex never reaches the engine's deadline check: the worker's watchdog
+    # answers at the deadline and ends the worker; the next eval says the session is fresh.
+    r = js.eval("/(a+)+$/.test('a'.repeat(40) + 'b')", timeout=0.5)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    assert "session's state is lost" in r["error"]["message"], r
+    r = js.eval("typeof before")
+    assert r["value"] == "undefined" and r["restarted"] is True, r
+    assert "regular expression" in r["restart_reason"], r
 
 
 def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
@@ -142,6 +150,12 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
     r = js.eval("await readFile('/proc/1/environ')")
     assert not r["ok"], r
     [pid] = wait_workers(daemon, lambda w: len(w) == 1)
+    # Its data segment is bounded beside the engine's heap: 256 MiB + 768 MiB of margin
+    # (not under ASan, whose shadow memory is mappings of terabytes).
+    if not ASAN:
+        with open(f"/proc/{pid}/limits") as f:
+            [line] = [l for l in f if l.startswith("Max data size")]
+        assert line.split()[3:5] == [str(1 << 30)] * 2, line
     # Its only socket is the daemon's (readable by root only: the worker is not dumpable).
     try:
         fds = sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
@@ -151,13 +165,97 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
     assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
 
 
-def test_tool_calls_fail_clearly_and_reset_and_close(daemon, js):
-    js("tools.register", tools=[{"name": "web_search", "input_schema": {"type": "object"}}])
-    r = js.eval("Object.keys(tools).join(',')")
-    assert r["value"] == "webSearch", r
-    r = js.eval("await tools.webSearch({q: 'x'})")
-    assert not r["ok"], r
-    assert "tools.webSearch: tool calls from js.eval are not served yet" in r["error"]["message"], r
+def test_tool_calls_from_js_go_through_the_bridge(daemon, rpc, sandbox):
+    from test_bridge import TOOLS, answer_tools
+
+    sb = sandbox(max_tool_calls=150)
+    tools = daemon.client()  # registers the tools and answers their calls
+    answer_tools(tools)
+    echo_too = tools.handlers["tool.call"]
+    tools.handlers["tool.call"] = lambda p: p["input"] if p["name"] in ("web_search", "file-reader") else echo_too(p)
+    tools.call("tools.register", {"sandbox": sb, "tools": TOOLS + [
+        {"name": "web_search", "input_schema": {"type": "object"}},
+        {"name": "file-reader", "input_schema": {"type": "object"}}]})
+
+    def ev(code, **params):
+        return rpc.call("js.eval", {"sandbox": sb, "code": code, **params}, timeout=60)
+
+    r = ev("Object.keys(tools).sort().join(',')")
+    assert r["value"] == ("echo,failing,file-reader,fileReader,meet,never,slow,strict,"
+                          "webSearch,web_search"), r
+    # A call: its answer, its CallRecord (origin js/<session>), the summary in the text.
+    r = ev("const got = await tools.echo({x: 1, s: 'héllo'}); got")
+    assert r["ok"] and r["value"] == {"x": 1, "s": "héllo"}, r
+    [rec] = r["tool_calls"]
+    assert rec["name"] == "echo" and rec["ok"] and rec["result"] == {"x": 1, "s": "héllo"}, rec
+    assert rec["origin"] == {"kind": "js", "id": "default"}, rec
+    assert r["tools_summary"].startswith("[tools: 1 call (echo=1), 1 ok, 0 failed"), r
+    assert r["text"].endswith("\n" + r["tools_summary"]), r
+    # By name, and by an alias; the harness saw the input as given.
+    r = ev("(await tools['web_search']({q: 'a'})).q + (await tools.fileReader({q: 'b'})).q",
+           session="s2")
+    assert r["ok"] and r["value"] == "ab", r
+    assert [c["name"] for c in r["tool_calls"]] == ["web_search", "file-reader"], r
+    # Fan-out: three meet calls must be in flight together, and 100 echoes at once.
+    r = ev("const m = await Promise.all([1, 2, 3].map(() => tools.meet({group: 'js', n: 3})));\n"
+           "const e = await Promise.all(Array.from({length: 100}, (_, i) => tools.echo({i})));\n"
+           "[m.map(x => x.met).join(), e.reduce((a, x) => a + x.i, 0)]")
+    assert r["ok"] and r["value"] == ["3,3,3", 4950], r
+    assert len(r["tool_calls"]) == 103 and all(c["ok"] for c in r["tool_calls"])
+    # Errors: the tool's message, and a refusal inside (schema) as exceptions the script
+    # catches; both recorded as failed calls.
+    r = ev("const errs = [];\n"
+           "for (const f of [() => tools.failing({}), () => tools.strict({count: -1})])\n"
+           "  try { await f() } catch (e) { errs.push(e.message) }\n"
+           "errs")
+    assert r["ok"], r
+    assert r["value"][0] == "the database is down", r
+    assert "count" in r["value"][1], r
+    assert [(c["name"], c["error"]["kind"]) for c in r["tool_calls"]] == [
+        ("failing", "tool_error"), ("strict", "invalid_input")], r
+    # The sandbox's cap on calls counts per eval (one origin per eval): 150 here.
+    r = ev("const rs = await Promise.allSettled(Array.from({length: 151}, () => tools.echo({})));\n"
+           "rs.filter(x => x.status === 'rejected').map(x => x.reason.message)")
+    assert r["ok"] and r["value"] == ["this command made 150 calls, the limit"], r
+    # The eval's timeout cancels a call in flight: the harness gets $/cancel for it.
+    r = ev("await tools.never({})", timeout=1)
+    assert not r["ok"] and r["error"]["name"] == "TimeoutError", r
+    [rec] = r["tool_calls"]
+    assert rec["error"]["kind"] == "cancelled", rec
+    tools.wait_notification("$/cancel", lambda p: p["call_id"] == rec["call_id"])
+    # js.reset during an eval cancels it and its calls; the next eval is fresh.
+    ev("const keep = 1")
+    import threading
+
+    res = {}
+
+    def waiting():
+        try:
+            res["r"] = daemon.client().call("js.eval", {"sandbox": sb, "code": "await tools.never({n: 2})"},
+                                            timeout=60)
+        except RpcError as e:
+            res["e"] = e
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    call = tools.wait_for(lambda: [m for m in tools.incoming if m["method"] == "tool.call"
+                                   and m["params"]["input"] == {"n": 2}], what="the call")[0]
+    assert rpc.call("js.reset", {"sandbox": sb})["reset"] is True
+    t.join(30)
+    assert "cancelled by js.reset" in str(res.get("e")), res
+    tools.wait_notification("$/cancel", lambda p: p["call_id"] == call["params"]["call_id"])
+    r = ev("typeof keep")
+    assert r["value"] == "undefined" and r["restarted"] is False, r
+    # tools.prompt's js form declares the same names.
+    text = rpc.call("tools.prompt", {"sandbox": sb, "languages": ["js"]})["text"]
+    assert "declare const tools: {" in text and "  webSearch(input?: " in text, text
+    assert "  fileReader(input?: " in text and "tool_call" not in text, text
+    # The sandbox's trace has them under the session's origin.
+    trace = rpc.call("tools.trace", {"sandbox": sb, "origin": {"kind": "js", "id": "s2"}})["calls"]
+    assert [c["name"] for c in trace] == ["web_search", "file-reader"], trace
+
+
+def test_reset_and_close(daemon, js):
     r = js.eval("const kept = 5; kept")
     assert r["value"] == 5
     r = js("js.reset")
@@ -208,3 +306,36 @@ def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
     assert "JS worker of session 'default' died" in str(res["e"]), res["e"]
     assert "sandbox_stopped" in str(res["e"]), res["e"]
     assert wait_workers(daemon, lambda w: not w) == []
+
+
+def test_conch_js_repl_on_a_terminal(daemon, js):
+    from ptydrive import drive
+
+    # Each step waits for the editor's prompt, drawn once the terminal is in raw mode (keys
+    # typed before would be the terminal's own line, and a Ctrl-C its SIGINT).
+    P, C = b"\r\n\rjs> \x1b[K", b"\r\n\r... \x1b[K"
+    steps = [
+        (b"js> \x1b[K", b"const a: number = [1,\r"),  # an open bracket continues the cell
+        (C, b"2].length // ]\r"),
+        (b"undefined" + P, b"a * 21\r"),
+        (b"\xe2\x86\x92 42" + P, b"\x1b[A\x1b[D\x1b[D1\r"),  # Up: 'a * 21'; Left Left; '1': a * 121
+        (b"\xe2\x86\x92 242" + P, b"`x ${'}'} \r"),  # an open template continues the cell
+        (C, b"y`.length\r"),
+        (b"\xe2\x86\x92 6" + P, b"[1,\r"),  # x, space, }, space, newline, y
+        (C, b"\x03"),  # Ctrl-C at the prompt drops the cell
+        (b"^C\r" + P, b"'still ' + a\r"),
+        (b"still 2\"" + P, b"while (true) {}\r"),
+        (b"{}\x1b[K\r\r\n", b"\x03"),  # Ctrl-C during the eval cancels it
+        (b"the session was reset)" + P, b"typeof a\r"),
+        (b"undefined\"" + P, b".nope\r"),
+        (b"unknown command '.nope'", b"\x04"),  # Ctrl-D leaves
+    ]
+    out, rc = drive([CONCH_BIN, "js",
+                     "--socket", daemon.sock, js.sb, "--timeout", "60"], steps)
+    assert rc == 0, out
+    assert b"cancelling the eval" in out, out
+    # Not a terminal, with -i: the same cells, line by line, without prompts.
+    r = conch(["js", "--socket", daemon.sock, js.sb, "-i"],
+              input=b"const b = {\n  n: 5 }\nb.n + 1\n.reset\ntypeof b\n")
+    assert r.rc == 0, r.describe()
+    assert r.stdout == '→ undefined\n→ 6\n(the session was reset)\n→ "undefined"\n', r.describe()

@@ -113,8 +113,8 @@ def test_bad_requests_get_errors(worker):
     assert "code" in worker.recv()["error"]["message"]
     worker.send({"nothing": True})
     assert "method" in worker.recv()["error"]["message"]
-    worker.send({"method": "eval", "params": {"code": "1", "tools": ["not-an-identifier"]}})
-    assert "identifier" in worker.recv()["error"]["message"]
+    worker.send({"method": "eval", "params": {"code": "1", "tools": ["not a tool name"]}})
+    assert "not 1 or more of letters" in worker.recv()["error"]["message"]
     assert worker.eval("1 + 1")["result"]["value"] == 2
 
 

@@ -15,7 +15,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const conch = path.resolve(process.env.CONCH_BIN || path.join(here, '../../build/conch'));
-const TOOLS = ['bash', 'shell', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
+const TOOLS = ['bash', 'shell', 'js_eval', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
   'glob', 'grep', 'changes', 'diff', 'commit'];
 
 function tempWorkspace() {
@@ -357,6 +357,33 @@ function defaultStateDir() {
   return xdg && xdg.startsWith('/') ? path.join(xdg, 'conch')
     : path.join(os.homedir(), '.local/state/conch');
 }
+
+test('js_eval: a persistent JS session with the sandbox\'s files', async () => {
+  const ws = tempWorkspace();
+  const { client } = await connect(['--workspace', ws]);
+  try {
+    const { tools } = await client.listTools();
+    assert.match(tools.find((t) => t.name === 'js_eval').description, /await tools\.name\(input\)/);
+    let r = await call(client, 'js_eval', { code: "const lines: string[] = (await readFile('hello.txt')).split('\\n');\nconsole.log(lines[1]);\nlines.length" });
+    assert.equal(r.isError, false, text(r));
+    assert.equal(text(r), 'world\n\u2192 3');
+    r = await call(client, 'js_eval', { code: 'lines[0].toUpperCase()' });
+    assert.equal(text(r), '\u2192 "HELLO"');
+    r = await call(client, 'js_eval', { code: 'Object.keys(tools).length' });
+    assert.equal(text(r), '\u2192 0');
+    r = await call(client, 'js_eval', { code: 'typeof lines', session: 'other' });
+    assert.equal(text(r), '\u2192 "undefined"');
+    r = await call(client, 'js_eval', { code: '\nnull.x' });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /TypeError/);
+    r = await call(client, 'js_eval', { code: 'for (;;) {}', timeout: 0.5 });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /TimeoutError/);
+  } finally {
+    await client.close();
+    fs.rmSync(ws, { recursive: true, force: true });
+  }
+});
 
 test('private state dirs: removed at the end, and stale ones of killed sessions too', async () => {
   const parent = defaultStateDir();

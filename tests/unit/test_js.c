@@ -672,3 +672,18 @@ Test(js_session, import_in_a_cell_is_refused_with_the_reason)
     expect_value(s, "import type { X } from './x';\ntypeof ran", "\"undefined\"");
     conch_js_session_free(s);
 }
+
+Test(js_host, tool_names_and_their_camel_case_aliases)
+{
+    struct fake_host h = {0};
+    struct conch_js_session *s = host_session(&h, 0);
+    const char *names[] = {"web_search", "file-reader", "_private", "x-"};
+    struct conch_err err = {0};
+    cr_assert_eq(conch_js_session_set_tools(s, names, 4, &err), 0, "%s", err.msg);
+    expect_value(s, "Object.keys(tools).sort().join()",
+                 "\"_private,file-reader,fileReader,webSearch,web_search,x,x-\"");
+    const char *bad[] = {"web search"};
+    cr_assert_lt(conch_js_session_set_tools(s, bad, 1, &err), 0);
+    cr_assert(strstr(err.msg, "'web search'"), "%s", err.msg);
+    conch_js_session_free(s);
+}

@@ -351,7 +351,8 @@ Test(validate, languages_param)
     l = J("[\"bash\",\"ruby\"]");
     cr_expect_eq(conch_toolschema_languages(l, &bits, &err), -EINVAL);
     cr_expect_str_eq(err.msg,
-                     "languages[1]: unknown language (one of \"bash\", \"python\", \"node\")");
+                     "languages[1]: unknown language (one of \"bash\", \"python\", \"node\", "
+                     "\"js\")");
     json_decref(l);
 }
 
@@ -506,6 +507,43 @@ Test(prompt, language_selection_and_no_agents)
     cr_expect_str_eq(p, "## Tools you can call from your commands\n\nNo tools or sub-agents are "
                         "registered in this sandbox.\n");
     free(p);
+}
+
+Test(prompt, js_eval_declarations)
+{
+    json_t *tools = J("[{\"name\":\"web_search\",\"description\":\"Search the web.\","
+                      "\"input_schema\":{\"type\":\"object\",\"properties\":{\"query\":"
+                      "{\"type\":\"string\"}},\"required\":[\"query\"]},"
+                      "\"output_schema\":{\"type\":\"array\",\"items\":{\"type\":"
+                      "\"string\"}}},{\"name\":\"ping\",\"input_schema\":{}}]");
+    json_t *l = J("[\"js\"]");
+    unsigned bits = 0;
+    struct conch_err err = {0};
+    cr_assert_eq(conch_toolschema_languages(l, &bits, &err), 0, "%s", err.msg);
+    cr_expect_eq(bits, CONCH_TOOLSCHEMA_LANG_JS);
+    json_decref(l);
+    char *p = conch_toolschema_prompt(tools, NULL, bits);
+    cr_assert_not_null(p);
+    cr_expect(strstr(p, "## Tools you can call from js_eval\n"), "%s", p);
+    cr_expect(strstr(p, "declare const tools: {\n  /** Search the web. */\n"
+                        "  webSearch(input: {\n    query: string;\n  }): Promise<string[]>;\n"
+                        "  ping(input?: { [key: string]: any }): Promise<unknown>;\n};"),
+              "%s", p);
+    cr_expect(strstr(p, "await tools.webSearch({ query: '...' })"), "%s", p);
+    cr_expect_null(strstr(p, "### From bash"));
+    free(p);
+    /* Beside the others, and never by default. */
+    p = conch_toolschema_prompt(tools, NULL, CONCH_TOOLSCHEMA_LANG_BASH | CONCH_TOOLSCHEMA_LANG_JS);
+    cr_expect(strstr(p, "### From bash") && strstr(p, "### From js_eval"));
+    free(p);
+    p = conch_toolschema_prompt(tools, NULL, 0);
+    cr_expect_null(strstr(p, "js_eval"));
+    free(p);
+    p = conch_toolschema_prompt(NULL, NULL, CONCH_TOOLSCHEMA_LANG_JS);
+    cr_expect_str_eq(p, "## Tools you can call from js_eval\n\nNo tools are registered in this "
+                        "sandbox: `tools` is empty.\n");
+    free(p);
+    json_decref(tools);
 }
 
 /* ---- whole tool and agent definitions -------------------------------------------------- */

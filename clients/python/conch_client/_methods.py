@@ -298,6 +298,31 @@ class ProtocolMethods:
         """session.close: kill the shell and forget the session -> ``{"closed": true}``."""
         return self._request("session.close", {"session": session})
 
+    # -- js.* (JavaScript/TypeScript sessions) ------------------------------------------
+    def js_eval(self, sandbox: str, code: str, *, session: Optional[str] = None,
+                timeout: Optional[float] = None, **extra: Any):
+        """js.eval: run JavaScript or TypeScript in the sandbox's JS session ``session``
+        (default "default"; globals persist between evals) -> the result dict (``ok``,
+        ``value``, ``error``, ``console``, ``tool_calls``, ``text``, ...). A script that
+        throws is a result (``ok`` false), not an error. The script calls the sandbox's
+        registered tools as ``await tools.name(input)`` (camelCase too). ``timeout``: seconds
+        (daemon default 60; 0: none)."""
+        return self._request("js.eval", _params(extra, sandbox=sandbox, code=code,
+                                                session=session, timeout=timeout))
+
+    def js_reset(self, sandbox: str, session: Optional[str] = None):
+        """js.reset: drop the session's globals (an eval in flight is cancelled) ->
+        ``{"session", "reset": true}``."""
+        return self._request("js.reset", _params(sandbox=sandbox, session=session))
+
+    def js_close(self, sandbox: str, session: Optional[str] = None):
+        """js.close: stop the session's worker and forget it -> ``{"session", "closed"}``."""
+        return self._request("js.close", _params(sandbox=sandbox, session=session))
+
+    def js_list(self, sandbox: str):
+        """js.list -> the sandbox's JS sessions ``[{session, running, busy, lost, evals}]``."""
+        return self._request("js.list", {"sandbox": sandbox}, post=_key("sessions"))
+
     # -- tools.* / agents.* (the tool bridge) -------------------------------------------
     def tools_register(self, sandbox: str, tools: List[Dict[str, Any]]):
         """tools.register (raw): declare tools; THIS connection answers their tool.call
@@ -323,7 +348,9 @@ class ProtocolMethods:
                              post=_key("calls"))
 
     def tools_prompt(self, sandbox: str, languages: Optional[List[str]] = None):
-        """tools.prompt -> the text documenting the sandbox's tools for a model (str)."""
+        """tools.prompt -> the text documenting the sandbox's tools for a model (str).
+        ``languages``: any of "bash", "python", "node" (the default: all three) and "js"
+        (js.eval's ``tools`` global as TypeScript declarations)."""
         return self._request("tools.prompt", _params(sandbox=sandbox, languages=languages),
                              post=_key("text"))
 

@@ -346,6 +346,25 @@ class _Ops:
         """Documentation of the sandbox's tools for a model's system prompt."""
         return (yield _call("tools_prompt", self.id, languages))
 
+    def js_eval(self, code: str, *, session: Optional[str] = None,
+                timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Run JavaScript/TypeScript in the sandbox's JS session (js.eval) -> the result
+        dict; ``result["text"]`` is what to show a model. Scripts call the registered tools
+        as ``await tools.name(input)``."""
+        return (yield _call("js_eval", self.id, code, session=session, timeout=timeout))
+
+    def js_reset(self, session: Optional[str] = None) -> Dict[str, Any]:
+        """A fresh JS session (js.reset): its globals dropped."""
+        return (yield _call("js_reset", self.id, session))
+
+    def js_close(self, session: Optional[str] = None) -> Dict[str, Any]:
+        """Close a JS session (js.close)."""
+        return (yield _call("js_close", self.id, session))
+
+    def js_sessions(self) -> List[Dict[str, Any]]:
+        """The sandbox's JS sessions (js.list)."""
+        return (yield _call("js_list", self.id))
+
 
 class _JobOps:
     job_id: str

@@ -279,3 +279,22 @@ def test_untyped_spawn_goes_to_the_default_handler(sb):
     sb.register_agent("named", "A named type", lambda task: "named")
     r = sb.run("spawn_agent 'plain task'; spawn_agent 'typed task' named")
     assert r.stdout == "default: plain task\nnamed\n"
+
+
+def test_js_eval_calls_the_clients_tools(sb):
+    sb.register_tool("add_one", lambda inp: {"n": inp["n"] + 1}, "Adds one", ECHO_SCHEMA)
+    sb.register_tool("fail", fail, "Always fails")
+    r = sb.js_eval("const rs = await Promise.all([1, 2, 3].map(n => tools.addOne({n})));\n"
+                   "let caught = '';\n"
+                   "try { await tools.fail({what: 'js'}) } catch (e) { caught = e.message }\n"
+                   "[rs.map(x => x.n), caught]", session="py")
+    assert r["ok"], r
+    assert r["value"] == [[2, 3, 4], "cannot handle js"], r
+    assert [c["name"] for c in r["tool_calls"]].count("add_one") == 3
+    assert r["session"] == "py" and "[tools: 4 calls" in r["text"], r
+    assert sb.js_eval("rs.length", session="py")["value"] == 3
+    assert [s["session"] for s in sb.js_sessions()] == ["py"]
+    assert sb.js_reset("py")["reset"] is True
+    assert sb.js_eval("typeof rs", session="py")["value"] == "undefined"
+    assert sb.js_close("py")["closed"] is True
+    assert sb.js_sessions() == []

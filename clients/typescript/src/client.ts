@@ -68,6 +68,43 @@ export interface CallRecord {
   detached?: boolean;
 }
 
+/** js.eval's params: JavaScript or TypeScript run in the sandbox's JS session `session`. */
+export interface JsEvalParams {
+  sandbox: string;
+  code: string;
+  /** default "default"; globals persist between evals of a session */
+  session?: string;
+  /** seconds for the whole eval, pending promises included (default 60; 0: none) */
+  timeout?: number;
+}
+
+/** js.eval's result: a script that threw is `ok: false`, not an error. */
+export interface JsEvalResult {
+  ok: boolean;
+  value?: unknown;
+  type?: string;
+  error?: { name: string; message: string; stack?: string; line?: number };
+  console: { level: string; text: string }[];
+  console_dropped?: number;
+  /** the eval's calls of the sandbox's tools (`await tools.name(input)`) */
+  tool_calls: CallRecord[];
+  tools_summary?: string;
+  writes: string[];
+  /** what to show a model: console lines, then `→ value` or the error */
+  text: string;
+  session: string;
+  restarted: boolean;
+  restart_reason?: string;
+}
+
+export interface JsSessionInfo {
+  session: string;
+  running: boolean;
+  busy: boolean;
+  lost: boolean;
+  evals: number;
+}
+
 /** A `spawn_agent --detach` request: recorded by the daemon, run by the harness. */
 export interface DetachedAgentRequest {
   call_id: string;
@@ -606,6 +643,23 @@ export class ConchClient extends EventEmitter {
     return this.call("workspace.discard", paths ? { sandbox, paths } : { sandbox });
   }
 
+  // js.* (JavaScript/TypeScript sessions in the sandbox)
+  /** js.eval: run code in a JS session; it calls the sandbox's tools as `await tools.name(input)`. */
+  jsEval(p: JsEvalParams): Promise<JsEvalResult> {
+    return this.call("js.eval", p);
+  }
+  /** js.reset: the session's globals dropped (an eval in flight is cancelled). */
+  jsReset(sandbox: string, session?: string): Promise<{ session: string; reset: boolean }> {
+    return this.call("js.reset", session ? { sandbox, session } : { sandbox });
+  }
+  /** js.close: the session's worker stopped and the session forgotten. */
+  jsClose(sandbox: string, session?: string): Promise<{ session: string; closed: boolean }> {
+    return this.call("js.close", session ? { sandbox, session } : { sandbox });
+  }
+  jsList(sandbox: string): Promise<{ sessions: JsSessionInfo[] }> {
+    return this.call("js.list", { sandbox });
+  }
+
   // tools.* / agents.* (the tool bridge)
   toolsRegister(sandbox: string, tools: ToolSpec[]): Promise<{ registered: string[] }> {
     return this.call("tools.register", { sandbox, tools });
@@ -619,7 +673,7 @@ export class ConchClient extends EventEmitter {
   toolsTrace(sandbox: string, origin?: { kind: string; id: string }): Promise<{ calls: CallRecord[] }> {
     return this.call("tools.trace", origin ? { sandbox, origin } : { sandbox });
   }
-  toolsPrompt(sandbox: string, languages?: ("bash" | "python" | "node")[]): Promise<{ text: string }> {
+  toolsPrompt(sandbox: string, languages?: ("bash" | "python" | "node" | "js")[]): Promise<{ text: string }> {
     return this.call("tools.prompt", languages ? { sandbox, languages } : { sandbox });
   }
   agentsRegister(sandbox: string, agents: AgentSpec[]): Promise<{ registered: string[] }> {

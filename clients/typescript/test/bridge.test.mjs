@@ -151,3 +151,27 @@ test("execute keeps what the bridge recorded: the [tools: …] line, tool_calls,
   assert.equal(plain.tool_calls, undefined);
   assert.equal(plain.detached_agents, undefined);
 });
+
+test("js.eval: a script calls the LangChain tools, fans out, catches a tool's error", async (t) => {
+  if (skipped(t)) return;
+  await registerTools(sb, [add, fail, lookup]);
+  const r = await sb.client.jsEval({
+    sandbox: sb.id,
+    session: "ts",
+    code:
+      "const sums: string[] = await Promise.all([1, 2, 3].map((a) => tools.add({ a, b: 10 })));\n" +
+      "let why = '';\n" +
+      "try { await tools.failTool({}) } catch (e) { why = (e as Error).message }\n" +
+      "({ sums, why, key: (await tools.lookup({ key: 'k' })).value })",
+  });
+  assert.equal(r.ok, true, r.text);
+  assert.deepEqual(r.value, { sums: ["11", "12", "13"], why: "the database is down", key: "K" });
+  assert.deepEqual(r.tool_calls.map((c) => [c.name, c.ok]).sort(), [["add", true], ["add", true], ["add", true], ["fail_tool", false], ["lookup", true]]);
+  assert.deepEqual(r.tool_calls[0].origin, { kind: "js", id: "ts" });
+  assert.match(r.text, /\[tools: 5 calls/);
+  assert.deepEqual((await sb.client.jsEval({ sandbox: sb.id, session: "ts", code: "sums.length" })).value, 3);
+  assert.deepEqual((await sb.client.jsList(sb.id)).sessions.map((s) => [s.session, s.evals]), [["ts", 2]]);
+  assert.equal((await sb.client.jsReset(sb.id, "ts")).reset, true);
+  assert.equal((await sb.client.jsEval({ sandbox: sb.id, session: "ts", code: "typeof sums" })).value, "undefined");
+  assert.equal((await sb.client.jsClose(sb.id, "ts")).closed, true);
+});
