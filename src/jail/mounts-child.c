@@ -357,10 +357,12 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         if (chmod(upper, lower.st_mode & 07777) < 0)
             return fail(err, "chmod workspace upper", upper, errno);
     }
-    char ovl[3 * PATH_MAX + 128];
-    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
-                     plan->ws_lower, upper, work);
-    if (n < 0 || (size_t)n >= sizeof(ovl))
+    /* Frozen layers (snapshots) stack above the workspace, top first. */
+    char ovl[3 * PATH_MAX + sizeof(plan->ws_layers) + 128];
+    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s%s,upperdir=%s,workdir=%s,userxattr",
+                     plan->ws_layers, plan->ws_lower, upper, work);
+    /* mount(2) reads one page of options. */
+    if (n < 0 || (size_t)n >= sizeof(ovl) || n >= 4096)
         return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
     if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
         int e = errno;
