@@ -264,7 +264,7 @@ fail:
  * meantime removes its directory only after them.
  */
 
-enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN };
+enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN, WS_SNAPSHOT, WS_RESTORE, WS_FORK };
 
 struct ws_fds {
     int upper, lower;
@@ -558,6 +558,9 @@ static void ws_work_kind(struct ws_op *w)
                                               &w->changes, &w->err);
         break;
     case WS_DISCARD:
+    case WS_SNAPSHOT:
+    case WS_RESTORE:
+    case WS_FORK:
         break;
     }
 }
@@ -583,6 +586,8 @@ static void ws_finish(struct ws_op *w)
     struct sandbox *sb = w->sb;
     if (w->done) {
         w->done(w->done_arg, w->r, &w->changes, &w->err);
+    } else if (w->r < 0 && w->kind >= WS_SNAPSHOT) {
+        conch_daemon_snapshot_fail(w->call, &w->err);
     } else if (w->r < 0) {
         fail_ws(w->call, &w->err);
     } else if (w->text) {
@@ -644,6 +649,21 @@ static void run_discard(struct ws_op *w)
     ws_finish(w);
 }
 
+/* workspace.snapshot, workspace.restore, sandbox.fork {sandbox}: on the loop, like discard
+ * (they stop and start the sandbox; the snapshot itself is a rename). */
+static void run_snapshot(struct ws_op *w)
+{
+    ws_close(&w->fds);
+    if (w->kind == WS_SNAPSHOT)
+        w->res = conch_daemon_snapshot_take(w->sb, w->params, &w->err);
+    else if (w->kind == WS_RESTORE)
+        w->res = conch_daemon_snapshot_restore(w->sb, w->params, &w->err);
+    else
+        w->res = conch_daemon_snapshot_fork(w->sb, w->params, &w->err);
+    w->r = w->res ? 0 : -(w->err.code ? w->err.code : EIO);
+    ws_finish(w);
+}
+
 static void ws_next(struct sandbox *sb)
 {
     if (sb->ws_running || conch_list_empty(&sb->ws_ops))
@@ -659,6 +679,10 @@ static void ws_next(struct sandbox *sb)
     w->stopped = sb->state != SB_READY;
     if (w->kind == WS_DISCARD) {
         run_discard(w);
+        return;
+    }
+    if (w->kind >= WS_SNAPSHOT) {
+        run_snapshot(w);
         return;
     }
     w->req.data = w;
@@ -767,4 +791,13 @@ void conch_daemon_handle_workspace_commit(struct conch_rpc_call *call, json_t *p
 void conch_daemon_handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_DISCARD);
+}
+
+void conch_daemon_workspace_queue(struct conch_rpc_call *call, json_t *params, void *ctx,
+                                  enum ws_queued kind)
+{
+    ws_submit(call, params, ctx,
+              kind == WS_Q_SNAPSHOT  ? WS_SNAPSHOT
+              : kind == WS_Q_RESTORE ? WS_RESTORE
+                                     : WS_FORK);
 }

@@ -30,6 +30,9 @@
 #define CONCH_RPC_JOB_NOT_FOUND -32003     /* job_not_found */
 #define CONCH_RPC_LIMIT -32004             /* limit */
 #define CONCH_RPC_SANDBOX_STOPPED -32005   /* sandbox_stopped */
+#define CONCH_RPC_BUSY -32006              /* busy */
+#define CONCH_RPC_SNAPSHOT_NOT_FOUND -32007 /* snapshot_not_found */
+#define CONCH_RPC_SNAPSHOT_IN_USE -32008   /* snapshot_in_use */
 #define CONCH_RPC_FILE_NOT_FOUND -32010    /* file_not_found */
 #define CONCH_RPC_PERMISSION_DENIED -32011 /* permission_denied */
 #define CONCH_RPC_IS_DIRECTORY -32012      /* is_directory */
