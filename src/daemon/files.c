@@ -736,6 +736,16 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                              "no sandbox '%s'", id);
         return;
     }
+    /* Its changes (the upper dir) are only those since its snapshot: committing them alone
+     * would apply part of what the sandbox shows. */
+    if (kind == WS_COMMIT && sb->layer[0]) {
+        free(paths);
+        conch_rpc_call_failf(call, CONCH_RPC_INVALID_PARAMS, "invalid_params", NULL,
+                             "sandbox '%s' stands on snapshot '%s': its workspace cannot be "
+                             "committed yet (only changes made without snapshots can be)",
+                             sb->id, sb->layer);
+        return;
+    }
     struct ws_op *w = calloc(1, sizeof(*w));
     if (!w) {
         free(paths);

@@ -2,10 +2,12 @@
 # sandbox.fork (issue 18): a snapshot freezes the upper dir into a read-only layer, restore
 # drops the changes made since and stacks the sandbox on the snapshot, a fork is a new
 # sandbox on the same frozen layers. Lean: one daemon per test, each test checks much.
+import json
 import os
 
 import pytest
 
+from conftest import conch
 from rpcclient import RpcError
 
 
@@ -139,6 +141,28 @@ def test_snapshot_restore_fork_delete_and_restart(daemon_factory, ws):
     assert e.data_code == "invalid_params", e
     e = err_of(lambda: c.call("sandbox.fork", {"sandbox": sb, "snapshot": a}))
     assert e.data_code == "invalid_params", e
+    # A sandbox on a snapshot cannot commit (its upper holds only the changes since).
+    e = err_of(lambda: c.call("workspace.commit", {"sandbox": sb}))
+    assert "snapshot" in str(e), e
+    assert (ws / "keep.txt").read_text() == "base\n"
+
+    # The CLI verbs, by names.
+    sock = ["--socket", d.sock]
+    r = conch(["snapshot", *sock, "--name", "cli-snap", "orig"])
+    assert r.rc == 0 and r.stdout.startswith("snap-"), r.describe()
+    cli_snap = r.stdout.strip()
+    r = conch(["fork", *sock, "--name", "cli-fork", "cli-snap"])
+    assert r.rc == 0 and r.stdout.startswith("sb-"), r.describe()
+    r = conch(["fork", *sock, "--json", "orig"])
+    assert r.rc == 0 and json.loads(r.stdout)["snapshot"].startswith("snap-"), r.describe()
+    r = conch(["restore", *sock, "orig", "state-a"])
+    assert r.rc == 0 and r.stdout.strip() == a, r.describe()
+    r = conch(["snapshots", *sock, "orig"])
+    assert r.rc == 0 and "cli-snap" in r.stdout and "state-a" in r.stdout, r.describe()
+    r = conch(["snapshots", *sock, "--delete", "state-a"])
+    assert r.rc != 0 and "cannot be deleted" in r.stderr, r.describe()
+    r = conch(["snapshots", *sock, "--json"])
+    assert cli_snap in {x["id"] for x in json.loads(r.stdout)["snapshots"]}, r.describe()
 
 
 def test_deep_stack_is_squashed(daemon_factory, ws):
