@@ -738,12 +738,13 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     }
     /* Its changes (the upper dir) are only those since its snapshot: committing them alone
      * would apply part of what the sandbox shows. */
-    if (kind == WS_COMMIT && sb->layer[0]) {
+    if ((kind == WS_COMMIT || (kind == WS_DISCARD && paths)) && sb->layer[0]) {
         free(paths);
         conch_rpc_call_failf(call, CONCH_RPC_INVALID_PARAMS, "invalid_params", NULL,
                              "sandbox '%s' stands on snapshot '%s': its workspace cannot be "
-                             "committed yet (only changes made without snapshots can be)",
-                             sb->id, sb->layer);
+                             "%s yet (only changes made without snapshots can be; a whole "
+                             "discard, or workspace.restore, returns it to the snapshot)",
+                             sb->id, sb->layer, kind == WS_COMMIT ? "committed" : "discarded in part");
         return;
     }
     struct ws_op *w = calloc(1, sizeof(*w));
