@@ -121,6 +121,8 @@ struct sandbox {
     json_t *env;              /* object of extra environment; owned */
     char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
     char layer[64];           /* the snapshot its workspace is stacked on (snapshots.c); "" */
+    struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
+    unsigned n_mounts;
     char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
@@ -324,6 +326,7 @@ struct sandbox_spec {
     double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
     unsigned max_tool_calls; /* per command; 0: the bridge's default */
     const char *layer;       /* the snapshot to stack the workspace on (a fork); NULL: none */
+    json_t *mounts;          /* sandbox.create's "mounts" (borrowed), or NULL */
 };
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */

@@ -186,6 +186,8 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
                                                       err)) < 0)
         return conch_err_wrap(err, "sandbox '%s'", sb->id);
     spec.layers = layers;
+    spec.mounts = sb->mounts;
+    spec.n_mounts = sb->n_mounts;
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
@@ -363,6 +365,7 @@ static void on_idle_closed(uv_handle_t *h)
         conch_budget_uncharge(sb->held.parent, left);
     }
     json_decref(sb->env);
+    free(sb->mounts);
     free(sb);
 }
 

@@ -319,8 +319,39 @@ void conch_sb_sample_start(struct sandbox *sb)
 }
 
 static int record(struct sandbox *sb, struct conch_err *err);
+static json_t *spec_json_base(const struct sandbox *sb);
+
+/* Parse @arr (sandbox.create's "mounts", or a record's) into @sb's own list. */
+static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err)
+{
+    if (!arr || json_is_null(arr))
+        return 0;
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    int r = conch_spec_mounts_from_json(&s, arr, err);
+    if (r >= 0) {
+        free(sb->mounts);
+        sb->mounts = s.mounts;
+        sb->n_mounts = s.n_mounts;
+        s.mounts = NULL;
+    }
+    conch_spec_done(&s);
+    return r;
+}
 
 json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
+{
+    json_t *spec = spec_json_base(sb);
+    if (spec && sb->n_mounts) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < sb->n_mounts; i++)
+            json_array_append_new(arr, conch_mount_to_json(&sb->mounts[i]));
+        json_object_set_new(spec, "mounts", arr);
+    }
+    return spec;
+}
+
+static json_t *spec_json_base(const struct sandbox *sb)
 {
     /* Everything sandbox.start needs to bring it back as it was: its limits, and (as root)
      * the host id block that owns its upper dir's files. */
@@ -456,6 +487,8 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     if (spec->layer)
         snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
     int r;
+    if ((r = sandbox_mounts(sb, spec->mounts, err)) < 0)
+        goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
         int n =
             snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s/sandboxes/%s", d->state_dir, sb->id);
@@ -561,6 +594,8 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
             snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
         json_t *env = json_object_get(spec, "env");
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
+        if (sandbox_mounts(sb, json_object_get(spec, "mounts"), &err) < 0)
+            log_warn("sandbox %s: its recorded mounts: %s", list[i].id, err.msg);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
         sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));

@@ -35,6 +35,7 @@ struct conch_jail {
     bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
     char upper_stage_dir[256];
     int n_layer_stages; /* staging dirs <stage>/<name>-l<i> of the idmapped layers */
+    int n_mount_stages; /* staging dirs <stage>/<name>-m<i> of bind mounts' sources */
     char name[64];
     uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
@@ -120,6 +121,15 @@ struct jail_plan {
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
     /* frozen layers above ws_lower, before pivot, top first, each followed by ':' ("": none) */
     char ws_layers[4096];
+    /* extra mounts: a bind's source before pivot ("/oldroot..."), its target after */
+    struct jail_mount {
+        int type; /* enum conch_mount_type */
+        bool rw;
+        uint64_t bytes;
+        char src[PATH_MAX];
+        char dst[1024];
+    } mounts[CONCH_SPEC_MOUNTS_MAX];
+    int n_mounts;
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */

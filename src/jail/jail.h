@@ -78,6 +78,11 @@ struct conch_jail_spec {
      * mode only); @n_layers at most CONCH_JAIL_MAX_LAYERS. Borrowed. */
     const struct conch_jail_layer *layers;
     int n_layers;
+    /* Extra mounts (spec/spec.h: tmpfs, bind), checked by conch_mount_check; at most
+     * CONCH_SPEC_MOUNTS_MAX. A bind's source is opened with the caller's rights (as host
+     * root: idmapped like the workspace, its owner shown as the command's user). Borrowed. */
+    const struct conch_mount *mounts;
+    unsigned n_mounts;
     conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* The JS worker's loop (a persistent worker fenced as the file server); NULL:

@@ -438,6 +438,47 @@ static int setup_ptc(const struct jail_plan *plan, int *ret_ptc_fd, struct conch
     return 0;
 }
 
+/* mkdir -p @path (absolute, checked by conch_mount_check) in the new root. */
+static int make_dirs(const char *path, struct conch_err *err)
+{
+    char p[1024];
+    size_t n = strlen(path);
+    if (n >= sizeof(p))
+        return conch_err_set(err, ENAMETOOLONG, "mount target too long");
+    memcpy(p, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0')
+            continue;
+        char c = p[i];
+        p[i] = '\0';
+        struct stat st;
+        /* Never through a link the root holds (the agent links into /tmp). */
+        if (lstat(p, &st) == 0 ? !S_ISDIR(st.st_mode) : mkdir(p, 0755) < 0)
+            return fail(err, "mount target: mkdir", p, errno ? errno : ENOTDIR);
+        p[i] = c;
+    }
+    return 0;
+}
+
+/* The caller's extra mounts (tmpfs, bind), last before the root turns read-only. */
+static int setup_extra_mounts(const struct jail_plan *plan, struct conch_err *err)
+{
+    for (int i = 0; i < plan->n_mounts; i++) {
+        const struct jail_mount *m = &plan->mounts[i];
+        int r;
+        errno = 0;
+        if ((r = make_dirs(m->dst, err)) < 0)
+            return r;
+        if (m->type == CONCH_MOUNT_TMPFS)
+            r = mount_agent_tmpfs(plan, m->dst, 0755, m->bytes, err);
+        else
+            r = bind_mount(m->src, m->dst, true, m->rw, 0, err);
+        if (r < 0)
+            return conch_err_wrap(err, "mount '%s'", m->dst);
+    }
+    return 0;
+}
+
 int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
                                   struct conch_err *err)
 {
@@ -511,7 +552,7 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
         if (symlink(agent_links[i][0], agent_links[i][1]) < 0 && errno != EEXIST)
             return fail(err, "symlink", agent_links[i][1], errno);
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
-        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0)
+        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0)
         return r;
 
     if (umount2(OLDROOT, MNT_DETACH) < 0)

@@ -167,6 +167,12 @@ static void unstage(struct conch_jail *j)
         rmdir(j->root_stage_dir);
         j->mounted_root_stage = false;
     }
+    for (; j->n_mount_stages > 0; j->n_mount_stages--) {
+        char dir[320];
+        snprintf(dir, sizeof(dir), STAGE_ROOT "/%s-m%d", j->name, j->n_mount_stages - 1);
+        umount2(dir, MNT_DETACH);
+        rmdir(dir);
+    }
     for (; j->n_layer_stages > 0; j->n_layer_stages--) {
         char dir[320];
         snprintf(dir, sizeof(dir), STAGE_ROOT "/%s-l%d", j->name, j->n_layer_stages - 1);
@@ -219,6 +225,65 @@ static int stage_layers(struct conch_jail *j, const struct conch_jail_spec *spec
             return r;
         j->n_layer_stages = i + 1;
     }
+    return 0;
+}
+
+/* Host root: a bind mount's source is cloned and idmapped like the workspace (its owner shown
+ * as the command's user, others as nobody) and staged: the sandbox's ids could not traverse
+ * the dirs above it. Read-only unless asked. */
+static int stage_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
+                        struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    for (unsigned i = 0; i < spec->n_mounts; i++) {
+        const struct conch_mount *m = &spec->mounts[i];
+        if (m->type != CONCH_MOUNT_BIND)
+            continue;
+        struct stat st;
+        if (stat(m->source, &st) < 0 || !S_ISDIR(st.st_mode))
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
+                                  "mount source '%s': not a directory", m->source);
+        _cleanup_close_ int tree = conch_jail_idmapped_tree(
+            m->source, j->host_id_base, false, st.st_uid, st.st_gid, !m->rw, err);
+        if (tree < 0)
+            return conch_err_wrap(err, "mount '%s'", m->target);
+        struct stat tst;
+        if (fstat(tree, &tst) < 0 || tst.st_dev != st.st_dev || tst.st_ino != st.st_ino)
+            return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                                  "mount source '%s' changed while the sandbox was being built",
+                                  m->source);
+        char name[96], dir[256];
+        snprintf(name, sizeof(name), "%s-m%u", j->name, i);
+        if ((r = stage_tree(tree, dir, sizeof(dir), name, err)) < 0)
+            return r;
+        j->n_mount_stages = (int)i + 1;
+    }
+    return 0;
+}
+
+static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
+                       struct jail_plan *plan, struct conch_err *err)
+{
+    if (spec->n_mounts > CONCH_SPEC_MOUNTS_MAX)
+        return conch_err_set(err, E2BIG, "at most %d mounts", CONCH_SPEC_MOUNTS_MAX);
+    for (unsigned i = 0; i < spec->n_mounts; i++) {
+        const struct conch_mount *m = &spec->mounts[i];
+        int r = conch_mount_check(m, err);
+        if (r < 0)
+            return r;
+        struct jail_mount *pm = &plan->mounts[i];
+        pm->type = (int)m->type;
+        pm->rw = m->rw;
+        pm->bytes = m->bytes;
+        snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
+        if (m->type == CONCH_MOUNT_BIND && j->root_mode)
+            snprintf(pm->src, sizeof(pm->src), "/oldroot" STAGE_ROOT "/%s-m%u", j->name, i);
+        else if (m->type == CONCH_MOUNT_BIND)
+            snprintf(pm->src, sizeof(pm->src), "/oldroot%s", m->source);
+    }
+    plan->n_mounts = (int)spec->n_mounts;
     return 0;
 }
 
@@ -317,6 +382,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
                  j->mounted_upper_stage ? j->upper_stage_dir : spec->upper_dir);
     }
     if (spec->n_layers > 0 && (r = plan_layers(j, spec, plan, err)) < 0)
+        return r;
+    if ((r = plan_mounts(j, spec, plan, err)) < 0)
         return r;
     if (spec->workspace) {
         plan->has_workspace = true;
@@ -500,6 +567,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         goto fail;
     }
     if (spec->n_layers > 0 && j->root_mode && (r = stage_layers(j, spec, err)) < 0)
+        goto fail;
+    if (spec->n_mounts > 0 && j->root_mode && (r = stage_mounts(j, spec, err)) < 0)
         goto fail;
     if (spec->upper_dir && j->root_mode && (r = stage_upper(j, spec->upper_dir, err)) < 0)
         goto fail;
