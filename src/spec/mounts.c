@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/cleanup.h"
 #include "core/fsutil.h"
@@ -87,6 +88,13 @@ int conch_mount_check(const struct conch_mount *m, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
                               "mount source '%s': not a directory (only directories are bound)",
                               m->source);
+    /* With the real ids: the user who runs conch, or the daemon's, whose clients are its own
+     * uid and root. A bind would not let the sandbox read more than the caller (the kernel
+     * checks as it reads), but a directory the caller cannot list is refused up front. */
+    if (access(m->source, R_OK | X_OK | (m->rw ? W_OK : 0)) < 0)
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno,
+                              "mount source '%s': the calling user may not %s it: %s", m->source,
+                              m->rw ? "read and write" : "read", strerror(errno));
     return 0;
 }
 

@@ -88,7 +88,9 @@ def test_run_mounts_are_fenced(ws, tmp_path):
     # the user; root may read it, and the daemon serves only its own uid and root).
     if os.geteuid() != 0:
         r = run(ws, ["type=bind,source=/root,target=/opt/root"], "ls /opt/root; echo ran")
-        assert r.rc != 0 and "ran" not in r.stdout, r.describe()
+        assert r.rc == 2 and "ran" not in r.stdout and "may not read" in r.stderr, r.describe()
+        r = run(ws, ["type=bind,source=/usr/share,target=/opt/u,rw"], "echo ran")
+        assert r.rc == 2 and "may not read and write" in r.stderr, r.describe()
 
 
 def test_daemon_mounts_survive_a_restart(daemon_factory, ws, tmp_path):
