@@ -210,10 +210,19 @@ static int stage_layers(struct conch_jail *j, const struct conch_jail_spec *spec
     int r;
     if ((r = stage_prepare(err)) < 0)
         return r;
+    /* One idmapping per host id block the layers come from (each costs a fork): a stack is
+     * mostly one sandbox's own layers. */
+    _cleanup_close_ int userns = -1;
+    uint32_t userns_from = 0;
     for (int i = 0; i < spec->n_layers; i++) {
         const struct conch_jail_layer *l = &spec->layers[i];
         uint32_t from = l->id_base ? l->id_base : j->host_id_base;
-        _cleanup_close_ int userns = conch_jail_idmap_userns_shift(from, j->host_id_base, err);
+        if (userns < 0 || from != userns_from) {
+            if (userns >= 0)
+                close(userns);
+            userns = conch_jail_idmap_userns_shift(from, j->host_id_base, err);
+            userns_from = from;
+        }
         if (userns < 0)
             return conch_err_wrap(err, "snapshot layer '%s'", l->dir);
         _cleanup_close_ int tree = conch_jail_idmapped_tree_in(l->dir, userns, false, true, err);
