@@ -78,11 +78,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } verbs[] = {{"create", conch_cli_create},   {"changes", conch_cli_changes},
-                 {"diff", conch_cli_diff},       {"commit", conch_cli_commit},
-                 {"discard", conch_cli_discard}, {"cp", conch_cli_cp},
-                 {"snapshot", conch_cli_snapshot},   {"restore", conch_cli_restore},
-                 {"fork", conch_cli_fork},           {"snapshots", conch_cli_snapshots}};
+    } verbs[] = {{"create", conch_cli_create},     {"changes", conch_cli_changes},
+                 {"diff", conch_cli_diff},         {"commit", conch_cli_commit},
+                 {"discard", conch_cli_discard},   {"cp", conch_cli_cp},
+                 {"snapshot", conch_cli_snapshot}, {"restore", conch_cli_restore},
+                 {"fork", conch_cli_fork},         {"snapshots", conch_cli_snapshots}};
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(verb, verbs[i].name))
             return verbs[i].fn(argc - 1, argv + 1);

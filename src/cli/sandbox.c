@@ -110,14 +110,15 @@ int conch_cli_create(int argc, char **argv)
 {
     struct common o = {
         .verb = "create",
-        .usage = "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
-                 "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
-                 "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
-                 "                    [--disk B] [--idle-timeout S]\n"
-                 "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
-                 "\n"
-                 "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
-                 "object). Without --workspace it gets an empty one.\n"};
+        .usage =
+            "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
+            "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
+            "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
+            "                    [--disk B] [--idle-timeout S]\n"
+            "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
+            "\n"
+            "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
+            "object). Without --workspace it gets an empty one.\n"};
     struct conch_sandbox_spec spec;
     conch_spec_defaults(&spec);
     int optind = 1;

@@ -167,10 +167,10 @@ int conch_cli_restore(int argc, char **argv)
         conch_cli_conn_close(&c);
         return 1;
     }
-    return call_print(&o, &c, "workspace.restore",
-                      json_pack("{s:s,s:s,s:b}", "sandbox", id, "snapshot", argv[optind + 1],
-                                "force", o.force),
-                      "snapshot");
+    return call_print(
+        &o, &c, "workspace.restore",
+        json_pack("{s:s,s:s,s:b}", "sandbox", id, "snapshot", argv[optind + 1], "force", o.force),
+        "snapshot");
 }
 
 /* Whether @ref names a snapshot (its id or name) the daemon has. */
@@ -276,9 +276,9 @@ int conch_cli_snapshots(int argc, char **argv)
         print_size(json_integer_value(json_object_get(e, "size")), size, sizeof(size));
         const char *name = json_string_value(json_object_get(e, "name"));
         const char *parent = json_string_value(json_object_get(e, "parent"));
-        printf("%-14s %-20s %-14s %-12s %10s %6d\n",
-               json_string_value(json_object_get(e, "id")), name ? name : "-",
-               parent ? parent : "-", json_string_value(json_object_get(e, "sandbox")), size,
+        printf("%-14s %-20s %-14s %-12s %10s %6d\n", json_string_value(json_object_get(e, "id")),
+               name ? name : "-", parent ? parent : "-",
+               json_string_value(json_object_get(e, "sandbox")), size,
                (int)json_integer_value(json_object_get(e, "depth")));
     }
     json_decref(res);

@@ -117,10 +117,10 @@ struct sandbox {
     bool as_root;
     struct conch_cgroup_limits limits;
     uint64_t tmp_bytes;
-    uint64_t disk_bytes;      /* what the workspace's upper dir may hold */
-    json_t *env;              /* object of extra environment; owned */
-    char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
-    char layer[64];           /* the snapshot its workspace is stacked on (snapshots.c); "" */
+    uint64_t disk_bytes;        /* what the workspace's upper dir may hold */
+    json_t *env;                /* object of extra environment; owned */
+    char upper_dir[PATH_MAX];   /* holds upper/ and work/; "" when not overlay */
+    char layer[64];             /* the snapshot its workspace is stacked on (snapshots.c); "" */
     struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
     unsigned n_mounts;
     char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
@@ -346,8 +346,9 @@ json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb);
 /* conch_daemon_layer_stack - the frozen layers @top and those it is stacked on, top first, as
  * a jail wants them: *@ret_layers (a new array, its paths inside the same allocation; free()
  * it) of *@ret_n. Refuses a broken chain or one deeper than CONCH_JAIL_MAX_LAYERS. */
-int conch_daemon_layer_stack(struct daemon *d, const char *top, struct conch_jail_layer **ret_layers,
-                             int *ret_n, struct conch_err *err);
+int conch_daemon_layer_stack(struct daemon *d, const char *top,
+                             struct conch_jail_layer **ret_layers, int *ret_n,
+                             struct conch_err *err);
 /* The workspace requests that restart the sandbox, run on the loop by files.c in @sb's queue of
  * workspace requests (one at a time). Each returns its result (a new object) or NULL with
  * @err (EBUSY: commands, jobs or sessions run and @params has no force). */
@@ -359,7 +360,8 @@ json_t *conch_daemon_snapshot_fork(struct sandbox *sb, json_t *params, struct co
 void conch_daemon_snapshot_fail(struct conch_rpc_call *call, const struct conch_err *err);
 void conch_daemon_handle_workspace_snapshot(struct conch_rpc_call *call, json_t *params, void *ctx);
 void conch_daemon_handle_workspace_restore(struct conch_rpc_call *call, json_t *params, void *ctx);
-void conch_daemon_handle_workspace_snapshots(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_snapshots(struct conch_rpc_call *call, json_t *params,
+                                             void *ctx);
 void conch_daemon_handle_workspace_snapshot_delete(struct conch_rpc_call *call, json_t *params,
                                                    void *ctx);
 void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *params, void *ctx);

@@ -264,7 +264,16 @@ fail:
  * meantime removes its directory only after them.
  */
 
-enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN, WS_SNAPSHOT, WS_RESTORE, WS_FORK };
+enum ws_kind {
+    WS_CHANGES,
+    WS_DIFF,
+    WS_COMMIT,
+    WS_DISCARD,
+    WS_SCAN,
+    WS_SNAPSHOT,
+    WS_RESTORE,
+    WS_FORK
+};
 
 struct ws_fds {
     int upper, lower;
@@ -744,7 +753,8 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                              "sandbox '%s' stands on snapshot '%s': its workspace cannot be "
                              "%s yet (only changes made without snapshots can be; a whole "
                              "discard, or workspace.restore, returns it to the snapshot)",
-                             sb->id, sb->layer, kind == WS_COMMIT ? "committed" : "discarded in part");
+                             sb->id, sb->layer,
+                             kind == WS_COMMIT ? "committed" : "discarded in part");
         return;
     }
     struct ws_op *w = calloc(1, sizeof(*w));

@@ -182,8 +182,8 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
     /* Its snapshots, stacked between the workspace and the upper. */
     _cleanup_free_ struct conch_jail_layer *layers = NULL;
-    if (sb->layer[0] && (r = conch_daemon_layer_stack(sb->d, sb->layer, &layers, &spec.n_layers,
-                                                      err)) < 0)
+    if (sb->layer[0] &&
+        (r = conch_daemon_layer_stack(sb->d, sb->layer, &layers, &spec.n_layers, err)) < 0)
         return conch_err_wrap(err, "sandbox '%s'", sb->id);
     spec.layers = layers;
     spec.mounts = sb->mounts;

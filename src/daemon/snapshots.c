@@ -17,9 +17,9 @@
 #include "daemon/sessions.h"
 
 /* The snapshot errors' data codes (docs/PROTOCOL.md). */
-#define E_BUSY EBUSY         /* "busy": commands, jobs or sessions would be ended */
-#define E_NOT_FOUND ENOENT   /* "snapshot_not_found" */
-#define E_IN_USE ENOTEMPTY   /* "snapshot_in_use": others build on it */
+#define E_BUSY EBUSY       /* "busy": commands, jobs or sessions would be ended */
+#define E_NOT_FOUND ENOENT /* "snapshot_not_found" */
+#define E_IN_USE ENOTEMPTY /* "snapshot_in_use": others build on it */
 
 void conch_daemon_snapshot_fail(struct conch_rpc_call *call, const struct conch_err *err)
 {
@@ -92,8 +92,9 @@ static int store_open(struct daemon *d, struct conch_err *err)
     return conch_statedir_open(d->state_dir, "layers", O_RDONLY | O_DIRECTORY, err);
 }
 
-int conch_daemon_layer_stack(struct daemon *d, const char *top, struct conch_jail_layer **ret_layers,
-                             int *ret_n, struct conch_err *err)
+int conch_daemon_layer_stack(struct daemon *d, const char *top,
+                             struct conch_jail_layer **ret_layers, int *ret_n,
+                             struct conch_err *err)
 {
     struct layers ls;
     int r = layers_load(d, &ls, err);
@@ -167,8 +168,8 @@ static int busy_check(struct sandbox *sb, const char *what, struct conch_err *er
     {
         struct run *run = conch_list_entry(pos, struct run, link);
         if (run->is_job) {
-            int w = snprintf(list + off, sizeof(list) - off, "%sjob %s", off ? ", " : "",
-                             run->job_id);
+            int w =
+                snprintf(list + off, sizeof(list) - off, "%sjob %s", off ? ", " : "", run->job_id);
             if (w > 0 && off + (size_t)w < sizeof(list))
                 off += (size_t)w;
         } else {
@@ -236,9 +237,8 @@ static json_t *layer_json(const struct conch_state_layer *l)
 {
     return json_pack("{s:s,s:s?,s:s?,s:s,s:s,s:I,s:I,s:i,s:f}", "id", l->id, "name",
                      l->name[0] ? l->name : NULL, "parent", l->parent[0] ? l->parent : NULL,
-                     "sandbox", l->sandbox, "workspace", l->workspace, "size",
-                     (json_int_t)l->size, "files", (json_int_t)l->files, "depth", l->depth,
-                     "created_at", l->created_at);
+                     "sandbox", l->sandbox, "workspace", l->workspace, "size", (json_int_t)l->size,
+                     "files", (json_int_t)l->files, "depth", l->depth, "created_at", l->created_at);
 }
 
 /* ---- snapshot ---- */
@@ -268,8 +268,8 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
     }
     if (sb->layer[0] && !parent) {
         layers_done(&ls);
-        return conch_err_set(err, ENOENT, "sandbox '%s': its snapshot '%s' is not recorded",
-                             sb->id, sb->layer);
+        return conch_err_set(err, ENOENT, "sandbox '%s': its snapshot '%s' is not recorded", sb->id,
+                             sb->layer);
     }
     /* overlayfs stacks a bounded number of layers: past the bound the new layer is the whole
      * stack squashed into one (a copy of the layers, not of the workspace). Layers written
@@ -516,9 +516,8 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
         return;
     }
     if (name && name_taken(c->d, name)) {
-        conch_rpc_call_fail_param(call, "name",
-                                  "the name '%s' is taken by another sandbox: choose another",
-                                  name);
+        conch_rpc_call_fail_param(
+            call, "name", "the name '%s' is taken by another sandbox: choose another", name);
         return;
     }
     if (sbid) {
@@ -615,8 +614,7 @@ void conch_daemon_handle_workspace_snapshot_delete(struct conch_rpc_call *call, 
         struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (sandbox_destroyed(sb) || strcmp(sb->layer, l->id))
             continue;
-        int w = snprintf(users + off, sizeof(users) - off, "%ssandbox %s", off ? ", " : "",
-                         sb->id);
+        int w = snprintf(users + off, sizeof(users) - off, "%ssandbox %s", off ? ", " : "", sb->id);
         if (w > 0 && off + (size_t)w < sizeof(users))
             off += (size_t)w;
     }

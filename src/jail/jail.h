@@ -49,7 +49,7 @@ typedef int (*conch_jail_file_serve_fn)(int sock);
  * format (whiteouts, user.overlay.* xattrs). As host root its files belong to the host id
  * block it was written with (@id_base): it is idmapped onto the sandbox's own block. */
 struct conch_jail_layer {
-    const char *dir; /* absolute host path; borrowed */
+    const char *dir;  /* absolute host path; borrowed */
     uint32_t id_base; /* as host root: the block its files belong to; 0: not shifted */
 };
 

@@ -254,8 +254,8 @@ static int stage_mounts(struct conch_jail *j, const struct conch_jail_spec *spec
         if (stat(m->source, &st) < 0 || !S_ISDIR(st.st_mode))
             return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
                                   "mount source '%s': not a directory", m->source);
-        _cleanup_close_ int tree = conch_jail_idmapped_tree(
-            m->source, j->host_id_base, false, st.st_uid, st.st_gid, !m->rw, err);
+        _cleanup_close_ int tree = conch_jail_idmapped_tree(m->source, j->host_id_base, false,
+                                                            st.st_uid, st.st_gid, !m->rw, err);
         if (tree < 0)
             return conch_err_wrap(err, "mount '%s'", m->target);
         struct stat tst;

@@ -14,12 +14,17 @@
 
 /* Targets a mount may not cover or sit beneath: the workspace, the kernel's and conch's own
  * trees, and the system the sandbox runs on. */
-static const char *const deny_under[] = {"/workspace", "/proc", "/dev", "/sys", "/run",
-                                         "/etc", "/oldroot", "/usr", "/bin", "/sbin",
-                                         "/lib", "/lib32", "/lib64", "/libx32"};
+static const char *const deny_under[] = {"/workspace", "/proc",    "/dev",   "/sys",   "/run",
+                                         "/etc",       "/oldroot", "/usr",   "/bin",   "/sbin",
+                                         "/lib",       "/lib32",   "/lib64", "/libx32"};
 /* ... and that may not be covered themselves (beneath them is fine). */
-static const char *const deny_exact[] = {"/", "/tmp", "/home", "/home/agent", "/var",
-                                         "/var/tmp", "/large_tool_results",
+static const char *const deny_exact[] = {"/",
+                                         "/tmp",
+                                         "/home",
+                                         "/home/agent",
+                                         "/var",
+                                         "/var/tmp",
+                                         "/large_tool_results",
                                          "/conversation_history"};
 
 static bool under(const char *path, const char *dir)
@@ -43,8 +48,8 @@ static int path_ok(const char *what, const char *p, struct conch_err *err)
         size_t len = e ? (size_t)(e - c) : strlen(c);
         if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                  "mount %s '%s': empty, '.' and '..' components are refused",
-                                  what, p);
+                                  "mount %s '%s': empty, '.' and '..' components are refused", what,
+                                  p);
         if (!e)
             break;
         c = e + 1;
@@ -108,8 +113,7 @@ static int set_type(struct conch_mount *m, const char *v, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
                               "mount type '%s' is not supported yet (tmpfs, bind)", v);
     else
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "mount type '%s': tmpfs or bind", v);
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount type '%s': tmpfs or bind", v);
     return 0;
 }
 

@@ -84,14 +84,14 @@ struct conch_sandbox_spec {
         uint64_t pids_max;      /* 0: none given (the jail applies CONCH_DEFAULT_PIDS) */
         uint64_t cpu_millicpus; /* 1000 = one CPU; 0: none */
     } limits;
-    uint64_t tmp_bytes;      /* size of /tmp */
-    uint64_t home_bytes;     /* size of /home/agent */
-    uint64_t disk_bytes;     /* what may be written to the workspace (and largest file) */
-    double idle_timeout;     /* seconds unused before the daemon destroys it; 0: never;
-                              * < 0: the daemon's --idle-timeout */
-    const char *name;        /* a label shown in lists; NULL: none */
-    double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
-    unsigned max_tool_calls; /* per command; 0: the bridge's default */
+    uint64_t tmp_bytes;         /* size of /tmp */
+    uint64_t home_bytes;        /* size of /home/agent */
+    uint64_t disk_bytes;        /* what may be written to the workspace (and largest file) */
+    double idle_timeout;        /* seconds unused before the daemon destroys it; 0: never;
+                                 * < 0: the daemon's --idle-timeout */
+    const char *name;           /* a label shown in lists; NULL: none */
+    double tool_timeout;        /* seconds a tool call may take; 0: the bridge's default */
+    unsigned max_tool_calls;    /* per command; 0: the bridge's default */
     struct conch_mount *mounts; /* owned (conch_spec_done frees it); n_mounts of them */
     unsigned n_mounts;
 };

@@ -90,8 +90,8 @@ static void walk_dir(int dfd, unsigned depth, struct walk *w)
     closedir(dir);
 }
 
-int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes,
-                           uint64_t *ret_files, struct conch_err *err)
+int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, uint64_t *ret_files,
+                           struct conch_err *err)
 {
     if (!conch_ws_layer_id_ok(id))
         return conch_err_set(err, EINVAL, "layer id '%s' is not valid", id);
@@ -191,7 +191,8 @@ static int copy_entry(int sdir, const char *name, int ddir, const char *dname, u
         if (mkdirat(ddir, dname, 0700) < 0)
             return -errno;
         _cleanup_close_ int s = openat(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        _cleanup_close_ int d = openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        _cleanup_close_ int d =
+            openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (s < 0 || d < 0)
             return -errno;
         int r = copy_tree(s, d, depth);

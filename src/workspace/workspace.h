@@ -268,8 +268,8 @@ int conch_ws_layer_freeze(int from_fd, const char *name, int store_fd, const cha
 
 /* conch_ws_layer_measure - the allocated bytes (*@ret_bytes) and entries (*@ret_files, may be
  * NULL) of layer @id, never following a symlink or leaving its filesystem. */
-int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes,
-                           uint64_t *ret_files, struct conch_err *err);
+int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, uint64_t *ret_files,
+                           struct conch_err *err);
 
 /* conch_ws_layer_remove - remove layer @id and everything in it (missing: 0). */
 int conch_ws_layer_remove(int store_fd, const char *id, struct conch_err *err);
