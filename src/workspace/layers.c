@@ -156,9 +156,12 @@ static int copy_attrs(int src, int dst, const struct stat *st)
     return 0;
 }
 
-static int copy_entry(int sdir, const char *name, int ddir, const char *dname, unsigned depth);
+#define LINK_FILES 1u /* hard-link regular files instead of copying them (frozen layers) */
 
-static int copy_tree(int sfd, int dfd, unsigned depth)
+static int copy_entry(int sdir, const char *name, int ddir, const char *dname, unsigned depth,
+                      unsigned flags);
+
+static int copy_tree(int sfd, int dfd, unsigned depth, unsigned flags)
 {
     int dup_fd = dup(sfd);
     if (dup_fd < 0)
@@ -172,7 +175,7 @@ static int copy_tree(int sfd, int dfd, unsigned depth)
     struct dirent *de;
     while (r >= 0 && (de = readdir(dir))) {
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-            r = copy_entry(sfd, de->d_name, dfd, de->d_name, depth + 1);
+            r = copy_entry(sfd, de->d_name, dfd, de->d_name, depth + 1, flags);
     }
     closedir(dir);
     return r;
@@ -180,7 +183,8 @@ static int copy_tree(int sfd, int dfd, unsigned depth)
 
 /* Copy @name of @sdir into @ddir as @dname (absent there): files, dirs (with what is
  * beneath), symlinks, whiteouts, with owner, mode, times and xattrs. */
-static int copy_entry(int sdir, const char *name, int ddir, const char *dname, unsigned depth)
+static int copy_entry(int sdir, const char *name, int ddir, const char *dname, unsigned depth,
+                      unsigned flags)
 {
     if (depth > LAYER_MAX_DEPTH)
         return -ELOOP;
@@ -195,7 +199,7 @@ static int copy_entry(int sdir, const char *name, int ddir, const char *dname, u
             openat(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (s < 0 || d < 0)
             return -errno;
-        int r = copy_tree(s, d, depth);
+        int r = copy_tree(s, d, depth, flags);
         return r < 0 ? r : copy_attrs(s, d, &st);
     }
     if (S_ISLNK(st.st_mode)) {
@@ -208,6 +212,9 @@ static int copy_entry(int sdir, const char *name, int ddir, const char *dname, u
             return -errno;
         return fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
     }
+    /* A frozen layer's file is never written again: a second name for it costs nothing. */
+    if (S_ISREG(st.st_mode) && (flags & LINK_FILES) && linkat(sdir, name, ddir, dname, 0) == 0)
+        return 0;
     if (S_ISREG(st.st_mode)) {
         _cleanup_close_ int s = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         _cleanup_close_ int d =
@@ -230,11 +237,11 @@ static int copy_entry(int sdir, const char *name, int ddir, const char *dname, u
     return fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 }
 
-static int merge_dir(int upper, int merged, unsigned depth);
+static int merge_dir(int upper, int merged, unsigned depth, unsigned flags);
 
 /* Put @name of the upper layer @udir over what the merged layer @mdir has there, as
  * overlayfs shows an upper entry over a lower one. */
-static int merge_entry(int udir, int mdir, const char *name, unsigned depth)
+static int merge_entry(int udir, int mdir, const char *name, unsigned depth, unsigned flags)
 {
     if (depth > LAYER_MAX_DEPTH)
         return -ELOOP;
@@ -253,7 +260,7 @@ static int merge_entry(int udir, int mdir, const char *name, unsigned depth)
             if (r < 0)
                 return r;
         }
-        int r = merge_dir(u, m, depth);
+        int r = merge_dir(u, m, depth, flags);
         if (r < 0)
             return r;
         /* The upper dir's attributes win; an opaque mark in either stays. */
@@ -269,7 +276,7 @@ static int merge_entry(int udir, int mdir, const char *name, unsigned depth)
         if (r < 0)
             return r;
     }
-    int r = copy_entry(udir, name, mdir, name, depth);
+    int r = copy_entry(udir, name, mdir, name, depth, flags);
     if (r < 0)
         return r;
     /* A dir over a whiteout or a non-dir of the layers below: nothing beneath it shows
@@ -282,7 +289,7 @@ static int merge_entry(int udir, int mdir, const char *name, unsigned depth)
     return 0;
 }
 
-static int merge_dir(int upper, int merged, unsigned depth)
+static int merge_dir(int upper, int merged, unsigned depth, unsigned flags)
 {
     int dup_fd = dup(upper);
     if (dup_fd < 0)
@@ -296,54 +303,75 @@ static int merge_dir(int upper, int merged, unsigned depth)
     struct dirent *de;
     while (r >= 0 && (de = readdir(dir))) {
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-            r = merge_entry(upper, merged, de->d_name, depth + 1);
+            r = merge_entry(upper, merged, de->d_name, depth + 1, flags);
     }
     closedir(dir);
     return r;
 }
 
+int conch_ws_layers_merge(const int *dirs, const bool *live, int n, int out_parent,
+                          const char *out_name, struct conch_err *err)
+{
+    if (n < 1)
+        return conch_err_set(err, EINVAL, "merge: no layers");
+    conch_rm_at(out_parent, out_name, CONCH_RM_ONE_FS);
+    if (mkdirat(out_parent, out_name, 0755) < 0)
+        return conch_err_set(err, errno, "merge: mkdir '%s': %s", out_name, strerror(errno));
+    _cleanup_close_ int m =
+        openat(out_parent, out_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int r = m < 0 ? -errno : 0;
+    struct stat st;
+    if (r >= 0 && fstat(dirs[n - 1], &st) < 0)
+        r = -errno;
+    if (r >= 0)
+        r = copy_tree(dirs[n - 1], m, 0, live && live[n - 1] ? 0 : LINK_FILES);
+    if (r >= 0)
+        r = copy_attrs(dirs[n - 1], m, &st);
+    for (int i = n - 2; r >= 0 && i >= 0; i--) {
+        if ((r = merge_dir(dirs[i], m, 0, live && live[i] ? 0 : LINK_FILES)) >= 0 &&
+            is_opaque(dirs[i]))
+            (void)fsetxattr(m, OPAQUE_XATTR, "y", 1, 0);
+    }
+    if (r < 0) {
+        conch_rm_at(out_parent, out_name, CONCH_RM_ONE_FS);
+        return conch_err_set(err, -r, "merge %d layers: %s", n, strerror(-r));
+    }
+    return 0;
+}
+
 int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const char *new_id,
                           struct conch_err *err)
 {
-    if (n < 1)
-        return conch_err_set(err, EINVAL, "squash: no layers");
+    if (n < 1 || n > 64)
+        return conch_err_set(err, EINVAL, "squash: 1 to 64 layers");
     if (!conch_ws_layer_id_ok(new_id))
         return conch_err_set(err, EINVAL, "layer id '%s' is not valid", new_id);
-    for (int i = 0; i < n; i++)
-        if (!conch_ws_layer_id_ok(ids[i]))
-            return conch_err_set(err, EINVAL, "layer id '%s' is not valid", ids[i]);
+    int fds[64];
+    int opened = 0, r = 0;
+    for (; opened < n; opened++) {
+        if (!conch_ws_layer_id_ok(ids[opened])) {
+            r = conch_err_set(err, EINVAL, "layer id '%s' is not valid", ids[opened]);
+            break;
+        }
+        fds[opened] = openat(store_fd, ids[opened], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fds[opened] < 0) {
+            r = conch_err_set(err, errno, "squash: open layer '%s': %s", ids[opened],
+                              strerror(errno));
+            break;
+        }
+    }
     /* Built under a temporary name and renamed into place: a crash leaves no half layer
      * under a name the store lists. */
     char tmp[80];
     snprintf(tmp, sizeof(tmp), ".squash-%s", new_id);
-    conch_rm_at(store_fd, tmp, CONCH_RM_ONE_FS);
-    int r = copy_entry(store_fd, ids[n - 1], store_fd, tmp, 0);
-    if (r < 0) {
-        conch_rm_at(store_fd, tmp, CONCH_RM_ONE_FS);
-        return conch_err_set(err, -r, "squash: copy layer '%s': %s", ids[n - 1], strerror(-r));
-    }
-    _cleanup_close_ int m = openat(store_fd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (m < 0)
-        r = -errno;
-    for (int i = n - 2; r >= 0 && i >= 0; i--) {
-        _cleanup_close_ int u =
-            openat(store_fd, ids[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (u < 0) {
-            r = -errno;
-            break;
-        }
-        if ((r = merge_dir(u, m, 0)) < 0)
-            conch_err_set(err, -r, "squash: merge layer '%s': %s", ids[i], strerror(-r));
-        else if (is_opaque(u))
-            (void)fsetxattr(m, OPAQUE_XATTR, "y", 1, 0);
-    }
-    if (r >= 0 && renameat2(store_fd, tmp, store_fd, new_id, RENAME_NOREPLACE) < 0)
+    if (r >= 0)
+        r = conch_ws_layers_merge(fds, NULL, n, store_fd, tmp, err);
+    if (r >= 0 && renameat2(store_fd, tmp, store_fd, new_id, RENAME_NOREPLACE) < 0) {
         r = conch_err_set(err, errno, "squash: rename into layer '%s': %s", new_id,
                           strerror(errno));
-    if (r < 0) {
-        if (!err->msg[0])
-            conch_err_set(err, -r, "squash: %s", strerror(-r));
         conch_rm_at(store_fd, tmp, CONCH_RM_ONE_FS);
     }
+    while (opened > 0)
+        close(fds[--opened]);
     return r;
 }

@@ -275,13 +275,24 @@ int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, ui
 int conch_ws_layer_remove(int store_fd, const char *id, struct conch_err *err);
 
 /*
+ * conch_ws_layers_merge - the stack @dirs (@n dir fds, borrowed, top first, each stacked on the
+ * next) merged into one new dir @out_name of @out_parent (replaced if there), as
+ * conch_ws_layer_squash merges: the merged view over the same base in one layer, in
+ * overlayfs's upper format. Regular files are hard-linked (frozen layers are never written
+ * again), copied where @live[i] (a mounted upper; @live may be NULL) or a link is refused.
+ * On failure nothing is left under @out_name. Returns 0 or -errno with @err.
+ */
+int conch_ws_layers_merge(const int *dirs, const bool *live, int n, int out_parent,
+                          const char *out_name, struct conch_err *err);
+
+/*
  * conch_ws_layer_squash - merge the layers @ids (@n of them, top first, each stacked on the
  * next) into one new layer @new_id that shows over the same base what the stack shows:
  * upper entries replace lower ones, whiteouts stay (they hide the base's entries), an
  * opaque dir replaces the dir below it, a dir over a lower non-dir or whiteout becomes
  * opaque. The layers themselves are untouched (the caller removes them when nothing uses
  * them). Built under a temporary name, then renamed: a failure leaves no layer @new_id.
- * Costs a copy of the layers (not of the workspace). Returns 0 or -errno with @err.
+ * Costs a walk of the layers and a hard link per file (not a copy of the workspace). Returns 0 or -errno with @err.
  */
 int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const char *new_id,
                           struct conch_err *err);

@@ -141,8 +141,8 @@ def test_snapshot_restore_fork_delete_and_restart(daemon_factory, ws):
     assert e.data_code == "invalid_params", e
     e = err_of(lambda: c.call("sandbox.fork", {"sandbox": sb, "snapshot": a}))
     assert e.data_code == "invalid_params", e
-    # A sandbox on a snapshot cannot commit (its upper holds only the changes since).
-    e = err_of(lambda: c.call("workspace.commit", {"sandbox": sb}))
+    # Some paths of a sandbox on a snapshot cannot be discarded (its upper alone is not them).
+    e = err_of(lambda: c.call("workspace.discard", {"sandbox": sb, "paths": ["keep.txt"]}))
     assert "snapshot" in str(e), e
     assert (ws / "keep.txt").read_text() == "base\n"
 
@@ -163,6 +163,23 @@ def test_snapshot_restore_fork_delete_and_restart(daemon_factory, ws):
     assert r.rc != 0 and "cannot be deleted" in r.stderr, r.describe()
     r = conch(["snapshots", *sock, "--json"])
     assert cli_snap in {x["id"] for x in json.loads(r.stdout)["snapshots"]}, r.describe()
+
+    # Changes, diff and commit of a sandbox on snapshots: its layers and its upper together
+    # against the host (state A, then one more change made after the restore).
+    sh(c, sb, "echo later > later.txt")
+    ch = {x["path"]: x["kind"] for x in c.call("workspace.changes", {"sandbox": sb})["changes"]}
+    assert ch == {"added.txt": "added", "keep.txt": "modified", "gone.txt": "deleted",
+                  "dir/old.txt": "deleted", "dir/new.txt": "added", "r1.txt": "added",
+                  "later.txt": "added"}, ch
+    diff = c.call("workspace.diff", {"sandbox": sb, "paths": ["keep.txt"]})["diff"]
+    assert "-base" in diff and "+changed" in diff, diff
+    c.call("workspace.commit", {"sandbox": sb})
+    assert sorted(os.listdir(ws)) == ["added.txt", "dir", "keep.txt", "later.txt", "r1.txt"]
+    assert (ws / "keep.txt").read_text() == "changed\n"
+    assert os.listdir(ws / "dir") == ["new.txt"]
+    assert c.call("workspace.changes", {"sandbox": sb})["changes"] == []
+    assert sh(c, sb, probe) == view_a
+    assert not os.path.exists(os.path.join(d.state_dir, "sandboxes", sb, "merged"))
 
 
 def test_deep_stack_is_squashed(daemon_factory, ws):
