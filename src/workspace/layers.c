@@ -353,7 +353,8 @@ int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const cha
             r = conch_err_set(err, EINVAL, "layer id '%s' is not valid", ids[opened]);
             break;
         }
-        fds[opened] = openat(store_fd, ids[opened], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        fds[opened] =
+            openat(store_fd, ids[opened], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fds[opened] < 0) {
             r = conch_err_set(err, errno, "squash: open layer '%s': %s", ids[opened],
                               strerror(errno));

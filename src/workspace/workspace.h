@@ -292,7 +292,8 @@ int conch_ws_layers_merge(const int *dirs, const bool *live, int n, int out_pare
  * opaque dir replaces the dir below it, a dir over a lower non-dir or whiteout becomes
  * opaque. The layers themselves are untouched (the caller removes them when nothing uses
  * them). Built under a temporary name, then renamed: a failure leaves no layer @new_id.
- * Costs a walk of the layers and a hard link per file (not a copy of the workspace). Returns 0 or -errno with @err.
+ * Costs a walk of the layers and a hard link per file (not a copy of the workspace).
+ * Returns 0 or -errno with @err.
  */
 int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const char *new_id,
                           struct conch_err *err);
