@@ -28,7 +28,8 @@ _conch()
         cword=$COMP_CWORD
     }
 
-    local commands="run doctor serve ps create exec changes diff commit discard cp start rm
+    local commands="run doctor serve ps create exec changes diff commit discard snapshot restore
+                    fork snapshots cp start rm
                     logs shell attach sessions js gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
@@ -56,7 +57,7 @@ _conch()
             COMPREPLY=($(compgen -W "overlay ro rw" -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
-        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|\
+        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|\
         --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
             return ;;
     esac
@@ -77,7 +78,7 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --tools --no-daemon --socket --json --quiet -q --help -h --" ;;
+                  --mount --tools --no-daemon --socket --json --quiet -q --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
         serve)
@@ -92,7 +93,7 @@ _conch()
             opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
-                  --cpu --tmp-size --disk --idle-timeout --help -h" ;;
+                  --cpu --tmp-size --disk --idle-timeout --mount --help -h" ;;
         exec|rm|start)
             # exec takes one sandbox, then "--" and the command.
             if [[ $cmd == exec && $args -ge 1 ]]; then
@@ -126,6 +127,19 @@ _conch()
                 return
             fi
             opts="--socket --follow -f --help -h" ;;
+        snapshot|restore|fork|snapshots)
+            if [[ $args -ge 1 ]]; then
+                return
+            fi
+            if [[ $cur != -* ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
+                return
+            fi
+            case $cmd in
+                snapshot|fork) opts="--socket --json --name --force --help -h" ;;
+                restore) opts="--socket --json --force --help -h" ;;
+                *) opts="--socket --json --delete --help -h" ;;
+            esac ;;
         changes|diff|commit|discard)
             # Options, then the sandbox, then (but for changes) paths inside it.
             if [[ $args -ge 1 ]]; then

@@ -42,6 +42,11 @@ int conch_cli_changes(int argc, char **argv);
 int conch_cli_diff(int argc, char **argv);
 int conch_cli_commit(int argc, char **argv);
 int conch_cli_discard(int argc, char **argv);
+/* snapshot.c: conch snapshot, restore, fork, snapshots */
+int conch_cli_snapshot(int argc, char **argv);
+int conch_cli_restore(int argc, char **argv);
+int conch_cli_fork(int argc, char **argv);
+int conch_cli_snapshots(int argc, char **argv);
 int conch_cli_cp(int argc, char **argv);
 
 #endif

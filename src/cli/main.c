@@ -21,6 +21,10 @@ static void usage(FILE *f)
           "  diff ID [PATH...]                print them as a unified diff\n"
           "  commit ID [PATH...]              apply them to the workspace directory\n"
           "  discard ID [PATH...]             drop them\n"
+          "  snapshot ID [--name N]           freeze its workspace into a snapshot\n"
+          "  restore ID SNAPSHOT              return its workspace to a snapshot\n"
+          "  fork ID|SNAPSHOT [--name N]      a new sandbox from a sandbox or a snapshot\n"
+          "  snapshots [ID]                   list the snapshots (--delete SNAPSHOT)\n"
           "  cp SRC DST                       copy a file in or out (ID:PATH)\n"
           "  start ID...                      start stopped sandboxes again, changes kept\n"
           "  logs [-f] JOB|SESSION            print a job's or a session's output\n"
@@ -74,9 +78,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } verbs[] = {{"create", conch_cli_create},   {"changes", conch_cli_changes},
-                 {"diff", conch_cli_diff},       {"commit", conch_cli_commit},
-                 {"discard", conch_cli_discard}, {"cp", conch_cli_cp}};
+    } verbs[] = {{"create", conch_cli_create},     {"changes", conch_cli_changes},
+                 {"diff", conch_cli_diff},         {"commit", conch_cli_commit},
+                 {"discard", conch_cli_discard},   {"cp", conch_cli_cp},
+                 {"snapshot", conch_cli_snapshot}, {"restore", conch_cli_restore},
+                 {"fork", conch_cli_fork},         {"snapshots", conch_cli_snapshots}};
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(verb, verbs[i].name))
             return verbs[i].fn(argc - 1, argv + 1);

@@ -40,6 +40,9 @@ static const char usage_text[] =
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
     "  --disk BYTES        what the command may write to the workspace (default 4G)\n"
+    "  --mount SPEC        an extra mount, docker's --mount form (repeatable, at most 8):\n"
+    "                      type=tmpfs,target=/scratch[,size=64m] or\n"
+    "                      type=bind,source=/host/dir,target=/opt/x[,rw] (read-only unless rw)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -85,7 +88,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -234,6 +237,8 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->tmp_bytes = c->spec.tmp_bytes;
     j->home_bytes = c->spec.home_bytes;
     j->disk_bytes = c->spec.disk_bytes;
+    j->mounts = c->spec.mounts;
+    j->n_mounts = c->spec.n_mounts;
 
     const char *ws = c->spec.workspace ? c->spec.workspace : ".";
     if (!realpath(ws, c->workspace))

@@ -104,19 +104,21 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_NAME | CONCH_SPEC_OPT_MODE |                        \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
-     CONCH_SPEC_OPT_IDLE_TIMEOUT)
+     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT)
 
 int conch_cli_create(int argc, char **argv)
 {
     struct common o = {
         .verb = "create",
-        .usage = "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
-                 "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
-                 "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
-                 "                    [--disk B] [--idle-timeout S]\n"
-                 "\n"
-                 "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
-                 "object). Without --workspace it gets an empty one.\n"};
+        .usage =
+            "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
+            "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
+            "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
+            "                    [--disk B] [--idle-timeout S]\n"
+            "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
+            "\n"
+            "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
+            "object). Without --workspace it gets an empty one.\n"};
     struct conch_sandbox_spec spec;
     conch_spec_defaults(&spec);
     int optind = 1;

@@ -768,7 +768,7 @@ void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, v
         json_t *sp = json_pack("{s:O?,s:O?}", "workspace", json_object_get(params, "workspace"),
                                "mode", json_object_get(params, "mode"));
         bool ok = conch_daemon_spec_from_params(call, sp, &spec);
-        if (ok && !spec.workspace && (sb = conch_daemon_pool_take(c->d)))
+        if (ok && !spec.workspace && !spec.mounts && (sb = conch_daemon_pool_take(c->d)))
             sb->from_pool = true;
         if (ok && !sb && conch_daemon_sandbox_create(c->d, &spec, &sb, &err) < 0) {
             json_decref(sp);

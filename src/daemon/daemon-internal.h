@@ -117,9 +117,12 @@ struct sandbox {
     bool as_root;
     struct conch_cgroup_limits limits;
     uint64_t tmp_bytes;
-    uint64_t disk_bytes;      /* what the workspace's upper dir may hold */
-    json_t *env;              /* object of extra environment; owned */
-    char upper_dir[PATH_MAX]; /* holds upper/ and work/; "" when not overlay */
+    uint64_t disk_bytes;        /* what the workspace's upper dir may hold */
+    json_t *env;                /* object of extra environment; owned */
+    char upper_dir[PATH_MAX];   /* holds upper/ and work/; "" when not overlay */
+    char layer[64];             /* the snapshot its workspace is stacked on (snapshots.c); "" */
+    struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
+    unsigned n_mounts;
     char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
@@ -338,6 +341,8 @@ struct sandbox_spec {
     const char *name;
     double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
     unsigned max_tool_calls; /* per command; 0: the bridge's default */
+    const char *layer;       /* the snapshot to stack the workspace on (a fork); NULL: none */
+    json_t *mounts;          /* sandbox.create's "mounts" (borrowed), or NULL */
 };
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */
@@ -347,6 +352,40 @@ struct sandbox *conch_sb_new(struct daemon *d);
 void conch_daemon_sandbox_budget_label(struct sandbox *sb);
 int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spec,
                                 struct sandbox **ret, struct conch_err *err);
+/* conch_daemon_sandbox_record - write @sb's record (its state, spec and snapshot) now. */
+int conch_daemon_sandbox_record(struct sandbox *sb, struct conch_err *err);
+/* conch_daemon_sandbox_spec_json - what sandbox.start needs to bring @sb back (its limits, its
+ * host id block...), as recorded: a new object. */
+json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb);
+
+/* ---- snapshots (snapshots.c): frozen layers of a workspace, in <state>/layers ---- */
+/* conch_daemon_layer_stack - the frozen layers @top and those it is stacked on, top first, as
+ * a jail wants them: *@ret_layers (a new array, its paths inside the same allocation; free()
+ * it) of *@ret_n. Refuses a broken chain or one deeper than CONCH_JAIL_MAX_LAYERS. */
+int conch_daemon_layer_stack(struct daemon *d, const char *top,
+                             struct conch_jail_layer **ret_layers, int *ret_n,
+                             struct conch_err *err);
+/* The workspace requests that restart the sandbox, run on the loop by files.c in @sb's queue of
+ * workspace requests (one at a time). Each returns its result (a new object) or NULL with
+ * @err (EBUSY: commands, jobs or sessions run and @params has no force). */
+json_t *conch_daemon_snapshot_take(struct sandbox *sb, json_t *params, struct conch_err *err);
+json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct conch_err *err);
+json_t *conch_daemon_snapshot_fork(struct sandbox *sb, json_t *params, struct conch_err *err);
+/* conch_daemon_snapshot_fail - answer @call with @err as the snapshot methods do (busy,
+ * snapshot_not_found, snapshot_in_use...). */
+void conch_daemon_snapshot_fail(struct conch_rpc_call *call, const struct conch_err *err);
+void conch_daemon_handle_workspace_snapshot(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_restore(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_workspace_snapshots(struct conch_rpc_call *call, json_t *params,
+                                             void *ctx);
+void conch_daemon_handle_workspace_snapshot_delete(struct conch_rpc_call *call, json_t *params,
+                                                   void *ctx);
+void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_workspace_queue - queue a snapshot, restore or fork of the sandbox named by
+ * @params' "sandbox" among its workspace requests (files.c); answered when its turn is done. */
+enum ws_queued { WS_Q_SNAPSHOT, WS_Q_RESTORE, WS_Q_FORK };
+void conch_daemon_workspace_queue(struct conch_rpc_call *call, json_t *params, void *ctx,
+                                  enum ws_queued kind);
 /* conch_daemon_sandbox_destroy - at once: fail its commands and requests, forget it (not found from
  * now on), delete its record. In a worker: end the warden, then remove its directory. */
 void conch_daemon_sandbox_destroy(struct sandbox *sb);

@@ -264,7 +264,16 @@ fail:
  * meantime removes its directory only after them.
  */
 
-enum ws_kind { WS_CHANGES, WS_DIFF, WS_COMMIT, WS_DISCARD, WS_SCAN };
+enum ws_kind {
+    WS_CHANGES,
+    WS_DIFF,
+    WS_COMMIT,
+    WS_DISCARD,
+    WS_SCAN,
+    WS_SNAPSHOT,
+    WS_RESTORE,
+    WS_FORK
+};
 
 struct ws_fds {
     int upper, lower;
@@ -285,6 +294,12 @@ struct ws_op {
     bool stopped;         /* commit: no overlay is mounted on the upper dir */
     size_t offset, limit; /* changes: the page */
     uint64_t max_bytes;   /* commit: the sandbox's disk limit (the size check) */
+    /* A sandbox on snapshots: its frozen layers (top first) and its directory, where the
+     * worker merges them with the upper into one temporary layer to compare with the host. */
+    int layer_fds[CONCH_JAIL_MAX_LAYERS];
+    int n_layer_fds;
+    int sbdir;
+    int live_upper; /* the upper dir's fd while fds.upper is the merged layer's; -1 */
     /* results, written by the worker */
     json_t *res; /* loop-side results (discard) */
     char *text;  /* worker results, serialised there */
@@ -314,9 +329,9 @@ static int ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err
     snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
     struct conch_err oerr = {0};
     fds->upper = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
-    if (fds->upper < 0 && oerr.code == ENOENT)
+    if (fds->upper < 0 && oerr.code == ENOENT && !sb->layer[0])
         return 0; /* nothing was ever written */
-    if (fds->upper < 0) {
+    if (fds->upper < 0 && oerr.code != ENOENT) {
         *err = oerr;
         return conch_err_wrap(err, "open the workspace of sandbox '%s'", sb->id);
     }
@@ -526,10 +541,43 @@ static void work_commit(struct ws_op *w)
 
 static void ws_work_kind(struct ws_op *w);
 
+/* On snapshots, the sandbox's changes against the host are those of its frozen layers and its
+ * upper together: merged into one temporary layer (hard links for the frozen files, copies
+ * of the live upper's), read in place of the upper, removed after. */
+static int merge_stack(struct ws_op *w)
+{
+    int dirs[CONCH_JAIL_MAX_LAYERS + 1];
+    bool live[CONCH_JAIL_MAX_LAYERS + 1] = {false};
+    int n = 0;
+    if (w->fds.upper >= 0) {
+        live[n] = true;
+        dirs[n++] = w->fds.upper;
+    }
+    for (int i = 0; i < w->n_layer_fds; i++)
+        dirs[n++] = w->layer_fds[i];
+    int r = conch_ws_layers_merge(dirs, live, n, w->sbdir, "merged", &w->err);
+    if (r < 0)
+        return conch_err_wrap(&w->err, "sandbox '%s': its snapshots and changes", w->sb->id);
+    int fd = openat(w->sbdir, "merged", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return conch_err_set(&w->err, errno, "open the merged layer: %s", strerror(errno));
+    w->live_upper = w->fds.upper;
+    w->fds.upper = fd;
+    return 0;
+}
+
 static void ws_work(uv_work_t *req)
 {
     struct ws_op *w = req->data;
+    if (w->n_layer_fds > 0 && (w->r = merge_stack(w)) < 0)
+        return;
     ws_work_kind(w);
+    if (w->live_upper >= 0) {
+        close(w->fds.upper);
+        w->fds.upper = w->live_upper;
+        w->live_upper = -1;
+        conch_rm_at(w->sbdir, "merged", CONCH_RM_ONE_FS);
+    }
     /* Serialising (and freeing) a result of 300,000 changes takes a second: here too. */
     if (w->res) {
         w->text = json_dumps(w->res, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -558,6 +606,9 @@ static void ws_work_kind(struct ws_op *w)
                                               &w->changes, &w->err);
         break;
     case WS_DISCARD:
+    case WS_SNAPSHOT:
+    case WS_RESTORE:
+    case WS_FORK:
         break;
     }
 }
@@ -569,6 +620,12 @@ static void ws_next(struct sandbox *sb);
 static void ws_op_free(struct ws_op *w)
 {
     ws_close(&w->fds);
+    for (int i = 0; i < w->n_layer_fds; i++)
+        close(w->layer_fds[i]);
+    if (w->sbdir >= 0)
+        close(w->sbdir);
+    if (w->live_upper >= 0)
+        close(w->live_upper);
     free(w->paths);
     json_decref(w->params);
     json_decref(w->res);
@@ -583,6 +640,8 @@ static void ws_finish(struct ws_op *w)
     struct sandbox *sb = w->sb;
     if (w->done) {
         w->done(w->done_arg, w->r, &w->changes, &w->err);
+    } else if (w->r < 0 && w->kind >= WS_SNAPSHOT) {
+        conch_daemon_snapshot_fail(w->call, &w->err);
     } else if (w->r < 0) {
         fail_ws(w->call, &w->err);
     } else if (w->text) {
@@ -644,6 +703,44 @@ static void run_discard(struct ws_op *w)
     ws_finish(w);
 }
 
+/* workspace.snapshot, workspace.restore, sandbox.fork {sandbox}: on the loop, like discard
+ * (they stop and start the sandbox; the snapshot itself is a rename). */
+static void run_snapshot(struct ws_op *w)
+{
+    ws_close(&w->fds);
+    if (w->kind == WS_SNAPSHOT)
+        w->res = conch_daemon_snapshot_take(w->sb, w->params, &w->err);
+    else if (w->kind == WS_RESTORE)
+        w->res = conch_daemon_snapshot_restore(w->sb, w->params, &w->err);
+    else
+        w->res = conch_daemon_snapshot_fork(w->sb, w->params, &w->err);
+    w->r = w->res ? 0 : -(w->err.code ? w->err.code : EIO);
+    ws_finish(w);
+}
+
+/* The frozen layers @sb stands on, and its directory, for merge_stack. */
+static int open_stack(struct sandbox *sb, struct ws_op *w, struct conch_err *err)
+{
+    _cleanup_free_ struct conch_jail_layer *layers = NULL;
+    int n = 0;
+    int r = conch_daemon_layer_stack(sb->d, sb->layer, &layers, &n, err);
+    if (r < 0)
+        return conch_err_wrap(err, "sandbox '%s'", sb->id);
+    for (int i = 0; i < n; i++) {
+        const char *slash = strrchr(layers[i].dir, '/');
+        char rel[96];
+        snprintf(rel, sizeof(rel), "layers/%s", slash ? slash + 1 : layers[i].dir);
+        int fd = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, err);
+        if (fd < 0)
+            return fd;
+        w->layer_fds[w->n_layer_fds++] = fd;
+    }
+    char rel[96];
+    snprintf(rel, sizeof(rel), "sandboxes/%s", sb->id);
+    w->sbdir = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, err);
+    return w->sbdir < 0 ? w->sbdir : 0;
+}
+
 static void ws_next(struct sandbox *sb)
 {
     if (sb->ws_running || conch_list_empty(&sb->ws_ops))
@@ -657,8 +754,17 @@ static void ws_next(struct sandbox *sb)
         return;
     }
     w->stopped = sb->state != SB_READY;
+    if (sb->layer[0] && (w->kind == WS_CHANGES || w->kind == WS_DIFF || w->kind == WS_COMMIT) &&
+        (w->r = open_stack(sb, w, &w->err)) < 0) {
+        ws_finish(w);
+        return;
+    }
     if (w->kind == WS_DISCARD) {
         run_discard(w);
+        return;
+    }
+    if (w->kind >= WS_SNAPSHOT) {
+        run_snapshot(w);
         return;
     }
     w->req.data = w;
@@ -712,6 +818,17 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                              "no sandbox '%s'", id);
         return;
     }
+    /* Its upper dir holds only the changes since its snapshot: taking some paths out of it
+     * would show the snapshot's version there, not the host's. */
+    if (kind == WS_DISCARD && paths && sb->layer[0]) {
+        free(paths);
+        conch_rpc_call_failf(call, CONCH_RPC_INVALID_PARAMS, "invalid_params", NULL,
+                             "sandbox '%s' stands on snapshot '%s': some paths cannot be "
+                             "discarded yet (a whole discard, or workspace.restore, returns it "
+                             "to a snapshot)",
+                             sb->id, sb->layer);
+        return;
+    }
     struct ws_op *w = calloc(1, sizeof(*w));
     if (!w) {
         free(paths);
@@ -728,6 +845,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     w->params = json_incref(params);
     w->paths = paths;
     w->fds.upper = w->fds.lower = -1;
+    w->sbdir = w->live_upper = -1;
     conch_daemon_sandbox_hold(sb);
     conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
@@ -743,6 +861,7 @@ int conch_daemon_sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn do
     w->done = done;
     w->done_arg = arg;
     w->fds.upper = w->fds.lower = -1;
+    w->sbdir = w->live_upper = -1;
     conch_daemon_sandbox_hold(sb);
     conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
@@ -767,4 +886,13 @@ void conch_daemon_handle_workspace_commit(struct conch_rpc_call *call, json_t *p
 void conch_daemon_handle_workspace_discard(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     ws_submit(call, params, ctx, WS_DISCARD);
+}
+
+void conch_daemon_workspace_queue(struct conch_rpc_call *call, json_t *params, void *ctx,
+                                  enum ws_queued kind)
+{
+    ws_submit(call, params, ctx,
+              kind == WS_Q_SNAPSHOT  ? WS_SNAPSHOT
+              : kind == WS_Q_RESTORE ? WS_RESTORE
+                                     : WS_FORK);
 }

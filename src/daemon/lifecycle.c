@@ -180,6 +180,14 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         spec.tmp_bytes = sb->tmp_bytes;
     spec.name = sb->id;
     spec.upper_dir = sb->upper_dir[0] ? sb->upper_dir : NULL;
+    /* Its snapshots, stacked between the workspace and the upper. */
+    _cleanup_free_ struct conch_jail_layer *layers = NULL;
+    if (sb->layer[0] &&
+        (r = conch_daemon_layer_stack(sb->d, sb->layer, &layers, &spec.n_layers, err)) < 0)
+        return conch_err_wrap(err, "sandbox '%s'", sb->id);
+    spec.layers = layers;
+    spec.mounts = sb->mounts;
+    spec.n_mounts = sb->n_mounts;
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
@@ -357,6 +365,7 @@ static void on_idle_closed(uv_handle_t *h)
         conch_budget_uncharge(sb->held.parent, left);
     }
     json_decref(sb->env);
+    free(sb->mounts);
     free(sb);
 }
 

@@ -61,6 +61,8 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
         .name = s.name,
         .tool_timeout = s.tool_timeout,
         .max_tool_calls = s.max_tool_calls,
+        /* checked by conch_spec_from_json; parsed again (into the sandbox) at creation */
+        .mounts = json_object_get(params, "mounts"),
     };
     conch_spec_done(&s);
     return true;
@@ -231,7 +233,7 @@ FS_HANDLER(handle_fs_download, "download")
         R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),                                 \
         R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
         R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
-        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0)
+        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("mounts", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
@@ -312,6 +314,14 @@ static const struct conch_rpc_param p_ws_changes[] = {
     P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
 
 static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
+static const struct conch_rpc_param p_snapshot[] = {P("sandbox", S, true), P("name", S, false),
+                                                    P("force", B, false), END};
+static const struct conch_rpc_param p_restore[] = {P("sandbox", S, true), P("snapshot", S, true),
+                                                   P("force", B, false), END};
+static const struct conch_rpc_param p_fork[] = {P("sandbox", S, false), P("snapshot", S, false),
+                                                P("name", S, false), P("force", B, false), END};
+static const struct conch_rpc_param p_snapshots[] = {P("sandbox", S, false), END};
+static const struct conch_rpc_param p_snapshot_delete[] = {P("snapshot", S, true), END};
 static const struct conch_rpc_param p_tools_register[] = {P("sandbox", S, true),
                                                           P("tools", A, true), END};
 static const struct conch_rpc_param p_agents_register[] = {P("sandbox", S, true),
@@ -385,6 +395,11 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"workspace.diff", p_ws, conch_daemon_handle_workspace_diff},
     {"workspace.commit", p_ws, conch_daemon_handle_workspace_commit},
     {"workspace.discard", p_ws, conch_daemon_handle_workspace_discard},
+    {"workspace.snapshot", p_snapshot, conch_daemon_handle_workspace_snapshot},
+    {"workspace.restore", p_restore, conch_daemon_handle_workspace_restore},
+    {"workspace.snapshots", p_snapshots, conch_daemon_handle_workspace_snapshots},
+    {"workspace.snapshot_delete", p_snapshot_delete, conch_daemon_handle_workspace_snapshot_delete},
+    {"sandbox.fork", p_fork, conch_daemon_handle_sandbox_fork},
     {"tools.register", p_tools_register, conch_daemon_handle_tools_register},
     {"tools.unregister", p_names, conch_daemon_handle_tools_unregister},
     {"tools.list", p_sandbox, conch_daemon_handle_tools_list},

@@ -88,13 +88,14 @@ static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
     return sandbox_running_json(
-        sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I}", "id", sb->id, "name",
+        sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I,s:s?}", "id", sb->id, "name",
                       sb->name[0] ? sb->name : NULL, "state",
                       sb->state == SB_READY ? "running" : "stopped", "workspace",
                       sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
                       "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
                       sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
-                      sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held)));
+                      sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held),
+                      "snapshot", sb->layer[0] ? sb->layer : NULL));
 }
 
 static void on_idle(uv_timer_t *t)
@@ -317,6 +318,57 @@ void conch_sb_sample_start(struct sandbox *sb)
     }
 }
 
+static int record(struct sandbox *sb, struct conch_err *err);
+static json_t *spec_json_base(const struct sandbox *sb);
+
+/* Parse @arr (sandbox.create's "mounts", or a record's) into @sb's own list. */
+static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err)
+{
+    if (!arr || json_is_null(arr))
+        return 0;
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    int r = conch_spec_mounts_from_json(&s, arr, err);
+    if (r >= 0) {
+        free(sb->mounts);
+        sb->mounts = s.mounts;
+        sb->n_mounts = s.n_mounts;
+        s.mounts = NULL;
+    }
+    conch_spec_done(&s);
+    return r;
+}
+
+json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
+{
+    json_t *spec = spec_json_base(sb);
+    if (spec && sb->n_mounts) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < sb->n_mounts; i++)
+            json_array_append_new(arr, conch_mount_to_json(&sb->mounts[i]));
+        json_object_set_new(spec, "mounts", arr);
+    }
+    return spec;
+}
+
+static json_t *spec_json_base(const struct sandbox *sb)
+{
+    /* Everything sandbox.start needs to bring it back as it was: its limits, and (as root)
+     * the host id block that owns its upper dir's files. */
+    return json_pack("{s:b,s:I,s:I,s:s?,s:O?,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "as_root", sb->as_root,
+                     "ws_dev", (json_int_t)sb->ws_dev, "ws_ino", (json_int_t)sb->ws_ino, "rootfs",
+                     sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env, "memory",
+                     (json_int_t)sb->limits.memory_bytes, "pids", (json_int_t)sb->limits.pids_max,
+                     "cpu_milli", (json_int_t)sb->limits.cpu_millicpus, "tmp_size",
+                     (json_int_t)sb->tmp_bytes, "disk", (json_int_t)sb->disk_bytes, "idle_timeout",
+                     sb->idle_timeout, "host_id_base", (json_int_t)sb->ids.base);
+}
+
+int conch_daemon_sandbox_record(struct sandbox *sb, struct conch_err *err)
+{
+    return record(sb, err);
+}
+
 /* Write @sb's record. Returns 0, or -errno with @err (the database is full, read-only...). */
 static int record(struct sandbox *sb, struct conch_err *err)
 {
@@ -328,16 +380,8 @@ static int record(struct sandbox *sb, struct conch_err *err)
     snprintf(rec.mode, sizeof(rec.mode), "%s", conch_ws_mode_name(sb->mode));
     snprintf(rec.state, sizeof(rec.state), "%s", sb->state == SB_READY ? "running" : "stopped");
     snprintf(rec.upper_dir, sizeof(rec.upper_dir), "%s", sb->upper_dir);
-    /* Everything sandbox.start needs to bring it back as it was: its limits, and (as root)
-     * the host id block that owns its upper dir's files. */
-    json_t *spec =
-        json_pack("{s:b,s:I,s:I,s:s?,s:O?,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "as_root", sb->as_root,
-                  "ws_dev", (json_int_t)sb->ws_dev, "ws_ino", (json_int_t)sb->ws_ino, "rootfs",
-                  sb->rootfs[0] ? sb->rootfs : NULL, "env", sb->env, "memory",
-                  (json_int_t)sb->limits.memory_bytes, "pids", (json_int_t)sb->limits.pids_max,
-                  "cpu_milli", (json_int_t)sb->limits.cpu_millicpus, "tmp_size",
-                  (json_int_t)sb->tmp_bytes, "disk", (json_int_t)sb->disk_bytes, "idle_timeout",
-                  sb->idle_timeout, "host_id_base", (json_int_t)sb->ids.base);
+    snprintf(rec.layer, sizeof(rec.layer), "%s", sb->layer);
+    json_t *spec = conch_daemon_sandbox_spec_json(sb);
     rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     rec.warden_pid = sb->jail ? conch_jail_warden_pid(sb->jail) : 0;
@@ -440,7 +484,11 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
     sb->tool_timeout = spec->tool_timeout;
     sb->max_tool_calls = spec->max_tool_calls;
+    if (spec->layer)
+        snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
     int r;
+    if ((r = sandbox_mounts(sb, spec->mounts, err)) < 0)
+        goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
         int n =
             snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s/sandboxes/%s", d->state_dir, sb->id);
@@ -534,6 +582,7 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         snprintf(sb->workspace, sizeof(sb->workspace), "%s", list[i].workspace);
         conch_ws_mode_parse(list[i].mode[0] ? list[i].mode : "overlay", &sb->mode, NULL);
         snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s", list[i].upper_dir);
+        snprintf(sb->layer, sizeof(sb->layer), "%s", list[i].layer);
         sb->created_at = list[i].created_at;
         sb->last_used_at = list[i].last_used_at;
         json_t *spec = list[i].spec_json ? json_loads(list[i].spec_json, 0, NULL) : NULL;
@@ -545,6 +594,8 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
             snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
         json_t *env = json_object_get(spec, "env");
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
+        if (sandbox_mounts(sb, json_object_get(spec, "mounts"), &err) < 0)
+            log_warn("sandbox %s: its recorded mounts: %s", list[i].id, err.msg);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
         sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));

@@ -710,3 +710,22 @@ void conch_daemon_sessions_recover(struct daemon *d)
     closedir(dh);
     sessions_trim(d);
 }
+
+size_t conch_daemon_sessions_live(const struct sandbox *sb, char *buf, size_t size)
+{
+    size_t n = 0, off = 0;
+    if (size)
+        buf[0] = '\0';
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sessions)
+    {
+        struct session *s = conch_list_entry(pos, struct session, link);
+        if (s->state == SS_ENDED || strcmp(s->sandbox_id, sb->id))
+            continue;
+        n++;
+        int w = snprintf(buf + off, off < size ? size - off : 0, "%s%s", off ? ", " : "", s->id);
+        if (w > 0 && off + (size_t)w < size)
+            off += (size_t)w;
+    }
+    return n;
+}

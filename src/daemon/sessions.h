@@ -4,6 +4,7 @@
 #ifndef CONCH_DAEMON_SESSIONS_H
 #define CONCH_DAEMON_SESSIONS_H
 
+#include <stddef.h>
 #include <jansson.h>
 
 #include "rpc/rpc.h"
@@ -28,5 +29,9 @@ struct sandbox;
  * sessions, ended with it, hold nothing more for it (their scrollback and keys are uncharged
  * from its budget; the ended sessions' scrollback stays as it is, listed). */
 void conch_daemon_sessions_sandbox_gone(struct sandbox *sb);
+
+/* conch_daemon_sessions_live - how many sessions of @sb have a shell (starting or live); their
+ * ids, comma-separated, in @buf (@size bytes, cut short when full). */
+size_t conch_daemon_sessions_live(const struct sandbox *sb, char *buf, size_t size);
 
 #endif

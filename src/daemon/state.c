@@ -58,6 +58,22 @@ static const char *const migrations[] = {
     ");"
     "CREATE INDEX jobs_by_sandbox ON jobs(sandbox_id);"
     "PRAGMA user_version = 1;",
+    /* 1 -> 2: snapshots (frozen layers) and the one each sandbox is stacked on */
+    "ALTER TABLE sandboxes ADD COLUMN layer TEXT NOT NULL DEFAULT '';"
+    "CREATE TABLE layers ("
+    "  id TEXT PRIMARY KEY NOT NULL,"
+    "  name TEXT NOT NULL DEFAULT '',"
+    "  parent TEXT NOT NULL DEFAULT '',"
+    "  workspace TEXT NOT NULL DEFAULT '',"
+    "  sandbox TEXT NOT NULL DEFAULT '',"
+    "  id_base INTEGER NOT NULL DEFAULT 0,"
+    "  size INTEGER NOT NULL DEFAULT 0,"
+    "  files INTEGER NOT NULL DEFAULT 0,"
+    "  depth INTEGER NOT NULL DEFAULT 1,"
+    "  created_at REAL NOT NULL DEFAULT 0,"
+    "  spec_json TEXT"
+    ");"
+    "PRAGMA user_version = 2;",
 };
 
 _Static_assert(ARRAY_SIZE(migrations) == CONCH_STATE_SCHEMA_VERSION,
@@ -408,7 +424,7 @@ static int grow(void **list, size_t *cap, size_t n, size_t elem)
 
 #define SANDBOX_COLS                                                                               \
     "id, name, workspace, mode, spec_json, state, upper_dir, warden_pid, warden_starttime, "       \
-    "created_at, last_used_at"
+    "created_at, last_used_at, layer"
 
 void conch_state_sandbox_done(struct conch_state_sandbox *sb)
 {
@@ -440,6 +456,7 @@ static int sandbox_from_row(sqlite3_stmt *s, struct conch_state_sandbox *sb)
     sb->warden_starttime = (unsigned long long)sqlite3_column_int64(s, 8);
     sb->created_at = sqlite3_column_double(s, 9);
     sb->last_used_at = sqlite3_column_double(s, 10);
+    col_copy(s, 11, sb->layer, sizeof(sb->layer));
     return 0;
 }
 
@@ -447,7 +464,8 @@ int conch_state_sandbox_put(struct conch_state *st, const struct conch_state_san
                             struct conch_err *err)
 {
     if (!TERMINATED(sb->id) || !TERMINATED(sb->name) || !TERMINATED(sb->workspace) ||
-        !TERMINATED(sb->mode) || !TERMINATED(sb->state) || !TERMINATED(sb->upper_dir))
+        !TERMINATED(sb->mode) || !TERMINATED(sb->state) || !TERMINATED(sb->upper_dir) ||
+        !TERMINATED(sb->layer))
         return conch_err_set(err, EINVAL, "record sandbox: a field is not NUL-terminated");
     if (!sb->id[0])
         return conch_err_set(err, EINVAL, "record sandbox: empty id");
@@ -461,13 +479,14 @@ int conch_state_sandbox_put(struct conch_state *st, const struct conch_state_san
     _cleanup_stmt_ sqlite3_stmt *s = NULL;
     int r = prepare(st,
                     "INSERT INTO sandboxes (" SANDBOX_COLS ") "
-                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
                     "ON CONFLICT(id) DO UPDATE SET name = excluded.name, "
                     "workspace = excluded.workspace, mode = excluded.mode, "
                     "spec_json = excluded.spec_json, state = excluded.state, "
                     "upper_dir = excluded.upper_dir, warden_pid = excluded.warden_pid, "
                     "warden_starttime = excluded.warden_starttime, "
-                    "created_at = excluded.created_at, last_used_at = excluded.last_used_at",
+                    "created_at = excluded.created_at, last_used_at = excluded.last_used_at, "
+                    "layer = excluded.layer",
                     &s, err);
     if (r < 0)
         return r;
@@ -485,6 +504,7 @@ int conch_state_sandbox_put(struct conch_state *st, const struct conch_state_san
     sqlite3_bind_int64(s, 9, (sqlite3_int64)sb->warden_starttime);
     sqlite3_bind_double(s, 10, sb->created_at);
     sqlite3_bind_double(s, 11, sb->last_used_at);
+    bind_text(s, 12, sb->layer);
     r = step_done(st, s, "record sandbox", NULL, err);
     if (r < 0)
         return conch_err_wrap(err, "sandbox '%s'", sb->id);
@@ -627,6 +647,121 @@ int conch_state_sandbox_delete(struct conch_state *st, const char *id, struct co
     if ((r = step_done(st, s, "delete sandbox", &changes, err)) < 0)
         return r;
     return changes ? 0 : not_found(err, "sandbox", id);
+}
+
+/* ---- layers (snapshots) ---- */
+
+#define LAYER_COLS                                                                                 \
+    "id, name, parent, workspace, sandbox, id_base, size, files, depth, created_at, spec_json"
+
+void conch_state_layer_done(struct conch_state_layer *l)
+{
+    if (!l)
+        return;
+    free(l->spec_json);
+    l->spec_json = NULL;
+}
+
+void conch_state_layer_free_list(struct conch_state_layer *list, size_t n)
+{
+    for (size_t i = 0; list && i < n; i++)
+        conch_state_layer_done(&list[i]);
+    free(list);
+}
+
+static int layer_from_row(sqlite3_stmt *s, struct conch_state_layer *l)
+{
+    memset(l, 0, sizeof(*l));
+    col_copy(s, 0, l->id, sizeof(l->id));
+    col_copy(s, 1, l->name, sizeof(l->name));
+    col_copy(s, 2, l->parent, sizeof(l->parent));
+    col_copy(s, 3, l->workspace, sizeof(l->workspace));
+    col_copy(s, 4, l->sandbox, sizeof(l->sandbox));
+    l->id_base = (uint32_t)sqlite3_column_int64(s, 5);
+    l->size = (uint64_t)sqlite3_column_int64(s, 6);
+    l->files = (uint64_t)sqlite3_column_int64(s, 7);
+    l->depth = (int)sqlite3_column_int64(s, 8);
+    l->created_at = sqlite3_column_double(s, 9);
+    return col_dup(s, 10, &l->spec_json) < 0 ? -ENOMEM : 0;
+}
+
+int conch_state_layer_put(struct conch_state *st, const struct conch_state_layer *l,
+                          struct conch_err *err)
+{
+    if (!TERMINATED(l->id) || !TERMINATED(l->name) || !TERMINATED(l->parent) ||
+        !TERMINATED(l->workspace) || !TERMINATED(l->sandbox) || !l->id[0])
+        return conch_err_set(err, EINVAL, "record layer: an empty id or an unterminated field");
+    LOCK_SCOPE(st);
+    _cleanup_stmt_ sqlite3_stmt *s = NULL;
+    int r = prepare(st,
+                    "INSERT INTO layers (" LAYER_COLS ") "
+                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+                    "ON CONFLICT(id) DO UPDATE SET name = excluded.name, "
+                    "parent = excluded.parent, workspace = excluded.workspace, "
+                    "sandbox = excluded.sandbox, id_base = excluded.id_base, "
+                    "size = excluded.size, files = excluded.files, depth = excluded.depth, "
+                    "created_at = excluded.created_at, spec_json = excluded.spec_json",
+                    &s, err);
+    if (r < 0)
+        return r;
+    bind_text(s, 1, l->id);
+    bind_text(s, 2, l->name);
+    bind_text(s, 3, l->parent);
+    bind_text(s, 4, l->workspace);
+    bind_text(s, 5, l->sandbox);
+    sqlite3_bind_int64(s, 6, l->id_base);
+    sqlite3_bind_int64(s, 7, (sqlite3_int64)l->size);
+    sqlite3_bind_int64(s, 8, (sqlite3_int64)l->files);
+    sqlite3_bind_int64(s, 9, l->depth);
+    sqlite3_bind_double(s, 10, l->created_at);
+    if (l->spec_json)
+        bind_text(s, 11, l->spec_json);
+    else
+        sqlite3_bind_null(s, 11);
+    if ((r = step_done(st, s, "record layer", NULL, err)) < 0)
+        return conch_err_wrap(err, "layer '%s'", l->id);
+    return 0;
+}
+
+int conch_state_layer_list(struct conch_state *st, struct conch_state_layer **ret, size_t *ret_n,
+                           struct conch_err *err)
+{
+    LOCK_SCOPE(st);
+    _cleanup_stmt_ sqlite3_stmt *s = NULL;
+    int r = prepare(st, "SELECT " LAYER_COLS " FROM layers ORDER BY created_at, id", &s, err);
+    if (r < 0)
+        return r;
+    struct conch_state_layer *list = NULL;
+    size_t n = 0, cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (grow((void **)&list, &cap, n, sizeof(*list)) < 0 || layer_from_row(s, &list[n]) < 0) {
+            conch_state_layer_free_list(list, cap);
+            return conch_err_set(err, ENOMEM, "list layers: out of memory");
+        }
+        n++;
+    }
+    if (rc != SQLITE_DONE) {
+        conch_state_layer_free_list(list, cap);
+        return sql_fail(st, rc, err, "list layers");
+    }
+    *ret = list;
+    *ret_n = n;
+    return 0;
+}
+
+int conch_state_layer_delete(struct conch_state *st, const char *id, struct conch_err *err)
+{
+    LOCK_SCOPE(st);
+    _cleanup_stmt_ sqlite3_stmt *s = NULL;
+    int r = prepare(st, "DELETE FROM layers WHERE id = ?1", &s, err);
+    if (r < 0)
+        return r;
+    bind_text(s, 1, id);
+    int changes = 0;
+    if ((r = step_done(st, s, "delete layer", &changes, err)) < 0)
+        return r;
+    return changes ? 0 : not_found(err, "layer", id);
 }
 
 /* ---- jobs ---- */

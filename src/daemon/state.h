@@ -6,13 +6,14 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "core/error.h"
 
 /* The schema version this code writes (PRAGMA user_version). A database with a newer
  * version is refused; older ones are migrated forward on open. */
-#define CONCH_STATE_SCHEMA_VERSION 1
+#define CONCH_STATE_SCHEMA_VERSION 2
 
 /* An open database. Opaque; every function below is safe to call from several threads
  * (calls are serialised on an internal mutex). */
@@ -71,6 +72,7 @@ struct conch_state_sandbox {
     pid_t warden_pid;     /* 0 when none */
     unsigned long long warden_starttime; /* field 22 of /proc/<pid>/stat (pid reuse guard) */
     double created_at, last_used_at;     /* seconds since the epoch */
+    char layer[64]; /* the snapshot (frozen layer) its workspace is stacked on; "" for none */
 };
 
 /* conch_state_sandbox_done - free @sb's owned fields (spec_json). NULL is fine. */
@@ -123,6 +125,37 @@ int conch_state_sandbox_mark_stopped(struct conch_state *st, const char *id, dou
 /* conch_state_sandbox_delete - delete @id and (ON DELETE CASCADE) its jobs.
  * -ENOENT when absent. */
 int conch_state_sandbox_delete(struct conch_state *st, const char *id, struct conch_err *err);
+
+/* ---- layers (snapshots) ---- */
+
+/* One frozen layer of the layer store (workspace/layers.c): a snapshot. spec_json is owned
+ * (conch_state_layer_done frees it) and may be NULL. */
+struct conch_state_layer {
+    char id[64];
+    char name[128];       /* "" when unnamed */
+    char parent[64];      /* the layer it is stacked on; "" for the workspace itself */
+    char workspace[4096]; /* the host dir at the bottom of its stack */
+    char sandbox[64];     /* the sandbox it was taken of */
+    uint32_t id_base;     /* as host root: the host id block its files belong to; 0 otherwise */
+    uint64_t size, files; /* allocated bytes and entries (conch_ws_layer_measure) */
+    int depth;            /* layers in its stack, itself included */
+    double created_at;
+    char *spec_json; /* owned: the sandbox's spec, for a fork once that sandbox is gone */
+};
+
+/* conch_state_layer_done - free @l's owned fields. NULL is fine. */
+void conch_state_layer_done(struct conch_state_layer *l);
+/* conch_state_layer_free_list - _done every record of @list (@n), then free it. */
+void conch_state_layer_free_list(struct conch_state_layer *list, size_t n);
+/* conch_state_layer_put - insert @l or update the record with its id. @l borrowed. */
+int conch_state_layer_put(struct conch_state *st, const struct conch_state_layer *l,
+                          struct conch_err *err);
+/* conch_state_layer_list - every layer, oldest first, as a new array (free with
+ * conch_state_layer_free_list). */
+int conch_state_layer_list(struct conch_state *st, struct conch_state_layer **ret, size_t *ret_n,
+                           struct conch_err *err);
+/* conch_state_layer_delete - delete the record @id. -ENOENT when absent. */
+int conch_state_layer_delete(struct conch_state *st, const char *id, struct conch_err *err);
 
 /* ---- jobs ---- */
 

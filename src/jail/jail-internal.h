@@ -34,6 +34,8 @@ struct conch_jail {
     char root_stage_dir[256];
     bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
     char upper_stage_dir[256];
+    int n_layer_stages; /* staging dirs <stage>/<name>-l<i> of the idmapped layers */
+    int n_mount_stages; /* staging dirs <stage>/<name>-m<i> of bind mounts' sources */
     char name[64];
     uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
@@ -117,6 +119,17 @@ struct jail_plan {
     /* workspace upper on disk (persistent) instead of a tmpfs */
     bool upper_on_disk;
     char upper_dir[PATH_MAX]; /* before pivot: contains upper/ and work/ */
+    /* frozen layers above ws_lower, before pivot, top first, each followed by ':' ("": none) */
+    char ws_layers[4096];
+    /* extra mounts: a bind's source before pivot ("/oldroot..."), its target after */
+    struct jail_mount {
+        int type; /* enum conch_mount_type */
+        bool rw;
+        uint64_t bytes;
+        char src[PATH_MAX];
+        char dst[1024];
+    } mounts[CONCH_SPEC_MOUNTS_MAX];
+    int n_mounts;
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
@@ -457,6 +470,10 @@ int conch_jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole
  * fork), and a clone of @path idmapped through it. */
 int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
                             struct conch_err *err);
+/* conch_jail_idmap_userns_shift - a user namespace mapping the host id block at @from onto the
+ * one at @to (CONCH_HOST_ID_COUNT ids, uids and gids): a frozen layer written by one sandbox
+ * is seen by another with its own ids. Returns an fd. */
+int conch_jail_idmap_userns_shift(uint32_t from, uint32_t to, struct conch_err *err);
 int conch_jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
                                 struct conch_err *err);
 /* conch_jail_stage_attach - move_mount detached mount @tree_fd onto @dir (over what is there). No

@@ -41,6 +41,18 @@ typedef int (*conch_jail_file_fn)(int req_fd, int resp_fd);
  */
 typedef int (*conch_jail_file_serve_fn)(int sock);
 
+/* At most this many frozen layers under a sandbox's upper (overlayfs itself takes 500; the
+ * daemon squashes or refuses before, see docs/ARCHITECTURE.md "Snapshots"). */
+#define CONCH_JAIL_MAX_LAYERS 32
+
+/* A frozen, read-only layer of the workspace (a snapshot): a host dir in overlayfs's upper
+ * format (whiteouts, user.overlay.* xattrs). As host root its files belong to the host id
+ * block it was written with (@id_base): it is idmapped onto the sandbox's own block. */
+struct conch_jail_layer {
+    const char *dir;  /* absolute host path; borrowed */
+    uint32_t id_base; /* as host root: the block its files belong to; 0: not shifted */
+};
+
 /* What a sandbox is made of. Strings are borrowed for the duration of conch_jail_start. */
 struct conch_jail_spec {
     const char *rootfs;    /* NULL: the host's /usr (+/bin,/lib..) and a curated /etc */
@@ -62,6 +74,15 @@ struct conch_jail_spec {
     /* Host dir holding the overlay's upper/ and work/, kept after the sandbox (for changes
      * and commit); NULL: a tmpfs of disk_bytes that lives as long as the warden. */
     const char *upper_dir;
+    /* Frozen layers between the workspace (the bottom) and the upper, top first (overlay
+     * mode only); @n_layers at most CONCH_JAIL_MAX_LAYERS. Borrowed. */
+    const struct conch_jail_layer *layers;
+    int n_layers;
+    /* Extra mounts (spec/spec.h: tmpfs, bind), checked by conch_mount_check; at most
+     * CONCH_SPEC_MOUNTS_MAX. A bind's source is opened with the caller's rights (as host
+     * root: idmapped like the workspace, its owner shown as the command's user). Borrowed. */
+    const struct conch_mount *mounts;
+    unsigned n_mounts;
     conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* The JS worker's loop (a persistent worker fenced as the file server); NULL:

@@ -357,10 +357,12 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         if (chmod(upper, lower.st_mode & 07777) < 0)
             return fail(err, "chmod workspace upper", upper, errno);
     }
-    char ovl[3 * PATH_MAX + 128];
-    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
-                     plan->ws_lower, upper, work);
-    if (n < 0 || (size_t)n >= sizeof(ovl))
+    /* Frozen layers (snapshots) stack above the workspace, top first. */
+    char ovl[3 * PATH_MAX + sizeof(plan->ws_layers) + 128];
+    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s%s,upperdir=%s,workdir=%s,userxattr",
+                     plan->ws_layers, plan->ws_lower, upper, work);
+    /* mount(2) reads one page of options. */
+    if (n < 0 || (size_t)n >= sizeof(ovl) || n >= 4096)
         return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
     if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
         int e = errno;
@@ -432,6 +434,47 @@ static int setup_ptc(const struct jail_plan *plan, int *ret_ptc_fd, struct conch
             return fail(err, "tool bridge: listen on", path, e);
         }
         *ret_ptc_fd = fd;
+    }
+    return 0;
+}
+
+/* mkdir -p @path (absolute, checked by conch_mount_check) in the new root. */
+static int make_dirs(const char *path, struct conch_err *err)
+{
+    char p[1024];
+    size_t n = strlen(path);
+    if (n >= sizeof(p))
+        return conch_err_set(err, ENAMETOOLONG, "mount target too long");
+    memcpy(p, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0')
+            continue;
+        char c = p[i];
+        p[i] = '\0';
+        struct stat st;
+        /* Never through a link the root holds (the agent links into /tmp). */
+        if (lstat(p, &st) == 0 ? !S_ISDIR(st.st_mode) : mkdir(p, 0755) < 0)
+            return fail(err, "mount target: mkdir", p, errno ? errno : ENOTDIR);
+        p[i] = c;
+    }
+    return 0;
+}
+
+/* The caller's extra mounts (tmpfs, bind), last before the root turns read-only. */
+static int setup_extra_mounts(const struct jail_plan *plan, struct conch_err *err)
+{
+    for (int i = 0; i < plan->n_mounts; i++) {
+        const struct jail_mount *m = &plan->mounts[i];
+        int r;
+        errno = 0;
+        if ((r = make_dirs(m->dst, err)) < 0)
+            return r;
+        if (m->type == CONCH_MOUNT_TMPFS)
+            r = mount_agent_tmpfs(plan, m->dst, 0755, m->bytes, err);
+        else
+            r = bind_mount(m->src, m->dst, true, m->rw, 0, err);
+        if (r < 0)
+            return conch_err_wrap(err, "mount '%s'", m->dst);
     }
     return 0;
 }
@@ -509,7 +552,7 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
         if (symlink(agent_links[i][0], agent_links[i][1]) < 0 && errno != EEXIST)
             return fail(err, "symlink", agent_links[i][1], errno);
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
-        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0)
+        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0)
         return r;
 
     if (umount2(OLDROOT, MNT_DETACH) < 0)

@@ -98,6 +98,22 @@ int conch_jail_lower_rlimit(int res, rlim_t cur, rlim_t max)
 /* What a command may write beneath (Landlock); the first entry is the workspace. */
 static const char *const writable_paths[] = {"/workspace", "/tmp", "/home/agent", "/dev",
                                              "/proc",      "/run", NULL};
+#define N_WRITABLE (sizeof(writable_paths) / sizeof(writable_paths[0]))
+
+/* writable_paths and the caller's writable extra mounts (tmpfs, rw binds) into @out (room for
+ * N_WRITABLE + CONCH_SPEC_MOUNTS_MAX), NULL-terminated; no allocation. */
+static const char **writable_list(const struct jail_plan *plan, const char **out)
+{
+    size_t n = 0;
+    for (; writable_paths[n]; n++)
+        out[n] = writable_paths[n];
+    for (int i = 0; i < plan->n_mounts && i < CONCH_SPEC_MOUNTS_MAX; i++)
+        if (plan->mounts[i].type == CONCH_MOUNT_TMPFS || plan->mounts[i].rw)
+            out[n++] = plan->mounts[i].dst;
+    out[n] = NULL;
+    return out;
+}
+
 static const char *const workspace_path[] = {"/workspace", NULL};
 
 /* Apply every fence of a command to the calling process: rlimits, identity, capabilities,
@@ -144,10 +160,12 @@ static int fence_self(const struct jail_plan *plan, const struct conch_seccomp_p
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return -errno;
     *step = "apply Landlock";
+    const char *writable[N_WRITABLE + CONCH_SPEC_MOUNTS_MAX];
+    writable_list(plan, writable);
     if (ret_ruleset)
-        r = conch_landlock_prepare_child(writable_paths + 1, ret_ruleset);
+        r = conch_landlock_prepare_child(writable + 1, ret_ruleset);
     else
-        r = conch_landlock_apply_child(writable_paths);
+        r = conch_landlock_apply_child(writable);
     if (r < 0)
         return r;
     *step = "install seccomp filter";

@@ -167,6 +167,18 @@ static void unstage(struct conch_jail *j)
         rmdir(j->root_stage_dir);
         j->mounted_root_stage = false;
     }
+    for (; j->n_mount_stages > 0; j->n_mount_stages--) {
+        char dir[320];
+        snprintf(dir, sizeof(dir), STAGE_ROOT "/%s-m%d", j->name, j->n_mount_stages - 1);
+        umount2(dir, MNT_DETACH);
+        rmdir(dir);
+    }
+    for (; j->n_layer_stages > 0; j->n_layer_stages--) {
+        char dir[320];
+        snprintf(dir, sizeof(dir), STAGE_ROOT "/%s-l%d", j->name, j->n_layer_stages - 1);
+        umount2(dir, MNT_DETACH);
+        rmdir(dir);
+    }
 }
 
 /* The on-disk upper dir may sit under directories the sandbox's host ids cannot traverse
@@ -186,6 +198,130 @@ static int stage_upper(struct conch_jail *j, const char *upper_dir, struct conch
     if ((r = stage_tree(tree, j->upper_stage_dir, sizeof(j->upper_stage_dir), name, err)) < 0)
         return r;
     j->mounted_upper_stage = true;
+    return 0;
+}
+
+/* Host root: a frozen layer's files belong to the host id block of the sandbox that wrote
+ * it, which this sandbox's ids cannot use (and the state dir above it is 0700): each layer
+ * is cloned read-only, idmapped from that block onto this sandbox's, and staged. */
+static int stage_layers(struct conch_jail *j, const struct conch_jail_spec *spec,
+                        struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    /* One idmapping per host id block the layers come from (each costs a fork): a stack is
+     * mostly one sandbox's own layers. */
+    _cleanup_close_ int userns = -1;
+    uint32_t userns_from = 0;
+    for (int i = 0; i < spec->n_layers; i++) {
+        const struct conch_jail_layer *l = &spec->layers[i];
+        uint32_t from = l->id_base ? l->id_base : j->host_id_base;
+        if (userns < 0 || from != userns_from) {
+            if (userns >= 0)
+                close(userns);
+            userns = conch_jail_idmap_userns_shift(from, j->host_id_base, err);
+            userns_from = from;
+        }
+        if (userns < 0)
+            return conch_err_wrap(err, "snapshot layer '%s'", l->dir);
+        _cleanup_close_ int tree = conch_jail_idmapped_tree_in(l->dir, userns, false, true, err);
+        if (tree < 0)
+            return conch_err_wrap(err, "snapshot layer '%s'", l->dir);
+        char name[96], dir[256];
+        snprintf(name, sizeof(name), "%s-l%d", j->name, i);
+        if ((r = stage_tree(tree, dir, sizeof(dir), name, err)) < 0)
+            return r;
+        j->n_layer_stages = i + 1;
+    }
+    return 0;
+}
+
+/* Host root: a bind mount's source is cloned and idmapped like the workspace (its owner shown
+ * as the command's user, others as nobody) and staged: the sandbox's ids could not traverse
+ * the dirs above it. Read-only unless asked. */
+static int stage_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
+                        struct conch_err *err)
+{
+    int r;
+    if ((r = stage_prepare(err)) < 0)
+        return r;
+    for (unsigned i = 0; i < spec->n_mounts; i++) {
+        const struct conch_mount *m = &spec->mounts[i];
+        if (m->type != CONCH_MOUNT_BIND)
+            continue;
+        struct stat st;
+        if (stat(m->source, &st) < 0 || !S_ISDIR(st.st_mode))
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
+                                  "mount source '%s': not a directory", m->source);
+        _cleanup_close_ int tree = conch_jail_idmapped_tree(m->source, j->host_id_base, false,
+                                                            st.st_uid, st.st_gid, !m->rw, err);
+        if (tree < 0)
+            return conch_err_wrap(err, "mount '%s'", m->target);
+        struct stat tst;
+        if (fstat(tree, &tst) < 0 || tst.st_dev != st.st_dev || tst.st_ino != st.st_ino)
+            return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                                  "mount source '%s' changed while the sandbox was being built",
+                                  m->source);
+        char name[96], dir[256];
+        snprintf(name, sizeof(name), "%s-m%u", j->name, i);
+        if ((r = stage_tree(tree, dir, sizeof(dir), name, err)) < 0)
+            return r;
+        j->n_mount_stages = (int)i + 1;
+    }
+    return 0;
+}
+
+static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
+                       struct jail_plan *plan, struct conch_err *err)
+{
+    if (spec->n_mounts > CONCH_SPEC_MOUNTS_MAX)
+        return conch_err_set(err, E2BIG, "at most %d mounts", CONCH_SPEC_MOUNTS_MAX);
+    for (unsigned i = 0; i < spec->n_mounts; i++) {
+        const struct conch_mount *m = &spec->mounts[i];
+        int r = conch_mount_check(m, err);
+        if (r < 0)
+            return r;
+        struct jail_mount *pm = &plan->mounts[i];
+        pm->type = (int)m->type;
+        pm->rw = m->rw;
+        pm->bytes = m->bytes;
+        snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
+        if (m->type == CONCH_MOUNT_BIND && j->root_mode)
+            snprintf(pm->src, sizeof(pm->src), "/oldroot" STAGE_ROOT "/%s-m%u", j->name, i);
+        else if (m->type == CONCH_MOUNT_BIND)
+            snprintf(pm->src, sizeof(pm->src), "/oldroot%s", m->source);
+    }
+    plan->n_mounts = (int)spec->n_mounts;
+    return 0;
+}
+
+/* The frozen layers as overlayfs's lowerdir wants them, top first, each followed by ':'. */
+static int plan_layers(struct conch_jail *j, const struct conch_jail_spec *spec,
+                       struct jail_plan *plan, struct conch_err *err)
+{
+    size_t off = 0;
+    for (int i = 0; i < spec->n_layers; i++) {
+        char one[PATH_MAX + 32];
+        if (j->root_mode)
+            snprintf(one, sizeof(one), "/oldroot" STAGE_ROOT "/%s-l%d:", j->name, i);
+        else
+            snprintf(one, sizeof(one), "/oldroot%s:", spec->layers[i].dir);
+        /* overlayfs splits its options at ',' and its lower dirs at ':'. */
+        if (strpbrk(one + 8, ",\\") || strchr(one + 8, ':') != one + strlen(one) - 1)
+            return conch_err_set(err, EINVAL,
+                                 "snapshot layer '%s': a path with ',', ':' or '\\' cannot be "
+                                 "stacked by overlayfs",
+                                 spec->layers[i].dir);
+        size_t n = strlen(one);
+        if (off + n + 1 > sizeof(plan->ws_layers))
+            return conch_err_set(err, ENAMETOOLONG,
+                                 "%d snapshot layers: their paths are too long for one overlay "
+                                 "mount (a shorter state dir helps)",
+                                 spec->n_layers);
+        memcpy(plan->ws_layers + off, one, n + 1);
+        off += n;
+    }
     return 0;
 }
 
@@ -254,6 +390,10 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
         snprintf(plan->upper_dir, sizeof(plan->upper_dir), "/oldroot%s",
                  j->mounted_upper_stage ? j->upper_stage_dir : spec->upper_dir);
     }
+    if (spec->n_layers > 0 && (r = plan_layers(j, spec, plan, err)) < 0)
+        return r;
+    if ((r = plan_mounts(j, spec, plan, err)) < 0)
+        return r;
     if (spec->workspace) {
         plan->has_workspace = true;
         plan->ws_mode = spec->ws_mode;
@@ -427,6 +567,17 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     if (spec->workspace && j->root_mode && (r = stage_workspace(j, spec, err)) < 0)
         goto fail;
     if (spec->rootfs && j->root_mode && (r = stage_rootfs(j, spec->rootfs, err)) < 0)
+        goto fail;
+    if (spec->n_layers < 0 || spec->n_layers > CONCH_JAIL_MAX_LAYERS ||
+        (spec->n_layers > 0 && (!spec->workspace || spec->ws_mode != CONCH_WS_OVERLAY))) {
+        r = conch_err_set(err, EINVAL,
+                          "%d snapshot layers: at most %d, on an overlay workspace only",
+                          spec->n_layers, CONCH_JAIL_MAX_LAYERS);
+        goto fail;
+    }
+    if (spec->n_layers > 0 && j->root_mode && (r = stage_layers(j, spec, err)) < 0)
+        goto fail;
+    if (spec->n_mounts > 0 && j->root_mode && (r = stage_mounts(j, spec, err)) < 0)
         goto fail;
     if (spec->upper_dir && j->root_mode && (r = stage_upper(j, spec->upper_dir, err)) < 0)
         goto fail;

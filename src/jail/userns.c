@@ -65,12 +65,8 @@ int conch_jail_write_id_maps(pid_t pid, bool root_mode, uint32_t host_id_base, b
     return 0;
 }
 
-/* A user namespace used as the idmapping of a mount. With @whole_range it maps like the
- * sandbox (0..65535 onto the block at @base: a root-owned --rootfs looks root-owned
- * inside); otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to
- * the host ids of the sandbox's agent (@base + 1000). Returns an fd. */
-int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
-                            struct conch_err *err)
+/* A user namespace whose uid and gid maps are @uid_map and @gid_map, as an fd. */
+static int userns_with_maps(const char *uid_map, const char *gid_map, struct conch_err *err)
 {
     int sync[2];
     if (pipe2(sync, O_CLOEXEC) < 0)
@@ -107,18 +103,12 @@ int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gi
                       "unshare(CLONE_NEWUSER) failed");
         goto out;
     }
-    char path[64], map[96];
-    if (whole_range)
-        snprintf(map, sizeof(map), "0 %u %u\n", base, CONCH_HOST_ID_COUNT);
-    else
-        snprintf(map, sizeof(map), "%u %u 1\n", inner_uid, base + CONCH_AGENT_UID);
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/uid_map", pid);
-    if (conch_write_file(path, map, strlen(map), err) < 0)
+    if (conch_write_file(path, uid_map, strlen(uid_map), err) < 0)
         goto out;
-    if (!whole_range)
-        snprintf(map, sizeof(map), "%u %u 1\n", inner_gid, base + CONCH_AGENT_GID);
     snprintf(path, sizeof(path), "/proc/%d/gid_map", pid);
-    if (conch_write_file(path, map, strlen(map), err) < 0)
+    if (conch_write_file(path, gid_map, strlen(gid_map), err) < 0)
         goto out;
     snprintf(path, sizeof(path), "/proc/%d/ns/user", pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -128,6 +118,31 @@ out:
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     return fd < 0 ? -(err && err->code ? err->code : EIO) : fd;
+}
+
+/* A user namespace used as the idmapping of a mount. With @whole_range it maps like the
+ * sandbox (0..65535 onto the block at @base: a root-owned --rootfs looks root-owned
+ * inside); otherwise its only mapping sends @inner_uid/@inner_gid (the workspace owner) to
+ * the host ids of the sandbox's agent (@base + 1000). Returns an fd. */
+int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gid_t inner_gid,
+                            struct conch_err *err)
+{
+    char umap[96], gmap[96];
+    if (whole_range) {
+        snprintf(umap, sizeof(umap), "0 %u %u\n", base, CONCH_HOST_ID_COUNT);
+        snprintf(gmap, sizeof(gmap), "%s", umap);
+    } else {
+        snprintf(umap, sizeof(umap), "%u %u 1\n", inner_uid, base + CONCH_AGENT_UID);
+        snprintf(gmap, sizeof(gmap), "%u %u 1\n", inner_gid, base + CONCH_AGENT_GID);
+    }
+    return userns_with_maps(umap, gmap, err);
+}
+
+int conch_jail_idmap_userns_shift(uint32_t from, uint32_t to, struct conch_err *err)
+{
+    char map[96];
+    snprintf(map, sizeof(map), "%u %u %u\n", from, to, CONCH_HOST_ID_COUNT);
+    return userns_with_maps(map, map, err);
 }
 
 int conch_jail_idmapped_tree(const char *path, uint32_t host_id_base, bool whole_range,

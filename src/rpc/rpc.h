@@ -25,19 +25,22 @@
 #define CONCH_RPC_INTERNAL_ERROR -32603   /* internal_error */
 
 /* conch's application codes (docs/PROTOCOL.md "Errors"); the comment is the data.code. */
-#define CONCH_RPC_INFRASTRUCTURE -32001    /* infrastructure */
-#define CONCH_RPC_SANDBOX_NOT_FOUND -32002 /* sandbox_not_found */
-#define CONCH_RPC_JOB_NOT_FOUND -32003     /* job_not_found */
-#define CONCH_RPC_LIMIT -32004             /* limit */
-#define CONCH_RPC_SANDBOX_STOPPED -32005   /* sandbox_stopped */
-#define CONCH_RPC_FILE_NOT_FOUND -32010    /* file_not_found */
-#define CONCH_RPC_PERMISSION_DENIED -32011 /* permission_denied */
-#define CONCH_RPC_IS_DIRECTORY -32012      /* is_directory */
-#define CONCH_RPC_INVALID_PATH -32013      /* invalid_path */
-#define CONCH_RPC_NOT_A_DIRECTORY -32014   /* not_a_directory */
-#define CONCH_RPC_STRING_NOT_FOUND -32015  /* string_not_found */
-#define CONCH_RPC_AMBIGUOUS_MATCH -32016   /* ambiguous_match */
-#define CONCH_RPC_TOO_LARGE -32017         /* too_large */
+#define CONCH_RPC_INFRASTRUCTURE -32001     /* infrastructure */
+#define CONCH_RPC_SANDBOX_NOT_FOUND -32002  /* sandbox_not_found */
+#define CONCH_RPC_JOB_NOT_FOUND -32003      /* job_not_found */
+#define CONCH_RPC_LIMIT -32004              /* limit */
+#define CONCH_RPC_SANDBOX_STOPPED -32005    /* sandbox_stopped */
+#define CONCH_RPC_BUSY -32006               /* busy */
+#define CONCH_RPC_SNAPSHOT_NOT_FOUND -32007 /* snapshot_not_found */
+#define CONCH_RPC_SNAPSHOT_IN_USE -32008    /* snapshot_in_use */
+#define CONCH_RPC_FILE_NOT_FOUND -32010     /* file_not_found */
+#define CONCH_RPC_PERMISSION_DENIED -32011  /* permission_denied */
+#define CONCH_RPC_IS_DIRECTORY -32012       /* is_directory */
+#define CONCH_RPC_INVALID_PATH -32013       /* invalid_path */
+#define CONCH_RPC_NOT_A_DIRECTORY -32014    /* not_a_directory */
+#define CONCH_RPC_STRING_NOT_FOUND -32015   /* string_not_found */
+#define CONCH_RPC_AMBIGUOUS_MATCH -32016    /* ambiguous_match */
+#define CONCH_RPC_TOO_LARGE -32017          /* too_large */
 
 /* ---- Framing ---------------------------------------------------------------------------- */
 

@@ -62,6 +62,9 @@ void conch_spec_done(struct conch_sandbox_spec *s)
 {
     json_decref(s->env);
     s->env = NULL;
+    free(s->mounts);
+    s->mounts = NULL;
+    s->n_mounts = 0;
 }
 
 /* ---- the fields ---- */
@@ -346,6 +349,16 @@ int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const cha
             return r;
         }
     }
+    json_t *mounts = json_object_get(params, "mounts");
+    if (mounts && !json_is_null(mounts)) {
+        int r = conch_spec_mounts_from_json(s, mounts, err);
+        if (r < 0) {
+            conch_spec_done(s);
+            if (ret_param)
+                *ret_param = "mounts";
+            return r;
+        }
+    }
     return 0;
 }
 
@@ -383,6 +396,12 @@ json_t *conch_spec_to_json(const struct conch_sandbox_spec *s)
         r |= json_object_set_new(p, "tool_timeout", json_real(s->tool_timeout));
     if (s->max_tool_calls)
         r |= json_object_set_new(p, "max_tool_calls", json_integer(s->max_tool_calls));
+    if (s->n_mounts) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < s->n_mounts; i++)
+            r |= json_array_append_new(arr, conch_mount_to_json(&s->mounts[i]));
+        r |= json_object_set_new(p, "mounts", arr);
+    }
     if (r) {
         json_decref(p);
         return NULL;
@@ -402,6 +421,11 @@ static const struct field *find_option(const char *name)
 
 unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_value)
 {
+    if (name && !strcmp(name, "mount") && (which & CONCH_SPEC_OPT_MOUNT)) {
+        if (ret_takes_value)
+            *ret_takes_value = true;
+        return CONCH_SPEC_OPT_MOUNT;
+    }
     const struct field *f = find_option(name);
     if (!f || !(f->bit & which))
         return 0;
@@ -442,6 +466,15 @@ static int option_number(const struct field *f, const char *value, double *ret,
 int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const char *value,
                           struct conch_err *err)
 {
+    if (name && !strcmp(name, "mount")) {
+        struct conch_mount m;
+        if (!value)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--mount needs a value");
+        int r = conch_mount_parse(value, &m, err);
+        if (r < 0 || (r = conch_spec_add_mount(s, &m, err)) < 0)
+            return conch_err_wrap(err, "--mount");
+        return 0;
+    }
     const struct field *f = find_option(name);
     if (!f)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unknown option '--%s'",

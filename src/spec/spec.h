@@ -57,6 +57,17 @@ const char *conch_ws_mode_name(enum conch_ws_mode mode);
 #define CONCH_SPEC_TOOL_TIMEOUT_MAX 86400.0
 #define CONCH_SPEC_TOOL_CALLS_MAX 1000000
 
+/* Extra mounts (mounts.c). */
+#define CONCH_SPEC_MOUNTS_MAX 8
+enum conch_mount_type { CONCH_MOUNT_TMPFS, CONCH_MOUNT_BIND };
+struct conch_mount {
+    enum conch_mount_type type;
+    char source[1024]; /* bind: an absolute host directory */
+    char target[1024]; /* an absolute path inside the sandbox */
+    uint64_t bytes;    /* tmpfs: its size (default 64 MiB) */
+    bool rw;           /* bind: writable (default read-only); tmpfs: always */
+};
+
 /*
  * struct conch_sandbox_spec - one sandbox as asked for. Strings are borrowed from what they
  * were parsed from (argv, or the JSON params) and must outlive the spec's use; @env is an
@@ -73,14 +84,16 @@ struct conch_sandbox_spec {
         uint64_t pids_max;      /* 0: none given (the jail applies CONCH_DEFAULT_PIDS) */
         uint64_t cpu_millicpus; /* 1000 = one CPU; 0: none */
     } limits;
-    uint64_t tmp_bytes;      /* size of /tmp */
-    uint64_t home_bytes;     /* size of /home/agent */
-    uint64_t disk_bytes;     /* what may be written to the workspace (and largest file) */
-    double idle_timeout;     /* seconds unused before the daemon destroys it; 0: never;
-                              * < 0: the daemon's --idle-timeout */
-    const char *name;        /* a label shown in lists; NULL: none */
-    double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
-    unsigned max_tool_calls; /* per command; 0: the bridge's default */
+    uint64_t tmp_bytes;         /* size of /tmp */
+    uint64_t home_bytes;        /* size of /home/agent */
+    uint64_t disk_bytes;        /* what may be written to the workspace (and largest file) */
+    double idle_timeout;        /* seconds unused before the daemon destroys it; 0: never;
+                                 * < 0: the daemon's --idle-timeout */
+    const char *name;           /* a label shown in lists; NULL: none */
+    double tool_timeout;        /* seconds a tool call may take; 0: the bridge's default */
+    unsigned max_tool_calls;    /* per command; 0: the bridge's default */
+    struct conch_mount *mounts; /* owned (conch_spec_done frees it); n_mounts of them */
+    unsigned n_mounts;
 };
 
 /* conch_spec_defaults - fill @s with THE defaults: overlay, no workspace, the host's root, uid
@@ -122,6 +135,7 @@ enum conch_spec_opt {
     CONCH_SPEC_OPT_DISK = 1 << 10,
     CONCH_SPEC_OPT_NAME = 1 << 11,
     CONCH_SPEC_OPT_IDLE_TIMEOUT = 1 << 12,
+    CONCH_SPEC_OPT_MOUNT = 1 << 13,
 };
 
 /*
@@ -142,5 +156,31 @@ unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_val
  */
 int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const char *value,
                           struct conch_err *err);
+
+/*
+ * conch_mount_parse - a mount as --mount writes it: "type=tmpfs,target=/scratch,size=64m",
+ * "type=bind,source=/host/dir,target=/opt/x[,ro|,rw]" (a bind is read-only unless rw), into
+ * *@ret, checked (conch_mount_check). conch_mount_from_json - the same from a JSON string of
+ * that form or an object {type, source?, target, size? (bytes or "64m"), readonly?}.
+ * Return 0 or -errno with @err (kind usage).
+ */
+int conch_mount_parse(const char *text, struct conch_mount *ret, struct conch_err *err);
+int conch_mount_from_json(json_t *v, struct conch_mount *ret, struct conch_err *err);
+/*
+ * conch_mount_check - @m is one a sandbox may have: absolute paths of plain components (no
+ * "", "." or ".."); a target neither over nor beneath /workspace, /proc, /dev, /sys, /run,
+ * /etc, /usr and the other system dirs, nor over / , /tmp, /home/agent...; a tmpfs size in
+ * range; a bind source that exists and is a directory (followed as the caller follows it:
+ * what it may read is checked by the kernel when the sandbox binds it with the caller's
+ * rights). Returns 0 or -errno with @err (kind usage).
+ */
+int conch_mount_check(const struct conch_mount *m, struct conch_err *err);
+/* conch_mount_to_json - @m as an object of sandbox.create's "mounts" (a new reference). */
+json_t *conch_mount_to_json(const struct conch_mount *m);
+/* conch_spec_add_mount - append a copy of @m (checked) to @s: at most CONCH_SPEC_MOUNTS_MAX,
+ * no two targets overlapping. conch_spec_mounts_from_json - append each of the array @arr. */
+int conch_spec_add_mount(struct conch_sandbox_spec *s, const struct conch_mount *m,
+                         struct conch_err *err);
+int conch_spec_mounts_from_json(struct conch_sandbox_spec *s, json_t *arr, struct conch_err *err);
 
 #endif

@@ -247,4 +247,55 @@ int conch_ws_upper_remove(int upper_fd, int lower_fd, const struct conch_ws_chan
  */
 int conch_ws_upper_clear(int upper_fd, struct conch_err *err);
 
+/* ---- the layer store (layers.c) ----
+ * A store is a directory (an fd the caller opened) holding one sub-directory per frozen
+ * layer, named by its id, in overlayfs's upper format. Layers are read-only once frozen:
+ * sandboxes stack them under their upper dir (conch_jail_spec.layers). Every function takes
+ * fds borrowed and names checked by conch_ws_layer_id_ok. */
+
+/* conch_ws_layer_id_ok - @id is a layer name: 1..63 of [a-z0-9-], not starting with '.'. */
+bool conch_ws_layer_id_ok(const char *id);
+
+/*
+ * conch_ws_layer_freeze - make the upper dir @name beneath @from_fd the layer @id of the
+ * store @store_fd: a rename (cost independent of its size), never a copy, never over an
+ * existing layer. A missing upper dir (nothing was written) becomes an empty layer. Only
+ * while no overlay is mounted on it. Returns 0 or -errno with @err (EXDEV: another
+ * filesystem).
+ */
+int conch_ws_layer_freeze(int from_fd, const char *name, int store_fd, const char *id,
+                          struct conch_err *err);
+
+/* conch_ws_layer_measure - the allocated bytes (*@ret_bytes) and entries (*@ret_files, may be
+ * NULL) of layer @id, never following a symlink or leaving its filesystem. */
+int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, uint64_t *ret_files,
+                           struct conch_err *err);
+
+/* conch_ws_layer_remove - remove layer @id and everything in it (missing: 0). */
+int conch_ws_layer_remove(int store_fd, const char *id, struct conch_err *err);
+
+/*
+ * conch_ws_layers_merge - the stack @dirs (@n dir fds, borrowed, top first, each stacked on the
+ * next) merged into one new dir @out_name of @out_parent (replaced if there), as
+ * conch_ws_layer_squash merges: the merged view over the same base in one layer, in
+ * overlayfs's upper format. Regular files are hard-linked (frozen layers are never written
+ * again), copied where @live[i] (a mounted upper; @live may be NULL) or a link is refused.
+ * On failure nothing is left under @out_name. Returns 0 or -errno with @err.
+ */
+int conch_ws_layers_merge(const int *dirs, const bool *live, int n, int out_parent,
+                          const char *out_name, struct conch_err *err);
+
+/*
+ * conch_ws_layer_squash - merge the layers @ids (@n of them, top first, each stacked on the
+ * next) into one new layer @new_id that shows over the same base what the stack shows:
+ * upper entries replace lower ones, whiteouts stay (they hide the base's entries), an
+ * opaque dir replaces the dir below it, a dir over a lower non-dir or whiteout becomes
+ * opaque. The layers themselves are untouched (the caller removes them when nothing uses
+ * them). Built under a temporary name, then renamed: a failure leaves no layer @new_id.
+ * Costs a walk of the layers and a hard link per file (not a copy of the workspace).
+ * Returns 0 or -errno with @err.
+ */
+int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const char *new_id,
+                          struct conch_err *err);
+
 #endif

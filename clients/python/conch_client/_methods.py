@@ -234,6 +234,32 @@ class ProtocolMethods:
         """workspace.discard -> ``{"discarded": [...]}`` (restarts a running sandbox)."""
         return self._request("workspace.discard", _params(sandbox=sandbox, paths=paths))
 
+    def workspace_snapshot(self, sandbox: str, *, name: Optional[str] = None,
+                           force: Optional[bool] = None):
+        """workspace.snapshot -> the snapshot ``{"id", "name"?, "parent"?, "size", ...}``
+        (restarts the sandbox; ``busy`` while commands, jobs or sessions run unless force)."""
+        return self._request("workspace.snapshot", _params(sandbox=sandbox, name=name,
+                                                           force=force))
+
+    def workspace_restore(self, sandbox: str, snapshot: str, *, force: Optional[bool] = None):
+        """workspace.restore: return the workspace to @snapshot (id or name)."""
+        return self._request("workspace.restore", _params(sandbox=sandbox, snapshot=snapshot,
+                                                          force=force))
+
+    def workspace_snapshots(self, sandbox: Optional[str] = None):
+        """workspace.snapshots -> ``{"snapshots": [...]}`` (all, or one sandbox's)."""
+        return self._request("workspace.snapshots", _params(sandbox=sandbox))
+
+    def workspace_snapshot_delete(self, snapshot: str):
+        """workspace.snapshot_delete (refused with snapshot_in_use while others build on it)."""
+        return self._request("workspace.snapshot_delete", _params(snapshot=snapshot))
+
+    def sandbox_fork(self, *, sandbox: Optional[str] = None, snapshot: Optional[str] = None,
+                     name: Optional[str] = None, force: Optional[bool] = None):
+        """sandbox.fork -> the new sandbox, from a sandbox (snapshotted first) or a snapshot."""
+        return self._request("sandbox.fork", _params(sandbox=sandbox, snapshot=snapshot,
+                                                     name=name, force=force))
+
     # -- session.* (persistent shells on a terminal) ----------------------------------
     def session_open(self, sandbox: str, *, shell: Optional[str] = None,
                      cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,

@@ -39,7 +39,30 @@ export interface SandboxCreateParams {
   tool_timeout?: number;
   /** Tool calls one command may make (default 10,000). */
   max_tool_calls?: number;
+  /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
+  mounts?: (MountSpec | string)[];
   [key: string]: unknown;
+}
+
+export interface MountSpec {
+  type: "tmpfs" | "bind";
+  target: string;
+  source?: string;
+  size?: number | string;
+  readonly?: boolean;
+}
+
+/** A snapshot of a sandbox's workspace (workspace.snapshot, workspace.snapshots). */
+export interface Snapshot {
+  id: string;
+  name?: string;
+  parent?: string;
+  sandbox: string;
+  workspace: string;
+  size: number;
+  files: number;
+  depth: number;
+  created_at: number;
 }
 
 export interface Change {
@@ -641,6 +664,24 @@ export class ConchClient extends EventEmitter {
   }
   workspaceDiscard(sandbox: string, paths?: string[]): Promise<{ discarded: string[] }> {
     return this.call("workspace.discard", paths ? { sandbox, paths } : { sandbox });
+  }
+  /** Freeze the workspace's changes into a snapshot (restarts the sandbox; `busy` while commands, jobs or sessions run unless `force`). */
+  workspaceSnapshot(sandbox: string, opts: { name?: string; force?: boolean } = {}): Promise<Snapshot> {
+    return this.call("workspace.snapshot", { sandbox, ...opts });
+  }
+  /** Return the workspace to a snapshot (by id or name). */
+  workspaceRestore(sandbox: string, snapshot: string, opts: { force?: boolean } = {}): Promise<{ sandbox: string; snapshot: string }> {
+    return this.call("workspace.restore", { sandbox, snapshot, ...opts });
+  }
+  workspaceSnapshots(sandbox?: string): Promise<{ snapshots: Snapshot[] }> {
+    return this.call("workspace.snapshots", sandbox ? { sandbox } : {});
+  }
+  workspaceSnapshotDelete(snapshot: string): Promise<{ snapshot: string; deleted: boolean }> {
+    return this.call("workspace.snapshot_delete", { snapshot });
+  }
+  /** A new sandbox from a sandbox (snapshotted first) or from a snapshot. */
+  sandboxFork(from: { sandbox: string } | { snapshot: string }, opts: { name?: string; force?: boolean } = {}): Promise<SandboxInfo & { snapshot: string }> {
+    return this.call("sandbox.fork", { ...from, ...opts });
   }
 
   // js.* (JavaScript/TypeScript sessions in the sandbox)
