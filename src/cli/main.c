@@ -16,6 +16,7 @@ static void usage(FILE *f)
           "  serve [--socket P | --stdio]     run the daemon (JSON-RPC, docs/PROTOCOL.md)\n"
           "  ps [--json]                      list the daemon's sandboxes and what runs there\n"
           "  create [--workspace DIR] [--name N] [limits]  create one; prints its id\n"
+          "  network SANDBOX [--allow D] [--deny D] [--log]  its network policy and attempts\n"
           "  exec [-it] ID -- CMD [ARGS...]   run a command in a daemon sandbox\n"
           "  changes ID                       list its uncommitted changes\n"
           "  diff ID [PATH...]                print them as a unified diff\n"
@@ -76,7 +77,8 @@ int main(int argc, char **argv)
         int (*fn)(int, char **);
     } verbs[] = {{"create", conch_cli_create},   {"changes", conch_cli_changes},
                  {"diff", conch_cli_diff},       {"commit", conch_cli_commit},
-                 {"discard", conch_cli_discard}, {"cp", conch_cli_cp}};
+                 {"discard", conch_cli_discard}, {"cp", conch_cli_cp},
+                 {"network", conch_cli_network}};
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(verb, verbs[i].name))
             return verbs[i].fn(argc - 1, argv + 1);

@@ -40,6 +40,10 @@ static const char usage_text[] =
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
     "  --disk BYTES        what the command may write to the workspace (default 4G)\n"
+    "  --net none|host     none (default): loopback only; host: the host's network (not\n"
+    "                      isolated; flagged in the result). The allow mode (--allow,\n"
+    "                      --deny) needs the daemon's proxy: conch create --allow D, then\n"
+    "                      conch exec\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -85,7 +89,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_NET)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -234,6 +238,16 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->tmp_bytes = c->spec.tmp_bytes;
     j->home_bytes = c->spec.home_bytes;
     j->disk_bytes = c->spec.disk_bytes;
+    struct conch_net_policy net;
+    if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
+        return r;
+    j->net = net.mode;
+    conch_net_policy_done(&net);
+    if (j->net == CONCH_NET_ALLOW)
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENOTSUP,
+                              "--net allow (and --allow, --deny) needs the daemon's proxy, which "
+                              "conch run does not run: start 'conch serve', then 'conch create "
+                              "--allow DOMAIN' and 'conch exec SANDBOX -- CMD'");
 
     const char *ws = c->spec.workspace ? c->spec.workspace : ".";
     if (!realpath(ws, c->workspace))
@@ -294,9 +308,12 @@ static char change_letter(enum conch_change_kind k)
     return '?';
 }
 
-static void print_json(const struct conch_run_result *res, const struct conch_err *infra)
+static void print_json(const struct run_cli *c, const struct conch_run_result *res,
+                       const struct conch_err *infra)
 {
     json_t *o = conch_run_result_json(res, infra);
+    if (o && c->run.jail.net == CONCH_NET_HOST)
+        json_object_set_new(o, "network", json_string("host"));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (text)
         puts(text);
@@ -329,6 +346,8 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
     else if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
         fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
                 res->error_msg);
+    if (c->run.jail.net == CONCH_NET_HOST && !c->quiet)
+        fprintf(stderr, "conch: network: host (the command shared the host's network)\n");
     if (res->tools.summary && !c->quiet)
         fprintf(stderr, "conch: %s\n", res->tools.summary);
     if (c->quiet || !res->has_changes)
@@ -406,7 +425,7 @@ int conch_cli_run(int argc, char **argv)
     if (r < 0) {
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
         if (c.json)
-            print_json(&res, &err);
+            print_json(&c, &res, &err);
         /* Also on stderr in JSON mode: a person running the command should see why. */
         if (err.kind == CONCH_ERR_USAGE)
             fprintf(stderr, "conch run: %s\n", err.msg);
@@ -415,7 +434,7 @@ int conch_cli_run(int argc, char **argv)
     } else {
         status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
         if (c.json)
-            print_json(&res, NULL);
+            print_json(&c, &res, NULL);
         else
             print_summary(&c, &res);
     }

@@ -62,6 +62,11 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
         .tool_timeout = s.tool_timeout,
         .max_tool_calls = s.max_tool_calls,
     };
+    if (conch_spec_net_policy(&s, &spec->net, &err) < 0) {
+        conch_spec_done(&s);
+        conch_rpc_call_fail_param(call, "net", "%s", err.msg);
+        return false;
+    }
     conch_spec_done(&s);
     return true;
 }
@@ -109,6 +114,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
     struct sandbox *sb;
     struct conch_err err = {0};
     int r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
+    conch_net_policy_done(&spec.net);
     if (r == -EMFILE) {
         conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
         return;
@@ -231,7 +237,8 @@ FS_HANDLER(handle_fs_download, "download")
         R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),                                 \
         R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
         R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
-        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0)
+        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("net", S, false),               \
+        P("allow", A, false), P("deny", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
@@ -312,6 +319,8 @@ static const struct conch_rpc_param p_ws_changes[] = {
     P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
 
 static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
+static const struct conch_rpc_param p_network_set[] = {
+    P("sandbox", S, true), P("net", S, false), P("allow", A, false), P("deny", A, false), END};
 static const struct conch_rpc_param p_tools_register[] = {P("sandbox", S, true),
                                                           P("tools", A, true), END};
 static const struct conch_rpc_param p_agents_register[] = {P("sandbox", S, true),
@@ -405,5 +414,7 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"js.reset", p_js_session, conch_daemon_handle_js_reset},
     {"js.close", p_js_session, conch_daemon_handle_js_close},
     {"js.list", p_sandbox, conch_daemon_handle_js_list},
+    {"network.log", p_sandbox, conch_daemon_handle_network_log},
+    {"network.set", p_network_set, conch_daemon_handle_network_set},
     {NULL, NULL, NULL},
 };

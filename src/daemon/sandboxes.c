@@ -85,9 +85,43 @@ static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
     return o;
 }
 
+static int record(struct sandbox *sb, struct conch_err *err);
+
+/* The network of a recorded sandbox (conch_daemon_net_json's keys); a record it cannot read
+ * leaves it without network (none), never with more. */
+static void net_from_record(struct sandbox *sb, json_t *spec)
+{
+    struct conch_err err = {0};
+    enum conch_net_mode mode = CONCH_NET_NONE;
+    const char *net = json_string_value(json_object_get(spec, "net"));
+    if (net && conch_net_mode_parse(net, &mode, &err) < 0)
+        mode = CONCH_NET_NONE;
+    conch_net_policy_init(&sb->net, mode);
+    for (int deny = 0; deny < 2; deny++) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(spec, deny ? "deny" : "allow"), i, v)
+        {
+            if (conch_net_policy_add(&sb->net, deny, json_string_value(v), &err) < 0) {
+                log_warn("sandbox %s: network rule: %s (it gets no network)", sb->id, err.msg);
+                conch_net_policy_done(&sb->net);
+                conch_net_policy_init(&sb->net, CONCH_NET_NONE);
+                return;
+            }
+        }
+    }
+}
+
+void conch_daemon_sandbox_record(struct sandbox *sb)
+{
+    struct conch_err err = {0};
+    if (record(sb, &err) < 0)
+        log_warn("sandbox %s: record: %s", sb->id, err.msg);
+}
+
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
-    return sandbox_running_json(
+    json_t *o = sandbox_running_json(
         sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I}", "id", sb->id, "name",
                       sb->name[0] ? sb->name : NULL, "state",
                       sb->state == SB_READY ? "running" : "stopped", "workspace",
@@ -95,6 +129,9 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
                       "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
                       sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
                       sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held)));
+    if (o)
+        conch_daemon_net_json(sb, o);
+    return o;
 }
 
 static void on_idle(uv_timer_t *t)
@@ -338,6 +375,8 @@ static int record(struct sandbox *sb, struct conch_err *err)
                   "cpu_milli", (json_int_t)sb->limits.cpu_millicpus, "tmp_size",
                   (json_int_t)sb->tmp_bytes, "disk", (json_int_t)sb->disk_bytes, "idle_timeout",
                   sb->idle_timeout, "host_id_base", (json_int_t)sb->ids.base);
+    if (spec)
+        conch_daemon_net_json(sb, spec); /* its network: "net", "allow", "deny" */
     rec.spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     rec.warden_pid = sb->jail ? conch_jail_warden_pid(sb->jail) : 0;
@@ -441,6 +480,8 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     sb->tool_timeout = spec->tool_timeout;
     sb->max_tool_calls = spec->max_tool_calls;
     int r;
+    if ((r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
+        goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
         int n =
             snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s/sandboxes/%s", d->state_dir, sb->id);
@@ -545,6 +586,7 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
             snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", rootfs);
         json_t *env = json_object_get(spec, "env");
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
+        net_from_record(sb, spec);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
         sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));

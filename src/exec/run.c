@@ -60,7 +60,7 @@ void conch_exec_env_free(char **env)
     free(env);
 }
 
-char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err)
+char **conch_exec_env_build(char *const *extra, bool as_root, bool net_proxy, struct conch_err *err)
 {
     static const char *const base[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/conch/bin",
@@ -74,7 +74,10 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
         "GIT_PAGER=cat",
         NULL,
     };
+    const char *const *proxy = conch_net_proxy_env();
     size_t n = 0, cap = ARRAY_SIZE(base) + 2;
+    for (const char *const *e = proxy; net_proxy && *e; e++)
+        cap++;
     for (char *const *e = extra; e && *e; e++)
         cap++;
     char **env = calloc(cap + 1, sizeof(char *));
@@ -90,6 +93,9 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
     env[n++] = strdup(buf);
     for (int i = 0; base[i]; i++)
         env[n++] = strdup(base[i]);
+    /* The allow mode's proxy, for what honours the usual variables (curl, pip, npm, git). */
+    for (const char *const *e = proxy; net_proxy && *e; e++)
+        env[n++] = strdup(*e);
     for (char *const *e = extra; e && *e; e++) {
         const char *eq = strchr(*e, '=');
         if (!eq || eq == *e) {
@@ -373,7 +379,8 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     };
     char **env = NULL;
     if ((r = conch_command_init(&x->cmd, &copts, &run_command_ops, x, err)) < 0 ||
-        !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, err))) {
+        !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, o->jail.net == CONCH_NET_ALLOW,
+                                     err))) {
         run_ctx_free(x, res, env);
         return r < 0 ? r : -(err->code ? err->code : EINVAL);
     }

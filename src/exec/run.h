@@ -96,11 +96,13 @@ void conch_run_result_done(struct conch_run_result *res);
 /*
  * conch_exec_env_build - the clean environment of a command: PATH (with the tool bridge's
  * /run/conch/bin), PYTHONPATH (its module), HOME, USER, LOGNAME,
- * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, then @extra ("K=V",
+ * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, with @net_proxy the
+ * proxy's variables (conch_net_proxy_env), then @extra ("K=V",
  * later entries override earlier ones). Returns a new NULL-terminated array of new strings
  * (free with conch_exec_env_free), or NULL on a malformed entry / out of memory (@err).
  */
-char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err);
+char **conch_exec_env_build(char *const *extra, bool as_root, bool net_proxy,
+                            struct conch_err *err);
 void conch_exec_env_free(char **env);
 
 #endif

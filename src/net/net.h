@@ -70,6 +70,11 @@ void conch_net_policy_done(struct conch_net_policy *p);
 int conch_net_policy_add(struct conch_net_policy *p, bool deny, const char *text,
                          struct conch_err *err);
 
+/* conch_net_policy_copy - @dst (initialised or not; its old lists are not freed) becomes a
+ * copy of @src. Returns 0 or -ENOMEM with @err. */
+int conch_net_policy_copy(struct conch_net_policy *dst, const struct conch_net_policy *src,
+                          struct conch_err *err);
+
 /* What the policy says of one destination. */
 struct conch_net_verdict {
     bool allowed;
@@ -137,7 +142,7 @@ struct conch_net_record {
 };
 
 /* Records a proxy keeps, and connections it serves at once. */
-#define CONCH_NET_LOG_MAX 1000
+#define CONCH_NET_LOG_MAX 256
 #define CONCH_NET_CONNS_MAX 256
 /* Bytes a connection buffers each way before it stops reading the other side. */
 #define CONCH_NET_PIPE_BUF (64u << 10)
@@ -148,6 +153,9 @@ struct conch_net_proxy;
 struct conch_net_proxy_ops {
     /* An attempt ended (or was refused): @rec is borrowed for the call. May be NULL. */
     void (*record)(void *ctx, const struct conch_net_record *rec);
+    /* The proxy is gone, every handle closed and every charge to the budget returned, after
+     * conch_net_proxy_free (the budget must live until then). May be NULL. */
+    void (*closed)(void *ctx);
 };
 
 /*
@@ -168,6 +176,12 @@ int conch_net_proxy_listen(struct conch_net_proxy *px, int fd, struct conch_err 
  * connections already open stay. Returns 0 or -ENOMEM with @err. */
 int conch_net_proxy_set_policy(struct conch_net_proxy *px, const struct conch_net_policy *policy,
                                struct conch_err *err);
+
+/* conch_net_proxy_each_open - @fn(@arg, record so far) for every connection whose request was
+ * read and that is still open (bytes and duration until now). */
+void conch_net_proxy_each_open(struct conch_net_proxy *px,
+                               void (*fn)(void *arg, const struct conch_net_record *rec),
+                               void *arg);
 
 /* conch_net_proxy_policy - the policy in force; borrowed. */
 const struct conch_net_policy *conch_net_proxy_policy(const struct conch_net_proxy *px);

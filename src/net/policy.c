@@ -177,6 +177,26 @@ int conch_net_policy_add(struct conch_net_policy *p, bool deny, const char *text
     return 0;
 }
 
+int conch_net_policy_copy(struct conch_net_policy *dst, const struct conch_net_policy *src,
+                          struct conch_err *err)
+{
+    struct conch_net_policy copy;
+    conch_net_policy_init(&copy, src->mode);
+    size_t na = src->n_allow * sizeof(*src->allow), nd = src->n_deny * sizeof(*src->deny);
+    if ((na && !(copy.allow = malloc(na))) || (nd && !(copy.deny = malloc(nd)))) {
+        conch_net_policy_done(&copy);
+        return conch_err_set(err, ENOMEM, "out of memory");
+    }
+    if (na)
+        memcpy(copy.allow, src->allow, na);
+    if (nd)
+        memcpy(copy.deny, src->deny, nd);
+    copy.n_allow = src->n_allow;
+    copy.n_deny = src->n_deny;
+    *dst = copy;
+    return 0;
+}
+
 /* Whether rule @r names @host (normalised); an IP only matches an IP rule of the same
  * address (compared as addresses: "::1" is "0::1"). */
 static bool host_matches(const struct conch_net_rule *r, const char *host, bool ip)

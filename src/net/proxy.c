@@ -123,6 +123,8 @@ static int load_hosts(struct conch_net_proxy *px, const char *path, struct conch
 static void proxy_unref(struct conch_net_proxy *px)
 {
     if (--px->handles == 0 && px->freeing) {
+        if (px->ops.closed)
+            px->ops.closed(px->ctx);
         conch_net_policy_done(&px->policy);
         free(px->hosts);
         free(px);
@@ -705,29 +707,27 @@ int conch_net_proxy_set_policy(struct conch_net_proxy *px, const struct conch_ne
                                struct conch_err *err)
 {
     struct conch_net_policy copy;
-    conch_net_policy_init(&copy, policy->mode);
-    for (int deny = 0; deny < 2; deny++) {
-        const struct conch_net_rule *list = deny ? policy->deny : policy->allow;
-        size_t n = deny ? policy->n_deny : policy->n_allow;
-        if (!n)
-            continue;
-        struct conch_net_rule *dup = malloc(n * sizeof(*dup));
-        if (!dup) {
-            conch_net_policy_done(&copy);
-            return conch_err_set(err, ENOMEM, "out of memory");
-        }
-        memcpy(dup, list, n * sizeof(*dup));
-        if (deny) {
-            copy.deny = dup;
-            copy.n_deny = n;
-        } else {
-            copy.allow = dup;
-            copy.n_allow = n;
-        }
-    }
+    int r = conch_net_policy_copy(&copy, policy, err);
+    if (r < 0)
+        return r;
     conch_net_policy_done(&px->policy);
     px->policy = copy;
     return 0;
+}
+
+void conch_net_proxy_each_open(struct conch_net_proxy *px,
+                               void (*fn)(void *arg, const struct conch_net_record *rec), void *arg)
+{
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &px->conns)
+    {
+        struct conn *c = conch_list_entry(pos, struct conn, link);
+        if (c->recorded || !c->rec.host[0] || c->state == C_CLOSING)
+            continue;
+        struct conch_net_record rec = c->rec;
+        rec.duration = (double)(conch_clock_ms() - c->started_ms) / 1000.0;
+        fn(arg, &rec);
+    }
 }
 
 const struct conch_net_policy *conch_net_proxy_policy(const struct conch_net_proxy *px)
