@@ -268,10 +268,12 @@ void conch_daemon_handle_network_set(struct conch_rpc_call *call, json_t *params
         conch_net_policy_done(&p);
         return;
     }
-    if ((p.n_allow || p.n_deny) && mode == CONCH_NET_NONE && !built_allow) {
+    if ((p.n_allow || p.n_deny) && mode != CONCH_NET_ALLOW && !built_allow) {
         conch_net_policy_done(&p);
-        conch_rpc_call_fail_param(call, "allow",
-                                  "allow and deny rules need the network mode 'allow'");
+        conch_rpc_call_fail_param(call, allow ? "allow" : "deny",
+                                  "sandbox %s was built with the network mode '%s': rules need "
+                                  "a sandbox created with --net allow (or --allow)",
+                                  sb->id, conch_net_mode_name(sb->net.mode));
         return;
     }
     if (sb->proxy && conch_net_proxy_set_policy(sb->proxy, &p, &err) < 0) {
