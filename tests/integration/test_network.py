@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -23,6 +24,19 @@ pytestmark = [pytest.mark.jail, pytest.mark.daemon_code]
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path.startswith("/big/"):  # /big/N: N bytes, written as fast as they go
+            n = int(self.path[5:])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            chunk = b"x" * 65536
+            try:
+                while n > 0:
+                    self.wfile.write(chunk[:min(n, len(chunk))])
+                    n -= len(chunk)
+            except OSError:
+                pass
+            return
         body = f"registry says hi for {self.path} host={self.headers.get('Host')}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -285,3 +299,38 @@ def test_none_is_the_default_and_host_is_flagged(netd, servers, tmp_path):
     with pytest.raises(RpcError) as e:
         rpc.call("network.set", {"sandbox": sb["id"], "net": "allow"})
     assert "cannot change" in str(e.value), e.value
+
+
+def test_a_client_that_never_reads_holds_the_proxy_to_its_bounds(netd, servers):
+    """Backpressure: the proxy stops reading the remote side while the sandbox's side has 64
+    KiB queued, so a client that asks for 1 GB and reads nothing makes the daemon hold next
+    to nothing; the download then goes through when it reads."""
+    h, _ = servers
+    rpc = netd.client()
+    sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}"]})["id"]
+    stall = ("python3 -c 'import socket,time; s=socket.create_connection((\"127.0.0.1\",3128)); "
+             f"s.sendall(b\"GET http://registry.test:{h}/big/1000000000 HTTP/1.1\\r\\n\\r\\n\"); "
+             "time.sleep(120)'")
+    job = rpc.call("job.start", {"sandbox": sb, "command": stall})["job_id"]
+    try:
+        def stalled():
+            recs = rpc.call("network.log", {"sandbox": sb})["records"]
+            return recs and recs[-1].get("open") and recs[-1]["bytes_in"] > 0 and recs[-1]
+        deadline = time.monotonic() + 30
+        while not (first := stalled()):
+            assert time.monotonic() < deadline, "the download did not start"
+            time.sleep(0.1)
+        # a while later it has read no more than the socket buffers and our 64 KiB hold
+        time.sleep(1)
+        later = stalled()
+        held = rpc.call("sandbox.get", {"id": sb})["held"]
+        assert held < 256 * 2048 + (1 << 20), (held, later)
+        assert later["bytes_in"] < 64 << 20, later  # not the 1 GB
+        assert later["bytes_in"] - first["bytes_in"] < 16 << 20, (first, later)
+    finally:
+        rpc.call("job.kill", {"job_id": job})
+    r = run(rpc, sb, f"curl -sS -o /dev/null -w '%{{size_download}}' "
+                     f"http://registry.test:{h}/big/100000000", timeout=120)
+    assert r["stdout"] == "100000000", r
+    rec = [x for x in r["network"] if x["host"] == "registry.test"][-1]
+    assert rec["bytes_in"] > 100000000, rec
