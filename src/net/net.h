@@ -144,8 +144,9 @@ struct conch_net_record {
 /* Records a proxy keeps, and connections it serves at once. */
 #define CONCH_NET_LOG_MAX 256
 #define CONCH_NET_CONNS_MAX 256
-/* Bytes a connection buffers each way before it stops reading the other side. */
-#define CONCH_NET_PIPE_BUF (64u << 10)
+/* Bytes a connection buffers each way (whole read buffers) before it stops reading the
+ * other side. */
+#define CONCH_NET_PIPE_BUF (256u << 10)
 
 struct conch_net_proxy;
 

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@
 
 #define HEAD_TIMEOUT_MS 30000
 #define CONNECT_TIMEOUT_MS 30000
-#define READ_CHUNK (16u << 10)
+#define READ_CHUNK (16u << 10) /* a request head's reads */
+#define PIPE_CHUNK (64u << 10) /* a pipe's reads: each is its own buffer, written as it is */
 #define HOSTS_MAX 4096
 
 struct host_entry {
@@ -71,16 +73,19 @@ struct conn {
     uint64_t charged; /* head buffer bytes charged to the budget */
 };
 
+/* A write of bytes read from the other side (or made here): the buffer is the request's own,
+ * charged to the budget whole (@charged), and counted whole in the side's @queued, so that
+ * backpressure bounds what is held, not only what was read. */
 struct wreq {
     uv_write_t req;
     struct conn *c;
     struct side *to;
-    size_t len;
     uint64_t charged;
     char data[];
 };
 
 static void conn_close(struct conn *c, const char *error);
+static void wreq_free(struct conn *c, struct wreq *w);
 
 /* ---- the hosts file (tests) ---- */
 
@@ -187,9 +192,8 @@ static void on_written(uv_write_t *req, int status)
 {
     struct wreq *w = (struct wreq *)req;
     struct conn *c = w->c;
-    w->to->queued -= w->len;
-    conch_budget_uncharge(c->px->budget, w->charged);
-    free(w);
+    w->to->queued -= w->charged;
+    wreq_free(c, w);
     if (c->state == C_CLOSING)
         return;
     if (status < 0) {
@@ -199,38 +203,56 @@ static void on_written(uv_write_t *req, int status)
     pipe_resume(c);
 }
 
+/* A new write request with room for @len bytes, charged; NULL when the budget is full or
+ * memory is out. */
+static struct wreq *wreq_new(struct conn *c, size_t len)
+{
+    uint64_t charge = sizeof(struct wreq) + len;
+    if (conch_budget_charge(c->px->budget, charge, NULL) < 0)
+        return NULL;
+    struct wreq *w = malloc(charge);
+    if (!w) {
+        conch_budget_uncharge(c->px->budget, charge);
+        return NULL;
+    }
+    w->charged = charge;
+    return w;
+}
+
+static void wreq_free(struct conn *c, struct wreq *w)
+{
+    conch_budget_uncharge(c->px->budget, w->charged);
+    free(w);
+}
+
+/* Write @len bytes of @w (taken) to @to. Returns 0 or -1 (closed). */
+static int send_wreq(struct conn *c, struct side *to, struct wreq *w, size_t len)
+{
+    w->c = c;
+    w->to = to;
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+    int r = uv_write(&w->req, (uv_stream_t *)&to->tcp, &b, 1, on_written);
+    if (r < 0) {
+        wreq_free(c, w);
+        conn_close(c, uv_strerror(r));
+        return -1;
+    }
+    to->queued += w->charged;
+    return 0;
+}
+
 /* Queue @len bytes of @data on @to; a copy is made and charged. Returns 0 or -1 (closed). */
 static int send_bytes(struct conn *c, struct side *to, const char *data, size_t len)
 {
     if (len == 0)
         return 0;
-    struct conch_err err = {0};
-    uint64_t charge = sizeof(struct wreq) + len;
-    if (conch_budget_charge(c->px->budget, charge, &err) < 0) {
+    struct wreq *w = wreq_new(c, len);
+    if (!w) {
         conn_close(c, "the sandbox's memory budget is full");
         return -1;
     }
-    struct wreq *w = malloc(sizeof(*w) + len);
-    if (!w) {
-        conch_budget_uncharge(c->px->budget, charge);
-        conn_close(c, "out of memory");
-        return -1;
-    }
-    w->c = c;
-    w->to = to;
-    w->len = len;
-    w->charged = charge;
     memcpy(w->data, data, len);
-    uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
-    int r = uv_write(&w->req, (uv_stream_t *)&to->tcp, &b, 1, on_written);
-    if (r < 0) {
-        conch_budget_uncharge(c->px->budget, charge);
-        free(w);
-        conn_close(c, uv_strerror(r));
-        return -1;
-    }
-    to->queued += len;
-    return 0;
+    return send_wreq(c, to, w, len);
 }
 
 /* Answer the client with @status and a text body, then close. */
@@ -284,6 +306,14 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
 static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
 
+/* A pipe's read goes into a write request of its own: no copy on the way through. */
+static void on_pipe_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    struct wreq *w = wreq_new(h->data, PIPE_CHUNK);
+    *buf = w ? uv_buf_init(w->data, PIPE_CHUNK) : uv_buf_init(NULL, 0);
+}
+
 /* Read a side while the other's queue has room; stop when it is full. */
 static void pipe_resume(struct conn *c)
 {
@@ -297,7 +327,7 @@ static void pipe_resume(struct conn *c)
         if (from->eof)
             continue;
         if (to->queued < CONCH_NET_PIPE_BUF)
-            uv_read_start((uv_stream_t *)&from->tcp, on_alloc, on_pipe_read);
+            uv_read_start((uv_stream_t *)&from->tcp, on_pipe_alloc, on_pipe_read);
         else
             uv_read_stop((uv_stream_t *)&from->tcp);
     }
@@ -308,12 +338,22 @@ static void pipe_resume(struct conn *c)
 static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
-    if (c->state != C_PIPE || n == 0)
-        return;
+    struct wreq *w =
+        buf->base ? (struct wreq *)(void *)(buf->base - offsetof(struct wreq, data)) : NULL;
+    if (c->state != C_PIPE || n <= 0) {
+        if (w)
+            wreq_free(c, w);
+        if (c->state != C_PIPE || n == 0)
+            return;
+    }
     bool from_client = s == (uv_stream_t *)&c->client.tcp;
     struct side *from = from_client ? &c->client : &c->remote;
     struct side *to = from_client ? &c->remote : &c->client;
     if (n < 0) {
+        if (n == UV_ENOBUFS) {
+            conn_close(c, "the sandbox's memory budget is full");
+            return;
+        }
         if (n != UV_EOF) {
             conn_close(c, uv_strerror((int)n));
             return;
@@ -332,7 +372,7 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         c->rec.bytes_out += (uint64_t)n;
     else
         c->rec.bytes_in += (uint64_t)n;
-    if (send_bytes(c, to, buf->base, (size_t)n) < 0)
+    if (send_wreq(c, to, w, (size_t)n) < 0)
         return;
     pipe_resume(c);
 }
