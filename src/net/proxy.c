@@ -22,6 +22,7 @@
 #define READ_CHUNK (16u << 10) /* a request head's reads */
 #define PIPE_CHUNK (64u << 10) /* a pipe's reads: each is its own buffer, written as it is */
 #define HOSTS_MAX 4096
+#define SPARE_MAX 8
 
 struct host_entry {
     char name[CONCH_NET_NAME_MAX + 1];
@@ -41,6 +42,10 @@ struct conch_net_proxy {
     unsigned n_conns;
     unsigned handles; /* listener + connections not freed yet */
     bool freeing;
+    /* Pipe buffers kept for the next read (still charged): a 64 KiB malloc and free per read
+     * made glibc trim and grow its heap each time, page faults included. */
+    struct wreq *spare[SPARE_MAX];
+    unsigned n_spare;
 };
 
 /* C_ANSWER: an answer of the proxy's own is being written; the connection ends after it. */
@@ -128,6 +133,11 @@ static int load_hosts(struct conch_net_proxy *px, const char *path, struct conch
 static void proxy_unref(struct conch_net_proxy *px)
 {
     if (--px->handles == 0 && px->freeing) {
+        while (px->n_spare) {
+            struct wreq *w = px->spare[--px->n_spare];
+            conch_budget_uncharge(px->budget, w->charged);
+            free(w);
+        }
         if (px->ops.closed)
             px->ops.closed(px->ctx);
         conch_net_policy_done(&px->policy);
@@ -208,6 +218,8 @@ static void on_written(uv_write_t *req, int status)
 static struct wreq *wreq_new(struct conn *c, size_t len)
 {
     uint64_t charge = sizeof(struct wreq) + len;
+    if (len == PIPE_CHUNK && c->px->n_spare)
+        return c->px->spare[--c->px->n_spare];
     if (conch_budget_charge(c->px->budget, charge, NULL) < 0)
         return NULL;
     struct wreq *w = malloc(charge);
@@ -221,7 +233,12 @@ static struct wreq *wreq_new(struct conn *c, size_t len)
 
 static void wreq_free(struct conn *c, struct wreq *w)
 {
-    conch_budget_uncharge(c->px->budget, w->charged);
+    struct conch_net_proxy *px = c->px;
+    if (w->charged == sizeof(struct wreq) + PIPE_CHUNK && px->n_spare < SPARE_MAX && !px->freeing) {
+        px->spare[px->n_spare++] = w;
+        return;
+    }
+    conch_budget_uncharge(px->budget, w->charged);
     free(w);
 }
 
