@@ -334,3 +334,21 @@ def test_a_client_that_never_reads_holds_the_proxy_to_its_bounds(netd, servers):
     assert r["stdout"] == "100000000", r
     rec = [x for x in r["network"] if x["host"] == "registry.test"][-1]
     assert rec["bytes_in"] > 100000000, rec
+
+
+def test_the_policy_survives_a_daemon_restart(netd, servers):
+    """The mode and rules are in the sandbox's record: a sandbox brought back after a
+    restart (sandbox.start) has the policy it had, network.set's changes included."""
+    h, _ = servers
+    rpc = netd.client()
+    sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}"], "deny": ["other.test"]})["id"]
+    rpc.call("network.set", {"sandbox": sb, "allow": [f"registry.test:{h}", "a.pkg.test"]})
+    netd.kill9()
+    netd.start()
+    rpc = netd.client()
+    got = rpc.call("sandbox.get", {"id": sb})
+    assert got["state"] == "stopped" and got["net"] == "allow", got
+    assert got["allow"] == [f"registry.test:{h}", "a.pkg.test"] and got["deny"] == ["other.test"]
+    rpc.call("sandbox.start", {"id": sb})
+    r = run(rpc, sb, f"curl -sS http://registry.test:{h}/back; curl -sS http://other.test:{h}/")
+    assert "for /back" in r["stdout"] and "denied by rule 'other.test'" in r["stdout"], r
