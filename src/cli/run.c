@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/nethost.h"
 #include "cli/toolhost.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
@@ -40,10 +41,13 @@ static const char usage_text[] =
     "  --tmp-size BYTES    size of /tmp (default 256M)\n"
     "  --home-size BYTES   size of /home/agent (default 64M)\n"
     "  --disk BYTES        what the command may write to the workspace (default 4G)\n"
-    "  --net none|host     none (default): loopback only; host: the host's network (not\n"
-    "                      isolated; flagged in the result). The allow mode (--allow,\n"
-    "                      --deny) needs the daemon's proxy: conch create --allow D, then\n"
-    "                      conch exec\n"
+    "  --net MODE          none (default): loopback only; allow: HTTP and HTTPS through\n"
+    "                      a proxy to what --allow names; host: the host's network (not\n"
+    "                      isolated; flagged in the result)\n"
+    "  --allow RULE        allow a name ('pypi.org'), its subdomains ('*.npmjs.org'), an\n"
+    "                      address, each with an optional :PORT (default 80 and 443);\n"
+    "                      repeatable; implies --net allow\n"
+    "  --deny RULE         deny it, whatever --allow says (repeatable)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -106,6 +110,7 @@ struct run_cli {
     bool no_daemon;
     const char *socket_path;
     struct conch_toolhost *toolhost; /* --tools (owned) */
+    struct conch_nethost *nethost;   /* --net allow (owned) */
 };
 
 /* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
@@ -242,12 +247,12 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
         return r;
     j->net = net.mode;
+    /* The allow mode's proxy runs here, in a thread of ours, for the one command. */
+    if (j->net == CONCH_NET_ALLOW && (r = conch_nethost_new(&net, &c->nethost, err)) == 0)
+        c->run.net = conch_nethost_net(c->nethost);
     conch_net_policy_done(&net);
-    if (j->net == CONCH_NET_ALLOW)
-        return conch_err_setk(err, CONCH_ERR_USAGE, ENOTSUP,
-                              "--net allow (and --allow, --deny) needs the daemon's proxy, which "
-                              "conch run does not run: start 'conch serve', then 'conch create "
-                              "--allow DOMAIN' and 'conch exec SANDBOX -- CMD'");
+    if (r < 0)
+        return r;
 
     const char *ws = c->spec.workspace ? c->spec.workspace : ".";
     if (!realpath(ws, c->workspace))
@@ -314,6 +319,12 @@ static void print_json(const struct run_cli *c, const struct conch_run_result *r
     json_t *o = conch_run_result_json(res, infra);
     if (o && c->run.jail.net == CONCH_NET_HOST)
         json_object_set_new(o, "network", json_string("host"));
+    if (o && c->nethost) {
+        size_t dropped = 0;
+        json_object_set_new(o, "network", conch_nethost_records(c->nethost, &dropped));
+        if (dropped)
+            json_object_set_new(o, "network_dropped", json_integer((json_int_t)dropped));
+    }
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (text)
         puts(text);
@@ -338,6 +349,29 @@ static void print_change(const struct conch_ws_change *ch, size_t inside)
                                                   : "");
 }
 
+/* The allow mode's refusals, for the person reading: which, and why (the 403 said it too). */
+static void print_denials(struct conch_nethost *h)
+{
+    size_t dropped = 0, i, shown = 0, denied = 0;
+    json_t *recs = conch_nethost_records(h, &dropped), *rec;
+    json_array_foreach(recs, i, rec)
+    {
+        if (json_is_true(json_object_get(rec, "allowed")))
+            continue;
+        if (denied++ < 5) {
+            const char *why = json_string_value(json_object_get(rec, "error"));
+            fprintf(stderr, "conch: network: %s:%lld denied: %s\n",
+                    json_string_value(json_object_get(rec, "host")),
+                    (long long)json_integer_value(json_object_get(rec, "port")),
+                    why ? why : "refused");
+            shown++;
+        }
+    }
+    if (denied > shown)
+        fprintf(stderr, "conch: network: %zu more denied (--json lists them)\n", denied - shown);
+    json_decref(recs);
+}
+
 static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
 {
     /* The command's own failure is on its stderr; one that never ran has only ours. */
@@ -348,6 +382,8 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
                 res->error_msg);
     if (c->run.jail.net == CONCH_NET_HOST && !c->quiet)
         fprintf(stderr, "conch: network: host (the command shared the host's network)\n");
+    if (c->nethost && !c->quiet)
+        print_denials(c->nethost);
     if (res->tools.summary && !c->quiet)
         fprintf(stderr, "conch: %s\n", res->tools.summary);
     if (c->quiet || !res->has_changes)
@@ -440,6 +476,7 @@ int conch_cli_run(int argc, char **argv)
     }
     conch_run_result_done(&res);
     conch_toolhost_free(c.toolhost);
+    conch_nethost_free(c.nethost);
     for (size_t i = 0; i < c.n_env; i++)
         free(c.env[i]);
     free(c.env);

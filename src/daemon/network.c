@@ -104,12 +104,7 @@ void conch_daemon_net_json(const struct sandbox *sb, json_t *o)
 
 static json_t *record_json(const struct conch_net_record *r, bool open)
 {
-    json_t *o = json_pack("{s:f,s:s,s:i,s:s,s:b,s:s?,s:s?,s:s?,s:I,s:I,s:f}", "at", r->at, "host",
-                          r->host, "port", (int)r->port, "kind", r->connect ? "connect" : "http",
-                          "allowed", r->allowed, "rule", r->rule[0] ? r->rule : NULL, "error",
-                          r->error[0] ? r->error : NULL, "address",
-                          r->address[0] ? r->address : NULL, "bytes_out", (json_int_t)r->bytes_out,
-                          "bytes_in", (json_int_t)r->bytes_in, "duration", r->duration);
+    json_t *o = conch_net_record_json(r);
     if (o && open)
         json_object_set_new(o, "open", json_true());
     return o;

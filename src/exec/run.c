@@ -404,8 +404,13 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     } else {
         r = conch_jail_start(&spec, &x->jail, err);
     }
+    if (r == 0 && o->jail.net == CONCH_NET_ALLOW && !o->net)
+        r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "the allow network mode needs a proxy");
     if (r < 0 ||
+        (o->net && (r = o->net->start(o->net, conch_jail_take_net_fd(x->jail), err)) < 0) ||
         (o->tools && (r = o->tools->start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
+        if (o->net)
+            o->net->finish(o->net);
         if (x->jail)
             conch_jail_destroy(x->jail);
         run_ctx_free(x, res, env);
@@ -439,6 +444,8 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
         o->tools->finish(o->tools, &left); /* after a failure: stop its thread */
         conch_run_tool_calls_done(&left);
     }
+    if (o->net)
+        o->net->finish(o->net); /* what it recorded stays its own */
     /* The supervisor ends the command (lost) if it still runs, before the jail goes. */
     conch_super_done(&x->super, "conch run ended");
     if (x->sigfd >= 0)

@@ -38,6 +38,18 @@ struct conch_run_tools {
     void (*finish)(struct conch_run_tools *t, struct conch_run_tool_calls *ret);
 };
 
+/*
+ * struct conch_run_net - the proxy of a sandbox of the allow mode for the one command (conch
+ * run --net allow, cli/nethost.c), known to exec by two operations, as the tools server.
+ * @start: serve @listen_fd (the warden's listener inside the sandbox; taken over) while the
+ *         command runs; 0 or -errno with @err.
+ * @finish: the command ended, or the run failed: stop serving.
+ */
+struct conch_run_net {
+    int (*start)(struct conch_run_net *n, int listen_fd, struct conch_err *err);
+    void (*finish)(struct conch_run_net *n);
+};
+
 struct conch_run_opts {
     struct conch_jail_spec jail;   /* the sandbox */
     char *const *argv;             /* the command; borrowed */
@@ -52,6 +64,7 @@ struct conch_run_opts {
     bool stream;                   /* copy output live to our stdout/stderr (head only) */
     int stdin_fd;                  /* passed to the command; borrowed */
     struct conch_run_tools *tools; /* --tools: serves the bridge; borrowed, or NULL */
+    struct conch_run_net *net;     /* jail.net ALLOW: serves the proxy; borrowed; required */
     /* A running sandbox to use instead of building one (a daemon's, conch_cli_lease), made
      * from @jail but for its workspace: conch_exec_run takes it over and destroys it. */
     struct conch_jail *leased;

@@ -8,6 +8,7 @@
 #ifndef CONCH_NET_NET_H
 #define CONCH_NET_NET_H
 
+#include <jansson.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -140,6 +141,11 @@ struct conch_net_record {
     uint64_t bytes_in;  /* remote → sandbox */
     double duration;    /* seconds */
 };
+
+/* conch_net_record_json - @r as results and network.log show it: {"at", "host", "port",
+ * "kind" ("connect" | "http"), "allowed", "rule", "error", "address", "bytes_out",
+ * "bytes_in", "duration"}. A new object, or NULL when out of memory. */
+json_t *conch_net_record_json(const struct conch_net_record *r);
 
 /* Records a proxy keeps, and connections it serves at once. */
 #define CONCH_NET_LOG_MAX 256

@@ -827,3 +827,13 @@ const char *const *conch_net_proxy_env(void)
     };
     return env;
 }
+
+json_t *conch_net_record_json(const struct conch_net_record *r)
+{
+    return json_pack("{s:f,s:s,s:i,s:s,s:b,s:s?,s:s?,s:s?,s:I,s:I,s:f}", "at", r->at, "host",
+                     r->host, "port", (int)r->port, "kind", r->connect ? "connect" : "http",
+                     "allowed", r->allowed, "rule", r->rule[0] ? r->rule : NULL, "error",
+                     r->error[0] ? r->error : NULL, "address", r->address[0] ? r->address : NULL,
+                     "bytes_out", (json_int_t)r->bytes_out, "bytes_in", (json_int_t)r->bytes_in,
+                     "duration", r->duration);
+}

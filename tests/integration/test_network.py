@@ -284,9 +284,20 @@ def test_none_is_the_default_and_host_is_flagged(netd, servers, tmp_path):
                        text=True, timeout=60, cwd=tmp_path)
     res = json.loads(p.stdout)
     assert "for /run" in res["stdout"] and res["network"] == "host", p
-    p = subprocess.run([CONCH_BIN, "run", "--allow", "pypi.org", "--", "true"],
+    # conch run --allow: the proxy runs in conch run's process (an IP rule: it has no hosts
+    # file, and only a rule naming the address lets it reach the host's loopback)
+    p = subprocess.run([CONCH_BIN, "run", "--no-daemon", "--json", "--allow", f"127.0.0.1:{h}",
+                        "--", "sh", "-c", f"curl -sS --noproxy '' http://127.0.0.1:{h}/run; "
+                        "curl -sS http://other.test/"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert p.returncode == 2 and "needs the daemon's proxy" in p.stderr, p
+    res = json.loads(p.stdout)
+    assert "for /run" in res["stdout"] and "no rule allows this host" in res["stdout"], p
+    assert [(x["host"], x["allowed"]) for x in res["network"]] == [("127.0.0.1", True),
+                                                                   ("other.test", False)], res
+    p = subprocess.run([CONCH_BIN, "run", "--no-daemon", "--deny", "other.test", "--allow",
+                        "*.test", "--", "curl", "-sS", "http://other.test/"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "conch: network: other.test:80 denied: denied by rule 'other.test'" in p.stderr, p
     # bad input: a clear error, naming the param
     from rpcclient import RpcError
     for params, what in [({"allow": ["http://x.org"]}, "invalid network rule"),
