@@ -305,8 +305,8 @@ static void deny(struct conn *c, const char *why)
         snprintf(rule, sizeof(rule), "%s:%u", target, c->req.port);
     snprintf(body, sizeof(body),
              "conch: network access to %s:%u denied: %s.\n"
-             "To allow it: conch network SANDBOX --allow %s (or --allow %s when creating the "
-             "sandbox).\n",
+             "To allow it: --allow %s (conch run, conch create), or for a running sandbox: "
+             "conch network SANDBOX --allow %s\n",
              target, c->req.port, why, rule, rule);
     answer(c, 403, "Forbidden", body);
 }
