@@ -121,6 +121,10 @@ try:
     u.sendto(b"x", ("8.8.8.8", 53)); out["udp"] = "sent"
 except OSError as e:
     out["udp"] = e.errno
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); out["raw"] = "opened"
+except OSError as e:
+    out["raw"] = e.errno
 out["env"] = {k: os.environ.get(k) for k in ("HTTP_PROXY", "https_proxy", "NO_PROXY",
                                              "npm_config_https_proxy", "PIP_PROXY")}
 print(json.dumps(out))
@@ -156,7 +160,7 @@ def test_allow_mode_policy_records_and_live_changes(netd, servers):
     # nothing but the proxy: the host's loopback server is not reachable directly
     assert o["direct"]["code"] == "000", o
     assert o["direct_socket"] != "connected", o
-    assert o["dns"] == "failed" and o["udp"] != "sent", o
+    assert o["dns"] == "failed" and o["udp"] != "sent" and o["raw"] != "opened", o
     assert o["env"] == {"HTTP_PROXY": "http://127.0.0.1:3128",
                         "https_proxy": "http://127.0.0.1:3128",
                         "NO_PROXY": "localhost,127.0.0.1,::1",
