@@ -96,7 +96,8 @@ _conch()
                   --max-client-output-memory --net-hosts --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
-                  --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;
+                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --state-dir
+                  --help -h" ;;
         ps)
             opts="--socket --json --help -h" ;;
         create)
