@@ -399,8 +399,10 @@ static void on_pipe_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 /* Whether header line @l (@len bytes, no line end) is one a proxy drops: hop-by-hop ones. */
 static bool hop_header(const char *l, size_t len)
 {
+    /* Host too: the request goes where its target says, and so does its Host (RFC 9112
+     * 3.2.2), or a sandbox could reach another site of an allowed server by its Host. */
     static const char *const names[] = {"proxy-connection", "proxy-authorization", "connection",
-                                        "keep-alive"};
+                                        "keep-alive", "host"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t n = strlen(names[i]);
         if (len > n && l[n] == ':' && !strncasecmp(l, names[i], n))
@@ -432,7 +434,7 @@ static void on_connected(uv_connect_t *req, int status)
     } else {
         /* origin-form request line, the client's headers but the hop-by-hop ones, and
          * Connection: close (one request per upstream connection). */
-        size_t cap = c->req.head_len + 64;
+        size_t cap = c->req.head_len + 64 + sizeof(c->req.host) + 16;
         char *out = malloc(cap);
         if (!out) {
             conn_close(c, "out of memory");
@@ -466,7 +468,12 @@ static void on_connected(uv_connect_t *req, int status)
             }
             h = nl + 1;
         }
-        n += (size_t)snprintf(out + n, cap - n, "Connection: close\r\n\r\n");
+        bool v6 = strchr(c->req.host, ':') != NULL;
+        n += (size_t)snprintf(out + n, cap - n, "Host: %s%s%s", v6 ? "[" : "", c->req.host,
+                              v6 ? "]" : "");
+        if (c->req.port != 80)
+            n += (size_t)snprintf(out + n, cap - n, ":%u", c->req.port);
+        n += (size_t)snprintf(out + n, cap - n, "\r\nConnection: close\r\n\r\n");
         c->rec.bytes_out += n;
         int r = send_bytes(c, &c->remote, out, n);
         free(out);

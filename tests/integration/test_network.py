@@ -99,6 +99,8 @@ def curl(*a):
 out["http"] = curl(f"http://registry.test:{H}/simple/")
 out["https"] = curl(f"https://registry.test:{S}/tls")
 out["denied"] = curl(f"http://other.test:{H}/")
+# a forged Host: the request goes where its target says, with that Host
+out["forged_host"] = curl("-H", "Host: other.test", f"http://registry.test:{H}/h")
 out["suffix_internal"] = curl(f"http://a.pkg.test:{H}/")
 out["suffix_apex"] = curl(f"http://pkg.test:{H}/")
 out["deny_wins"] = curl(f"http://bad.pkg.test:{H}/")
@@ -143,6 +145,7 @@ def test_allow_mode_policy_records_and_live_changes(netd, servers):
     o = json.loads(r["stdout"])
     assert o["http"]["code"] == "200" and "for /simple/ host=registry.test" in o["http"]["body"], o
     assert o["https"]["code"] == "200" and "for /tls" in o["https"]["body"], o
+    assert o["forged_host"]["body"].endswith(f"for /h host=registry.test:{h}"), o
     # a denied request's 403 names the rule and how to allow it
     assert o["denied"]["code"] == "403", o
     assert "no rule allows this host" in o["denied"]["body"], o
