@@ -29,7 +29,7 @@ _conch()
     }
 
     local commands="run doctor serve ps create exec changes diff commit discard snapshot restore
-                    fork snapshots cp start rm
+                    fork snapshots cp network start rm
                     logs shell attach sessions js gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
@@ -56,6 +56,14 @@ _conch()
         --mode)
             COMPREPLY=($(compgen -W "overlay ro rw" -- "$cur"))
             return ;;
+        --net)
+            COMPREPLY=($(compgen -W "none allow host" -- "$cur"))
+            return ;;
+        --allow|--deny)
+            return ;;
+        --net-hosts)
+            COMPREPLY=($(compgen -f -- "$cur"))
+            return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
         --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|\
         --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
@@ -78,22 +86,26 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --mount --tools --no-daemon --socket --json --quiet -q --help -h --" ;;
+                  --mount --net --allow --deny --tools --no-daemon --socket --json --quiet -q
+                  --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
         serve)
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
                   --idle-timeout --max-output-memory --max-bridge-memory
                   --max-sandbox-bridge-memory --max-held --max-sandbox-held
-                  --max-client-output-memory --help -h" ;;
+                  --max-client-output-memory --net-hosts --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
-                  --tmp-size --disk --rootfs --as-root --env --state-dir --help -h" ;;
+                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --state-dir
+                  --help -h" ;;
         ps)
             opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
-                  --cpu --tmp-size --disk --idle-timeout --mount --help -h" ;;
+                  --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --help -h" ;;
+        network)
+            opts="--socket --json --allow --deny --net --log --help -h" ;;
         exec|rm|start)
             # exec takes one sandbox, then "--" and the command.
             if [[ $cmd == exec && $args -ge 1 ]]; then

@@ -38,6 +38,8 @@ int conch_cli_shell(int argc, char **argv);
 int conch_cli_attach(int argc, char **argv);
 int conch_cli_sessions(int argc, char **argv);
 int conch_cli_create(int argc, char **argv);
+/* conch network: a sandbox's network policy and log (sandbox.c). */
+int conch_cli_network(int argc, char **argv);
 int conch_cli_changes(int argc, char **argv);
 int conch_cli_diff(int argc, char **argv);
 int conch_cli_commit(int argc, char **argv);

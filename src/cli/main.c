@@ -16,6 +16,7 @@ static void usage(FILE *f)
           "  serve [--socket P | --stdio]     run the daemon (JSON-RPC, docs/PROTOCOL.md)\n"
           "  ps [--json]                      list the daemon's sandboxes and what runs there\n"
           "  create [--workspace DIR] [--name N] [limits]  create one; prints its id\n"
+          "  network SANDBOX [--allow D] [--deny D] [--log]  its network policy and attempts\n"
           "  exec [-it] ID -- CMD [ARGS...]   run a command in a daemon sandbox\n"
           "  changes ID                       list its uncommitted changes\n"
           "  diff ID [PATH...]                print them as a unified diff\n"
@@ -82,7 +83,8 @@ int main(int argc, char **argv)
                  {"diff", conch_cli_diff},         {"commit", conch_cli_commit},
                  {"discard", conch_cli_discard},   {"cp", conch_cli_cp},
                  {"snapshot", conch_cli_snapshot}, {"restore", conch_cli_restore},
-                 {"fork", conch_cli_fork},         {"snapshots", conch_cli_snapshots}};
+                 {"fork", conch_cli_fork},         {"snapshots", conch_cli_snapshots},
+                 {"network", conch_cli_network}};
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(verb, verbs[i].name))
             return verbs[i].fn(argc - 1, argv + 1);

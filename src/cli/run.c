@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/nethost.h"
 #include "cli/toolhost.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
@@ -43,6 +44,13 @@ static const char usage_text[] =
     "  --mount SPEC        an extra mount, docker's --mount form (repeatable, at most 8):\n"
     "                      type=tmpfs,target=/scratch[,size=64m] or\n"
     "                      type=bind,source=/host/dir,target=/opt/x[,rw] (read-only unless rw)\n"
+    "  --net MODE          none (default): loopback only; allow: HTTP and HTTPS through\n"
+    "                      a proxy to what --allow names; host: the host's network (not\n"
+    "                      isolated; flagged in the result)\n"
+    "  --allow RULE        allow a name ('pypi.org'), its subdomains ('*.npmjs.org'), an\n"
+    "                      address, each with an optional :PORT (default 80 and 443);\n"
+    "                      repeatable; implies --net allow\n"
+    "  --deny RULE         deny it, whatever --allow says (repeatable)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -88,7 +96,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -105,6 +113,7 @@ struct run_cli {
     bool no_daemon;
     const char *socket_path;
     struct conch_toolhost *toolhost; /* --tools (owned) */
+    struct conch_nethost *nethost;   /* --net allow (owned) */
 };
 
 /* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
@@ -239,6 +248,16 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->disk_bytes = c->spec.disk_bytes;
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
+    struct conch_net_policy net;
+    if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
+        return r;
+    j->net = net.mode;
+    /* The allow mode's proxy runs here, in a thread of ours, for the one command. */
+    if (j->net == CONCH_NET_ALLOW && (r = conch_nethost_new(&net, &c->nethost, err)) == 0)
+        c->run.net = conch_nethost_net(c->nethost);
+    conch_net_policy_done(&net);
+    if (r < 0)
+        return r;
 
     const char *ws = c->spec.workspace ? c->spec.workspace : ".";
     if (!realpath(ws, c->workspace))
@@ -299,9 +318,18 @@ static char change_letter(enum conch_change_kind k)
     return '?';
 }
 
-static void print_json(const struct conch_run_result *res, const struct conch_err *infra)
+static void print_json(const struct run_cli *c, const struct conch_run_result *res,
+                       const struct conch_err *infra)
 {
     json_t *o = conch_run_result_json(res, infra);
+    if (o && c->run.jail.net == CONCH_NET_HOST)
+        json_object_set_new(o, "network", json_string("host"));
+    if (o && c->nethost) {
+        size_t dropped = 0;
+        json_object_set_new(o, "network", conch_nethost_records(c->nethost, &dropped));
+        if (dropped)
+            json_object_set_new(o, "network_dropped", json_integer((json_int_t)dropped));
+    }
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (text)
         puts(text);
@@ -326,6 +354,29 @@ static void print_change(const struct conch_ws_change *ch, size_t inside)
                                                   : "");
 }
 
+/* The allow mode's refusals, for the person reading: which, and why (the 403 said it too). */
+static void print_denials(struct conch_nethost *h)
+{
+    size_t dropped = 0, i, shown = 0, denied = 0;
+    json_t *recs = conch_nethost_records(h, &dropped), *rec;
+    json_array_foreach(recs, i, rec)
+    {
+        if (json_is_true(json_object_get(rec, "allowed")))
+            continue;
+        if (denied++ < 5) {
+            const char *why = json_string_value(json_object_get(rec, "error"));
+            fprintf(stderr, "conch: network: %s:%lld denied: %s\n",
+                    json_string_value(json_object_get(rec, "host")),
+                    (long long)json_integer_value(json_object_get(rec, "port")),
+                    why ? why : "refused");
+            shown++;
+        }
+    }
+    if (denied > shown)
+        fprintf(stderr, "conch: network: %zu more denied (--json lists them)\n", denied - shown);
+    json_decref(recs);
+}
+
 static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
 {
     /* The command's own failure is on its stderr; one that never ran has only ours. */
@@ -334,6 +385,10 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
     else if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
         fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
                 res->error_msg);
+    if (c->run.jail.net == CONCH_NET_HOST && !c->quiet)
+        fprintf(stderr, "conch: network: host (the command shared the host's network)\n");
+    if (c->nethost && !c->quiet)
+        print_denials(c->nethost);
     if (res->tools.summary && !c->quiet)
         fprintf(stderr, "conch: %s\n", res->tools.summary);
     if (c->quiet || !res->has_changes)
@@ -411,7 +466,7 @@ int conch_cli_run(int argc, char **argv)
     if (r < 0) {
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
         if (c.json)
-            print_json(&res, &err);
+            print_json(&c, &res, &err);
         /* Also on stderr in JSON mode: a person running the command should see why. */
         if (err.kind == CONCH_ERR_USAGE)
             fprintf(stderr, "conch run: %s\n", err.msg);
@@ -420,12 +475,13 @@ int conch_cli_run(int argc, char **argv)
     } else {
         status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
         if (c.json)
-            print_json(&res, NULL);
+            print_json(&c, &res, NULL);
         else
             print_summary(&c, &res);
     }
     conch_run_result_done(&res);
     conch_toolhost_free(c.toolhost);
+    conch_nethost_free(c.nethost);
     for (size_t i = 0; i < c.n_env; i++)
         free(c.env[i]);
     free(c.env);

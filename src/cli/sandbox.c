@@ -19,11 +19,17 @@
 #include "core/fsutil.h"
 #include "workspace/workspace.h"
 
-/* Options every verb here takes. */
-enum { OPT_SOCKET = 1, OPT_JSON };
+/* Options every verb here takes (and conch network's --log). */
+enum { OPT_SOCKET = 1, OPT_JSON, OPT_LOG };
 static const struct conch_cli_opt common_opts[] = {
     {"socket", 0, true, OPT_SOCKET},
     {"json", 0, false, OPT_JSON},
+    {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt network_opts[] = {
+    {"socket", 0, true, OPT_SOCKET},
+    {"json", 0, false, OPT_JSON},
+    {"log", 0, false, OPT_LOG},
     {NULL, 0, false, 0},
 };
 
@@ -32,6 +38,8 @@ struct common {
     const char *usage;
     const char *sock;
     bool json;
+    bool log;
+    const struct conch_cli_opt *table; /* NULL: common_opts */
 };
 
 static int usage_error(const struct common *o, const char *what, const char *arg)
@@ -71,6 +79,8 @@ static int common_opt(void *ctx, int key, const char *value, struct conch_err *e
     struct common *o = ctx;
     if (key == OPT_SOCKET)
         o->sock = value;
+    else if (key == OPT_LOG)
+        o->log = true;
     else
         o->json = true;
     return 0;
@@ -82,7 +92,7 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
                  struct conch_sandbox_spec *spec, int *ret_optind)
 {
     const struct conch_cli_parser p = {.verb = o->verb,
-                                       .table = common_opts,
+                                       .table = o->table ? o->table : common_opts,
                                        .handler = common_opt,
                                        .ctx = o,
                                        .spec_opts = spec_opts,
@@ -104,21 +114,24 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_NAME | CONCH_SPEC_OPT_MODE |                        \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
-     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT)
+     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
 
 int conch_cli_create(int argc, char **argv)
 {
     struct common o = {
         .verb = "create",
-        .usage =
-            "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
-            "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
-            "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
-            "                    [--disk B] [--idle-timeout S]\n"
-            "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
-            "\n"
-            "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
-            "object). Without --workspace it gets an empty one.\n"};
+        .usage = "usage: conch create [--socket PATH] [--json] [--workspace DIR] [--name N]\n"
+                 "                    [--mode overlay|ro|rw] [--as-root] [--env K=V]...\n"
+                 "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
+                 "                    [--disk B] [--idle-timeout S]\n"
+                 "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
+                 "                    [--net none|allow|host] [--allow RULE]... [--deny RULE]...\n"
+                 "\n"
+                 "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
+                 "object). Without --workspace it gets an empty one. Network: none (default;\n"
+                 "loopback only), allow (HTTP and HTTPS through the daemon's proxy to what the\n"
+                 "--allow rules name, minus the --deny ones: 'pypi.org', '*.npmjs.org',\n"
+                 "'host:8443'; --allow implies it), host (the host's network, not isolated).\n"};
     struct conch_sandbox_spec spec;
     conch_spec_defaults(&spec);
     int optind = 1;
@@ -334,4 +347,113 @@ int conch_cli_commit(int argc, char **argv)
 int conch_cli_discard(int argc, char **argv)
 {
     return ws_verb(WS_DISCARD, argc, argv);
+}
+
+/* ---- network ---- */
+
+static void print_rules(const char *what, json_t *arr)
+{
+    printf("%s:", what);
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) printf(" %s", json_string_value(v));
+    printf("%s\n", json_array_size(arr) ? "" : " (none)");
+}
+
+int conch_cli_network(int argc, char **argv)
+{
+    struct common o = {
+        .verb = "network",
+        .usage = "usage: conch network [--socket PATH] [--json] SANDBOX [--allow RULE]...\n"
+                 "                     [--deny RULE]... [--net none|allow] [--log]\n"
+                 "\n"
+                 "Show a sandbox's network policy, change it (--allow and --deny replace that\n"
+                 "list; --net none makes an allow sandbox's proxy refuse everything), or with\n"
+                 "--log list its last network attempts (host, port, allowed or denied and by\n"
+                 "which rule, bytes each way).\n",
+        .table = network_opts};
+    struct conch_sandbox_spec spec;
+    conch_spec_defaults(&spec);
+    int optind = 1;
+    int r = parse(&o, argc, argv, CONCH_SPEC_OPT_NET, &spec, &optind);
+    const char *ref = NULL;
+    /* SANDBOX, then options again. */
+    while (r == 0 && optind < argc) {
+        if (ref) {
+            usage_error(&o, "unexpected argument", argv[optind]);
+            r = -1;
+            break;
+        }
+        ref = argv[optind];
+        int more = 1;
+        r = parse(&o, argc - optind, argv + optind, CONCH_SPEC_OPT_NET, &spec, &more);
+        optind += more;
+    }
+    if (r == 0 && !ref) {
+        usage_error(&o, "no sandbox given", NULL);
+        r = -1;
+    }
+    if (r != 0) {
+        conch_spec_done(&spec);
+        return r > 0 ? 0 : CONCH_EXIT_USAGE;
+    }
+    json_t *set = NULL;
+    if (spec.net_given || spec.allow || spec.deny) {
+        set = json_object();
+        if (spec.net_given)
+            json_object_set_new(set, "net", json_string(conch_net_mode_name(spec.net)));
+        if (spec.allow)
+            json_object_set_new(set, "allow", json_incref(spec.allow));
+        if (spec.deny)
+            json_object_set_new(set, "deny", json_incref(spec.deny));
+    }
+    conch_spec_done(&spec);
+    struct conch_cli_conn c;
+    char id[128];
+    if ((r = open_sandbox(&o, &c, ref, id, sizeof(id))) != 0) {
+        json_decref(set);
+        return r;
+    }
+    if (set) {
+        json_object_set_new(set, "sandbox", json_string(id));
+        json_t *res = conch_cli_conn_call(&c, "network.set", set);
+        if (!res) {
+            conch_cli_conn_close(&c);
+            return 1;
+        }
+        json_decref(res);
+    }
+    json_t *res = conch_cli_conn_call(&c, "network.log", json_pack("{s:s}", "sandbox", id));
+    conch_cli_conn_close(&c);
+    if (!res)
+        return 1;
+    bool log = o.log;
+    if (o.json) {
+        if (!log)
+            json_object_del(res, "records");
+        print_json(res);
+        return 0;
+    }
+    printf("network: %s\n", json_string_value(json_object_get(res, "net")));
+    if (json_object_get(res, "allow")) {
+        print_rules("allow", json_object_get(res, "allow"));
+        print_rules("deny", json_object_get(res, "deny"));
+    }
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log ? json_object_get(res, "records") : NULL, i, rec)
+    {
+        const char *rule = json_string_value(json_object_get(rec, "rule"));
+        const char *error = json_string_value(json_object_get(rec, "error"));
+        bool ok = json_is_true(json_object_get(rec, "allowed"));
+        printf("%s %s:%lld %s%s%s in=%lld out=%lld%s%s\n", ok ? "ALLOW" : "DENY ",
+               json_string_value(json_object_get(rec, "host")),
+               (long long)json_integer_value(json_object_get(rec, "port")),
+               json_string_value(json_object_get(rec, "kind")), rule ? " rule=" : "",
+               rule ? rule : "", (long long)json_integer_value(json_object_get(rec, "bytes_in")),
+               (long long)json_integer_value(json_object_get(rec, "bytes_out")),
+               error ? " error: " : "", error ? error : "");
+    }
+    json_decref(res);
+    return 0;
 }

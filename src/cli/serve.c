@@ -39,6 +39,8 @@ static const char serve_usage[] =
     "  --max-output-memory BYTES\n"
     "                      output of all commands kept in memory together (default 64M);\n"
     "                      past it, output goes to the spill files early\n"
+    "  --net-hosts FILE    names the network proxy resolves by FILE (hosts format) before\n"
+    "                      DNS, as for tests that stand in local servers for registries\n"
     "  --max-sandbox-held BYTES\n"
     "                      what the daemon holds for one sandbox (default 64M): its tool\n"
     "                      bridge's partial lines, unread answers and calls in flight, its\n"
@@ -63,7 +65,8 @@ enum {
     OPT_MAX_OUTPUT_MEMORY,
     OPT_MAX_CLIENT_OUTPUT_MEMORY,
     OPT_MAX_HELD,
-    OPT_MAX_SANDBOX_HELD
+    OPT_MAX_SANDBOX_HELD,
+    OPT_NET_HOSTS
 };
 
 static const struct conch_cli_opt serve_opts[] = {
@@ -80,6 +83,7 @@ static const struct conch_cli_opt serve_opts[] = {
     {"max-sandbox-held", 0, true, OPT_MAX_SANDBOX_HELD},
     {"max-bridge-memory", 0, true, OPT_MAX_HELD},
     {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_HELD},
+    {"net-hosts", 0, true, OPT_NET_HOSTS},
     {NULL, 0, false, 0},
 };
 
@@ -148,6 +152,9 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
             r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                "--max-sandbox-held: at least 64K (a connection and a short "
                                "call must fit)");
+        break;
+    case OPT_NET_HOSTS:
+        c->o.net_hosts = value;
         break;
     }
     return r;

@@ -239,7 +239,9 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
         snprintf(cwd, sizeof(cwd), "/workspace/%s", cwd_param);
 
     char **extra = env_strings(sb->env, json_object_get(params, "env"));
-    char **env = extra ? conch_exec_env_build(extra, sb->as_root, err) : NULL;
+    char **env =
+        extra ? conch_exec_env_build(extra, sb->as_root, sb->net.mode == CONCH_NET_ALLOW, err)
+              : NULL;
     free_strings(extra);
     if (!env) {
         if (!err->code)
@@ -318,7 +320,9 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
 {
     struct conch_run_result res;
     run_result_fill(r, changes, &res);
-    return run_result_build(&res, r->tools.calls, r->tools.detached);
+    json_t *o = run_result_build(&res, r->tools.calls, r->tools.detached);
+    conch_daemon_net_result(r->sb, r->started_at, o);
+    return o;
 }
 
 /* A job that never ran: its shell is missing or not executable (the sandbox's fault, as in
@@ -770,7 +774,10 @@ void conch_daemon_handle_exec_run(struct conch_rpc_call *call, json_t *params, v
         bool ok = conch_daemon_spec_from_params(call, sp, &spec);
         if (ok && !spec.workspace && !spec.mounts && (sb = conch_daemon_pool_take(c->d)))
             sb->from_pool = true;
-        if (ok && !sb && conch_daemon_sandbox_create(c->d, &spec, &sb, &err) < 0) {
+        int rc = ok && !sb ? conch_daemon_sandbox_create(c->d, &spec, &sb, &err) : 0;
+        if (ok)
+            conch_net_policy_done(&spec.net);
+        if (rc < 0) {
             json_decref(sp);
             conch_rpc_call_fail_err(call, 0, NULL, &err);
             return;

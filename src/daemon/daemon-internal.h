@@ -150,6 +150,14 @@ struct sandbox {
     struct conch_budget held;
     double tool_timeout; /* its limits (0: the bridge's defaults) */
     unsigned max_tool_calls;
+    /* Its network (network.c): the policy (owned), the allow mode's proxy while its warden is
+     * up (owned), and the log of attempts, a ring of CONCH_NET_LOG_MAX (owned, charged to
+     * @held once made). */
+    struct conch_net_policy net;
+    struct conch_net_proxy *proxy;
+    struct conch_net_record *net_log;
+    size_t net_log_next;  /* where the next record goes */
+    uint64_t net_records; /* made since the sandbox was created */
 };
 
 struct run {
@@ -339,11 +347,31 @@ struct sandbox_spec {
     json_t *env; /* borrowed */
     double idle_timeout;
     const char *name;
-    double tool_timeout;     /* seconds a tool call may take; 0: the bridge's default */
-    unsigned max_tool_calls; /* per command; 0: the bridge's default */
-    const char *layer;       /* the snapshot to stack the workspace on (a fork); NULL: none */
-    json_t *mounts;          /* sandbox.create's "mounts" (borrowed), or NULL */
+    double tool_timeout;         /* seconds a tool call may take; 0: the bridge's default */
+    unsigned max_tool_calls;     /* per command; 0: the bridge's default */
+    const char *layer;           /* the snapshot to stack the workspace on (a fork); NULL: none */
+    json_t *mounts;              /* sandbox.create's "mounts" (borrowed), or NULL */
+    struct conch_net_policy net; /* owned by the caller (conch_net_policy_done) */
 };
+/* ---- network.c: the network policy, proxy and log of a sandbox ---- */
+/* conch_daemon_net_listen - a sandbox of the allow mode whose warden just set up: its proxy
+ * accepts on the listener the warden made. Logged when it fails (commands then reach nothing). */
+void conch_daemon_net_listen(struct sandbox *sb);
+/* conch_daemon_net_stop - the warden went: the proxy and its connections go (records made). */
+void conch_daemon_net_stop(struct sandbox *sb);
+/* conch_daemon_net_free - drop the policy and the log (the sandbox is freed). */
+void conch_daemon_net_free(struct sandbox *sb);
+/* conch_daemon_net_json - {"net": mode, "allow": [...], "deny": [...]} of @sb into @o. */
+void conch_daemon_net_json(const struct sandbox *sb, json_t *o);
+/* conch_daemon_net_result - the network part of a command's result into @o: "network":
+ * "host" for the host mode; for the allow mode an array of the attempts made since
+ * @since (wall clock, seconds): finished ones and those still open, at most
+ * CONCH_NET_RESULT_MAX (then "network_dropped": N). Nothing for the none mode. */
+void conch_daemon_net_result(struct sandbox *sb, double since, json_t *o);
+#define CONCH_NET_RESULT_MAX 100
+void conch_daemon_handle_network_log(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_network_set(struct conch_rpc_call *call, json_t *params, void *ctx);
+
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */
 struct sandbox *conch_sb_new(struct daemon *d);

@@ -28,6 +28,9 @@ struct conch_daemon_opts {
      * is also held to CLIENT_OUTPUT_HARD): past it, the clients with the most unread are
      * disconnected. Default 128 MiB. */
     uint64_t max_client_output_memory;
+    /* A hosts-format file the network proxy resolves names by before DNS (tests point
+     * registry names at loopback servers with it); NULL: DNS only. */
+    const char *net_hosts;
 };
 
 /* conch_daemon_opts_init - the defaults above. */

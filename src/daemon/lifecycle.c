@@ -208,6 +208,7 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         log_warn("tool bridge: %s; commands get no tool_call", ptc_err.msg);
     }
     spec.ptc_dir = ptc_dir;
+    spec.net = sb->net.mode;
     spec.attachable = async; /* the pool's: `conch run` may take it with its workspace (lease) */
     /* The pool builds its sandboxes in the background: the warden's setup (mounts) runs
      * while the loop serves requests, and the outcome arrives on the control socket. */
@@ -355,6 +356,7 @@ static void warden_teardown(struct sandbox *sb)
 static void on_idle_closed(uv_handle_t *h)
 {
     struct sandbox *sb = h->data;
+    conch_daemon_net_free(sb); /* its log's charge goes */
     /* Every holder of a charge held the sandbox, or let go of it when it went (the bridge):
      * what is left is a slip, which must not stay charged to the daemon's budget. */
     uint64_t left = conch_budget_held(&sb->held);
@@ -411,6 +413,7 @@ static void stop_handles(struct sandbox *sb, const char *why)
         conch_super_done(&sb->super, why);
     if (sb->bridge)
         conch_bridge_listen(sb->bridge, -1, NULL);
+    conch_daemon_net_stop(sb);
     conch_list_for_each_safe(pos, tmp, &sb->files)
         conch_daemon_file_req_abort(conch_list_entry(pos, struct file_req, link));
     conch_daemon_file_pool_stop(sb);
@@ -503,6 +506,7 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
         if (from != SB_POOLED) { /* a warden just set up */
             ctl_poll_update(sb);
             conch_daemon_sandbox_bridge_listen(sb);
+            conch_daemon_net_listen(sb);
         }
         break;
     case SB_POOLED:

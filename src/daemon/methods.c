@@ -64,6 +64,11 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
         /* checked by conch_spec_from_json; parsed again (into the sandbox) at creation */
         .mounts = json_object_get(params, "mounts"),
     };
+    if (conch_spec_net_policy(&s, &spec->net, &err) < 0) {
+        conch_spec_done(&s);
+        conch_rpc_call_fail_param(call, "net", "%s", err.msg);
+        return false;
+    }
     conch_spec_done(&s);
     return true;
 }
@@ -111,6 +116,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
     struct sandbox *sb;
     struct conch_err err = {0};
     int r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
+    conch_net_policy_done(&spec.net);
     if (r == -EMFILE) {
         conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
         return;
@@ -233,7 +239,8 @@ FS_HANDLER(handle_fs_download, "download")
         R("disk", I, 0, CONCH_SPEC_DISK_MAX, CONCH_SPEC_SIZE_MIN),                                 \
         R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
         R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
-        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("mounts", A, false)
+        R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("mounts", A, false),            \
+        P("net", S, false), P("allow", A, false), P("deny", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
@@ -322,6 +329,8 @@ static const struct conch_rpc_param p_fork[] = {P("sandbox", S, false), P("snaps
                                                 P("name", S, false), P("force", B, false), END};
 static const struct conch_rpc_param p_snapshots[] = {P("sandbox", S, false), END};
 static const struct conch_rpc_param p_snapshot_delete[] = {P("snapshot", S, true), END};
+static const struct conch_rpc_param p_network_set[] = {
+    P("sandbox", S, true), P("net", S, false), P("allow", A, false), P("deny", A, false), END};
 static const struct conch_rpc_param p_tools_register[] = {P("sandbox", S, true),
                                                           P("tools", A, true), END};
 static const struct conch_rpc_param p_agents_register[] = {P("sandbox", S, true),
@@ -420,5 +429,7 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"js.reset", p_js_session, conch_daemon_handle_js_reset},
     {"js.close", p_js_session, conch_daemon_handle_js_close},
     {"js.list", p_sandbox, conch_daemon_handle_js_list},
+    {"network.log", p_sandbox, conch_daemon_handle_network_log},
+    {"network.set", p_network_set, conch_daemon_handle_network_set},
     {NULL, NULL, NULL},
 };

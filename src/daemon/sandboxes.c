@@ -85,9 +85,36 @@ static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
     return o;
 }
 
+static int record(struct sandbox *sb, struct conch_err *err);
+
+/* The network of a recorded sandbox (conch_daemon_net_json's keys); a record it cannot read
+ * leaves it without network (none), never with more. */
+static void net_from_record(struct sandbox *sb, json_t *spec)
+{
+    struct conch_err err = {0};
+    enum conch_net_mode mode = CONCH_NET_NONE;
+    const char *net = json_string_value(json_object_get(spec, "net"));
+    if (net && conch_net_mode_parse(net, &mode, &err) < 0)
+        mode = CONCH_NET_NONE;
+    conch_net_policy_init(&sb->net, mode);
+    for (int deny = 0; deny < 2; deny++) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(spec, deny ? "deny" : "allow"), i, v)
+        {
+            if (conch_net_policy_add(&sb->net, deny, json_string_value(v), &err) < 0) {
+                log_warn("sandbox %s: network rule: %s (it gets no network)", sb->id, err.msg);
+                conch_net_policy_done(&sb->net);
+                conch_net_policy_init(&sb->net, CONCH_NET_NONE);
+                return;
+            }
+        }
+    }
+}
+
 json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
 {
-    return sandbox_running_json(
+    json_t *o = sandbox_running_json(
         sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I,s:s?}", "id", sb->id, "name",
                       sb->name[0] ? sb->name : NULL, "state",
                       sb->state == SB_READY ? "running" : "stopped", "workspace",
@@ -96,6 +123,9 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
                       sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
                       sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held),
                       "snapshot", sb->layer[0] ? sb->layer : NULL));
+    if (o)
+        conch_daemon_net_json(sb, o);
+    return o;
 }
 
 static void on_idle(uv_timer_t *t)
@@ -318,7 +348,6 @@ void conch_sb_sample_start(struct sandbox *sb)
     }
 }
 
-static int record(struct sandbox *sb, struct conch_err *err);
 static json_t *spec_json_base(const struct sandbox *sb);
 
 /* Parse @arr (sandbox.create's "mounts", or a record's) into @sb's own list. */
@@ -342,6 +371,8 @@ static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err
 json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
 {
     json_t *spec = spec_json_base(sb);
+    if (spec)
+        conch_daemon_net_json(sb, spec); /* its network: "net", "allow", "deny" */
     if (spec && sb->n_mounts) {
         json_t *arr = json_array();
         for (unsigned i = 0; i < sb->n_mounts; i++)
@@ -487,7 +518,8 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     if (spec->layer)
         snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
     int r;
-    if ((r = sandbox_mounts(sb, spec->mounts, err)) < 0)
+    if ((r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
+        (r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
         goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
         int n =
@@ -596,6 +628,7 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
         if (sandbox_mounts(sb, json_object_get(spec, "mounts"), &err) < 0)
             log_warn("sandbox %s: its recorded mounts: %s", list[i].id, err.msg);
+        net_from_record(sb, spec);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
         sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));

@@ -750,7 +750,7 @@ int conch_daemon_session_shell_start(struct session *s, struct conch_err *err)
                     i++;
             }
         }
-        env = conch_exec_env_build(extra, sb->as_root, err);
+        env = conch_exec_env_build(extra, sb->as_root, sb->net.mode == CONCH_NET_ALLOW, err);
         for (size_t j = 0; j < i; j++)
             free(extra[j]);
         free(extra);

@@ -60,7 +60,7 @@ void conch_exec_env_free(char **env)
     free(env);
 }
 
-char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err)
+char **conch_exec_env_build(char *const *extra, bool as_root, bool net_proxy, struct conch_err *err)
 {
     static const char *const base[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/run/conch/bin",
@@ -74,7 +74,10 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
         "GIT_PAGER=cat",
         NULL,
     };
+    const char *const *proxy = conch_net_proxy_env();
     size_t n = 0, cap = ARRAY_SIZE(base) + 2;
+    for (const char *const *e = proxy; net_proxy && *e; e++)
+        cap++;
     for (char *const *e = extra; e && *e; e++)
         cap++;
     char **env = calloc(cap + 1, sizeof(char *));
@@ -90,6 +93,9 @@ char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *
     env[n++] = strdup(buf);
     for (int i = 0; base[i]; i++)
         env[n++] = strdup(base[i]);
+    /* The allow mode's proxy, for what honours the usual variables (curl, pip, npm, git). */
+    for (const char *const *e = proxy; net_proxy && *e; e++)
+        env[n++] = strdup(*e);
     for (char *const *e = extra; e && *e; e++) {
         const char *eq = strchr(*e, '=');
         if (!eq || eq == *e) {
@@ -373,7 +379,8 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     };
     char **env = NULL;
     if ((r = conch_command_init(&x->cmd, &copts, &run_command_ops, x, err)) < 0 ||
-        !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, err))) {
+        !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, o->jail.net == CONCH_NET_ALLOW,
+                                     err))) {
         run_ctx_free(x, res, env);
         return r < 0 ? r : -(err->code ? err->code : EINVAL);
     }
@@ -397,8 +404,13 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     } else {
         r = conch_jail_start(&spec, &x->jail, err);
     }
+    if (r == 0 && o->jail.net == CONCH_NET_ALLOW && !o->net)
+        r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "the allow network mode needs a proxy");
     if (r < 0 ||
+        (o->net && (r = o->net->start(o->net, conch_jail_take_net_fd(x->jail), err)) < 0) ||
         (o->tools && (r = o->tools->start(o->tools, conch_jail_take_ptc_fd(x->jail), err)) < 0)) {
+        if (o->net)
+            o->net->finish(o->net);
         if (x->jail)
             conch_jail_destroy(x->jail);
         run_ctx_free(x, res, env);
@@ -432,6 +444,8 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
         o->tools->finish(o->tools, &left); /* after a failure: stop its thread */
         conch_run_tool_calls_done(&left);
     }
+    if (o->net)
+        o->net->finish(o->net); /* what it recorded stays its own */
     /* The supervisor ends the command (lost) if it still runs, before the jail goes. */
     conch_super_done(&x->super, "conch run ended");
     if (x->sigfd >= 0)

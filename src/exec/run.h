@@ -38,6 +38,18 @@ struct conch_run_tools {
     void (*finish)(struct conch_run_tools *t, struct conch_run_tool_calls *ret);
 };
 
+/*
+ * struct conch_run_net - the proxy of a sandbox of the allow mode for the one command (conch
+ * run --net allow, cli/nethost.c), known to exec by two operations, as the tools server.
+ * @start: serve @listen_fd (the warden's listener inside the sandbox; taken over) while the
+ *         command runs; 0 or -errno with @err.
+ * @finish: the command ended, or the run failed: stop serving.
+ */
+struct conch_run_net {
+    int (*start)(struct conch_run_net *n, int listen_fd, struct conch_err *err);
+    void (*finish)(struct conch_run_net *n);
+};
+
 struct conch_run_opts {
     struct conch_jail_spec jail;   /* the sandbox */
     char *const *argv;             /* the command; borrowed */
@@ -52,6 +64,7 @@ struct conch_run_opts {
     bool stream;                   /* copy output live to our stdout/stderr (head only) */
     int stdin_fd;                  /* passed to the command; borrowed */
     struct conch_run_tools *tools; /* --tools: serves the bridge; borrowed, or NULL */
+    struct conch_run_net *net;     /* jail.net ALLOW: serves the proxy; borrowed; required */
     /* A running sandbox to use instead of building one (a daemon's, conch_cli_lease), made
      * from @jail but for its workspace: conch_exec_run takes it over and destroys it. */
     struct conch_jail *leased;
@@ -96,11 +109,13 @@ void conch_run_result_done(struct conch_run_result *res);
 /*
  * conch_exec_env_build - the clean environment of a command: PATH (with the tool bridge's
  * /run/conch/bin), PYTHONPATH (its module), HOME, USER, LOGNAME,
- * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, then @extra ("K=V",
+ * SHELL, LANG=C.UTF-8, TERM=dumb, NO_COLOR=1, PAGER=cat, GIT_PAGER=cat, with @net_proxy the
+ * proxy's variables (conch_net_proxy_env), then @extra ("K=V",
  * later entries override earlier ones). Returns a new NULL-terminated array of new strings
  * (free with conch_exec_env_free), or NULL on a malformed entry / out of memory (@err).
  */
-char **conch_exec_env_build(char *const *extra, bool as_root, struct conch_err *err);
+char **conch_exec_env_build(char *const *extra, bool as_root, bool net_proxy,
+                            struct conch_err *err);
 void conch_exec_env_free(char **env);
 
 #endif

@@ -45,6 +45,7 @@ struct conch_jail {
     struct conch_seccomp_prog seccomp_js;   /* JS workers (no exec, no sockets) */
     bool sync_destroy; /* conch_jail_destroy waits until the namespaces are gone */
     int ptc_fd;        /* the tool bridge's listening socket until taken, else -1; owned */
+    int net_fd;        /* the proxy's listening socket until taken, else -1; owned */
     int pidfd;         /* the warden's pidfd, or -1 (no pidfds: valgrind, old kernels); owned */
     /* root mode, attach: the last workspace idmapping (its owner's ids), kept for the next
      * attach (a recycled pool sandbox serves the same workspaces again); -1: none */
@@ -136,13 +137,16 @@ struct jail_plan {
     /* a workspace may be attached later (JMSG_ATTACH): unprivileged, the warden keeps a mount
      * namespace that sees the host (see conch_jail_warden_main) */
     bool attachable;
+    /* the network (conch_jail_spec.net); HOST: the host's resolv.conf, read by the parent */
+    enum conch_net_mode net;
+    char resolv[2048];
 };
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f000bu /* "co" + version 11 */
+#define JAIL_PROTO_VERSION 0x636f000cu /* "co" + version 12 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -424,10 +428,14 @@ int conch_jail_ctl_send(struct conch_jail *j, struct jail_msg *m, const int *fds
 /* conch_jail_ctl_queue_clear - drop every queued message, closing its fds. */
 void conch_jail_ctl_queue_clear(struct conch_jail *j);
 int conch_jail_recv(int fd, struct jail_msg *m, int *fds, int max_fds, int *ret_nfds, int flags);
-/* conch_jail_event_from_msg - the event or answer @m of the warden (with @fd, taken: kept in an
- * answer, else closed; -1: none) in *@ret. False for a message that is neither (@fd then
- * stays the caller's). (jail-ops.c) */
-bool conch_jail_event_from_msg(const struct jail_msg *m, int fd, struct conch_jail_event *ret);
+/* conch_jail_event_from_msg - the event or answer @m of the warden (with @fds, taken: a setup
+ * answer keeps those JSETUP_* names, the rest are closed) in *@ret. False for a message that is
+ * neither (@fds then stay the caller's). (jail-ops.c) */
+bool conch_jail_event_from_msg(const struct jail_msg *m, int *fds, int nfds,
+                               struct conch_jail_event *ret);
+/* JMSG_SETUP_OK's b: which fds came with it, in this order. */
+#define JSETUP_PTC 1u
+#define JSETUP_NET 2u
 
 /* conch_jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
  * once every process but the warden is gone: every mount a command can write (/tmp,

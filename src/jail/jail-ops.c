@@ -102,11 +102,13 @@ int conch_jail_send_run(struct conch_jail *j, int64_t id, const struct conch_jai
     return r < 0 ? send_failed(err, r, "send command to the warden") : 0;
 }
 
-bool conch_jail_event_from_msg(const struct jail_msg *m, int fd, struct conch_jail_event *ret)
+bool conch_jail_event_from_msg(const struct jail_msg *m, int *fds, int nfds,
+                               struct conch_jail_event *ret)
 {
     memset(ret, 0, sizeof(*ret));
     ret->id = m->id;
-    ret->answer_fd = -1;
+    ret->answer_fd = ret->answer_net_fd = -1;
+    int used = 0;
     switch (m->type) {
     case JMSG_STARTED:
         ret->type = CONCH_JAIL_STARTED;
@@ -131,13 +133,18 @@ bool conch_jail_event_from_msg(const struct jail_msg *m, int fd, struct conch_ja
         ret->answer_nr = ret->answer_ok ? m->a : -1;
         if (!ret->answer_ok)
             ret->err = m->err;
-        ret->answer_fd = fd;
-        return true;
+        if (m->type == JMSG_SETUP_OK && (m->b & JSETUP_PTC) && used < nfds)
+            ret->answer_fd = fds[used++];
+        if (m->type == JMSG_SETUP_OK && (m->b & JSETUP_NET) && used < nfds)
+            ret->answer_net_fd = fds[used++];
+        if (!(m->b & (JSETUP_PTC | JSETUP_NET)) && used < nfds)
+            ret->answer_fd = fds[used++]; /* an answer's one fd */
+        break;
     default:
         return false; /* nothing else is addressed to the parent */
     }
-    if (fd >= 0)
-        close(fd); /* an event carries none */
+    for (int i = used; i < nfds; i++)
+        close(fds[i]); /* an event carries none */
     return true;
 }
 
@@ -153,12 +160,10 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret, st
             return -EAGAIN;
         if (r < 0)
             return conch_err_set(err, -r, "read from the warden: %s", strerror(-r));
-        for (int i = 1; i < nfds; i++)
-            close(fds[i]);
-        if (conch_jail_event_from_msg(&m, nfds > 0 ? fds[0] : -1, ret))
+        if (conch_jail_event_from_msg(&m, fds, nfds, ret))
             return 1;
-        if (nfds > 0)
-            close(fds[0]);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
     }
 }
 
@@ -335,7 +340,7 @@ int conch_jail_adopt(const struct conch_jail_lease *lease, int ctl, const char *
     j->adopted = true;
     j->warden_pid = lease->warden_pid;
     j->ctl_fd = ctl;
-    j->host_ws_fd = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
+    j->host_ws_fd = j->ptc_fd = j->net_fd = j->pidfd = j->idmap_fd = -1;
     j->upper_fd_nr = lease->upper_fd_nr;
     j->root_mode = lease->root_mode;
     j->host_id_base = lease->host_id_base;

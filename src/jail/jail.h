@@ -100,6 +100,11 @@ struct conch_jail_spec {
      * commands' PATH. Either may be off (false / NULL). */
     bool ptc_socket;
     const char *ptc_dir;
+    /* The network (net/net.h): NONE, a namespace of its own with loopback only; ALLOW, the
+     * same with a listening TCP socket at 127.0.0.1:3128 inside handed to the caller
+     * (conch_jail_take_net_fd), whose proxy is the only way out; HOST, the host's network
+     * namespace (and its resolv.conf). */
+    enum conch_net_mode net;
 };
 
 /*
@@ -138,6 +143,10 @@ void conch_jail_cgroup_stats(struct conch_jail *j, struct conch_cgroup_stats *re
  * warden made at /run/conch/ptc.sock when spec.ptc_socket was set; the caller owns it and
  * accepts on it. -1 when there is none or it was taken. */
 int conch_jail_take_ptc_fd(struct conch_jail *j);
+/* conch_jail_take_net_fd - the listening proxy socket (127.0.0.1:3128 in the sandbox's
+ * network namespace; O_NONBLOCK, O_CLOEXEC) of a sandbox of spec.net ALLOW; the caller owns
+ * it and accepts on it. -1 when there is none or it was taken. */
+int conch_jail_take_net_fd(struct conch_jail *j);
 /* conch_jail_set_sync_destroy - make conch_jail_destroy wait until the namespaces are gone
  * (the overlay unmounted), as a restart over the same upper dir needs. */
 void conch_jail_set_sync_destroy(struct conch_jail *j, bool on);
@@ -248,6 +257,7 @@ struct conch_jail_event {
     int answer_nr;        /* ANSWER: the upper dir's fd number in the warden, or -1 */
     int answer_fd;        /* ANSWER: an fd that came with it (the setup's tool-bridge socket)
                            * or -1; conch_jail_take_answer takes it, else the reader closes it */
+    int answer_net_fd;    /* ANSWER: the setup's proxy listener or -1; as @answer_fd */
 };
 
 /* The requests the warden answers with a CONCH_JAIL_ANSWER event. */

@@ -393,7 +393,12 @@ static int setup_etc(const struct jail_plan *plan, struct conch_err *err)
         (r = write_text("/etc/hostname", "conch\n", 0644, err)) < 0 ||
         (r = write_text("/etc/hosts", "127.0.0.1\tlocalhost conch\n::1\tlocalhost\n", 0644, err)) <
             0 ||
-        (r = write_text("/etc/resolv.conf", "# no network in this sandbox\n", 0644, err)) < 0)
+        (r = write_text("/etc/resolv.conf",
+                        plan->net == CONCH_NET_HOST    ? plan->resolv
+                        : plan->net == CONCH_NET_ALLOW ? "# no DNS in this sandbox: HTTP(S) goes "
+                                                         "through the proxy (HTTP_PROXY)\n"
+                                                       : "# no network in this sandbox\n",
+                        0644, err)) < 0)
         return r;
     return 0;
 }

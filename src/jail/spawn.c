@@ -379,6 +379,15 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     plan->js_server = spec->js_server;
     plan->ptc_socket = spec->ptc_socket;
     plan->attachable = spec->attachable;
+    plan->net = spec->net;
+    if (plan->net == CONCH_NET_HOST) {
+        /* The host's resolver for the host's network; read here: the child cannot. */
+        int fd = open("/etc/resolv.conf", O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, plan->resolv, sizeof(plan->resolv) - 1) : -1;
+        plan->resolv[n > 0 ? n : 0] = '\0';
+        if (fd >= 0)
+            close(fd);
+    }
     if (spec->ptc_dir) {
         if (spec->ptc_dir[0] != '/' || strlen(spec->ptc_dir) + 9 >= sizeof(plan->ptc_lib))
             return conch_err_set(err, EINVAL, "tool bridge dir '%s': not an absolute path",
@@ -519,7 +528,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     int r;
     _cleanup_free_ struct jail_plan *plan = NULL;
     _cleanup_close_ int plan_fd = -1;
-    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->pidfd = j->idmap_fd = -1;
+    j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->net_fd = j->pidfd = j->idmap_fd =
+        -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
     j->as_root = spec->as_root;
@@ -697,8 +707,12 @@ fail:
 int conch_jail_take_answer(struct conch_jail *j, enum conch_jail_answer_kind kind,
                            struct conch_jail_event *ev, struct conch_err *err)
 {
-    int fd = ev->answer_fd;
-    ev->answer_fd = -1;
+    int fd = ev->answer_fd, net_fd = ev->answer_net_fd;
+    ev->answer_fd = ev->answer_net_fd = -1;
+    if (net_fd >= 0 && (kind != CONCH_JAIL_ANSWER_SETUP || !ev->answer_ok)) {
+        close(net_fd);
+        net_fd = -1;
+    }
     if (!ev->answer_ok) {
         if (fd >= 0)
             close(fd);
@@ -723,6 +737,11 @@ int conch_jail_take_answer(struct conch_jail *j, enum conch_jail_answer_kind kin
             close(j->ptc_fd);
         j->ptc_fd = fd;
     }
+    if (net_fd >= 0) {
+        if (j->net_fd >= 0)
+            close(j->net_fd);
+        j->net_fd = net_fd;
+    }
     unstage(j);
     return 0;
 }
@@ -732,17 +751,17 @@ int conch_jail_take_answer(struct conch_jail *j, enum conch_jail_answer_kind kin
 static int await_setup(struct conch_jail *j, struct conch_err *err)
 {
     struct jail_msg m;
-    int nfds = 0, fds[1] = {-1};
-    int r = conch_jail_recv(j->ctl_fd, &m, fds, 1, &nfds, 0);
+    int nfds = 0, fds[JAIL_MSG_MAX_FDS] = {-1, -1, -1, -1};
+    int r = conch_jail_recv(j->ctl_fd, &m, fds, JAIL_MSG_MAX_FDS, &nfds, 0);
     struct conch_jail_event ev;
     if (r <= 0) {
         r = conch_err_set(err, r < 0 ? -r : EPIPE, "the warden died during setup");
     } else if (m.type != JMSG_SETUP_OK && m.type != JMSG_SETUP_ERR) {
-        if (nfds == 1)
-            close(fds[0]);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
         r = conch_err_set(err, EPROTO, "unexpected warden message %u during setup", m.type);
     } else {
-        conch_jail_event_from_msg(&m, nfds == 1 ? fds[0] : -1, &ev);
+        conch_jail_event_from_msg(&m, fds, nfds, &ev);
         r = conch_jail_take_answer(j, CONCH_JAIL_ANSWER_SETUP, &ev, err);
     }
     if (r < 0)
@@ -795,6 +814,13 @@ int conch_jail_take_ptc_fd(struct conch_jail *j)
 {
     int fd = j->ptc_fd;
     j->ptc_fd = -1;
+    return fd;
+}
+
+int conch_jail_take_net_fd(struct conch_jail *j)
+{
+    int fd = j->net_fd;
+    j->net_fd = -1;
     return fd;
 }
 
@@ -865,6 +891,9 @@ void conch_jail_destroy(struct conch_jail *j)
     if (j->ptc_fd >= 0)
         close(j->ptc_fd);
     j->ptc_fd = -1;
+    if (j->net_fd >= 0)
+        close(j->net_fd);
+    j->net_fd = -1;
     if (j->pidfd >= 0)
         close(j->pidfd);
     j->pidfd = -1;

@@ -6,6 +6,7 @@
  * recycles the sandbox and attaches workspaces. When the warden exits, the kernel kills
  * everything left in its pid namespace. Runs in the child after clone(): no allocation, no
  * stdio. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -34,6 +35,24 @@
 #include "core/fdpass.h"
 #include "core/proctitle.h"
 #include "jail/jail-internal.h"
+
+/* The proxy's listener of the allow mode, at 127.0.0.1:3128 of the sandbox's own network
+ * namespace (loopback is up): the daemon accepts on it, so only the sandbox can connect. */
+static int proxy_listen(struct conch_err *err)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(CONCH_NET_PROXY_PORT),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 1024) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return conch_err_set(err, e, "network proxy: listen on 127.0.0.1:%d in the sandbox: %s",
+                             CONCH_NET_PROXY_PORT, strerror(e));
+    }
+    return fd;
+}
 
 static int loopback_up(struct conch_err *err)
 {
@@ -341,12 +360,15 @@ static int recycle(const struct jail_plan *plan, struct conch_err *err)
     conch_jail_warden.ws_attached = false;
     conch_jail_warden.refill_never = false;
     conch_jail_warden.refill_after_us = 0;
-    if (unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
+    /* Only a sandbox without network gets a new network namespace: the host's stays the
+     * host's, and the allow mode's holds the proxy listener the daemon accepts on. */
+    int newnet = plan->net == CONCH_NET_NONE ? CLONE_NEWNET : 0;
+    if (unshare(newnet | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
         return conch_err_set(err, errno, "renew the network, ipc and uts namespaces: %s",
                              strerror(errno));
     if (sethostname("conch", 5) < 0)
         return conch_err_set(err, errno, "set hostname in the UTS namespace: %s", strerror(errno));
-    int r = loopback_up(err);
+    int r = newnet ? loopback_up(err) : 0;
     if (r < 0)
         return r;
     if ((r = conch_jail_mounts_scrub_child(plan, err)) < 0)
@@ -602,7 +624,9 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
             goto setup_failed;
         }
     }
-    if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0) {
+    /* The host network mode keeps the host's network namespace (asked for explicitly). */
+    int newnet = plan->net == CONCH_NET_HOST ? 0 : CLONE_NEWNET;
+    if (unshare(CLONE_NEWNS | newnet | CLONE_NEWIPC | CLONE_NEWUTS) < 0) {
         conch_err_set(&err, errno, "create mount, network, ipc and uts namespaces: %s",
                       strerror(errno));
         goto setup_failed;
@@ -615,7 +639,10 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
         conch_err_set(&err, errno, "set hostname in the UTS namespace: %s", strerror(errno));
         goto setup_failed;
     }
-    if (loopback_up(&err) < 0)
+    if (newnet && loopback_up(&err) < 0)
+        goto setup_failed;
+    int net_fd = -1;
+    if (plan->net == CONCH_NET_ALLOW && (net_fd = proxy_listen(&err)) < 0)
         goto setup_failed;
     int ptc_fd = -1;
     if (conch_jail_mounts_setup_child(plan, &upper_fd, &ptc_fd, &err) < 0)
@@ -645,10 +672,20 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
     memset(&m, 0, sizeof(m));
     m.type = JMSG_SETUP_OK;
     m.a = upper_fd;
-    if (conch_jail_send(ctl, &m, &ptc_fd, ptc_fd >= 0 ? 1 : 0) < 0)
+    int setup_fds[2], n_setup_fds = 0;
+    if (ptc_fd >= 0) {
+        setup_fds[n_setup_fds++] = ptc_fd;
+        m.b |= JSETUP_PTC;
+    }
+    if (net_fd >= 0) {
+        setup_fds[n_setup_fds++] = net_fd;
+        m.b |= JSETUP_NET;
+    }
+    if (conch_jail_send(ctl, &m, setup_fds, n_setup_fds) < 0)
         _exit(1);
-    if (ptc_fd >= 0)
-        close(ptc_fd); /* the parent accepts; nothing we fork may hold it */
+    /* The parent accepts on them; nothing we fork may hold them. */
+    for (int i = 0; i < n_setup_fds; i++)
+        close(setup_fds[i]);
 
     sigset_t mask;
     sigemptyset(&mask);

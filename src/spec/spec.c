@@ -61,10 +61,39 @@ void conch_spec_defaults(struct conch_sandbox_spec *s)
 void conch_spec_done(struct conch_sandbox_spec *s)
 {
     json_decref(s->env);
-    s->env = NULL;
     free(s->mounts);
     s->mounts = NULL;
     s->n_mounts = 0;
+    json_decref(s->allow);
+    json_decref(s->deny);
+    s->env = s->allow = s->deny = NULL;
+}
+
+int conch_spec_net_policy(const struct conch_sandbox_spec *s, struct conch_net_policy *ret,
+                          struct conch_err *err)
+{
+    enum conch_net_mode mode = s->net;
+    bool rules = json_array_size(s->allow) || json_array_size(s->deny);
+    if (!s->net_given && json_array_size(s->allow))
+        mode = CONCH_NET_ALLOW;
+    if (rules && mode != CONCH_NET_ALLOW)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "allow and deny rules need the network mode 'allow' (it is '%s')",
+                              conch_net_mode_name(mode));
+    conch_net_policy_init(ret, mode);
+    for (int deny = 0; deny < 2; deny++) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(deny ? s->deny : s->allow, i, v)
+        {
+            int r = conch_net_policy_add(ret, deny, json_string_value(v), err);
+            if (r < 0) {
+                conch_net_policy_done(ret);
+                return r;
+            }
+        }
+    }
+    return 0;
 }
 
 /* ---- the fields ---- */
@@ -79,6 +108,8 @@ enum kind {
     K_COUNT,   /* a whole number */
     K_CPUS,    /* a number of CPUs */
     K_SECONDS, /* a number of seconds */
+    K_NET,     /* none | allow | host */
+    K_RULES,   /* a network rule, repeatable / ["rule", ...] */
 };
 
 enum id {
@@ -97,6 +128,9 @@ enum id {
     F_IDLE,
     F_TOOL_TIMEOUT,
     F_TOOL_CALLS,
+    F_NET,
+    F_ALLOW,
+    F_DENY,
 };
 
 /* One field: its command-line option (NULL: none), its JSON key (NULL: none), and for
@@ -136,7 +170,29 @@ static const struct field fields[] = {
     {F_TOOL_TIMEOUT, NULL, 0, "tool_timeout", K_SECONDS, CONCH_SPEC_TOOL_TIMEOUT_MIN,
      CONCH_SPEC_TOOL_TIMEOUT_MAX, false},
     {F_TOOL_CALLS, NULL, 0, "max_tool_calls", K_COUNT, 1, CONCH_SPEC_TOOL_CALLS_MAX, true},
+    {F_NET, "net", CONCH_SPEC_OPT_NET, "net", K_NET, 0, 0, false},
+    {F_ALLOW, "allow", CONCH_SPEC_OPT_NET, "allow", K_RULES, 0, 0, false},
+    {F_DENY, "deny", CONCH_SPEC_OPT_NET, "deny", K_RULES, 0, 0, false},
 };
+
+/* Add rule @text (checked) to @f's list of @s. */
+static int add_rule(struct conch_sandbox_spec *s, const struct field *f, const char *text,
+                    struct conch_err *err)
+{
+    struct conch_net_rule r;
+    int rc = conch_net_rule_parse(text, &r, err);
+    if (rc < 0)
+        return rc;
+    json_t **list = f->id == F_DENY ? &s->deny : &s->allow;
+    if (!*list && !(*list = json_array()))
+        return conch_err_set(err, ENOMEM, "out of memory");
+    if (json_array_size(*list) >= CONCH_NET_RULES_MAX)
+        return conch_err_setk(err, CONCH_ERR_USAGE, E2BIG, "too many %s rules (at most %d)", f->key,
+                              CONCH_NET_RULES_MAX);
+    if (json_array_append_new(*list, json_string(text)) < 0)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    return 0;
+}
 
 /* Store the number @v (in range) in @f's place; 0 means the default for sizes. */
 static void store_number(struct conch_sandbox_spec *s, const struct field *f, double v)
@@ -232,7 +288,10 @@ static const char *kind_type_name(enum kind k)
     case K_PATH:
     case K_MODE:
     case K_STRING:
+    case K_NET:
         return "a string";
+    case K_RULES:
+        return "an array of strings";
     case K_BOOL:
         return "a boolean";
     case K_ENV:
@@ -253,7 +312,10 @@ static bool json_type_ok(enum kind k, json_t *v)
     case K_PATH:
     case K_MODE:
     case K_STRING:
+    case K_NET:
         return json_is_string(v);
+    case K_RULES:
+        return json_is_array(v);
     case K_BOOL:
         return json_is_boolean(v);
     case K_ENV:
@@ -290,6 +352,23 @@ static int json_field(struct conch_sandbox_spec *s, const struct field *f, json_
     }
     case K_MODE:
         return conch_ws_mode_parse(json_string_value(v), &s->mode, err);
+    case K_NET:
+        s->net_given = true;
+        return conch_net_mode_parse(json_string_value(v), &s->net, err);
+    case K_RULES: {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e)
+        {
+            if (!json_is_string(e))
+                return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                      "%s must be an array of strings", f->key);
+            int r = add_rule(s, f, json_string_value(e), err);
+            if (r < 0)
+                return r;
+        }
+        return 0;
+    }
     case K_STRING:
         store_string(s, f, json_string_value(v));
         return 0;
@@ -359,6 +438,15 @@ int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const cha
             return r;
         }
     }
+    struct conch_net_policy pol;
+    int r = conch_spec_net_policy(s, &pol, err);
+    if (r < 0) {
+        conch_spec_done(s);
+        if (ret_param)
+            *ret_param = "net";
+        return r;
+    }
+    conch_net_policy_done(&pol);
     return 0;
 }
 
@@ -402,6 +490,12 @@ json_t *conch_spec_to_json(const struct conch_sandbox_spec *s)
             r |= json_array_append_new(arr, conch_mount_to_json(&s->mounts[i]));
         r |= json_object_set_new(p, "mounts", arr);
     }
+    if (s->net_given || s->net != CONCH_NET_NONE)
+        r |= json_object_set_new(p, "net", json_string(conch_net_mode_name(s->net)));
+    if (s->allow)
+        r |= json_object_set_new(p, "allow", json_deep_copy(s->allow));
+    if (s->deny)
+        r |= json_object_set_new(p, "deny", json_deep_copy(s->deny));
     if (r) {
         json_decref(p);
         return NULL;
@@ -494,6 +588,15 @@ int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const 
     case K_MODE: {
         int r = conch_ws_mode_parse(value, &s->mode, err);
         return r < 0 ? conch_err_wrap(err, "--mode") : 0;
+    }
+    case K_NET: {
+        s->net_given = true;
+        int r = conch_net_mode_parse(value, &s->net, err);
+        return r < 0 ? conch_err_wrap(err, "--net") : 0;
+    }
+    case K_RULES: {
+        int r = add_rule(s, f, value, err);
+        return r < 0 ? conch_err_wrap(err, "--%s", f->opt) : 0;
     }
     case K_ENV: {
         const char *eq = strchr(value, '=');

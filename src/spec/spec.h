@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "net/net.h"
 
 /* How the workspace is mounted at /workspace. */
 enum conch_ws_mode {
@@ -94,6 +95,11 @@ struct conch_sandbox_spec {
     unsigned max_tool_calls;    /* per command; 0: the bridge's default */
     struct conch_mount *mounts; /* owned (conch_spec_done frees it); n_mounts of them */
     unsigned n_mounts;
+    /* The network (net/net.h): none (default), allow (through the proxy, by @allow and
+     * @deny: arrays of rule strings, owned references or NULL), host. */
+    enum conch_net_mode net;
+    bool net_given; /* --net or "net" was given (an --allow without it implies allow) */
+    json_t *allow, *deny;
 };
 
 /* conch_spec_defaults - fill @s with THE defaults: overlay, no workspace, the host's root, uid
@@ -112,6 +118,14 @@ void conch_spec_done(struct conch_sandbox_spec *s);
  */
 int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const char **ret_param,
                          struct conch_err *err);
+
+/*
+ * conch_spec_net_policy - the network policy of @s into @ret (conch_net_policy_done frees
+ * it): its mode and rules. Rules outside the allow mode are refused. Returns 0, or -EINVAL
+ * (kind usage) with @err naming the rule or the conflict.
+ */
+int conch_spec_net_policy(const struct conch_sandbox_spec *s, struct conch_net_policy *ret,
+                          struct conch_err *err);
 
 /*
  * conch_spec_to_json - the sandbox.create params for @s: only what differs from the
@@ -136,6 +150,7 @@ enum conch_spec_opt {
     CONCH_SPEC_OPT_NAME = 1 << 11,
     CONCH_SPEC_OPT_IDLE_TIMEOUT = 1 << 12,
     CONCH_SPEC_OPT_MOUNT = 1 << 13,
+    CONCH_SPEC_OPT_NET = 1 << 14, /* --net, --allow, --deny */
 };
 
 /*

@@ -211,6 +211,8 @@ static void route_answer(struct conch_super *s, struct conch_jail_event *ev)
     if (!q) {
         if (ev->answer_fd >= 0)
             close(ev->answer_fd); /* nobody asked: dropped */
+        if (ev->answer_net_fd >= 0)
+            close(ev->answer_net_fd);
         return;
     }
     struct conch_err err = {0};

@@ -193,3 +193,54 @@ Test(spec, options_a_verb_offers)
     cr_assert_eq(conch_spec_option("memory", which, &v), 0);
     cr_assert_eq(conch_spec_option("tmp_size", ~0u, &v), 0); /* the JSON key is not an option */
 }
+
+Test(spec, network_fields)
+{
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    const char *param = NULL;
+    /* JSON: allow implies the allow mode; rules are checked; deny wins in the policy */
+    json_t *p =
+        json_pack("{s:[s,s],s:[s]}", "allow", "PyPI.org", "*.npmjs.org", "deny", "evil.npmjs.org");
+    cr_assert_eq(conch_spec_from_json(&s, p, &param, &err), 0, "%s", err.msg);
+    struct conch_net_policy pol;
+    cr_assert_eq(conch_spec_net_policy(&s, &pol, &err), 0);
+    cr_assert_eq(pol.mode, CONCH_NET_ALLOW);
+    cr_assert_eq(pol.n_allow, 2);
+    cr_assert_eq(pol.n_deny, 1);
+    conch_net_policy_done(&pol);
+    json_t *back = conch_spec_to_json(&s);
+    cr_assert_eq(json_array_size(json_object_get(back, "allow")), 2);
+    json_decref(back);
+    conch_spec_done(&s);
+    json_decref(p);
+
+    static const char *const bad[] = {"{\"net\": \"open\"}",
+                                      "{\"allow\": [\"http://x\"]}",
+                                      "{\"allow\": \"a.org\"}",
+                                      "{\"allow\": [1]}",
+                                      "{\"net\": \"host\", \"allow\": [\"a.org\"]}",
+                                      "{\"net\": \"none\", \"deny\": [\"a.org\"]}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        p = json_loads(bad[i], 0, NULL);
+        cr_assert_lt(conch_spec_from_json(&s, p, &param, &err), 0, "accepted %s", bad[i]);
+        cr_assert_eq(err.kind, CONCH_ERR_USAGE);
+        json_decref(p);
+    }
+
+    /* the command line: --allow implies allow, --net host stays host, rules checked */
+    conch_spec_defaults(&s);
+    cr_assert_eq(conch_spec_option("allow", CONCH_SPEC_OPT_NET, NULL), CONCH_SPEC_OPT_NET);
+    cr_assert_eq(conch_spec_option("net", CONCH_SPEC_OPT_MODE, NULL), 0);
+    cr_assert_eq(conch_spec_set_option(&s, "allow", "a.org:8443", &err), 0);
+    cr_assert_eq(conch_spec_net_policy(&s, &pol, &err), 0);
+    cr_assert_eq(pol.mode, CONCH_NET_ALLOW);
+    cr_assert_eq(pol.allow[0].port, 8443);
+    conch_net_policy_done(&pol);
+    cr_assert_eq(conch_spec_set_option(&s, "net", "host", &err), 0);
+    cr_assert_lt(conch_spec_net_policy(&s, &pol, &err), 0, "rules with --net host");
+    cr_assert(strstr(err.msg, "need the network mode 'allow'"));
+    cr_assert_lt(conch_spec_set_option(&s, "deny", "a..b", &err), 0);
+    cr_assert(strstr(err.msg, "--deny"), "%s", err.msg);
+    conch_spec_done(&s);
+}
