@@ -1,0 +1,326 @@
+# test_attack_features.py - an outsider's attacks on the three features of issues 18 and 19
+# and on js.eval's tool calls, from the docs only: the network proxy (internal addresses
+# reached through a suffix rule, IP literals in every spelling, deny rules dodged by case,
+# dots and escapes, user information, ports, header smuggling, pipelining), extra mounts
+# (targets over the sandbox's own trees, sizes, set-id bits on a rw bind), snapshots and
+# forks (forged ids, another workspace's snapshot, forks writing each other's files, a
+# commit sharing a frozen layer's files) and tool calls (a command forging the JS origin, an
+# eval reaching another sandbox's tools). What held is an ordinary test; a hole is a strict
+# xfail describing it (remove the marker once fixed).
+import http.server
+import json
+import os
+import socket
+import threading
+
+import pytest
+
+from rpcclient import RpcError
+
+pytestmark = [pytest.mark.jail, pytest.mark.daemon_code]
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with REACHED, the path and the Host headers it saw; keeps the
+    connection open (HTTP/1.1) unless the request said Connection: close."""
+    protocol_version = "HTTP/1.1"
+    seen = None
+
+    def do_GET(self):
+        self.seen.append(self.path)
+        body = f"REACHED {self.path} host={self.headers.get_all('Host')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def upstream():
+    seen = []
+    handler = type("H", (_Upstream,), {"seen": seen})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1], seen
+    srv.shutdown()
+
+
+@pytest.fixture
+def netd(daemon_factory, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 registry.test other.test bad.pkg.test\n"
+                     "0.0.0.0 zero.pkg.test\n::ffff:127.0.0.1 mapped.pkg.test\n"
+                     ":: unspec.pkg.test\n::1 six.pkg.test\n")
+    return daemon_factory(extra_args=["--pool", "0", "--net-hosts", str(hosts)])
+
+
+def run(rpc, sb, command, stdin=None, timeout=60):
+    params = {"sandbox": sb, "command": command, "timeout": timeout}
+    if stdin is not None:
+        params["stdin"] = stdin
+    return rpc.call("exec.run", params, timeout=timeout + 30)
+
+
+# Run inside: each attack is raw bytes to the proxy; prints {name: what came back}.
+RAW = r'''
+import json, socket, sys
+H = int(sys.argv[1])
+A, O = f"registry.test:{H}", f"other.test:{H}"
+def raw(data):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(data)
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except OSError as e:
+        out += b"<" + str(e).encode() + b">"
+    s.close()
+    return out.decode(errors="replace")
+def get(target, extra=""):
+    return raw(f"GET {target} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+def connect(target):
+    return raw(f"CONNECT {target} HTTP/1.1\r\n\r\nGET /tunnel HTTP/1.0\r\n\r\n".encode())
+out = {"get " + t: get(t) for t in (
+    # a suffix rule does not reach internal addresses, however the name resolves
+    f"http://zero.pkg.test:{H}/", f"http://mapped.pkg.test:{H}/",
+    f"http://unspec.pkg.test:{H}/", f"http://six.pkg.test:{H}/",
+    f"http://evilpkg.test:{H}/",
+    # the deny rule, dodged by case, dots and escapes
+    f"http://BAD.PKG.TEST:{H}/", f"http://bad.pkg.test.:{H}/", f"http://bad.pkg.test..:{H}/",
+    f"http://bad%2epkg.test:{H}/",
+    # user information, fragments and backslashes that make two hosts of one target
+    f"http://{A}@127.0.0.1:{H}/", f"http://x@bad.pkg.test:{H}/",
+    f"http://127.0.0.1:{H}#@{A}/", f"http://{A}\\@127.0.0.1:{H}/",
+    # ports that wrap or read otherwise
+    f"http://registry.test:{H + 65536}/", f"http://registry.test:0{H}/",
+    # IP literals in every spelling, and loopback names
+    f"http://[::1]:{H}/", f"http://[::ffff:127.0.0.1]:{H}/", f"http://2130706433:{H}/",
+    f"http://127.1:{H}/", f"http://0.0.0.0:{H}/", f"http://0:{H}/", f"http://localhost:{H}/",
+    f"http://{A}\x00.evil/", "/")}
+for t in (f"127.0.0.1:{H}", f"[::1]:{H}", f"[::ffff:127.0.0.1]:{H}", f"2130706433:{H}",
+          f"zero.pkg.test:{H}", f"mapped.pkg.test:{H}", f"unspec.pkg.test:{H}",
+          f"bad.pkg.test.:{H}", f"BAD.pkg.test:{H}", "registry.test", f"x@{A}", f"{A} x"):
+    out["connect " + t] = connect(t)
+# smuggling: folding, CR/LF in the target, origin form with an allowed Host
+out["fold"] = raw(f"GET http://{A}/x HTTP/1.1\r\nX-a: b\r\n Host: {O}\r\n\r\n".encode())
+out["lf target"] = raw(f"GET http://{A}/x\nHost: {O} HTTP/1.1\r\n\r\n".encode())
+out["cr target"] = raw(f"GET http://{A}/x\rHost: {O} HTTP/1.1\r\n\r\n".encode())
+out["origin form"] = raw(f"GET / HTTP/1.1\r\nHost: {A}\r\n\r\n".encode())
+# allowed, but with a forged Host twice, or lines ending in bare LF: Host is the target's
+ok = {}
+ok["two hosts"] = raw(f"GET http://{A}/two-hosts HTTP/1.1\r\nHost: {O}\r\nHost: {O}\r\n\r\n".encode())
+ok["bare lf"] = raw(f"GET http://{A}/bare-lf HTTP/1.1\nHost: {O}\n\n".encode())
+# pipelined after an allowed request: Connection: close upstream ends it after the first
+ok["pipelined"] = raw(f"GET http://{A}/first HTTP/1.1\r\nHost: {A}\r\n\r\n"
+                      f"GET http://{O}/second HTTP/1.1\r\nHost: {O}\r\n\r\n".encode())
+# and what else a sandbox might try: DNS, UDP, raw sockets, the host's loopback directly
+try:
+    socket.getaddrinfo("registry.test", 80); ok["dns"] = "resolved"
+except OSError:
+    ok["dns"] = "failed"
+try:
+    socket.create_connection(("127.0.0.1", H), timeout=3).close(); ok["direct"] = "connected"
+except OSError as e:
+    ok["direct"] = str(e)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)); ok["udp"] = "sent"
+except OSError as e:
+    ok["udp"] = str(e)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); ok["raw"] = "opened"
+except OSError as e:
+    ok["raw"] = str(e)
+print(json.dumps({"refused": out, "ok": ok}))
+'''
+
+
+def test_the_proxy_refuses_every_spelling_of_an_unallowed_target(netd, upstream):
+    h, seen = upstream
+    rpc = netd.client()
+    sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}", f"*.pkg.test:{h}"],
+                                     "deny": ["bad.pkg.test"]})["id"]
+    r = run(rpc, sb, f"python3 - {h}", stdin=RAW, timeout=120)
+    assert r["exit_code"] == 0, r
+    o = json.loads(r["stdout"])
+    for name, got in o["refused"].items():
+        assert "REACHED" not in got, (name, got)
+        assert got.startswith(("HTTP/1.1 403 ", "HTTP/1.1 400 ")), (name, got)
+    # internal addresses behind a suffix rule are named as such, deny rules as deny rules
+    for n in ("zero", "mapped", "unspec", "six"):
+        assert "resolves to an internal address" in o["refused"][f"get http://{n}.pkg.test:{h}/"]
+    for t in (f"http://BAD.PKG.TEST:{h}/", f"http://bad.pkg.test.:{h}/",
+              f"http://bad.pkg.test..:{h}/"):
+        assert "denied by rule 'bad.pkg.test'" in o["refused"]["get " + t], t
+    ok = o["ok"]
+    assert ok["two hosts"].endswith(f"REACHED /two-hosts host=['registry.test:{h}']"), ok
+    assert ok["bare lf"].endswith(f"REACHED /bare-lf host=['registry.test:{h}']"), ok
+    assert f"REACHED /first host=['registry.test:{h}']" in ok["pipelined"], ok
+    assert "REACHED" not in ok["pipelined"].split("REACHED /first", 1)[1], ok
+    assert ok["dns"] == "failed" and ok["direct"] != "connected", ok
+    assert ok["udp"] != "sent" and ok["raw"] != "opened", ok
+    # the upstream saw the allowed requests only (the CONNECT to registry.test without a
+    # port is malformed, so no tunnel was ever opened)
+    assert sorted(seen) == ["/bare-lf", "/first", "/two-hosts"], seen
+
+
+PIPELINE = r'''
+import socket, sys
+H = int(sys.argv[1])
+A, O = f"registry.test:{H}", f"other.test:{H}"
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(f"GET http://{A}/first HTTP/1.1\r\nHost: {A}\r\nconnection : keep-alive\r\n\r\n"
+          f"GET http://{O}/second HTTP/1.1\r\nHost: {O}\r\n\r\n".encode())
+out = b""
+try:
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        out += b
+except OSError:
+    pass
+print(out.decode(errors="replace"))
+'''
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the proxy passes on a header line with whitespace before its colon ('connection : "
+    "keep-alive'; RFC 9112 5.1: a server must reject it with 400); a lenient upstream (Python's "
+    "http.server here) stops reading headers there, so it never sees the Host and "
+    "'Connection: close' the proxy appends, keeps the connection alive, and serves the next "
+    "pipelined request, for http://other.test/ (no rule allows it), unchecked: net/http.c "
+    "should refuse any header name that is not a token"))
+def test_a_pipelined_request_behind_a_malformed_header_never_reaches_upstream(netd, upstream):
+    h, seen = upstream
+    rpc = netd.client()
+    sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}"]})["id"]
+    r = run(rpc, sb, f"python3 - {h}", stdin=PIPELINE, timeout=60)
+    assert r["exit_code"] == 0, r
+    assert "/second" not in seen and "other.test" not in r["stdout"], (seen, r["stdout"])
+
+
+SETID = r'''
+cp /bin/true /opt/src/suid; chmod 4755 /opt/src/suid || echo refused-suid
+mkdir /opt/src/d; chmod 2777 /opt/src/d || echo refused-sgid
+cp /bin/true /workspace/suid; chmod 4755 /workspace/suid || echo refused-ws
+ls /run/conch/ptc.sock && echo still-there
+'''
+
+
+def test_mounts_snapshots_and_tool_calls_hold(daemon_factory, tmp_path):
+    d = daemon_factory(extra_args=["--pool", "0"])
+    rpc = d.client()
+    os.chmod(tmp_path, 0o755)
+    src, ws, ws2 = tmp_path / "src", tmp_path / "ws", tmp_path / "ws2"
+    for p in (src, ws, ws2):
+        p.mkdir()
+        os.chmod(p, 0o755)
+    (ws / "f").write_text("orig\n")
+    (ws2 / "f").write_text("other\n")
+
+    # --- mounts: targets over the sandbox's own trees, sizes out of range
+    def refused(params, param="mounts"):
+        with pytest.raises(RpcError) as e:
+            rpc.call("sandbox.create", params)
+        assert e.value.code == -32602, e.value
+        return str(e.value)
+    for t in ("/lib64", "/lib/x86_64-linux-gnu", "/bin", "/sbin", "/var", "/home", "/var/tmp",
+              "/opt//x", "/opt/./x", "/mnt/", "/run/conch", "/proc/self", "/workspace/x"):
+        refused({"mounts": [{"type": "tmpfs", "target": t}]})
+    for sz in (0, "0k", "1k", "-1", "100%", "1e12", "4096t", "18446744073709551616",
+               "1m,nr_inodes=0", 1.5, -1):
+        refused({"mounts": [{"type": "tmpfs", "target": "/opt/t", "size": sz}]})
+    # /var/run is a link to /run on the host: a mount there must not hide conch's socket;
+    # a rw bind of a root-owned dir and an rw workspace do not take set-id bits
+    sb = rpc.call("sandbox.create", {
+        "workspace": str(ws2), "mode": "rw",
+        "mounts": [{"type": "tmpfs", "target": "/var/run/conch", "size": "1m"},
+                   {"type": "bind", "source": str(src), "target": "/opt/src", "readonly": False}]})["id"]
+    r = run(rpc, sb, SETID)
+    assert "refused-suid" in r["stdout"] and "refused-sgid" in r["stdout"], r
+    assert "refused-ws" in r["stdout"] and "still-there" in r["stdout"], r
+    for p in (src / "suid", src / "d", ws2 / "suid"):
+        assert not os.stat(p).st_mode & 0o6000, p
+    rpc.call("sandbox.destroy", {"id": sb})
+
+    # --- snapshots: forged ids, another workspace, modes without layers, in-use deletes
+    a = rpc.call("sandbox.create", {"workspace": str(ws)})["id"]
+    r = run(rpc, a, "echo snap1 > /workspace/f; echo new > /workspace/n; "
+                    "ln -s /etc/shadow /workspace/sh; ln -s /etc /workspace/etc")
+    assert r["exit_code"] == 0, r
+    s1 = rpc.call("workspace.snapshot", {"sandbox": a})["id"]
+    for bad in ("../layers", "snap-../../x", "snap-aaaaaaaa/..", "/etc", "", s1 + "/",
+                s1 + "/../" + s1):
+        for m, p in (("workspace.restore", {"sandbox": a, "snapshot": bad}),
+                     ("workspace.snapshot_delete", {"snapshot": bad}),
+                     ("sandbox.fork", {"snapshot": bad})):
+            with pytest.raises(RpcError) as e:
+                rpc.call(m, p)
+            assert e.value.code == -32007, (m, bad, e.value)
+    other = rpc.call("sandbox.create", {"workspace": str(ws2)})["id"]
+    with pytest.raises(RpcError) as e:
+        rpc.call("workspace.restore", {"sandbox": other, "snapshot": s1})
+    assert "fork it instead" in str(e.value), e.value
+    for spec in ({}, {"workspace": str(ws2), "mode": "rw"}, {"workspace": str(ws2), "mode": "ro"}):
+        nows = rpc.call("sandbox.create", spec)["id"]
+        with pytest.raises(RpcError) as e:
+            rpc.call("workspace.snapshot", {"sandbox": nows})
+        assert "mode overlay" in str(e.value), e.value
+    b = rpc.call("sandbox.fork", {"snapshot": s1})["id"]
+    with pytest.raises(RpcError) as e:
+        rpc.call("workspace.snapshot_delete", {"snapshot": s1})
+    assert e.value.code == -32008 and b in str(e.value), e.value
+
+    # forks: B writes in place, through a hard link, and removes; A and the layer keep theirs
+    r = run(rpc, b, "echo forkB >> /workspace/f; ln /workspace/n /workspace/n2 && "
+                    "echo viaLink >> /workspace/n2; rm /workspace/sh; cat /workspace/sh 2>&1")
+    assert "forkB" not in r["stdout"] and "root:" not in r["stdout"], r
+    r = run(rpc, a, "cat /workspace/f /workspace/n; ls /workspace")
+    assert r["stdout"].split("\n")[:2] == ["snap1", "new"] and "n2" not in r["stdout"], r
+    assert "sh" in r["stdout"].split(), r
+    # the layer's symlinks stay links in changes and diff: no host file is read through them
+    diff = rpc.call("workspace.diff", {"sandbox": a})["diff"]
+    assert "root:" not in diff and "+/etc/shadow" in diff, diff
+    # a commit, then the host edits its copy: the snapshot (restore, fork) keeps its content
+    rpc.call("workspace.commit", {"sandbox": a})
+    assert (ws / "f").read_text() == "snap1\n"
+    with open(ws / "f", "a") as f:
+        f.write("HOSTEDIT\n")
+    with open(ws / "n", "a") as f:
+        f.write("HOSTEDIT\n")
+    rpc.call("workspace.restore", {"sandbox": a, "snapshot": s1})
+    c = rpc.call("sandbox.fork", {"snapshot": s1})["id"]
+    for sb in (a, c):
+        r = run(rpc, sb, "cat /workspace/f /workspace/n")
+        assert r["stdout"] == "snap1\nnew\n", (sb, r)
+
+    # --- tool calls: a command cannot pass as JS, JS cannot reach another sandbox's tools
+    t = d.client()
+    calls = []
+    t.handlers["tool.call"] = lambda p: (calls.append((p["sandbox"], p["name"], p["origin"])),
+                                         {"sandbox": p["sandbox"]})[1]
+    t.call("tools.register", {"sandbox": a, "tools": [{"name": "echo", "input_schema": {"type": "object"}}]})
+    t.call("tools.register", {"sandbox": b, "tools": [{"name": "secret", "input_schema": {"type": "object"}}]})
+    r = rpc.call("js.eval", {"sandbox": a, "code": "await tools.echo({}); let s; try { s = await tools.secret({}) } "
+                             "catch (e) { s = String(e) }; [Object.keys(tools), s]"}, timeout=60)
+    assert r["value"][0] == ["echo"] and "not a function" in r["value"][1], r
+    forge = ("import json, socket\n"
+             "s = socket.socket(socket.AF_UNIX); s.connect('/run/conch/ptc.sock'); f = s.makefile('rwb')\n"
+             f"for i, x in enumerate([{{'origin': {{'kind': 'js', 'id': 'default'}}}}, {{'sandbox': '{b}', 'name': 'secret'}}, {{'kind': 'js', 'session': 'default'}}]):\n"
+             "    m = {'id': i, 'op': 'call', 'name': 'echo', 'input': {}}; m.update(x)\n"
+             "    f.write((json.dumps(m) + '\\n').encode()); f.flush(); print(f.readline().decode().strip())\n")
+    r = run(rpc, a, "python3 -", stdin=forge)
+    assert r["exit_code"] == 0, r
+    answers = [json.loads(line) for line in r["stdout"].splitlines()]
+    assert answers[1]["error"]["kind"] == "unknown_tool", answers
+    assert all(s == a for s, _, _ in calls) and all(n == "echo" for _, n, _ in calls), calls
+    assert [o["kind"] for _, _, o in calls] == ["js", "exec", "exec"], calls
+    traced = rpc.call("tools.trace", {"sandbox": a, "origin": {"kind": "js", "id": "default"}})
+    assert len(traced["calls"]) == 1, traced
