@@ -203,7 +203,8 @@ def test_a_pipelined_request_behind_a_malformed_header_never_reaches_upstream(ne
     sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}"]})["id"]
     r = run(rpc, sb, f"python3 - {h}", stdin=PIPELINE, timeout=60)
     assert r["exit_code"] == 0, r
-    assert "/second" not in seen and "other.test" not in r["stdout"], (seen, r["stdout"])
+    assert not [p for p in seen if "second" in p], seen
+    assert "other.test" not in r["stdout"], r["stdout"]
 
 
 SETID = r'''
