@@ -325,3 +325,45 @@ def test_mounts_snapshots_and_tool_calls_hold(daemon_factory, tmp_path):
     assert [o["kind"] for _, _, o in calls] == ["js", "exec", "exec"], calls
     traced = rpc.call("tools.trace", {"sandbox": a, "origin": {"kind": "js", "id": "default"}})
     assert len(traced["calls"]) == 1, traced
+
+
+STATE = r'''
+import os, sys
+for p in sys.argv[1:]:
+    try:
+        open(p, "r+b").close()
+        print("WRITABLE", p)
+    except OSError as e:
+        print("refused", p, e.errno)
+'''
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a bind source or workspace that holds the daemon's own state dir is accepted: with "
+    "rw (mounts: {type: bind, source: <dir above the state dir>, readonly: false}, or "
+    "workspace mode rw), the sandbox's agent opens <state>/state.db for writing (as root, "
+    "the idmapping shows the root-owned database as the agent's; unprivileged, the agent is "
+    "the daemon's user), so it can rewrite every sandbox's record (spec, mounts, net) that "
+    "the daemon trusts at its next start, and read the other sandboxes' layers, uppers and "
+    "environments; sandbox.create should refuse a source or workspace that is, holds or is "
+    "beneath the state dir (as targets are kept off /run/conch)"))
+def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
+    d = daemon_factory(extra_args=["--pool", "0"])
+    rpc = d.client()
+    db = "state/state.db"
+    assert os.path.exists(os.path.join(d.base, db))
+    outcomes = []
+    for spec, inside in (
+            ({"mounts": [{"type": "bind", "source": d.base, "target": "/opt/base",
+                          "readonly": False}]}, "/opt/base/" + db),
+            ({"workspace": d.base, "mode": "rw"}, "/workspace/" + db)):
+        try:
+            sb = rpc.call("sandbox.create", spec)["id"]
+        except RpcError as e:
+            assert e.code == -32602, e
+            outcomes.append("refused at create")
+            continue
+        r = run(rpc, sb, f"python3 - {inside}", stdin=STATE)
+        assert r["exit_code"] == 0, r
+        outcomes.append(r["stdout"].strip())
+    assert not [o for o in outcomes if o.startswith("WRITABLE")], outcomes
