@@ -343,8 +343,12 @@ for p in sys.argv[1:]:
     "the idmapping shows the root-owned database as the agent's; unprivileged, the agent is "
     "the daemon's user), so it can rewrite every sandbox's record (spec, mounts, net) that "
     "the daemon trusts at its next start, and read the other sandboxes' layers, uppers and "
-    "environments; sandbox.create should refuse a source or workspace that is, holds or is "
-    "beneath the state dir (as targets are kept off /run/conch)"))
+    "environments. Shown by hand as root: the sandbox's python sqlite3 added to its own "
+    "spec_json a bind {source: /tmp/x, readonly: false} and net: host; after a daemon "
+    "restart and sandbox.start it had the host's network and wrote /tmp/x/PWNED as host "
+    "root (any source, '/' included, would do). sandbox.create should refuse a source or "
+    "workspace that is, holds or is beneath the state dir (as targets are kept off "
+    "/run/conch), and the daemon could re-check a record's mounts at start"))
 def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
     d = daemon_factory(extra_args=["--pool", "0"])
     rpc = d.client()
