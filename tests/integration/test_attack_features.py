@@ -326,13 +326,22 @@ def test_mounts_snapshots_and_tool_calls_hold(daemon_factory, tmp_path):
 
 
 STATE = r'''
-import os, sys
-for p in sys.argv[1:]:
-    try:
-        open(p, "r+b").close()
-        print("WRITABLE", p)
-    except OSError as e:
-        print("refused", p, e.errno)
+import os, socket, sys
+db, sock = sys.argv[1:]
+try:
+    open(db, "r+b").close()
+    print("WRITABLE", db)
+except OSError as e:
+    print("refused", db, e.errno)
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+try:
+    s.connect(sock)
+    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n')
+    got = s.recv(4096)
+    print("ANSWERED" if b'"result"' in got else "refused", sock, got[:80])
+except OSError as e:
+    print("refused", sock, e)
 '''
 
 
@@ -348,7 +357,10 @@ for p in sys.argv[1:]:
     "restart and sandbox.start it had the host's network and wrote /tmp/x/PWNED as host "
     "root (any source, '/' included, would do). sandbox.create should refuse a source or "
     "workspace that is, holds or is beneath the state dir (as targets are kept off "
-    "/run/conch), and the daemon could re-check a record's mounts at start"))
+    "/run/conch), and the daemon could re-check a record's mounts at start. The same bind "
+    "or workspace, even read-only, holds the daemon's socket: unprivileged (the agent is the "
+    "daemon's uid) a command connects and is served (sandbox.create {net: host} answered), "
+    "so the control socket should refuse a peer in a sandbox's pid namespace"))
 def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
     d = daemon_factory(extra_args=["--pool", "0"])
     rpc = d.client()
@@ -357,15 +369,38 @@ def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
     outcomes = []
     for spec, inside in (
             ({"mounts": [{"type": "bind", "source": d.base, "target": "/opt/base",
-                          "readonly": False}]}, "/opt/base/" + db),
-            ({"workspace": d.base, "mode": "rw"}, "/workspace/" + db)):
+                          "readonly": False}]}, "/opt/base"),
+            ({"workspace": d.base, "mode": "rw"}, "/workspace")):
         try:
             sb = rpc.call("sandbox.create", spec)["id"]
         except RpcError as e:
             assert e.code == -32602, e
             outcomes.append("refused at create")
             continue
-        r = run(rpc, sb, f"python3 - {inside}", stdin=STATE)
+        r = run(rpc, sb, f"python3 - {inside}/{db} {inside}/conch.sock", stdin=STATE)
         assert r["exit_code"] == 0, r
-        outcomes.append(r["stdout"].strip())
-    assert not [o for o in outcomes if o.startswith("WRITABLE")], outcomes
+        outcomes += r["stdout"].splitlines()
+    assert not [o for o in outcomes if o.startswith(("WRITABLE", "ANSWERED"))], outcomes
+
+
+@pytest.mark.xfail(os.geteuid() != 0, strict=True, reason=(
+    "unprivileged, a sandbox's agent is the daemon's own uid on the host, so a read-only "
+    "bind (or a workspace) of the directory holding the daemon's control socket lets a "
+    "command connect and drive the daemon: here daemon.ping and sandbox.create {net: host} "
+    "are answered, i.e. a new sandbox with the host's network and any mounts the user could "
+    "give. The peer's uid is the only check (as root the sandbox's ids are refused); the "
+    "socket should refuse a peer in a sandbox's pid namespace, as the tool bridge checks it"))
+def test_a_sandbox_cannot_drive_the_daemon_through_its_socket(daemon_factory, tmp_path):
+    d = daemon_factory(extra_args=["--pool", "0"], state_dir=str(tmp_path / "state"))
+    rpc = d.client()
+    sb = rpc.call("sandbox.create", {"mounts": [{"type": "bind", "source": d.base,
+                                                 "target": "/opt/ctl"}]})["id"]
+    probe = ("import socket\ns = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
+             "try:\n    s.connect('/opt/ctl/conch.sock')\n"
+             "    s.sendall(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"sandbox.create\","
+             "\"params\":{\"net\":\"host\"}}\\n')\n    print(s.recv(4096))\n"
+             "except OSError as e:\n    print('refused', e)\n")
+    r = run(rpc, sb, "python3 -", stdin=probe)
+    assert r["exit_code"] == 0, r
+    assert '"result"' not in r["stdout"], r["stdout"]
+    assert [x["id"] for x in rpc.call("sandbox.list", {})["sandboxes"]] == [sb]
