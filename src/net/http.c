@@ -124,8 +124,13 @@ int conch_net_request_parse(const char *buf, size_t len, struct conch_net_reques
         if (l == 0)
             break;
         const char *colon = memchr(buf + i, ':', l);
-        if (!colon || colon == buf + i || buf[i] == ' ' || buf[i] == '\t')
+        if (!colon || colon == buf + i)
             return bad(err, EINVAL, "malformed header line");
+        /* The name is a token (RFC 9110 5.1): "Connection : x" passed on would make a
+         * lenient server stop reading the head before our Host and Connection: close. */
+        for (const char *q = buf + i; q < colon; q++)
+            if (!*q || (!isalnum((unsigned char)*q) && !strchr("!#$%&'*+-.^_`|~", *q)))
+                return bad(err, EINVAL, "malformed header line");
         for (size_t k = 0; k < l; k++)
             if (buf[i + k] == '\0' || buf[i + k] == '\r')
                 return bad(err, EINVAL, "malformed header line");

@@ -54,7 +54,7 @@ JAIL_FILES = {
     "test_supervisor_attack", "test_timeout", "test_workspace", "test_workspace_limits",
     "test_attack_review", "test_daemon_stdio", "test_embedding", "test_clean_image",
     "test_lease_revoke", "test_session_forgery", "test_file_events", "test_cli_lifecycle",
-    "test_attack_today", "test_js_daemon", "test_snapshots",
+    "test_attack_today", "test_attack_features", "test_js_daemon", "test_snapshots",
     "test_mounts", "test_network",
 }
 DAEMON_CODE_FILES = {
@@ -67,7 +67,7 @@ DAEMON_CODE_FILES = {
     "test_clean_image", "test_daemon_budgets", "test_lease_revoke", "test_session_forgery",
     "test_session_ids", "test_file_events", "test_js_worker", "test_js_daemon",
     "test_cli_exec", "test_cli_consistency",
-    "test_cli_lifecycle", "test_cli_cp", "test_attack_today", "test_snapshots",
+    "test_cli_lifecycle", "test_cli_cp", "test_attack_today", "test_attack_features", "test_snapshots",
     "test_mounts", "test_network",
 }
 # Files that only the root pass runs: what they test is the same in every mode and below the
