@@ -350,6 +350,46 @@ void conch_sb_sample_start(struct sandbox *sb)
 
 static json_t *spec_json_base(const struct sandbox *sb);
 
+/* Whether @a and @b (canonical absolute paths) are the same directory or one holds the other. */
+static bool paths_overlap(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), n = la < lb ? la : lb;
+    if (!strcmp(a, "/") || !strcmp(b, "/"))
+        return true;
+    return !strncmp(a, b, n) && (la == lb || (la < lb ? b[la] : a[lb]) == '/');
+}
+
+/* Refuse @path (a bind's source, or a workspace: @what) when it is, holds or lies beneath the
+ * daemon's own state directory or the directory of its socket: a sandbox that saw them could
+ * read every sandbox's record, environment and changes, and, written, rewrite the records the
+ * daemon trusts when it starts (a bind, the host's network); unprivileged, the agent is the
+ * daemon's uid and could drive it through the socket. A path that does not resolve is left to
+ * the checks that follow (it cannot be mounted either). */
+static int path_clear_of_daemon(const struct daemon *d, const char *what, const char *path,
+                                struct conch_err *err)
+{
+    char p[PATH_MAX], own[2][PATH_MAX];
+    if (!path || !realpath(path, p))
+        return 0;
+    const char *mine[2] = {d->state_dir, d->socket_path};
+    for (int i = 0; i < 2; i++) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s", mine[i]);
+        char *slash = i == 1 ? strrchr(dir, '/') : NULL;
+        if (slash)
+            *(slash == dir ? slash + 1 : slash) = '\0';
+        if (!dir[0] || !realpath(dir, own[i]))
+            continue;
+        if (paths_overlap(p, own[i]))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
+                                  "%s '%s' is, holds or lies beneath the daemon's own %s ('%s'): "
+                                  "a sandbox may not see it",
+                                  what, path, i == 0 ? "state directory" : "socket directory",
+                                  own[i]);
+    }
+    return 0;
+}
+
 /* Parse @arr (sandbox.create's "mounts", or a record's) into @sb's own list. */
 static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err)
 {
@@ -358,6 +398,9 @@ static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err
     struct conch_sandbox_spec s;
     conch_spec_defaults(&s);
     int r = conch_spec_mounts_from_json(&s, arr, err);
+    for (unsigned i = 0; r >= 0 && i < s.n_mounts; i++)
+        if (s.mounts[i].type == CONCH_MOUNT_BIND)
+            r = path_clear_of_daemon(sb->d, "the bind source", s.mounts[i].source, err);
     if (r >= 0) {
         free(sb->mounts);
         sb->mounts = s.mounts;
@@ -518,7 +561,8 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     if (spec->layer)
         snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
     int r;
-    if ((r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
+    if ((r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0 ||
+        (r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
         (r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
         goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {

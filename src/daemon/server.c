@@ -412,6 +412,25 @@ static struct client *client_new(struct daemon *d)
     return c;
 }
 
+/* Whether the peer @pid (SO_PEERCRED's, in our pid namespace) runs in our user namespace. A
+ * sandbox's processes run in one of their own, with, unprivileged, our uid: a command that saw
+ * the socket (a bind or a workspace holding it) would pass the uid check and drive us (the
+ * outside attack created a sandbox with the host's network that way). A peer we cannot see
+ * (pid 0: in a pid namespace beside ours, so no sandbox of ours) is let through to the uid
+ * check alone; one whose namespace cannot be read (gone, or not ours to look at) is not. */
+static bool peer_in_our_user_namespace(pid_t pid)
+{
+    static ino_t ours;
+    struct stat st;
+    if (!ours && stat("/proc/self/ns/user", &st) == 0)
+        ours = st.st_ino;
+    if (pid <= 0 || !ours)
+        return true;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+    return stat(path, &st) == 0 && st.st_ino == ours;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     struct daemon *d = server->data;
@@ -435,6 +454,12 @@ static void on_connection(uv_stream_t *server, int status)
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
         (cred.uid != geteuid() && cred.uid != 0)) {
         log_warn("refused a connection from uid %u", (unsigned)cred.uid);
+        conch_daemon_client_close(c);
+        return;
+    }
+    if (!peer_in_our_user_namespace(cred.pid)) {
+        log_warn("refused a connection from pid %d, in another user namespace (a sandbox's?)",
+                 (int)cred.pid);
         conch_daemon_client_close(c);
         return;
     }

@@ -345,22 +345,11 @@ except OSError as e:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a bind source or workspace that holds the daemon's own state dir is accepted: with "
-    "rw (mounts: {type: bind, source: <dir above the state dir>, readonly: false}, or "
-    "workspace mode rw), the sandbox's agent opens <state>/state.db for writing (as root, "
-    "the idmapping shows the root-owned database as the agent's; unprivileged, the agent is "
-    "the daemon's user), so it can rewrite every sandbox's record (spec, mounts, net) that "
-    "the daemon trusts at its next start, and read the other sandboxes' layers, uppers and "
-    "environments. Shown by hand as root: the sandbox's python sqlite3 added to its own "
-    "spec_json a bind {source: /tmp/x, readonly: false} and net: host; after a daemon "
-    "restart and sandbox.start it had the host's network and wrote /tmp/x/PWNED as host "
-    "root (any source, '/' included, would do). sandbox.create should refuse a source or "
-    "workspace that is, holds or is beneath the state dir (as targets are kept off "
-    "/run/conch), and the daemon could re-check a record's mounts at start. The same bind "
-    "or workspace, even read-only, holds the daemon's socket: unprivileged (the agent is the "
-    "daemon's uid) a command connects and is served (sandbox.create {net: host} answered), "
-    "so the control socket should refuse a peer in a sandbox's pid namespace"))
+# Found by the outside attack: a bind source or workspace that held the daemon's own state
+# dir was accepted; with rw, the agent opened <state>/state.db for writing and rewrote its own
+# record (a rw bind of /tmp/x and net: host), which the daemon trusted at its next start. Now
+# a bind source or workspace that is, holds or lies beneath the state dir or the socket's
+# directory is refused at create (and in a record read at start).
 def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
     d = daemon_factory(extra_args=["--pool", "0"])
     rpc = d.client()
@@ -383,17 +372,22 @@ def test_a_bind_of_the_daemons_own_state_is_refused(daemon_factory):
     assert not [o for o in outcomes if o.startswith(("WRITABLE", "ANSWERED"))], outcomes
 
 
-@pytest.mark.xfail(os.geteuid() != 0, strict=True, reason=(
-    "unprivileged, a sandbox's agent is the daemon's own uid on the host, so a read-only "
-    "bind (or a workspace) of the directory holding the daemon's control socket lets a "
-    "command connect and drive the daemon: here daemon.ping and sandbox.create {net: host} "
-    "are answered, i.e. a new sandbox with the host's network and any mounts the user could "
-    "give. The peer's uid is the only check (as root the sandbox's ids are refused); the "
-    "socket should refuse a peer in a sandbox's pid namespace, as the tool bridge checks it"))
+# Found by the outside attack: unprivileged, a sandbox's agent is the daemon's own uid, so a
+# bind (or a workspace) of the directory holding the control socket let a command connect and
+# drive the daemon (sandbox.create {net: host} answered). The socket now refuses a peer in
+# another user namespace; a bind of that directory is refused as well (the state-dir test).
 def test_a_sandbox_cannot_drive_the_daemon_through_its_socket(daemon_factory, tmp_path):
     d = daemon_factory(extra_args=["--pool", "0"], state_dir=str(tmp_path / "state"))
     rpc = d.client()
-    sb = rpc.call("sandbox.create", {"mounts": [{"type": "bind", "source": d.base,
+    # a bind of the socket's own directory is refused now; a hard link of the socket in a
+    # directory of the harness's still shows it to the sandbox
+    expose = tmp_path / "expose"
+    expose.mkdir()
+    os.link(d.sock, expose / "conch.sock")
+    with pytest.raises(RpcError):
+        rpc.call("sandbox.create", {"mounts": [{"type": "bind", "source": d.base,
+                                                "target": "/opt/ctl"}]})
+    sb = rpc.call("sandbox.create", {"mounts": [{"type": "bind", "source": str(expose),
                                                  "target": "/opt/ctl"}]})["id"]
     probe = ("import socket\ns = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
              "try:\n    s.connect('/opt/ctl/conch.sock')\n"
