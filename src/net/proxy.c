@@ -776,6 +776,23 @@ int conch_net_proxy_set_policy(struct conch_net_proxy *px, const struct conch_ne
         return r;
     conch_net_policy_done(&px->policy);
     px->policy = copy;
+    /* What the new policy refuses ends now, not at its next request: a tunnel opened before
+     * (CONNECT) carries whatever its client sends for as long as it likes, so a switch to
+     * none, or a rule taken back, must close it (the outside attack kept using one). */
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &px->conns)
+    {
+        struct conn *c = conch_list_entry(pos, struct conn, link);
+        if (c->state == C_HEAD || c->state == C_ANSWER || c->state == C_CLOSING)
+            continue;
+        struct conch_net_verdict v;
+        conch_net_policy_check(&px->policy, c->req.host, c->req.port, &v);
+        if (!v.allowed) {
+            char why[sizeof(c->rec.error)];
+            snprintf(why, sizeof(why), "closed: the sandbox's network policy changed (%s)", v.why);
+            conn_close(c, why);
+        }
+    }
     return 0;
 }
 

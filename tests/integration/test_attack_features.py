@@ -415,12 +415,8 @@ except OSError as e:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "network.set {net: none} (documented: 'the proxy refuses everything') leaves the "
-    "sandbox's open connections running: a CONNECT tunnel opened before the switch keeps "
-    "carrying requests to its upstream for as long as the command likes, so the switch is no "
-    "kill switch; network.set should close the sandbox's open proxy connections that the new "
-    "mode or rules would refuse"))
+# Found by the outside attack: network.set {net: none} left a CONNECT tunnel opened before
+# it carrying requests; now the connections the new policy refuses are closed.
 def test_network_set_none_ends_open_tunnels(netd, upstream):
     h, seen = upstream
     rpc = netd.client()
