@@ -3,10 +3,16 @@
 // first eval, one eval, one tool call (100 sequential calls in one eval, less one eval), 100
 // parallel tool calls. Prints one JSON line of medians in ms. Run by bench/js.py with
 // NODE_PATH pointing at a node_modules that has @langchain/quickjs and @langchain/core.
-import { createRequire } from "node:module";
-const require = createRequire(process.env.NODE_PATH.split(":")[0] + "/");
-const { ReplSession } = await import(require.resolve("@langchain/quickjs"));
-const { tool } = await import(require.resolve("@langchain/core/tools"));
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+const nm = process.env.NODE_PATH.split(":")[0];
+const entry = async (pkg, sub) => {
+  const ex = (await import(pathToFileURL(join(nm, pkg, "package.json")), { with: { type: "json" } })).default.exports[sub];
+  const e = typeof ex === "string" ? ex : ex.import?.default ?? ex.import ?? ex.default;
+  return import(pathToFileURL(join(nm, pkg, e)));
+};
+const { ReplSession } = await entry("@langchain/quickjs", ".");
+const { tool } = await entry("@langchain/core", "./tools");
 
 const rounds = Number(process.argv[2] || 200);
 const echo = tool(async (input) => JSON.stringify(input), {
