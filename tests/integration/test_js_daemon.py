@@ -315,6 +315,8 @@ def test_a_sessions_tool_set_and_sub_agents(daemon, rpc, sandbox):
         {"agent": {"description": "review", "subagent_type": "reviewer"}},
         {"agent": {"description": "d", "subagent_type": "t"}}], r
     assert [c["name"] for c in r["tool_calls"]] == ["task"] * 3, r
+    text = rpc.call("tools.prompt", {"sandbox": sb, "languages": ["js"]})["text"]
+    assert "`await spawnAgent('TASK', 'TYPE')`" in text, text
 
 
 def test_reset_and_close(daemon, js):
