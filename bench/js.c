@@ -124,7 +124,7 @@ int main(int argc, char **argv)
 
     struct conch_js_session *s = NULL;
     conch_js_session_new(NULL, &host, &s, &err);
-    conch_js_session_set_tools(s, tools, 1, &err);
+    conch_js_session_set_tools(s, tools, 1, NULL, 0, &err);
     must_eval(s, "let n = 0");
     for (int i = 0; i < rounds; i++) {
         double t0 = now_us();

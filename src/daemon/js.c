@@ -57,6 +57,9 @@ struct js_session {
     struct conch_rpc_call *call;
     bool restarted; /* the eval in flight runs in a fresh worker after a lost one */
     struct conch_bridge_local *tools; /* the eval in flight's caller on the tool bridge */
+    json_t *tool_set;   /* js.eval's `tools` as last given ("all", "none", {include|exclude}):
+                           which registered tools the session sees; NULL: all */
+    json_t *eval_tools; /* the names the eval in flight offers: a call to another is refused */
 };
 
 struct js_sessions {
@@ -275,6 +278,22 @@ static void tools_call(struct js_session *s, json_t *tc)
                                   "no tools: this sandbox has no tool bridge"));
         return;
     }
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    bool offered = false;
+    size_t i;
+    json_t *n;
+    json_array_foreach(s->eval_tools, i, n) offered =
+        offered || (name && json_is_string(n) && !strcmp(json_string_value(n), name));
+    if (!offered) {
+        char msg[400];
+        snprintf(msg, sizeof(msg),
+                 "tool '%.100s' is not available to JS session '%s': it is not registered, or "
+                 "the session's tools setting (js.eval's 'tools') leaves it out",
+                 name ? name : "?", s->name);
+        tools_answer(s, json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id, "ok", 0, "error", "kind",
+                                  "unknown_tool", "message", msg));
+        return;
+    }
     json_object_set_new(tc, "op", json_string("call"));
     char *line = json_dumps(tc, JSON_COMPACT);
     if (!line) {
@@ -482,6 +501,8 @@ static void session_free(struct js_session *s, const char *why)
                              "JS session '%s': %s", s->name, why);
     conch_list_del(&s->link);
     s->all->n--;
+    json_decref(s->tool_set);
+    json_decref(s->eval_tools);
     free(s);
 }
 
@@ -549,11 +570,61 @@ oom:
     return NULL;
 }
 
-/* The sandbox's registered tools' names: the worker offers each as tools[name] and as its
- * camelCase alias (web_search → tools.webSearch). */
-static json_t *tool_names(struct sandbox *sb)
+/* Whether @set (js.eval's `tools`: "all", "none", {"include": [names]} or {"exclude":
+ * [names]}) is well formed; fails @call if not. */
+static bool valid_tool_set(struct conch_rpc_call *call, json_t *set)
 {
-    json_t *out = json_array();
+    const char *why = NULL;
+    if (json_is_string(set)) {
+        if (strcmp(json_string_value(set), "all") && strcmp(json_string_value(set), "none"))
+            why = "a string is \"all\" or \"none\"";
+    } else if (json_is_object(set) && json_object_size(set) == 1) {
+        json_t *l = json_object_get(set, "include");
+        if (!l)
+            l = json_object_get(set, "exclude");
+        size_t i;
+        json_t *n;
+        if (!json_is_array(l))
+            why = "an object is {\"include\": [names]} or {\"exclude\": [names]}";
+        else
+            json_array_foreach(l, i, n) if (!json_is_string(n)) why = "tool names are strings";
+    } else {
+        why = "it is \"all\", \"none\", {\"include\": [names]} or {\"exclude\": [names]}";
+    }
+    if (why)
+        conch_rpc_call_fail_param(call, "tools", "invalid tools setting: %s", why);
+    return !why;
+}
+
+static bool name_listed(json_t *list, const char *name)
+{
+    size_t i;
+    json_t *n;
+    json_array_foreach(list, i,
+                       n) if (json_is_string(n) && !strcmp(json_string_value(n), name)) return true;
+    return false;
+}
+
+/* Whether @set lets a session see tool @name. */
+static bool tool_in_set(json_t *set, const char *name)
+{
+    if (!set)
+        return true;
+    if (json_is_string(set))
+        return !strcmp(json_string_value(set), "all");
+    json_t *inc = json_object_get(set, "include");
+    if (inc)
+        return name_listed(inc, name);
+    return !name_listed(json_object_get(set, "exclude"), name);
+}
+
+/* The sandbox's registered tools' names that @s sees (*ret_shown; the worker offers each as
+ * tools[name] and as its camelCase alias, web_search → tools.webSearch) and those its tools
+ * setting leaves out (*ret_hidden: a script calling one gets an error saying so). */
+static void tool_names(struct sandbox *sb, struct js_session *s, json_t **ret_shown,
+                       json_t **ret_hidden)
+{
+    json_t *shown = json_array(), *hidden = json_array();
     json_t *l = sb->bridge ? conch_bridge_list(sb->bridge) : NULL;
     size_t i;
     json_t *t;
@@ -561,10 +632,12 @@ static json_t *tool_names(struct sandbox *sb)
     {
         json_t *name = json_object_get(t, "name");
         if (json_is_string(name))
-            json_array_append(out, name);
+            json_array_append(tool_in_set(s->tool_set, json_string_value(name)) ? shown : hidden,
+                              name);
     }
     json_decref(l);
-    return out;
+    *ret_shown = shown;
+    *ret_hidden = hidden;
 }
 
 static bool refuse_busy(struct js_session *s, struct conch_rpc_call *call)
@@ -581,9 +654,18 @@ static bool refuse_busy(struct js_session *s, struct conch_rpc_call *call)
 void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct sandbox *sb = NULL;
+    json_t *set = json_object_get(params, "tools");
+    if (json_is_null(set))
+        set = NULL;
+    if (set && !valid_tool_set(call, set))
+        return;
     struct js_session *s = session_for(ctx, call, params, true, &sb);
     if (!s || refuse_busy(s, call))
         return;
+    if (set) {
+        json_decref(s->tool_set);
+        s->tool_set = json_deep_copy(set);
+    }
     struct conch_err err = {0};
     bool restarted = false;
     if (!s->w) {
@@ -596,9 +678,13 @@ void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, vo
     json_t *t = json_object_get(params, "timeout");
     double timeout = t ? json_number_value(t) : JS_DEFAULT_TIMEOUT_S;
     int64_t timeout_ms = timeout > 0 ? (int64_t)(timeout * 1000) : 0;
-    json_t *req = json_pack("{s:s,s:{s:O,s:I,s:o}}", "method", "eval", "params", "code",
+    json_t *shown, *hidden;
+    tool_names(sb, s, &shown, &hidden);
+    json_decref(s->eval_tools);
+    s->eval_tools = json_incref(shown);
+    json_t *req = json_pack("{s:s,s:{s:O,s:I,s:o,s:o}}", "method", "eval", "params", "code",
                             json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms,
-                            "tools", tool_names(sb));
+                            "tools", shown, "hidden_tools", hidden);
     if (!req || w_send(s->w, req) < 0) {
         w_kill(s->w, "the eval could not be sent to it");
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,

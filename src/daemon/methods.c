@@ -369,9 +369,12 @@ static const struct conch_rpc_param p_session_signal[] = {P("session", S, true),
                                                           P("signal", S, false), END};
 static const struct conch_rpc_param p_session_list[] = {P("sandbox", S, false), END};
 /* JS sessions (js.c) */
-static const struct conch_rpc_param p_js_eval[] = {P("sandbox", S, true), P("session", S, false),
+static const struct conch_rpc_param p_js_eval[] = {P("sandbox", S, true),
+                                                   P("session", S, false),
                                                    P("code", S, true),
-                                                   R("timeout", N, 0, 7 * DAY, 0.001), END};
+                                                   R("timeout", N, 0, 7 * DAY, 0.001),
+                                                   P("tools", CONCH_RPC_ANY, false),
+                                                   END};
 static const struct conch_rpc_param p_js_session[] = {P("sandbox", S, true), P("session", S, false),
                                                       END};
 

@@ -31,14 +31,35 @@ static const char bootstrap_source[] =
     "  const call = (n) => (input) => toolC(n, input === undefined ? null : input);\n"
     "  const camel = (n) => n.replace(/[-_]+([A-Za-z0-9]?)/g,\n"
     "    (m, c, at) => at === 0 ? m : c.toUpperCase());\n"
-    "  return function setTools(names) {\n"
-    "    const t = {};\n"
+    "  const refuse = (n, why) => () => Promise.reject(new Error(`tools.${n}: ${why}`));\n"
+    "  const hiddenWhy = 'not available in this JS session: its tools setting (js.eval\\'s ' +\n"
+    "    '\\'tools\\') leaves it out';\n"
+    "  let shown = {};\n"
+    "  g.spawnAgent = (task, type) => {\n"
+    "    const f = shown.task;\n"
+    "    if (typeof f !== 'function')\n"
+    "      return Promise.reject(new Error('spawnAgent: ' + (shown.hidden ? 'the \\'task\\' tool "
+    "is ' +\n"
+    "        hiddenWhy : 'no \\'task\\' tool is registered in this sandbox (the harness\\'s ' +\n"
+    "        'sub-agent tool, input {description, subagent_type})')));\n"
+    "    return f({ description: String(task),\n"
+    "               subagent_type: type === undefined || type === null ? 'general-purpose' :\n"
+    "                              String(type) });\n"
+    "  };\n"
+    "  return function setTools(names, hiddenNames) {\n"
+    "    const t = {}, hidden = {};\n"
+    "    for (const n of hiddenNames) { hidden[n] = true; hidden[camel(n)] = true; }\n"
     "    for (const n of names) {\n"
     "      const a = camel(n);\n"
     "      if (a !== n && /^[A-Za-z_$][A-Za-z0-9_$]*$/.test(a)) t[a] = call(n);\n"
     "    }\n"
     "    for (const n of names) t[n] = call(n);\n"
-    "    g.tools = Object.freeze(t);\n"
+    "    Object.freeze(t);\n"
+    "    shown = { task: t.task, hidden: hidden.task === true && !t.task };\n"
+    "    g.tools = hiddenNames.length === 0 ? t : new Proxy(t, {\n"
+    "      get: (o, k) => k in o || typeof k !== 'string' || hidden[k] !== true ? o[k] :\n"
+    "        refuse(k, hiddenWhy),\n"
+    "    });\n"
     "  };\n"
     "})";
 
@@ -401,7 +422,7 @@ int conch_js_host_install(struct conch_js_session *s, struct conch_err *err)
         JS_FreeValue(ctx, JS_GetException(ctx));
         return conch_err_set(err, ENOMEM, "start the JavaScript session: out of memory");
     }
-    return conch_js_session_set_tools(s, NULL, 0, err);
+    return conch_js_session_set_tools(s, NULL, 0, NULL, 0, err);
 }
 
 /* A tool name: letters, digits, '_', '$', '-' (the bridge's names are a subset). */
@@ -416,22 +437,32 @@ static bool is_tool_name(const char *n)
     return true;
 }
 
-int conch_js_session_set_tools(struct conch_js_session *s, const char *const *names, size_t n,
-                               struct conch_err *err)
+static JSValue name_array(JSContext *ctx, const char *const *names, size_t n)
 {
-    JSContext *ctx = s->ctx;
-    for (size_t i = 0; i < n; i++)
-        if (!is_tool_name(names[i]))
-            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                                  "tool name '%s' is not 1 or more of letters, digits, '_', '$' "
-                                  "and '-'",
-                                  names[i]);
     JSValue arr = JS_NewArray(ctx);
     for (size_t i = 0; i < n && !JS_IsException(arr); i++)
         JS_SetPropertyUint32(ctx, arr, (uint32_t)i, JS_NewString(ctx, names[i]));
-    JSValue r =
-        JS_IsException(arr) ? JS_EXCEPTION : JS_Call(ctx, s->set_tools, JS_UNDEFINED, 1, &arr);
-    JS_FreeValue(ctx, arr);
+    return arr;
+}
+
+int conch_js_session_set_tools(struct conch_js_session *s, const char *const *names, size_t n,
+                               const char *const *hidden, size_t n_hidden, struct conch_err *err)
+{
+    JSContext *ctx = s->ctx;
+    for (size_t i = 0; i < n + n_hidden; i++) {
+        const char *name = i < n ? names[i] : hidden[i - n];
+        if (!is_tool_name(name))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "tool name '%s' is not 1 or more of letters, digits, '_', '$' "
+                                  "and '-'",
+                                  name);
+    }
+    JSValue args[2] = {name_array(ctx, names, n), name_array(ctx, hidden, n_hidden)};
+    JSValue r = JS_IsException(args[0]) || JS_IsException(args[1])
+                    ? JS_EXCEPTION
+                    : JS_Call(ctx, s->set_tools, JS_UNDEFINED, 2, args);
+    JS_FreeValue(ctx, args[0]);
+    JS_FreeValue(ctx, args[1]);
     if (JS_IsException(r)) {
         JS_FreeValue(ctx, JS_GetException(ctx));
         return conch_err_set(err, ENOMEM, "set the session's tools: out of memory");

@@ -394,18 +394,20 @@ static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
     }
     json_t *tools = json_object_get(params, "tools");
     if (json_is_array(tools)) {
-        size_t n = json_array_size(tools);
-        const char **names = calloc(n + 1, sizeof(*names));
+        json_t *hidden = json_object_get(params, "hidden_tools");
+        size_t n = json_array_size(tools), nh = json_array_size(hidden);
+        const char **names = calloc(n + nh + 1, sizeof(*names));
         if (!names) {
             conch_err_set(err, ENOMEM, "eval: out of memory");
             return NULL;
         }
-        for (size_t i = 0; i < n; i++) {
-            names[i] = json_string_value(json_array_get(tools, i));
+        for (size_t i = 0; i < n + nh; i++) {
+            names[i] =
+                json_string_value(i < n ? json_array_get(tools, i) : json_array_get(hidden, i - n));
             if (!names[i])
                 names[i] = "";
         }
-        int r = conch_js_session_set_tools(w->s, names, n, err);
+        int r = conch_js_session_set_tools(w->s, names, n, names + n, nh, err);
         free(names);
         if (r < 0)
             return NULL;

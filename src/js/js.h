@@ -97,10 +97,14 @@ void conch_js_session_free(struct conch_js_session *s);
  * earlier set (@names borrowed): each by its name (`tools["web-search"]`) and, when that
  * differs and is an identifier, by its camelCase form (web_search, web-search →
  * tools.webSearch; a real name wins over another's alias). tool_start gets the real name.
+ * @hidden (@n_hidden names, may be NULL) are tools the session's setting leaves out: not
+ * in `tools`, but `tools.NAME(...)` by one of their names rejects saying so (any other
+ * missing name is undefined). `spawnAgent(task, type?)` calls tools.task({description:
+ * task, subagent_type: type ?? "general-purpose"}), or rejects saying why there is none.
  * A name is letters, digits, '_', '$' and '-'. Returns 0 or -EINVAL/-ENOMEM with @err.
  */
 int conch_js_session_set_tools(struct conch_js_session *s, const char *const *names, size_t n,
-                               struct conch_err *err);
+                               const char *const *hidden, size_t n_hidden, struct conch_err *err);
 
 /* One eval's options; zero means the default. */
 struct conch_js_eval_opts {

@@ -532,6 +532,14 @@ static void js_section(struct conch_sb *o, json_t *tools, const char *ex, const 
                     "```\n\n",
                     cm.buf ? cm.buf : ex, key);
     conch_sb_done(&cm);
+    json_array_foreach(tools, i, t) if (!strcmp(str(t, "name"), "task"))
+    {
+        conch_sb_puts(o, "Sub-agents: `await spawnAgent('TASK', 'TYPE')` (the type defaults to "
+                         "'general-purpose') is `tools.task({ description: 'TASK', "
+                         "subagent_type: 'TYPE' })` and resolves to the sub-agent's answer; "
+                         "`Promise.all` runs several at once.\n\n");
+        break;
+    }
 }
 
 static void agents_section(struct conch_sb *o, json_t *agents, unsigned langs)

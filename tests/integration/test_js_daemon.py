@@ -255,6 +255,70 @@ def test_tool_calls_from_js_go_through_the_bridge(daemon, rpc, sandbox):
     assert [c["name"] for c in trace] == ["web_search", "file-reader"], trace
 
 
+def test_a_sessions_tool_set_and_sub_agents(daemon, rpc, sandbox):
+    from test_bridge import TOOLS, answer_tools
+
+    sb = sandbox()
+    tools = daemon.client()
+    answer_tools(tools)
+    inner = tools.handlers["tool.call"]
+    tools.handlers["tool.call"] = lambda p: {"agent": p["input"]} if p["name"] == "task" else inner(p)
+    task = {"name": "task", "input_schema": {
+        "type": "object", "required": ["description", "subagent_type"],
+        "properties": {"description": {"type": "string"}, "subagent_type": {"type": "string"}}}}
+    tools.call("tools.register", {"sandbox": sb, "tools": TOOLS + [task]})
+
+    def ev(code, **params):
+        return rpc.call("js.eval", {"sandbox": sb, "code": code, **params}, timeout=60)
+
+    # include: only the listed tools are in `tools`; a left-out one called by name rejects
+    # saying why; a name nobody registered stays undefined.
+    r = ev("const leftOut = await tools.slow({}).catch(e => e.message);\n"
+           "[Object.keys(tools).join(), typeof tools.nope, 'slow' in tools, leftOut]",
+           session="inc", tools={"include": ["echo"]})
+    assert r["ok"], r
+    assert r["value"][:3] == ["echo", "undefined", False], r
+    assert "tools.slow: not available in this JS session" in r["value"][3], r
+    assert r["tool_calls"] == [], r
+    # The setting stays with the session (a later eval, a reset); spawnAgent says task is left out.
+    rpc.call("js.reset", {"sandbox": sb, "session": "inc"})
+    r = ev("Object.keys(tools).join()", session="inc")
+    assert r["value"] == "echo", r
+    r = ev("await spawnAgent('look around')", session="inc")
+    assert not r["ok"] and "the 'task' tool is not available" in r["error"]["message"], r
+    # exclude, none, and back to all.
+    r = ev("Object.keys(tools).sort().join()", session="exc",
+           tools={"exclude": ["never", "slow", "meet", "strict", "failing"]})
+    assert r["value"] == "echo,task", r
+    r = ev("Object.keys(tools).length", session="n", tools="none")
+    assert r["value"] == 0, r
+    r = ev("Object.keys(tools).length", session="n", tools="all")
+    assert r["value"] == 7, r
+    # The daemon refuses a call outside the set even from a function kept from before.
+    ev("const keptEcho = tools.echo", session="n")
+    r = ev("await keptEcho({}).catch(e => e.message)", session="n", tools="none")
+    assert "tool 'echo' is not available to JS session 'n'" in r["value"], r
+    # A malformed setting is invalid_params, and creates no session.
+    for bad in ["some", {"include": "echo"}, {"include": [], "exclude": []}, {"only": []}, 3,
+                {"include": [1]}]:
+        with pytest.raises(RpcError) as e:
+            ev("1", session="bad", tools=bad)
+        assert e.value.data_code == "invalid_params" and e.value.data.get("param") == "tools", e.value
+    assert "bad" not in [s["session"] for s in rpc.call("js.list", {"sandbox": sb})["sessions"]]
+    # Sub-agents: spawnAgent(task, type?) and tools.task(...) are calls of the task tool,
+    # concurrent like any.
+    r = ev("await Promise.all([spawnAgent('find bugs'), spawnAgent('review', 'reviewer'),\n"
+           "  tools.task({description: 'd', subagent_type: 't'})])", session="exc")
+    assert r["ok"], r
+    assert r["value"] == [
+        {"agent": {"description": "find bugs", "subagent_type": "general-purpose"}},
+        {"agent": {"description": "review", "subagent_type": "reviewer"}},
+        {"agent": {"description": "d", "subagent_type": "t"}}], r
+    assert [c["name"] for c in r["tool_calls"]] == ["task"] * 3, r
+    text = rpc.call("tools.prompt", {"sandbox": sb, "languages": ["js"]})["text"]
+    assert "`await spawnAgent('TASK', 'TYPE')`" in text, text
+
+
 def test_reset_and_close(daemon, js):
     r = js.eval("const kept = 5; kept")
     assert r["value"] == 5

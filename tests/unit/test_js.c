@@ -393,7 +393,7 @@ static struct conch_js_session *host_session(struct fake_host *h, unsigned max_c
     struct conch_js_session *s = new_session(&l, &host);
     const char *names[] = {"echo", "broken"};
     struct conch_err err = {0};
-    cr_assert_eq(conch_js_session_set_tools(s, names, 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_js_session_set_tools(s, names, 2, NULL, 0, &err), 0, "%s", err.msg);
     return s;
 }
 
@@ -679,11 +679,45 @@ Test(js_host, tool_names_and_their_camel_case_aliases)
     struct conch_js_session *s = host_session(&h, 0);
     const char *names[] = {"web_search", "file-reader", "_private", "x-"};
     struct conch_err err = {0};
-    cr_assert_eq(conch_js_session_set_tools(s, names, 4, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_js_session_set_tools(s, names, 4, NULL, 0, &err), 0, "%s", err.msg);
     expect_value(s, "Object.keys(tools).sort().join()",
                  "\"_private,file-reader,fileReader,webSearch,web_search,x,x-\"");
     const char *bad[] = {"web search"};
-    cr_assert_lt(conch_js_session_set_tools(s, bad, 1, &err), 0);
+    cr_assert_lt(conch_js_session_set_tools(s, bad, 1, NULL, 0, &err), 0);
     cr_assert(strstr(err.msg, "'web search'"), "%s", err.msg);
+    conch_js_session_free(s);
+}
+
+/* A session's tool set: left-out tools are not in `tools` but calling one by name rejects
+ * saying why; spawnAgent calls the task tool, or says there is none. */
+Test(js_host, hidden_tools_and_spawn_agent)
+{
+    struct fake_host h = {.reverse = true};
+    struct conch_js_session *s = host_session(&h, 0);
+    const char *shown[] = {"echo"}, *hidden[] = {"web_search", "task"};
+    struct conch_err err = {0};
+    cr_assert_eq(conch_js_session_set_tools(s, shown, 1, hidden, 2, &err), 0, "%s", err.msg);
+    expect_value(s, "[Object.keys(tools).join(), 'webSearch' in tools, typeof tools.nothere]",
+                 "[\"echo\",false,\"undefined\"]");
+    json_t *res = eval(s, "await tools.webSearch({})");
+    cr_assert(strstr(err_field(res, "message"), "tools.webSearch: not available in this JS "
+                                                "session"),
+              "%s", err_field(res, "message"));
+    json_decref(res);
+    res = eval(s, "await spawnAgent('x')");
+    cr_assert(strstr(err_field(res, "message"), "the 'task' tool is not available"), "%s",
+              err_field(res, "message"));
+    json_decref(res);
+    cr_assert_eq(h.n_calls, 0);
+    cr_assert_eq(conch_js_session_set_tools(s, shown, 1, NULL, 0, &err), 0, "%s", err.msg);
+    res = eval(s, "await spawnAgent('x')");
+    cr_assert(strstr(err_field(res, "message"), "no 'task' tool is registered"), "%s",
+              err_field(res, "message"));
+    json_decref(res);
+    const char *with_task[] = {"task"};
+    cr_assert_eq(conch_js_session_set_tools(s, with_task, 1, NULL, 0, &err), 0, "%s", err.msg);
+    expect_value(s, "(await spawnAgent('fix it', 'coder')).echo",
+                 "{\"description\":\"fix it\",\"subagent_type\":\"coder\"}");
+    expect_value(s, "(await spawnAgent('look')).echo.subagent_type", "\"general-purpose\"");
     conch_js_session_free(s);
 }

@@ -326,15 +326,17 @@ class ProtocolMethods:
 
     # -- js.* (JavaScript/TypeScript sessions) ------------------------------------------
     def js_eval(self, sandbox: str, code: str, *, session: Optional[str] = None,
-                timeout: Optional[float] = None, **extra: Any):
+                timeout: Optional[float] = None, tools: Any = None, **extra: Any):
         """js.eval: run JavaScript or TypeScript in the sandbox's JS session ``session``
         (default "default"; globals persist between evals) -> the result dict (``ok``,
         ``value``, ``error``, ``console``, ``tool_calls``, ``text``, ...). A script that
         throws is a result (``ok`` false), not an error. The script calls the sandbox's
         registered tools as ``await tools.name(input)`` (camelCase too). ``timeout``: seconds
-        (daemon default 60; 0: none)."""
+        (daemon default 60; 0: none). ``tools``: which registered tools the session sees,
+        kept until changed: ``"all"`` (default), ``"none"``, ``{"include": [...]}`` or
+        ``{"exclude": [...]}``."""
         return self._request("js.eval", _params(extra, sandbox=sandbox, code=code,
-                                                session=session, timeout=timeout))
+                                                session=session, timeout=timeout, tools=tools))
 
     def js_reset(self, sandbox: str, session: Optional[str] = None):
         """js.reset: drop the session's globals (an eval in flight is cancelled) ->

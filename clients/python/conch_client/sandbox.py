@@ -347,11 +347,12 @@ class _Ops:
         return (yield _call("tools_prompt", self.id, languages))
 
     def js_eval(self, code: str, *, session: Optional[str] = None,
-                timeout: Optional[float] = None) -> Dict[str, Any]:
+                timeout: Optional[float] = None, tools: Any = None) -> Dict[str, Any]:
         """Run JavaScript/TypeScript in the sandbox's JS session (js.eval) -> the result
         dict; ``result["text"]`` is what to show a model. Scripts call the registered tools
         as ``await tools.name(input)``."""
-        return (yield _call("js_eval", self.id, code, session=session, timeout=timeout))
+        return (yield _call("js_eval", self.id, code, session=session, timeout=timeout,
+                            tools=tools))
 
     def js_reset(self, session: Optional[str] = None) -> Dict[str, Any]:
         """A fresh JS session (js.reset): its globals dropped."""

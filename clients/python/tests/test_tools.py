@@ -293,6 +293,11 @@ def test_js_eval_calls_the_clients_tools(sb):
     assert [c["name"] for c in r["tool_calls"]].count("add_one") == 3
     assert r["session"] == "py" and "[tools: 4 calls" in r["text"], r
     assert sb.js_eval("rs.length", session="py")["value"] == 3
+    # The session's tool set: only add_one; fail is left out, and saying so when called.
+    r = sb.js_eval("[Object.keys(tools).join(), await tools.fail({}).catch(e => e.message)]",
+                   session="only", tools={"include": ["add_one"]})
+    assert r["value"][0] == "addOne,add_one" and "leaves it out" in r["value"][1], r
+    sb.js_close("only")
     assert [s["session"] for s in sb.js_sessions()] == ["py"]
     assert sb.js_reset("py")["reset"] is True
     assert sb.js_eval("typeof rs", session="py")["value"] == "undefined"

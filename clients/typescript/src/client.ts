@@ -99,7 +99,12 @@ export interface JsEvalParams {
   session?: string;
   /** seconds for the whole eval, pending promises included (default 60; 0: none) */
   timeout?: number;
+  /** which registered tools the session sees (kept by the session until changed; default "all") */
+  tools?: JsToolSet;
 }
+
+/** js.eval's `tools`: which of the sandbox's registered tools a JS session sees. */
+export type JsToolSet = "all" | "none" | { include: string[] } | { exclude: string[] };
 
 /** js.eval's result: a script that threw is `ok: false`, not an error. */
 export interface JsEvalResult {

@@ -21,7 +21,7 @@ import type {
   FileDownloadResponse,
   FileOperationError,
 } from "deepagents";
-import { ConchClient, FS_CHUNK_MAX, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
+import { ConchClient, FS_CHUNK_MAX, type JsEvalResult, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
 import { ConchError } from "./rpc.js";
 
 const EMPTY_CONTENT_WARNING = "System reminder: File exists but has empty contents";
@@ -650,6 +650,8 @@ export interface BridgeTool {
   description: string;
   schema?: unknown;
   invoke(input: any, config?: any): Promise<unknown>;
+  /** If present, the bridge calls this instead of invoke, with the whole tool.call (its origin). */
+  bridgeInvoke?(p: ToolCallParams, signal: AbortSignal): Promise<unknown>;
 }
 
 /** A JSON Schema for a LangChain tool's schema (zod v3/v4 or JSON schema already). */
@@ -757,6 +759,7 @@ function installHandlers(sb: ConchSandbox): void {
   client.onRequest("tool.call", async (p: ToolCallParams, { signal }) => {
     const t = m.get(p.sandbox)?.tools.get(p.name);
     if (!t) throw new ConchError(-32000, `no tool '${p.name}' is registered by this client`, { code: "unknown_tool", kind: "usage" });
+    if (t.bridgeInvoke) return toolResultValue(await t.bridgeInvoke(p, signal));
     return toolResultValue(await t.invoke(p.input ?? {}, { signal }));
   });
   client.onRequest("agent.spawn", async (p: AgentSpawnParams, { signal }) => {
@@ -790,3 +793,162 @@ export async function withToolsPrompt(sandbox: ConchSandbox, systemPrompt: strin
   const text = await sandbox.toolsPrompt(languages);
   return text ? `${systemPrompt}\n\n${text}` : systemPrompt;
 }
+
+// ---------------- the JS REPL middleware (a drop-in for @langchain/quickjs's) ----------------
+
+/** Options of createConchJsMiddleware: @langchain/quickjs 0.6's createCodeInterpreterMiddleware options that apply. */
+export interface ConchJsMiddlewareOptions {
+  /** Agent tools the REPL may call as `tools.<camelCase>(input)` (names of the agent's tools, or tool objects); default none. Not "task": sub-agents are `task()` and `spawnAgent()`. */
+  ptc?: (string | BridgeTool)[];
+  /** The whole eval's wall deadline, pending promises included (default 5000). */
+  executionTimeoutMs?: number;
+  /** Replaces the REPL section of the system prompt. */
+  systemPrompt?: string | null;
+  /** The tool result's length, past which it is cut with a note (default 4000). */
+  maxResultChars?: number;
+  /** The eval tool's name (default "eval", as @langchain/quickjs's). */
+  toolName?: string;
+  /** Offer the agent's `task` tool to the REPL as `task({description, subagentType})` and `spawnAgent(task, type?)` (default true). */
+  subagents?: boolean;
+}
+
+/** An eval's result as @langchain/quickjs's formatReplResult words it: console lines, `→ value` or `Name: message` and the stack, or "(no output)". */
+export function formatJsResult(r: JsEvalResult, maxChars = 4000): string {
+  const parts: string[] = [];
+  if (r.console.length > 0) {
+    let logs = r.console.map((l) => l.text).join("\n");
+    if (r.console_dropped) logs += `\n[truncated ${r.console_dropped} chars]`;
+    parts.push(logs);
+  }
+  if (r.ok) {
+    if (r.value !== undefined && r.type !== "undefined") parts.push(`→ ${typeof r.value === "string" ? r.value : JSON.stringify(r.value, null, 2)}`);
+  } else if (r.error) {
+    parts.push(`${r.error.name || "Error"}: ${r.error.message || "Unknown error"}`);
+    if (r.error.stack) parts.push(r.error.stack);
+  }
+  const text = parts.join("\n") || "(no output)";
+  return text.length > maxChars ? `${text.slice(0, maxChars)}\n[truncated ${text.length - maxChars} chars]` : text;
+}
+
+/** A JS session name for a thread id: the id itself when it is one (1-64 of A-Za-z0-9-_.), else a digest of it. */
+export function jsSessionName(threadId: string): string {
+  if (/^[A-Za-z0-9._-]{1,64}$/.test(threadId)) return threadId;
+  let h1 = 0x811c9dc5, h2 = 0x01000193;
+  for (let i = 0; i < threadId.length; i++) {
+    const c = threadId.charCodeAt(i);
+    h1 = Math.imul(h1 ^ c, 0x01000193) >>> 0;
+    h2 = Math.imul(h2 ^ c, 0x5bd1e995) >>> 0;
+  }
+  return `t-${threadId.replace(/[^A-Za-z0-9._-]/g, "").slice(0, 40)}-${h1.toString(16)}${h2.toString(16)}`;
+}
+
+/** LangChain's Command / ToolMessage envelopes to their content (deepagents' task tool returns a Command). */
+function unwrapEnvelope(v: any): unknown {
+  const msgs = v && typeof v === "object" && v.update && Array.isArray(v.update.messages) ? v.update.messages : null;
+  if (msgs) for (let i = msgs.length - 1; i >= 0; i--) if (msgs[i]?.content != null) return toolResultValue(msgs[i]);
+  return toolResultValue(v);
+}
+
+// Defines @langchain/quickjs's `task({description, subagentType, responseSchema?})` global over spawnAgent.
+const TASK_PRELUDE =
+  "globalThis.task = (o) => spawnAgent(o.description, o.subagentType).then((r) => {\n" +
+  "  if (o.responseSchema != null && typeof r === 'string') { try { return JSON.parse(r) } catch {} }\n" +
+  "  return r;\n" +
+  "}); undefined";
+
+/**
+ * A LangChain agent middleware adding a JavaScript/TypeScript REPL tool that runs in the
+ * sandbox's JS sessions (native QuickJS inside the sandbox, its files readable with
+ * readFile/writeFile): a drop-in for @langchain/quickjs's createCodeInterpreterMiddleware
+ * (same tool name "eval", input {code}, result text, `ptc` tools as `tools.*`, sub-agents as
+ * `task()`), one session per thread (the thread id as the session name), closed when the
+ * agent's run ends. Its system prompt carries the `tools` declarations (tools.prompt's js form).
+ */
+export async function createConchJsMiddleware(sandbox: ConchSandbox, options: ConchJsMiddlewareOptions = {}): Promise<any> {
+  const { createMiddleware, tool } = await import("langchain");
+  const { ptc, executionTimeoutMs = 5000, systemPrompt = null, maxResultChars = 4000, toolName = "eval", subagents = true } = options;
+  const configs = new Map<string, any>(); // session -> the eval tool's latest RunnableConfig
+  const prepared = new Set<string>();
+  let offered: string[] = [];
+  let registeredKey = "";
+  let promptText = "";
+
+  const wrap = (t: BridgeTool): BridgeTool => ({
+    name: t.name,
+    description: t.description ?? "",
+    schema: t.schema,
+    invoke: (input, config) => t.invoke(input, config),
+    async bridgeInvoke(p, signal) {
+      const cfg = configs.get(p.origin?.kind === "js" ? p.origin.id : "") ?? {};
+      return unwrapEnvelope(await t.invoke(p.input ?? {}, { ...cfg, signal }));
+    },
+  });
+
+  async function offer(agentTools: BridgeTool[]): Promise<void> {
+    const byName = new Map(agentTools.filter((t) => t.name !== toolName).map((t) => [t.name, t]));
+    const chosen: BridgeTool[] = [];
+    for (const item of ptc ?? []) {
+      const name = typeof item === "string" ? item : item.name;
+      if (name === "task") throw new Error("The sub-agent `task` tool cannot be in `ptc`: it is the REPL's `task()` and `spawnAgent()`. Remove \"task\" from `ptc`.");
+      const t = typeof item === "string" ? byName.get(item) : item;
+      if (t) chosen.push(t);
+    }
+    const task = subagents ? byName.get("task") : undefined;
+    if (task) chosen.push(task);
+    const key = chosen.map((t) => t.name).sort().join("\n");
+    if (key === registeredKey) return;
+    offered = chosen.length ? await registerTools(sandbox, chosen.map(wrap)) : [];
+    registeredKey = key;
+    promptText = offered.some((n) => n !== "task") ? await sandbox.client.toolsPrompt(sandbox.id, ["js"]).then((r) => r.text, () => "") : "";
+  }
+
+  const evalTool = tool(
+    async (input: { code: string }, config: any) => {
+      const session = jsSessionName(String(config?.configurable?.thread_id || "__default__"));
+      configs.set(session, config);
+      const params = { sandbox: sandbox.id, session, timeout: executionTimeoutMs / 1000, tools: { include: offered } };
+      if (!prepared.has(session) && offered.includes("task")) {
+        await sandbox.client.jsEval({ ...params, code: TASK_PRELUDE });
+        prepared.add(session);
+      }
+      return formatJsResult(await sandbox.client.jsEval({ ...params, code: input.code }), maxResultChars);
+    },
+    {
+      name: toolName,
+      description:
+        "Evaluate TypeScript/JavaScript code in a sandboxed REPL. State persists across calls.\n" +
+        "Use console.log() for output. Returns the result of the last expression.\n" +
+        "If file or other tools are available, call them via the tools namespace: await tools.readFile({ path }).",
+      metadata: { ls_code_input_language: "javascript" },
+      schema: { type: "object", properties: { code: { type: "string", description: "TypeScript/JavaScript code to evaluate in the sandboxed REPL" } }, required: ["code"] },
+    } as any,
+  );
+
+  return createMiddleware({
+    name: "ConchJsMiddleware",
+    tools: [evalTool],
+    wrapModelCall: async (request: any, handler: any) => {
+      await offer((request.tools ?? []) as BridgeTool[]);
+      const repl =
+        systemPrompt ??
+        `### Interpreter\n\nAn \`${toolName}\` tool is available. It runs JavaScript or TypeScript in a persistent REPL inside the sandbox.\n` +
+          "- State (variables, functions) persists across tool calls within a single turn of conversation. They DO NOT persist across multiple turns.\n" +
+          "- Top-level `await` works; Promises resolve before the call returns.\n" +
+          "- `await readFile(path)` and `await writeFile(path, data)` reach the sandbox's files (relative to /workspace); writes apply only when the call succeeds. No `fetch`, `require` or network.\n" +
+          `- Timeout: ${executionTimeoutMs / 1000}s per call.\n` +
+          "- `console.log` output is captured and returned alongside the result.\n" +
+          (offered.includes("task") ? "- Sub-agents: `await task({ description, subagentType })` (or `spawnAgent(description, type?)`) runs one and resolves to its answer; `Promise.all` runs several at once.\n" : "");
+      const base = request.systemPrompt ? `${request.systemPrompt}\n\n` : "";
+      return handler({ ...request, systemPrompt: base + repl + (promptText ? `\n\n${promptText}` : "") });
+    },
+    afterAgent: async (_state: any, runtime: any) => {
+      const session = jsSessionName(String(runtime?.configurable?.thread_id || "__default__"));
+      configs.delete(session);
+      prepared.delete(session);
+      await sandbox.client.jsClose(sandbox.id, session).catch(() => undefined);
+    },
+  } as any);
+}
+
+/** The name @langchain/quickjs 0.6 exports, for a drop-in import. */
+export const createCodeInterpreterMiddleware = createConchJsMiddleware;
