@@ -69,19 +69,28 @@ class ProtocolMethods:
                        tmp_size: Optional[int] = None, disk: Optional[int] = None,
                        idle_timeout: Optional[float] = None, name: Optional[str] = None,
                        tool_timeout: Optional[float] = None,
-                       max_tool_calls: Optional[int] = None, **extra: Any):
+                       max_tool_calls: Optional[int] = None,
+                       mounts: Optional[List[Union[Dict[str, Any], str]]] = None,
+                       net: Optional[str] = None, allow: Optional[List[str]] = None,
+                       deny: Optional[List[str]] = None, **extra: Any):
         """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
 
         ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
         ``mode``: "overlay" (default), "ro" or "rw"; limits in bytes / count / CPUs;
         ``idle_timeout`` in seconds (0 = never); ``tool_timeout`` (s a tool call may wait
-        for its answer) and ``max_tool_calls`` (per command) for the tool bridge. Extra
-        keyword args are passed as params."""
+        for its answer) and ``max_tool_calls`` (per command) for the tool bridge.
+        ``mounts``: extra mounts, each ``{"type": "tmpfs", "target", "size"?}``,
+        ``{"type": "bind", "source", "target", "readonly"?}`` (read-only unless
+        ``readonly=False``) or docker's ``"type=tmpfs,target=/scratch"``.
+        ``net``: "none" (default; "allow" when ``allow`` is given), "allow" (HTTP/HTTPS
+        through the daemon's proxy by the ``allow``/``deny`` rules: ``"pypi.org"``,
+        ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host". Extra keyword args
+        are passed as params."""
         return self._request("sandbox.create", _params(
             extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
             memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
             idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
-            max_tool_calls=max_tool_calls))
+            max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny))
 
     def sandbox_list(self):
         """sandbox.list -> list of sandbox objects (stopped ones included)."""
@@ -94,6 +103,21 @@ class ProtocolMethods:
     def sandbox_destroy(self, id: str):
         """sandbox.destroy: kill its processes, drop uncommitted changes -> ``{"destroyed": true}``."""
         return self._request("sandbox.destroy", {"id": id})
+
+    # -- network.* ----------------------------------------------------------------------
+    def network_set(self, sandbox: str, *, net: Optional[str] = None,
+                    allow: Optional[List[str]] = None, deny: Optional[List[str]] = None):
+        """network.set -> ``{"sandbox", "net", "allow", "deny"}``: the lists given replace
+        the sandbox's (those left None stay); open connections the new rules refuse are
+        closed. ``net`` switches an allow sandbox to "none" and back."""
+        return self._request("network.set", _params(sandbox=sandbox, net=net, allow=allow,
+                                                    deny=deny))
+
+    def network_log(self, sandbox: str):
+        """network.log -> ``{"sandbox", "net", "allow", "deny", "total", "records"}``: the
+        sandbox's last 256 network attempts, oldest first (each ``{"host", "port", "kind",
+        "allowed", "rule", "error", ...}``)."""
+        return self._request("network.log", {"sandbox": sandbox})
 
     # -- exec.run -----------------------------------------------------------------------
     def exec_run(self, sandbox: Optional[str], command: str, *, cwd: Optional[str] = None,

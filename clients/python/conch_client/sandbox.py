@@ -48,6 +48,9 @@ class RunResult:
     new_shell: bool = False
     shell_exited: bool = False
     session_usable: Optional[bool] = None
+    #: exec.run: "host" for a sandbox of the host network, the records of the command's
+    #: network attempts (as network.log's) in the allow mode, None with no network
+    network: Union[str, List[Dict[str, Any]], None] = None
 
     @property
     def ok(self) -> bool:
@@ -66,7 +69,7 @@ class RunResult:
                    tools_summary=r.get("tools_summary"), raw=r,
                    new_shell=bool(r.get("new_shell")),
                    shell_exited=bool(r.get("shell_exited")),
-                   session_usable=r.get("session_usable"))
+                   session_usable=r.get("session_usable"), network=r.get("network"))
 
     def __str__(self) -> str:
         return self.text
@@ -309,6 +312,17 @@ class _Ops:
         sandbox's processes."""
         r = yield _call("workspace_discard", self.id, paths)
         return r["discarded"]
+
+    def network_set(self, *, net: Optional[str] = None, allow: Optional[List[str]] = None,
+                    deny: Optional[List[str]] = None) -> Dict[str, Any]:
+        """Replace the network rules given (``net`` "none"/"allow" for an allow sandbox)
+        -> ``{"net", "allow", "deny", ...}``."""
+        return (yield _call("network_set", self.id, net=net, allow=allow, deny=deny))
+
+    def network_log(self) -> Dict[str, Any]:
+        """The sandbox's recent network attempts -> ``{"net", "allow", "deny", "total",
+        "records"}``."""
+        return (yield _call("network_log", self.id))
 
     def jobs(self) -> List[Dict[str, Any]]:
         """The sandbox's jobs (running and finished)."""
