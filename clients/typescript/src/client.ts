@@ -41,7 +41,55 @@ export interface SandboxCreateParams {
   max_tool_calls?: number;
   /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
   mounts?: (MountSpec | string)[];
+  /** The network: "none" (default; "allow" when `allow` is given), "allow" (HTTP/HTTPS through the daemon's proxy by the rules) or "host". */
+  net?: NetMode;
+  /** Rules of the allow mode: `"pypi.org"`, `"*.npmjs.org"`, `"10.0.0.5"`, each with an optional `":PORT"`; deny wins. */
+  allow?: string[];
+  deny?: string[];
   [key: string]: unknown;
+}
+
+export type NetMode = "none" | "allow" | "host";
+
+/** One network attempt of a sandbox (network.log, and exec.run's `network`). */
+export interface NetworkRecord {
+  at: number;
+  host: string;
+  port: number;
+  kind: "connect" | "http" | string;
+  allowed: boolean;
+  /** the rule that decided, or null */
+  rule: string | null;
+  /** why it was refused or failed, or null */
+  error: string | null;
+  address?: string | null;
+  bytes_out?: number;
+  bytes_in?: number;
+  duration?: number;
+  open?: boolean;
+  [key: string]: unknown;
+}
+
+/** network.set's params: the lists given replace the sandbox's (those left out stay). */
+export interface NetworkSetParams {
+  /** only "none" <-> "allow" for an allow sandbox */
+  net?: NetMode;
+  allow?: string[];
+  deny?: string[];
+}
+
+export interface NetworkPolicy {
+  sandbox: string;
+  net: NetMode;
+  allow: string[];
+  deny: string[];
+}
+
+export interface NetworkLog extends NetworkPolicy {
+  /** every attempt since the sandbox was created */
+  total: number;
+  /** the last 256 attempts, oldest first */
+  records: NetworkRecord[];
 }
 
 export interface MountSpec {
@@ -182,6 +230,10 @@ export interface ExecResult {
   detached_agents?: DetachedAgentRequest[];
   /** The `[tools: ...]` summary line (also in `text`) when the command called tools. */
   tools_summary?: string;
+  /** Not there with no network; "host" for the host's network; in the allow mode the command's attempts (at most 100). */
+  network?: "host" | NetworkRecord[];
+  /** how many attempts beyond those listed in `network` */
+  network_dropped?: number;
   [key: string]: unknown;
 }
 
@@ -508,6 +560,14 @@ export class ConchClient extends EventEmitter {
   }
   sandboxDestroy(id: string): Promise<{ destroyed: boolean }> {
     return this.call("sandbox.destroy", { id });
+  }
+  /** Replace a sandbox's network rules (the lists given); open connections they refuse are closed. */
+  networkSet(sandbox: string, p: NetworkSetParams): Promise<NetworkPolicy> {
+    return this.call("network.set", { sandbox, ...p });
+  }
+  /** A sandbox's rules and its last 256 network attempts, oldest first. */
+  networkLog(sandbox: string): Promise<NetworkLog> {
+    return this.call("network.log", { sandbox });
   }
 
   // exec.run

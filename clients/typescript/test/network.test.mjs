@@ -1,0 +1,43 @@
+// network.test.mjs - the network policy through ConchClient against the real build/conch:
+// sandboxCreate's net/allow/deny/mounts, networkSet, networkLog, and exec.run's `network`
+// records (no outside network needed: the proxy refuses the denied name itself).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { ConchClient, ConchError } from "../dist/index.js";
+import { conchBin, haveConch, stdioArgs } from "./helpers.mjs";
+
+const skip = haveConch ? false : `no conch binary at ${conchBin} (build it or set CONCH_BIN)`;
+
+test("network rules: create, set, log, and a denied request's record", { skip }, async () => {
+  const c = await ConchClient.connect({ bin: conchBin, args: stdioArgs() });
+  try {
+    const sb = await c.sandboxCreate({ allow: ["Example.invalid."], mounts: [{ type: "tmpfs", target: "/scratch" }] });
+    assert.equal(sb.net, "allow");
+    assert.deepEqual([sb.allow, sb.deny], [["example.invalid"], []]);
+
+    const pol = await c.networkSet(sb.id, { allow: ["example.invalid", "*.pkg.invalid"], deny: ["blocked.invalid"] });
+    assert.deepEqual(pol, { sandbox: sb.id, net: "allow", allow: ["example.invalid", "*.pkg.invalid"], deny: ["blocked.invalid"] });
+    let log = await c.networkLog(sb.id);
+    assert.deepEqual([log.deny, log.total, log.records], [["blocked.invalid"], 0, []]);
+
+    const r = await c.execRun({ sandbox: sb.id, command: "touch /scratch/x && curl -sS -o /dev/null -w '%{http_code}' http://blocked.invalid/" });
+    assert.equal(r.exit_code, 0, r.text);
+    assert.equal(r.stdout, "403");
+    assert.ok(Array.isArray(r.network) && r.network.length === 1, JSON.stringify(r.network));
+    const rec = r.network[0];
+    assert.deepEqual([rec.host, rec.allowed, rec.rule], ["blocked.invalid", false, "blocked.invalid"]);
+    assert.match(rec.error, /denied/);
+    log = await c.networkLog(sb.id);
+    assert.equal(log.total, 1);
+    assert.deepEqual(log.records.map((x) => x.host), ["blocked.invalid"]);
+
+    assert.equal((await c.networkSet(sb.id, { net: "none" })).net, "none");
+    await assert.rejects(c.networkSet(sb.id, { net: "host" }), (e) => e instanceof ConchError && e.data.code === "invalid_params");
+
+    const plain = await c.sandboxCreate();
+    assert.equal(plain.net, "none");
+    assert.equal((await c.execRun({ sandbox: plain.id, command: "true" })).network, undefined);
+  } finally {
+    await c.close();
+  }
+});
