@@ -350,21 +350,20 @@ void conch_sb_sample_start(struct sandbox *sb)
 
 static json_t *spec_json_base(const struct sandbox *sb);
 
-/* Whether @a and @b (canonical absolute paths) are the same directory or one holds the other. */
-static bool paths_overlap(const char *a, const char *b)
+/* Whether the directory @a holds @b or is it (both canonical absolute paths). */
+static bool path_holds(const char *a, const char *b)
 {
-    size_t la = strlen(a), lb = strlen(b), n = la < lb ? la : lb;
-    if (!strcmp(a, "/") || !strcmp(b, "/"))
-        return true;
-    return !strncmp(a, b, n) && (la == lb || (la < lb ? b[la] : a[lb]) == '/');
+    size_t la = strlen(a);
+    return !strcmp(a, "/") || (!strncmp(a, b, la) && (b[la] == '\0' || b[la] == '/'));
 }
 
 /* Refuse @path (a bind's source, or a workspace: @what) when it is, holds or lies beneath the
- * daemon's own state directory or the directory of its socket: a sandbox that saw them could
- * read every sandbox's record, environment and changes, and, written, rewrite the records the
- * daemon trusts when it starts (a bind, the host's network); unprivileged, the agent is the
- * daemon's uid and could drive it through the socket. A path that does not resolve is left to
- * the checks that follow (it cannot be mounted either). */
+ * daemon's own state directory, or is or holds the directory of its socket: a sandbox that saw
+ * them could read every sandbox's record, environment and changes, and, written, rewrite the
+ * records the daemon trusts when it starts (a bind, the host's network); unprivileged, the
+ * agent is the daemon's uid and could drive it through the socket. (A directory beside the
+ * socket, beneath its directory, shows nothing of it.) A path that does not resolve is left
+ * to the checks that follow (it cannot be mounted either). */
 static int path_clear_of_daemon(const struct daemon *d, const char *what, const char *path,
                                 struct conch_err *err)
 {
@@ -380,12 +379,12 @@ static int path_clear_of_daemon(const struct daemon *d, const char *what, const 
             *(slash == dir ? slash + 1 : slash) = '\0';
         if (!dir[0] || !realpath(dir, own[i]))
             continue;
-        if (paths_overlap(p, own[i]))
+        if (path_holds(p, own[i]) || (i == 0 && path_holds(own[i], p)))
             return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
-                                  "%s '%s' is, holds or lies beneath the daemon's own %s ('%s'): "
-                                  "a sandbox may not see it",
-                                  what, path, i == 0 ? "state directory" : "socket directory",
-                                  own[i]);
+                                  "%s '%s' %s the daemon's own %s ('%s'): a sandbox may not "
+                                  "see it",
+                                  what, path, i == 0 ? "is, holds or lies beneath" : "is or holds",
+                                  i == 0 ? "state directory" : "socket directory", own[i]);
     }
     return 0;
 }
