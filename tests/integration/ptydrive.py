@@ -41,8 +41,19 @@ def drive(argv, steps, timeout=30, cwd=None):
                 out += data
         done = True
     finally:
-        if not done:  # a step failed: the program may wait for keys forever
-            os.kill(pid, 9)
-        _, st = os.waitpid(pid, 0)
+        # A step failed, or the program still runs after the last keys (an EOF seen, or the
+        # timeout): given time to end, then killed (a plain waitpid waited forever for a
+        # program that lost its last key: CI hung), its status saying so.
+        st = None
+        end = time.monotonic() + (timeout if done else 0)
+        while st is None:
+            got, s = os.waitpid(pid, os.WNOHANG)
+            if got == pid:
+                st = s
+            elif time.monotonic() >= end:
+                os.kill(pid, 9)
+                _, st = os.waitpid(pid, 0)
+            else:
+                time.sleep(0.05)
         os.close(fd)
     return out, os.waitstatus_to_exitcode(st)
