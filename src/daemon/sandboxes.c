@@ -152,61 +152,16 @@ void conch_daemon_sandbox_touch(struct sandbox *sb)
  * (the host's inodes, dentries and slab). */
 #define INODE_COST 4096
 /* Directories opened at once while measuring (one per level): a deeper tree counts as full. */
-#define MEASURE_MAX_DEPTH 512
-
-struct du {
-    dev_t dev;
-    uint64_t bytes, inodes;
-    bool too_deep;
-};
-
-/* Add what is beneath @dfd (taken over) to @u: fd-relative, never following a symlink or
- * leaving the filesystem, no global state (it runs in worker threads). */
-static void du_dir(int dfd, unsigned depth, struct du *u)
-{
-    DIR *dir = fdopendir(dfd);
-    if (!dir) {
-        close(dfd);
-        return;
-    }
-    struct dirent *de;
-    while ((de = readdir(dir))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        struct stat st;
-        if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-            continue;
-        u->bytes += (uint64_t)st.st_blocks * 512;
-        u->inodes++;
-        if (!S_ISDIR(st.st_mode) || st.st_dev != u->dev)
-            continue;
-        if (depth >= MEASURE_MAX_DEPTH) {
-            u->too_deep = true;
-            continue;
-        }
-        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd >= 0)
-            du_dir(fd, depth + 1, u);
-    }
-    closedir(dir);
-}
-
 /* What @path (a directory; missing is 0) costs the disk budget, in bytes. */
 static uint64_t disk_charge(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
+    uint64_t bytes, inodes;
     if (fd < 0)
         return 0;
-    if (fstat(fd, &st) < 0) {
-        close(fd);
-        return 0;
-    }
-    struct du u = {.dev = st.st_dev};
-    du_dir(fd, 0, &u);
-    if (u.too_deep)
-        return UINT64_MAX;
-    return u.bytes + u.inodes * INODE_COST;
+    if (!conch_ws_dir_usage(fd, &bytes, &inodes))
+        return bytes || inodes ? UINT64_MAX : 0; /* too deep to measure: charged whole */
+    return bytes + inodes * INODE_COST;
 }
 
 struct measure {

@@ -98,18 +98,26 @@ int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, ui
     int fd = openat(store_fd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return conch_err_set(err, errno, "open layer '%s': %s", id, strerror(errno));
+    uint64_t files;
+    conch_ws_dir_usage(fd, ret_bytes, &files);
+    if (ret_files)
+        *ret_files = files;
+    return 0;
+}
+
+bool conch_ws_dir_usage(int dfd, uint64_t *ret_bytes, uint64_t *ret_inodes)
+{
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return conch_err_set(err, e, "stat layer '%s': %s", id, strerror(e));
+    if (fstat(dfd, &st) < 0) {
+        close(dfd);
+        *ret_bytes = *ret_inodes = 0;
+        return false;
     }
     struct walk w = {.dev = st.st_dev};
-    walk_dir(fd, 0, &w);
+    walk_dir(dfd, 0, &w);
     *ret_bytes = w.bytes;
-    if (ret_files)
-        *ret_files = w.inodes;
-    return 0;
+    *ret_inodes = w.inodes;
+    return !w.too_deep;
 }
 
 int conch_ws_layer_remove(int store_fd, const char *id, struct conch_err *err)

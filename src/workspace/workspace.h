@@ -271,6 +271,11 @@ int conch_ws_layer_freeze(int from_fd, const char *name, int store_fd, const cha
 int conch_ws_layer_measure(int store_fd, const char *id, uint64_t *ret_bytes, uint64_t *ret_files,
                            struct conch_err *err);
 
+/* conch_ws_dir_usage - the allocated bytes and entries beneath the directory @dfd (taken
+ * over), fd-relative, never following a symlink or leaving its filesystem, no global state
+ * (worker threads call it). False when it was too deep to walk whole (or not a directory). */
+bool conch_ws_dir_usage(int dfd, uint64_t *ret_bytes, uint64_t *ret_inodes);
+
 /* conch_ws_layer_remove - remove layer @id and everything in it (missing: 0). */
 int conch_ws_layer_remove(int store_fd, const char *id, struct conch_err *err);
 
