@@ -433,6 +433,10 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
 struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id);
 /* conch_daemon_sandbox_find_running - the running sandbox @id, or NULL after failing @call with
  * sandbox_not_found or sandbox_stopped. */
+/* conch_daemon_sandbox_find_or_fail - the sandbox whose id or name is @params' @key, or NULL
+ * after failing @call with sandbox_not_found. */
+struct sandbox *conch_daemon_sandbox_find_or_fail(struct daemon *d, struct conch_rpc_call *call,
+                                                  json_t *params, const char *key);
 struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch_rpc_call *call,
                                                   const char *id);
 void conch_daemon_sandbox_touch(struct sandbox *sb);

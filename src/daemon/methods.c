@@ -131,12 +131,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
 static struct sandbox *find_or_fail(struct client *c, struct conch_rpc_call *call, json_t *params,
                                     const char *key)
 {
-    const char *id = conch_rpc_str(params, key, "");
-    struct sandbox *sb = conch_daemon_sandbox_find(c->d, id);
-    if (!sb)
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id);
-    return sb;
+    return conch_daemon_sandbox_find_or_fail(c->d, call, params, key);
 }
 
 static void handle_sandbox_get(struct conch_rpc_call *call, json_t *params, void *ctx)

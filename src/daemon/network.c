@@ -167,13 +167,9 @@ void conch_daemon_net_result(struct sandbox *sb, double since, json_t *o)
 void conch_daemon_handle_network_log(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *cl = ctx;
-    const char *id = conch_rpc_str(params, "sandbox", "");
-    struct sandbox *sb = conch_daemon_sandbox_find(cl->d, id);
-    if (!sb) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id);
+    struct sandbox *sb = conch_daemon_sandbox_find_or_fail(cl->d, call, params, "sandbox");
+    if (!sb)
         return;
-    }
     struct collect c = {.arr = json_array(), .max = CONCH_NET_LOG_MAX, .since = 0};
     log_each(sb, 0, collect_one, &c);
     c.open = true;
@@ -209,13 +205,9 @@ static bool rules_from(struct conch_rpc_call *call, const char *key, json_t *arr
 void conch_daemon_handle_network_set(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *cl = ctx;
-    const char *id = conch_rpc_str(params, "sandbox", "");
-    struct sandbox *sb = conch_daemon_sandbox_find(cl->d, id);
-    if (!sb) {
-        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
-                             "no sandbox '%s'", id);
+    struct sandbox *sb = conch_daemon_sandbox_find_or_fail(cl->d, call, params, "sandbox");
+    if (!sb)
         return;
-    }
     enum conch_net_mode mode = sb->net.mode;
     const char *net = conch_rpc_str(params, "net", NULL);
     struct conch_err err = {0};

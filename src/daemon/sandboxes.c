@@ -42,6 +42,17 @@ struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id)
     return NULL;
 }
 
+struct sandbox *conch_daemon_sandbox_find_or_fail(struct daemon *d, struct conch_rpc_call *call,
+                                                  json_t *params, const char *key)
+{
+    const char *id = conch_rpc_str(params, key, "");
+    struct sandbox *sb = conch_daemon_sandbox_find(d, id);
+    if (!sb)
+        conch_rpc_call_failf(call, CONCH_RPC_SANDBOX_NOT_FOUND, "sandbox_not_found", NULL,
+                             "no sandbox '%s'", id);
+    return sb;
+}
+
 struct sandbox *conch_daemon_sandbox_find_running(struct daemon *d, struct conch_rpc_call *call,
                                                   const char *id)
 {
