@@ -18,8 +18,11 @@
 #include "exec/run.h"
 #include "rpc/rpc.h"
 
-/* How long a daemon may take to answer before we build our own sandbox instead. */
-#define LEASE_WAIT_MS 2000
+/* How long a daemon may take to answer before we build our own sandbox instead. A daemon
+ * answers a lease from its loop in milliseconds; on a loaded machine (CI under ASan, three
+ * test workers on two CPUs) it took more than 2 s, and a borrower that gave up then built a
+ * sandbox of its own on the same loaded machine: the wait is for a daemon that hangs. */
+#define LEASE_WAIT_MS 10000
 #define LEASE_MAX_LINE 4096
 
 static int daemon_fd = -1; /* the connection of the sandbox we borrowed */
