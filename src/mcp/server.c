@@ -293,7 +293,7 @@ static json_t *instructions(struct mcp *m)
         snprintf(ws, sizeof(ws),
                  "/workspace is a copy-on-write view of the project: changes stay in the "
                  "sandbox until the `commit` tool applies them (`changes` and `diff` show "
-                 "them)%s.",
+                 "them)%s. `snapshot` saves a checkpoint to `restore` or `fork` from.",
                  o->commit_on_exit ? "; they are also committed when the session ends" : "");
     else if (!strcmp(mode, "ro"))
         snprintf(ws, sizeof(ws), "/workspace is the project, read-only.");

@@ -189,7 +189,7 @@ def test_big_file(sb):
 def test_workspace_changes_and_diff_since_a_snapshot(client, ws):
     with Sandbox.create(client, workspace=ws) as sb:
         sb.write("hello.txt", "at the snapshot\n")
-        snap = client.call("workspace.snapshot", {"sandbox": sb.id, "name": "py-since-" + sb.id})
+        snap = client.workspace_snapshot(sb.id, name="py-since-" + sb.id)
         sb.write("hello.txt", "after\n")
         sb.write("later.txt", "later\n")
         ch = {c["path"]: c["kind"] for c in sb.changes(since=snap["id"])}

@@ -137,7 +137,7 @@ test("workspace.changes/diff since a snapshot", { skip }, async () => {
   const id = (await c.sandboxCreate({ workspace: w })).id;
   try {
     await c.fsWrite(id, "a.txt", "at-snap\n");
-    const snap = await c.call("workspace.snapshot", { sandbox: id, name: "ts-since" });
+    const snap = await c.workspaceSnapshot(id, { name: "ts-since" });
     await c.fsWrite(id, "a.txt", "after\n");
     await c.fsWrite(id, "b.txt", "b\n");
     const ch = await c.workspaceChanges(id, { since: snap.id });
