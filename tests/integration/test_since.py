@@ -3,6 +3,7 @@
 # was at that snapshot (not with the host dir), and the refusal of a snapshot that is not in
 # the sandbox's chain. Also the CLI's --since.
 import json
+import os
 
 import pytest
 
@@ -188,3 +189,34 @@ def test_cli_changes_and_diff_since(daemon_factory, ws):
     assert "-two\n+three\n" in r.raw_stdout.decode() and "-one" not in r.raw_stdout.decode(), r.raw_stdout.decode()
     r = conch(["changes", *sock, "--since=nope", "clisb"])
     assert r.rc != 0 and "nope" in r.raw_stderr.decode(), (r.raw_stdout.decode(), r.raw_stderr.decode())
+
+
+def test_since_follows_no_symlink_the_sandbox_plants(daemon_factory, ws):
+    # After the snapshot the sandbox replaces a dir of the view with a symlink to /etc and
+    # plants links to host files: the changes since list the links as links, and the diff
+    # shows their targets, never the files they point to; nothing outside is read or written.
+    (ws / "conf").mkdir()
+    (ws / "conf" / "a.txt").write_text("a\n")
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    sh(c, sb, "mkdir keep; echo k > keep/k.txt")
+    s = c.call("workspace.snapshot", {"sandbox": sb})["id"]
+    sh(c, sb, "rm -r conf; ln -s /etc conf; rm -r keep; ln -s /etc/passwd keep; "
+              "mkdir deep; ln -s /etc/shadow deep/s; ln -s ../../../../etc deep/up")
+    got = changes(c, sb, s)
+    assert got == {
+        "conf": ("type_changed", "l"),
+        "keep": ("type_changed", "l"),
+        "deep": ("added", "d"),
+        "deep/s": ("added", "l"),
+        "deep/up": ("added", "l"),
+    }, got
+    dd = diff(c, sb, s)
+    files = {f["path"]: f["diff"] for f in dd["files"]}
+    assert "+/etc/passwd" in files["keep"] and "root:" not in dd["diff"], dd["diff"]
+    assert "-k\n" in dd["diff"] or "k.txt" not in dd["diff"]
+    assert "+/etc/shadow" in files["deep/s"]
+    # The state dir holds none of the temporary dirs afterwards.
+    sbdir = os.path.join(d.state_dir, "sandboxes", sb)
+    assert not [n for n in os.listdir(sbdir) if n.startswith("since-")], os.listdir(sbdir)
