@@ -65,7 +65,7 @@ _conch()
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
-        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|\
+        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|--since|\
         --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
             return ;;
     esac
@@ -76,6 +76,7 @@ _conch()
     for ((i = 2; i < cword; i++)); do
         case ${words[i]} in
             --socket) sock=${words[i+1]}; ((i++)) ;;
+            --since) ((i++)) ;;
             -*) ;;
             *) ((args++)) ;;
         esac
@@ -161,7 +162,8 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            opts="--socket --json --help -h" ;;
+            opts="--socket --json --help -h"
+            [[ $cmd == changes || $cmd == diff ]] && opts+=" --since" ;;
         cp)
             # SRC and DST: a local file, or ID:PATH in a sandbox.
             if [[ $args -ge 2 ]]; then

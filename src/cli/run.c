@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,20 @@ struct run_cli {
     struct conch_toolhost *toolhost; /* --tools (owned) */
     struct conch_nethost *nethost;   /* --net allow (owned) */
 };
+
+/* Whether @real (a realpath) is the user's home: $HOME's or the passwd entry's (either may be
+ * unset or wrong; a home made the workspace exposes every dotfile in it). */
+static bool is_home(const char *real)
+{
+    const struct passwd *pw = getpwuid(getuid());
+    const char *homes[] = {getenv("HOME"), pw ? pw->pw_dir : NULL};
+    for (size_t i = 0; i < sizeof(homes) / sizeof(homes[0]); i++) {
+        char h[PATH_MAX];
+        if (homes[i] && homes[i][0] && realpath(homes[i], h) && !strcmp(h, real))
+            return true;
+    }
+    return false;
+}
 
 /* Map a host directory to the sandbox: under the workspace → /workspace/<rel>. */
 static const char *map_cwd(struct run_cli *c, const char *host_or_inside, bool explicit_arg)
@@ -268,6 +283,12 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
         return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR, "--workspace '%s': not a directory",
                               ws);
     c->run.jail.workspace = c->workspace;
+    if (is_home(c->workspace))
+        fprintf(stderr,
+                "conch: warning: the workspace is your home directory '%s': the command sees "
+                "every dotfile in it (~/.ssh, ~/.aws, shell history...); --workspace DIR narrows "
+                "it\n",
+                c->workspace);
     /* No file a command writes may outgrow the disk limit, in any mode (a sparse file
      * costs the overlay nothing but lands on the host at its full size). */
     c->run.jail.file_bytes = c->run.jail.disk_bytes;

@@ -299,7 +299,10 @@ struct ws_op {
     int layer_fds[CONCH_JAIL_MAX_LAYERS];
     int n_layer_fds;
     int sbdir;
-    int live_upper; /* the upper dir's fd while fds.upper is the merged layer's; -1 */
+    int live_upper;    /* the upper dir's fd while fds.upper is the merged layer's; -1 */
+    const char *since; /* changes, diff: the snapshot (id or name; borrowed from @params) */
+    int since_at;      /* its place in layer_fds */
+    bool since_bad;    /* @err says why @since is not one of the sandbox's: invalid_params */
     /* results, written by the worker */
     json_t *res; /* loop-side results (discard) */
     char *text;  /* worker results, serialised there */
@@ -566,12 +569,35 @@ static int merge_stack(struct ws_op *w)
     return 0;
 }
 
+/* The changes since a snapshot: the scan and the diff read the layers above it (and the live
+ * upper) merged, against the workspace as it was at the snapshot (workspace/since.c). */
+static void since_work(struct ws_op *w)
+{
+    struct conch_ws_since since;
+    w->r = conch_ws_since_prepare(w->fds.upper, w->layer_fds, w->n_layer_fds, w->since_at,
+                                  w->fds.lower, w->sbdir, &since, &w->err);
+    if (w->r < 0) {
+        conch_err_wrap(&w->err, "sandbox '%s': changes since '%s'", w->sb->id, w->since);
+        return;
+    }
+    struct ws_fds saved = w->fds;
+    w->fds.upper = since.upper;
+    w->fds.lower = since.lower;
+    ws_work_kind(w);
+    w->fds = saved;
+    conch_ws_since_done(&since);
+}
+
 static void ws_work(uv_work_t *req)
 {
     struct ws_op *w = req->data;
-    if (w->n_layer_fds > 0 && (w->r = merge_stack(w)) < 0)
-        return;
-    ws_work_kind(w);
+    if (w->since) {
+        since_work(w);
+    } else {
+        if (w->n_layer_fds > 0 && (w->r = merge_stack(w)) < 0)
+            return;
+        ws_work_kind(w);
+    }
     if (w->live_upper >= 0) {
         close(w->fds.upper);
         w->fds.upper = w->live_upper;
@@ -640,6 +666,8 @@ static void ws_finish(struct ws_op *w)
     struct sandbox *sb = w->sb;
     if (w->done) {
         w->done(w->done_arg, w->r, &w->changes, &w->err);
+    } else if (w->r < 0 && w->since_bad) {
+        conch_rpc_call_fail_param(w->call, "since", "%s", w->err.msg);
     } else if (w->r < 0 && w->kind >= WS_SNAPSHOT) {
         conch_daemon_snapshot_fail(w->call, &w->err);
     } else if (w->r < 0) {
@@ -754,8 +782,23 @@ static void ws_next(struct sandbox *sb)
         return;
     }
     w->stopped = sb->state != SB_READY;
+    if (w->since) {
+        /* Resolved now, not when queued: a restore queued before it changes the chain. */
+        w->since_at = conch_daemon_snapshot_chain_at(sb->d, sb->id, sb->layer, w->since, &w->err);
+        w->since_bad = w->since_at < 0;
+        if (w->since_at < 0) {
+            w->r = w->since_at;
+            ws_finish(w);
+            return;
+        }
+    }
     if (sb->layer[0] && (w->kind == WS_CHANGES || w->kind == WS_DIFF || w->kind == WS_COMMIT) &&
         (w->r = open_stack(sb, w, &w->err)) < 0) {
+        ws_finish(w);
+        return;
+    }
+    if (w->since && w->since_at >= w->n_layer_fds) {
+        w->r = conch_err_set(&w->err, ESTALE, "sandbox '%s': its chain changed", sb->id);
         ws_finish(w);
         return;
     }
@@ -810,6 +853,19 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                                              : "limit must be between 1 and 10000");
         return;
     }
+    /* changes, diff: "since" a snapshot of the sandbox's chain (resolved in its turn). */
+    json_t *js = json_object_get(params, "since");
+    const char *since = NULL;
+    if (js && !json_is_null(js) && (kind == WS_CHANGES || kind == WS_DIFF)) {
+        since = json_string_value(js);
+        if (!since || !since[0] || strlen(since) > 127 || strlen(since) != json_string_length(js)) {
+            free(paths);
+            conch_rpc_call_fail_param(call, "since",
+                                      "since must be a snapshot's id or name (a non-empty "
+                                      "string of at most 127 bytes)");
+            return;
+        }
+    }
     const char *id = conch_rpc_str(params, "sandbox", "");
     struct sandbox *sb = conch_daemon_sandbox_find(c->d, id);
     if (!sb) {
@@ -844,6 +900,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     w->limit = (size_t)limit;
     w->params = json_incref(params);
     w->paths = paths;
+    w->since = since;
     w->fds.upper = w->fds.lower = -1;
     w->sbdir = w->live_upper = -1;
     conch_daemon_sandbox_hold(sb);

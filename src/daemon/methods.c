@@ -312,8 +312,11 @@ static const struct conch_rpc_param p_fs_upload[] = {P("sandbox", S, true), P("f
 static const struct conch_rpc_param p_fs_download[] = {P("sandbox", S, true), P("paths", A, true),
                                                        END};
 static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", A, false), END};
+static const struct conch_rpc_param p_ws_diff[] = {P("sandbox", S, true), P("paths", A, false),
+                                                   P("since", S, false), END};
 static const struct conch_rpc_param p_ws_changes[] = {
-    P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0), END};
+    P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0),
+    P("since", S, false), END};
 
 static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
 static const struct conch_rpc_param p_snapshot[] = {P("sandbox", S, true), P("name", S, false),
@@ -399,7 +402,7 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"fs.upload", p_fs_upload, handle_fs_upload},
     {"fs.download", p_fs_download, handle_fs_download},
     {"workspace.changes", p_ws_changes, conch_daemon_handle_workspace_changes},
-    {"workspace.diff", p_ws, conch_daemon_handle_workspace_diff},
+    {"workspace.diff", p_ws_diff, conch_daemon_handle_workspace_diff},
     {"workspace.commit", p_ws, conch_daemon_handle_workspace_commit},
     {"workspace.discard", p_ws, conch_daemon_handle_workspace_discard},
     {"workspace.snapshot", p_snapshot, conch_daemon_handle_workspace_snapshot},

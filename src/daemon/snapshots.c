@@ -152,6 +152,41 @@ out:
     return r;
 }
 
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
+                                   const char *key, struct conch_err *err)
+{
+    struct layers ls;
+    int r = layers_load(d, &ls, err);
+    if (r < 0)
+        return r;
+    struct conch_state_layer *want = layer_find(&ls, key);
+    if (!want) {
+        r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                           "since: no snapshot '%s' (workspace.snapshots lists them)", key);
+        goto out;
+    }
+    int at = 0;
+    for (const char *id = top; id[0] && at <= CONCH_JAIL_MAX_LAYERS; at++) {
+        if (!strcmp(id, want->id)) {
+            r = at;
+            goto out;
+        }
+        struct conch_state_layer *l = NULL;
+        for (size_t i = 0; i < ls.n && !l; i++)
+            if (!strcmp(ls.list[i].id, id))
+                l = &ls.list[i];
+        id = l ? l->parent : "";
+    }
+    r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                       "since: snapshot '%s' is not in the chain sandbox '%s' stands on (it is "
+                       "another sandbox's, or this one was restored to an earlier snapshot; "
+                       "'conch snapshots %s' lists its own)",
+                       key, sb_id, sb_id);
+out:
+    layers_done(&ls);
+    return r;
+}
+
 /* ---- what a restart would end ---- */
 
 /* 0, or -EBUSY with @err naming what runs in @sb (commands, jobs, sessions, JS sessions):

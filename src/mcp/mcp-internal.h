@@ -37,6 +37,15 @@ struct mcp_call {
 };
 
 extern const struct mcp_tool conch_mcp_tools[]; /* ends with a NULL name */
+/* The snapshot tools (tools-snapshot.c); ends with a NULL name. */
+extern const struct mcp_tool conch_mcp_snapshot_tools[];
+
+/* conch_mcp_arg_str, conch_mcp_arg_bool - the argument @key of @c (a string without NUL; a
+ * boolean, false when absent) into *@ret; false after answering @c with a tool error when it
+ * is wrong (or missing and @required). */
+bool conch_mcp_arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool required,
+                       const char **ret);
+bool conch_mcp_arg_bool(struct mcp *m, struct mcp_call *c, const char *key, bool *ret);
 
 /* conch_mcp_daemon_call - send @method with @params (stolen; "sandbox" is added when @c's tool
  * works on the session's sandbox) and have @c's tool's reply() called with the answer. */
@@ -55,6 +64,8 @@ void conch_mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, cons
 void conch_mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);
 
 const char *conch_mcp_sandbox_id(const struct mcp *m);
+/* conch_mcp_set_sandbox - the session's tools work on sandbox @id from now on (a fork). */
+void conch_mcp_set_sandbox(struct mcp *m, const char *id);
 size_t conch_mcp_max_output(const struct mcp *m);
 /* The child daemon's state dir: host paths under it mean nothing inside the sandbox. */
 const char *conch_mcp_state_dir(const struct mcp *m);

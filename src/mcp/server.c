@@ -108,6 +108,11 @@ const char *conch_mcp_sandbox_id(const struct mcp *m)
     return m->sandbox;
 }
 
+void conch_mcp_set_sandbox(struct mcp *m, const char *id)
+{
+    snprintf(m->sandbox, sizeof(m->sandbox), "%s", id);
+}
+
 const char *conch_mcp_state_dir(const struct mcp *m)
 {
     return m->state_dir;
@@ -253,6 +258,8 @@ void conch_mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method
     bool by_job = !strcmp(method, "job.output") || !strcmp(method, "job.wait") ||
                   !strcmp(method, "job.kill") ||
                   (!strncmp(method, "session.", 8) && strcmp(method, "session.open"));
+    /* A fork of a snapshot names no sandbox. */
+    by_job = by_job || (!strcmp(method, "sandbox.fork") && json_object_get(params, "snapshot"));
     if (params && m->sandbox[0] && !by_job && !json_object_get(params, "sandbox"))
         json_object_set_new(params, "sandbox", json_string(m->sandbox));
     uint64_t id = 0;
@@ -286,7 +293,7 @@ static json_t *instructions(struct mcp *m)
         snprintf(ws, sizeof(ws),
                  "/workspace is a copy-on-write view of the project: changes stay in the "
                  "sandbox until the `commit` tool applies them (`changes` and `diff` show "
-                 "them)%s.",
+                 "them)%s. `snapshot` saves a checkpoint to `restore` or `fork` from.",
                  o->commit_on_exit ? "; they are also committed when the session ends" : "");
     else if (!strcmp(mode, "ro"))
         snprintf(ws, sizeof(ws), "/workspace is the project, read-only.");
@@ -379,11 +386,16 @@ static void handle_initialize(struct mcp *m, json_t *id, json_t *params)
 
 /* ---- the MCP client's messages ---- */
 
+/* Every tool, table by table. */
+static const struct mcp_tool *const tool_tables[] = {conch_mcp_tools, conch_mcp_snapshot_tools};
+#define N_TOOL_TABLES (sizeof(tool_tables) / sizeof(tool_tables[0]))
+
 static const struct mcp_tool *find_tool(const char *name)
 {
-    for (const struct mcp_tool *t = conch_mcp_tools; t->name; t++)
-        if (!strcmp(t->name, name))
-            return t;
+    for (size_t i = 0; i < N_TOOL_TABLES; i++)
+        for (const struct mcp_tool *t = tool_tables[i]; t->name; t++)
+            if (!strcmp(t->name, name))
+                return t;
     return NULL;
 }
 
@@ -713,19 +725,21 @@ void conch_mcp_opts_init(struct conch_mcp_opts *o)
 static json_t *build_tools_list(struct conch_err *err)
 {
     json_t *arr = json_array();
-    for (const struct mcp_tool *t = conch_mcp_tools; t->name; t++) {
-        json_error_t je;
-        json_t *schema = json_loads(t->schema, 0, &je);
-        if (!schema) {
-            json_decref(arr);
-            conch_err_set(err, EINVAL, "tool '%s': bad input schema: %s", t->name, je.text);
-            return NULL;
+    for (size_t i = 0; i < N_TOOL_TABLES; i++) {
+        for (const struct mcp_tool *t = tool_tables[i]; t->name; t++) {
+            json_error_t je;
+            json_t *schema = json_loads(t->schema, 0, &je);
+            if (!schema) {
+                json_decref(arr);
+                conch_err_set(err, EINVAL, "tool '%s': bad input schema: %s", t->name, je.text);
+                return NULL;
+            }
+            json_array_append_new(
+                arr, json_pack("{s:s,s:s,s:s,s:o,s:{s:b,s:b,s:b}}", "name", t->name, "title",
+                               t->title, "description", t->description, "inputSchema", schema,
+                               "annotations", "readOnlyHint", t->read_only, "destructiveHint",
+                               t->destructive, "openWorldHint", 0));
         }
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:o,s:{s:b,s:b,s:b}}", "name", t->name,
-                                             "title", t->title, "description", t->description,
-                                             "inputSchema", schema, "annotations", "readOnlyHint",
-                                             t->read_only, "destructiveHint", t->destructive,
-                                             "openWorldHint", 0));
     }
     return json_pack("{s:o}", "tools", arr);
 }

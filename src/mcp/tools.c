@@ -100,6 +100,17 @@ static bool arg_paths(struct mcp *m, struct mcp_call *c, const char *key, json_t
     return true;
 }
 
+bool conch_mcp_arg_str(struct mcp *m, struct mcp_call *c, const char *key, bool required,
+                       const char **ret)
+{
+    return arg_str(m, c, key, required, ret);
+}
+
+bool conch_mcp_arg_bool(struct mcp *m, struct mcp_call *c, const char *key, bool *ret)
+{
+    return arg_bool(m, c, key, ret);
+}
+
 /* ---- a growing text ---- */
 
 static void text_done(struct mcp *m, struct mcp_call *c, struct conch_sb *t, bool is_error)
@@ -587,7 +598,11 @@ static void grep_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
 
 static void changes_start(struct mcp *m, struct mcp_call *c)
 {
-    conch_mcp_daemon_call(m, c, "workspace.changes", json_object());
+    const char *since;
+    if (!arg_str(m, c, "since", false, &since))
+        return;
+    conch_mcp_daemon_call(m, c, "workspace.changes",
+                          since ? json_pack("{s:s}", "since", since) : json_object());
 }
 
 static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -624,10 +639,13 @@ static void changes_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t
 static void diff_start(struct mcp *m, struct mcp_call *c)
 {
     json_t *paths;
-    if (!arg_paths(m, c, "paths", &paths))
+    const char *since;
+    if (!arg_paths(m, c, "paths", &paths) || !arg_str(m, c, "since", false, &since))
         return;
-    conch_mcp_daemon_call(m, c, "workspace.diff",
-                          paths ? json_pack("{s:O}", "paths", paths) : json_object());
+    json_t *p = paths ? json_pack("{s:O}", "paths", paths) : json_object();
+    if (p && since)
+        json_object_set_new(p, "since", json_string(since));
+    conch_mcp_daemon_call(m, c, "workspace.diff", p);
 }
 
 static void diff_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
@@ -705,6 +723,9 @@ static void js_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *err
 
 /* ---- the table ---- */
 
+#define SINCE_PROP                                                                                 \
+    "\"since\": {\"type\": \"string\", \"description\": \"A snapshot (id or name) of this "        \
+    "sandbox: only what changed after it\"}"
 #define PATH_DESC "\"description\": \"A path in the sandbox: relative to /workspace, or absolute\""
 
 const struct mcp_tool conch_mcp_tools[] = {
@@ -915,8 +936,9 @@ const struct mcp_tool conch_mcp_tools[] = {
         .name = "changes",
         .title = "List the workspace's changes",
         .description = "List what was added, modified or deleted in /workspace compared with "
-                       "the host directory (overlay mode): what commit would apply.",
-        .schema = "{\"type\": \"object\", \"properties\": {}}",
+                       "the host directory (overlay mode): what commit would apply. With since: "
+                       "what changed after that snapshot.",
+        .schema = "{\"type\": \"object\", \"properties\": {" SINCE_PROP "}}",
         .read_only = true,
         .start = changes_start,
         .reply = changes_reply,
@@ -925,10 +947,12 @@ const struct mcp_tool conch_mcp_tools[] = {
         .name = "diff",
         .title = "Show the workspace's changes as a diff",
         .description = "A unified diff (git style) of the changes in /workspace against the "
-                       "host directory, for every changed file or the given paths.",
-        .schema = "{\"type\": \"object\", \"properties\": {"
-                  "\"paths\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
-                  "\"description\": \"Only these paths (relative to /workspace)\"}}}",
+                       "host directory, for every changed file or the given paths. With since: "
+                       "against /workspace as it was at that snapshot.",
+        .schema =
+            "{\"type\": \"object\", \"properties\": {"
+            "\"paths\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
+            "\"description\": \"Only these paths (relative to /workspace)\"}," SINCE_PROP "}}",
         .read_only = true,
         .start = diff_start,
         .reply = diff_reply,

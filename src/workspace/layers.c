@@ -171,7 +171,9 @@ static int copy_entry(int sdir, const char *name, int ddir, const char *dname, u
 
 static int copy_tree(int sfd, int dfd, unsigned depth, unsigned flags)
 {
-    int dup_fd = dup(sfd);
+    /* A new open file description: a dup would share the offset of @sfd, which a reader
+     * before us may have left at the end (then no entry would be seen). */
+    int dup_fd = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dup_fd < 0)
         return -errno;
     DIR *dir = fdopendir(dup_fd);
@@ -299,7 +301,7 @@ static int merge_entry(int udir, int mdir, const char *name, unsigned depth, uns
 
 static int merge_dir(int upper, int merged, unsigned depth, unsigned flags)
 {
-    int dup_fd = dup(upper);
+    int dup_fd = openat(upper, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* as copy_tree */
     if (dup_fd < 0)
         return -errno;
     DIR *dir = fdopendir(dup_fd);

@@ -303,4 +303,34 @@ int conch_ws_layers_merge(const int *dirs, const bool *live, int n, int out_pare
 int conch_ws_layer_squash(int store_fd, const char *const *ids, int n, const char *new_id,
                           struct conch_err *err);
 
+/* ---- changes since a snapshot (since.c) ---- */
+struct conch_ws_since {
+    int upper;  /* what changed since the snapshot, in overlayfs's upper format; -1: nothing */
+    int lower;  /* the workspace as it was at the snapshot (only where @upper looks) */
+    int parent; /* the work dir the two were built in (removed by conch_ws_since_done) */
+};
+
+/* conch_ws_since_init - a prepared-nothing @s (conch_ws_since_done is then a no-op). */
+void conch_ws_since_init(struct conch_ws_since *s);
+
+/*
+ * conch_ws_since_prepare - an upper and a lower dir that conch_ws_changes_scan and
+ * conch_ws_diff compare to list the changes made after the snapshot @layers[@at]: the
+ * workspace is @live_upper (-1: none) over the frozen @layers (@n_layers fds, top first) over
+ * the host dir @host_fd (all borrowed). ret->upper is the live upper and the layers above
+ * @at merged (conch_ws_layers_merge; a dup when there is one dir); ret->lower is the view at
+ * the snapshot (the layers from @at down over the host) built beneath @work_fd, sparsely:
+ * only the entries the upper names (with their content: a deleted file's diff shows it),
+ * and the whole listing of each dir the upper makes opaque. Files of frozen layers are hard
+ * links, the host's are copied (so the cost grows with what changed, not with the
+ * workspace). ret->upper -1 (and ret->lower -1): nothing above the snapshot, no changes.
+ * The caller calls conch_ws_since_done, which removes what was built. Returns 0 or -errno
+ * with @err.
+ */
+int conch_ws_since_prepare(int live_upper, const int *layers, int n_layers, int at, int host_fd,
+                           int work_fd, struct conch_ws_since *ret, struct conch_err *err);
+
+/* conch_ws_since_done - close @s's fds and remove the dirs built for it. */
+void conch_ws_since_done(struct conch_ws_since *s);
+
 #endif

@@ -205,3 +205,27 @@ def test_a_root_without_bash_is_an_infrastructure_error(busybox_root, daemon):
     job = c.call("job.start", {"sandbox": sb, "command": "echo hi"}, timeout=60)["job_id"]
     w = c.call("job.wait", {"job_id": job, "timeout": 30}, timeout=60)
     assert w["exit_code"] == 125, w
+
+
+def test_run_warns_once_when_the_workspace_is_home(ws, tmp_path):
+    # The workspace is $HOME (through a symlink too): one warning line, and the command runs.
+    (ws / ".secret").write_text("dotfile\n")
+    link = tmp_path / "home-link"
+    link.symlink_to(ws)
+    state = tmp_path / "state"
+    for home in (ws, link):
+        env = dict(os.environ, HOME=str(home), XDG_STATE_HOME=str(state))
+        r = conch(["run", "--", "cat", ".secret"], cwd=ws, env=env)
+        assert r.rc == 0, r.describe()
+        assert r.raw_stdout == b"dotfile\n"
+        err = r.raw_stderr.decode()
+        warned = [l for l in err.splitlines() if "home directory" in l]
+        assert len(warned) == 1 and warned[0].startswith("conch: warning:"), err
+        assert str(ws) in warned[0], err
+    # Another workspace (a directory beneath the home, or elsewhere): no warning.
+    sub = ws / "project"
+    sub.mkdir()
+    env = dict(os.environ, HOME=str(ws), XDG_STATE_HOME=str(state))
+    r = conch(["run", "--workspace", str(sub), "--", "true"], cwd=ws, env=env)
+    assert r.rc == 0, r.describe()
+    assert "home directory" not in r.raw_stderr.decode(), r.describe()

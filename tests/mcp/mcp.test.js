@@ -16,7 +16,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 const here = path.dirname(fileURLToPath(import.meta.url));
 const conch = path.resolve(process.env.CONCH_BIN || path.join(here, '../../build/conch'));
 const TOOLS = ['bash', 'shell', 'js_eval', 'job_output', 'job_kill', 'read_file', 'write_file', 'edit_file', 'ls',
-  'glob', 'grep', 'changes', 'diff', 'commit'];
+  'glob', 'grep', 'changes', 'diff', 'commit', 'snapshot', 'restore', 'snapshots', 'fork'];
 
 function tempWorkspace() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'conch-mcp-'));
@@ -320,6 +320,82 @@ test('shell: one persistent bash per MCP session', async () => {
   const recs = fs.existsSync(path.join(state, 'sessions')) ? fs.readdirSync(path.join(state, 'sessions')) : [];
   assert.deepEqual(recs, []);
   fs.rmSync(state, { recursive: true, force: true });
+});
+
+test('snapshot, restore, snapshots, fork and changes/diff since a snapshot', async () => {
+  const ws = tempWorkspace();
+  const { client } = await connect(['--workspace', ws]);
+  try {
+    let r = await call(client, 'snapshots', {});
+    assert.equal(text(r), 'No snapshots yet (take one with snapshot).');
+    await call(client, 'bash', { command: 'echo one > a.txt' });
+    r = await call(client, 'snapshot', { name: 'first' });
+    assert.equal(r.isError, false, text(r));
+    const first = text(r).match(/^Snapshot (snap-[0-9a-f]+) \("first"\) taken/)[1];
+    await call(client, 'bash', { command: 'echo two > a.txt; echo b > b.txt; rm hello.txt' });
+
+    // changes and diff since the snapshot: only what came after it.
+    r = await call(client, 'changes', { since: 'first' });
+    assert.equal(text(r), 'M a.txt\nA b.txt\nD hello.txt\n[3 changes (A added, M modified, ' +
+      'D deleted, T type changed)]\n');
+    r = await call(client, 'diff', { since: first, paths: ['a.txt'] });
+    assert.match(text(r), /^-one\n\+two$/m);
+    r = await call(client, 'changes', { since: 'nope' });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /nope/);
+    // Without since: against the host, as before.
+    r = await call(client, 'changes', {});
+    assert.match(text(r), /^A a\.txt$/m);
+
+    // A running shell session makes a snapshot refuse, unless forced.
+    r = await call(client, 'shell', { command: 'cd src; export X=1' });
+    r = await call(client, 'snapshot', { name: 'second' });
+    assert.equal(r.isError, true);
+    assert.match(text(r), /session/);
+    r = await call(client, 'snapshot', { name: 'second', force: true });
+    assert.equal(r.isError, false, text(r));
+    r = await call(client, 'shell', { command: 'pwd' });
+    assert.match(text(r), /^\/workspace$/m);
+
+    r = await call(client, 'snapshots', {});
+    assert.match(text(r), new RegExp(`^${first} \\("first"\\): \\d+ bytes, \\d+ entries, on the host directory$`, 'm'));
+    assert.match(text(r), new RegExp(`^snap-[0-9a-f]+ \\("second"\\): .* on ${first}$`, 'm'));
+    assert.match(text(r), /\[2 snapshots, oldest first\]/);
+
+    // Restore: back to the first snapshot.
+    r = await call(client, 'restore', { snapshot: 'first', force: true });
+    assert.equal(r.isError, false, text(r));
+    r = await call(client, 'bash', { command: 'cat a.txt; ls' });
+    assert.equal(text(r), 'one\na.txt\nhello.txt\nsrc\n[exit code: 0]');
+    r = await call(client, 'restore', { snapshot: 'no-such' });
+    assert.equal(r.isError, true);
+    r = await call(client, 'restore', {});
+    assert.equal(r.isError, true);
+    assert.match(text(r), /'snapshot' is required/);
+
+    // Fork from a snapshot: the session continues in the fork; the sandbox left is unchanged.
+    r = await call(client, 'fork', { snapshot: 'second', force: true });
+    assert.equal(r.isError, false, text(r));
+    const m = text(r).match(/^Forked: this session now works in sandbox (\S+), started from snapshot (\S+)\. Sandbox (\S+) is left/);
+    assert.ok(m, text(r));
+    assert.notEqual(m[1], m[3]);
+    r = await call(client, 'bash', { command: 'cat a.txt b.txt; test -e hello.txt || echo gone' });
+    assert.equal(text(r), 'two\nb\ngone\n[exit code: 0]');
+    await call(client, 'bash', { command: 'echo in-fork > f.txt' });
+    r = await call(client, 'changes', { since: 'second' });
+    assert.equal(text(r), 'A f.txt\n[1 change (A added, M modified, D deleted, T type changed)]\n');
+    // Fork of the current state: snapshotted first.
+    r = await call(client, 'fork', { force: true });
+    assert.equal(r.isError, false, text(r));
+    r = await call(client, 'bash', { command: 'cat f.txt' });
+    assert.equal(text(r), 'in-fork\n[exit code: 0]');
+    // Nothing reached the host.
+    assert.equal(fs.existsSync(path.join(ws, 'a.txt')), false);
+    assert.equal(fs.existsSync(path.join(ws, 'hello.txt')), true);
+  } finally {
+    await client.close();
+    fs.rmSync(ws, { recursive: true, force: true });
+  }
 });
 
 test('the session ends cleanly: --commit applies the changes, processes are gone', async () => {

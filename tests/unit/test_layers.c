@@ -197,3 +197,85 @@ Test(layers, squash_shows_what_the_stack_showed)
     cr_assert_lt(conch_ws_layer_squash(store, ids, 3, "sq", &err), 0);
     cr_assert_str_eq(text("sq/b"), "b2");
 }
+
+static int open_rel(const char *rel)
+{
+    char p[256];
+    snprintf(p, sizeof(p), "%s/store/%s", base, rel);
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "%s: %s", p, strerror(errno));
+    return fd;
+}
+
+Test(layers, since_compares_the_layers_above_with_the_view_at_the_snapshot)
+{
+    /* The host dir, the snapshot s1 on it, the layer l2 above s1, and the live upper. */
+    dir("host");
+    put("host/h", "h");
+    put("host/gone", "g");
+    put("host/same", "same");
+    dir("host/hd");
+    put("host/hd/h1", "1");
+    put("host/hd/h2", "2");
+    dir("s1");
+    put("s1/s", "s1");
+    whiteout("s1/gone");
+    dir("s1/sd");
+    put("s1/sd/x", "x1");
+    dir("l2");
+    whiteout("l2/s");
+    put("l2/n2", "n2");
+    dir("l2/hd");
+    opaque("l2/hd");
+    put("l2/hd/new", "new");
+    dir("up");
+    put("up/h", "h-live");
+    whiteout("up/n2");
+    dir("up/sd");
+    put("up/sd/x", "x-live");
+    put("up/gone", "again");
+    put("up/same", "same");
+    dir("work");
+    int layers[2] = {open_rel("l2"), open_rel("s1")};
+    int host = open_rel("host"), up = open_rel("up"), work = open_rel("work");
+    struct conch_ws_since s;
+    struct conch_err err = {0};
+    cr_assert_eq(conch_ws_since_prepare(up, layers, 2, 1, host, work, &s, &err), 0, "%s", err.msg);
+    struct conch_ws_changes ch = {0};
+    cr_assert_eq(conch_ws_changes_scan(s.upper, s.lower, &ch, &err), 0, "%s", err.msg);
+    static const char *const want[][2] = {
+        {"gone", "added"},   {"h", "modified"}, {"hd/h1", "deleted"}, {"hd/h2", "deleted"},
+        {"hd/new", "added"}, {"s", "deleted"},  {"sd/x", "modified"},
+    };
+    cr_assert_eq(ch.n, sizeof(want) / sizeof(want[0]), "%zu changes", ch.n);
+    for (size_t i = 0; i < ch.n; i++) {
+        cr_assert_str_eq(ch.items[i].path, want[i][0]);
+        cr_assert_str_eq(conch_ws_change_kind_name(ch.items[i].kind), want[i][1], "%s", want[i][0]);
+    }
+    conch_ws_changes_done(&ch);
+    /* Since the top layer: the live upper only, against l2 over s1 over the host (the same
+     * fds again: each reader starts from their first entry). */
+    conch_ws_since_done(&s);
+    cr_assert_eq(kind("work/since-view"), '-');
+    cr_assert_eq(kind("work/since-upper"), '-');
+    cr_assert_eq(conch_ws_since_prepare(up, layers, 2, 0, host, work, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(conch_ws_changes_scan(s.upper, s.lower, &ch, &err), 0, "%s", err.msg);
+    cr_assert_eq(ch.n, 4, "%zu changes", ch.n);
+    cr_assert_str_eq(ch.items[0].path, "gone");
+    cr_assert_str_eq(ch.items[1].path, "h");
+    cr_assert_str_eq(ch.items[2].path, "n2");
+    cr_assert_eq(ch.items[2].kind, CONCH_CHANGE_DELETED);
+    cr_assert_str_eq(ch.items[3].path, "sd/x");
+    conch_ws_changes_done(&ch);
+    conch_ws_since_done(&s);
+    /* Nothing above: no changes, nothing built. */
+    cr_assert_eq(conch_ws_since_prepare(-1, layers, 2, 0, host, work, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(s.upper, -1);
+    conch_ws_since_done(&s);
+    cr_assert_lt(conch_ws_since_prepare(up, layers, 2, 2, host, work, &s, &err), 0);
+    close(layers[0]);
+    close(layers[1]);
+    close(host);
+    close(up);
+    close(work);
+}

@@ -240,15 +240,19 @@ class ProtocolMethods:
 
     # -- workspace.* --------------------------------------------------------------------
     def workspace_changes(self, sandbox: str, *, offset: Optional[int] = None,
-                          limit: Optional[int] = None):
+                          limit: Optional[int] = None, since: Optional[str] = None):
         """workspace.changes -> ``{"changes": [...], "changes_total", "changes_truncated",
-        "next_offset"?}`` (one page)."""
+        "next_offset"?}`` (one page). ``since``: a snapshot (id or name) of the sandbox's
+        chain: the changes made after it, against the workspace as it was then."""
         return self._request("workspace.changes", _params(sandbox=sandbox, offset=offset,
-                                                          limit=limit))
+                                                          limit=limit, since=since))
 
-    def workspace_diff(self, sandbox: str, paths: Optional[List[str]] = None):
-        """workspace.diff -> ``{"diff": str, "files": [...], "omitted": int}``."""
-        return self._request("workspace.diff", _params(sandbox=sandbox, paths=paths))
+    def workspace_diff(self, sandbox: str, paths: Optional[List[str]] = None, *,
+                       since: Optional[str] = None):
+        """workspace.diff -> ``{"diff": str, "files": [...], "omitted": int}``. ``since``:
+        as for workspace_changes."""
+        return self._request("workspace.diff", _params(sandbox=sandbox, paths=paths,
+                                                       since=since))
 
     def workspace_commit(self, sandbox: str, paths: Optional[List[str]] = None):
         """workspace.commit: apply changes to the host -> ``{"committed", "skipped"}``."""

@@ -285,21 +285,23 @@ class _Ops:
                 out[f["path"]] = base64.b64decode(f.get("content", ""))
         return out
 
-    def changes(self) -> List[Dict[str, Any]]:
-        """Every change of the workspace against the host dir (all pages), in path order."""
+    def changes(self, since: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Every change of the workspace against the host dir (all pages), in path order;
+        with ``since`` (a snapshot's id or name), those made after that snapshot."""
         out: List[Dict[str, Any]] = []
         offset = 0
         while True:
-            r = yield _call("workspace_changes", self.id, offset=offset or None)
+            r = yield _call("workspace_changes", self.id, offset=offset or None, since=since)
             out.extend(r.get("changes", []))
             nxt = r.get("next_offset")
             if nxt is None or nxt <= offset:
                 return out
             offset = nxt
 
-    def diff(self, paths: Optional[List[str]] = None) -> str:
-        """The unified diff of the changes (``git apply``-able)."""
-        r = yield _call("workspace_diff", self.id, paths)
+    def diff(self, paths: Optional[List[str]] = None, since: Optional[str] = None) -> str:
+        """The unified diff of the changes (``git apply``-able); with ``since`` (a
+        snapshot's id or name), of those made after that snapshot, against it."""
+        r = yield _call("workspace_diff", self.id, paths, since=since)
         return r["diff"]
 
     def commit(self, paths: Optional[List[str]] = None) -> Dict[str, Any]:

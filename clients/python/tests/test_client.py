@@ -186,6 +186,28 @@ def test_big_file(sb):
     print(f"8 MiB upload+download: {took:.2f} s")
 
 
+def test_workspace_changes_and_diff_since_a_snapshot(client, ws):
+    with Sandbox.create(client, workspace=ws) as sb:
+        sb.write("hello.txt", "at the snapshot\n")
+        snap = client.workspace_snapshot(sb.id, name="py-since-" + sb.id)
+        sb.write("hello.txt", "after\n")
+        sb.write("later.txt", "later\n")
+        ch = {c["path"]: c["kind"] for c in sb.changes(since=snap["id"])}
+        assert ch == {"hello.txt": "modified", "later.txt": "added"}
+        # Against the host, hello.txt is modified and src/ untouched, as before.
+        assert {c["path"] for c in sb.changes()} == {"hello.txt", "later.txt"}
+        d = sb.diff(since=snap["name"])
+        assert "-at the snapshot\n+after" in d and "-hello" not in d
+        assert "later" not in sb.diff(["hello.txt"], since=snap["id"])
+        page = client.workspace_changes(sb.id, since=snap["id"], limit=1)
+        assert page["changes_total"] == 2 and len(page["changes"]) == 1
+        r = client.workspace_diff(sb.id, ["later.txt"], since=snap["id"])
+        assert [f["path"] for f in r["files"]] == ["later.txt"]
+        with pytest.raises(ConchError) as ei:
+            sb.changes(since="no-such-snapshot")
+        assert ei.value.code == -32602 and "no-such-snapshot" in str(ei.value)
+
+
 def test_workspace(client, ws):
     with Sandbox.create(client, workspace=ws) as sb:
         sb.write("hello.txt", "hello\nthere\n")

@@ -718,11 +718,14 @@ export class ConchClient extends EventEmitter {
   }
 
   // workspace.*
-  workspaceChanges(sandbox: string, opts: { offset?: number; limit?: number } = {}): Promise<{ changes: Change[]; changes_total: number; changes_truncated: boolean; next_offset?: number }> {
+  /** One page of the changes; `since`: a snapshot (id or name) of the sandbox's chain, for the
+   * changes made after it, against the workspace as it was then. */
+  workspaceChanges(sandbox: string, opts: { offset?: number; limit?: number; since?: string } = {}): Promise<{ changes: Change[]; changes_total: number; changes_truncated: boolean; next_offset?: number }> {
     return this.call("workspace.changes", { sandbox, ...opts });
   }
-  workspaceDiff(sandbox: string, paths?: string[]): Promise<{ diff: string; files: { path: string; kind: string; binary: boolean; diff: string; omitted?: boolean }[]; omitted: number }> {
-    return this.call("workspace.diff", paths ? { sandbox, paths } : { sandbox });
+  /** `opts.since`: as for workspaceChanges. */
+  workspaceDiff(sandbox: string, paths?: string[], opts: { since?: string } = {}): Promise<{ diff: string; files: { path: string; kind: string; binary: boolean; diff: string; omitted?: boolean }[]; omitted: number }> {
+    return this.call("workspace.diff", { sandbox, ...(paths ? { paths } : {}), ...(opts.since !== undefined ? { since: opts.since } : {}) });
   }
   workspaceCommit(sandbox: string, paths?: string[]): Promise<{ committed: string[]; skipped: { path: string; reason: string }[] }> {
     return this.call("workspace.commit", paths ? { sandbox, paths } : { sandbox });

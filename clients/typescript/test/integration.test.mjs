@@ -131,6 +131,32 @@ test("workspace.changes/diff/commit/discard reach the host directory only on com
   assert.equal((await c.fsRead(sb, "orig.txt")).content, "original\n");
 });
 
+test("workspace.changes/diff since a snapshot", { skip }, async () => {
+  const w = tmp("conch-ts-since-");
+  writeFileSync(join(w, "a.txt"), "host\n");
+  const id = (await c.sandboxCreate({ workspace: w })).id;
+  try {
+    await c.fsWrite(id, "a.txt", "at-snap\n");
+    const snap = await c.workspaceSnapshot(id, { name: "ts-since" });
+    await c.fsWrite(id, "a.txt", "after\n");
+    await c.fsWrite(id, "b.txt", "b\n");
+    const ch = await c.workspaceChanges(id, { since: snap.id });
+    assert.deepEqual(ch.changes.map((x) => [x.path, x.kind]), [["a.txt", "modified"], ["b.txt", "added"]]);
+    const page = await c.workspaceChanges(id, { since: "ts-since", limit: 1 });
+    assert.equal(page.changes_total, 2);
+    assert.equal(page.next_offset, 1);
+    const d = await c.workspaceDiff(id, ["a.txt"], { since: "ts-since" });
+    assert.match(d.diff, /-at-snap\n\+after/);
+    assert.doesNotMatch(d.diff, /-host/);
+    // Without since: against the host directory, as before.
+    assert.match((await c.workspaceDiff(id, ["a.txt"])).diff, /-host\n\+after/);
+    await assert.rejects(c.workspaceChanges(id, { since: "nope" }),
+      (e) => e instanceof ConchError && e.code === -32602 && e.data.param === "since" && /nope/.test(e.message));
+  } finally {
+    await c.sandboxDestroy(id);
+  }
+});
+
 test("a unix-socket daemon: connect, create, run, destroy", { skip }, async () => {
   const dir = tmp("conch-ts-sock-");
   mkdirSync(join(dir, "run"), { mode: 0o700 });
