@@ -96,7 +96,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET | CONCH_SPEC_OPT_RULES)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -248,6 +248,8 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->disk_bytes = c->spec.disk_bytes;
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
+    j->rules = c->spec.rules;
+    j->n_rules = c->spec.n_rules;
     struct conch_net_policy net;
     if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
         return r;

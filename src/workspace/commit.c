@@ -29,6 +29,8 @@ struct commit {
     uint64_t max_bytes; /* 0: no limit */
     uint64_t written;   /* apparent bytes of the files written so far */
     char *buf;          /* COPY_CHUNK, for the read/write fallback */
+    const struct conch_ws_rule *rules;
+    size_t n_rules;
 };
 
 /*
@@ -489,6 +491,28 @@ static void note(struct conch_ws_commit_report *rep, size_t i, enum conch_ws_com
         rep->failed++;
 }
 
+/* @path is @dir or lies beneath it. */
+static bool at_or_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* Why @ch is left out (a static string), by a path rule first, then by its kind. */
+static const char *skip_reason(const struct commit *c, const struct conch_ws_change *ch)
+{
+    for (size_t i = 0; i < c->n_rules; i++) {
+        const struct conch_ws_rule *r = &c->rules[i];
+        if (at_or_under(ch->path, r->path))
+            return r->hidden ? "a hidden path (path rule): never committed"
+                             : "a read-only path (path rule): never committed";
+        if ((ch->kind == CONCH_CHANGE_DELETED || ch->kind == CONCH_CHANGE_TYPE) &&
+            at_or_under(r->path, ch->path))
+            return "it holds a path a path rule protects: never removed or replaced";
+    }
+    return conch_ws_change_skip_reason(ch);
+}
+
 /* Checks what can be checked before anything is applied: paths and the total size. */
 static int preflight(const struct commit *c, const struct conch_ws_change *const *order, size_t n,
                      struct conch_err *err)
@@ -501,7 +525,7 @@ static int preflight(const struct commit *c, const struct conch_ws_change *const
             return conch_err_set(err, EINVAL, "commit %s: invalid path; nothing was applied",
                                  q ? q : "(null)");
         }
-        if (writes_file(ch) && !conch_ws_change_skip_reason(ch))
+        if (writes_file(ch) && !skip_reason(c, ch))
             total += ch->size;
     }
     if (c->max_bytes && total > c->max_bytes)
@@ -531,6 +555,8 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
         .new_uid = opts && opts->new_uid != (uid_t)-1 ? opts->new_uid : root.st_uid,
         .new_gid = opts && opts->new_gid != (gid_t)-1 ? opts->new_gid : root.st_gid,
         .max_bytes = opts ? opts->max_bytes : 0,
+        .rules = opts ? opts->rules : NULL,
+        .n_rules = opts && opts->rules ? opts->n_rules : 0,
     };
 
     /* Sorted by path, a parent comes before its children, whatever order we were given. */
@@ -557,7 +583,7 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
         return first;
 
     for (size_t i = 0; i < changes->n; i++) {
-        const char *skip = conch_ws_change_skip_reason(order[i]);
+        const char *skip = skip_reason(&c, order[i]);
         if (skip) {
             note(report, i, CONCH_WS_COMMIT_SKIPPED, skip);
             continue;
