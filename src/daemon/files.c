@@ -521,8 +521,18 @@ static void work_commit(struct ws_op *w)
         conch_err_set(&w->err, -r, "out of memory");
     struct conch_ws_commit_report rep = {0};
     if (r >= 0) {
-        struct conch_ws_commit_opts opts = {
-            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = w->max_bytes};
+        /* The sandbox's rules are set at its creation and never change: read here, off the
+         * loop, while the work holds the sandbox. */
+        struct conch_ws_rule rules[CONCH_SPEC_RULES_MAX];
+        size_t n_rules = 0;
+        for (unsigned i = 0; i < w->sb->n_rules && i < CONCH_SPEC_RULES_MAX; i++)
+            rules[n_rules++] = (struct conch_ws_rule){w->sb->rules[i].path,
+                                                      w->sb->rules[i].kind == CONCH_RULE_HIDDEN};
+        struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1,
+                                            .new_gid = (gid_t)-1,
+                                            .max_bytes = w->max_bytes,
+                                            .rules = rules,
+                                            .n_rules = n_rules};
         r = conch_ws_commit(w->fds.upper, w->fds.lower, &todo, &opts, &rep, &w->err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
