@@ -28,7 +28,7 @@ static int rule_fail(struct conch_err *err, const char *path, const char *what, 
 {
     if (e == ELOOP)
         return conch_err_setk(err, CONCH_ERR_USAGE, e,
-                              "path rule '%s': a symlink in the path is refused (%s)", path, what);
+                              "path rule '%s': a symlink in the path is refused ('%s')", path, what);
     return conch_err_set(err, e, "path rule '%s': %s: %s", path, what, strerror(e));
 }
 
@@ -190,6 +190,12 @@ static int apply_one(const struct jail_plan *plan, int i, int ws, struct conch_e
         if (fstat(fd, &st) < 0) {
             close(fd);
             return rule_fail(err, rule->path, "stat", errno);
+        }
+        /* RESOLVE_NO_SYMLINKS lets O_PATH|O_NOFOLLOW open a link that ends the path: the link
+         * itself, which a mount would cover while its target stays in reach. */
+        if (S_ISLNK(st.st_mode)) {
+            close(fd);
+            return rule_fail(err, rule->path, buf, ELOOP);
         }
         if (!last) {
             if (!S_ISDIR(st.st_mode)) {
