@@ -28,7 +28,8 @@ static int rule_fail(struct conch_err *err, const char *path, const char *what, 
 {
     if (e == ELOOP)
         return conch_err_setk(err, CONCH_ERR_USAGE, e,
-                              "path rule '%s': a symlink in the path is refused ('%s')", path, what);
+                              "path rule '%s': a symlink in the path is refused ('%s')", path,
+                              what);
     return conch_err_set(err, e, "path rule '%s': %s: %s", path, what, strerror(e));
 }
 
