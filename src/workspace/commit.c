@@ -437,6 +437,11 @@ static int finish_dir(struct commit *c, const struct conch_ws_change *ch, struct
     return r;
 }
 
+/* Why a path rule keeps a change out (conch_ws_change_skip_reason). */
+static const char rule_ro[] = "a read-only path (path rule): never committed";
+static const char rule_hidden[] = "a hidden path (path rule): never committed";
+static const char rule_holds[] = "it holds a path a path rule protects: never removed or replaced";
+
 static int cmp_change_ptr(const void *a, const void *b)
 {
     const struct conch_ws_change *x = *(const struct conch_ws_change *const *)a;
@@ -446,6 +451,12 @@ static int cmp_change_ptr(const void *a, const void *b)
 
 const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch)
 {
+    if (ch->flags & CONCH_WS_F_RULE_HIDDEN)
+        return rule_hidden;
+    if (ch->flags & CONCH_WS_F_RULE_RO)
+        return rule_ro;
+    if (ch->flags & CONCH_WS_F_RULE_HOLDS)
+        return rule_holds;
     if (ch->flags & CONCH_WS_F_TOO_DEEP)
         return "its entries lie deeper than PATH_MAX and cannot be committed";
     if (ch->flags & CONCH_WS_F_UNREADABLE)
@@ -498,19 +509,34 @@ static bool at_or_under(const char *path, const char *dir)
     return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
 }
 
-/* Why @ch is left out (a static string), by a path rule first, then by its kind. */
-static const char *skip_reason(const struct commit *c, const struct conch_ws_change *ch)
+/* The flag of the first of @rules (@n) that protects @ch, or 0. */
+static unsigned rule_flag(const struct conch_ws_rule *rules, size_t n,
+                          const struct conch_ws_change *ch)
 {
-    for (size_t i = 0; i < c->n_rules; i++) {
-        const struct conch_ws_rule *r = &c->rules[i];
+    for (size_t i = 0; ch->path && i < n; i++) {
+        const struct conch_ws_rule *r = &rules[i];
         if (at_or_under(ch->path, r->path))
-            return r->hidden ? "a hidden path (path rule): never committed"
-                             : "a read-only path (path rule): never committed";
+            return r->hidden ? CONCH_WS_F_RULE_HIDDEN : CONCH_WS_F_RULE_RO;
         if ((ch->kind == CONCH_CHANGE_DELETED || ch->kind == CONCH_CHANGE_TYPE) &&
             at_or_under(r->path, ch->path))
-            return "it holds a path a path rule protects: never removed or replaced";
+            return CONCH_WS_F_RULE_HOLDS;
     }
-    return conch_ws_change_skip_reason(ch);
+    return 0;
+}
+
+void conch_ws_changes_mark_rules(struct conch_ws_changes *c, const struct conch_ws_rule *rules,
+                                 size_t n)
+{
+    for (size_t i = 0; c && rules && i < c->n; i++)
+        c->items[i].flags |= rule_flag(rules, n, &c->items[i]);
+}
+
+/* Why @ch is left out (a static string): by the commit's path rules, then by its kind. */
+static const char *skip_reason(const struct commit *c, const struct conch_ws_change *ch)
+{
+    struct conch_ws_change marked = *ch;
+    marked.flags |= rule_flag(c->rules, c->n_rules, ch);
+    return conch_ws_change_skip_reason(&marked);
 }
 
 /* Checks what can be checked before anything is applied: paths and the total size. */

@@ -31,6 +31,11 @@ enum conch_ws_change_flag {
     CONCH_WS_F_UNREADABLE = 1 << 5,   /* dir the sandbox made unreadable (e.g. mode 000) to
                                          the caller: its entries are not listed, and commit
                                          skips the dir */
+    CONCH_WS_F_RULE_RO = 1 << 6,      /* at or beneath a read-only path (path rules): never
+                                         committed (conch_ws_changes_mark_rules) */
+    CONCH_WS_F_RULE_HIDDEN = 1 << 7,  /* at or beneath a hidden path: never committed */
+    CONCH_WS_F_RULE_HOLDS = 1 << 8,   /* deletes or replaces a dir holding a rule's path: never
+                                         committed */
 };
 
 /* One changed path. @path is relative to the workspace root, no leading "./" or "/". */
@@ -93,6 +98,16 @@ int conch_ws_changes_scan_page(int upper_fd, int lower_fd, size_t offset, size_t
  * known. Deleting such an entry is always allowed.
  */
 const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch);
+
+/*
+ * conch_ws_changes_mark_rules - flag each change of @c that the path rules @rules (@n of
+ * them, borrowed; struct conch_ws_rule) protect with CONCH_WS_F_RULE_*, so that every list of
+ * changes says it will not be committed (conch_ws_change_skip_reason). conch_ws_commit
+ * checks the rules itself, whatever the flags.
+ */
+struct conch_ws_rule;
+void conch_ws_changes_mark_rules(struct conch_ws_changes *c, const struct conch_ws_rule *rules,
+                                 size_t n);
 
 /*
  * conch_ws_quote - @prefix followed by @name, as git quotes paths: unchanged when it holds

@@ -134,6 +134,10 @@ def test_commit_skips_rule_paths_that_reach_the_upper_dir(daemon_factory, ws):
         f.write("planted\n")
     daemon.start()
     c = daemon.client()
+    listed = {ch["path"]: ch for ch in c.call("workspace.changes", {"sandbox": sb})["changes"]}
+    assert "read-only" in listed[".git/hooks/pre-commit"].get("skip", ""), listed
+    assert "hidden" in listed[".env"].get("skip", ""), listed
+    assert "skip" not in listed["src/a.c"], listed
     res = c.call("workspace.commit", {"sandbox": sb}, timeout=60)
     skipped = {s["path"]: s["reason"] for s in res["skipped"]}
     assert ".git/hooks/pre-commit" in skipped and "read-only" in skipped[".git/hooks/pre-commit"]
@@ -202,6 +206,19 @@ def test_bad_rule_paths_are_refused(ws, args, msg):
     r = conch(["run", "--no-daemon", "--workspace", str(ws), *args, "--", "echo", "RAN"])
     assert r.rc != 0 and "RAN" not in r.stdout and msg in r.stderr, r.describe()
     assert tree_state(ws) == before
+
+
+def test_a_missing_path_gets_a_place_that_is_never_committed(ws):
+    r = conch(["run", "--no-daemon", "--json", "--workspace", str(ws), "--commit", "--hidden",
+               "new/token", "--readonly", "ro", "--", "sh", "-c",
+               "stat -c '%F %a' new/token ro; touch ro/x new/token/x 2>/dev/null || echo refused"],
+              want_json=True)
+    assert r.j["stdout"] == "directory 0\ndirectory 555\nrefused\n", r.describe()
+    changes = r.changes()
+    assert "hidden" in changes["new/token"]["skip"] and "read-only" in changes["ro"]["skip"]
+    # The parent made for it is an empty dir, committed; the places themselves are not.
+    assert (ws / "new").is_dir() and not (ws / "new" / "token").exists()
+    assert not (ws / "ro").exists()
 
 
 def test_rw_mode_protects_without_touching_the_host(ws):
