@@ -45,7 +45,13 @@ try rename-file mv .git/hooks/pre-commit .git/hooks/x
 try rename-dir mv .git/hooks .git/hooks2
 try rename-parent mv .git .git2
 try rename-parent-py python3 -c 'import os; os.rename(".git", "g2")'
-try replace-dir sh -c 'mkdir /tmp/h && echo evil > /tmp/h/pre-commit && mv -T /tmp/h .git/hooks'
+try exchange-dir python3 -c '
+import ctypes, os
+os.mkdir(".git/evil")
+open(".git/evil/pre-commit", "w").write("evil")
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, b".git/evil", -100, b".git/hooks", 2) != 0:  # RENAME_EXCHANGE
+    raise SystemExit(1)'
 try rmdir-parent rm -rf .git
 try hardlink-out ln .git/hooks/pre-commit hl
 try hardlink-in sh -c 'echo evil > /tmp/e; ln /tmp/e .git/hooks/e'
@@ -55,6 +61,18 @@ try procfd python3 -c '
 import os
 fd = os.open(".git/hooks/pre-commit", os.O_PATH)
 os.close(os.open("/proc/self/fd/%d" % fd, os.O_WRONLY | os.O_TRUNC))'
+try exchange-parent python3 -c '
+import ctypes, os
+os.mkdir("swap")
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, b"swap", -100, b".git", 2) != 0:  # RENAME_EXCHANGE
+    raise SystemExit(1)'
+try exchange-hidden python3 -c '
+import ctypes
+open("plain", "w").close()
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, b"plain", -100, b".env", 2) != 0:
+    raise SystemExit(1)'
 try umount umount .git/hooks
 try umount-lazy umount -l .git/hooks
 try remount mount -o remount,rw .git/hooks
