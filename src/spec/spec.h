@@ -125,7 +125,8 @@ void conch_spec_done(struct conch_sandbox_spec *s);
  * conch_spec_from_json - fill @s (defaults first) from sandbox.create params @params
  * (borrowed; strings of @s point into it). Keys it does not know are ignored (the RPC
  * dispatcher refuses them before). Checks types, ranges, that workspace and rootfs are
- * absolute paths of directories and env maps names to strings. Returns 0, or -EINVAL with
+ * absolute paths of directories and env maps names to strings; "mounts" and the path rules
+ * "readonly" and "hidden" (conch_spec_add_rule) are checked too. Returns 0, or -EINVAL with
  * @err filled (kind usage) and *@ret_param naming the offending key (a static string).
  */
 int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const char **ret_param,
@@ -177,7 +178,8 @@ unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_val
  * conch_spec_set_option - apply the command-line option @name (without dashes; one that
  * conch_spec_option knows) with @value (borrowed: strings of @s point into it; NULL for a
  * flag) to @s. Sizes take suffixes (64k, 512M, 4G), --cpu a number of CPUs, --idle-timeout
- * seconds, --env NAME=VALUE (a copy is kept: the caller may blank the value in its argv);
+ * seconds, --env NAME=VALUE (a copy is kept: the caller may blank the value in its argv),
+ * --mount, --readonly and --hidden (repeatable, checked as their JSON forms);
  * the ranges are the JSON params' ones, and 0 means none or the default as there. Paths are
  * stored as given (the caller resolves them). Returns 0, or -EINVAL with @err (kind usage)
  * naming "--@name" and the value.
