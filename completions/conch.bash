@@ -65,7 +65,7 @@ _conch()
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
-        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|--since|\
+        --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|--since|--readonly|--hidden|\
         --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
             return ;;
     esac
@@ -87,7 +87,8 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --mount --net --allow --deny --tools --no-daemon --socket --json --quiet -q
+                  --mount --net --allow --deny --readonly --hidden --tools --no-daemon --socket
+                  --json --quiet -q
                   --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
@@ -98,13 +99,15 @@ _conch()
                   --max-client-output-memory --net-hosts --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
-                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --state-dir
+                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly
+                  --hidden --state-dir
                   --help -h" ;;
         ps)
             opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
-                  --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --help -h" ;;
+                  --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --readonly
+                  --hidden --help -h" ;;
         network)
             opts="--socket --json --allow --deny --net --log --help -h" ;;
         exec|rm|start)

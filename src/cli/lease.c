@@ -28,14 +28,15 @@
 static int daemon_fd = -1; /* the connection of the sandbox we borrowed */
 
 /* The pool's sandboxes are the daemon's defaults: a command whose sandbox would differ in
- * anything but its workspace (mode overlay or ro, any disk size) builds its own. */
+ * anything but its workspace (mode overlay or ro, any disk size) builds its own; so does one
+ * with path rules (a workspace attached to a lent sandbox gets none). */
 static bool lease_fits(const struct conch_run_opts *o)
 {
     struct conch_jail_spec def;
     conch_jail_spec_init(&def);
     const struct conch_jail_spec *s = &o->jail;
     return s->workspace && s->ws_mode != CONCH_WS_RW && !s->rootfs && !s->as_root && !o->tools &&
-           !s->n_mounts && s->net == CONCH_NET_NONE && !s->limits.memory_bytes &&
+           !s->n_mounts && !s->n_rules && s->net == CONCH_NET_NONE && !s->limits.memory_bytes &&
            !s->limits.pids_max && !s->limits.cpu_millicpus && s->tmp_bytes == def.tmp_bytes &&
            s->home_bytes == def.home_bytes;
 }

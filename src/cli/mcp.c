@@ -37,6 +37,8 @@ static const char mcp_usage[] =
     "  --env K=V            environment variable for every command (repeatable)\n"
     "  --net MODE, --allow RULE, --deny RULE\n"
     "                       the sandbox's network, as for conch create (default none)\n"
+    "  --readonly PATH, --hidden PATH\n"
+    "                       path rules in the workspace, as for conch run (repeatable)\n"
     "  --state-dir DIR      the daemon's state dir (default: a private one under the default\n"
     "                       state dir, removed at the end)\n"
     "  -h, --help           show this help\n";
@@ -46,7 +48,8 @@ enum { OPT_COMMIT = 1, OPT_TIMEOUT, OPT_MAX_OUTPUT, OPT_STATE_DIR };
 #define MCP_SPEC_OPTS                                                                              \
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_MEMORY |                      \
      CONCH_SPEC_OPT_PIDS | CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |    \
-     CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_NET |    \
+     CONCH_SPEC_OPT_RULES)
 
 static int mcp_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {

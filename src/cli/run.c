@@ -45,6 +45,10 @@ static const char usage_text[] =
     "  --mount SPEC        an extra mount, docker's --mount form (repeatable, at most 8):\n"
     "                      type=tmpfs,target=/scratch[,size=64m] or\n"
     "                      type=bind,source=/host/dir,target=/opt/x[,rw] (read-only unless rw)\n"
+    "  --readonly PATH     a workspace path the command cannot change (e.g. .git/hooks;\n"
+    "                      repeatable, at most 32 rules): enforced by the kernel, never committed\n"
+    "  --hidden PATH       a workspace path the command cannot see (e.g. .env): an empty\n"
+    "                      file or dir of mode 000 in its place (missing: an empty dir)\n"
     "  --net MODE          none (default): loopback only; allow: HTTP and HTTPS through\n"
     "                      a proxy to what --allow names; host: the host's network (not\n"
     "                      isolated; flagged in the result)\n"
@@ -97,7 +101,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET | CONCH_SPEC_OPT_RULES)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -263,6 +267,8 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->disk_bytes = c->spec.disk_bytes;
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
+    j->rules = c->spec.rules;
+    j->n_rules = c->spec.n_rules;
     struct conch_net_policy net;
     if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
         return r;

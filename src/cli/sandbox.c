@@ -123,7 +123,8 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_NAME | CONCH_SPEC_OPT_MODE |                        \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
-     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET |                     \
+     CONCH_SPEC_OPT_RULES)
 
 int conch_cli_create(int argc, char **argv)
 {
@@ -136,6 +137,7 @@ int conch_cli_create(int argc, char **argv)
             "                    [--disk B] [--idle-timeout S]\n"
             "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
             "                    [--net none|allow|host] [--allow RULE]... [--deny RULE]...\n"
+            "                    [--readonly PATH]... [--hidden PATH]...\n"
             "\n"
             "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
             "object). Without --workspace it gets an empty one. Network: none (default;\n"

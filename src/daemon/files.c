@@ -294,6 +294,10 @@ struct ws_op {
     bool stopped;         /* commit: no overlay is mounted on the upper dir */
     size_t offset, limit; /* changes: the page */
     uint64_t max_bytes;   /* commit: the sandbox's disk limit (the size check) */
+    /* Its path rules (their paths borrowed from the held sandbox, which never changes them):
+     * changes beneath them are flagged, and commit skips them. */
+    struct conch_ws_rule rules[CONCH_SPEC_RULES_MAX];
+    size_t n_rules;
     /* A sandbox on snapshots: its frozen layers (top first) and its directory, where the
      * worker merges them with the upper into one temporary layer to compare with the host. */
     int layer_fds[CONCH_JAIL_MAX_LAYERS];
@@ -309,6 +313,15 @@ struct ws_op {
     struct conch_err err;
     int r;
 };
+
+/* @w takes @sb's path rules (on the loop). */
+static void op_rules(struct ws_op *w, const struct sandbox *sb)
+{
+    w->n_rules = 0;
+    for (unsigned i = 0; i < sb->n_rules && i < CONCH_SPEC_RULES_MAX; i++)
+        w->rules[w->n_rules++] =
+            (struct conch_ws_rule){sb->rules[i].path, sb->rules[i].kind == CONCH_RULE_HIDDEN};
+}
 
 static void ws_close(struct ws_fds *fds)
 {
@@ -482,6 +495,7 @@ static void work_changes(struct ws_op *w)
     if (w->fds.upper < 0 ||
         (w->r = conch_ws_changes_scan_page(w->fds.upper, w->fds.lower, w->offset, w->limit, &ch,
                                            &w->err)) >= 0) {
+        conch_ws_changes_mark_rules(&ch, w->rules, w->n_rules);
         w->res = json_object();
         conch_ws_changes_json_set(w->res, &ch, 0);
         if (ch.total > w->offset + ch.n)
@@ -524,8 +538,11 @@ static void work_commit(struct ws_op *w)
         conch_err_set(&w->err, -r, "out of memory");
     struct conch_ws_commit_report rep = {0};
     if (r >= 0) {
-        struct conch_ws_commit_opts opts = {
-            .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = w->max_bytes};
+        struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1,
+                                            .new_gid = (gid_t)-1,
+                                            .max_bytes = w->max_bytes,
+                                            .rules = w->rules,
+                                            .n_rules = w->n_rules};
         r = conch_ws_commit(w->fds.upper, w->fds.lower, &todo, &opts, &rep, &w->err);
     }
     /* A running sandbox keeps its overlay: the committed entries in the upper dir now equal
@@ -630,6 +647,7 @@ static void ws_work_kind(struct ws_op *w)
         if (w->fds.upper >= 0)
             w->r = conch_ws_changes_scan_page(w->fds.upper, w->fds.lower, 0, CONCH_WS_CHANGES_MAX,
                                               &w->changes, &w->err);
+        conch_ws_changes_mark_rules(&w->changes, w->rules, w->n_rules);
         break;
     case WS_DISCARD:
     case WS_SNAPSHOT:
@@ -903,6 +921,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     w->since = since;
     w->fds.upper = w->fds.lower = -1;
     w->sbdir = w->live_upper = -1;
+    op_rules(w, sb);
     conch_daemon_sandbox_hold(sb);
     conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
@@ -919,6 +938,7 @@ int conch_daemon_sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn do
     w->done_arg = arg;
     w->fds.upper = w->fds.lower = -1;
     w->sbdir = w->live_upper = -1;
+    op_rules(w, sb);
     conch_daemon_sandbox_hold(sb);
     conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);

@@ -188,6 +188,13 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
     spec.layers = layers;
     spec.mounts = sb->mounts;
     spec.n_mounts = sb->n_mounts;
+    if (sb->rules_unreadable)
+        return conch_err_set(err, EINVAL,
+                             "sandbox '%s': its recorded path rules could not be read (see the "
+                             "daemon's log): it is not started without them",
+                             sb->id);
+    spec.rules = sb->rules;
+    spec.n_rules = sb->n_rules;
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
@@ -368,6 +375,7 @@ static void on_idle_closed(uv_handle_t *h)
     }
     json_decref(sb->env);
     free(sb->mounts);
+    free(sb->rules);
     free(sb);
 }
 

@@ -376,6 +376,27 @@ static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err
     return r;
 }
 
+/* Parse @readonly and @hidden (sandbox.create's path rules, or a record's) into @sb's own list. */
+static int sandbox_rules(struct sandbox *sb, json_t *readonly, json_t *hidden,
+                         struct conch_err *err)
+{
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    int r = 0;
+    if (readonly && !json_is_null(readonly))
+        r = conch_spec_rules_from_json(&s, CONCH_RULE_READONLY, readonly, err);
+    if (r >= 0 && hidden && !json_is_null(hidden))
+        r = conch_spec_rules_from_json(&s, CONCH_RULE_HIDDEN, hidden, err);
+    if (r >= 0) {
+        free(sb->rules);
+        sb->rules = s.rules;
+        sb->n_rules = s.n_rules;
+        s.rules = NULL;
+    }
+    conch_spec_done(&s);
+    return r;
+}
+
 json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
 {
     json_t *spec = spec_json_base(sb);
@@ -387,6 +408,10 @@ json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
             json_array_append_new(arr, conch_mount_to_json(&sb->mounts[i]));
         json_object_set_new(spec, "mounts", arr);
     }
+    for (int k = CONCH_RULE_READONLY; spec && sb->n_rules && k <= CONCH_RULE_HIDDEN; k++)
+        json_object_set_new(
+            spec, conch_rule_kind_name((enum conch_rule_kind)k),
+            conch_spec_rules_to_json(sb->rules, sb->n_rules, (enum conch_rule_kind)k));
     return spec;
 }
 
@@ -528,6 +553,7 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     int r;
     if ((r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0 ||
         (r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
+        (r = sandbox_rules(sb, spec->readonly, spec->hidden, err)) < 0 ||
         (r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
         goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
@@ -637,6 +663,12 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
         if (sandbox_mounts(sb, json_object_get(spec, "mounts"), &err) < 0)
             log_warn("sandbox %s: its recorded mounts: %s", list[i].id, err.msg);
+        /* A record whose rules do not parse must not start without them. */
+        if (sandbox_rules(sb, json_object_get(spec, "readonly"), json_object_get(spec, "hidden"),
+                          &err) < 0) {
+            log_warn("sandbox %s: its recorded path rules: %s", list[i].id, err.msg);
+            sb->rules_unreadable = true;
+        }
         net_from_record(sb, spec);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));

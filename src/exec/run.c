@@ -294,11 +294,21 @@ static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
     if (r < 0)
         return conch_err_wrap(err, "read workspace changes");
     res->has_changes = true;
+    struct conch_ws_rule rules[CONCH_SPEC_RULES_MAX];
+    size_t n_rules = 0;
+    for (unsigned i = 0; i < o->jail.n_rules && i < CONCH_SPEC_RULES_MAX; i++)
+        rules[n_rules++] = (struct conch_ws_rule){o->jail.rules[i].path,
+                                                  o->jail.rules[i].kind == CONCH_RULE_HIDDEN};
+    /* What the rules protect is listed as never committed. */
+    conch_ws_changes_mark_rules(&res->changes, rules, n_rules);
     bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
     if (!o->commit || !ended_normally || res->changes.n == 0)
         return 0;
-    struct conch_ws_commit_opts copts = {
-        .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = o->jail.disk_bytes};
+    struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1,
+                                         .new_gid = (gid_t)-1,
+                                         .max_bytes = o->jail.disk_bytes,
+                                         .rules = rules,
+                                         .n_rules = n_rules};
     res->commit_tried = true;
     if (conch_ws_commit(upper, conch_jail_host_ws_fd(x->jail), &res->changes, &copts, &res->commit,
                         &res->commit_err) < 0)

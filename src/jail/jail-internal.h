@@ -131,6 +131,12 @@ struct jail_plan {
         char dst[1024];
     } mounts[CONCH_SPEC_MOUNTS_MAX];
     int n_mounts;
+    /* path rules in the workspace (conch_jail_spec.rules), sorted by path: a parent first */
+    struct jail_rule {
+        int kind; /* enum conch_rule_kind */
+        char path[CONCH_SPEC_RULE_PATH_MAX];
+    } rules[CONCH_SPEC_RULES_MAX];
+    int n_rules;
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
@@ -436,6 +442,13 @@ bool conch_jail_event_from_msg(const struct jail_msg *m, int *fds, int nfds,
 /* JMSG_SETUP_OK's b: which fds came with it, in this order. */
 #define JSETUP_PTC 1u
 #define JSETUP_NET 2u
+
+/* conch_jail_rules_apply_child - the plan's path rules over the mounted /workspace: each
+ * read-only path bound onto itself read-only, each hidden path covered by an empty read-only
+ * mount of mode 000, each dir between /workspace and a rule path bound onto itself (a mount
+ * point cannot be renamed or removed). Runs in the warden before the root turns read-only,
+ * no allocation. (rules-child.c) */
+int conch_jail_rules_apply_child(const struct jail_plan *plan, struct conch_err *err);
 
 /* conch_jail_mounts_scrub_child - make a sandbox without a workspace as new for its next user,
  * once every process but the warden is gone: every mount a command can write (/tmp,

@@ -83,6 +83,11 @@ struct conch_jail_spec {
      * root: idmapped like the workspace, its owner shown as the command's user). Borrowed. */
     const struct conch_mount *mounts;
     unsigned n_mounts;
+    /* Path rules in the workspace (spec/spec.h: read-only and hidden paths, normalised by
+     * conch_spec_add_rule), at most CONCH_SPEC_RULES_MAX; enforced by mounts inside (see
+     * docs/ARCHITECTURE.md "Path rules"). Not with @attachable. Borrowed. */
+    const struct conch_path_rule *rules;
+    unsigned n_rules;
     conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* The JS worker's loop (a persistent worker fenced as the file server); NULL:

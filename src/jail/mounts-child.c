@@ -557,6 +557,7 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
         if (symlink(agent_links[i][0], agent_links[i][1]) < 0 && errno != EEXIST)
             return fail(err, "symlink", agent_links[i][1], errno);
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
+        (r = conch_jail_rules_apply_child(plan, err)) < 0 ||
         (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0)
         return r;
 

@@ -296,6 +296,32 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
     return 0;
 }
 
+static int rule_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct jail_rule *)a)->path, ((const struct jail_rule *)b)->path);
+}
+
+/* The path rules, sorted by path so that a parent comes before what lies beneath it (the
+ * warden pins each parent once, before anything is mounted beneath it). */
+static int plan_rules(const struct conch_jail_spec *spec, struct jail_plan *plan,
+                      struct conch_err *err)
+{
+    if (spec->n_rules > CONCH_SPEC_RULES_MAX)
+        return conch_err_set(err, E2BIG, "at most %d path rules", CONCH_SPEC_RULES_MAX);
+    if (spec->n_rules && spec->attachable)
+        return conch_err_set(err, EINVAL, "a sandbox with path rules cannot be lent");
+    for (unsigned i = 0; i < spec->n_rules; i++) {
+        struct jail_rule *pr = &plan->rules[i];
+        int r = conch_rule_path_normalize(spec->rules[i].path, pr->path, sizeof(pr->path), err);
+        if (r < 0)
+            return r;
+        pr->kind = (int)spec->rules[i].kind;
+    }
+    plan->n_rules = (int)spec->n_rules;
+    qsort(plan->rules, spec->n_rules, sizeof(plan->rules[0]), rule_cmp);
+    return 0;
+}
+
 /* The frozen layers as overlayfs's lowerdir wants them, top first, each followed by ':'. */
 static int plan_layers(struct conch_jail *j, const struct conch_jail_spec *spec,
                        struct jail_plan *plan, struct conch_err *err)
@@ -401,7 +427,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     }
     if (spec->n_layers > 0 && (r = plan_layers(j, spec, plan, err)) < 0)
         return r;
-    if ((r = plan_mounts(j, spec, plan, err)) < 0)
+    if ((r = plan_mounts(j, spec, plan, err)) < 0 || (r = plan_rules(spec, plan, err)) < 0)
         return r;
     if (spec->workspace) {
         plan->has_workspace = true;

@@ -64,6 +64,9 @@ void conch_spec_done(struct conch_sandbox_spec *s)
     free(s->mounts);
     s->mounts = NULL;
     s->n_mounts = 0;
+    free(s->rules);
+    s->rules = NULL;
+    s->n_rules = 0;
     json_decref(s->allow);
     json_decref(s->deny);
     s->env = s->allow = s->deny = NULL;
@@ -438,6 +441,20 @@ int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const cha
             return r;
         }
     }
+    static const enum conch_rule_kind kinds[] = {CONCH_RULE_READONLY, CONCH_RULE_HIDDEN};
+    for (size_t i = 0; i < ARRAY_SIZE(kinds); i++) {
+        const char *key = conch_rule_kind_name(kinds[i]);
+        json_t *arr = json_object_get(params, key);
+        if (!arr || json_is_null(arr))
+            continue;
+        int r = conch_spec_rules_from_json(s, kinds[i], arr, err);
+        if (r < 0) {
+            conch_spec_done(s);
+            if (ret_param)
+                *ret_param = key;
+            return r;
+        }
+    }
     struct conch_net_policy pol;
     int r = conch_spec_net_policy(s, &pol, err);
     if (r < 0) {
@@ -490,6 +507,15 @@ json_t *conch_spec_to_json(const struct conch_sandbox_spec *s)
             r |= json_array_append_new(arr, conch_mount_to_json(&s->mounts[i]));
         r |= json_object_set_new(p, "mounts", arr);
     }
+    for (int k = CONCH_RULE_READONLY; k <= CONCH_RULE_HIDDEN; k++) {
+        json_t *arr = conch_spec_rules_to_json(s->rules, s->n_rules, (enum conch_rule_kind)k);
+        if (json_array_size(arr))
+            r |= json_object_set_new(p, conch_rule_kind_name((enum conch_rule_kind)k), arr);
+        else if (arr)
+            json_decref(arr);
+        else
+            r = -1;
+    }
     if (s->net_given || s->net != CONCH_NET_NONE)
         r |= json_object_set_new(p, "net", json_string(conch_net_mode_name(s->net)));
     if (s->allow)
@@ -519,6 +545,12 @@ unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_val
         if (ret_takes_value)
             *ret_takes_value = true;
         return CONCH_SPEC_OPT_MOUNT;
+    }
+    if (name && (!strcmp(name, "readonly") || !strcmp(name, "hidden")) &&
+        (which & CONCH_SPEC_OPT_RULES)) {
+        if (ret_takes_value)
+            *ret_takes_value = true;
+        return CONCH_SPEC_OPT_RULES;
     }
     const struct field *f = find_option(name);
     if (!f || !(f->bit & which))
@@ -568,6 +600,13 @@ int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const 
         if (r < 0 || (r = conch_spec_add_mount(s, &m, err)) < 0)
             return conch_err_wrap(err, "--mount");
         return 0;
+    }
+    if (name && (!strcmp(name, "readonly") || !strcmp(name, "hidden"))) {
+        if (!value)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--%s needs a value", name);
+        int r = conch_spec_add_rule(s, name[0] == 'h' ? CONCH_RULE_HIDDEN : CONCH_RULE_READONLY,
+                                    value, err);
+        return r < 0 ? conch_err_wrap(err, "--%s", name) : 0;
     }
     const struct field *f = find_option(name);
     if (!f)

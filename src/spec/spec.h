@@ -69,6 +69,16 @@ struct conch_mount {
     bool rw;           /* bind: writable (default read-only); tmpfs: always */
 };
 
+/* Path rules in the workspace (rules.c): read-only subpaths and hidden paths, relative to
+ * the workspace, normalised (no "", "." or ".." component, no leading or trailing '/'). */
+#define CONCH_SPEC_RULES_MAX 32
+#define CONCH_SPEC_RULE_PATH_MAX 1024
+enum conch_rule_kind { CONCH_RULE_READONLY, CONCH_RULE_HIDDEN };
+struct conch_path_rule {
+    enum conch_rule_kind kind;
+    char path[CONCH_SPEC_RULE_PATH_MAX];
+};
+
 /*
  * struct conch_sandbox_spec - one sandbox as asked for. Strings are borrowed from what they
  * were parsed from (argv, or the JSON params) and must outlive the spec's use; @env is an
@@ -95,6 +105,8 @@ struct conch_sandbox_spec {
     unsigned max_tool_calls;    /* per command; 0: the bridge's default */
     struct conch_mount *mounts; /* owned (conch_spec_done frees it); n_mounts of them */
     unsigned n_mounts;
+    struct conch_path_rule *rules; /* owned (conch_spec_done frees it); n_rules of them */
+    unsigned n_rules;
     /* The network (net/net.h): none (default), allow (through the proxy, by @allow and
      * @deny: arrays of rule strings, owned references or NULL), host. */
     enum conch_net_mode net;
@@ -113,7 +125,8 @@ void conch_spec_done(struct conch_sandbox_spec *s);
  * conch_spec_from_json - fill @s (defaults first) from sandbox.create params @params
  * (borrowed; strings of @s point into it). Keys it does not know are ignored (the RPC
  * dispatcher refuses them before). Checks types, ranges, that workspace and rootfs are
- * absolute paths of directories and env maps names to strings. Returns 0, or -EINVAL with
+ * absolute paths of directories and env maps names to strings; "mounts" and the path rules
+ * "readonly" and "hidden" (conch_spec_add_rule) are checked too. Returns 0, or -EINVAL with
  * @err filled (kind usage) and *@ret_param naming the offending key (a static string).
  */
 int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const char **ret_param,
@@ -150,7 +163,8 @@ enum conch_spec_opt {
     CONCH_SPEC_OPT_NAME = 1 << 11,
     CONCH_SPEC_OPT_IDLE_TIMEOUT = 1 << 12,
     CONCH_SPEC_OPT_MOUNT = 1 << 13,
-    CONCH_SPEC_OPT_NET = 1 << 14, /* --net, --allow, --deny */
+    CONCH_SPEC_OPT_NET = 1 << 14,   /* --net, --allow, --deny */
+    CONCH_SPEC_OPT_RULES = 1 << 15, /* --readonly, --hidden */
 };
 
 /*
@@ -164,7 +178,8 @@ unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_val
  * conch_spec_set_option - apply the command-line option @name (without dashes; one that
  * conch_spec_option knows) with @value (borrowed: strings of @s point into it; NULL for a
  * flag) to @s. Sizes take suffixes (64k, 512M, 4G), --cpu a number of CPUs, --idle-timeout
- * seconds, --env NAME=VALUE (a copy is kept: the caller may blank the value in its argv);
+ * seconds, --env NAME=VALUE (a copy is kept: the caller may blank the value in its argv),
+ * --mount, --readonly and --hidden (repeatable, checked as their JSON forms);
  * the ranges are the JSON params' ones, and 0 means none or the default as there. Paths are
  * stored as given (the caller resolves them). Returns 0, or -EINVAL with @err (kind usage)
  * naming "--@name" and the value.
@@ -197,5 +212,31 @@ json_t *conch_mount_to_json(const struct conch_mount *m);
 int conch_spec_add_mount(struct conch_sandbox_spec *s, const struct conch_mount *m,
                          struct conch_err *err);
 int conch_spec_mounts_from_json(struct conch_sandbox_spec *s, json_t *arr, struct conch_err *err);
+
+/*
+ * conch_rule_path_normalize - @in (a path relative to the workspace, as a caller wrote it) as
+ * a rule path into @out (@size bytes): "" and "." components and a trailing '/' dropped, a
+ * leading "./" too. Refused (-EINVAL, kind usage, naming @in): an absolute path, a ".."
+ * component, a path naming the workspace itself, one of CONCH_SPEC_RULE_PATH_MAX bytes or
+ * more, or one holding a control byte.
+ */
+int conch_rule_path_normalize(const char *in, char *out, size_t size, struct conch_err *err);
+/* conch_rule_kind_name - "readonly" or "hidden" (the JSON key); a static string. */
+const char *conch_rule_kind_name(enum conch_rule_kind kind);
+/*
+ * conch_spec_add_rule - append the rule (@kind, @path normalised) to @s: at most
+ * CONCH_SPEC_RULES_MAX; the same path twice in one kind is kept once; a path in both kinds,
+ * or at or beneath a hidden path (whose content the sandbox cannot see), is refused.
+ * conch_spec_rules_from_json - append each string of the array @arr as a rule of @kind.
+ * Return 0 or -errno with @err (kind usage).
+ */
+int conch_spec_add_rule(struct conch_sandbox_spec *s, enum conch_rule_kind kind, const char *path,
+                        struct conch_err *err);
+int conch_spec_rules_from_json(struct conch_sandbox_spec *s, enum conch_rule_kind kind, json_t *arr,
+                               struct conch_err *err);
+/* conch_spec_rules_to_json - the paths of @kind among @rules as a JSON array (a new
+ * reference; NULL when out of memory). */
+json_t *conch_spec_rules_to_json(const struct conch_path_rule *rules, unsigned n,
+                                 enum conch_rule_kind kind);
 
 #endif

@@ -29,6 +29,8 @@ struct commit {
     uint64_t max_bytes; /* 0: no limit */
     uint64_t written;   /* apparent bytes of the files written so far */
     char *buf;          /* COPY_CHUNK, for the read/write fallback */
+    const struct conch_ws_rule *rules;
+    size_t n_rules;
 };
 
 /*
@@ -435,6 +437,11 @@ static int finish_dir(struct commit *c, const struct conch_ws_change *ch, struct
     return r;
 }
 
+/* Why a path rule keeps a change out (conch_ws_change_skip_reason). */
+static const char rule_ro[] = "a read-only path (path rule): never committed";
+static const char rule_hidden[] = "a hidden path (path rule): never committed";
+static const char rule_holds[] = "it holds a path a path rule protects: never removed or replaced";
+
 static int cmp_change_ptr(const void *a, const void *b)
 {
     const struct conch_ws_change *x = *(const struct conch_ws_change *const *)a;
@@ -444,6 +451,12 @@ static int cmp_change_ptr(const void *a, const void *b)
 
 const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch)
 {
+    if (ch->flags & CONCH_WS_F_RULE_HIDDEN)
+        return rule_hidden;
+    if (ch->flags & CONCH_WS_F_RULE_RO)
+        return rule_ro;
+    if (ch->flags & CONCH_WS_F_RULE_HOLDS)
+        return rule_holds;
     if (ch->flags & CONCH_WS_F_TOO_DEEP)
         return "its entries lie deeper than PATH_MAX and cannot be committed";
     if (ch->flags & CONCH_WS_F_UNREADABLE)
@@ -489,6 +502,43 @@ static void note(struct conch_ws_commit_report *rep, size_t i, enum conch_ws_com
         rep->failed++;
 }
 
+/* @path is @dir or lies beneath it. */
+static bool at_or_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* The flag of the first of @rules (@n) that protects @ch, or 0. */
+static unsigned rule_flag(const struct conch_ws_rule *rules, size_t n,
+                          const struct conch_ws_change *ch)
+{
+    for (size_t i = 0; ch->path && i < n; i++) {
+        const struct conch_ws_rule *r = &rules[i];
+        if (at_or_under(ch->path, r->path))
+            return r->hidden ? CONCH_WS_F_RULE_HIDDEN : CONCH_WS_F_RULE_RO;
+        if ((ch->kind == CONCH_CHANGE_DELETED || ch->kind == CONCH_CHANGE_TYPE) &&
+            at_or_under(r->path, ch->path))
+            return CONCH_WS_F_RULE_HOLDS;
+    }
+    return 0;
+}
+
+void conch_ws_changes_mark_rules(struct conch_ws_changes *c, const struct conch_ws_rule *rules,
+                                 size_t n)
+{
+    for (size_t i = 0; c && rules && i < c->n; i++)
+        c->items[i].flags |= rule_flag(rules, n, &c->items[i]);
+}
+
+/* Why @ch is left out (a static string): by the commit's path rules, then by its kind. */
+static const char *skip_reason(const struct commit *c, const struct conch_ws_change *ch)
+{
+    struct conch_ws_change marked = *ch;
+    marked.flags |= rule_flag(c->rules, c->n_rules, ch);
+    return conch_ws_change_skip_reason(&marked);
+}
+
 /* Checks what can be checked before anything is applied: paths and the total size. */
 static int preflight(const struct commit *c, const struct conch_ws_change *const *order, size_t n,
                      struct conch_err *err)
@@ -501,7 +551,7 @@ static int preflight(const struct commit *c, const struct conch_ws_change *const
             return conch_err_set(err, EINVAL, "commit %s: invalid path; nothing was applied",
                                  q ? q : "(null)");
         }
-        if (writes_file(ch) && !conch_ws_change_skip_reason(ch))
+        if (writes_file(ch) && !skip_reason(c, ch))
             total += ch->size;
     }
     if (c->max_bytes && total > c->max_bytes)
@@ -531,6 +581,8 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
         .new_uid = opts && opts->new_uid != (uid_t)-1 ? opts->new_uid : root.st_uid,
         .new_gid = opts && opts->new_gid != (gid_t)-1 ? opts->new_gid : root.st_gid,
         .max_bytes = opts ? opts->max_bytes : 0,
+        .rules = opts ? opts->rules : NULL,
+        .n_rules = opts && opts->rules ? opts->n_rules : 0,
     };
 
     /* Sorted by path, a parent comes before its children, whatever order we were given. */
@@ -557,7 +609,7 @@ int conch_ws_commit(int upper_fd, int host_fd, const struct conch_ws_changes *ch
         return first;
 
     for (size_t i = 0; i < changes->n; i++) {
-        const char *skip = conch_ws_change_skip_reason(order[i]);
+        const char *skip = skip_reason(&c, order[i]);
         if (skip) {
             note(report, i, CONCH_WS_COMMIT_SKIPPED, skip);
             continue;

@@ -31,6 +31,11 @@ enum conch_ws_change_flag {
     CONCH_WS_F_UNREADABLE = 1 << 5,   /* dir the sandbox made unreadable (e.g. mode 000) to
                                          the caller: its entries are not listed, and commit
                                          skips the dir */
+    CONCH_WS_F_RULE_RO = 1 << 6,      /* at or beneath a read-only path (path rules): never
+                                         committed (conch_ws_changes_mark_rules) */
+    CONCH_WS_F_RULE_HIDDEN = 1 << 7,  /* at or beneath a hidden path: never committed */
+    CONCH_WS_F_RULE_HOLDS = 1 << 8,   /* deletes or replaces a dir holding a rule's path: never
+                                         committed */
 };
 
 /* One changed path. @path is relative to the workspace root, no leading "./" or "/". */
@@ -95,6 +100,16 @@ int conch_ws_changes_scan_page(int upper_fd, int lower_fd, size_t offset, size_t
 const char *conch_ws_change_skip_reason(const struct conch_ws_change *ch);
 
 /*
+ * conch_ws_changes_mark_rules - flag each change of @c that the path rules @rules (@n of
+ * them, borrowed; struct conch_ws_rule) protect with CONCH_WS_F_RULE_*, so that every list of
+ * changes says it will not be committed (conch_ws_change_skip_reason). conch_ws_commit
+ * checks the rules itself, whatever the flags.
+ */
+struct conch_ws_rule;
+void conch_ws_changes_mark_rules(struct conch_ws_changes *c, const struct conch_ws_rule *rules,
+                                 size_t n);
+
+/*
  * conch_ws_quote - @prefix followed by @name, as git quotes paths: unchanged when it holds
  * no control byte (< 0x20, 0x7f), '"' or '\\'; otherwise in double quotes with \n, \t,
  * \", \\, ... and \ooo octal escapes for other such bytes. @ascii (git's core.quotePath,
@@ -110,6 +125,13 @@ void conch_ws_changes_done(struct conch_ws_changes *c);
 /* conch_ws_change_kind_name - "added", "modified", "deleted", "type_changed". */
 const char *conch_ws_change_kind_name(enum conch_change_kind kind);
 
+/* A path rule as commit respects it (spec/spec.h: a read-only or hidden path, relative to the
+ * workspace and normalised). */
+struct conch_ws_rule {
+    const char *path; /* borrowed */
+    bool hidden;      /* hidden; else read-only */
+};
+
 struct conch_ws_commit_opts {
     /* Owner given to added entries; (uid_t)-1 / (gid_t)-1 = the owner of the host root
      * dir. Modified entries keep their existing host owner. Only applied when the caller
@@ -119,6 +141,11 @@ struct conch_ws_commit_opts {
     /* The most bytes the commit may write: the total apparent size (holes included) of the
      * files it writes. 0: no limit. `conch run` and the daemon pass the disk limit. */
     uint64_t max_bytes;
+    /* Path rules (@n_rules of them; borrowed): a change at or beneath a rule's path, and the
+     * deletion or type change of a dir holding one, is skipped, whatever the upper dir holds
+     * (the sandbox's mounts keep them out; this keeps out what got there another way). */
+    const struct conch_ws_rule *rules;
+    size_t n_rules;
 };
 
 enum conch_ws_commit_status {
@@ -162,7 +189,8 @@ void conch_ws_commit_report_done(struct conch_ws_commit_report *r);
  * bits are never set (files and dirs); group- and world-write bits are only kept where the
  * host's entry at that path already had them (mode & ~(022 & ~host_mode)); no xattr is
  * copied, so neither file capabilities nor ACLs reach the host; sockets, FIFOs and device
- * nodes are skipped, as are TOO_DEEP dirs (conch_ws_change_skip_reason); symlinks are
+ * nodes are skipped, as are TOO_DEEP dirs (conch_ws_change_skip_reason) and changes a path
+ * rule protects (opts->rules); symlinks are
  * committed as they are, those pointing outside the workspace flagged by the scan.
  *
  * Before anything is applied every path is checked (-EINVAL, nothing applied) and the

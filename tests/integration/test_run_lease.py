@@ -200,7 +200,8 @@ def test_a_borrower_killed_mid_command_takes_the_sandbox_with_it(daemon_factory,
 def test_no_daemon_an_empty_pool_and_misfits_build_their_own(daemon_factory, ws):
     d = daemon_factory(extra_args=["--pool", "1"])
     settled(d, 1)
-    for extra in (["--no-daemon"], ["--memory", "256M"], ["--mode", "rw"], ["--as-root"]):
+    for extra in (["--no-daemon"], ["--memory", "256M"], ["--mode", "rw"], ["--as-root"],
+                  ["--hidden", ".env"], ["--readonly", "src"]):
         marker = unique_marker("own")
         r, chain = run_watched(["run", "--socket", d.sock, "--workspace", ws, *extra, "--",
                                 *sleeper(marker)], marker)

@@ -244,3 +244,74 @@ Test(spec, network_fields)
     cr_assert(strstr(err.msg, "--deny"), "%s", err.msg);
     conch_spec_done(&s);
 }
+
+Test(spec, path_rules)
+{
+    struct conch_sandbox_spec s;
+    struct conch_err err = {0};
+    const char *param = NULL;
+    char out[CONCH_SPEC_RULE_PATH_MAX];
+    /* normalised: "." and "" components, a leading "./" and a trailing '/' go */
+    static const char *const good[][2] = {{".git/hooks", ".git/hooks"},
+                                          {"./.git//hooks/", ".git/hooks"},
+                                          {"a/./b/.", "a/b"},
+                                          {".env", ".env"},
+                                          {"..x/y..", "..x/y.."}};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        cr_assert_eq(conch_rule_path_normalize(good[i][0], out, sizeof(out), &err), 0, "%s: %s",
+                     good[i][0], err.msg);
+        cr_assert_str_eq(out, good[i][1]);
+    }
+    static const char *const bad[] = {"/etc", "..", "a/../b", "a/..", ".", "./", "", "a\tb"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_lt(conch_rule_path_normalize(bad[i], out, sizeof(out), &err), 0, "accepted '%s'",
+                     bad[i]);
+        cr_assert_eq(err.kind, CONCH_ERR_USAGE);
+    }
+
+    /* JSON and the command line fill the same list, and it is written back */
+    json_t *p = json_loads("{\"readonly\": [\".git/hooks\", \"./.git/hooks/\"], "
+                           "\"hidden\": [\".env\", \"secrets\"]}",
+                           0, NULL);
+    cr_assert_eq(conch_spec_from_json(&s, p, &param, &err), 0, "%s", err.msg);
+    cr_assert_eq(s.n_rules, 3); /* the same path twice is kept once */
+    json_t *back = conch_spec_to_json(&s);
+    char *text = json_dumps(back, JSON_SORT_KEYS | JSON_COMPACT);
+    cr_assert(strstr(text, "\"hidden\":[\".env\",\"secrets\"]"), "%s", text);
+    cr_assert(strstr(text, "\"readonly\":[\".git/hooks\"]"), "%s", text);
+    free(text);
+    json_decref(back);
+    json_decref(p);
+    conch_spec_done(&s);
+    cr_assert_eq(conch_spec_option("hidden", CONCH_SPEC_OPT_RULES, NULL), CONCH_SPEC_OPT_RULES);
+    cr_assert_eq(conch_spec_option("readonly", CONCH_SPEC_OPT_MOUNT, NULL), 0);
+    conch_spec_defaults(&s);
+    cr_assert_eq(conch_spec_set_option(&s, "readonly", "a", &err), 0);
+    cr_assert_lt(conch_spec_set_option(&s, "hidden", "a", &err), 0);
+    cr_assert(strstr(err.msg, "both read-only and hidden"), "%s", err.msg);
+    cr_assert_eq(conch_spec_set_option(&s, "hidden", "b", &err), 0);
+    cr_assert_lt(conch_spec_set_option(&s, "readonly", "b/c", &err), 0);
+    cr_assert(strstr(err.msg, "beneath the hidden path 'b'"), "%s", err.msg);
+    cr_assert_lt(conch_spec_set_option(&s, "hidden", "../x", &err), 0);
+    cr_assert(strstr(err.msg, "--hidden"), "%s", err.msg);
+    for (int i = 0; s.n_rules < CONCH_SPEC_RULES_MAX; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "r%d", i);
+        cr_assert_eq(conch_spec_set_option(&s, "readonly", name, &err), 0);
+    }
+    cr_assert_lt(conch_spec_set_option(&s, "readonly", "one-more", &err), 0);
+    conch_spec_done(&s);
+
+    /* bad JSON: the offending key is named */
+    static const char *const bad_json[][2] = {{"{\"readonly\": \"x\"}", "readonly"},
+                                              {"{\"hidden\": [1]}", "hidden"},
+                                              {"{\"hidden\": [\"a\\u0000b\"]}", "hidden"},
+                                              {"{\"readonly\": [\"/abs\"]}", "readonly"}};
+    for (size_t i = 0; i < sizeof(bad_json) / sizeof(bad_json[0]); i++) {
+        p = json_loads(bad_json[i][0], JSON_ALLOW_NUL, NULL);
+        cr_assert_not_null(p, "%s", bad_json[i][0]);
+        cr_assert_lt(conch_spec_from_json(&s, p, &param, &err), 0, "accepted %s", bad_json[i][0]);
+        cr_assert_str_eq(param, bad_json[i][1]);
+        json_decref(p);
+    }
+}

@@ -1208,3 +1208,59 @@ Test(workspace, commit_reports_failures_exactly)
     cr_assert_eq(rep.entries[1].status, CONCH_WS_COMMIT_APPLIED);
     conch_ws_commit_report_done(&rep);
 }
+
+/* Path rules: whatever the upper dir holds beneath a read-only or hidden path, or a deletion
+ * of a dir holding one, commit skips it and the host keeps what it had. */
+Test(workspace, commit_skips_what_path_rules_protect)
+{
+    mkd(lower, ".git", 0755);
+    mkd(lower, ".git/hooks", 0755);
+    put(lower, ".git/hooks/pre-commit", "hook\n", 0755);
+    put(lower, ".env", "secret\n", 0600);
+    mkd(lower, "cfg", 0755);
+    put(lower, "cfg/token", "t\n", 0600);
+    mkd(upper, ".git", 0755);
+    mkd(upper, ".git/hooks", 0755);
+    put(upper, ".git/hooks/pre-commit", "evil\n", 0755);
+    put(upper, ".git/hooks/post-checkout", "evil\n", 0755);
+    put(upper, ".env", "replaced\n", 0644);
+    whiteout(upper, "cfg");
+    put(upper, "ok.txt", "fine\n", 0644);
+    struct conch_ws_changes c = {0};
+    scan(&c);
+    struct conch_ws_rule rules[] = {{".git/hooks", false}, {".env", true}, {"cfg/token", true}};
+    struct conch_ws_commit_opts opts = {.new_uid = (uid_t)-1,
+                                        .new_gid = (gid_t)-1,
+                                        .rules = rules,
+                                        .n_rules = sizeof(rules) / sizeof(rules[0])};
+    struct conch_ws_commit_report rep = {0};
+    struct conch_err err = {0};
+    _cleanup_close_ int u = open_dir(upper);
+    _cleanup_close_ int h = open_dir(lower);
+    cr_assert_eq(conch_ws_commit(u, h, &c, &opts, &rep, &err), 0, "%s", err.msg);
+    cr_assert_eq(rep.applied, 1, "applied %zu", rep.applied);
+    cr_assert_eq(rep.skipped, 4, "skipped %zu", rep.skipped);
+    for (size_t i = 0; i < rep.n; i++) {
+        const struct conch_ws_commit_entry *e = &rep.entries[i];
+        if (!strcmp(e->path, "ok.txt"))
+            continue;
+        cr_assert_eq(e->status, CONCH_WS_COMMIT_SKIPPED, "%s", e->path);
+        const char *want = !strcmp(e->path, "cfg")    ? "holds a path"
+                           : !strcmp(e->path, ".env") ? "hidden path"
+                                                      : "read-only path";
+        cr_assert(strstr(e->reason, want), "%s: %s", e->path, e->reason);
+    }
+    conch_ws_commit_report_done(&rep);
+    conch_ws_changes_done(&c);
+    char buf[32] = "";
+    int fd = open(at(lower, ".git/hooks/pre-commit"), O_RDONLY | O_CLOEXEC);
+    cr_assert_eq(read(fd, buf, sizeof(buf)), 5);
+    close(fd);
+    cr_assert_str_eq(buf, "hook\n");
+    struct stat st;
+    cr_assert_lt(stat(at(lower, ".git/hooks/post-checkout"), &st), 0);
+    cr_assert_eq(stat(at(lower, ".env"), &st), 0);
+    cr_assert_eq(st.st_size, 7);
+    cr_assert_eq(stat(at(lower, "cfg/token"), &st), 0);
+    cr_assert_eq(stat(at(lower, "ok.txt"), &st), 0);
+}

@@ -72,7 +72,8 @@ class ProtocolMethods:
                        max_tool_calls: Optional[int] = None,
                        mounts: Optional[List[Union[Dict[str, Any], str]]] = None,
                        net: Optional[str] = None, allow: Optional[List[str]] = None,
-                       deny: Optional[List[str]] = None, **extra: Any):
+                       deny: Optional[List[str]] = None, readonly: Optional[List[str]] = None,
+                       hidden: Optional[List[str]] = None, **extra: Any):
         """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
 
         ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
@@ -84,13 +85,17 @@ class ProtocolMethods:
         ``readonly=False``) or docker's ``"type=tmpfs,target=/scratch"``.
         ``net``: "none" (default; "allow" when ``allow`` is given), "allow" (HTTP/HTTPS
         through the daemon's proxy by the ``allow``/``deny`` rules: ``"pypi.org"``,
-        ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host". Extra keyword args
-        are passed as params."""
+        ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host".
+        ``readonly`` / ``hidden``: path rules, paths relative to the workspace
+        (``[".git/hooks"]``, ``[".env"]``) that commands cannot change / cannot see,
+        enforced by the kernel and never committed. Extra keyword args are passed as
+        params."""
         return self._request("sandbox.create", _params(
             extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
             memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
             idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
-            max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny))
+            max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny,
+            readonly=readonly, hidden=hidden))
 
     def sandbox_list(self):
         """sandbox.list -> list of sandbox objects (stopped ones included)."""

@@ -45,3 +45,19 @@ def test_network_rules_set_log_and_denied_record(conch_bin, state_dir):
         assert no_net["net"] == "none"
         assert "network" not in c.exec_run(no_net["id"], "true")
         c.sandbox_destroy(no_net["id"])
+
+
+def test_path_rules_of_sandbox_create(conch_bin, state_dir, tmp_path):
+    ws = tmp_path / "ws"
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "hooks" / "pre-commit").write_text("hook\n")
+    (ws / ".env").write_text("TOKEN=secret\n")
+    with Client.spawn(conch_bin, state_dir=state_dir,
+                      serve_args=["--pool", "0", "--idle-timeout", "0"]) as c:
+        with Sandbox.create(c, workspace=str(ws), readonly=[".git/hooks"],
+                            hidden=[".env"]) as sb:
+            res = sb.run("cat .env 2>/dev/null; echo x > .git/hooks/pre-commit || echo refused")
+            assert "secret" not in res.stdout and res.stdout.endswith("refused\n"), res.text
+        with pytest.raises(InvalidParams):
+            c.sandbox_create(workspace=str(ws), hidden=["../up"])
+    assert (ws / ".git" / "hooks" / "pre-commit").read_text() == "hook\n"

@@ -46,6 +46,10 @@ export interface SandboxCreateParams {
   /** Rules of the allow mode: `"pypi.org"`, `"*.npmjs.org"`, `"10.0.0.5"`, each with an optional `":PORT"`; deny wins. */
   allow?: string[];
   deny?: string[];
+  /** Path rules: paths relative to the workspace (`".git/hooks"`) that commands cannot change, enforced by the kernel and never committed (at most 32 rules in all). */
+  readonly?: string[];
+  /** Paths relative to the workspace (`".env"`) that commands cannot see: an empty file or dir of mode 000 in their place (a missing path: an empty dir, so nothing can be made there); never committed. */
+  hidden?: string[];
   [key: string]: unknown;
 }
 

@@ -41,3 +41,23 @@ test("network rules: create, set, log, and a denied request's record", { skip },
     await c.close();
   }
 });
+
+test("path rules: readonly and hidden paths of sandboxCreate", { skip }, async () => {
+  const { mkdtempSync, mkdirSync, writeFileSync, readFileSync } = await import("node:fs");
+  const { tmpdir } = await import("node:os");
+  const { join } = await import("node:path");
+  const ws = mkdtempSync(join(tmpdir(), "conch-rules-"));
+  mkdirSync(join(ws, ".git", "hooks"), { recursive: true });
+  writeFileSync(join(ws, ".git", "hooks", "pre-commit"), "hook\n");
+  writeFileSync(join(ws, ".env"), "TOKEN=secret\n");
+  const c = await ConchClient.connect({ bin: conchBin, args: stdioArgs() });
+  try {
+    const sb = await c.sandboxCreate({ workspace: ws, readonly: [".git/hooks"], hidden: [".env"] });
+    const r = await c.execRun({ sandbox: sb.id, command: "cat .env 2>/dev/null; echo x > .git/hooks/pre-commit || echo refused" });
+    assert.ok(!r.stdout.includes("secret") && r.stdout.endsWith("refused\n"), r.text);
+    await assert.rejects(c.sandboxCreate({ workspace: ws, hidden: ["/abs"] }), (e) => e instanceof ConchError && e.data.code === "invalid_params");
+  } finally {
+    await c.close();
+  }
+  assert.equal(readFileSync(join(ws, ".git", "hooks", "pre-commit"), "utf8"), "hook\n");
+});
