@@ -45,7 +45,8 @@ enum { OPT_COMMIT = 1, OPT_TIMEOUT, OPT_MAX_OUTPUT, OPT_STATE_DIR };
 #define MCP_SPEC_OPTS                                                                              \
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_MEMORY |                      \
      CONCH_SPEC_OPT_PIDS | CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |    \
-     CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_NET |    \
+     CONCH_SPEC_OPT_SOCKET)
 
 static int mcp_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {

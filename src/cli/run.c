@@ -96,7 +96,7 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET | CONCH_SPEC_OPT_SOCKET)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -248,6 +248,15 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->disk_bytes = c->spec.disk_bytes;
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
+    j->sockets = c->spec.sockets;
+    j->n_sockets = c->spec.n_sockets;
+    if (j->n_sockets) {
+        char def[PATH_MAX];
+        conch_daemon_socket(def, sizeof(def));
+        if ((r = conch_spec_sockets_clear(j->sockets, j->n_sockets,
+                                          c->socket_path ? c->socket_path : def, NULL, err)) < 0)
+            return r;
+    }
     struct conch_net_policy net;
     if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
         return r;

@@ -114,7 +114,8 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_NAME | CONCH_SPEC_OPT_MODE |                        \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
-     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET)
+     CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET |                     \
+     CONCH_SPEC_OPT_SOCKET)
 
 int conch_cli_create(int argc, char **argv)
 {

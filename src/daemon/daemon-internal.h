@@ -123,6 +123,8 @@ struct sandbox {
     char layer[64];             /* the snapshot its workspace is stacked on (snapshots.c); "" */
     struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
     unsigned n_mounts;
+    struct conch_socket *sockets; /* host sockets passed in (owned), n_sockets of them */
+    unsigned n_sockets;
     char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
@@ -351,6 +353,7 @@ struct sandbox_spec {
     unsigned max_tool_calls;     /* per command; 0: the bridge's default */
     const char *layer;           /* the snapshot to stack the workspace on (a fork); NULL: none */
     json_t *mounts;              /* sandbox.create's "mounts" (borrowed), or NULL */
+    json_t *sockets;             /* sandbox.create's "sockets" (borrowed), or NULL */
     struct conch_net_policy net; /* owned by the caller (conch_net_policy_done) */
 };
 /* ---- network.c: the network policy, proxy and log of a sandbox ---- */

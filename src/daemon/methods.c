@@ -63,6 +63,7 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
         .max_tool_calls = s.max_tool_calls,
         /* checked by conch_spec_from_json; parsed again (into the sandbox) at creation */
         .mounts = json_object_get(params, "mounts"),
+        .sockets = json_object_get(params, "sockets"),
     };
     if (conch_spec_net_policy(&s, &spec->net, &err) < 0) {
         conch_spec_done(&s);
@@ -235,7 +236,7 @@ FS_HANDLER(handle_fs_download, "download")
         R("idle_timeout", N, 0, CONCH_SPEC_IDLE_MAX, 1), P("name", S, false),                      \
         R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
         R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("mounts", A, false),            \
-        P("net", S, false), P("allow", A, false), P("deny", A, false)
+        P("sockets", A, false), P("net", S, false), P("allow", A, false), P("deny", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};

@@ -470,6 +470,7 @@ static json_t *fork_from(struct daemon *d, const char *spec_json, const char *wo
     s.name = name && name[0] ? name : NULL;
     s.layer = layer;
     s.mounts = json_object_get(spec, "mounts");
+    s.sockets = json_object_get(spec, "sockets");
     struct sandbox *sb = NULL;
     int r = conch_daemon_sandbox_create(d, &s, &sb, err);
     json_decref(spec);
