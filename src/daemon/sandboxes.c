@@ -136,6 +136,12 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
                       "snapshot", sb->layer[0] ? sb->layer : NULL));
     if (o)
         conch_daemon_net_json(sb, o);
+    if (o && sb->n_sockets) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < sb->n_sockets; i++)
+            json_array_append_new(arr, conch_socket_to_json(&sb->sockets[i]));
+        json_object_set_new(o, "sockets", arr);
+    }
     return o;
 }
 

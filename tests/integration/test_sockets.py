@@ -182,6 +182,7 @@ def test_daemon_sockets_are_checked_and_kept(daemon_factory, ws, sockdir):
     probe = "python3 client.py /run/db.sock"
     sb = c.call("sandbox.create", {"workspace": str(ws), "net": "none",
                                    "sockets": [{"host": str(d / "db.sock"), "path": "/run/db.sock"}]})
+    assert sb["sockets"] == [{"host": str(d / "db.sock"), "path": "/run/db.sock"}], sb
     sb = sb["id"]
     assert c.call("exec.run", {"sandbox": sb, "command": probe})["stdout"] == "db:ping\n"
     # A string form too, and in the allow mode.

@@ -72,7 +72,9 @@ class ProtocolMethods:
                        max_tool_calls: Optional[int] = None,
                        mounts: Optional[List[Union[Dict[str, Any], str]]] = None,
                        net: Optional[str] = None, allow: Optional[List[str]] = None,
-                       deny: Optional[List[str]] = None, **extra: Any):
+                       deny: Optional[List[str]] = None,
+                       sockets: Optional[List[Union[Dict[str, str], str]]] = None,
+                       **extra: Any):
         """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
 
         ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
@@ -84,13 +86,17 @@ class ProtocolMethods:
         ``readonly=False``) or docker's ``"type=tmpfs,target=/scratch"``.
         ``net``: "none" (default; "allow" when ``allow`` is given), "allow" (HTTP/HTTPS
         through the daemon's proxy by the ``allow``/``deny`` rules: ``"pypi.org"``,
-        ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host". Extra keyword args
-        are passed as params."""
+        ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host".
+        ``sockets``: host unix sockets passed in (any ``net``), each ``{"host", "path"?}``
+        or ``"HOST[:INSIDE]"``: a socket the caller owns, bound at ``path`` (default: its
+        host path); set ``SSH_AUTH_SOCK`` in ``env`` yourself for an ssh agent. Extra
+        keyword args are passed as params."""
         return self._request("sandbox.create", _params(
             extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
             memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
             idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
-            max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny))
+            max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny,
+            sockets=sockets))
 
     def sandbox_list(self):
         """sandbox.list -> list of sandbox objects (stopped ones included)."""

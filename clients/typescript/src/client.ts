@@ -46,7 +46,17 @@ export interface SandboxCreateParams {
   /** Rules of the allow mode: `"pypi.org"`, `"*.npmjs.org"`, `"10.0.0.5"`, each with an optional `":PORT"`; deny wins. */
   allow?: string[];
   deny?: string[];
+  /** Host unix sockets passed in (any `net`): `{host, path?}` or `"HOST[:INSIDE]"`, a socket the caller owns bound at `path` (default: its host path). Set `SSH_AUTH_SOCK` in `env` yourself for an ssh agent. */
+  sockets?: (SocketSpec | string)[];
   [key: string]: unknown;
+}
+
+/** A host unix socket passed into a sandbox (sandbox.create's `sockets`). */
+export interface SocketSpec {
+  /** absolute host path of a unix socket the caller owns (no symbolic link) */
+  host: string;
+  /** where it is inside (default: `host`); at most 107 bytes */
+  path?: string;
 }
 
 export type NetMode = "none" | "allow" | "host";
