@@ -36,6 +36,9 @@ static const char mcp_usage[] =
     "  --env K=V            environment variable for every command (repeatable)\n"
     "  --net MODE, --allow RULE, --deny RULE\n"
     "                       the sandbox's network, as for conch create (default none)\n"
+    "  --pass-socket HOST[:INSIDE]\n"
+    "                       a host unix socket of yours at INSIDE (default: HOST) in the\n"
+    "                       sandbox, in any network mode (repeatable, at most 8)\n"
     "  --state-dir DIR      the daemon's state dir (default: a private one under the default\n"
     "                       state dir, removed at the end)\n"
     "  -h, --help           show this help\n";

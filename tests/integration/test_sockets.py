@@ -235,3 +235,44 @@ def test_daemon_sockets_are_checked_and_kept(daemon_factory, ws, sockdir):
     servers.append(EchoServer(d / "db.sock", "db2"))
     c.call("sandbox.start", {"id": sb}, timeout=30)
     assert c.call("exec.run", {"sandbox": sb, "command": probe})["stdout"] == "db2:ping\n"
+
+
+def test_mcp_passes_a_socket(sockdir, tmp_path):
+    # conch mcp's session sandbox gets the socket, and its bash tool reaches it.
+    import json
+    d, servers = sockdir
+    servers.append(EchoServer(d / "m.sock", "mcp"))
+    msgs = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "bash", "arguments": {"command": "python3 -c \"" + CLIENT.replace(
+             '"', '\\"') + "\" /run/m.sock"}}},
+    ]
+    p = subprocess.Popen([CONCH_BIN, "mcp", "--state-dir", str(tmp_path / "state"),
+                          "--pass-socket", f"{d}/m.sock:/run/m.sock"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def send(*ms):
+            p.stdin.write("".join(json.dumps(m) + "\n" for m in ms).encode())
+            p.stdin.flush()
+
+        def answer(i):
+            while True:
+                line = p.stdout.readline()
+                assert line, p.stderr.read()
+                m = json.loads(line)
+                if m.get("id") == i:
+                    return m
+
+        send(msgs[0])
+        assert "result" in answer(1)
+        send(msgs[1], msgs[2])
+        m = answer(2)
+        text = "".join(c.get("text", "") for c in m["result"]["content"])
+        assert "mcp:ping" in text, m
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
