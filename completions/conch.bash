@@ -61,7 +61,7 @@ _conch()
             return ;;
         --allow|--deny)
             return ;;
-        --net-hosts)
+        --net-hosts|--pass-socket)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
@@ -86,7 +86,8 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --mount --net --allow --deny --tools --no-daemon --socket --json --quiet -q
+                  --mount --net --allow --deny --pass-socket --tools --no-daemon --socket --json
+                  --quiet -q
                   --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
@@ -97,13 +98,14 @@ _conch()
                   --max-client-output-memory --net-hosts --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
-                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --state-dir
-                  --help -h" ;;
+                  --tmp-size --disk --rootfs --as-root --env --net --allow --deny --pass-socket
+                  --state-dir --help -h" ;;
         ps)
             opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
-                  --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --help -h" ;;
+                  --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --pass-socket
+                  --help -h" ;;
         network)
             opts="--socket --json --allow --deny --net --log --help -h" ;;
         exec|rm|start)

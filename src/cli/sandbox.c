@@ -128,12 +128,14 @@ int conch_cli_create(int argc, char **argv)
             "                    [--disk B] [--idle-timeout S]\n"
             "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
             "                    [--net none|allow|host] [--allow RULE]... [--deny RULE]...\n"
+            "                    [--pass-socket HOST[:INSIDE]]...\n"
             "\n"
             "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
             "object). Without --workspace it gets an empty one. Network: none (default;\n"
             "loopback only), allow (HTTP and HTTPS through the daemon's proxy to what the\n"
             "--allow rules name, minus the --deny ones: 'pypi.org', '*.npmjs.org',\n"
-            "'host:8443'; --allow implies it), host (the host's network, not isolated).\n"};
+            "'host:8443'; --allow implies it), host (the host's network, not isolated).\n"
+            "--pass-socket passes a host unix socket of yours in, at INSIDE (default: HOST).\n"};
     struct conch_sandbox_spec spec;
     conch_spec_defaults(&spec);
     int optind = 1;
