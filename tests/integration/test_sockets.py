@@ -199,10 +199,12 @@ def test_daemon_sockets_are_checked_and_kept(daemon_factory, ws, sockdir):
     assert c.call("exec.run", {"sandbox": f, "command": probe})["stdout"] == "db:ping\n"
     # What the daemon refuses: its own control socket, a socket in its socket dir or under
     # its state dir, and the refusals every caller gets.
+    os.link(dm.sock, d / "hardlink.sock")  # the control socket under another name
     servers.append(EchoServer(os.path.join(dm.base, "beside.sock")))
     servers.append(EchoServer(os.path.join(dm.state_dir, "in-state.sock")))
     bad = [
         ([{"host": dm.sock, "path": "/run/x.sock"}], "control socket"),
+        ([{"host": str(d / "hardlink.sock"), "path": "/run/x.sock"}], "control socket"),
         ([{"host": os.path.join(dm.base, "beside.sock"), "path": "/run/x.sock"}], "directory"),
         ([{"host": os.path.join(dm.state_dir, "in-state.sock"), "path": "/run/x.sock"}],
          "state directory"),
