@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -278,3 +279,31 @@ def test_mcp_passes_a_socket(sockdir, tmp_path):
     finally:
         p.stdin.close()
         p.wait(timeout=60)
+
+
+@pytest.mark.user_only
+def test_a_real_ssh_agent_lists_its_key_inside(ws, tmp_path):
+    # git over ssh's way in: the caller's ssh-agent, its key listed from inside. (As host root
+    # ssh-agent refuses the sandbox's host uid as its peer: docs/ARCHITECTURE.md, "Network".)
+    if not (shutil.which("ssh-agent") and shutil.which("ssh-add") and shutil.which("ssh-keygen")):
+        pytest.skip("ssh-agent, ssh-add or ssh-keygen not installed")
+    os.chmod(tmp_path, 0o700)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        key = tmp_path / "id"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "conch-test-key",
+                        "-f", str(key)], check=True, timeout=60)
+        subprocess.run(["ssh-add", "-q", str(key)], check=True, timeout=60,
+                       env=dict(os.environ, SSH_AUTH_SOCK=str(sock)))
+        r = run(ws, [f"{sock}:/run/ssh-agent.sock"], "ssh-add -l", "--env",
+                "SSH_AUTH_SOCK=/run/ssh-agent.sock")
+        assert r.rc == 0 and "conch-test-key" in r.stdout, r.describe()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
