@@ -61,7 +61,7 @@ _conch()
             return ;;
         --allow|--deny)
             return ;;
-        --net-hosts)
+        --net-hosts|--pass-socket)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
@@ -87,8 +87,8 @@ _conch()
         run)
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
-                  --mount --net --allow --deny --readonly --hidden --tools --no-daemon --socket
-                  --json --quiet -q
+                  --mount --net --allow --deny --readonly --hidden --pass-socket --tools
+                  --no-daemon --socket --json --quiet -q
                   --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
@@ -100,14 +100,14 @@ _conch()
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly
-                  --hidden --state-dir
+                  --hidden --pass-socket --state-dir
                   --help -h" ;;
         ps)
             opts="--socket --json --help -h" ;;
         create)
             opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
                   --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --readonly
-                  --hidden --help -h" ;;
+                  --hidden --pass-socket --help -h" ;;
         network)
             opts="--socket --json --allow --deny --net --log --help -h" ;;
         exec|rm|start)

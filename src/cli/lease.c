@@ -36,9 +36,9 @@ static bool lease_fits(const struct conch_run_opts *o)
     conch_jail_spec_init(&def);
     const struct conch_jail_spec *s = &o->jail;
     return s->workspace && s->ws_mode != CONCH_WS_RW && !s->rootfs && !s->as_root && !o->tools &&
-           !s->n_mounts && !s->n_rules && s->net == CONCH_NET_NONE && !s->limits.memory_bytes &&
-           !s->limits.pids_max && !s->limits.cpu_millicpus && s->tmp_bytes == def.tmp_bytes &&
-           s->home_bytes == def.home_bytes;
+           !s->n_mounts && !s->n_rules && !s->n_sockets && s->net == CONCH_NET_NONE &&
+           !s->limits.memory_bytes && !s->limits.pids_max && !s->limits.cpu_millicpus &&
+           s->tmp_bytes == def.tmp_bytes && s->home_bytes == def.home_bytes;
 }
 
 /* Read the answer with the fd that came with it (into *@ret_fd, else -1), within the wait. */

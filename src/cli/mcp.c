@@ -39,6 +39,9 @@ static const char mcp_usage[] =
     "                       the sandbox's network, as for conch create (default none)\n"
     "  --readonly PATH, --hidden PATH\n"
     "                       path rules in the workspace, as for conch run (repeatable)\n"
+    "  --pass-socket HOST[:INSIDE]\n"
+    "                       a host unix socket of yours at INSIDE (default: HOST) in the\n"
+    "                       sandbox, in any network mode (repeatable, at most 8)\n"
     "  --state-dir DIR      the daemon's state dir (default: a private one under the default\n"
     "                       state dir, removed at the end)\n"
     "  -h, --help           show this help\n";
@@ -49,7 +52,7 @@ enum { OPT_COMMIT = 1, OPT_TIMEOUT, OPT_MAX_OUTPUT, OPT_STATE_DIR };
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_MEMORY |                      \
      CONCH_SPEC_OPT_PIDS | CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |    \
      CONCH_SPEC_OPT_ROOTFS | CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_NET |    \
-     CONCH_SPEC_OPT_RULES)
+     CONCH_SPEC_OPT_RULES | CONCH_SPEC_OPT_SOCKET)
 
 static int mcp_opt(void *ctx, int key, const char *value, struct conch_err *err)
 {

@@ -56,6 +56,11 @@ static const char usage_text[] =
     "                      address, each with an optional :PORT (default 80 and 443);\n"
     "                      repeatable; implies --net allow\n"
     "  --deny RULE         deny it, whatever --allow says (repeatable)\n"
+    "  --pass-socket HOST[:INSIDE]\n"
+    "                      pass the host unix socket HOST (yours; not a link) into the\n"
+    "                      sandbox at INSIDE (default: HOST), in any --net mode: an ssh\n"
+    "                      agent, a database (repeatable, at most 8; set SSH_AUTH_SOCK with\n"
+    "                      --env yourself)\n"
     "  --tools FILE        serve the tools of FILE (JSON) to the command through the tool\n"
     "                      bridge, each call answered by a host command (docs/TOOLS.md)\n"
     "  --no-daemon         build the sandbox here even when a daemon ('conch serve') of this\n"
@@ -101,7 +106,8 @@ static const struct conch_cli_opt run_opts[] = {
     (CONCH_SPEC_OPT_WORKSPACE | CONCH_SPEC_OPT_MODE | CONCH_SPEC_OPT_ROOTFS |                      \
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_HOME_SIZE |                     \
-     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET | CONCH_SPEC_OPT_RULES)
+     CONCH_SPEC_OPT_DISK | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET | CONCH_SPEC_OPT_RULES |      \
+     CONCH_SPEC_OPT_SOCKET)
 
 struct run_cli {
     struct conch_run_opts run;
@@ -269,6 +275,15 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->n_mounts = c->spec.n_mounts;
     j->rules = c->spec.rules;
     j->n_rules = c->spec.n_rules;
+    j->sockets = c->spec.sockets;
+    j->n_sockets = c->spec.n_sockets;
+    if (j->n_sockets) {
+        char def[PATH_MAX];
+        conch_daemon_socket(def, sizeof(def));
+        if ((r = conch_spec_sockets_clear(j->sockets, j->n_sockets,
+                                          c->socket_path ? c->socket_path : def, NULL, err)) < 0)
+            return r;
+    }
     struct conch_net_policy net;
     if ((r = conch_spec_net_policy(&c->spec, &net, err)) < 0)
         return r;

@@ -124,7 +124,7 @@ static int parse(struct common *o, int argc, char **argv, unsigned spec_opts,
      CONCH_SPEC_OPT_AS_ROOT | CONCH_SPEC_OPT_ENV | CONCH_SPEC_OPT_MEMORY | CONCH_SPEC_OPT_PIDS |   \
      CONCH_SPEC_OPT_CPU | CONCH_SPEC_OPT_TMP_SIZE | CONCH_SPEC_OPT_DISK |                          \
      CONCH_SPEC_OPT_IDLE_TIMEOUT | CONCH_SPEC_OPT_MOUNT | CONCH_SPEC_OPT_NET |                     \
-     CONCH_SPEC_OPT_RULES)
+     CONCH_SPEC_OPT_RULES | CONCH_SPEC_OPT_SOCKET)
 
 int conch_cli_create(int argc, char **argv)
 {
@@ -138,12 +138,14 @@ int conch_cli_create(int argc, char **argv)
             "                    [--mount type=tmpfs|bind,target=P[,source=DIR][,size=B][,rw]]...\n"
             "                    [--net none|allow|host] [--allow RULE]... [--deny RULE]...\n"
             "                    [--readonly PATH]... [--hidden PATH]...\n"
+            "                    [--pass-socket HOST[:INSIDE]]...\n"
             "\n"
             "Create a sandbox in the running daemon and print its id (--json: the sandbox\n"
             "object). Without --workspace it gets an empty one. Network: none (default;\n"
             "loopback only), allow (HTTP and HTTPS through the daemon's proxy to what the\n"
             "--allow rules name, minus the --deny ones: 'pypi.org', '*.npmjs.org',\n"
-            "'host:8443'; --allow implies it), host (the host's network, not isolated).\n"};
+            "'host:8443'; --allow implies it), host (the host's network, not isolated).\n"
+            "--pass-socket passes a host unix socket of yours in, at INSIDE (default: HOST).\n"};
     struct conch_sandbox_spec spec;
     conch_spec_defaults(&spec);
     int optind = 1;

@@ -125,7 +125,9 @@ struct sandbox {
     unsigned n_mounts;
     struct conch_path_rule *rules; /* its path rules (owned), n_rules of them */
     unsigned n_rules;
-    bool rules_unreadable;    /* its record's rules did not parse: it is not started without them */
+    bool rules_unreadable; /* its record's rules did not parse: it is not started without them */
+    struct conch_socket *sockets; /* host sockets passed in (owned), n_sockets of them */
+    unsigned n_sockets;
     char spill_dir[PATH_MAX]; /* <state>/sandboxes/<id>/spill once created; "" before */
     /* Work off the loop (workspace.*, disk measurement, teardown) holds the sandbox: its
      * memory and its directory stay until the last hold is released. */
@@ -355,6 +357,7 @@ struct sandbox_spec {
     const char *layer;           /* the snapshot to stack the workspace on (a fork); NULL: none */
     json_t *mounts;              /* sandbox.create's "mounts" (borrowed), or NULL */
     json_t *readonly, *hidden;   /* sandbox.create's path rules (borrowed), or NULL */
+    json_t *sockets;             /* sandbox.create's "sockets" (borrowed), or NULL */
     struct conch_net_policy net; /* owned by the caller (conch_net_policy_done) */
 };
 /* ---- network.c: the network policy, proxy and log of a sandbox ---- */

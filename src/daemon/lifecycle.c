@@ -195,6 +195,11 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
                              sb->id);
     spec.rules = sb->rules;
     spec.n_rules = sb->n_rules;
+    spec.sockets = sb->sockets;
+    spec.n_sockets = sb->n_sockets;
+    if ((r = conch_spec_sockets_clear(sb->sockets, sb->n_sockets, sb->d->socket_path,
+                                      sb->d->state_dir, err)) < 0)
+        return conch_err_wrap(err, "sandbox '%s'", sb->id);
     /* A tmpfs workspace is sized by it; an on-disk upper dir is watched (on_sample) and no
      * single file may outgrow it. */
     spec.disk_bytes = spec.file_bytes = sb->disk_bytes ? sb->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
@@ -376,6 +381,7 @@ static void on_idle_closed(uv_handle_t *h)
     json_decref(sb->env);
     free(sb->mounts);
     free(sb->rules);
+    free(sb->sockets);
     free(sb);
 }
 

@@ -65,6 +65,7 @@ bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
         .mounts = json_object_get(params, "mounts"),
         .readonly = json_object_get(params, "readonly"),
         .hidden = json_object_get(params, "hidden"),
+        .sockets = json_object_get(params, "sockets"),
     };
     if (conch_spec_net_policy(&s, &spec->net, &err) < 0) {
         conch_spec_done(&s);
@@ -238,7 +239,7 @@ FS_HANDLER(handle_fs_download, "download")
         R("tool_timeout", N, 0, CONCH_SPEC_TOOL_TIMEOUT_MAX, CONCH_SPEC_TOOL_TIMEOUT_MIN),         \
         R("max_tool_calls", I, 1, CONCH_SPEC_TOOL_CALLS_MAX, 0), P("mounts", A, false),            \
         P("net", S, false), P("allow", A, false), P("deny", A, false), P("readonly", A, false),    \
-        P("hidden", A, false)
+        P("hidden", A, false), P("sockets", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};

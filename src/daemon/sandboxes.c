@@ -136,6 +136,12 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
                       "snapshot", sb->layer[0] ? sb->layer : NULL));
     if (o)
         conch_daemon_net_json(sb, o);
+    if (o && sb->n_sockets) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < sb->n_sockets; i++)
+            json_array_append_new(arr, conch_socket_to_json(&sb->sockets[i]));
+        json_object_set_new(o, "sockets", arr);
+    }
     return o;
 }
 
@@ -355,6 +361,56 @@ static int path_clear_of_daemon(const struct daemon *d, const char *what, const 
     return 0;
 }
 
+/* Parse @arr (sandbox.create's "sockets") into @sb's own list, checked now (the socket exists,
+ * is the caller's, is none of the daemon's); a record's (@recorded) is taken as it is, and
+ * checked again at each start. */
+static int sandbox_sockets(struct sandbox *sb, json_t *arr, bool recorded, struct conch_err *err)
+{
+    if (!arr || json_is_null(arr))
+        return 0;
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    int r = 0;
+    if (!recorded) {
+        r = conch_spec_sockets_from_json(&s, arr, err);
+        if (r >= 0)
+            r = conch_spec_sockets_clear(s.sockets, s.n_sockets, sb->d->socket_path,
+                                         sb->d->state_dir, err);
+    } else {
+        size_t i;
+        json_t *v;
+        json_array_foreach(arr, i, v)
+        {
+            const char *h = json_string_value(json_object_get(v, "host"));
+            const char *p = json_string_value(json_object_get(v, "path"));
+            struct conch_socket one;
+            memset(&one, 0, sizeof(one));
+            if (!h || !p || strlen(h) >= sizeof(one.host) || strlen(p) >= sizeof(one.path) ||
+                s.n_sockets >= CONCH_SPEC_SOCKETS_MAX) {
+                r = conch_err_set(err, EINVAL, "a malformed socket in the record");
+                break;
+            }
+            snprintf(one.host, sizeof(one.host), "%s", h);
+            snprintf(one.path, sizeof(one.path), "%s", p);
+            struct conch_socket *nl = reallocarray(s.sockets, s.n_sockets + 1, sizeof(*nl));
+            if (!nl) {
+                r = conch_err_set(err, ENOMEM, "out of memory");
+                break;
+            }
+            s.sockets = nl;
+            s.sockets[s.n_sockets++] = one;
+        }
+    }
+    if (r >= 0) {
+        free(sb->sockets);
+        sb->sockets = s.sockets;
+        sb->n_sockets = s.n_sockets;
+        s.sockets = NULL;
+    }
+    conch_spec_done(&s);
+    return r;
+}
+
 /* Parse @arr (sandbox.create's "mounts", or a record's) into @sb's own list. */
 static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err)
 {
@@ -412,6 +468,12 @@ json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
         json_object_set_new(
             spec, conch_rule_kind_name((enum conch_rule_kind)k),
             conch_spec_rules_to_json(sb->rules, sb->n_rules, (enum conch_rule_kind)k));
+    if (spec && sb->n_sockets) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < sb->n_sockets; i++)
+            json_array_append_new(arr, conch_socket_to_json(&sb->sockets[i]));
+        json_object_set_new(spec, "sockets", arr);
+    }
     return spec;
 }
 
@@ -554,6 +616,7 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     if ((r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0 ||
         (r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
         (r = sandbox_rules(sb, spec->readonly, spec->hidden, err)) < 0 ||
+        (r = sandbox_sockets(sb, spec->sockets, false, err)) < 0 ||
         (r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
         goto fail;
     if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
@@ -669,6 +732,8 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
             log_warn("sandbox %s: its recorded path rules: %s", list[i].id, err.msg);
             sb->rules_unreadable = true;
         }
+        if (sandbox_sockets(sb, json_object_get(spec, "sockets"), true, &err) < 0)
+            log_warn("sandbox %s: its recorded sockets: %s", list[i].id, err.msg);
         net_from_record(sb, spec);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));

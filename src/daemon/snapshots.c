@@ -507,6 +507,7 @@ static json_t *fork_from(struct daemon *d, const char *spec_json, const char *wo
     s.mounts = json_object_get(spec, "mounts");
     s.readonly = json_object_get(spec, "readonly");
     s.hidden = json_object_get(spec, "hidden");
+    s.sockets = json_object_get(spec, "sockets");
     struct sandbox *sb = NULL;
     int r = conch_daemon_sandbox_create(d, &s, &sb, err);
     json_decref(spec);

@@ -34,8 +34,9 @@ struct conch_jail {
     char root_stage_dir[256];
     bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
     char upper_stage_dir[256];
-    int n_layer_stages; /* staging dirs <stage>/<name>-l<i> of the idmapped layers */
-    int n_mount_stages; /* staging dirs <stage>/<name>-m<i> of bind mounts' sources */
+    int n_layer_stages;  /* staging dirs <stage>/<name>-l<i> of the idmapped layers */
+    int n_mount_stages;  /* staging dirs <stage>/<name>-m<i> of bind mounts' sources */
+    int n_socket_stages; /* staging files <stage>/<name>-s<i> of passed sockets */
     char name[64];
     uid_t ws_owner_uid; /* host owner of the workspace root */
     gid_t ws_owner_gid;
@@ -137,6 +138,15 @@ struct jail_plan {
         char path[CONCH_SPEC_RULE_PATH_MAX];
     } rules[CONCH_SPEC_RULES_MAX];
     int n_rules;
+    /* host sockets: bound from an O_PATH open of @src (before pivot) that must be @dev/@ino,
+     * the socket the parent checked */
+    struct jail_socket {
+        char src[PATH_MAX];
+        char dst[CONCH_SOCKET_PATH_MAX];
+        dev_t dev;
+        ino_t ino;
+    } sockets[CONCH_SPEC_SOCKETS_MAX];
+    int n_sockets;
     /* the tool bridge */
     bool ptc_socket;        /* listen on /run/conch/ptc.sock, hand the fd to the parent */
     char ptc_lib[PATH_MAX]; /* before pivot: bound at /run/conch/lib; "" for none */
@@ -497,6 +507,22 @@ int conch_jail_idmap_userns(uint32_t base, bool whole_range, uid_t inner_uid, gi
 int conch_jail_idmap_userns_shift(uint32_t from, uint32_t to, struct conch_err *err);
 int conch_jail_idmapped_tree_in(const char *path, int userns, bool whole_range, bool read_only,
                                 struct conch_err *err);
+/* Where a root parent stages what the sandbox's ids could not reach (in its own private mount
+ * namespace, which every sandbox's copies). conch_jail_stage_prepare - make that namespace and
+ * the staging tmpfs, once per process. (spawn.c) */
+#define CONCH_JAIL_STAGE_ROOT "/run/conch/stage"
+int conch_jail_stage_prepare(struct conch_err *err);
+
+/* conch_jail_sockets_plan - open each of @spec's sockets (conch_socket_open), and put into
+ * @plan what the warden binds: the host path it opens (as root, a staged, idmapped clone of
+ * exactly the file opened: <stage>/<name>-s<i>, counted in j->n_socket_stages) and the
+ * identity it must find there. (sockets.c) */
+int conch_jail_sockets_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
+                            struct jail_plan *plan, struct conch_err *err);
+/* conch_jail_sockets_setup_child - bind the plan's sockets, last before the root turns
+ * read-only; no allocation. (mounts-child.c) */
+int conch_jail_sockets_setup_child(const struct jail_plan *plan, struct conch_err *err);
+
 /* conch_jail_stage_attach - move_mount detached mount @tree_fd onto @dir (over what is there). No
  * allocation: the warden attaches a workspace with it too. */
 int conch_jail_stage_attach(int tree_fd, const char *dir, struct conch_err *err);

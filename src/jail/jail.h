@@ -88,6 +88,13 @@ struct conch_jail_spec {
      * docs/ARCHITECTURE.md "Path rules"). Not with @attachable. Borrowed. */
     const struct conch_path_rule *rules;
     unsigned n_rules;
+    /* Host unix sockets bound into the sandbox (spec/spec.h), at most CONCH_SPEC_SOCKETS_MAX:
+     * each host path is opened again here (conch_socket_open: a socket of the caller's, no
+     * link) and exactly that file is bound at its path, whose parent dirs are made on the
+     * sandbox's root. As host root it is idmapped (its owner shown as the command's user).
+     * Borrowed. */
+    const struct conch_socket *sockets;
+    unsigned n_sockets;
     conch_jail_file_fn file_handler;      /* NULL: conch_jail_file() is refused */
     conch_jail_file_serve_fn file_server; /* NULL: conch_jail_send_file_server() is refused */
     /* The JS worker's loop (a persistent worker fenced as the file server); NULL:

@@ -484,6 +484,52 @@ static int setup_extra_mounts(const struct jail_plan *plan, struct conch_err *er
     return 0;
 }
 
+/* mkdir -p of @path's parent dirs on the new root (never through a link, as make_dirs). */
+static int make_parent_dirs(const char *path, struct conch_err *err)
+{
+    char p[CONCH_SOCKET_PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof(p))
+        return conch_err_set(err, ENAMETOOLONG, "socket path too long");
+    memcpy(p, path, n + 1);
+    char *slash = strrchr(p, '/');
+    if (!slash || slash == p)
+        return 0;
+    *slash = '\0';
+    errno = 0;
+    return make_dirs(p, err);
+}
+
+int conch_jail_sockets_setup_child(const struct jail_plan *plan, struct conch_err *err)
+{
+    for (int i = 0; i < plan->n_sockets && i < CONCH_SPEC_SOCKETS_MAX; i++) {
+        const struct jail_socket *s = &plan->sockets[i];
+        /* The file the parent checked, or nothing: a path swapped meanwhile (a link, another
+         * socket) is refused, and the bind is made from this fd, never by the path again. */
+        int fd = open(s->src, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return fail(err, "socket: open", s->src, errno);
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) || st.st_dev != s->dev ||
+            st.st_ino != s->ino) {
+            close(fd);
+            return conch_err_setk(err, CONCH_ERR_USAGE, ESTALE,
+                                  "socket for '%s' changed while the sandbox was being built: "
+                                  "refused",
+                                  s->dst);
+        }
+        char via[64];
+        snprintf(via, sizeof(via), "/proc/self/fd/%d", fd);
+        int r = make_parent_dirs(s->dst, err);
+        if (r >= 0)
+            r = bind_mount(via, s->dst, false, false, MS_NOEXEC, err);
+        close(fd);
+        if (r < 0)
+            return conch_err_wrap(err, "socket '%s'", s->dst);
+    }
+    return 0;
+}
+
 int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_fd, int *ret_ptc_fd,
                                   struct conch_err *err)
 {
@@ -558,7 +604,8 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
             return fail(err, "symlink", agent_links[i][1], errno);
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
         (r = conch_jail_rules_apply_child(plan, err)) < 0 ||
-        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0)
+        (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0 ||
+        (r = conch_jail_sockets_setup_child(plan, err)) < 0)
         return r;
 
     if (umount2(OLDROOT, MNT_DETACH) < 0)

@@ -3,8 +3,10 @@
  * credentials or seccomp state, and each failure comes with a concrete fix. */
 #include "jail/probe.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/magic.h>
@@ -30,6 +32,7 @@
 
 #include "core/cleanup.h"
 #include "jail/cgroup.h"
+#include "net/net.h"
 
 /* A probe that hangs (a stuck mount, say) must not hang `conch doctor`. */
 #define PROBE_TIMEOUT_S 10
@@ -459,9 +462,135 @@ static void probe_pidns(struct conch_probe_result *r)
     probe_ns(r, "pid namespace", child_pidns, "enable CONFIG_PID_NS in the kernel");
 }
 
-static void probe_netns(struct conch_probe_result *r)
+/* ---- the network modes (docs/ARCHITECTURE.md, "Network") ---- */
+
+/* The allow mode: the sandbox's own namespace with lo up, where the warden listens at
+ * 127.0.0.1:3128 for the proxy (the only way out); a command there must reach it. */
+static int child_net_allow(char *detail, size_t len)
 {
-    probe_ns(r, "network namespace", child_netns, "enable CONFIG_NET_NS in the kernel");
+    int r = child_netns(detail, len);
+    if (r < 0)
+        return r;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(CONCH_NET_PROXY_PORT)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const char *step = "socket";
+    if (l >= 0 && (step = "bind 127.0.0.1:3128", bind(l, (struct sockaddr *)&a, sizeof(a))) == 0 &&
+        (step = "listen", listen(l, 1)) == 0) {
+        int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        step = "connect to the proxy's listener";
+        int ok = c >= 0 && connect(c, (struct sockaddr *)&a, sizeof(a)) == 0;
+        int e = errno;
+        if (c >= 0)
+            close(c);
+        close(l);
+        if (!ok) {
+            text(detail, len, "%s: %s", step, strerror(e));
+            return -e;
+        }
+        text(detail, len, "own namespace; the proxy's listener at 127.0.0.1:%d reached",
+             CONCH_NET_PROXY_PORT);
+        return 0;
+    }
+    int e = errno;
+    if (l >= 0)
+        close(l);
+    text(detail, len, "%s in the sandbox's namespace: %s", step, strerror(e));
+    return -e;
+}
+
+/* The host mode: a user namespace that keeps the host's network namespace. */
+static int child_net_host(char *detail, size_t len)
+{
+    int r = enter_userns(0, "", detail, len);
+    if (r < 0)
+        return r;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) < 0) {
+        int e = errno;
+        text(detail, len, "list the host's interfaces: %s", strerror(e));
+        return -e;
+    }
+    int up = 0;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+        if (i->ifa_addr &&
+            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6) &&
+            (i->ifa_flags & IFF_UP) && !(i->ifa_flags & IFF_LOOPBACK))
+            up++;
+    freeifaddrs(ifs);
+    if (!up) {
+        text(detail, len, "the host's namespace is kept, but no interface but lo is up");
+        return -ENETDOWN;
+    }
+    text(detail, len, "the host's namespace is kept (%d addresses up besides lo)", up);
+    return 0;
+}
+
+/* Whether the host has a resolver for the proxy (it resolves every name itself). */
+static bool host_has_nameserver(void)
+{
+    FILE *f = fopen("/etc/resolv.conf", "re");
+    if (!f)
+        return false;
+    char line[256];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = !strncmp(line, "nameserver", 10);
+    fclose(f);
+    return found;
+}
+
+static void probe_net_none(struct conch_probe_result *r)
+{
+    probe_ns(r, "network mode none", child_netns,
+             "enable CONFIG_NET_NS in the kernel (without it no sandbox can be built: 'none' "
+             "is the default)");
+    if (r->state == CONCH_PROBE_OK)
+        text(r->detail, sizeof(r->detail),
+             "the default: an own network namespace, loopback up and nothing else");
+}
+
+static void probe_net_allow(struct conch_probe_result *r)
+{
+    r->name = "network mode allow";
+    r->required = false;
+    int rc = in_child(child_net_allow, r->detail, sizeof(r->detail));
+    if (rc < 0) {
+        r->state = CONCH_PROBE_MISSING;
+        ns_fixes(r->fix, sizeof(r->fix), rc, r->detail,
+                 "the allow mode needs a network namespace with loopback where conch listens at "
+                 "127.0.0.1:3128: enable CONFIG_NET_NS, or use --net host");
+        return;
+    }
+    r->state = CONCH_PROBE_OK;
+    if (!host_has_nameserver()) {
+        r->state = CONCH_PROBE_PARTIAL;
+        size_t n = strlen(r->detail);
+        text(r->detail + n, sizeof(r->detail) - n, "; no nameserver in /etc/resolv.conf");
+        add_fix(r->fix, sizeof(r->fix),
+                "the proxy resolves names on the host: add a nameserver to /etc/resolv.conf "
+                "(until then only IP-literal rules, or the daemon's --net-hosts, are reached)");
+    }
+}
+
+static void probe_net_host(struct conch_probe_result *r)
+{
+    r->name = "network mode host";
+    r->required = false;
+    int rc = in_child(child_net_host, r->detail, sizeof(r->detail));
+    if (rc == 0) {
+        r->state = CONCH_PROBE_OK;
+        return;
+    }
+    if (rc == -ENETDOWN) {
+        r->state = CONCH_PROBE_PARTIAL;
+        add_fix(r->fix, sizeof(r->fix),
+                "the host itself has no network: bring up an interface (--net host gives the "
+                "sandbox only what the host has)");
+        return;
+    }
+    r->state = CONCH_PROBE_MISSING;
+    ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, NULL);
 }
 
 static void probe_overlay(struct conch_probe_result *r)
@@ -723,8 +852,9 @@ static void probe_pidfd(struct conch_probe_result *r)
 int conch_probe_all(struct conch_probe_result *out, int max)
 {
     static void (*const probes[])(struct conch_probe_result *) = {
-        probe_userns,  probe_mountns,  probe_overlay, probe_pidns, probe_netns,
-        probe_seccomp, probe_landlock, probe_cgroups, probe_idmap, probe_pidfd,
+        probe_userns,   probe_mountns,   probe_overlay,  probe_pidns,
+        probe_net_none, probe_net_allow, probe_net_host, probe_seccomp,
+        probe_landlock, probe_cgroups,   probe_idmap,    probe_pidfd,
     };
     int n = 0;
     for (size_t i = 0; i < ARRAY_SIZE(probes) && n < max; i++, n++) {

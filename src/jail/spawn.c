@@ -23,7 +23,7 @@
 #include "jail/jail-internal.h"
 #include "jail/spec-internal.h"
 
-#define STAGE_ROOT "/run/conch/stage"
+#define STAGE_ROOT CONCH_JAIL_STAGE_ROOT
 
 int conch_jail_send(int fd, struct jail_msg *m, const int *fds, int nfds)
 {
@@ -65,7 +65,7 @@ static void write_proc_file(pid_t pid, const char *name, const char *text)
  * directories above the workspace or --rootfs (a 0700 home or temp dir). So both are cloned
  * with open_tree() while we are still root and attached in a staging dir that only exists
  * in conch's own private mount namespace (the clone child inherits a copy of it). */
-static int stage_prepare(struct conch_err *err)
+int conch_jail_stage_prepare(struct conch_err *err)
 {
     static bool have_private_ns;
     int r;
@@ -91,7 +91,7 @@ int conch_jail_host_prepare(struct conch_err *err)
     int r = conch_jail_clean_image_prepare(err);
     if (r < 0)
         return r;
-    return geteuid() == 0 ? stage_prepare(err) : 0;
+    return geteuid() == 0 ? conch_jail_stage_prepare(err) : 0;
 }
 
 static int stage_tree(int tree, char *dir, size_t dir_size, const char *name, struct conch_err *err)
@@ -106,7 +106,7 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
                            struct conch_err *err)
 {
     int r;
-    if ((r = stage_prepare(err)) < 0)
+    if ((r = conch_jail_stage_prepare(err)) < 0)
         return r;
     /* The tree is cloned by path (a mount of conch's former mount namespace, as host_ws_fd's
      * is, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
@@ -132,7 +132,7 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
 static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_err *err)
 {
     int r;
-    if ((r = stage_prepare(err)) < 0)
+    if ((r = conch_jail_stage_prepare(err)) < 0)
         return r;
     _cleanup_close_ int tree =
         conch_jail_idmapped_tree(rootfs, j->host_id_base, true, 0, 0, true, err);
@@ -173,6 +173,12 @@ static void unstage(struct conch_jail *j)
         umount2(dir, MNT_DETACH);
         rmdir(dir);
     }
+    for (; j->n_socket_stages > 0; j->n_socket_stages--) {
+        char file[320];
+        snprintf(file, sizeof(file), STAGE_ROOT "/%s-s%d", j->name, j->n_socket_stages - 1);
+        umount2(file, MNT_DETACH);
+        unlink(file);
+    }
     for (; j->n_layer_stages > 0; j->n_layer_stages--) {
         char dir[320];
         snprintf(dir, sizeof(dir), STAGE_ROOT "/%s-l%d", j->name, j->n_layer_stages - 1);
@@ -186,7 +192,7 @@ static void unstage(struct conch_jail *j)
 static int stage_upper(struct conch_jail *j, const char *upper_dir, struct conch_err *err)
 {
     int r;
-    if ((r = stage_prepare(err)) < 0)
+    if ((r = conch_jail_stage_prepare(err)) < 0)
         return r;
     _cleanup_close_ int tree =
         (int)syscall(SYS_open_tree, AT_FDCWD, upper_dir,
@@ -208,7 +214,7 @@ static int stage_layers(struct conch_jail *j, const struct conch_jail_spec *spec
                         struct conch_err *err)
 {
     int r;
-    if ((r = stage_prepare(err)) < 0)
+    if ((r = conch_jail_stage_prepare(err)) < 0)
         return r;
     /* One idmapping per host id block the layers come from (each costs a fork): a stack is
      * mostly one sandbox's own layers. */
@@ -244,7 +250,7 @@ static int stage_mounts(struct conch_jail *j, const struct conch_jail_spec *spec
                         struct conch_err *err)
 {
     int r;
-    if ((r = stage_prepare(err)) < 0)
+    if ((r = conch_jail_stage_prepare(err)) < 0)
         return r;
     for (unsigned i = 0; i < spec->n_mounts; i++) {
         const struct conch_mount *m = &spec->mounts[i];
@@ -427,7 +433,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     }
     if (spec->n_layers > 0 && (r = plan_layers(j, spec, plan, err)) < 0)
         return r;
-    if ((r = plan_mounts(j, spec, plan, err)) < 0 || (r = plan_rules(spec, plan, err)) < 0)
+    if ((r = plan_mounts(j, spec, plan, err)) < 0 || (r = plan_rules(spec, plan, err)) < 0 ||
+        (r = conch_jail_sockets_plan(j, spec, plan, err)) < 0)
         return r;
     if (spec->workspace) {
         plan->has_workspace = true;

@@ -1,11 +1,16 @@
 /* mounts.c - extra mounts of a sandbox (issue 18): `tmpfs` and `bind`, written as docker's
- * --mount (type=bind,source=/a,target=/b,ro) or as JSON objects, parsed and checked here once
- * for every way in (conch run --mount, conch create --mount, sandbox.create "mounts"). */
+ * --mount (type=bind,source=/a,target=/b,ro) or as JSON objects, and host unix sockets passed
+ * in (issue 19: a bind of one socket file, --pass-socket HOST[:INSIDE] or "sockets"), parsed
+ * and checked here once for every way in (conch run, conch create, sandbox.create). */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -260,6 +265,11 @@ int conch_spec_add_mount(struct conch_sandbox_spec *s, const struct conch_mount 
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                   "mount targets '%s' and '%s' overlap", s->mounts[i].target,
                                   m->target);
+    for (unsigned i = 0; i < s->n_sockets; i++)
+        if (under(s->sockets[i].path, m->target))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount target '%s' would cover the passed socket '%s'", m->target,
+                                  s->sockets[i].path);
     struct conch_mount *n = reallocarray(s->mounts, s->n_mounts + 1, sizeof(*n));
     if (!n)
         return conch_err_set(err, ENOMEM, "out of memory");
@@ -279,6 +289,251 @@ int conch_spec_mounts_from_json(struct conch_sandbox_spec *s, json_t *arr, struc
         struct conch_mount m;
         int r = conch_mount_from_json(v, &m, err);
         if (r < 0 || (r = conch_spec_add_mount(s, &m, err)) < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* ---- host unix sockets passed in ---- */
+
+/* Where a socket may not be put inside, beyond what deny_under keeps for the system: the
+ * workspace (the file would be made in the host's dir), conch's own /run/conch, and the links
+ * the root holds. Its parent dirs are made on the sandbox's root, /tmp or /home/agent (tmpfs
+ * mounts all), /tmp allowed so that ssh-agent's /tmp/ssh-XXXX/agent.N keeps its path. */
+static const char *const socket_deny_under[] = {"/run/conch", "/var/tmp", "/large_tool_results",
+                                                "/conversation_history", "/node_modules"};
+
+static int socket_target_ok(const char *path, struct conch_err *err)
+{
+    int r = path_ok("target", path, err);
+    if (r < 0)
+        return conch_err_wrap(err, "socket");
+    if (strlen(path) >= CONCH_SOCKET_PATH_MAX)
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "socket path '%s': at most %d bytes (a unix socket address)", path,
+                              CONCH_SOCKET_PATH_MAX - 1);
+    for (size_t i = 0; i < ARRAY_SIZE(deny_under); i++)
+        if (strcmp(deny_under[i], "/run") && under(path, deny_under[i]))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "socket path '%s': %s and what is beneath it are the "
+                                  "sandbox's own; choose another place (e.g. /run/NAME.sock)",
+                                  path, deny_under[i]);
+    for (size_t i = 0; i < ARRAY_SIZE(socket_deny_under); i++)
+        if (under(path, socket_deny_under[i]))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "socket path '%s': not beneath %s (conch's own, or a link); "
+                                  "choose another place (e.g. /run/NAME.sock)",
+                                  path, socket_deny_under[i]);
+    for (size_t i = 0; i < ARRAY_SIZE(deny_exact); i++)
+        if (!strcmp(path, deny_exact[i]) || !strcmp(path, "/run"))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "socket path '%s' would hide a directory of the sandbox's; "
+                                  "name a file (e.g. /run/NAME.sock)",
+                                  path);
+    return 0;
+}
+
+int conch_socket_open(const char *host, struct stat *ret_st, char *ret_path, size_t path_size,
+                      struct conch_err *err)
+{
+    if (host[0] != '/' || strlen(host) >= 1024)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "socket '%s': an absolute host path (under 1024 bytes) is needed",
+                              host);
+    /* O_NOFOLLOW: a link at the end is opened itself (and refused below), never followed to
+     * whatever it is pointed at later. No magic link: /proc/PID/root/run/conch/ptc.sock is
+     * another sandbox's tool bridge, /proc/PID/fd/N a socket of another process. */
+    struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+                           .resolve = RESOLVE_NO_MAGICLINKS};
+    _cleanup_close_ int fd = (int)syscall(SYS_openat2, AT_FDCWD, host, &how, sizeof(how));
+    if (fd < 0 && errno == ELOOP)
+        return conch_err_setk(err, CONCH_ERR_USAGE, ELOOP,
+                              "socket '%s': a path through /proc's links (another process's "
+                              "root or fds) is refused",
+                              host);
+    if (fd < 0)
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "socket '%s': %s", host,
+                              strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "socket '%s': %s", host,
+                              strerror(errno));
+    if (S_ISLNK(st.st_mode))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ELOOP,
+                              "socket '%s' is a symbolic link: name the socket itself (a link "
+                              "may be pointed elsewhere after it was checked)",
+                              host);
+    if (!S_ISSOCK(st.st_mode))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENOTSOCK, "socket '%s': not a unix socket",
+                              host);
+    /* The sandbox may reach what its caller may, and no more: a socket of another user's
+     * (their ssh agent, a group's docker.sock) is theirs to hand out, not ours. Root's
+     * callers may reach every socket anyway. */
+    if (geteuid() != 0 && st.st_uid != geteuid())
+        return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
+                              "socket '%s' is owned by uid %u, not by the calling user (uid "
+                              "%u): only your own sockets may be passed",
+                              host, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (ret_path) {
+        char link[64];
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, ret_path, path_size - 1);
+        if (n <= 0 || (size_t)n >= path_size - 1 || ret_path[0] != '/')
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                                  "socket '%s': cannot tell where it is", host);
+        ret_path[n] = '\0';
+    }
+    *ret_st = st;
+    return TAKE_FD(fd);
+}
+
+int conch_socket_check(const struct conch_socket *s, struct conch_err *err)
+{
+    int r = socket_target_ok(s->path, err);
+    if (r < 0)
+        return r;
+    struct stat st;
+    int fd = conch_socket_open(s->host, &st, NULL, 0, err);
+    if (fd < 0)
+        return fd;
+    close(fd);
+    return 0;
+}
+
+int conch_socket_parse(const char *text, struct conch_socket *ret, struct conch_err *err)
+{
+    struct conch_socket s;
+    memset(&s, 0, sizeof(s));
+    const char *colon = strchr(text, ':');
+    size_t hl = colon ? (size_t)(colon - text) : strlen(text);
+    const char *in = colon ? colon + 1 : text;
+    if (hl == 0 || hl >= sizeof(s.host) || !*in)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "socket '%s': HOST[:INSIDE] is needed (absolute paths)", text);
+    if (strlen(in) >= sizeof(s.path))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "socket path '%s': at most %d bytes (a unix socket address)", in,
+                              CONCH_SOCKET_PATH_MAX - 1);
+    memcpy(s.host, text, hl);
+    snprintf(s.path, sizeof(s.path), "%s", in);
+    int r = conch_socket_check(&s, err);
+    if (r < 0)
+        return r;
+    *ret = s;
+    return 0;
+}
+
+int conch_socket_from_json(json_t *v, struct conch_socket *ret, struct conch_err *err)
+{
+    if (json_is_string(v)) {
+        if (strlen(json_string_value(v)) != json_string_length(v))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "socket: a NUL byte");
+        return conch_socket_parse(json_string_value(v), ret, err);
+    }
+    json_t *host = json_object_get(v, "host"), *path = json_object_get(v, "path");
+    if (!json_is_object(v) || !json_is_string(host) || (path && !json_is_string(path)) ||
+        json_object_size(v) != 1u + (path != NULL))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "each socket is an object {host, path?} (absolute paths) or a "
+                              "string HOST[:INSIDE]");
+    const char *h = json_string_value(host), *p = path ? json_string_value(path) : h;
+    if (strlen(h) != json_string_length(host) || (path && strlen(p) != json_string_length(path)))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "socket: a NUL byte");
+    struct conch_socket s;
+    memset(&s, 0, sizeof(s));
+    if (strlen(h) >= sizeof(s.host))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "socket '%s': host path under 1024 bytes", h);
+    if (strlen(p) >= sizeof(s.path))
+        return conch_err_setk(err, CONCH_ERR_USAGE, ENAMETOOLONG,
+                              "socket path '%s': at most %d bytes (a unix socket address)", p,
+                              CONCH_SOCKET_PATH_MAX - 1);
+    snprintf(s.host, sizeof(s.host), "%s", h);
+    snprintf(s.path, sizeof(s.path), "%s", p);
+    int r = conch_socket_check(&s, err);
+    if (r < 0)
+        return r;
+    *ret = s;
+    return 0;
+}
+
+int conch_spec_sockets_clear(const struct conch_socket *socks, unsigned n, const char *control,
+                             const char *state_dir, struct conch_err *err)
+{
+    struct stat own_sock, dst;
+    bool have_sock = control && stat(control, &own_sock) == 0;
+    char state[PATH_MAX], sdir[PATH_MAX], dir[PATH_MAX];
+    bool have_state = state_dir && realpath(state_dir, state) != NULL;
+    snprintf(dir, sizeof(dir), "%s", control ? control : "");
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+    /* A shared sticky dir (/tmp) beside the socket holds everyone's; conch's own does not. */
+    bool have_sdir =
+        slash && realpath(dir, sdir) && stat(sdir, &dst) == 0 && !(dst.st_mode & S_ISVTX);
+    for (unsigned i = 0; i < n; i++) {
+        char real[PATH_MAX];
+        struct stat st;
+        _cleanup_close_ int fd = conch_socket_open(socks[i].host, &st, real, sizeof(real), err);
+        if (fd < 0)
+            return fd;
+        const char *what = NULL;
+        if (have_sock && st.st_dev == own_sock.st_dev && st.st_ino == own_sock.st_ino)
+            what = "is conch's own control socket";
+        else if (have_state && under(real, state))
+            what = "lies beneath the daemon's state directory";
+        else if (have_sdir && under(real, sdir))
+            what = "lies in the directory of conch's control socket";
+        if (what)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
+                                  "socket '%s' %s: a sandbox may not reach it", socks[i].host,
+                                  what);
+    }
+    return 0;
+}
+
+json_t *conch_socket_to_json(const struct conch_socket *s)
+{
+    return json_pack("{s:s,s:s}", "host", s->host, "path", s->path);
+}
+
+int conch_spec_add_socket(struct conch_sandbox_spec *spec, const struct conch_socket *s,
+                          struct conch_err *err)
+{
+    if (spec->n_sockets >= CONCH_SPEC_SOCKETS_MAX)
+        return conch_err_setk(err, CONCH_ERR_USAGE, E2BIG, "at most %d sockets",
+                              CONCH_SPEC_SOCKETS_MAX);
+    for (unsigned i = 0; i < spec->n_sockets; i++)
+        if (under(s->path, spec->sockets[i].path) || under(spec->sockets[i].path, s->path))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "socket paths '%s' and '%s' overlap", spec->sockets[i].path,
+                                  s->path);
+    for (unsigned i = 0; i < spec->n_mounts; i++)
+        if (under(s->path, spec->mounts[i].target))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "socket path '%s' is beneath the mount '%s': choose a place "
+                                  "on the sandbox's root (e.g. /run/NAME.sock)",
+                                  s->path, spec->mounts[i].target);
+    struct conch_socket *n = reallocarray(spec->sockets, spec->n_sockets + 1, sizeof(*n));
+    if (!n)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    spec->sockets = n;
+    spec->sockets[spec->n_sockets++] = *s;
+    return 0;
+}
+
+int conch_spec_sockets_from_json(struct conch_sandbox_spec *spec, json_t *arr,
+                                 struct conch_err *err)
+{
+    if (!json_is_array(arr))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "sockets must be an array");
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v)
+    {
+        struct conch_socket s;
+        int r = conch_socket_from_json(v, &s, err);
+        if (r < 0 || (r = conch_spec_add_socket(spec, &s, err)) < 0)
             return r;
     }
     return 0;

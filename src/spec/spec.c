@@ -67,6 +67,9 @@ void conch_spec_done(struct conch_sandbox_spec *s)
     free(s->rules);
     s->rules = NULL;
     s->n_rules = 0;
+    free(s->sockets);
+    s->sockets = NULL;
+    s->n_sockets = 0;
     json_decref(s->allow);
     json_decref(s->deny);
     s->env = s->allow = s->deny = NULL;
@@ -455,6 +458,16 @@ int conch_spec_from_json(struct conch_sandbox_spec *s, json_t *params, const cha
             return r;
         }
     }
+    json_t *sockets = json_object_get(params, "sockets");
+    if (sockets && !json_is_null(sockets)) {
+        int r = conch_spec_sockets_from_json(s, sockets, err);
+        if (r < 0) {
+            conch_spec_done(s);
+            if (ret_param)
+                *ret_param = "sockets";
+            return r;
+        }
+    }
     struct conch_net_policy pol;
     int r = conch_spec_net_policy(s, &pol, err);
     if (r < 0) {
@@ -516,6 +529,12 @@ json_t *conch_spec_to_json(const struct conch_sandbox_spec *s)
         else
             r = -1;
     }
+    if (s->n_sockets) {
+        json_t *arr = json_array();
+        for (unsigned i = 0; i < s->n_sockets; i++)
+            r |= json_array_append_new(arr, conch_socket_to_json(&s->sockets[i]));
+        r |= json_object_set_new(p, "sockets", arr);
+    }
     if (s->net_given || s->net != CONCH_NET_NONE)
         r |= json_object_set_new(p, "net", json_string(conch_net_mode_name(s->net)));
     if (s->allow)
@@ -551,6 +570,11 @@ unsigned conch_spec_option(const char *name, unsigned which, bool *ret_takes_val
         if (ret_takes_value)
             *ret_takes_value = true;
         return CONCH_SPEC_OPT_RULES;
+    }
+    if (name && !strcmp(name, "pass-socket") && (which & CONCH_SPEC_OPT_SOCKET)) {
+        if (ret_takes_value)
+            *ret_takes_value = true;
+        return CONCH_SPEC_OPT_SOCKET;
     }
     const struct field *f = find_option(name);
     if (!f || !(f->bit & which))
@@ -607,6 +631,15 @@ int conch_spec_set_option(struct conch_sandbox_spec *s, const char *name, const 
         int r = conch_spec_add_rule(s, name[0] == 'h' ? CONCH_RULE_HIDDEN : CONCH_RULE_READONLY,
                                     value, err);
         return r < 0 ? conch_err_wrap(err, "--%s", name) : 0;
+    }
+    if (name && !strcmp(name, "pass-socket")) {
+        struct conch_socket sock;
+        if (!value)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "--pass-socket needs a value");
+        int r = conch_socket_parse(value, &sock, err);
+        if (r < 0 || (r = conch_spec_add_socket(s, &sock, err)) < 0)
+            return conch_err_wrap(err, "--pass-socket");
+        return 0;
     }
     const struct field *f = find_option(name);
     if (!f)

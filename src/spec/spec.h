@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "net/net.h"
@@ -78,6 +79,14 @@ struct conch_path_rule {
     enum conch_rule_kind kind;
     char path[CONCH_SPEC_RULE_PATH_MAX];
 };
+/* Host unix sockets passed into the sandbox (mounts.c): a bind of the socket file, nothing
+ * else of the host's. */
+#define CONCH_SPEC_SOCKETS_MAX 8
+#define CONCH_SOCKET_PATH_MAX 108 /* sizeof(sun_path): what a program inside can connect to */
+struct conch_socket {
+    char host[1024];                  /* an absolute host path of a unix socket the caller owns */
+    char path[CONCH_SOCKET_PATH_MAX]; /* where it is inside (default: the host path) */
+};
 
 /*
  * struct conch_sandbox_spec - one sandbox as asked for. Strings are borrowed from what they
@@ -107,6 +116,8 @@ struct conch_sandbox_spec {
     unsigned n_mounts;
     struct conch_path_rule *rules; /* owned (conch_spec_done frees it); n_rules of them */
     unsigned n_rules;
+    struct conch_socket *sockets; /* owned (conch_spec_done frees it); n_sockets of them */
+    unsigned n_sockets;
     /* The network (net/net.h): none (default), allow (through the proxy, by @allow and
      * @deny: arrays of rule strings, owned references or NULL), host. */
     enum conch_net_mode net;
@@ -163,8 +174,9 @@ enum conch_spec_opt {
     CONCH_SPEC_OPT_NAME = 1 << 11,
     CONCH_SPEC_OPT_IDLE_TIMEOUT = 1 << 12,
     CONCH_SPEC_OPT_MOUNT = 1 << 13,
-    CONCH_SPEC_OPT_NET = 1 << 14,   /* --net, --allow, --deny */
-    CONCH_SPEC_OPT_RULES = 1 << 15, /* --readonly, --hidden */
+    CONCH_SPEC_OPT_NET = 1 << 14,    /* --net, --allow, --deny */
+    CONCH_SPEC_OPT_RULES = 1 << 15,  /* --readonly, --hidden */
+    CONCH_SPEC_OPT_SOCKET = 1 << 16, /* --pass-socket HOST[:INSIDE] */
 };
 
 /*
@@ -238,5 +250,47 @@ int conch_spec_rules_from_json(struct conch_sandbox_spec *s, enum conch_rule_kin
  * reference; NULL when out of memory). */
 json_t *conch_spec_rules_to_json(const struct conch_path_rule *rules, unsigned n,
                                  enum conch_rule_kind kind);
+/*
+ * conch_socket_parse - a socket as --pass-socket writes it: "HOST[:INSIDE]" (INSIDE defaults
+ * to HOST), into *@ret, checked (conch_socket_check). conch_socket_from_json - the same from
+ * a JSON string of that form or an object {host, path?}. Return 0 or -errno with @err (kind
+ * usage).
+ */
+int conch_socket_parse(const char *text, struct conch_socket *ret, struct conch_err *err);
+int conch_socket_from_json(json_t *v, struct conch_socket *ret, struct conch_err *err);
+/*
+ * conch_socket_check - @s is one a sandbox may have: an inside path of plain components,
+ * shorter than sun_path, on the sandbox's own root (not beneath /workspace, /tmp, /home/agent,
+ * /run/conch, /proc, /dev, /etc, /usr and the other system dirs), and a host path that
+ * conch_socket_open accepts now. Returns 0 or -errno with @err (kind usage).
+ */
+int conch_socket_check(const struct conch_socket *s, struct conch_err *err);
+/*
+ * conch_socket_open - open host socket @host as it will be bound: O_PATH|O_NOFOLLOW, through
+ * no magic link (/proc/PID/root, /proc/PID/fd: another sandbox's tool bridge, another mount
+ * namespace), refusing a symbolic link (name the socket itself), anything but a unix socket,
+ * and one owned by another user than the caller's effective uid (root may name any).
+ * *@ret_st: its stat; @ret_path (@path_size bytes, may be NULL): where it really is (no
+ * symbolic link in it). Returns the fd (O_CLOEXEC, the caller's), or -errno with @err (usage).
+ */
+int conch_socket_open(const char *host, struct stat *ret_st, char *ret_path, size_t path_size,
+                      struct conch_err *err);
+/*
+ * conch_spec_sockets_clear - refuse a socket of @socks (n of them) that is conch's own control
+ * socket @control (a path; NULL: none), or lies in its directory (unless that is a shared
+ * sticky one, like /tmp), or beneath @state_dir (NULL: none): a sandbox that reached them could
+ * drive the daemon. Returns 0 or -errno with @err (usage).
+ */
+int conch_spec_sockets_clear(const struct conch_socket *socks, unsigned n, const char *control,
+                             const char *state_dir, struct conch_err *err);
+/* conch_socket_to_json - @s as an object of sandbox.create's "sockets" (a new reference). */
+json_t *conch_socket_to_json(const struct conch_socket *s);
+/* conch_spec_add_socket - append a copy of @s (checked) to @spec: at most
+ * CONCH_SPEC_SOCKETS_MAX, no two at one path, none over or beneath a mount's target.
+ * conch_spec_sockets_from_json - append each of the array @arr. */
+int conch_spec_add_socket(struct conch_sandbox_spec *spec, const struct conch_socket *s,
+                          struct conch_err *err);
+int conch_spec_sockets_from_json(struct conch_sandbox_spec *spec, json_t *arr,
+                                 struct conch_err *err);
 
 #endif

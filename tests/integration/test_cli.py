@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import conch
+from conftest import CONCH_BIN, conch
 
 
 def message_of(r):
@@ -113,6 +113,36 @@ def test_doctor_json():
     r = conch(["doctor", "--json"])
     assert r.rc == 0, r.describe()
     json.loads(r.stdout)
+
+
+def test_doctor_knows_the_network_modes(tmp_path):
+    # Here (where the suite runs sandboxes) the default mode works; allow and host are reported
+    # with what was tried, optional.
+    r = conch(["doctor", "--json"])
+    assert r.rc == 0, r.describe()
+    got = {p["name"]: p for p in json.loads(r.stdout)}
+    for mode, required in (("none", True), ("allow", False), ("host", False)):
+        p = got[f"network mode {mode}"]
+        assert p["required"] is required and p["detail"], p
+    assert got["network mode none"]["state"] == "ok", got
+    assert got["network mode allow"]["state"] in ("ok", "partial"), got
+    assert "127.0.0.1:3128" in got["network mode allow"]["detail"], got
+    # Inside a sandbox (no namespaces of its own may be made there) none of them can be
+    # built: each says so and what to fix, and doctor fails.
+    bindir = os.path.dirname(os.path.abspath(CONCH_BIN))
+    os.chmod(tmp_path, 0o755)
+    r = conch(["run", "--no-daemon", "--workspace", str(tmp_path), "--mount",
+               f"type=bind,source={bindir},target=/opt/conch", "--", "/opt/conch/"
+               + os.path.basename(CONCH_BIN), "doctor", "--json"])
+    assert r.rc == 1, r.describe()
+    got = {p["name"]: p for p in json.loads(r.stdout)}
+    for mode in ("none", "allow", "host"):
+        p = got[f"network mode {mode}"]
+        assert p["state"] == "missing" and p["fix"] and "unshare" in p["detail"], p
+    r = conch(["run", "--no-daemon", "--workspace", str(tmp_path), "--mount",
+               f"type=bind,source={bindir},target=/opt/conch", "--", "/opt/conch/"
+               + os.path.basename(CONCH_BIN), "doctor"])
+    assert "MISSING network mode allow" in r.stdout and "fix:" in r.stdout, r.describe()
 
 
 @pytest.fixture

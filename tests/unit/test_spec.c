@@ -1,8 +1,16 @@
 /* test_spec.c - unit tests of the sandbox spec (src/spec/): the one set of defaults, JSON
  * params (sandbox.create) and command-line options read by one table, and written back. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "jail/jail.h"
 #include "spec/spec.h"
@@ -314,4 +322,148 @@ Test(spec, path_rules)
         cr_assert_str_eq(param, bad_json[i][1]);
         json_decref(p);
     }
+}
+
+/* A unix socket bound at @path (short: a socket address). */
+static void make_socket(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    cr_assert_lt(strlen(path), sizeof(a.sun_path));
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0, "bind %s: %s", path,
+                 strerror(errno));
+    close(fd);
+}
+
+Test(spec, sockets_parse_and_refuse)
+{
+    char dir[] = "/tmp/conch-sock-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    chmod(dir, 0755);
+    char sock[128], file[128], link[128], opt[300];
+    snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+    snprintf(file, sizeof(file), "%s/plain", dir);
+    snprintf(link, sizeof(link), "%s/link.sock", dir);
+    make_socket(sock);
+    close(open(file, O_WRONLY | O_CREAT, 0644));
+    cr_assert_eq(symlink(sock, link), 0);
+    struct conch_err err = {0};
+    struct conch_sandbox_spec s;
+    conch_spec_defaults(&s);
+    snprintf(opt, sizeof(opt), "%s:/run/agent.sock", sock);
+    cr_assert_eq(conch_spec_set_option(&s, "pass-socket", opt, &err), 0, "%s", err.msg);
+    cr_assert_eq(s.n_sockets, 1);
+    cr_assert_str_eq(s.sockets[0].host, sock);
+    cr_assert_str_eq(s.sockets[0].path, "/run/agent.sock");
+    /* Written back as params, read again the same. */
+    json_t *p = conch_spec_to_json(&s);
+    struct conch_sandbox_spec t;
+    cr_assert_eq(conch_spec_from_json(&t, p, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(t.n_sockets, 1);
+    cr_assert_str_eq(t.sockets[0].path, "/run/agent.sock");
+    conch_spec_done(&t);
+    json_decref(p);
+    /* The same inside path twice, and a mount over it. */
+    cr_assert_lt(conch_spec_set_option(&s, "pass-socket", opt, &err), 0);
+    cr_assert(strstr(err.msg, "overlap"), "%s", err.msg);
+    cr_assert_lt(conch_spec_set_option(&s, "mount", "type=tmpfs,target=/run", &err), 0);
+    conch_spec_done(&s);
+
+    static const struct {
+        const char *host; /* "S": the socket, "F": a file, "L": the link */
+        const char *inside;
+        const char *why;
+    } bad[] = {
+        {"F", "/run/x.sock", "not a unix socket"},
+        {"L", "/run/x.sock", "symbolic link"},
+        {"M", "/run/x.sock", "No such file"},
+        {"P", "/run/x.sock", "/proc's links"},
+        {"S", "/workspace/x.sock", "/workspace"},
+        {"S", "/run/conch/x.sock", "/run/conch"},
+        {"S", "/proc/x.sock", "/proc"},
+        {"S", "/etc/x.sock", "/etc"},
+        {"S", "/run", "hide"},
+        {"S", "/tmp", "hide"},
+        {"S", "/run/../etc/x", "'..'"},
+        {"S", "relative", "absolute"},
+        {"S",
+         "/run/"
+         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaa",
+         "at most"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char host[256];
+        switch (bad[i].host[0]) {
+        case 'S':
+            snprintf(host, sizeof(host), "%s", sock);
+            break;
+        case 'F':
+            snprintf(host, sizeof(host), "%s", file);
+            break;
+        case 'L':
+            snprintf(host, sizeof(host), "%s", link);
+            break;
+        case 'M':
+            snprintf(host, sizeof(host), "%s/missing.sock", dir);
+            break;
+        default:
+            snprintf(host, sizeof(host), "/proc/self/root%s", sock);
+            break;
+        }
+        json_t *v = json_pack("{s:s,s:s}", "host", host, "path", bad[i].inside);
+        struct conch_socket out;
+        memset(&err, 0, sizeof(err));
+        cr_assert_lt(conch_socket_from_json(v, &out, &err), 0, "%s -> %s accepted", host,
+                     bad[i].inside);
+        cr_assert(strstr(err.msg, bad[i].why), "%s: %s", bad[i].why, err.msg);
+        json_decref(v);
+    }
+
+    /* conch's own control socket, and what lies in its directory. */
+    struct conch_socket own;
+    memset(&own, 0, sizeof(own));
+    snprintf(own.host, sizeof(own.host), "%s", sock);
+    snprintf(own.path, sizeof(own.path), "/run/x.sock");
+    cr_assert_lt(conch_spec_sockets_clear(&own, 1, sock, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "control socket"), "%s", err.msg);
+    cr_assert_lt(conch_spec_sockets_clear(&own, 1, file, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "directory"), "%s", err.msg);
+    cr_assert_lt(conch_spec_sockets_clear(&own, 1, NULL, dir, &err), 0);
+    cr_assert(strstr(err.msg, "state directory"), "%s", err.msg);
+    cr_assert_eq(conch_spec_sockets_clear(&own, 1, "/nonexistent/conch.sock", "/nonexistent", &err),
+                 0, "%s", err.msg);
+
+    /* Another user's socket: refused to anyone but root (here, as uid 65534: the root-owned
+     * socket is refused, the same socket given to 65534 is accepted). */
+    if (geteuid() == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setresuid(65534, 65534, 65534) < 0)
+                _exit(3);
+            struct stat st;
+            int fd = conch_socket_open(sock, &st, NULL, 0, &err);
+            _exit(fd < 0 && strstr(err.msg, "owned by uid 0") ? 0 : 1);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+        cr_assert_eq(chown(sock, 65534, 65534), 0);
+        pid = fork();
+        if (pid == 0) {
+            if (setresuid(65534, 65534, 65534) < 0)
+                _exit(3);
+            struct stat st;
+            int fd = conch_socket_open(sock, &st, NULL, 0, &err);
+            _exit(fd >= 0 ? 0 : 1);
+        }
+        waitpid(pid, &status, 0);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    }
+    unlink(sock);
+    unlink(file);
+    unlink(link);
+    rmdir(dir);
 }

@@ -73,7 +73,9 @@ class ProtocolMethods:
                        mounts: Optional[List[Union[Dict[str, Any], str]]] = None,
                        net: Optional[str] = None, allow: Optional[List[str]] = None,
                        deny: Optional[List[str]] = None, readonly: Optional[List[str]] = None,
-                       hidden: Optional[List[str]] = None, **extra: Any):
+                       hidden: Optional[List[str]] = None,
+                       sockets: Optional[List[Union[Dict[str, str], str]]] = None,
+                       **extra: Any):
         """sandbox.create -> the sandbox object (``{"id", "state", "workspace", ...}``).
 
         ``workspace``: absolute host dir mounted at /workspace (none: an empty tmpfs);
@@ -88,14 +90,17 @@ class ProtocolMethods:
         ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host".
         ``readonly`` / ``hidden``: path rules, paths relative to the workspace
         (``[".git/hooks"]``, ``[".env"]``) that commands cannot change / cannot see,
-        enforced by the kernel and never committed. Extra keyword args are passed as
-        params."""
+        enforced by the kernel and never committed.
+        ``sockets``: host unix sockets passed in (any ``net``), each ``{"host", "path"?}``
+        or ``"HOST[:INSIDE]"``: a socket the caller owns, bound at ``path`` (default: its
+        host path); set ``SSH_AUTH_SOCK`` in ``env`` yourself for an ssh agent. Extra
+        keyword args are passed as params."""
         return self._request("sandbox.create", _params(
             extra, workspace=workspace, mode=mode, rootfs=rootfs, as_root=as_root, env=env,
             memory=memory, pids=pids, cpu=cpu, tmp_size=tmp_size, disk=disk,
             idle_timeout=idle_timeout, name=name, tool_timeout=tool_timeout,
             max_tool_calls=max_tool_calls, mounts=mounts, net=net, allow=allow, deny=deny,
-            readonly=readonly, hidden=hidden))
+            readonly=readonly, hidden=hidden, sockets=sockets))
 
     def sandbox_list(self):
         """sandbox.list -> list of sandbox objects (stopped ones included)."""

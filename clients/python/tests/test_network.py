@@ -61,3 +61,43 @@ def test_path_rules_of_sandbox_create(conch_bin, state_dir, tmp_path):
         with pytest.raises(InvalidParams):
             c.sandbox_create(workspace=str(ws), hidden=["../up"])
     assert (ws / ".git" / "hooks" / "pre-commit").read_text() == "hook\n"
+
+
+def test_sockets_pass_a_host_unix_socket(conch_bin, state_dir, tmp_path):
+    # A host unix socket passed in (with no network at all), read back in the sandbox
+    # object; a socket that is not one is refused as invalid params.
+    import os
+    import socket
+    import threading
+
+    os.chmod(tmp_path, 0o755)
+    path = str(tmp_path / "db.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"db:" + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with Client.spawn(conch_bin, state_dir=state_dir,
+                          serve_args=["--pool", "0", "--idle-timeout", "0"]) as c:
+            with Sandbox.create(c, net="none",
+                                sockets=[{"host": path, "path": "/run/db.sock"}]) as sb:
+                assert sb.info()["sockets"] == [{"host": path, "path": "/run/db.sock"}]
+                res = sb.run("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+                             "s.connect('/run/db.sock'); s.sendall(b'ping'); "
+                             "print(s.recv(100).decode())\"")
+                assert res.exit_code == 0 and res.stdout == "db:ping\n", res.text
+            (tmp_path / "plain").write_text("x")
+            with pytest.raises(InvalidParams):
+                c.sandbox_create(sockets=[f"{tmp_path}/plain:/run/x.sock"])
+    finally:
+        srv.close()

@@ -50,7 +50,17 @@ export interface SandboxCreateParams {
   readonly?: string[];
   /** Paths relative to the workspace (`".env"`) that commands cannot see: an empty file or dir of mode 000 in their place (a missing path: an empty dir, so nothing can be made there); never committed. */
   hidden?: string[];
+  /** Host unix sockets passed in (any `net`): `{host, path?}` or `"HOST[:INSIDE]"`, a socket the caller owns bound at `path` (default: its host path). Set `SSH_AUTH_SOCK` in `env` yourself for an ssh agent. */
+  sockets?: (SocketSpec | string)[];
   [key: string]: unknown;
+}
+
+/** A host unix socket passed into a sandbox (sandbox.create's `sockets`). */
+export interface SocketSpec {
+  /** absolute host path of a unix socket the caller owns (no symbolic link) */
+  host: string;
+  /** where it is inside (default: `host`); at most 107 bytes */
+  path?: string;
 }
 
 export type NetMode = "none" | "allow" | "host";

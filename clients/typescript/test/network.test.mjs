@@ -61,3 +61,29 @@ test("path rules: readonly and hidden paths of sandboxCreate", { skip }, async (
   }
   assert.equal(readFileSync(join(ws, ".git", "hooks", "pre-commit"), "utf8"), "hook\n");
 });
+
+test("sockets: a host unix socket passed in, with no network", { skip }, async () => {
+  const { mkdtempSync, chmodSync, writeFileSync, rmSync } = await import("node:fs");
+  const { createServer } = await import("node:net");
+  const { tmpdir } = await import("node:os");
+  const { join } = await import("node:path");
+  const dir = mkdtempSync(join(tmpdir(), "conch-ts-sock-"));
+  chmodSync(dir, 0o755);
+  const path = join(dir, "db.sock");
+  const srv = createServer((s) => s.once("data", (d) => s.end(Buffer.concat([Buffer.from("db:"), d]))));
+  await new Promise((res) => srv.listen(path, res));
+  const c = await ConchClient.connect({ bin: conchBin, args: stdioArgs() });
+  try {
+    const sb = await c.sandboxCreate({ net: "none", sockets: [{ host: path, path: "/run/db.sock" }] });
+    assert.deepEqual(sb.sockets, [{ host: path, path: "/run/db.sock" }]);
+    const r = await c.execRun({ sandbox: sb.id, command: "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/run/db.sock'); s.sendall(b'ping'); print(s.recv(100).decode())\"" });
+    assert.equal(r.exit_code, 0, r.text);
+    assert.equal(r.stdout, "db:ping\n");
+    writeFileSync(join(dir, "plain"), "x");
+    await assert.rejects(c.sandboxCreate({ sockets: [`${join(dir, "plain")}:/run/x.sock`] }), (e) => e instanceof ConchError && e.data.code === "invalid_params");
+  } finally {
+    await c.close();
+    srv.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
