@@ -236,7 +236,10 @@ def test_pooled_and_forked_answers_are_identical(daemon, fsw, ws):
         for a in answers:
             a.pop("id")
         assert all(a == answers[0] for a in answers), (method, answers)
-    assert len(workers(daemon)) == 2
+    # The pool's cap held. Two were started for the first burst; on a loaded machine (CI under
+    # ASan) the second's start can fail and its request go to a forked worker instead (the
+    # pool starts another later): what must hold is the cap and the identical answers.
+    assert 1 <= len(workers(daemon)) <= 2, workers(daemon)
 
 
 def test_awkward_content_round_trips(fsw):
