@@ -3,6 +3,7 @@
  * by a rename while the warden is stopped, the sandbox started again on it with a new empty
  * upper; restore drops the upper and stacks the sandbox on another snapshot; fork makes a new
  * sandbox on the same frozen layers. The metadata is in the state database (state.c). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -683,14 +684,17 @@ void conch_daemon_handle_workspace_snapshot(struct conch_rpc_call *call, json_t 
     const char *name = conch_rpc_str(params, "name", NULL);
     if (name) {
         size_t n = strlen(name);
-        bool ok = n >= 1 && n <= 64 && n == json_string_length(json_object_get(params, "name"));
-        for (size_t i = 0; ok && i < n; i++)
-            ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
-                 (name[i] >= '0' && name[i] <= '9') || strchr("_.-", name[i]);
+        /* As sandbox names: "." and ".." (path-shaped) and "-x" (option-shaped) are refused,
+         * and so is a name shaped as a snapshot id ("snap-..."), which an id would shadow. */
+        bool ok = n >= 1 && n <= 64 && n == json_string_length(json_object_get(params, "name")) &&
+                  isalnum((unsigned char)name[0]) && strncmp(name, "snap-", 5) != 0;
+        for (size_t i = 1; ok && i < n; i++)
+            ok = isalnum((unsigned char)name[i]) || strchr("_.-", name[i]);
         if (!ok) {
             conch_rpc_call_fail_param(call, "name",
                                       "a snapshot name is 1 to 64 letters, digits, '_', '.' or "
-                                      "'-'");
+                                      "'-', beginning with a letter or a digit, and not 'snap-...' "
+                                      "(the shape of snapshot ids)");
             return;
         }
     }

@@ -46,6 +46,12 @@ static int path_ok(const char *what, const char *p, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "mount %s '%s': an absolute path (under 1024 bytes) is needed", what,
                               p);
+    /* A control character (a newline) would make the mount table's lines (mountinfo, what
+     * tools and the sandbox's own checks read) say something else than they mean. */
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount %s: a control character in the path is refused", what);
     if (n == 1)
         return 0;
     for (const char *c = p + 1;;) {

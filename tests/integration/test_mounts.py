@@ -120,7 +120,8 @@ def test_daemon_mounts_survive_a_restart(daemon_factory, ws, tmp_path):
     assert c.call("exec.run", {"sandbox": f, "command": probe})["stdout"] == "2048\ndataset\nro\n"
     for bad in ([{"type": "bind", "source": "/etc/shadow", "target": "/x"}],
                 [{"type": "tmpfs", "target": "/proc/x"}], "type=tmpfs,target=/x",
-                [{"type": "tmpfs", "target": "/x", "extra": 1}], [7]):
+                [{"type": "tmpfs", "target": "/x", "extra": 1}], [7],
+                [{"type": "tmpfs", "target": "/x\n/y"}], ["type=tmpfs,target=/a\tb"]):
         with pytest.raises(RpcError) as ei:
             c.call("sandbox.create", {"workspace": str(ws), "mounts": bad})
         assert ei.value.data_code == "invalid_params", (bad, ei.value)

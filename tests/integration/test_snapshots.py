@@ -133,8 +133,9 @@ def test_snapshot_restore_fork_delete_and_restart(daemon_factory, ws):
     ro = c.call("sandbox.create", {"workspace": str(ws), "mode": "ro"})["id"]
     e = err_of(lambda: c.call("workspace.snapshot", {"sandbox": ro}))
     assert "overlay" in str(e), e
-    e = err_of(lambda: c.call("workspace.snapshot", {"sandbox": sb, "name": "../x"}))
-    assert e.data_code == "invalid_params", e
+    for bad in ("../x", ".", "..", "-x", "snap-1a2b3c4d", "a b", "a\nb"):
+        e = err_of(lambda: c.call("workspace.snapshot", {"sandbox": sb, "name": bad}))
+        assert e.data_code == "invalid_params", (bad, e)
     e = err_of(lambda: c.call("workspace.snapshot", {"sandbox": sb, "name": "state-a"}))
     assert "taken" in str(e), e
     e = err_of(lambda: c.call("sandbox.fork", {}))
