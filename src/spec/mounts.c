@@ -38,6 +38,85 @@ static bool under(const char *path, const char *dir)
     return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
 }
 
+/* The kernel's own filesystems: a bind of the host's gives the sandbox the host's processes
+ * (/proc/PID/root, /proc/PID/mem of the caller's other processes), devices or kernel knobs. */
+static const char *const kernel_fs[] = {
+    "proc",    "sysfs",      "devtmpfs", "devpts",   "cgroup",    "cgroup2",  "debugfs",
+    "tracefs", "securityfs", "bpf",      "configfs", "pstore",    "efivarfs", "binfmt_misc",
+    "fusectl", "mqueue",     "nsfs",     "autofs",   "selinuxfs", "hugetlbfs"};
+
+/* mountinfo's octal escapes (\040 for a space) undone in place. */
+static void unescape_mountinfo(char *s)
+{
+    char *o = s;
+    for (char *i = s; *i; i++) {
+        if (i[0] == '\\' && i[1] >= '0' && i[1] <= '3' && i[2] >= '0' && i[2] <= '7' &&
+            i[3] >= '0' && i[3] <= '7') {
+            *o++ = (char)((i[1] - '0') * 64 + (i[2] - '0') * 8 + (i[3] - '0'));
+            i += 3;
+        } else {
+            *o++ = *i;
+        }
+    }
+    *o = '\0';
+}
+
+static bool is_kernel_fs(const char *type)
+{
+    for (size_t k = 0; k < sizeof(kernel_fs) / sizeof(kernel_fs[0]); k++)
+        if (!strcmp(type, kernel_fs[k]))
+            return true;
+    return false;
+}
+
+/* Refuse a bind source @real (a realpath; @shown as the caller wrote it) that is on one of the
+ * kernel's filesystems (the mount it lies in, the longest mount point above it), or holds a
+ * mount of one beneath it (the bind is recursive), as this process's mount table shows them. */
+static int source_clear_of_kernel_fs(const char *shown, const char *real, struct conch_err *err)
+{
+    _cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return conch_err_setk(err, CONCH_ERR_INFRASTRUCTURE, errno,
+                              "mount source '%s': read /proc/self/mountinfo: %s", shown,
+                              strerror(errno));
+    char line[4096], own_point[PATH_MAX] = "", own_type[64] = "";
+    while (fgets(line, sizeof(line), f)) {
+        /* id parent maj:min root MOUNTPOINT options [optional...] - FSTYPE source super */
+        char *save = NULL, *field = strtok_r(line, " ", &save);
+        char *point = NULL, *type = NULL;
+        for (int i = 0; field; i++, field = strtok_r(NULL, " ", &save)) {
+            if (i == 4)
+                point = field;
+            if (!strcmp(field, "-")) {
+                type = strtok_r(NULL, " ", &save);
+                break;
+            }
+        }
+        if (!point || !type)
+            continue;
+        unescape_mountinfo(point);
+        bool beneath = !strcmp(real, "/") ? strcmp(point, "/") != 0 : under(point, real);
+        if (beneath && strcmp(point, real) != 0 && is_kernel_fs(type))
+            return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
+                                  "mount source '%s' holds a kernel filesystem (%s at %s), which "
+                                  "would give the sandbox the host's: bind a directory that "
+                                  "holds none",
+                                  shown, type, point);
+        /* The mount @real lies in: the last (the one on top) of the longest point above it. */
+        bool above = !strcmp(point, "/") || under(real, point);
+        if (above && strlen(point) >= strlen(own_point)) {
+            snprintf(own_point, sizeof(own_point), "%s", point);
+            snprintf(own_type, sizeof(own_type), "%s", type);
+        }
+    }
+    if (is_kernel_fs(own_type))
+        return conch_err_setk(err, CONCH_ERR_USAGE, EPERM,
+                              "mount source '%s' is on a kernel filesystem (%s at %s), which would "
+                              "give the sandbox the host's: bind a directory of your own",
+                              shown, own_type, own_point);
+    return 0;
+}
+
 /* An absolute path of plain components: no "", "." or ".." component, no trailing slash. */
 static int path_ok(const char *what, const char *p, struct conch_err *err)
 {
@@ -111,7 +190,11 @@ int conch_mount_check(const struct conch_mount *m, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, errno,
                               "mount source '%s': the calling user may not %s it: %s", m->source,
                               m->rw ? "read and write" : "read", strerror(errno));
-    return 0;
+    char real[PATH_MAX];
+    if (!realpath(m->source, real))
+        return conch_err_setk(err, CONCH_ERR_USAGE, errno, "mount source '%s': %s", m->source,
+                              strerror(errno));
+    return source_clear_of_kernel_fs(m->source, real, err);
 }
 
 static int set_type(struct conch_mount *m, const char *v, struct conch_err *err)

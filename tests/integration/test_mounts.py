@@ -121,7 +121,12 @@ def test_daemon_mounts_survive_a_restart(daemon_factory, ws, tmp_path):
     for bad in ([{"type": "bind", "source": "/etc/shadow", "target": "/x"}],
                 [{"type": "tmpfs", "target": "/proc/x"}], "type=tmpfs,target=/x",
                 [{"type": "tmpfs", "target": "/x", "extra": 1}], [7],
-                [{"type": "tmpfs", "target": "/x\n/y"}], ["type=tmpfs,target=/a\tb"]):
+                [{"type": "tmpfs", "target": "/x\n/y"}], ["type=tmpfs,target=/a\tb"],
+                # the host's kernel filesystems, or a dir holding one (the bind is recursive):
+                # /proc/PID/root and /proc/PID/mem of the caller's own processes
+                *([{"type": "bind", "source": src, "target": "/x"}]
+                  for src in ("/proc", "/proc/self/fdinfo", "/sys", "/sys/fs/cgroup", "/dev",
+                              "/dev/pts", "/"))):
         with pytest.raises(RpcError) as ei:
             c.call("sandbox.create", {"workspace": str(ws), "mounts": bad})
         assert ei.value.data_code == "invalid_params", (bad, ei.value)
