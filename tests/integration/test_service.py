@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,12 +172,15 @@ def installed(tmp_path_factory):
     opt = {o["name"]: o["value"] for o in opts}
     prefix = Path(opt["prefix"])
     unitdir = Path(opt["systemdunitdir"] or prefix / "lib/systemd/system")
+    userunitdir = Path(opt.get("systemduserunitdir") or prefix / "lib/systemd/user")
     compdir = Path(opt["bashcompletiondir"] or prefix / opt["datadir"] / "bash-completion/completions")
     paths = {
         "bin": prefix / opt["bindir"] / "conch",
         "man": prefix / opt["mandir"] / "man1" / "conch.1",
         "socket": unitdir / "conch.socket",
         "service": unitdir / "conch.service",
+        "user_socket": userunitdir / "conch.socket",
+        "user_service": userunitdir / "conch.service",
         "completion": compdir / "conch",
     }
     return dest, paths
@@ -201,6 +205,13 @@ def test_install_puts_everything_where_it_belongs(installed):
     sock = under(dest, paths["socket"]).read_text()
     assert "ListenStream=/run/conch/conch.sock\n" in sock
     assert "SocketMode=0600\n" in sock
+    # The user units: the same daemon, its socket where conch looks for a user's by default
+    # ($XDG_RUNTIME_DIR/conch/conch.sock: %t in a user unit).
+    user_service = under(dest, paths["user_service"]).read_text()
+    assert f"ExecStart={paths['bin']} serve\n" in user_service
+    assert "StateDirectory" not in user_service  # the user's default: ~/.local/state/conch
+    user_sock = under(dest, paths["user_socket"]).read_text()
+    assert "ListenStream=%t/conch/conch.sock\n" in user_sock and "SocketMode=0600\n" in user_sock
     # Nothing of the build's insides (the static library, unit test binaries).
     files = [p for p in dest.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".a" or p.name.startswith("test_")], files
@@ -221,6 +232,68 @@ def test_units_verify(installed, tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
+    # The user units, as a user's manager would load them.
+    udir = tmp_path / "user"
+    udir.mkdir()
+    for name in ("user_socket", "user_service"):
+        text = under(dest, paths[name]).read_text()
+        text = text.replace(f"ExecStart={paths['bin']}", f"ExecStart={under(dest, paths['bin'])}")
+        (udir / paths[name].name).write_text(text)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    r = subprocess.run(
+        ["systemd-analyze", "--man=no", "--user", "verify", str(udir / "conch.socket"),
+         str(udir / "conch.service")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
+
+
+def test_user_socket_path_is_the_default_one():
+    """The user socket unit listens where an unprivileged user's conch looks by default: a
+    daemon there (as the unit's socket activation starts it) is found by `conch ps` with no
+    --socket. Run as uid 65534 (as root the default is the system units' /run/conch)."""
+    if not ACTIVATE:
+        pytest.skip("systemd-socket-activate is missing (Debian package systemd)")
+    if not IS_ROOT:
+        pytest.skip("switches to uid 65534: runs as root")
+    unit = (REPO / "systemd" / "user" / "conch.socket").read_text()
+    listen = next(l for l in unit.splitlines() if l.startswith("ListenStream="))
+    base = Path(tempfile.mkdtemp(prefix="conch-user-unit-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        shutil.copy(CONCH_BIN, base / "conch")
+        runtime, state = base / "runtime", base / "state"
+        for d in (runtime, state):
+            d.mkdir(mode=0o700)
+            os.chown(d, 65534, 65534)
+        sock = Path(listen[len("ListenStream="):].replace("%t", str(runtime)))
+        sock.parent.mkdir(mode=0o700)
+        os.chown(sock.parent, 65534, 65534)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(state),
+               "XDG_RUNTIME_DIR": str(runtime), "XDG_STATE_HOME": str(state)}
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+        p = subprocess.Popen([ACTIVATE, "-l", str(sock), str(base / "conch"), "serve", "--pool", "0"],
+                             env=env, preexec_fn=as_nobody, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            r = subprocess.run([str(base / "conch"), "ps", "--json"], env=env, preexec_fn=as_nobody,
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert json.loads(r.stdout) is not None
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def help_options(*argv):
