@@ -1,4 +1,4 @@
-// deepagents_backend.mjs - one run: deepagents' read, ls, grep, write and execute("true")
+// deepagents_backend.mjs - one run: deepagents' read, ls, grep, glob, edit, write and execute("true")
 // through ConchSandbox (conch serve --stdio, native fs.*) against deepagents' own
 // LocalShellBackend on the host (no sandbox), on the same small tree. The two backends take
 // turns in blocks of BENCH_BLOCK operations (so that a change of load hits both alike);
@@ -52,6 +52,8 @@ const ops = {
   read: (b) => b.read(`${W}/pkg1/mod3.py`, 0, 100),
   ls: (b) => b.ls(`${W}/pkg2`),
   grep: (b) => b.grep("needle_3_", W, null, 1000),
+  glob: (b) => b.glob("**/*.py", W),
+  edit: (b) => b.edit(`${W}/pkg3/mod${k % 10}.py`, `line ${k % 200} of file`, `line ${k++ % 200} of file`),
   write: (b) => b.write(`${W}/out/w${k++ % 10}.txt`, "hello\n".repeat(50)),
   'execute("true")': (b) => b.execute("true"),
 };

@@ -300,7 +300,8 @@ static const struct conch_rpc_param p_fs_edit[] = {
 static const struct conch_rpc_param p_fs_ls[] = {P("sandbox", S, true), P("path", S, false), END};
 static const struct conch_rpc_param p_fs_glob[] = {P("sandbox", S, true), P("pattern", S, true),
                                                    P("path", S, false),
-                                                   R("max_results", I, 1, 10000, 0), END};
+                                                   R("max_results", I, 1, 10000, 0),
+                                                   P("details", B, false), END};
 static const struct conch_rpc_param p_fs_grep[] = {P("sandbox", S, true),
                                                    P("pattern", S, true),
                                                    P("path", S, false),

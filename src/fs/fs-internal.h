@@ -70,6 +70,8 @@ int conch_fs__path_parse(const struct conch_fs__ctx *ctx, const char *s, size_t 
                          bool allow_empty, char **ret_rel, struct conch_fs_error *ferr);
 /* conch_fs__path_display - "@root_name/@rel" (or @root_name, or "/"); a new string. */
 char *conch_fs__path_display(const struct conch_fs__ctx *ctx, const char *rel);
+/* conch_fs__type_letter - an entry's type as fs.ls gives it: 'f', 'd', 'l', or 'o' (other). */
+char conch_fs__type_letter(mode_t m);
 /* conch_fs__path_join - "@a/@b", or @b when @a is ""; a new string. */
 char *conch_fs__path_join(const char *a, const char *b);
 

@@ -146,17 +146,6 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static char type_letter(mode_t m)
-{
-    if (S_ISREG(m))
-        return 'f';
-    if (S_ISDIR(m))
-        return 'd';
-    if (S_ISLNK(m))
-        return 'l';
-    return 'o';
-}
-
 static void free_names(char **names, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -238,7 +227,7 @@ json_t *conch_fs__ls(const struct conch_fs__ctx *ctx, json_t *params, struct con
             continue;
         _cleanup_free_ char *crel = conch_fs__path_join(rel, names[i]);
         _cleanup_free_ char *cpath = crel ? conch_fs__path_display(ctx, crel) : NULL;
-        char type[2] = {type_letter(st.st_mode), '\0'};
+        char type[2] = {conch_fs__type_letter(st.st_mode), '\0'};
         char mode[8];
         snprintf(mode, sizeof(mode), "%04o", (unsigned)(st.st_mode & 07777));
         json_t *name = conch_fs__json_text(names[i], strlen(names[i]));

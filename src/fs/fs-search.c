@@ -346,14 +346,16 @@ static const char *strip_root(const struct conch_fs__ctx *ctx, const char *pat)
 
 json_t *conch_fs__glob(const struct conch_fs__ctx *ctx, json_t *params, struct conch_fs_error *ferr)
 {
-    static const char *const keys[] = {"pattern", "path", "max_results", NULL};
+    static const char *const keys[] = {"pattern", "path", "max_results", "details", NULL};
     const char *pattern, *path;
     size_t patlen, plen;
     long long max;
+    bool details;
     if (conch_fs__params_check(params, keys, ferr) < 0 ||
         conch_fs__param_str(params, "pattern", true, &pattern, &patlen, ferr) < 0 ||
         conch_fs__param_str(params, "path", false, &path, &plen, ferr) < 0 ||
-        conch_fs__param_int(params, "max_results", 1000, 1, CONCH_FS_MAX_RESULTS, &max, ferr) < 0)
+        conch_fs__param_int(params, "max_results", 1000, 1, CONCH_FS_MAX_RESULTS, &max, ferr) < 0 ||
+        conch_fs__param_bool(params, "details", false, &details, ferr) < 0)
         return NULL;
     if (patlen == 0 || strlen(pattern) != patlen) {
         conch_fs__fail_param(ferr, "pattern", "param 'pattern' must be non-empty, without NUL");
@@ -409,7 +411,7 @@ json_t *conch_fs__glob(const struct conch_fs__ctx *ctx, json_t *params, struct c
         return oom(ferr);
     }
     sort_unique(g.found, &g.n);
-    json_t *paths = json_array();
+    json_t *paths = json_array(), *entries = details ? json_array() : NULL;
     for (size_t i = 0; paths && i < g.n && i < g.max; i++) {
         _cleanup_free_ char *rel = conch_fs__path_join(base, g.found[i]);
         _cleanup_free_ char *shownp = rel ? conch_fs__path_display(ctx, rel) : NULL;
@@ -417,11 +419,31 @@ json_t *conch_fs__glob(const struct conch_fs__ctx *ctx, json_t *params, struct c
         if (!s || json_array_append_new(paths, s) < 0) {
             json_decref(paths);
             paths = NULL;
+            break;
+        }
+        /* details: what fs.ls says of each, so that a caller needs no fs.ls per directory
+         * (gone since the walk: listed in paths, not in entries) */
+        struct stat st;
+        if (!entries || fstatat(dfd, g.found[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        char type[2] = {conch_fs__type_letter(st.st_mode), '\0'};
+        json_t *e = json_pack("{s:O, s:s, s:I, s:f}", "path", s, "type", type, "size",
+                              (json_int_t)st.st_size, "mtime",
+                              (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9);
+        if (!e || json_array_append_new(entries, e) < 0) {
+            json_decref(paths);
+            paths = NULL;
         }
     }
     bool truncated = g.truncated || g.n > g.max;
     free_strv(g.found, g.n);
     json_t *res = paths ? json_pack("{s:o, s:b}", "paths", paths, "truncated", truncated) : NULL;
+    if (res && entries && json_object_set_new(res, "entries", entries) < 0) {
+        json_decref(res);
+        res = NULL;
+    } else if (!res) {
+        json_decref(entries);
+    }
     return res ? res : oom(ferr);
 }
 

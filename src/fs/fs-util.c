@@ -335,3 +335,14 @@ json_t *conch_fs__json_text(const char *s, size_t len)
     _cleanup_free_ char *clean = conch_utf8_repair(s, len, &n);
     return clean ? json_stringn(clean, n) : NULL;
 }
+
+char conch_fs__type_letter(mode_t m)
+{
+    if (S_ISREG(m))
+        return 'f';
+    if (S_ISDIR(m))
+        return 'd';
+    if (S_ISLNK(m))
+        return 'l';
+    return 'o';
+}

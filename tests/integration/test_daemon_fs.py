@@ -245,6 +245,17 @@ def test_glob(fsb):
     assert len(r["paths"]) == 2 and r["truncated"] is True, r
     assert call("fs.glob", pattern="*.nothing")["paths"] == []
     assert "/etc/passwd" in call("fs.glob", pattern="*", path="/etc")["paths"]
+    # details: what fs.ls says of each match, in the same order as paths
+    assert "entries" not in call("fs.glob", pattern="sub/*")
+    r = call("fs.glob", pattern="sub/*", details=True)
+    assert [e["path"] for e in r["entries"]] == r["paths"], r
+    ls = {e["path"]: e for e in call("fs.ls", path="sub")["entries"]}
+    for e in r["entries"]:
+        assert (e["type"], e["size"], e["mtime"]) == (ls[e["path"]]["type"], ls[e["path"]]["size"],
+                                                      ls[e["path"]]["mtime"]), (e, ls)
+    assert {rel(e["path"]): e["type"] for e in r["entries"]} == {"sub/b.py": "f", "sub/data.bin": "f",
+                                                                 "sub/deep": "d"}, r
+    expect_error(lambda: call("fs.glob", pattern="*", details="yes"), -32602, "invalid_params")
 
 
 def test_grep(fsb):

@@ -218,10 +218,11 @@ class ProtocolMethods:
         return self._request("fs.ls", _params(sandbox=sandbox, path=path), post=_key("entries"))
 
     def fs_glob(self, sandbox: str, pattern: str, *, path: Optional[str] = None,
-                max_results: Optional[int] = None):
-        """fs.glob -> ``{"paths": [...], "truncated"}``."""
+                max_results: Optional[int] = None, details: Optional[bool] = None):
+        """fs.glob -> ``{"paths": [...], "truncated"}``; with ``details=True`` also
+        ``"entries": [{"path", "type", "size", "mtime"}]``."""
         return self._request("fs.glob", _params(sandbox=sandbox, pattern=pattern, path=path,
-                                                max_results=max_results))
+                                                max_results=max_results, details=details))
 
     def fs_grep(self, sandbox: str, pattern: str, *, path: Optional[str] = None,
                 glob: Optional[str] = None, fixed_string: Optional[bool] = None,

@@ -327,6 +327,13 @@ export interface FsEntry {
   mode: string;
   mtime: number;
 }
+/** An entry of `fs.glob {details: true}`. */
+export interface FsGlobEntry {
+  path: string;
+  type: "f" | "d" | "l" | "o";
+  size: number;
+  mtime: number;
+}
 export interface FsGrepMatch {
   path: string;
   line: number;
@@ -714,7 +721,7 @@ export class ConchClient extends EventEmitter {
   fsLs(sandbox: string, path?: string): Promise<{ entries: FsEntry[] }> {
     return this.call("fs.ls", path === undefined ? { sandbox } : { sandbox, path });
   }
-  fsGlob(sandbox: string, pattern: string, opts: { path?: string; max_results?: number } = {}): Promise<{ paths: string[]; truncated: boolean }> {
+  fsGlob(sandbox: string, pattern: string, opts: { path?: string; max_results?: number; details?: boolean } = {}): Promise<{ paths: string[]; truncated: boolean; entries?: FsGlobEntry[] }> {
     return this.call("fs.glob", { sandbox, pattern, ...opts });
   }
   fsGrep(sandbox: string, pattern: string, opts: { path?: string; glob?: string; fixed_string?: boolean; ignore_case?: boolean; max_matches?: number } = {}): Promise<{ matches: FsGrepMatch[]; truncated: boolean }> {

@@ -462,23 +462,11 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
     // FilesystemBackend's glob: absolute paths of the matching files (not directories).
     if (pattern.startsWith("/")) pattern = pattern.slice(1);
     try {
-      const r = await this.client.fsGlob(this._id, pattern, { path: this.searchPath(path), max_results: 10000 });
-      if (r.paths.length === 0) return { files: [] };
-      const dir = (p: string) => p.slice(0, p.lastIndexOf("/")) || "/";
-      // fs.glob gives paths only: one fs.ls per parent directory tells files from dirs, with sizes.
-      const parents = [...new Set(r.paths.map(dir))];
-      const info = new Map<string, FileInfo>();
-      await Promise.all(
-        parents.map(async (d) => {
-          try {
-            for (const e of (await this.client.fsLs(this._id, d)).entries)
-              if (e.type === "f" || e.type === "l") info.set(e.path, { path: e.path, is_dir: false, size: e.size, modified_at: new Date(e.mtime * 1000).toISOString() });
-          } catch {
-            /* vanished meanwhile */
-          }
-        }),
-      );
-      const files = r.paths.map((p) => info.get(p)).filter((f): f is FileInfo => !!f);
+      // details: each match's type, size and mtime in the same answer (one round trip).
+      const r = await this.client.fsGlob(this._id, pattern, { path: this.searchPath(path), max_results: 10000, details: true });
+      const files: FileInfo[] = (r.entries ?? [])
+        .filter((e) => e.type === "f" || e.type === "l")
+        .map((e) => ({ path: e.path, is_dir: false, size: e.size, modified_at: new Date(e.mtime * 1000).toISOString() }));
       files.sort(byPath);
       return r.truncated ? { files, truncated: true } : { files };
     } catch (e) {
