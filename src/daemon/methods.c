@@ -298,10 +298,10 @@ static const struct conch_rpc_param p_fs_edit[] = {
     P("sandbox", S, true),    P("path", S, true),         P("old_string", S, true),
     P("new_string", S, true), P("replace_all", B, false), END};
 static const struct conch_rpc_param p_fs_ls[] = {P("sandbox", S, true), P("path", S, false), END};
-static const struct conch_rpc_param p_fs_glob[] = {P("sandbox", S, true), P("pattern", S, true),
-                                                   P("path", S, false),
-                                                   R("max_results", I, 1, 10000, 0),
-                                                   P("details", B, false), END};
+static const struct conch_rpc_param p_fs_glob[] = {
+    P("sandbox", S, true),  P("pattern", S, true),
+    P("path", S, false),    R("max_results", I, 1, 10000, 0),
+    P("details", B, false), END};
 static const struct conch_rpc_param p_fs_grep[] = {P("sandbox", S, true),
                                                    P("pattern", S, true),
                                                    P("path", S, false),
