@@ -210,7 +210,7 @@ const struct mcp_tool conch_mcp_snapshot_tools[] = {
             "concern the fork.",
         .schema = "{\"type\": \"object\", \"properties\": {"
                   "\"snapshot\": {\"type\": \"string\", \"description\": \"Start from this "
-                  "snapshot (id or name) instead of the current state\"},"
+                  "snapshot (id or name, one that snapshots lists) instead of the current state\"},"
                   "\"name\": {\"type\": \"string\", \"description\": \"A name for the new "
                   "sandbox\"}," FORCE_DESC "}}",
         .start = fork_start,
