@@ -1,9 +1,9 @@
 # test_attack_today2.py - an outside attack on the features of issues 18 and 19 (path rules,
 # host unix sockets passed in, `since`, the MCP snapshot tools), from a hostile command in a
-# sandbox, a hostile MCP agent and a hostile caller. Two held not: conch mcp's fork tool
-# reached any snapshot of its daemon (one left in a shared --state-dir by another session,
-# with another workspace or without the session's rules), and a bind mount whose source holds
-# a rule's path showed it uncovered. The rest are guards of attacks that held.
+# sandbox, a hostile MCP agent and a hostile caller. Two held not: conch mcp's fork and
+# restore tools reached any snapshot of its daemon (one left in a shared --state-dir by
+# another session, of another workspace or without this session's rules), and a bind mount
+# whose source holds a rule's path showed it uncovered. The rest guard attacks that held.
 import json
 import os
 import socket
@@ -79,24 +79,32 @@ def test_mcp_fork_reaches_only_the_sessions_own_snapshots(tmp_path):
     (other / "private.txt").write_text("OTHER PROJECT DATA\n")
     base = ["--state-dir", str(state)]
     mcp_session([*base, "--workspace", str(other)], [("snapshot", {"name": "other-base"})])
-    mcp_session([*base, "--workspace", str(ws)], [("snapshot", {"name": "plain"})])
+    # That session, without the rule, copied the secret: a restore would bring the copy.
+    mcp_session([*base, "--workspace", str(ws)], [("bash", {"command": "cp .env copy.txt"}),
+                                                  ("snapshot", {"name": "plain"})])
     out = mcp_session([*base, "--workspace", str(ws), "--hidden", ".env"], [
         ("bash", {"command": "cat .env"}),
         ("fork", {"snapshot": "plain"}),
         ("bash", {"command": "cat .env"}),
         ("fork", {"snapshot": "other-base"}),
         ("bash", {"command": "cat private.txt"}),
+        ("restore", {"snapshot": "plain", "force": True}),
+        ("bash", {"command": "cat copy.txt"}),
         ("snapshot", {"name": "mine"}),
         ("fork", {"snapshot": "mine"}),
-        ("bash", {"command": "cat .env; echo in-own-fork"}),
+        ("bash", {"command": "cat .env; echo in-own-fork > f"}),
+        ("restore", {"snapshot": "mine", "force": True}),
+        ("bash", {"command": "test -e f || echo restored-own"}),
     ])
     texts = "\n".join(t for _, t in out)
     assert SECRET not in texts and "OTHER PROJECT DATA" not in texts, out
     assert out[1][0] and "not one of sandbox" in out[1][1], out[1]
     assert out[3][0] and "not one of sandbox" in out[3][1], out[3]
-    # Its own snapshot still forks, with the session's rule.
-    assert not out[6][0] and "Forked" in out[6][1], out[6]
-    assert "in-own-fork" in out[7][1] and "Permission denied" in out[7][1], out[7]
+    assert out[5][0] and "no snapshot 'plain' of this sandbox" in out[5][1], out[5]
+    # Its own snapshots still fork and restore (the fork stands on "mine"), with its rule.
+    assert not out[8][0] and "Forked" in out[8][1], out[8]
+    assert "Permission denied" in out[9][1], out[9]
+    assert not out[10][0] and "restored-own" in out[11][1], out[10:]
 
 
 def test_daemon_fork_of_a_snapshot_named_with_its_sandbox_checks_it_is_that_sandboxs(
