@@ -359,3 +359,41 @@ def test_a_socket_swapped_for_a_link_or_another_socket_before_a_restart(daemon_f
     (ws / "p.py").write_text("import socket\ns = socket.socket(socket.AF_UNIX)\n"
                              "s.connect('/run/s.sock'); print(s.recv(9).decode())\n")
     assert c.call("exec.run", {"sandbox": sb, "command": "python3 p.py"})["stdout"] == "host-echo\n"
+
+
+def test_a_diff_never_shows_a_hidden_file(daemon_factory, ws):
+    # A change at a hidden path cannot be made inside, but can come with a layer: here the
+    # caller restores a snapshot of a sandbox without the rule (same workspace) into one with
+    # it. The diff's old side would be the host's hidden file: it is not read (plain, for
+    # listed paths, and since a snapshot), the change is listed with its skip reason, and a
+    # commit leaves it out.
+    make_ws(ws)
+    c = daemon_factory().client()
+    a = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    r = c.call("exec.run", {"sandbox": a, "command":
+                            "echo TOKEN=changed > .env; echo new > secrets/key; echo ok > src/x.c"})
+    assert r["exit_code"] == 0, r
+    c.call("workspace.snapshot", {"sandbox": a, "name": "from-a"})
+    b = c.call("sandbox.create", {"workspace": str(ws), "hidden": [".env", "secrets"]},
+               timeout=30)["id"]
+    base = c.call("workspace.snapshot", {"sandbox": b, "name": "b-base"})["id"]
+    c.call("workspace.restore", {"sandbox": b, "snapshot": "from-a", "force": True}, timeout=30)
+    got = [c.call("workspace.diff", {"sandbox": b}),
+           c.call("workspace.diff", {"sandbox": b, "paths": [".env", "secrets/key"]})]
+    assert SECRET not in json.dumps(got), got
+    files = {f["path"]: f for f in got[0]["files"]}
+    assert "hidden path" in files[".env"]["diff"] and "hidden path" in files["secrets/key"]["diff"]
+    assert "+ok" in files["src/x.c"]["diff"], files
+    listed = {ch["path"]: ch for ch in c.call("workspace.changes", {"sandbox": b})["changes"]}
+    assert "hidden" in listed[".env"]["skip"], listed
+    res = c.call("workspace.commit", {"sandbox": b}, timeout=60)
+    assert ".env" in {s["path"] for s in res["skipped"]}, res
+    assert (ws / ".env").read_text() == f"TOKEN={SECRET}\n"
+    assert (ws / "secrets" / "key").read_text() == f"{SECRET}-key\n"
+    # since: b-base is not under b any more (restored away), a's snapshot is not b's.
+    for since in (base, "from-a"):
+        try:
+            d = c.call("workspace.diff", {"sandbox": b, "since": since})
+            assert SECRET not in json.dumps(d), d
+        except RpcError as e:
+            assert e.data_code == "invalid_params", e
