@@ -197,6 +197,9 @@ def test_file_methods_js_and_sessions_keep_the_rules(daemon_factory, ws):
         {"path": "secrets/new", "content": evil}]})
     attempt("fs.delete", {"sandbox": sb, "path": ".git/hooks", "recursive": True})
     attempt("fs.delete", {"sandbox": sb, "path": "secrets", "recursive": True})
+    with pytest.raises(RpcError) as ei:  # a clear error, not an internal one
+        c.call("fs.delete", {"sandbox": sb, "path": ".env"})
+    assert ei.value.data_code == "permission_denied" and "path rule" in str(ei.value), ei.value
     attempt("js.eval", {"sandbox": sb, "code": "readFile('/workspace/.env')"})
     attempt("js.eval", {"sandbox": sb, "code": "readFile('envlink')"})
     attempt("js.eval", {"sandbox": sb,
