@@ -511,6 +511,7 @@ static void work_diff(struct ws_op *w)
     if (w->fds.upper < 0) {
         w->res = json_pack("{s:s,s:[]}", "diff", "", "files");
     } else if ((w->r = conch_ws_changes_scan(w->fds.upper, w->fds.lower, &ch, &w->err)) >= 0) {
+        conch_ws_changes_mark_rules(&ch, w->rules, w->n_rules);
         w->r =
             conch_ws_diff(w->fds.upper, w->fds.lower, &ch, w->paths, 4u << 20, 0, &w->res, &w->err);
         if (w->r < 0)

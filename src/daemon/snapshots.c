@@ -75,6 +75,27 @@ static int not_found(struct conch_err *err, const char *key)
                           "no snapshot '%s' (workspace.snapshots lists them)", key);
 }
 
+/* Whether @l is one of @sb's snapshots: taken of it, or one its workspace stands on (what
+ * workspace.snapshots {sandbox} lists). */
+static bool layer_seen_by(struct layers *ls, const struct sandbox *sb,
+                          const struct conch_state_layer *l)
+{
+    if (!strcmp(l->sandbox, sb->id))
+        return true;
+    /* The chain is at most CONCH_JAIL_MAX_LAYERS + 1 deep; the bound stops a parent loop in
+     * records edited by hand. */
+    const char *id = sb->layer;
+    for (size_t hops = 0; id[0] && hops <= ls->n; hops++) {
+        struct conch_state_layer *p = layer_find(ls, id);
+        if (!p)
+            return false;
+        if (p == l)
+            return true;
+        id = p->parent;
+    }
+    return false;
+}
+
 /* The layer store, <state>/layers (0700, made on first use). */
 static int store_open(struct daemon *d, struct conch_err *err)
 {
@@ -549,9 +570,8 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
     const char *sbid = conch_rpc_str(params, "sandbox", NULL);
     const char *snap = conch_rpc_str(params, "snapshot", NULL);
     const char *name = conch_rpc_str(params, "name", NULL);
-    if (!sbid == !snap) {
-        conch_rpc_call_fail_param(call, sbid ? "snapshot" : "sandbox",
-                                  "give either a sandbox or a snapshot to fork");
+    if (!sbid && !snap) {
+        conch_rpc_call_fail_param(call, "sandbox", "give a sandbox or a snapshot to fork");
         return;
     }
     if (name && name_taken(c->d, name)) {
@@ -559,10 +579,15 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
             call, "name", "the name '%s' is taken by another sandbox: choose another", name);
         return;
     }
-    if (sbid) {
+    if (sbid && !snap) {
         conch_daemon_workspace_queue(call, params, ctx, WS_Q_FORK);
         return;
     }
+    /* Both: a snapshot of that sandbox's (conch mcp's fork tool: its agent may not reach
+     * another sandbox's snapshots, with their own workspace, rules and sockets). */
+    struct sandbox *of = NULL;
+    if (sbid && !(of = conch_daemon_sandbox_find_or_fail(c->d, call, params, "sandbox")))
+        return;
     struct conch_err err = {0};
     struct layers ls;
     if (layers_load(c->d, &ls, &err) < 0) {
@@ -571,10 +596,19 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
     }
     struct conch_state_layer *l = layer_find(&ls, snap);
     json_t *res = NULL;
-    if (!l)
+    if (!l) {
         not_found(&err, snap);
-    else
+    } else if (of && !layer_seen_by(&ls, of, l)) {
+        conch_rpc_call_fail_param(
+            call, "snapshot",
+            "snapshot '%s' is not one of sandbox '%s' (taken of it or one its "
+            "workspace stands on: workspace.snapshots {\"sandbox\"} lists them)",
+            snap, of->id);
+        layers_done(&ls);
+        return;
+    } else {
         res = fork_from(c->d, l->spec_json, l->workspace, l->id, name, &err);
+    }
     layers_done(&ls);
     if (res)
         conch_rpc_call_reply(call, res);
@@ -603,16 +637,7 @@ void conch_daemon_handle_workspace_snapshots(struct conch_rpc_call *call, json_t
     json_t *arr = json_array();
     for (size_t i = 0; i < ls.n; i++) {
         struct conch_state_layer *l = &ls.list[i];
-        bool in = !sb || !strcmp(l->sandbox, sb->id);
-        /* A sandbox's list: the snapshots taken of it and those its workspace stands on. */
-        for (const char *id = sb ? sb->layer : ""; !in && id[0];) {
-            struct conch_state_layer *p = layer_find(&ls, id);
-            if (!p)
-                break;
-            in = p == l;
-            id = p->parent;
-        }
-        if (in)
+        if (!sb || layer_seen_by(&ls, sb, l))
             json_array_append_new(arr, layer_json(l));
     }
     layers_done(&ls);

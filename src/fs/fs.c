@@ -82,6 +82,11 @@ int conch_fs__fail_errno(struct conch_fs_error *ferr, int errnum, const char *wh
         code = CONCH_FS_PERMISSION_DENIED;
         cause = "read-only file system";
         break;
+    case EBUSY:
+        /* Removing or replacing a mount point: a path rule's cover, or a dir above one. */
+        code = CONCH_FS_PERMISSION_DENIED;
+        cause = "a mount point (a path rule protects it)";
+        break;
     case EISDIR:
         code = CONCH_FS_IS_DIRECTORY;
         cause = "is a directory";

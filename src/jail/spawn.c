@@ -328,6 +328,47 @@ static int plan_rules(const struct conch_jail_spec *spec, struct jail_plan *plan
     return 0;
 }
 
+static bool path_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    if (n == 1 && dir[0] == '/')
+        return path[0] == '/';
+    return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* A bind mount's source that shows a rule's path (the workspace beneath it, or a dir of the
+ * workspace at, above or beneath a rule's path) would show it without the rule's cover: a
+ * hidden .env read at /data/.env. Refused; compared by real paths. */
+static int check_mounts_rules(const struct conch_jail_spec *spec, struct conch_err *err)
+{
+    char ws[PATH_MAX], src[PATH_MAX];
+    if (!spec->n_rules || !spec->workspace || !realpath(spec->workspace, ws))
+        return 0;
+    for (unsigned i = 0; i < spec->n_mounts; i++) {
+        const struct conch_mount *m = &spec->mounts[i];
+        if (m->type != CONCH_MOUNT_BIND || !realpath(m->source, src))
+            continue;
+        const char *hit = NULL;
+        if (path_under(ws, src)) {
+            hit = spec->rules[0].path;
+        } else if (path_under(src, ws)) {
+            const char *rel = src + strlen(ws) + (strcmp(ws, "/") ? 1 : 0);
+            for (unsigned k = 0; !hit && k < spec->n_rules; k++) {
+                const char *p = spec->rules[k].path;
+                if (path_under(p, rel) || path_under(rel, p))
+                    hit = p;
+            }
+        }
+        if (hit)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount '%s': its source '%s' shows the workspace's '%s', which a "
+                                  "path rule protects, without the rule: bind a directory that "
+                                  "holds no rule's path",
+                                  m->target, m->source, hit);
+    }
+    return 0;
+}
+
 /* The frozen layers as overlayfs's lowerdir wants them, top first, each followed by ':'. */
 static int plan_layers(struct conch_jail *j, const struct conch_jail_spec *spec,
                        struct jail_plan *plan, struct conch_err *err)
@@ -434,6 +475,7 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     if (spec->n_layers > 0 && (r = plan_layers(j, spec, plan, err)) < 0)
         return r;
     if ((r = plan_mounts(j, spec, plan, err)) < 0 || (r = plan_rules(spec, plan, err)) < 0 ||
+        (r = check_mounts_rules(spec, err)) < 0 ||
         (r = conch_jail_sockets_plan(j, spec, plan, err)) < 0)
         return r;
     if (spec->workspace) {

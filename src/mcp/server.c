@@ -258,8 +258,8 @@ void conch_mcp_daemon_call(struct mcp *m, struct mcp_call *c, const char *method
     bool by_job = !strcmp(method, "job.output") || !strcmp(method, "job.wait") ||
                   !strcmp(method, "job.kill") ||
                   (!strncmp(method, "session.", 8) && strcmp(method, "session.open"));
-    /* A fork of a snapshot names no sandbox. */
-    by_job = by_job || (!strcmp(method, "sandbox.fork") && json_object_get(params, "snapshot"));
+    /* A fork of a snapshot names the session's sandbox too: the daemon then forks only a
+     * snapshot of that sandbox's (not another session's, with its workspace and rules). */
     if (params && m->sandbox[0] && !by_job && !json_object_get(params, "sandbox"))
         json_object_set_new(params, "sandbox", json_string(m->sandbox));
     uint64_t id = 0;

@@ -73,6 +73,10 @@ static void snapshot_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_
     text_done(m, c, &t);
 }
 
+/* Restore: first the session's sandbox's snapshots (stage 0), then the restore (stage 1) of
+ * one of them only. The daemon restores any snapshot of the same workspace; the agent may
+ * not reach one of another session's (a shared --state-dir keeps them), made maybe without
+ * this session's rules. */
 static void restore_start(struct mcp *m, struct mcp_call *c)
 {
     const char *snap;
@@ -80,14 +84,43 @@ static void restore_start(struct mcp *m, struct mcp_call *c)
     if (!conch_mcp_arg_str(m, c, "snapshot", true, &snap) ||
         !conch_mcp_arg_bool(m, c, "force", &force))
         return;
-    conch_mcp_daemon_call(m, c, "workspace.restore",
-                          json_pack("{s:s,s:b}", "snapshot", snap, "force", force));
+    c->stage = 0;
+    conch_mcp_daemon_call(m, c, "workspace.snapshots", json_object());
+}
+
+/* Whether @key names (by id or name) a snapshot of @list. */
+static bool listed(json_t *list, const char *key)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (!strcmp(jstr(e, "id"), key) || (name && !strcmp(name, key)))
+            return true;
+    }
+    return false;
 }
 
 static void restore_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *error)
 {
     if (error) {
         conch_mcp_call_fail_daemon(m, c, error);
+        return;
+    }
+    if (c->stage == 0) {
+        const char *snap = json_string_value(json_object_get(c->args, "snapshot"));
+        if (!listed(json_object_get(res, "snapshots"), snap)) {
+            conch_mcp_call_donef(m, c, true,
+                                 "Error: no snapshot '%s' of this sandbox (snapshots lists "
+                                 "them).",
+                                 snap);
+            return;
+        }
+        c->stage = 1;
+        conch_mcp_daemon_call(m, c, "workspace.restore",
+                              json_pack("{s:s,s:b}", "snapshot", snap, "force",
+                                        json_is_true(json_object_get(c->args, "force"))));
         return;
     }
     forget_sessions(m);
@@ -210,7 +243,7 @@ const struct mcp_tool conch_mcp_snapshot_tools[] = {
             "concern the fork.",
         .schema = "{\"type\": \"object\", \"properties\": {"
                   "\"snapshot\": {\"type\": \"string\", \"description\": \"Start from this "
-                  "snapshot (id or name) instead of the current state\"},"
+                  "snapshot (id or name, one that snapshots lists) instead of the current state\"},"
                   "\"name\": {\"type\": \"string\", \"description\": \"A name for the new "
                   "sandbox\"}," FORCE_DESC "}}",
         .start = fork_start,

@@ -706,7 +706,14 @@ int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *cha
         bool binary = ch->binary;
         buf_utf8(&p, ch->path, strlen(ch->path));
         size_t all_before = all.len;
-        if (!omitted) {
+        if (ch->flags & CONCH_WS_F_RULE_HIDDEN) {
+            /* Beneath a hidden path (path rules): neither side is read. Its old side is the
+             * host's file that the sandbox may not see (a change there came from a restored
+             * or planted layer: the sandbox cannot write there), and the diff reaches the
+             * sandbox's agent (conch mcp's diff tool). */
+            binary = false;
+            conch_sb_printf(&one, "[content not shown: a hidden path (path rule)]\n");
+        } else if (!omitted) {
             r = p.oom ? -ENOMEM : file_diff(upper_fd, lower_fd, ch, max, &one, &all, &binary);
             if (r < 0) {
                 free(one.buf);

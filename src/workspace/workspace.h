@@ -243,7 +243,9 @@ int conch_ws_changes_select(const struct conch_ws_changes *all, char *const *pat
  * file's) stays within @max_total bytes (0: CONCH_WS_DIFF_MAX_TOTAL): the first file that
  * does not fit and every later one get an empty diff and "omitted": true, and the result
  * has "omitted": their count; no file is read beyond @max_total. Nothing is followed
- * through a symlink. Returns 0 or -errno with @err.
+ * through a symlink. A change marked CONCH_WS_F_RULE_HIDDEN (conch_ws_changes_mark_rules) is
+ * never read: its diff is a one-line note and the top-level diff leaves it out. Returns 0
+ * or -errno with @err.
  */
 #define CONCH_WS_DIFF_MAX_TOTAL (16u << 20)
 int conch_ws_diff(int upper_fd, int lower_fd, const struct conch_ws_changes *changes,

@@ -768,8 +768,9 @@ export class ConchClient extends EventEmitter {
   workspaceSnapshotDelete(snapshot: string): Promise<{ snapshot: string; deleted: boolean }> {
     return this.call("workspace.snapshot_delete", { snapshot });
   }
-  /** A new sandbox from a sandbox (snapshotted first) or from a snapshot. */
-  sandboxFork(from: { sandbox: string } | { snapshot: string }, opts: { name?: string; force?: boolean } = {}): Promise<SandboxInfo & { snapshot: string }> {
+  /** A new sandbox from a sandbox (snapshotted first) or from a snapshot; given both, the
+   *  snapshot, which must be one of that sandbox's (else invalid_params). */
+  sandboxFork(from: { sandbox: string; snapshot?: string } | { snapshot: string }, opts: { name?: string; force?: boolean } = {}): Promise<SandboxInfo & { snapshot: string }> {
     return this.call("sandbox.fork", { ...from, ...opts });
   }
 
