@@ -710,16 +710,20 @@ void conch_daemon_handle_workspace_snapshot(struct conch_rpc_call *call, json_t 
     if (name) {
         size_t n = strlen(name);
         /* As sandbox names: "." and ".." (path-shaped) and "-x" (option-shaped) are refused,
-         * and so is a name shaped as a snapshot id ("snap-..."), which an id would shadow. */
+         * and so is a name shaped as a snapshot id ("snap-" and 8 hex digits), which an id
+         * would shadow. */
         bool ok = n >= 1 && n <= 64 && n == json_string_length(json_object_get(params, "name")) &&
-                  isalnum((unsigned char)name[0]) && strncmp(name, "snap-", 5) != 0;
+                  isalnum((unsigned char)name[0]);
         for (size_t i = 1; ok && i < n; i++)
             ok = isalnum((unsigned char)name[i]) || strchr("_.-", name[i]);
+        if (ok && n == 13 && !strncmp(name, "snap-", 5) &&
+            strspn(name + 5, "0123456789abcdef") == 8)
+            ok = false;
         if (!ok) {
             conch_rpc_call_fail_param(call, "name",
                                       "a snapshot name is 1 to 64 letters, digits, '_', '.' or "
-                                      "'-', beginning with a letter or a digit, and not 'snap-...' "
-                                      "(the shape of snapshot ids)");
+                                      "'-', beginning with a letter or a digit, and not shaped as "
+                                      "a snapshot id (snap-1a2b3c4d)");
             return;
         }
     }
