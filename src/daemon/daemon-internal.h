@@ -366,6 +366,11 @@ struct sandbox_spec {
 void conch_daemon_net_listen(struct sandbox *sb);
 /* conch_daemon_net_stop - the warden went: the proxy and its connections go (records made). */
 void conch_daemon_net_stop(struct sandbox *sb);
+/* conch_daemon_net_from_record - the network policy a sandbox's record (@spec: "net",
+ * "allow", "deny" as conch_daemon_net_json writes them) names, into *@ret (initialised here;
+ * the caller's, conch_net_policy_done). A record it cannot read gives no network (none),
+ * never more; @id names the sandbox in the log. */
+void conch_daemon_net_from_record(const char *id, json_t *spec, struct conch_net_policy *ret);
 /* conch_daemon_net_free - drop the policy and the log (the sandbox is freed). */
 void conch_daemon_net_free(struct sandbox *sb);
 /* conch_daemon_net_json - {"net": mode, "allow": [...], "deny": [...]} of @sb into @o. */

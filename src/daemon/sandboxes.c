@@ -98,25 +98,23 @@ static json_t *sandbox_running_json(const struct sandbox *sb, json_t *o)
 
 static int record(struct sandbox *sb, struct conch_err *err);
 
-/* The network of a recorded sandbox (conch_daemon_net_json's keys); a record it cannot read
- * leaves it without network (none), never with more. */
-static void net_from_record(struct sandbox *sb, json_t *spec)
+void conch_daemon_net_from_record(const char *id, json_t *spec, struct conch_net_policy *ret)
 {
     struct conch_err err = {0};
     enum conch_net_mode mode = CONCH_NET_NONE;
     const char *net = json_string_value(json_object_get(spec, "net"));
     if (net && conch_net_mode_parse(net, &mode, &err) < 0)
         mode = CONCH_NET_NONE;
-    conch_net_policy_init(&sb->net, mode);
+    conch_net_policy_init(ret, mode);
     for (int deny = 0; deny < 2; deny++) {
         size_t i;
         json_t *v;
         json_array_foreach(json_object_get(spec, deny ? "deny" : "allow"), i, v)
         {
-            if (conch_net_policy_add(&sb->net, deny, json_string_value(v), &err) < 0) {
-                log_warn("sandbox %s: network rule: %s (it gets no network)", sb->id, err.msg);
-                conch_net_policy_done(&sb->net);
-                conch_net_policy_init(&sb->net, CONCH_NET_NONE);
+            if (conch_net_policy_add(ret, deny, json_string_value(v), &err) < 0) {
+                log_warn("sandbox %s: network rule: %s (it gets no network)", id, err.msg);
+                conch_net_policy_done(ret);
+                conch_net_policy_init(ret, CONCH_NET_NONE);
                 return;
             }
         }
@@ -734,7 +732,7 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         }
         if (sandbox_sockets(sb, json_object_get(spec, "sockets"), true, &err) < 0)
             log_warn("sandbox %s: its recorded sockets: %s", list[i].id, err.msg);
-        net_from_record(sb, spec);
+        conch_daemon_net_from_record(sb->id, spec, &sb->net);
         sb->limits.memory_bytes = (uint64_t)json_integer_value(json_object_get(spec, "memory"));
         sb->limits.pids_max = (uint64_t)json_integer_value(json_object_get(spec, "pids"));
         sb->limits.cpu_millicpus = (uint64_t)json_integer_value(json_object_get(spec, "cpu_milli"));

@@ -370,3 +370,23 @@ def test_the_policy_survives_a_daemon_restart(netd, servers):
     rpc.call("sandbox.start", {"id": sb})
     r = run(rpc, sb, f"curl -sS http://registry.test:{h}/back; curl -sS http://other.test:{h}/")
     assert "for /back" in r["stdout"] and "denied by rule 'other.test'" in r["stdout"], r
+
+
+def test_a_fork_keeps_the_policy(netd, servers, tmp_path):
+    """sandbox.fork makes the sandbox it forks, network policy included (forks had none: the
+    allowlist was lost, found by an outside attack). Both of a snapshot and of a sandbox."""
+    h, _ = servers
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    rpc = netd.client()
+    sb = rpc.call("sandbox.create", {"workspace": str(ws), "allow": [f"registry.test:{h}"],
+                                     "deny": ["other.test"]})["id"]
+    rpc.call("network.set", {"sandbox": sb, "allow": [f"registry.test:{h}", "b.pkg.test"]})
+    snap = rpc.call("workspace.snapshot", {"sandbox": sb}, timeout=60)["id"]
+    for params in ({"sandbox": sb}, {"sandbox": sb, "snapshot": snap}):
+        f = rpc.call("sandbox.fork", params, timeout=60)["id"]
+        got = rpc.call("sandbox.get", {"id": f})
+        assert got["net"] == "allow" and got["allow"] == [f"registry.test:{h}", "b.pkg.test"], got
+        assert got["deny"] == ["other.test"], got
+        r = run(rpc, f, f"curl -sS http://registry.test:{h}/back; curl -sS http://other.test:{h}/")
+        assert "for /back" in r["stdout"] and "denied by rule 'other.test'" in r["stdout"], r
