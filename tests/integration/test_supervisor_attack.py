@@ -262,7 +262,8 @@ def test_ready_zygote_killed_as_its_command_comes(daemon, rpc, sandbox):
         os.kill(shepherd, signal.SIGCONT)
     t.join(90)
     res = out.get("r")
-    assert res and res["exit_code"] == 0 and res["stdout"] == "taken\n", res
+    assert res and res["exit_code"] == 0 and res["stdout"] == "taken\n", \
+        (res and (res["exit_code"], res["stdout"], res["stderr"]), res)
     _echo(rpc, sb, "after")
 
 
@@ -304,7 +305,8 @@ def test_killed_with_the_run_in_flight(daemon, rpc, sandbox, victim):
     resp = rpc.wait(req, timeout=15)
     if victim == "zygote":
         res = resp.get("result")
-        assert res and res["exit_code"] == 0 and res["stdout"] == "never\n", resp
+        assert res and res["exit_code"] == 0 and res["stdout"] == "never\n", \
+            (res and (res["exit_code"], res["stdout"], res["stderr"]), resp)
     elif "error" in resp:
         assert resp["error"]["message"], resp
     else:
