@@ -36,6 +36,7 @@ static void run_free(struct run *r)
     free(r->command);
     conch_bridge_report_done(&r->tools);
     json_decref(r->request_id);
+    json_decref(r->stores);
     if (r->notify)
         conch_rpc_sink_unref(r->notify);
     free(r);
@@ -47,7 +48,7 @@ static void run_free(struct run *r)
 static void run_maybe_free(struct run *r)
 {
     if (r->finished && !r->is_job && r->handles == 0 && !r->scanning && !r->answering &&
-        !r->forgetting)
+        !r->forgetting && !r->syncing)
         run_free(r);
 }
 
@@ -322,6 +323,8 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
     run_result_fill(r, changes, &res);
     json_t *o = run_result_build(&res, r->tools.calls, r->tools.detached);
     conch_daemon_net_result(r->sb, r->started_at, o);
+    if (o && r->stores)
+        json_object_set(o, "stores", r->stores);
     return o;
 }
 
@@ -377,6 +380,8 @@ static json_t *job_status_json(struct run *r)
     if (o && end->lost && end->why)
         json_object_set_new(o, "lost", json_string(end->why));
     run_tools_json(r, o);
+    if (o && r->stores)
+        json_object_set(o, "stores", r->stores);
     if (o && r->tools.summary)
         json_object_set_new(o, "tools_summary", json_string(r->tools.summary));
     return o;
@@ -444,6 +449,7 @@ struct answer_job {
     struct run *r;
     struct conch_run_result res; /* out/err borrowed from @r; changes owned */
     json_t *calls, *detached;    /* copies of @r's: the worker owns them */
+    json_t *stores;              /* a copy of @r's, or NULL: the worker's */
     char *text;                  /* the serialised result */
 };
 
@@ -464,6 +470,8 @@ static void answer_work(uv_work_t *req)
 {
     struct answer_job *a = req->data;
     json_t *o = run_result_build(&a->res, a->calls, a->detached);
+    if (o && a->stores)
+        json_object_set(o, "stores", a->stores);
     a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
 }
@@ -501,6 +509,7 @@ static void answer_done(uv_work_t *req, int status)
     conch_ws_changes_done(&a->res.changes);
     json_decref(a->calls);
     json_decref(a->detached);
+    json_decref(a->stores);
     free(a);
     r->answering = false;
     run_answered(r);
@@ -525,7 +534,9 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes, si
     run_result_fill(r, changes, &a->res);
     a->calls = r->tools.calls ? json_deep_copy(r->tools.calls) : NULL;
     a->detached = r->tools.detached ? json_deep_copy(r->tools.detached) : NULL;
-    bool queued = !(r->tools.calls && !a->calls) && !(r->tools.detached && !a->detached);
+    a->stores = r->stores ? json_deep_copy(r->stores) : NULL;
+    bool queued = !(r->tools.calls && !a->calls) && !(r->tools.detached && !a->detached) &&
+                  !(r->stores && !a->stores);
     if (queued && conch_list_empty(&d->answers_waiting) &&
         conch_daemon_answer_reserve(d, a->charge)) {
         queued = uv_queue_work(&d->loop, &a->req, answer_work, answer_done) == 0;
@@ -537,6 +548,7 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes, si
     if (!queued) {
         json_decref(a->calls);
         json_decref(a->detached);
+        json_decref(a->stores);
         free(a);
         return false;
     }
@@ -579,9 +591,9 @@ static void run_disk_what(const struct run *r, char *buf, size_t size)
              (unsigned long long)r->sb->disk_bytes);
 }
 
-/* The driver finished @r (its end came, its pipes are closed): record a job's end, or answer
- * an exec.run. */
-static void run_finish(struct run *r)
+/* The driver finished @r and its store mounts were written back: record a job's end, or
+ * answer an exec.run. */
+static void run_finish_rest(struct run *r)
 {
     r->finished = true;
     conch_list_del(&r->link);
@@ -640,6 +652,37 @@ static void run_finish(struct run *r)
     run_answer(r, NULL);
 }
 
+static void run_synced(void *arg, json_t *report)
+{
+    struct run *r = arg;
+    r->syncing = false;
+    json_decref(r->stores);
+    r->stores = report;
+    if (r->orphaned) { /* its sandbox went meanwhile (conch_daemon_run_forget) */
+        if (r->call)
+            conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                                 "the sandbox was destroyed");
+        r->call = NULL;
+        r->finished = true;
+        run_maybe_free(r);
+        return;
+    }
+    run_finish_rest(r);
+    run_maybe_free(r);
+}
+
+/* The driver finished @r (its end came, its pipes are closed): its store mounts are written
+ * back first (in a worker; it stays in its sandbox's runs, busy, meanwhile), so that its
+ * result, and whatever its caller does next, sees the store as the command left it. */
+static void run_finish(struct run *r)
+{
+    if (!r->forgetting && conch_daemon_stores_sync(r->sb, run_synced, r) == 0) {
+        r->syncing = true;
+        return;
+    }
+    run_finish_rest(r);
+}
+
 void conch_daemon_run_forget(struct run *r)
 {
     /* The driver closes the pipes and, if no end came, ends it as lost: its callbacks run
@@ -647,6 +690,14 @@ void conch_daemon_run_forget(struct run *r)
     r->forgetting = true;
     conch_command_abandon(&r->cmd, "the sandbox was destroyed");
     r->forgetting = false;
+    if (r->syncing) { /* run_synced finishes it */
+        r->orphaned = true;
+        conch_list_del(&r->link);
+        if (r->is_job)
+            conch_list_del(&r->dlink);
+        r->is_job = false;
+        return;
+    }
     if (r->is_job)
         run_free_job(r);
     else

@@ -335,3 +335,13 @@ json_t *conch_fs__json_text(const char *s, size_t len)
     _cleanup_free_ char *clean = conch_utf8_repair(s, len, &n);
     return clean ? json_stringn(clean, n) : NULL;
 }
+
+char *conch_fs_base64_encode(const unsigned char *data, size_t len, size_t *ret_len)
+{
+    return conch_fs__base64_encode(data, len, ret_len);
+}
+
+int conch_fs_base64_decode(const char *s, size_t len, unsigned char **ret, size_t *ret_len)
+{
+    return conch_fs__base64_decode(s, len, ret, ret_len);
+}
