@@ -83,6 +83,58 @@ void conch_daemon_stores_free(struct sandbox *sb)
     }
 }
 
+/* ---- others' views ----
+ * A change written to a store is brought into the views other sandboxes have of it right
+ * after (conch_store_view_pull), in the same worker, so that their next command sees it. At
+ * most PEERS_MAX views are brought up to date so; the others see it after their own next
+ * write-back. */
+#define PEERS_MAX 32
+
+struct peers {
+    unsigned n;
+    struct sandbox *sb[PEERS_MAX];
+    struct conch_store_view *v[PEERS_MAX];
+};
+
+/* Collect (and hold) the views of the store @name but @except's. */
+static void peers_collect(struct daemon *d, const char *name, const struct sandbox *except,
+                          struct peers *p)
+{
+    struct conch_list *pos;
+    for (pos = d->sandboxes.next; pos != &d->sandboxes; pos = pos->next)
+    {
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
+        if (sb == except || sb->state == SB_GONE || sb->state == SB_STOPPING)
+            continue;
+        for (unsigned i = 0; i < CONCH_SPEC_MOUNTS_MAX && p->n < PEERS_MAX; i++) {
+            if (!sb->store_views[i] || strcmp(conch_store_view_name(sb->store_views[i]), name))
+                continue;
+            p->sb[p->n] = sb;
+            p->v[p->n] = sb->store_views[i];
+            conch_daemon_sandbox_hold(sb);
+            p->n++;
+        }
+    }
+}
+
+/* In a worker: pull into each. */
+static void peers_pull(struct peers *p)
+{
+    for (unsigned i = 0; i < p->n; i++) {
+        struct conch_err err = {0};
+        if (conch_store_view_pull(p->v[i], &err) < 0)
+            log_warn("store '%s': bringing a change into sandbox %s's view: %s",
+                     conch_store_view_name(p->v[i]), p->sb[i]->id, err.msg);
+    }
+}
+
+static void peers_release(struct peers *p)
+{
+    for (unsigned i = 0; i < p->n; i++)
+        conch_daemon_sandbox_release(p->sb[i]);
+    p->n = 0;
+}
+
 /* ---- write-back after a command ---- */
 
 struct store_sync {
@@ -98,6 +150,7 @@ struct store_sync {
         struct conch_err err;
         int rc;
     } one[CONCH_SPEC_MOUNTS_MAX];
+    struct peers peers;
 };
 
 static void sync_work(uv_work_t *req)
@@ -105,6 +158,7 @@ static void sync_work(uv_work_t *req)
     struct store_sync *s = req->data;
     for (unsigned i = 0; i < s->n; i++)
         s->one[i].rc = conch_store_view_sync(s->one[i].v, &s->one[i].rep, &s->one[i].err);
+    peers_pull(&s->peers);
 }
 
 static void sync_done(uv_work_t *req, int status)
@@ -128,6 +182,7 @@ static void sync_done(uv_work_t *req, int status)
         json_array_append_new(arr, o);
     }
     struct sandbox *sb = s->sb;
+    peers_release(&s->peers);
     s->done(s->arg, arr);
     conch_daemon_sandbox_release(sb);
     free(s);
@@ -155,7 +210,15 @@ int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t 
     s->done = done;
     s->arg = arg;
     s->req.data = s;
+    for (unsigned i = 0; i < s->n; i++) {
+        bool again = false; /* two mounts of one store: its peers once */
+        for (unsigned k = 0; k < i; k++)
+            again |= !strcmp(conch_store_view_name(s->one[k].v), conch_store_view_name(s->one[i].v));
+        if (!again)
+            peers_collect(sb->d, conch_store_view_name(s->one[i].v), sb, &s->peers);
+    }
     if (uv_queue_work(&sb->d->loop, &s->req, sync_work, sync_done) < 0) {
+        peers_release(&s->peers);
         free(s);
         return -ENOMEM;
     }
@@ -181,6 +244,7 @@ struct store_op {
     json_t *result;
     struct conch_err err;
     int rc;
+    struct peers peers; /* OP_WRITE, OP_DELETE: the views to bring the change into */
 };
 
 static json_t *read_result(char *buf, size_t len, json_t *meta, bool base64)
@@ -249,6 +313,8 @@ static void op_work(uv_work_t *req)
         break;
     }
     conch_store_close(s);
+    if (o->rc >= 0)
+        peers_pull(&o->peers);
 }
 
 static void op_done(uv_work_t *req, int status)
@@ -270,6 +336,7 @@ static void op_done(uv_work_t *req, int status)
     } else {
         conch_rpc_call_fail_err(o->call, 0, NULL, &o->err);
     }
+    peers_release(&o->peers);
     json_decref(o->result);
     free(o->content);
     free(o);
@@ -356,7 +423,10 @@ static void store_op_start(struct conch_rpc_call *call, json_t *params, void *ct
         o->mode = (uint32_t)conch_rpc_int(params, "mode", 0644);
     }
     o->req.data = o;
+    if (kind == OP_WRITE || kind == OP_DELETE)
+        peers_collect(c->d, o->store, NULL, &o->peers);
     if (uv_queue_work(&c->d->loop, &o->req, op_work, op_done) < 0) {
+        peers_release(&o->peers);
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
                              "cannot queue the store operation");
         goto gone;

@@ -338,7 +338,7 @@ static int open_parent(int root, const char *path, const char **ret_leaf)
 static int put_local(int root, const char *path, int kind, const void *buf, size_t len,
                      mode_t mode, double mtime, struct stat *ret_st)
 {
-    const char *leaf;
+    const char *leaf = path;
     _cleanup_close_ int pfd = open_parent(root, path, &leaf);
     if (pfd < 0)
         return pfd;
@@ -383,23 +383,29 @@ static int put_local(int root, const char *path, int kind, const void *buf, size
     return fstat(fd, ret_st) < 0 ? -errno : 0;
 }
 
+/* Remove @path from the dir: a file, or a dir if it is empty (what is beneath a deleted dir
+ * comes first, as rows of its own; a file made inside meanwhile keeps its dir). Returns 0
+ * when it is gone. */
 static int del_local(int root, const char *path)
 {
-    const char *leaf;
-    /* A parent that is missing: nothing to remove (open_parent would make it). */
-    char *slash = strrchr(path, '/');
+    const char *slash = strrchr(path, '/');
+    int pfd = root;
     if (slash) {
         char parent[CONCH_STORE_PATH_MAX];
         snprintf(parent, sizeof(parent), "%.*s", (int)(slash - path), path);
-        int t = conch_open_beneath(root, parent, O_PATH | O_DIRECTORY, 0, 0);
-        if (t < 0)
-            return 0;
-        close(t);
+        pfd = conch_open_beneath(root, parent, O_PATH | O_DIRECTORY, 0, 0);
+        if (pfd < 0)
+            return 0; /* its dir is gone already */
     }
-    _cleanup_close_ int pfd = open_parent(root, path, &leaf);
-    if (pfd < 0)
-        return pfd;
-    return conch_rm_at(pfd, leaf, CONCH_RM_ONE_FS);
+    const char *leaf = slash ? slash + 1 : path;
+    struct stat st;
+    int r = 0;
+    if (fstatat(pfd, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        unlinkat(pfd, leaf, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) < 0)
+        r = -errno;
+    if (pfd != root)
+        close(pfd);
+    return r;
 }
 
 /* Remove @path and what is beneath it from @e (kept sorted). */
@@ -429,10 +435,36 @@ static void ents_remove_one(struct ents *e, const char *path)
     e->n--;
 }
 
+/* Whether @path in the dir differs from what the view last wrote or read there (a change
+ * inside not written back yet, which a pull must not overwrite: its write-back wins later). */
+static bool pending_local(const struct conch_store_view *v, int root, const char *path)
+{
+    const struct ent *b = ents_find(&v->base, path);
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    int pfd = root;
+    if (slash) {
+        char parent[CONCH_STORE_PATH_MAX];
+        snprintf(parent, sizeof(parent), "%.*s", (int)(slash - path), path);
+        pfd = conch_open_beneath(root, parent, O_PATH | O_DIRECTORY, 0, 0);
+        if (pfd < 0)
+            return b != NULL; /* its dir went: a local delete pending, if it was there */
+    }
+    int r = fstatat(pfd, slash ? slash + 1 : path, &st, AT_SYMLINK_NOFOLLOW);
+    if (pfd != root)
+        close(pfd);
+    if (r < 0)
+        return b != NULL;
+    if (!b)
+        return true; /* made inside since */
+    int kind = S_ISDIR(st.st_mode) ? CONCH_STORE_DIR : CONCH_STORE_FILE;
+    return !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)) || changed(b, kind, &st);
+}
+
 /* Bring every row changed after v->seen into the dir @root, but those at @skip_version (this
- * view's own write-back). */
+ * view's own write-back) and those changed inside since the view last looked. */
 static int pull(struct conch_store_view *v, struct conch_store *s, int root, int64_t skip_version,
-                struct conch_store_report *rep, struct conch_err *err)
+                bool check, struct conch_store_report *rep, struct conch_err *err)
 {
     int r = conch_store__exec(s, "BEGIN", err);
     if (r < 0)
@@ -442,7 +474,8 @@ static int pull(struct conch_store_view *v, struct conch_store *s, int root, int
     if ((r = conch_store__version(s, &now, err)) < 0 ||
         (r = conch_store__prepare(s,
                                   "SELECT path, kind, content, mode, mtime, version, deleted "
-                                  "FROM files WHERE version > ?1 ORDER BY path",
+                                  "FROM files WHERE version > ?1 ORDER BY deleted, "
+                                  "CASE WHEN deleted THEN path END DESC, path",
                                   &st, err)) < 0) {
         conch_store__rollback(s);
         return r;
@@ -454,13 +487,12 @@ static int pull(struct conch_store_view *v, struct conch_store *s, int root, int
         const char *path = (const char *)sqlite3_column_text(st, 0);
         int kind = sqlite3_column_int(st, 1);
         int64_t ver = sqlite3_column_int64(st, 5);
-        if (ver == skip_version)
+        if (ver == skip_version || (check && pending_local(v, root, path)))
             continue;
         if (sqlite3_column_int(st, 6)) {
-            if (!ents_find(&v->base, path))
+            if (!ents_find(&v->base, path) || del_local(root, path) < 0)
                 continue;
-            del_local(root, path);
-            ents_remove_tree(&v->base, path);
+            ents_remove_one(&v->base, path);
             rep->pulled++;
             continue;
         }
@@ -529,7 +561,7 @@ int conch_store_view_materialise(struct conch_store_view *v, struct conch_err *e
         struct conch_store_report rep = {0};
         ents_done(&v->base);
         v->seen = 0;
-        r = pull(v, s, root, -1, &rep, err);
+        r = pull(v, s, root, -1, false, &rep, err);
     }
     if (root >= 0)
         close(root);
@@ -572,13 +604,32 @@ int conch_store_view_sync(struct conch_store_view *v, struct conch_store_report 
             ents_done(&v->base);
             v->base = w.cur;
             memset(&w.cur, 0, sizeof(w.cur));
-            r = pull(v, w.s, root, w.version, rep, err);
+            r = pull(v, w.s, root, w.version, true, rep, err);
         }
     }
     ents_done(&w.cur);
     if (root >= 0)
         close(root);
     conch_store_close(w.s);
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+int conch_store_view_pull(struct conch_store_view *v, struct conch_err *err)
+{
+    pthread_mutex_lock(&v->lock);
+    struct conch_store *s = NULL;
+    int root = -1;
+    int r = conch_store_open(v->db_dir, v->name, v->max_bytes, &s, err);
+    if (r >= 0 && (root = open_dir(v, false, err)) < 0)
+        r = root;
+    if (r >= 0) {
+        struct conch_store_report rep = {0};
+        r = pull(v, s, root, -1, true, &rep, err);
+    }
+    if (root >= 0)
+        close(root);
+    conch_store_close(s);
     pthread_mutex_unlock(&v->lock);
     return r;
 }

@@ -453,5 +453,9 @@ const char *conch_store_view_dir(const struct conch_store_view *v);
 int conch_store_view_materialise(struct conch_store_view *v, struct conch_err *err);
 int conch_store_view_sync(struct conch_store_view *v, struct conch_store_report *rep,
                           struct conch_err *err);
+/* conch_store_view_pull - bring what other writers changed into the dir, but where the dir
+ * has a change of its own not written back yet (that write-back wins, later). Takes the
+ * view's lock. Returns 0 or -errno with @err. */
+int conch_store_view_pull(struct conch_store_view *v, struct conch_err *err);
 
 #endif
