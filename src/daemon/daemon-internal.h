@@ -384,6 +384,13 @@ void conch_daemon_net_result(struct sandbox *sb, double since, json_t *o);
 void conch_daemon_handle_network_log(struct conch_rpc_call *call, json_t *params, void *ctx);
 void conch_daemon_handle_network_set(struct conch_rpc_call *call, json_t *params, void *ctx);
 
+/* ---- jobs (commands.c runs them; jobs.c reads them) ---- */
+/* conch_daemon_job_find - the job @params' "job_id" names, or NULL with @call failed
+ * (job_not_found). */
+struct run *conch_daemon_job_find(struct daemon *d, struct conch_rpc_call *call, json_t *params);
+/* conch_daemon_job_status_json - a new object: running, exit_code, signal, lost?, tools... */
+json_t *conch_daemon_job_status_json(struct run *r);
+
 /* ---- stores (stores.c) ---- */
 /* conch_daemon_stores_any - @sb has a store mount. */
 bool conch_daemon_stores_any(const struct sandbox *sb);

@@ -382,12 +382,11 @@ static const struct conch_rpc_param p_js_session[] = {P("sandbox", S, true), P("
 
 /* stores (stores.c) */
 static const struct conch_rpc_param p_store_ls[] = {P("store", S, true), P("path", S, false), END};
-static const struct conch_rpc_param p_store_path[] = {P("store", S, true), P("path", S, true),
-                                                      END};
+static const struct conch_rpc_param p_store_path[] = {P("store", S, true), P("path", S, true), END};
 static const struct conch_rpc_param p_store_read[] = {P("store", S, true), P("path", S, true),
                                                       P("encoding", S, false), END};
 static const struct conch_rpc_param p_store_write[] = {
-    P("store", S, true),      P("path", S, true), P("content", S, true),
+    P("store", S, true),     P("path", S, true),       P("content", S, true),
     P("encoding", S, false), R("mode", I, 0, 0777, 0), END};
 
 const struct conch_rpc_method conch_daemon_methods[] = {

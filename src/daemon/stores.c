@@ -64,9 +64,8 @@ int conch_daemon_stores_prepare(struct sandbox *sb, struct conch_err *err)
         if (m->type != CONCH_MOUNT_STORE)
             continue;
         snprintf(dir, sizeof(dir), "%s/stores/%u", base, i);
-        if (!sb->store_views[i] &&
-            (r = conch_store_view_new(db_dir, m->name, m->bytes, dir, sb->id, &sb->store_views[i],
-                                      err)) < 0)
+        if (!sb->store_views[i] && (r = conch_store_view_new(db_dir, m->name, m->bytes, dir, sb->id,
+                                                             &sb->store_views[i], err)) < 0)
             return conch_err_wrap(err, "mount '%s'", m->target);
         snprintf(m->source, sizeof(m->source), "%s", dir);
         if ((r = conch_store_view_materialise(sb->store_views[i], err)) < 0)
@@ -101,8 +100,7 @@ static void peers_collect(struct daemon *d, const char *name, const struct sandb
                           struct peers *p)
 {
     struct conch_list *pos;
-    for (pos = d->sandboxes.next; pos != &d->sandboxes; pos = pos->next)
-    {
+    for (pos = d->sandboxes.next; pos != &d->sandboxes; pos = pos->next) {
         struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
         if (sb == except || sb->state == SB_GONE || sb->state == SB_STOPPING)
             continue;
@@ -167,15 +165,16 @@ static void sync_done(uv_work_t *req, int status)
     json_t *arr = json_array();
     for (unsigned i = 0; i < s->n; i++) {
         const struct conch_store_report *rep = &s->one[i].rep;
-        json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "name",
-                              conch_store_view_name(s->one[i].v), "target", s->one[i].target,
-                              "written", rep->written, "deleted", rep->deleted, "pulled",
-                              rep->pulled, "skipped", rep->skipped, "refused", rep->refused);
+        json_t *o =
+            json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "name", conch_store_view_name(s->one[i].v),
+                      "target", s->one[i].target, "written", rep->written, "deleted", rep->deleted,
+                      "pulled", rep->pulled, "skipped", rep->skipped, "refused", rep->refused);
         if (rep->first_skipped[0])
             json_object_set_new(o, "first_skipped", json_string(rep->first_skipped));
         if (s->one[i].rc < 0 || status < 0) {
-            json_object_set_new(o, "error", json_string(s->one[i].rc < 0 ? s->one[i].err.msg
-                                                                         : "not run (shutdown)"));
+            json_object_set_new(
+                o, "error",
+                json_string(s->one[i].rc < 0 ? s->one[i].err.msg : "not run (shutdown)"));
             log_warn("sandbox %s: store '%s' at '%s': write-back failed: %s", s->sb->id,
                      conch_store_view_name(s->one[i].v), s->one[i].target, s->one[i].err.msg);
         }
@@ -188,8 +187,7 @@ static void sync_done(uv_work_t *req, int status)
     free(s);
 }
 
-int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t *report),
-                             void *arg)
+int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t *report), void *arg)
 {
     if (!conch_daemon_stores_any(sb))
         return 1;
@@ -213,7 +211,8 @@ int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t 
     for (unsigned i = 0; i < s->n; i++) {
         bool again = false; /* two mounts of one store: its peers once */
         for (unsigned k = 0; k < i; k++)
-            again |= !strcmp(conch_store_view_name(s->one[k].v), conch_store_view_name(s->one[i].v));
+            again |=
+                !strcmp(conch_store_view_name(s->one[k].v), conch_store_view_name(s->one[i].v));
         if (!again)
             peers_collect(sb->d, conch_store_view_name(s->one[i].v), sb, &s->peers);
     }

@@ -294,8 +294,7 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
         pm->bytes = m->bytes;
         snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
         if (m->type != CONCH_MOUNT_TMPFS && !m->source[0])
-            return conch_err_set(err, EINVAL, "mount '%s': a store's view was not made",
-                                 m->target);
+            return conch_err_set(err, EINVAL, "mount '%s': a store's view was not made", m->target);
         if (m->type != CONCH_MOUNT_TMPFS && j->root_mode)
             snprintf(pm->src, sizeof(pm->src), "/oldroot" STAGE_ROOT "/%s-m%u", j->name, i);
         else if (m->type != CONCH_MOUNT_TMPFS)

@@ -147,8 +147,8 @@ static int set_type(struct conch_mount *m, const char *v, struct conch_err *err)
         return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
                               "mount type '%s' is not supported yet (tmpfs, bind, store)", v);
     else
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "mount type '%s': tmpfs, bind or store", v);
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount type '%s': tmpfs, bind or store",
+                              v);
     return 0;
 }
 
@@ -184,8 +184,8 @@ static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
                                   "mount '%s': a store needs name=NAME", m->target);
         m->rw = true;
     } else if (m->name[0]) {
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "mount '%s': only a store has a name", m->target);
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount '%s': only a store has a name",
+                              m->target);
     }
     if (!m->target[0])
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount: a target is needed");
@@ -301,8 +301,8 @@ json_t *conch_mount_to_json(const struct conch_mount *m)
         return json_pack("{s:s,s:s,s:I}", "type", "tmpfs", "target", m->target, "size",
                          (json_int_t)m->bytes);
     if (m->type == CONCH_MOUNT_STORE)
-        return json_pack("{s:s,s:s,s:s,s:I}", "type", "store", "name", m->name, "target",
-                         m->target, "size", (json_int_t)m->bytes);
+        return json_pack("{s:s,s:s,s:s,s:I}", "type", "store", "name", m->name, "target", m->target,
+                         "size", (json_int_t)m->bytes);
     return json_pack("{s:s,s:s,s:s,s:b}", "type", "bind", "source", m->source, "target", m->target,
                      "readonly", !m->rw);
 }

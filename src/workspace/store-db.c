@@ -405,9 +405,9 @@ static int parents(struct conch_store *s, const char *path, int64_t version, con
     return 0;
 }
 
-int conch_store__put(struct conch_store *s, const char *path, int kind, const void *buf,
-                     size_t len, uint32_t mode, double mtime, int64_t base, const char *writer,
-                     int64_t version, struct conch_err *err)
+int conch_store__put(struct conch_store *s, const char *path, int kind, const void *buf, size_t len,
+                     uint32_t mode, double mtime, int64_t base, const char *writer, int64_t version,
+                     struct conch_err *err)
 {
     char rep[128];
     int r = replaced_by(s, path, base, writer, rep, sizeof(rep), err);
@@ -519,8 +519,7 @@ int conch_store_ls(struct conch_store *s, const char *path, json_t **ret, struct
         if ((r = row_get(s, p, &kind, &deleted, &v, w, sizeof(w), err)) < 0)
             return r;
         if (r == 1 || deleted)
-            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT, "store '%s': no '%s'", s->name,
-                                  p);
+            return conch_err_setk(err, CONCH_ERR_USAGE, ENOENT, "store '%s': no '%s'", s->name, p);
         if (kind != CONCH_STORE_DIR)
             return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR, "store '%s': '%s' is a file",
                                   s->name, p);
@@ -572,8 +571,7 @@ int conch_store_read(struct conch_store *s, const char *path, char **ret_buf, si
     } else if (rc != SQLITE_ROW) {
         r = db_fail(s, "read", err);
     } else if (sqlite3_column_int(st, 1) == CONCH_STORE_DIR) {
-        r = conch_err_setk(err, CONCH_ERR_USAGE, EISDIR, "store '%s': '%s' is a dir", s->name,
-                           p);
+        r = conch_err_setk(err, CONCH_ERR_USAGE, EISDIR, "store '%s': '%s' is a dir", s->name, p);
     } else {
         size_t len = (size_t)sqlite3_column_bytes(st, 6);
         char *buf = malloc(len + 1);
@@ -674,8 +672,8 @@ int conch_store_list(const char *dir, json_t **ret, struct conch_err *err)
             conch_store__version(s, &version, &e2) >= 0)
             json_array_append_new(arr, json_pack("{s:s,s:I,s:I,s:I,s:I}", "name", name, "bytes",
                                                  (json_int_t)bytes, "entries", (json_int_t)entries,
-                                                 "max_bytes", (json_int_t)s->max_bytes,
-                                                 "version", (json_int_t)version));
+                                                 "max_bytes", (json_int_t)s->max_bytes, "version",
+                                                 (json_int_t)version));
         conch_store_close(s);
     }
     *ret = arr;

@@ -26,9 +26,9 @@ int conch_store__version(struct conch_store *s, int64_t *ret, struct conch_err *
 int conch_store__next_version(struct conch_store *s, int64_t *ret, struct conch_err *err);
 /* Write (or delete) @path at @version by @writer; @base: the version the writer last saw of it
  * (-1: unknown), so that a concurrent update it replaces is recorded in the history. */
-int conch_store__put(struct conch_store *s, const char *path, int kind, const void *buf,
-                     size_t len, uint32_t mode, double mtime, int64_t base, const char *writer,
-                     int64_t version, struct conch_err *err);
+int conch_store__put(struct conch_store *s, const char *path, int kind, const void *buf, size_t len,
+                     uint32_t mode, double mtime, int64_t base, const char *writer, int64_t version,
+                     struct conch_err *err);
 int conch_store__del(struct conch_store *s, const char *path, int64_t base, const char *writer,
                      int64_t version, struct conch_err *err);
 int conch_store__total(struct conch_store *s, uint64_t *ret_bytes, uint64_t *ret_entries,

@@ -95,9 +95,8 @@ static struct ent *ents_find(const struct ents *e, const char *path)
     return e->n ? bsearch(&key, e->v, e->n, sizeof(*e->v), ent_cmp) : NULL;
 }
 
-int conch_store_view_new(const char *db_dir, const char *name, uint64_t max_bytes,
-                         const char *dir, const char *writer, struct conch_store_view **ret,
-                         struct conch_err *err)
+int conch_store_view_new(const char *db_dir, const char *name, uint64_t max_bytes, const char *dir,
+                         const char *writer, struct conch_store_view **ret, struct conch_err *err)
 {
     int r = conch_store_name_check(name, err);
     if (r < 0)
@@ -284,9 +283,9 @@ static int walk_dir(struct walk *w, int dfd, char *path, size_t plen, int depth)
             }
             if (r >= 0 && ents_add(&w->cur, path, CONCH_STORE_DIR, &st, ver) < 0)
                 r = conch_err_set(w->err, ENOMEM, "out of memory");
-            int sub = r >= 0 ? openat(dfd, e->d_name,
-                                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                             : -1;
+            int sub = r >= 0
+                          ? openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                          : -1;
             if (r >= 0 && sub >= 0) {
                 r = walk_dir(w, sub, path, clen, depth + 1);
                 close(sub);
@@ -335,8 +334,8 @@ static int open_parent(int root, const char *path, const char **ret_leaf)
 }
 
 /* Write one row of the store into the dir; fills *@ret_st with what it now is there. */
-static int put_local(int root, const char *path, int kind, const void *buf, size_t len,
-                     mode_t mode, double mtime, struct stat *ret_st)
+static int put_local(int root, const char *path, int kind, const void *buf, size_t len, mode_t mode,
+                     double mtime, struct stat *ret_st)
 {
     const char *leaf = path;
     _cleanup_close_ int pfd = open_parent(root, path, &leaf);

@@ -432,9 +432,8 @@ struct conch_store_view;
  * sandbox id). Nothing is read until conch_store_view_materialise. *@ret is the caller's
  * (conch_store_view_free). Returns 0 or -errno with @err.
  */
-int conch_store_view_new(const char *db_dir, const char *name, uint64_t max_bytes,
-                         const char *dir, const char *writer, struct conch_store_view **ret,
-                         struct conch_err *err);
+int conch_store_view_new(const char *db_dir, const char *name, uint64_t max_bytes, const char *dir,
+                         const char *writer, struct conch_store_view **ret, struct conch_err *err);
 void conch_store_view_free(struct conch_store_view *v);
 const char *conch_store_view_name(const struct conch_store_view *v);
 const char *conch_store_view_dir(const struct conch_store_view *v);
