@@ -500,9 +500,12 @@ static int pull(struct conch_store_view *v, struct conch_store *s, int root, int
                       (size_t)sqlite3_column_bytes(st, 2), (mode_t)sqlite3_column_int(st, 3),
                       sqlite3_column_double(st, 4), &lst);
         if (r < 0) {
-            conch_err_set(err, -r, "store '%s': write '%s' into the view: %s", v->name, path,
-                          strerror(-r));
-            break;
+            /* A link or a file planted where a dir of the store's goes (ELOOP, ENOTDIR):
+             * never followed, the row is left out of the view, which keeps what is there. */
+            rep->refused++;
+            note_skip(rep, path);
+            r = 0;
+            continue;
         }
         if (kind == CONCH_STORE_FILE)
             ents_remove_tree(&v->base, path); /* the file, or a dir it replaced */
