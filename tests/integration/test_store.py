@@ -310,3 +310,16 @@ def test_restart_keeps_the_store(daemon_factory, ws):
     f = c.call("sandbox.fork", {"sandbox": sb})["id"]
     assert sh(c, f, "cat /memories/k/v; echo f > /memories/from-fork")["stdout"] == "kept\n"
     assert "from-fork" in ls(c)
+
+
+def test_view_counts_against_the_disk_limit(daemon, ws):
+    # Between two write-backs the view lies on the state dir's disk: many files there are
+    # stopped by the sandbox's disk limit, as the workspace's changes are.
+    c = daemon.client()
+    sb = mk(c, ws, disk=4 << 20)
+    r = sh(c, sb, "for i in $(seq 60); do head -c 500000 /dev/zero > /memories/f$i || exit 3; "
+                  "sleep 0.05; done; echo all-written", timeout=60)
+    assert "all-written" not in r["stdout"], r
+    assert r["error"]["kind"] == "limit" and "disk limit" in r["error"]["message"], r
+    # What was there when it was stopped is written back, within the store's caps.
+    assert "error" not in r["stores"][0] and r["stores"][0]["written"] >= 1, r
