@@ -231,6 +231,7 @@ enum store_op_kind { OP_LIST, OP_LS, OP_READ, OP_WRITE, OP_DELETE };
 
 struct store_op {
     uv_work_t req;
+    struct daemon *d; /* counted in d->holds while queued: a daemon stopping waits for it */
     struct conch_rpc_call *call;
     enum store_op_kind kind;
     char dir[PATH_MAX];
@@ -319,6 +320,7 @@ static void op_work(uv_work_t *req)
 static void op_done(uv_work_t *req, int status)
 {
     struct store_op *o = req->data;
+    o->d->holds--;
     if (status < 0 && o->rc >= 0) {
         o->rc = -ECANCELED;
         conch_err_set(&o->err, ECANCELED, "cancelled: the daemon is stopping");
@@ -430,6 +432,8 @@ static void store_op_start(struct conch_rpc_call *call, json_t *params, void *ct
                              "cannot queue the store operation");
         goto gone;
     }
+    o->d = c->d;
+    c->d->holds++;
     return;
 gone:
     free(o->content);
