@@ -179,6 +179,23 @@ static double ts_s(struct timespec t)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* @path is not stored this time (over the largest-file cap): what the store has of it stays,
+ * neither overwritten nor deleted, and the next write-back looks at it again. */
+static int refuse(struct walk *w, const struct ent *b, const char *path)
+{
+    w->rep->refused++;
+    note_skip(w->rep, path);
+    if (!b)
+        return 0;
+    if (ents_add(&w->cur, path, b->kind, NULL, b->version) < 0)
+        return conch_err_set(w->err, ENOMEM, "out of memory");
+    struct ent *x = &w->cur.v[w->cur.n - 1];
+    char *p = x->path;
+    *x = *b;
+    x->path = p;
+    return 0;
+}
+
 /* Store the regular file @name in @dfd at @path, if it changed. */
 static int walk_file(struct walk *w, int dfd, const char *name, const char *path)
 {
@@ -201,19 +218,14 @@ static int walk_file(struct walk *w, int dfd, const char *name, const char *path
                    ? conch_err_set(w->err, ENOMEM, "out of memory")
                    : 0;
     uint64_t max = conch_store_file_max(w->s);
-    if ((uint64_t)st.st_size > max) {
-        w->rep->refused++;
-        note_skip(w->rep, path);
-        return 0;
-    }
     _cleanup_free_ char *buf = NULL;
     size_t len = 0;
-    int r = conch_read_fd(fd, path, max, &buf, &len, w->err);
-    if (r == -EFBIG || r == -E2BIG) {
-        w->rep->refused++;
-        note_skip(w->rep, path);
-        return 0;
-    }
+    int r = 0;
+    /* Read one byte past the cap: a file that grew while it was read is refused whole,
+     * never stored cut short. */
+    if ((uint64_t)st.st_size > max ||
+        ((r = conch_read_fd(fd, path, max + 1, &buf, &len, w->err)) >= 0 && len > max))
+        return refuse(w, b, path);
     if (r < 0)
         return r;
     int64_t base_v = b ? b->version : w->v->seen;

@@ -255,9 +255,14 @@ def test_size_caps(daemon, ws):
     rep = r["stores"][0]
     assert rep["refused"] == 1 and rep["first_skipped"] == "big" and "error" not in rep, rep
     assert set(ls(c, "small")) == {"fine"}
+    # A stored file grown past the cap: refused, and what the store has of it stays.
+    r = sh(c, sb, "rm /s/big; head -c 1200000 /dev/zero > /s/fine")
+    assert r["stores"][0]["refused"] == 1 and r["stores"][0]["deleted"] == 0, r
+    assert c.call("store.read", {"store": "small", "path": "fine"})["content"] == "x\n"
+    sh(c, sb, "echo x > /s/fine")
     # Together over the cap: the whole write-back is refused, nothing of it written, and
     # written once room is made.
-    r = sh(c, sb, "rm /s/big; for i in 1 2 3; do head -c 400000 /dev/zero > /s/p$i; done")
+    r = sh(c, sb, "for i in 1 2 3; do head -c 400000 /dev/zero > /s/p$i; done")
     rep = r["stores"][0]
     assert "over its cap" in rep.get("error", ""), rep
     assert set(ls(c, "small")) == {"fine"}
