@@ -543,7 +543,8 @@ static int pull(struct conch_store_view *v, struct conch_store *s, int root, int
         v->base.v[v->base.n - 1].path = p;
     }
     ents_done(&added);
-    qsort(v->base.v, v->base.n, sizeof(*v->base.v), ent_cmp);
+    if (v->base.n)
+        qsort(v->base.v, v->base.n, sizeof(*v->base.v), ent_cmp);
     if (r >= 0)
         v->seen = now;
     return r;
@@ -598,7 +599,7 @@ int conch_store_view_sync(struct conch_store_view *v, struct conch_store_report 
         char path[CONCH_STORE_PATH_MAX] = "";
         if ((r = conch_store__next_version(w.s, &w.version, err)) >= 0)
             r = walk_dir(&w, root, path, 0, 0);
-        if (r >= 0)
+        if (r >= 0 && w.cur.n)
             qsort(w.cur.v, w.cur.n, sizeof(*w.cur.v), ent_cmp);
         /* What was there and is not now: deleted (a dir first, then what was beneath). */
         for (size_t i = 0; r >= 0 && i < v->base.n; i++) {
