@@ -713,6 +713,12 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
 
 static const struct conch_proc_ops shell_ops = {.started = shell_started, .ended = shell_ended};
 
+static void shell_end_synced(void *arg, json_t *report)
+{
+    (void)arg;
+    json_decref(report); /* failures are logged by stores.c; nobody waits for this one */
+}
+
 /* The shell is gone (exit, sandbox destroyed, idle, close): tell every client why. The
  * current command ends with the shell's status; queued ones start a new shell. */
 void conch_daemon_session_end(struct session *s, const char *why)
@@ -733,6 +739,11 @@ void conch_daemon_session_end(struct session *s, const char *why)
         s->shell_died = true;
         conch_daemon_session_run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
     } else {
+        /* What an interactive shell (conch shell, exec -t) left in store mounts is written
+         * back when it ends; session.run's commands were each written back already. */
+        struct sandbox *sb = sess_sb(s);
+        if (sb && (sb->state == SB_READY || sb->state == SB_STOPPED))
+            conch_daemon_stores_sync(sb, shell_end_synced, NULL);
         conch_daemon_session_pump(s);
     }
 }

@@ -101,6 +101,22 @@ def test_round_trip_and_deletes(daemon, ws):
     assert c.call("store.read", {"store": "mem", "path": "sess.txt"})["content"] == "sess\n"
 
 
+def test_an_interactive_shell_is_written_back_when_it_ends(daemon, ws):
+    c = daemon.client()
+    sb = mk(c, ws)
+    sid = c.call("session.open", {"sandbox": sb})["session"]
+    c.call("session.attach", {"session": sid, "write": True})
+    c.call("session.write", {"session": sid, "data": "echo typed > /memories/typed.txt; exit\n"})
+    c.wait_notification("session.ended", lambda p: p["session"] == sid, timeout=30)
+
+    def stored():
+        try:
+            return c.call("store.read", {"store": "mem", "path": "typed.txt"})["content"]
+        except RpcError:
+            return None
+    c.wait_for(lambda: stored() == "typed\n", timeout=30, what="the shell's file in the store")
+
+
 def test_cli_store_verbs(daemon, ws, tmp_path):
     c = daemon.client()
     sock = ["--socket", daemon.sock]
