@@ -219,6 +219,13 @@ def test_planted_links_and_specials_are_not_stored(daemon, ws):
     with open("/etc/passwd") as f:
         assert "pwned" not in f.read()
     assert sh(c, sb, "cat /etc/passwd | grep -c pwned")["stdout"] == "0\n"
+    # The view is its own mount: nothing outside it can be hard-linked in, and the store's
+    # database (the daemon's state dir) is nowhere inside.
+    r = sh(c, sb, "ln /etc/passwd /memories/p 2>&1 | grep -c 'Invalid cross-device link'; "
+                  "find / -xdev \\( -name 'mem.db*' -o -name state.db \\) 2>/dev/null | wc -l; "
+                  "for m in $(awk '{print $2}' /proc/self/mounts); do find $m -maxdepth 3 "
+                  "-name 'mem.db*' 2>/dev/null; done | wc -l")
+    assert r["stdout"] == "1\n0\n0\n", r
 
 
 def test_bad_names_and_paths(daemon, ws):
