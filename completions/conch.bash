@@ -10,6 +10,13 @@ _conch_sandbox_ids()
         awk -v names="$names" 'NR > 1 { print $1; if (names && $2 != "-") print $2 }'
 }
 
+# The daemon's stores.
+_conch_store_names()
+{
+    local sock=$1
+    conch store ${sock:+--socket "$sock"} list 2>/dev/null | awk 'NR > 1 { print $1 }'
+}
+
 # The daemon's session ids.
 _conch_session_ids()
 {
@@ -29,7 +36,7 @@ _conch()
     }
 
     local commands="run doctor serve ps create exec changes diff commit discard snapshot restore
-                    fork snapshots cp network start rm
+                    fork snapshots store cp network start rm
                     logs shell attach sessions js gc mcp help --help --version"
     if [[ $cword -eq 1 ]]; then
         COMPREPLY=($(compgen -W "$commands" -- "$cur"))
@@ -143,6 +150,19 @@ _conch()
                 return
             fi
             opts="--socket --follow -f --help -h" ;;
+        store)
+            # store [options] list|ls|cat|put|rm STORE PATH [FILE]
+            if [[ $cur == -* ]]; then
+                opts="--socket --json --help -h"
+            elif [[ $args -eq 0 ]]; then
+                COMPREPLY=($(compgen -W "list ls cat put rm" -- "$cur"))
+                return
+            elif [[ $args -eq 1 ]]; then
+                COMPREPLY=($(compgen -W "$(_conch_store_names "$sock")" -- "$cur"))
+                return
+            else
+                return
+            fi ;;
         snapshot|restore|fork|snapshots)
             if [[ $args -ge 1 ]]; then
                 return

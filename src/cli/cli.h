@@ -49,6 +49,8 @@ int conch_cli_snapshot(int argc, char **argv);
 int conch_cli_restore(int argc, char **argv);
 int conch_cli_fork(int argc, char **argv);
 int conch_cli_snapshots(int argc, char **argv);
+/* store.c: conch store list|ls|cat|put|rm */
+int conch_cli_store(int argc, char **argv);
 int conch_cli_cp(int argc, char **argv);
 
 #endif

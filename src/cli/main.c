@@ -26,6 +26,7 @@ static void usage(FILE *f)
           "  restore ID SNAPSHOT              return its workspace to a snapshot\n"
           "  fork ID|SNAPSHOT [--name N]      a new sandbox from a sandbox or a snapshot\n"
           "  snapshots [ID]                   list the snapshots (--delete SNAPSHOT)\n"
+          "  store list|ls|cat|put|rm ...     the daemon's named stores (type=store mounts)\n"
           "  cp SRC DST                       copy a file in or out (ID:PATH)\n"
           "  start ID...                      start stopped sandboxes again, changes kept\n"
           "  logs [-f] JOB|SESSION            print a job's or a session's output\n"
@@ -84,7 +85,7 @@ int main(int argc, char **argv)
                  {"discard", conch_cli_discard},   {"cp", conch_cli_cp},
                  {"snapshot", conch_cli_snapshot}, {"restore", conch_cli_restore},
                  {"fork", conch_cli_fork},         {"snapshots", conch_cli_snapshots},
-                 {"network", conch_cli_network}};
+                 {"network", conch_cli_network},   {"store", conch_cli_store}};
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(verb, verbs[i].name))
             return verbs[i].fn(argc - 1, argv + 1);

@@ -45,6 +45,7 @@ static const char usage_text[] =
     "  --mount SPEC        an extra mount, docker's --mount form (repeatable, at most 8):\n"
     "                      type=tmpfs,target=/scratch[,size=64m] or\n"
     "                      type=bind,source=/host/dir,target=/opt/x[,rw] (read-only unless rw)\n"
+    "                      (type=store,name=N,target=/memories: daemon sandboxes only)\n"
     "  --readonly PATH     a workspace path the command cannot change (e.g. .git/hooks;\n"
     "                      repeatable, at most 32 rules): enforced by the kernel, never committed\n"
     "  --hidden PATH       a workspace path the command cannot see (e.g. .env): an empty\n"
@@ -271,6 +272,13 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->tmp_bytes = c->spec.tmp_bytes;
     j->home_bytes = c->spec.home_bytes;
     j->disk_bytes = c->spec.disk_bytes;
+    for (unsigned i = 0; i < c->spec.n_mounts; i++)
+        if (c->spec.mounts[i].type == CONCH_MOUNT_STORE)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
+                                  "mount '%s': a store is kept by the daemon: mount it in a "
+                                  "daemon's sandbox (conch create --mount type=store,...; then "
+                                  "conch exec)",
+                                  c->spec.mounts[i].target);
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
     j->rules = c->spec.rules;

@@ -36,6 +36,7 @@ static void run_free(struct run *r)
     free(r->command);
     conch_bridge_report_done(&r->tools);
     json_decref(r->request_id);
+    json_decref(r->stores);
     if (r->notify)
         conch_rpc_sink_unref(r->notify);
     free(r);
@@ -47,7 +48,7 @@ static void run_free(struct run *r)
 static void run_maybe_free(struct run *r)
 {
     if (r->finished && !r->is_job && r->handles == 0 && !r->scanning && !r->answering &&
-        !r->forgetting)
+        !r->forgetting && !r->syncing)
         run_free(r);
 }
 
@@ -322,6 +323,8 @@ static json_t *run_result(struct run *r, struct conch_ws_changes *changes)
     run_result_fill(r, changes, &res);
     json_t *o = run_result_build(&res, r->tools.calls, r->tools.detached);
     conch_daemon_net_result(r->sb, r->started_at, o);
+    if (o && r->stores)
+        json_object_set(o, "stores", r->stores);
     return o;
 }
 
@@ -358,7 +361,7 @@ static void job_record_exit(struct run *r)
     conch_state_job_put(r->sb->d->state, &rec, NULL);
 }
 
-static json_t *job_status_json(struct run *r)
+json_t *conch_daemon_job_status_json(struct run *r)
 {
     if (!r->finished)
         return json_pack("{s:b,s:n,s:n}", "running", 1, "exit_code", "signal");
@@ -377,6 +380,8 @@ static json_t *job_status_json(struct run *r)
     if (o && end->lost && end->why)
         json_object_set_new(o, "lost", json_string(end->why));
     run_tools_json(r, o);
+    if (o && r->stores)
+        json_object_set(o, "stores", r->stores);
     if (o && r->tools.summary)
         json_object_set_new(o, "tools_summary", json_string(r->tools.summary));
     return o;
@@ -390,7 +395,7 @@ static void waiter_closed(uv_handle_t *h)
 static void waiter_finish(struct job_wait *w)
 {
     conch_list_del(&w->link);
-    conch_rpc_call_reply(w->call, job_status_json(w->job));
+    conch_rpc_call_reply(w->call, conch_daemon_job_status_json(w->job));
     uv_timer_stop(&w->timer);
     w->timer.data = w;
     uv_close((uv_handle_t *)&w->timer, waiter_closed);
@@ -444,6 +449,7 @@ struct answer_job {
     struct run *r;
     struct conch_run_result res; /* out/err borrowed from @r; changes owned */
     json_t *calls, *detached;    /* copies of @r's: the worker owns them */
+    json_t *stores;              /* a copy of @r's, or NULL: the worker's */
     char *text;                  /* the serialised result */
 };
 
@@ -464,6 +470,8 @@ static void answer_work(uv_work_t *req)
 {
     struct answer_job *a = req->data;
     json_t *o = run_result_build(&a->res, a->calls, a->detached);
+    if (o && a->stores)
+        json_object_set(o, "stores", a->stores);
     a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
 }
@@ -501,6 +509,7 @@ static void answer_done(uv_work_t *req, int status)
     conch_ws_changes_done(&a->res.changes);
     json_decref(a->calls);
     json_decref(a->detached);
+    json_decref(a->stores);
     free(a);
     r->answering = false;
     run_answered(r);
@@ -525,7 +534,9 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes, si
     run_result_fill(r, changes, &a->res);
     a->calls = r->tools.calls ? json_deep_copy(r->tools.calls) : NULL;
     a->detached = r->tools.detached ? json_deep_copy(r->tools.detached) : NULL;
-    bool queued = !(r->tools.calls && !a->calls) && !(r->tools.detached && !a->detached);
+    a->stores = r->stores ? json_deep_copy(r->stores) : NULL;
+    bool queued = !(r->tools.calls && !a->calls) && !(r->tools.detached && !a->detached) &&
+                  !(r->stores && !a->stores);
     if (queued && conch_list_empty(&d->answers_waiting) &&
         conch_daemon_answer_reserve(d, a->charge)) {
         queued = uv_queue_work(&d->loop, &a->req, answer_work, answer_done) == 0;
@@ -537,6 +548,7 @@ static bool run_answer_async(struct run *r, struct conch_ws_changes *changes, si
     if (!queued) {
         json_decref(a->calls);
         json_decref(a->detached);
+        json_decref(a->stores);
         free(a);
         return false;
     }
@@ -579,9 +591,9 @@ static void run_disk_what(const struct run *r, char *buf, size_t size)
              (unsigned long long)r->sb->disk_bytes);
 }
 
-/* The driver finished @r (its end came, its pipes are closed): record a job's end, or answer
- * an exec.run. */
-static void run_finish(struct run *r)
+/* The driver finished @r and its store mounts were written back: record a job's end, or
+ * answer an exec.run. */
+static void run_finish_rest(struct run *r)
 {
     r->finished = true;
     conch_list_del(&r->link);
@@ -600,7 +612,7 @@ static void run_finish(struct run *r)
         struct conch_list *pos, *tmp;
         conch_list_for_each_safe(pos, tmp, &r->waiters)
             waiter_finish(conch_list_entry(pos, struct job_wait, link));
-        json_t *st = job_status_json(r);
+        json_t *st = conch_daemon_job_status_json(r);
         json_object_set_new(st, "job_id", json_string(r->job_id));
         json_object_set_new(st, "sandbox", json_string(sb->id));
         json_object_del(st, "running");
@@ -640,6 +652,37 @@ static void run_finish(struct run *r)
     run_answer(r, NULL);
 }
 
+static void run_synced(void *arg, json_t *report)
+{
+    struct run *r = arg;
+    r->syncing = false;
+    json_decref(r->stores);
+    r->stores = report;
+    if (r->orphaned) { /* its sandbox went meanwhile (conch_daemon_run_forget) */
+        if (r->call)
+            conch_rpc_call_failf(r->call, CONCH_RPC_SANDBOX_STOPPED, "sandbox_stopped", NULL,
+                                 "the sandbox was destroyed");
+        r->call = NULL;
+        r->finished = true;
+        run_maybe_free(r);
+        return;
+    }
+    run_finish_rest(r);
+    run_maybe_free(r);
+}
+
+/* The driver finished @r (its end came, its pipes are closed): its store mounts are written
+ * back first (in a worker; it stays in its sandbox's runs, busy, meanwhile), so that its
+ * result, and whatever its caller does next, sees the store as the command left it. */
+static void run_finish(struct run *r)
+{
+    if (!r->forgetting && conch_daemon_stores_sync(r->sb, run_synced, r) == 0) {
+        r->syncing = true;
+        return;
+    }
+    run_finish_rest(r);
+}
+
 void conch_daemon_run_forget(struct run *r)
 {
     /* The driver closes the pipes and, if no end came, ends it as lost: its callbacks run
@@ -647,6 +690,14 @@ void conch_daemon_run_forget(struct run *r)
     r->forgetting = true;
     conch_command_abandon(&r->cmd, "the sandbox was destroyed");
     r->forgetting = false;
+    if (r->syncing) { /* run_synced finishes it */
+        r->orphaned = true;
+        conch_list_del(&r->link);
+        if (r->is_job)
+            conch_list_del(&r->dlink);
+        r->is_job = false;
+        return;
+    }
     if (r->is_job)
         run_free_job(r);
     else
@@ -852,64 +903,6 @@ void conch_daemon_handle_job_start(struct conch_rpc_call *call, json_t *params, 
     conch_rpc_call_reply(call, json_pack("{s:s}", "job_id", r->job_id));
 }
 
-static struct run *find_job(struct client *c, struct conch_rpc_call *call, json_t *params)
-{
-    const char *id = conch_rpc_str(params, "job_id", "");
-    struct conch_list *pos, *tmp;
-    conch_list_for_each_safe(pos, tmp, &c->d->jobs)
-    {
-        struct run *r = conch_list_entry(pos, struct run, dlink);
-        if (!strcmp(r->job_id, id))
-            return r;
-    }
-    conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "job_not_found", NULL, "no job '%s'", id);
-    return NULL;
-}
-
-/* Read up to @max bytes of a job's stream from @offset (its spill file holds every byte). */
-static json_t *read_stream(const struct conch_output *o, long long *offset, long long max)
-{
-    if (*offset < 0)
-        *offset = 0;
-    if (!o->spill_path[0] || (uint64_t)*offset >= o->spilled)
-        return json_string("");
-    _cleanup_close_ int fd = open(o->spill_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return json_string("");
-    uint64_t avail = o->spilled - (uint64_t)*offset;
-    size_t n = (size_t)((uint64_t)max < avail ? (uint64_t)max : avail);
-    _cleanup_free_ char *buf = malloc(n + 1);
-    if (!buf)
-        return json_string("");
-    ssize_t got = pread(fd, buf, n, *offset);
-    if (got < 0)
-        got = 0;
-    *offset += got;
-    json_t *s = conch_json_text(buf, (size_t)got);
-    return s ? s : json_string("");
-}
-
-void conch_daemon_handle_job_output(struct conch_rpc_call *call, json_t *params, void *ctx)
-{
-    struct run *r = find_job(ctx, call, params);
-    if (!r)
-        return;
-    long long so = conch_rpc_int(params, "stdout_offset", 0);
-    long long eo = conch_rpc_int(params, "stderr_offset", 0);
-    long long max = conch_rpc_int(params, "max_bytes", 65536);
-    if (max <= 0 || max > (16 << 20))
-        max = 65536;
-    json_t *out = read_stream(conch_command_output(&r->cmd, CONCH_COMMAND_STDOUT), &so, max);
-    json_t *err = read_stream(conch_command_output(&r->cmd, CONCH_COMMAND_STDERR), &eo, max);
-    json_t *st = job_status_json(r);
-    json_object_set_new(st, "stdout", out);
-    json_object_set_new(st, "stderr", err);
-    json_object_set_new(st, "stdout_offset", json_integer(so));
-    json_object_set_new(st, "stderr_offset", json_integer(eo));
-    json_object_del(st, "signal");
-    conch_rpc_call_reply(call, st);
-}
-
 static void on_wait_timeout(uv_timer_t *t)
 {
     waiter_finish(t->data);
@@ -918,12 +911,12 @@ static void on_wait_timeout(uv_timer_t *t)
 void conch_daemon_handle_job_wait(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
-    struct run *r = find_job(c, call, params);
+    struct run *r = conch_daemon_job_find(c->d, call, params);
     if (!r)
         return;
     double timeout = conch_rpc_num(params, "timeout", 30);
     if (r->finished || timeout <= 0) {
-        conch_rpc_call_reply(call, job_status_json(r));
+        conch_rpc_call_reply(call, conch_daemon_job_status_json(r));
         return;
     }
     struct job_wait *w = calloc(1, sizeof(*w));
@@ -938,60 +931,4 @@ void conch_daemon_handle_job_wait(struct conch_rpc_call *call, json_t *params, v
     w->timer.data = w;
     uv_timer_start(&w->timer, on_wait_timeout, (uint64_t)(timeout * 1000), 0);
     conch_list_add(&r->waiters, &w->link);
-}
-
-void conch_daemon_handle_job_kill(struct conch_rpc_call *call, json_t *params, void *ctx)
-{
-    struct run *r = find_job(ctx, call, params);
-    if (!r)
-        return;
-    int sig = SIGTERM;
-    json_t *s = json_object_get(params, "signal");
-    if (json_is_integer(s))
-        sig = (int)json_integer_value(s);
-    else if (json_is_string(s)) {
-        const char *name = json_string_value(s);
-        if (!strncmp(name, "SIG", 3))
-            name += 3;
-        static const struct {
-            const char *n;
-            int s;
-        } sigs[] = {{"TERM", SIGTERM}, {"KILL", SIGKILL}, {"INT", SIGINT},
-                    {"HUP", SIGHUP},   {"QUIT", SIGQUIT}, {"USR1", SIGUSR1},
-                    {"USR2", SIGUSR2}, {"STOP", SIGSTOP}, {"CONT", SIGCONT}};
-        sig = 0;
-        for (size_t i = 0; i < ARRAY_SIZE(sigs); i++)
-            if (!strcmp(name, sigs[i].n))
-                sig = sigs[i].s;
-    } else if (s) {
-        sig = 0;
-    }
-    if (sig <= 0 || sig >= 65) {
-        conch_rpc_call_fail_param(call, "signal", "unknown signal");
-        return;
-    }
-    if (!r->finished)
-        conch_command_signal(&r->cmd, sig);
-    conch_rpc_call_reply(call, json_pack("{s:b}", "killed", !r->finished));
-}
-
-void conch_daemon_handle_job_list(struct conch_rpc_call *call, json_t *params, void *ctx)
-{
-    struct client *c = ctx;
-    const char *sb = conch_rpc_str(params, "sandbox", NULL);
-    json_t *arr = json_array();
-    struct conch_list *pos, *tmp;
-    conch_list_for_each_safe(pos, tmp, &c->d->jobs)
-    {
-        struct run *r = conch_list_entry(pos, struct run, dlink);
-        if (sb && strcmp(sb, r->sb->id))
-            continue;
-        json_t *o = job_status_json(r);
-        json_object_set_new(o, "job_id", json_string(r->job_id));
-        json_object_set_new(o, "sandbox", json_string(r->sb->id));
-        json_object_set_new(o, "command", conch_json_text(r->command, strlen(r->command)));
-        json_object_set_new(o, "started_at", json_real(r->started_at));
-        json_array_append_new(arr, o);
-    }
-    conch_rpc_call_reply(call, json_pack("{s:o}", "jobs", arr));
 }

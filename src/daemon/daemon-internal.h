@@ -123,6 +123,8 @@ struct sandbox {
     char layer[64];             /* the snapshot its workspace is stacked on (snapshots.c); "" */
     struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
     unsigned n_mounts;
+    /* The views of its store mounts (stores.c; owned), by mount index; NULL for others. */
+    struct conch_store_view *store_views[CONCH_SPEC_MOUNTS_MAX];
     struct conch_path_rule *rules; /* its path rules (owned), n_rules of them */
     unsigned n_rules;
     bool rules_unreadable; /* its record's rules did not parse: it is not started without them */
@@ -188,6 +190,9 @@ struct run {
     bool scanning;             /* a worker lists the workspace's changes for the result */
     bool answering;            /* a worker builds the result (large output) */
     bool no_changes;           /* exec.run "changes": false: the result lists none (no scan) */
+    bool syncing;              /* its store mounts are being written back (stores.c) */
+    bool orphaned;             /* its sandbox went while they were: no result but a failure */
+    json_t *stores;            /* what the write-back did (owned), or NULL */
     struct sink_waiter drain;  /* armed while the client is congested: pipes not read */
     struct conch_list waiters; /* struct job_wait */
     double started_at;
@@ -383,6 +388,34 @@ void conch_daemon_net_result(struct sandbox *sb, double since, json_t *o);
 #define CONCH_NET_RESULT_MAX 100
 void conch_daemon_handle_network_log(struct conch_rpc_call *call, json_t *params, void *ctx);
 void conch_daemon_handle_network_set(struct conch_rpc_call *call, json_t *params, void *ctx);
+
+/* ---- jobs (commands.c runs them; jobs.c reads them) ---- */
+/* conch_daemon_job_find - the job @params' "job_id" names, or NULL with @call failed
+ * (job_not_found). */
+struct run *conch_daemon_job_find(struct daemon *d, struct conch_rpc_call *call, json_t *params);
+/* conch_daemon_job_status_json - a new object: running, exit_code, signal, lost?, tools... */
+json_t *conch_daemon_job_status_json(struct run *r);
+
+/* ---- stores (stores.c) ---- */
+/* conch_daemon_stores_any - @sb has a store mount. */
+bool conch_daemon_stores_any(const struct sandbox *sb);
+/* conch_daemon_stores_prepare - before @sb's warden starts: each store mount's view made (on
+ * the first start) and filled from its store, its source set to the view's dir. On the loop:
+ * a store's size is capped (CONCH_STORE_TOTAL_MAX). Returns 0 or -errno with @err. */
+int conch_daemon_stores_prepare(struct sandbox *sb, struct conch_err *err);
+/* conch_daemon_stores_free - free @sb's views (at its end). */
+void conch_daemon_stores_free(struct sandbox *sb);
+/* conch_daemon_stores_sync - write @sb's store views back in a worker (holding @sb), then
+ * @done(@arg, report) on the loop with a new array, one object per store mount ({name,
+ * target, written, deleted, pulled, skipped, refused, first_skipped?, error?}), which @done
+ * takes. Returns 0 (queued), 1 (no store mount: @done is not called) or -errno. */
+int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t *report),
+                             void *arg);
+void conch_daemon_handle_store_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_store_ls(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_store_read(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_store_write(struct conch_rpc_call *call, json_t *params, void *ctx);
+void conch_daemon_handle_store_delete(struct conch_rpc_call *call, json_t *params, void *ctx);
 
 /* conch_sb_new - a NEW sandbox with a new id, in the registry (d->sandboxes); NULL when out
  * of memory. */

@@ -186,6 +186,8 @@ int conch_sb_spawn(struct sandbox *sb, bool async, struct conch_err *err)
         (r = conch_daemon_layer_stack(sb->d, sb->layer, &layers, &spec.n_layers, err)) < 0)
         return conch_err_wrap(err, "sandbox '%s'", sb->id);
     spec.layers = layers;
+    if ((r = conch_daemon_stores_prepare(sb, err)) < 0)
+        return conch_err_wrap(err, "sandbox '%s'", sb->id);
     spec.mounts = sb->mounts;
     spec.n_mounts = sb->n_mounts;
     if (sb->rules_unreadable)
@@ -379,6 +381,7 @@ static void on_idle_closed(uv_handle_t *h)
         conch_budget_uncharge(sb->held.parent, left);
     }
     json_decref(sb->env);
+    conch_daemon_stores_free(sb);
     free(sb->mounts);
     free(sb->rules);
     free(sb->sockets);

@@ -381,6 +381,15 @@ static const struct conch_rpc_param p_js_eval[] = {P("sandbox", S, true),
 static const struct conch_rpc_param p_js_session[] = {P("sandbox", S, true), P("session", S, false),
                                                       END};
 
+/* stores (stores.c) */
+static const struct conch_rpc_param p_store_ls[] = {P("store", S, true), P("path", S, false), END};
+static const struct conch_rpc_param p_store_path[] = {P("store", S, true), P("path", S, true), END};
+static const struct conch_rpc_param p_store_read[] = {P("store", S, true), P("path", S, true),
+                                                      P("encoding", S, false), END};
+static const struct conch_rpc_param p_store_write[] = {
+    P("store", S, true),     P("path", S, true),       P("content", S, true),
+    P("encoding", S, false), R("mode", I, 0, 0777, 0), END};
+
 const struct conch_rpc_method conch_daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
     {"sandbox.create", p_create, handle_sandbox_create},
@@ -437,5 +446,10 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"js.list", p_sandbox, conch_daemon_handle_js_list},
     {"network.log", p_sandbox, conch_daemon_handle_network_log},
     {"network.set", p_network_set, conch_daemon_handle_network_set},
+    {"store.list", p_none, conch_daemon_handle_store_list},
+    {"store.ls", p_store_ls, conch_daemon_handle_store_ls},
+    {"store.read", p_store_read, conch_daemon_handle_store_read},
+    {"store.write", p_store_write, conch_daemon_handle_store_write},
+    {"store.delete", p_store_path, conch_daemon_handle_store_delete},
     {NULL, NULL, NULL},
 };

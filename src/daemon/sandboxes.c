@@ -185,6 +185,7 @@ struct measure {
     uint64_t started_ms;
     char upper[PATH_MAX + 16];
     char spill[PATH_MAX];
+    char stores[PATH_MAX + 96]; /* its store mounts' views (stores.c), or "" */
     uint64_t charged;
 };
 
@@ -193,7 +194,9 @@ static void measure_work(uv_work_t *req)
     struct measure *m = req->data;
     uint64_t a = m->upper[0] ? disk_charge(m->upper) : 0;
     uint64_t b = m->spill[0] ? disk_charge(m->spill) : 0;
+    uint64_t c = m->stores[0] ? disk_charge(m->stores) : 0;
     m->charged = a > UINT64_MAX - b ? UINT64_MAX : a + b;
+    m->charged = m->charged > UINT64_MAX - c ? UINT64_MAX : m->charged + c;
 }
 
 static void measure_done(uv_work_t *req, int status)
@@ -235,6 +238,12 @@ static void measure_start(struct sandbox *sb)
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
     snprintf(m->spill, sizeof(m->spill), "%s", sb->spill_dir);
+    /* A store's view lies on the state dir's disk between two write-backs: it counts
+     * against the sandbox's disk limit as the workspace's changes do. */
+    if (conch_daemon_stores_any(sb) &&
+        snprintf(m->stores, sizeof(m->stores), "%s/sandboxes/%s/stores", sb->d->state_dir,
+                 sb->id) >= (int)sizeof(m->stores))
+        m->stores[0] = '\0';
     if (uv_queue_work(&sb->d->loop, &m->req, measure_work, measure_done) < 0) {
         free(m);
         return;

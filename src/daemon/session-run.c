@@ -243,7 +243,8 @@ struct session_answer {
     struct result_extra x;
     struct conch_ws_changes changes; /* owned */
     bool has_changes;
-    char *text; /* what the worker serialised */
+    json_t *stores; /* what the write-back of its store mounts did (owned), or NULL */
+    char *text;     /* what the worker serialised */
 };
 
 static void session_answer_free(struct session_answer *a)
@@ -253,6 +254,7 @@ static void session_answer_free(struct session_answer *a)
     conch_output_done(&a->res.err);
     conch_run_tool_calls_done(&a->res.tools);
     conch_ws_changes_done(&a->changes);
+    json_decref(a->stores);
     free(a->text);
     free(a);
 }
@@ -274,6 +276,8 @@ static void answer_work(uv_work_t *req)
     json_t *o = session_result_json(&a->res, &a->x);
     if (o && a->has_changes)
         conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
+    if (o && a->stores)
+        json_object_set(o, "stores", a->stores);
     a->text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
 }
@@ -301,6 +305,8 @@ static void session_answer_send(struct session_answer *a)
     a->result = NULL;
     if (o && a->has_changes)
         conch_ws_changes_json_set(o, &a->changes, SESSION_CHANGES_MAX);
+    if (o && a->stores)
+        json_object_set(o, "stores", a->stores);
     conch_rpc_call_reply(a->call, o);
     session_answered(a);
 }
@@ -317,6 +323,24 @@ static void changes_done(void *arg, int rc, struct conch_ws_changes *changes,
         a->has_changes = true;
     }
     session_answer_send(a);
+}
+
+/* The result lists the workspace's changes, as exec.run's does: a worker scans them. */
+static void session_scan(struct session_answer *a, struct sandbox *sb)
+{
+    if (sb && sb->upper_dir[0] && !sb->super.gone &&
+        conch_daemon_sandbox_changes_async(sb, changes_done, a) == 0)
+        return;
+    session_answer_send(a);
+}
+
+static void session_synced(void *arg, json_t *report)
+{
+    struct session_answer *a = arg;
+    a->stores = report;
+    struct session *s = conch_daemon_session_find(a->session);
+    struct sandbox *sb = s ? sess_sb(s) : NULL;
+    session_scan(a, sb && sb->state != SB_GONE ? sb : NULL);
 }
 
 /* Build and send the result of the current command, then start the next one. */
@@ -406,11 +430,10 @@ void conch_daemon_session_run_finish(struct session *s)
     /* Until the answer is out the next command waits: it would otherwise see this one's
      * changes as its own, or be answered first. */
     s->scanning = true;
-    /* The result lists the workspace's changes, as exec.run's does: a worker scans them. */
-    if (sb && sb->upper_dir[0] && !sb->super.gone &&
-        conch_daemon_sandbox_changes_async(sb, changes_done, a) == 0)
+    /* Its store mounts are written back first (stores.c), as after exec.run. */
+    if (sb && conch_daemon_stores_sync(sb, session_synced, a) == 0)
         return;
-    session_answer_send(a);
+    session_scan(a, sb);
 }
 
 void conch_daemon_session_fail_queue(struct session *s, const char *why)
@@ -690,6 +713,12 @@ static void shell_ended(struct conch_proc *p, const struct conch_proc_end *end)
 
 static const struct conch_proc_ops shell_ops = {.started = shell_started, .ended = shell_ended};
 
+static void shell_end_synced(void *arg, json_t *report)
+{
+    (void)arg;
+    json_decref(report); /* failures are logged by stores.c; nobody waits for this one */
+}
+
 /* The shell is gone (exit, sandbox destroyed, idle, close): tell every client why. The
  * current command ends with the shell's status; queued ones start a new shell. */
 void conch_daemon_session_end(struct session *s, const char *why)
@@ -710,6 +739,11 @@ void conch_daemon_session_end(struct session *s, const char *why)
         s->shell_died = true;
         conch_daemon_session_run_finish(s); /* pumps the queue: a new shell if the sandbox lives */
     } else {
+        /* What an interactive shell (conch shell, exec -t) left in store mounts is written
+         * back when it ends; session.run's commands were each written back already. */
+        struct sandbox *sb = sess_sb(s);
+        if (sb && (sb->state == SB_READY || sb->state == SB_STOPPED))
+            conch_daemon_stores_sync(sb, shell_end_synced, NULL);
         conch_daemon_session_pump(s);
     }
 }

@@ -346,3 +346,13 @@ char conch_fs__type_letter(mode_t m)
         return 'l';
     return 'o';
 }
+
+char *conch_fs_base64_encode(const unsigned char *data, size_t len, size_t *ret_len)
+{
+    return conch_fs__base64_encode(data, len, ret_len);
+}
+
+int conch_fs_base64_decode(const char *s, size_t len, unsigned char **ret, size_t *ret_len)
+{
+    return conch_fs__base64_decode(s, len, ret, ret_len);
+}

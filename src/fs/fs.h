@@ -152,4 +152,11 @@ int conch_fs_worker_run(int req_fd, int resp_fd);
  */
 int conch_fs_worker_serve(int sock);
 
+/* conch_fs_base64_encode - a new NUL-terminated standard base64 (padded) string of @data.
+ * conch_fs_base64_decode - decode @s (@len bytes; padding optional, no other characters) into
+ * a new *@ret of *@ret_len bytes. Returns 0, -EINVAL for bad base64, -ENOMEM. (The same
+ * coding as the file operations' "encoding": "base64", for the daemon's other methods.) */
+char *conch_fs_base64_encode(const unsigned char *data, size_t len, size_t *ret_len);
+int conch_fs_base64_decode(const char *s, size_t len, unsigned char **ret, size_t *ret_len);
+
 #endif

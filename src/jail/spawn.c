@@ -254,8 +254,8 @@ static int stage_mounts(struct conch_jail *j, const struct conch_jail_spec *spec
         return r;
     for (unsigned i = 0; i < spec->n_mounts; i++) {
         const struct conch_mount *m = &spec->mounts[i];
-        if (m->type != CONCH_MOUNT_BIND)
-            continue;
+        if (m->type == CONCH_MOUNT_TMPFS)
+            continue; /* a bind or a store's view: a host dir */
         struct stat st;
         if (stat(m->source, &st) < 0 || !S_ISDIR(st.st_mode))
             return conch_err_setk(err, CONCH_ERR_USAGE, ENOTDIR,
@@ -293,9 +293,11 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
         pm->rw = m->rw;
         pm->bytes = m->bytes;
         snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
-        if (m->type == CONCH_MOUNT_BIND && j->root_mode)
+        if (m->type != CONCH_MOUNT_TMPFS && !m->source[0])
+            return conch_err_set(err, EINVAL, "mount '%s': a store's view was not made", m->target);
+        if (m->type != CONCH_MOUNT_TMPFS && j->root_mode)
             snprintf(pm->src, sizeof(pm->src), "/oldroot" STAGE_ROOT "/%s-m%u", j->name, i);
-        else if (m->type == CONCH_MOUNT_BIND)
+        else if (m->type != CONCH_MOUNT_TMPFS)
             snprintf(pm->src, sizeof(pm->src), "/oldroot%s", m->source);
     }
     plan->n_mounts = (int)spec->n_mounts;

@@ -1,4 +1,4 @@
-/* mounts.c - extra mounts of a sandbox (issue 18): `tmpfs` and `bind`, written as docker's
+/* mounts.c - extra mounts of a sandbox (issue 18): `tmpfs`, `bind` and `store`, written as docker's
  * --mount (type=bind,source=/a,target=/b,ro) or as JSON objects, and host unix sockets passed
  * in (issue 19: a bind of one socket file, --pass-socket HOST[:INSIDE] or "sockets"), parsed
  * and checked here once for every way in (conch run, conch create, sandbox.create). */
@@ -147,6 +147,23 @@ static int path_ok(const char *what, const char *p, struct conch_err *err)
     return 0;
 }
 
+/* A store's name: what workspace/'s conch_store_name_check allows (spec/ is below it). */
+static int store_name_ok(const char *name, struct conch_err *err)
+{
+    size_t n = strlen(name);
+    bool ok = n > 0 && n <= CONCH_MOUNT_STORE_NAME_MAX && name[0] != '.' && name[0] != '-';
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+             (name[i] >= '0' && name[i] <= '9') || name[i] == '-' || name[i] == '_' ||
+             name[i] == '.';
+    if (!ok)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "store name '%.80s': 1 to %d of [A-Za-z0-9._-], not starting with "
+                              "'.' or '-'",
+                              name, CONCH_MOUNT_STORE_NAME_MAX);
+    return 0;
+}
+
 int conch_mount_check(const struct conch_mount *m, struct conch_err *err)
 {
     int r = path_ok("target", m->target, err);
@@ -169,6 +186,16 @@ int conch_mount_check(const struct conch_mount *m, struct conch_err *err)
             return conch_err_setk(err, CONCH_ERR_USAGE, ERANGE,
                                   "mount '%s': size must be between 64 KiB and 1 TiB", m->target);
         return 0;
+    }
+    if (m->type == CONCH_MOUNT_STORE) {
+        if ((r = store_name_ok(m->name, err)) < 0)
+            return r;
+        if (m->bytes < CONCH_SPEC_SIZE_MIN || m->bytes > (16ULL << 30))
+            return conch_err_setk(err, CONCH_ERR_USAGE, ERANGE,
+                                  "mount '%s': a store's size must be between 64 KiB and 16 GiB",
+                                  m->target);
+        if (!m->source[0])
+            return 0; /* its view is the daemon's to make */
     }
     if ((r = path_ok("source", m->source, err)) < 0)
         return r;
@@ -203,11 +230,14 @@ static int set_type(struct conch_mount *m, const char *v, struct conch_err *err)
         m->type = CONCH_MOUNT_TMPFS;
     else if (!strcmp(v, "bind"))
         m->type = CONCH_MOUNT_BIND;
-    else if (!strcmp(v, "overlay") || !strcmp(v, "store"))
+    else if (!strcmp(v, "store"))
+        m->type = CONCH_MOUNT_STORE;
+    else if (!strcmp(v, "overlay"))
         return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                              "mount type '%s' is not supported yet (tmpfs, bind)", v);
+                              "mount type '%s' is not supported yet (tmpfs, bind, store)", v);
     else
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount type '%s': tmpfs or bind", v);
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount type '%s': tmpfs, bind or store",
+                              v);
     return 0;
 }
 
@@ -223,13 +253,29 @@ static void mount_init(struct conch_mount *m)
 {
     memset(m, 0, sizeof(*m));
     m->type = -1;
-    m->bytes = 64ULL << 20;
 }
 
 static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
 {
     if ((int)m->type < 0)
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount: type=tmpfs|bind is needed");
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "mount: type=tmpfs|bind|store is needed");
+    if (!m->bytes)
+        m->bytes = m->type == CONCH_MOUNT_STORE ? 256ULL << 20 : 64ULL << 20;
+    if (m->type == CONCH_MOUNT_STORE) {
+        if (m->source[0])
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount '%s': a store has no source (its files are in the "
+                                  "daemon's state dir; name=NAME says which)",
+                                  m->target);
+        if (!m->name[0])
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount '%s': a store needs name=NAME", m->target);
+        m->rw = true;
+    } else if (m->name[0]) {
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount '%s': only a store has a name",
+                              m->target);
+    }
     if (!m->target[0])
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount: a target is needed");
     if (m->type == CONCH_MOUNT_BIND && !m->source[0])
@@ -267,6 +313,8 @@ int conch_mount_parse(const char *text, struct conch_mount *ret, struct conch_er
             r = set_str(m.target, sizeof(m.target), "target", v, err);
         else if (!strcmp(kv, "size") && v)
             r = conch_parse_size(v, "mount size", &m.bytes, err);
+        else if (!strcmp(kv, "name") && v)
+            r = set_str(m.name, sizeof(m.name), "name", v, err);
         else if ((!strcmp(kv, "ro") || !strcmp(kv, "readonly")) &&
                  (!v || !strcmp(v, "true") || !strcmp(v, "1")))
             m.rw = false, have_rw = true;
@@ -275,7 +323,7 @@ int conch_mount_parse(const char *text, struct conch_mount *ret, struct conch_er
         else
             r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                "mount '%s': unknown or incomplete '%s' (type=, source=, "
-                               "target=, size=, ro, rw)",
+                               "target=, size=, name=, ro, rw)",
                                text, kv);
         if (r < 0)
             return r;
@@ -313,7 +361,9 @@ int conch_mount_from_json(json_t *v, struct conch_mount *ret, struct conch_err *
             r = set_str(m.source, sizeof(m.source), "source", json_string_value(e), err);
         else if (!strcmp(k, "target") && str)
             r = set_str(m.target, sizeof(m.target), "target", json_string_value(e), err);
-        else if (!strcmp(k, "size") && json_is_integer(e) && json_integer_value(e) >= 0)
+        else if (!strcmp(k, "name") && str)
+            r = set_str(m.name, sizeof(m.name), "name", json_string_value(e), err);
+        else if (!strcmp(k, "size") && json_is_integer(e) && json_integer_value(e) > 0)
             m.bytes = (uint64_t)json_integer_value(e);
         else if (!strcmp(k, "size") && str)
             r = conch_parse_size(json_string_value(e), "mount size", &m.bytes, err);
@@ -322,7 +372,7 @@ int conch_mount_from_json(json_t *v, struct conch_mount *ret, struct conch_err *
         else
             r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                "mount: unknown or mistyped member '%s' (type, source, target, "
-                               "size, readonly)",
+                               "size, name, readonly)",
                                k);
         if (r < 0)
             return r;
@@ -339,6 +389,9 @@ json_t *conch_mount_to_json(const struct conch_mount *m)
     if (m->type == CONCH_MOUNT_TMPFS)
         return json_pack("{s:s,s:s,s:I}", "type", "tmpfs", "target", m->target, "size",
                          (json_int_t)m->bytes);
+    if (m->type == CONCH_MOUNT_STORE)
+        return json_pack("{s:s,s:s,s:s,s:I}", "type", "store", "name", m->name, "target", m->target,
+                         "size", (json_int_t)m->bytes);
     return json_pack("{s:s,s:s,s:s,s:b}", "type", "bind", "source", m->source, "target", m->target,
                      "readonly", !m->rw);
 }

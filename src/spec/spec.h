@@ -61,13 +61,18 @@ const char *conch_ws_mode_name(enum conch_ws_mode mode);
 
 /* Extra mounts (mounts.c). */
 #define CONCH_SPEC_MOUNTS_MAX 8
-enum conch_mount_type { CONCH_MOUNT_TMPFS, CONCH_MOUNT_BIND };
+/* A store mount is a named store's files (workspace/'s stores) in a dir of the daemon's that
+ * the sandbox gets as a writable bind: the daemon fills @source before the sandbox starts; the
+ * jail binds it as it binds any rw source. */
+enum conch_mount_type { CONCH_MOUNT_TMPFS, CONCH_MOUNT_BIND, CONCH_MOUNT_STORE };
+#define CONCH_MOUNT_STORE_NAME_MAX 64
 struct conch_mount {
     enum conch_mount_type type;
-    char source[1024]; /* bind: an absolute host directory */
+    char source[1024]; /* bind: an absolute host directory; store: its view (the daemon's) */
     char target[1024]; /* an absolute path inside the sandbox */
-    uint64_t bytes;    /* tmpfs: its size (default 64 MiB) */
-    bool rw;           /* bind: writable (default read-only); tmpfs: always */
+    uint64_t bytes;    /* tmpfs: its size (default 64 MiB); store: its cap if it is new */
+    bool rw;           /* bind: writable (default read-only); tmpfs and store: always */
+    char name[CONCH_MOUNT_STORE_NAME_MAX + 1]; /* store: which one */
 };
 
 /* Path rules in the workspace (rules.c): read-only subpaths and hidden paths, relative to

@@ -363,4 +363,100 @@ int conch_ws_since_prepare(int live_upper, const int *layers, int n_layers, int 
 /* conch_ws_since_done - close @s's fds and remove the dirs built for it. */
 void conch_ws_since_done(struct conch_ws_since *s);
 
+/* ---- named stores (store-db.c, store-sync.c) ----
+ * Files kept in one SQLite database per store (<dir>/<name>.db), seen by a sandbox as an
+ * ordinary directory (a view the daemon materialises and writes back after each command).
+ * Changes are transactions; concurrent changes to one path: the last writer wins, and the
+ * replaced writer is recorded in the store's history. */
+#define CONCH_STORE_NAME_MAX 64
+#define CONCH_STORE_PATH_MAX 1024
+#define CONCH_STORE_FILE_MAX (64ULL << 20)       /* the largest file a store keeps */
+#define CONCH_STORE_TOTAL_DEFAULT (256ULL << 20) /* a new store's cap on its files' bytes */
+#define CONCH_STORE_TOTAL_MAX (16ULL << 30)
+#define CONCH_STORE_ENTRIES_MAX 100000 /* files and dirs in one store */
+enum { CONCH_STORE_FILE = 0, CONCH_STORE_DIR = 1 };
+
+struct conch_store;
+
+/* conch_store_name_check - @name is 1 to 64 of [A-Za-z0-9._-], not starting with '.' or '-'. */
+int conch_store_name_check(const char *name, struct conch_err *err);
+/* conch_store_path_normalize - @in ("/a//b/", "a/b") as the store keeps it ("a/b"; "" is the
+ * root) in @out (@size bytes): no '.' or '..' component, no control character, components of
+ * at most 255 bytes, at most CONCH_STORE_PATH_MAX - 1 bytes. Returns 0 or -errno (usage). */
+int conch_store_path_normalize(const char *in, char *out, size_t size, struct conch_err *err);
+
+/*
+ * conch_store_open - open the store @name in @dir. @max_bytes 0: it must exist (ENOENT, a
+ * usage error, otherwise); else it is created if missing, with @max_bytes as its cap (an
+ * existing store keeps the cap it was made with). One connection, for one thread at a time;
+ * several connections (threads, processes) may use one store. *@ret is the caller's
+ * (conch_store_close). Returns 0 or -errno with @err.
+ */
+int conch_store_open(const char *dir, const char *name, uint64_t max_bytes,
+                     struct conch_store **ret, struct conch_err *err);
+void conch_store_close(struct conch_store *s);
+/* The store's cap on its files' bytes, and on one file's (the smaller of it and 64 MiB). */
+uint64_t conch_store_max_bytes(const struct conch_store *s);
+uint64_t conch_store_file_max(const struct conch_store *s);
+
+/* conch_store_ls - *@ret: a new array of the entries in the dir @path ("" or "/": the root),
+ * each {name, path, type: "file"|"dir", size, mode, mtime, writer}. */
+int conch_store_ls(struct conch_store *s, const char *path, json_t **ret, struct conch_err *err);
+/* conch_store_read - the file @path: *@ret_buf (malloc'd, NUL-terminated beyond *@ret_len) and
+ * *@ret_meta (a new object as conch_store_ls lists). */
+int conch_store_read(struct conch_store *s, const char *path, char **ret_buf, size_t *ret_len,
+                     json_t **ret_meta, struct conch_err *err);
+/* conch_store_write - make @path a file of @len bytes of @buf (mode & 0777), its parent dirs
+ * made, in one transaction recorded as @writer. Refused (EFBIG, ENOSPC; a `limit` error) past
+ * the store's caps. */
+int conch_store_write(struct conch_store *s, const char *path, const void *buf, size_t len,
+                      uint32_t mode, const char *writer, struct conch_err *err);
+/* conch_store_delete - remove the file or dir (with what is in it) @path; ENOENT if missing. */
+int conch_store_delete(struct conch_store *s, const char *path, const char *writer,
+                       struct conch_err *err);
+/* conch_store_list - *@ret: a new array of the stores in @dir, each {name, bytes, entries,
+ * max_bytes, version} (none when @dir is missing). */
+int conch_store_list(const char *dir, json_t **ret, struct conch_err *err);
+
+/* What one write-back did. */
+struct conch_store_report {
+    unsigned written, deleted, pulled; /* entries stored, removed, and brought in from others */
+    unsigned skipped;                  /* symlinks, devices, fifos, sockets: never stored */
+    unsigned refused;                  /* files over the largest-file cap: not stored */
+    char first_skipped[256];           /* the first of those (skipped or refused), quoted */
+};
+
+struct conch_store_view;
+
+/*
+ * conch_store_view_new - a view of the store @name (in @db_dir; created with @max_bytes if
+ * missing) at the host dir @dir (made if missing, mode 0700), written back as @writer (a
+ * sandbox id). Nothing is read until conch_store_view_materialise. *@ret is the caller's
+ * (conch_store_view_free). Returns 0 or -errno with @err.
+ */
+int conch_store_view_new(const char *db_dir, const char *name, uint64_t max_bytes, const char *dir,
+                         const char *writer, struct conch_store_view **ret, struct conch_err *err);
+void conch_store_view_free(struct conch_store_view *v);
+const char *conch_store_view_name(const struct conch_store_view *v);
+const char *conch_store_view_dir(const struct conch_store_view *v);
+
+/*
+ * conch_store_view_materialise - empty the view's dir and fill it with the store's files (their
+ * modes and mtimes), remembering what each looked like. For before the sandbox starts.
+ * conch_store_view_sync - write back what changed in the dir since (a file whose inode,
+ * size, mode, mtime or ctime differs; a new file or dir; one gone) in one transaction, then
+ * bring in what other writers changed since. Only regular files and dirs are stored: what
+ * else is there is skipped (counted in @rep), never followed; nothing is followed through a
+ * symlink. A transaction refused (over the store's cap) or interrupted leaves the store as
+ * it was and the dir's changes pending (the next sync tries again). Both take the view's
+ * lock: one at a time per view, from any thread. Return 0 or -errno with @err.
+ */
+int conch_store_view_materialise(struct conch_store_view *v, struct conch_err *err);
+int conch_store_view_sync(struct conch_store_view *v, struct conch_store_report *rep,
+                          struct conch_err *err);
+/* conch_store_view_pull - bring what other writers changed into the dir, but where the dir
+ * has a change of its own not written back yet (that write-back wins, later). Takes the
+ * view's lock. Returns 0 or -errno with @err. */
+int conch_store_view_pull(struct conch_store_view *v, struct conch_err *err);
+
 #endif

@@ -15,6 +15,7 @@ CLIENT_VERBS = [
     ["ps"], ["create"], ["exec", "dev", "--", "true"], ["changes", "dev"], ["diff", "dev"],
     ["commit", "dev"], ["discard", "dev"], ["cp", "dev:/x", "/tmp/x"], ["rm", "dev"],
     ["shell", "dev"], ["attach", "ses-1"], ["sessions"], ["start", "dev"], ["logs", "job-1"],
+    ["store", "list"], ["store", "cat", "mem", "x"],
 ]
 
 

@@ -84,7 +84,9 @@ class ProtocolMethods:
         for its answer) and ``max_tool_calls`` (per command) for the tool bridge.
         ``mounts``: extra mounts, each ``{"type": "tmpfs", "target", "size"?}``,
         ``{"type": "bind", "source", "target", "readonly"?}`` (read-only unless
-        ``readonly=False``) or docker's ``"type=tmpfs,target=/scratch"``.
+        ``readonly=False``), ``{"type": "store", "name", "target", "size"?}`` (a named
+        store, written back after each command: see store_*) or docker's
+        ``"type=tmpfs,target=/scratch"``.
         ``net``: "none" (default; "allow" when ``allow`` is given), "allow" (HTTP/HTTPS
         through the daemon's proxy by the ``allow``/``deny`` rules: ``"pypi.org"``,
         ``"*.npmjs.org"``, ``"10.0.0.5:8080"``; deny wins) or "host".
@@ -292,6 +294,33 @@ class ProtocolMethods:
     def workspace_snapshot_delete(self, snapshot: str):
         """workspace.snapshot_delete (refused with snapshot_in_use while others build on it)."""
         return self._request("workspace.snapshot_delete", _params(snapshot=snapshot))
+
+    # -- store.* (named stores; a sandbox mounts one with {"type": "store", "name", "target"})
+    def store_list(self):
+        """store.list -> ``{"stores": [{"name", "bytes", "entries", "max_bytes", "version"}]}``."""
+        return self._request("store.list", {})
+
+    def store_ls(self, store: str, path: str = ""):
+        """store.ls -> ``{"store", "entries": [{"name", "path", "type", "size", "mode",
+        "mtime", "writer"}]}`` (the dir ``path``; "" is the root)."""
+        return self._request("store.ls", _params(store=store, path=path))
+
+    def store_read(self, store: str, path: str, *, encoding: Optional[str] = None):
+        """store.read -> the entry plus ``content`` and ``encoding`` ("utf-8" when the file is
+        text, else "base64"; ``encoding="base64"`` asks for base64 always)."""
+        return self._request("store.read", _params(store=store, path=path, encoding=encoding))
+
+    def store_write(self, store: str, path: str, content: str, *,
+                    encoding: Optional[str] = None, mode: Optional[int] = None):
+        """store.write: the file ``path`` (parent dirs made; the store made if missing), in one
+        transaction -> ``{"store", "path", "size"}``. ``encoding``: "utf-8" (default) or
+        "base64". Refused with ``limit`` past the store's caps."""
+        return self._request("store.write", _params(store=store, path=path, content=content,
+                                                    encoding=encoding, mode=mode))
+
+    def store_delete(self, store: str, path: str):
+        """store.delete: a file, or a dir with what is in it -> ``{"store", "path"}``."""
+        return self._request("store.delete", _params(store=store, path=path))
 
     def sandbox_fork(self, *, sandbox: Optional[str] = None, snapshot: Optional[str] = None,
                      name: Optional[str] = None, force: Optional[bool] = None):

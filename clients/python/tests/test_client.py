@@ -415,3 +415,26 @@ def test_block_error_is_not_masked_when_the_daemon_is_gone(conch_bin, state_dir)
             c.process.kill()
             c.process.wait()
     c.close()
+
+
+def test_store_methods(client):
+    name = f"py-{os.getpid()}-{time.time_ns()}"
+    info = client.sandbox_create(mounts=[{"type": "store", "name": name, "target": "/mem"}])
+    try:
+        r = client.exec_run(info["id"], "mkdir -p /mem/d && echo inside > /mem/d/f")
+        assert r["stores"][0]["written"] == 2 and r["stores"][0]["name"] == name
+        assert client.store_read(name, "d/f")["content"] == "inside\n"
+        client.store_write(name, "host.bin", "AAE=", encoding="base64", mode=0o600)
+        got = client.store_read(name, "host.bin")
+        assert (got["content"], got["encoding"], got["mode"]) == ("AAE=", "base64", 0o600)
+        assert client.exec_run(info["id"], "od -An -tx1 /mem/host.bin")["stdout"].split() == ["00", "01"]
+        assert [e["name"] for e in client.store_ls(name)["entries"]] == ["d", "host.bin"]
+        client.store_delete(name, "d")
+        assert [e["name"] for e in client.store_ls(name)["entries"]] == ["host.bin"]
+        assert name in [s["name"] for s in client.store_list()["stores"]]
+        with pytest.raises(FileNotFound):
+            client.store_read(name, "d/f")
+        with pytest.raises(InvalidPath):
+            client.store_read(name, "../x")
+    finally:
+        client.sandbox_destroy(info["id"])

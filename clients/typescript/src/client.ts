@@ -39,7 +39,7 @@ export interface SandboxCreateParams {
   tool_timeout?: number;
   /** Tool calls one command may make (default 10,000). */
   max_tool_calls?: number;
-  /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
+  /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), `{type: "store", name, target, size?}` (a named store, written back after each command), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
   mounts?: (MountSpec | string)[];
   /** The network: "none" (default; "allow" when `allow` is given), "allow" (HTTP/HTTPS through the daemon's proxy by the rules) or "host". */
   net?: NetMode;
@@ -107,11 +107,52 @@ export interface NetworkLog extends NetworkPolicy {
 }
 
 export interface MountSpec {
-  type: "tmpfs" | "bind";
+  type: "tmpfs" | "bind" | "store";
   target: string;
   source?: string;
+  /** tmpfs: its size; store: its cap (bytes) when it is new (default 256 MiB) */
   size?: number | string;
   readonly?: boolean;
+  /** store: which one (1-64 of [A-Za-z0-9._-]) */
+  name?: string;
+}
+
+/** An entry of a store (store.ls, store.read). */
+export interface StoreEntry {
+  name: string;
+  path: string;
+  type: "file" | "dir";
+  size: number;
+  mode: number;
+  mtime: number;
+  /** who wrote it last: a sandbox id, or "host" */
+  writer: string;
+}
+
+/** A store as store.list lists it. */
+export interface StoreInfo {
+  name: string;
+  bytes: number;
+  entries: number;
+  max_bytes: number;
+  version: number;
+}
+
+/** What the write-back of a store mount did after a command (exec.run's, a job's and session.run's "stores"). */
+export interface StoreReport {
+  name: string;
+  target: string;
+  written: number;
+  deleted: number;
+  /** brought in from other writers */
+  pulled: number;
+  /** links, fifos, devices, sockets: never stored */
+  skipped: number;
+  /** files over the largest-file cap, names with control characters */
+  refused: number;
+  first_skipped?: string;
+  /** the write-back's transaction failed (over the store's cap...): nothing of it was written */
+  error?: string;
 }
 
 /** A snapshot of a sandbox's workspace (workspace.snapshot, workspace.snapshots). */
@@ -248,6 +289,8 @@ export interface ExecResult {
   network?: "host" | NetworkRecord[];
   /** how many attempts beyond those listed in `network` */
   network_dropped?: number;
+  /** with store mounts: what each one's write-back did after the command */
+  stores?: StoreReport[];
   [key: string]: unknown;
 }
 
@@ -767,6 +810,25 @@ export class ConchClient extends EventEmitter {
   }
   workspaceSnapshotDelete(snapshot: string): Promise<{ snapshot: string; deleted: boolean }> {
     return this.call("workspace.snapshot_delete", { snapshot });
+  }
+  // store.* (named stores, mounted with {type: "store", name, target})
+  storeList(): Promise<{ stores: StoreInfo[] }> {
+    return this.call("store.list", {});
+  }
+  storeLs(store: string, path = ""): Promise<{ store: string; entries: StoreEntry[] }> {
+    return this.call("store.ls", { store, path });
+  }
+  /** A file's content: UTF-8 text when it is, else base64 (or `encoding: "base64"` always). */
+  storeRead(store: string, path: string, opts: { encoding?: "utf-8" | "base64" } = {}): Promise<StoreEntry & { content: string; encoding: "utf-8" | "base64" }> {
+    return this.call("store.read", { store, path, ...opts });
+  }
+  /** Write a file (its parent dirs made; the store made if missing), in one transaction. */
+  storeWrite(store: string, path: string, content: string, opts: { encoding?: "utf-8" | "base64"; mode?: number } = {}): Promise<{ store: string; path: string; size: number }> {
+    return this.call("store.write", { store, path, content, ...opts });
+  }
+  /** Delete a file, or a dir with what is in it. */
+  storeDelete(store: string, path: string): Promise<{ store: string; path: string }> {
+    return this.call("store.delete", { store, path });
   }
   /** A new sandbox from a sandbox (snapshotted first) or from a snapshot; given both, the
    *  snapshot, which must be one of that sandbox's (else invalid_params). */

@@ -157,6 +157,24 @@ test("workspace.changes/diff since a snapshot", { skip }, async () => {
   }
 });
 
+test("store.* and a store mount's write-back", { skip }, async () => {
+  const name = `ts-${process.pid}-${Date.now()}`;
+  const id = (await c.sandboxCreate({ mounts: [{ type: "store", name, target: "/mem" }] })).id;
+  try {
+    const r = await c.execRun({ sandbox: id, command: "echo inside > /mem/f" });
+    assert.equal(r.stores[0].written, 1);
+    assert.equal((await c.storeRead(name, "f")).content, "inside\n");
+    await c.storeWrite(name, "dir/host.txt", "from host\n");
+    assert.equal((await c.execRun({ sandbox: id, command: "cat /mem/dir/host.txt" })).stdout, "from host\n");
+    assert.deepEqual((await c.storeLs(name)).entries.map((e) => e.name), ["dir", "f"]);
+    await c.storeDelete(name, "dir");
+    assert.ok((await c.storeList()).stores.some((s) => s.name === name && s.entries === 1));
+    await assert.rejects(c.storeRead(name, "dir/host.txt"), (e) => e instanceof ConchError && e.data.code === "file_not_found");
+  } finally {
+    await c.sandboxDestroy(id);
+  }
+});
+
 test("a unix-socket daemon: connect, create, run, destroy", { skip }, async () => {
   const dir = tmp("conch-ts-sock-");
   mkdirSync(join(dir, "run"), { mode: 0o700 });
