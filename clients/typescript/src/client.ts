@@ -701,9 +701,16 @@ export class ConchClient extends EventEmitter {
     }
     return e.dataCode === "invalid_params" && param === "host_path";
   }
-  /** Run @fn on a new private temporary file's path; the file and its directory go after. */
+  /** Run @fn on a new private temporary file's path; the file and its directory go after.
+   * In /dev/shm where there is one (memory, as the Python client's memfd: no disk writeback
+   * for bytes that live a moment), else the system's temporary directory. */
   private async withTemp<T>(fn: (path: string) => Promise<T>): Promise<T> {
-    const dir = await fsp.mkdtemp(join(tmpdir(), "conch-xfer-"));
+    let dir: string;
+    try {
+      dir = await fsp.mkdtemp("/dev/shm/conch-xfer-");
+    } catch {
+      dir = await fsp.mkdtemp(join(tmpdir(), "conch-xfer-"));
+    }
     try {
       return await fn(join(dir, "data"));
     } finally {
