@@ -178,3 +178,23 @@ def test_stdio_daemon_copies_too(daemon_factory, ws, tmp_path):
     copy_out(rpc, sb, "s", tmp_path / "o")
     assert sha(tmp_path / "o") == sha(src)
     rpc.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+@pytest.mark.user_only
+def test_a_host_file_the_client_may_not_read_or_write_is_refused(rpc, sandbox, tmp_path):
+    """The daemon opens the host file as its uid, the client's: what the client may not read
+    (a write-only file, for an upload) or write (a read-only one, for a download) it refuses."""
+    sb = sandbox()
+    sh(rpc, sb, "echo inside > f")
+    wo, ro = tmp_path / "wo", tmp_path / "ro"
+    wo.write_bytes(b"secret")
+    ro.write_bytes(b"keep")
+    os.chmod(wo, 0o200)
+    os.chmod(ro, 0o400)
+    for method, f in (("fs.copy_in", wo), ("fs.copy_out", ro)):
+        e = error(lambda: rpc.call(method, {"sandbox": sb, "path": "f", "host_path": str(f),
+                                            "host_id": host_id(f)}))
+        assert e.data_code == "invalid_params" and e.data.get("param") == "host_path", e
+        assert "Permission denied" in e.message, e
+    assert ro.read_bytes() == b"keep"
+    assert sh(rpc, sb, "cat f") == "inside\n"
