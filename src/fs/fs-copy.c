@@ -132,6 +132,15 @@ json_t *conch_fs__copy_out(const struct conch_fs__ctx *ctx, json_t *params,
     int r = ftruncate(ctx->data_fd, 0) < 0 || lseek(ctx->data_fd, 0, SEEK_SET) < 0 ? -errno : 0;
     if (r == 0)
         r = conch_fs__copy_fd(fd, ctx->data_fd, &size);
+    /* The worker's RLIMIT_FSIZE (the sandbox's disk limit) bounds the host file too: a file
+     * of the host's workspace may be larger than what the sandbox may write. */
+    if (r == -EFBIG) {
+        conch_fs__fail(ferr, CONCH_FS_TOO_LARGE,
+                       "'%s' (%lld bytes) is larger than the sandbox's disk limit, the most a "
+                       "copy out writes: read it in chunks (fs.read with offset and length)",
+                       path, (long long)st.st_size);
+        return NULL;
+    }
     if (r < 0) {
         conch_fs__fail_errno(ferr, -r, "copy out", path);
         return NULL;

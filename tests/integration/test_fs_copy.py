@@ -198,3 +198,16 @@ def test_a_host_file_the_client_may_not_read_or_write_is_refused(rpc, sandbox, t
         assert "Permission denied" in e.message, e
     assert ro.read_bytes() == b"keep"
     assert sh(rpc, sb, "cat f") == "inside\n"
+
+
+def test_a_workspace_file_above_the_disk_limit_is_too_large_to_copy_out(rpc, ws, sandbox, tmp_path):
+    """The worker's file size limit is the sandbox's disk limit, and it bounds the host file a
+    copy out writes: a host workspace file larger than that is too_large (read in chunks)."""
+    big = os.urandom(3 << 20)
+    (ws / "big.bin").write_bytes(big)
+    sb = sandbox(disk=1 << 20)
+    e = error(lambda: copy_out(rpc, sb, "big.bin", tmp_path / "o"))
+    assert e.data_code == "too_large" and "in chunks" in e.message, e
+    r = rpc.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64",
+                             "offset": 0, "length": 1 << 20})
+    assert r["size"] == len(big)

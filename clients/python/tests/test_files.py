@@ -130,3 +130,17 @@ def test_copy_keeps_the_sandbox_side_errors(client, sb, tmp_path):
     with pytest.raises(ConchError) as e:
         sb.upload("/etc/x", src.read_bytes())
     assert e.value.data_code == "permission_denied", e.value
+
+
+def test_a_workspace_file_above_the_disk_limit_downloads_in_chunks(client, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    big = os.urandom(12 * MiB)
+    (ws / "big.bin").write_bytes(big)
+    s = Sandbox(client, client.sandbox_create(workspace=str(ws), disk=4 * MiB))
+    try:
+        sent = spy(client)
+        assert s.download("/workspace/big.bin") == big
+        assert "fs.copy_out" in sent and "fs.read" in sent, sent
+    finally:
+        s.destroy()

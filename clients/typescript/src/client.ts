@@ -735,7 +735,9 @@ export class ConchClient extends EventEmitter {
       try {
         await this.fsCopyOut(sandbox, path, tmp);
       } catch (e) {
-        if (this.copyRefused(e)) return null;
+        // too_large: a workspace file above the sandbox's disk limit, which bounds what the
+        // copy writes; chunks have no such bound
+        if (this.copyRefused(e) || (e instanceof ConchError && e.dataCode === "too_large")) return null;
         throw e;
       }
       const b = await fsp.readFile(tmp);
