@@ -186,7 +186,8 @@ def _copy_in(client: Any, sid: str, path: str, data: bytes):
         try:
             yield _call("fs_copy_in", sid, path, _memfd_path(fd), host_id=_host_id(fd))
         except ConchError as e:
-            if _copy_refused(client, e):
+            # busy: the sandbox's transfers are all taken; chunks queue instead
+            if _copy_refused(client, e) or e.data_code == "busy":
                 return False
             raise
         return True
@@ -204,7 +205,7 @@ def _copy_out(client: Any, sid: str, path: str):
         except ConchError as e:
             # too_large: a workspace file above the sandbox's disk limit, which bounds what
             # the copy writes; chunks have no such bound
-            if _copy_refused(client, e) or e.data_code == "too_large":
+            if _copy_refused(client, e) or e.data_code in ("too_large", "busy"):
                 return None
             raise
         size, parts, off = r.get("size", 0), [], 0
@@ -351,7 +352,7 @@ class _Ops:
                 yield _call("fs_copy_in", self.id, path, local_path)
                 return
             except ConchError as e:
-                if not _copy_refused(self.client, e):
+                if not _copy_refused(self.client, e) and e.data_code != "busy":
                     raise
         with open(local_path, "rb") as f:
             data = f.read()
@@ -365,7 +366,7 @@ class _Ops:
                 yield _call("fs_copy_out", self.id, path, local_path)
                 return
             except ConchError as e:
-                if not _copy_refused(self.client, e):
+                if not _copy_refused(self.client, e) and e.data_code not in ("busy", "too_large"):
                     raise
         data = yield from _Ops.download(self, path)
         with open(local_path, "wb") as f:

@@ -144,3 +144,22 @@ def test_a_workspace_file_above_the_disk_limit_downloads_in_chunks(client, tmp_p
         assert "fs.copy_out" in sent and "fs.read" in sent, sent
     finally:
         s.destroy()
+
+
+def test_many_big_uploads_at_once_all_arrive(aconnect):
+    """More transfers at once than the daemon runs per sandbox: the rest move in chunks."""
+    import asyncio
+
+    async def go():
+        c = await aconnect()
+        try:
+            async with AsyncSandbox.create(c) as s:
+                blobs = [os.urandom(2 * MiB) for _ in range(8)]
+                await asyncio.gather(*(s.upload(f"/workspace/{i}.bin", b)
+                                       for i, b in enumerate(blobs)))
+                got = await asyncio.gather(*(s.download(f"/workspace/{i}.bin")
+                                             for i in range(8)))
+                assert [sha(g) for g in got] == [sha(b) for b in blobs]
+        finally:
+            await c.close()
+    arun(go())

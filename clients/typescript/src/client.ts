@@ -724,7 +724,8 @@ export class ConchClient extends EventEmitter {
       try {
         return await this.fsCopyIn(sandbox, path, tmp);
       } catch (e) {
-        if (this.copyRefused(e)) return null;
+        // busy: the sandbox's transfers are all taken; chunks queue instead
+        if (this.copyRefused(e) || (e instanceof ConchError && e.dataCode === "busy")) return null;
         throw e;
       }
     });
@@ -737,7 +738,7 @@ export class ConchClient extends EventEmitter {
       } catch (e) {
         // too_large: a workspace file above the sandbox's disk limit, which bounds what the
         // copy writes; chunks have no such bound
-        if (this.copyRefused(e) || (e instanceof ConchError && e.dataCode === "too_large")) return null;
+        if (this.copyRefused(e) || (e instanceof ConchError && (e.dataCode === "too_large" || e.dataCode === "busy"))) return null;
         throw e;
       }
       const b = await fsp.readFile(tmp);
