@@ -211,3 +211,26 @@ def test_a_workspace_file_above_the_disk_limit_is_too_large_to_copy_out(rpc, ws,
     r = rpc.call("fs.read", {"sandbox": sb, "path": "big.bin", "encoding": "base64",
                              "offset": 0, "length": 1 << 20})
     assert r["size"] == len(big)
+
+
+def test_at_most_four_transfers_per_sandbox_run_at_once(rpc, sandbox, tmp_path):
+    """Each transfer holds a forked worker and a host fd: past 4 at once in one sandbox the
+    request is refused as busy (the clients then move the file in chunks), never queued
+    without bound."""
+    import json
+    sb = sandbox()
+    src = tmp_path / "s"
+    src.write_bytes(os.urandom(8 << 20))
+    ids, lines = [], b""
+    for i in range(6):
+        ids.append(rpc.new_id())
+        lines += json.dumps({"jsonrpc": "2.0", "id": ids[-1], "method": "fs.copy_in", "params": {
+            "sandbox": sb, "path": f"c{i}", "host_path": str(src),
+            "host_id": host_id(src)}}).encode() + b"\n"
+    rpc.send_raw(lines)  # one write: the daemon reads all six before any copy ends
+    answers = [rpc.wait(i, timeout=120) for i in ids]
+    busy = [a for a in answers if a.get("error", {}).get("data", {}).get("code") == "busy"]
+    done = [a for a in answers if "result" in a]
+    assert len(busy) == 2 and len(done) == 4, answers
+    # once they ended, a transfer runs again
+    assert copy_in(rpc, sb, "again", src)["bytes_written"] == 8 << 20
