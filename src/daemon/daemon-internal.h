@@ -40,6 +40,7 @@ struct client {
     uv_pipe_t out; /* stdout (--stdio only) */
     bool stdio;
     bool closing;
+    uid_t peer_uid; /* SO_PEERCRED's uid; --stdio: ours (whoever started us runs as us) */
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
@@ -223,6 +224,7 @@ struct file_req {
     bool pipe_closed;          /* its close completed */
     bool measure;              /* a write or delete: measure the sandbox's disk use after it */
     bool frees;                /* a delete */
+    bool copy;                 /* fs.copy_in / fs.copy_out: a host file lent to the worker */
     struct conch_proc proc;    /* the worker: the supervisor's until its final event */
     struct conch_proc_end end; /* that event, once it came */
 };
@@ -579,6 +581,14 @@ void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *c
  * from conch_budget_charge, names the budget and the option that raises it). */
 void conch_daemon_file_answer_refuse(struct conch_rpc_call *call, const char *size,
                                      const struct conch_err *err);
+/* conch_daemon_file_fork - fork a worker for the request @text (owned) of @call, lending it
+ * @data_fd (borrowed; -1: none; @copy says it is a transfer's host file), and read its answer
+ * (conch_daemon_file_answer_queue). @call fails when the worker cannot start. */
+void conch_daemon_file_fork(struct client *c, struct sandbox *sb, struct conch_rpc_call *call,
+                            char *text, bool measure, bool frees, int data_fd);
+/* conch_daemon_handle_fs_copy - fs.copy_in / fs.copy_out (@in): the host file the client names
+ * is opened here and lent to a forked file worker, which copies it (filecopy.c). */
+void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, void *ctx, bool in);
 /* conch_daemon_file_pool_submit - give the request @text (owned when it returns true) to a free
  * persistent file worker of @sb (starting one if fewer run than the pool holds), or queue it
  * when all are busy and many forked workers are in flight (charged to the sandbox's budget

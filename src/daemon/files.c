@@ -174,6 +174,54 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         file_req_done(fr);
 }
 
+void conch_daemon_file_fork(struct client *c, struct sandbox *sb, struct conch_rpc_call *call,
+                            char *text, bool measure, bool frees, int data_fd)
+{
+    int memfd = -1, pipefd[2] = {-1, -1};
+    struct conch_err err = {0};
+    struct file_req *fr = NULL;
+    memfd = memfd_create("conch-file-req", MFD_CLOEXEC);
+    if (memfd < 0 || conch_write_all(memfd, text, strlen(text)) < 0 ||
+        pipe2(pipefd, O_CLOEXEC) < 0) {
+        conch_err_set(&err, errno, "file request: %s", strerror(errno));
+        goto fail;
+    }
+    fr = calloc(1, sizeof(*fr));
+    if (!fr) {
+        conch_err_set(&err, ENOMEM, "out of memory");
+        goto fail;
+    }
+    fr->sb = sb;
+    fr->measure = measure;
+    fr->frees = frees;
+    fr->copy = data_fd >= 0;
+    fr->proc.ops = &file_ops;
+    fr->proc.data = fr;
+    /* The warden kills a worker that runs past this: a request never hangs forever. */
+    if (conch_super_file_data(&sb->super, &fr->proc, memfd, pipefd[1], data_fd,
+                              CONCH_FILE_TIMEOUT_MS, &err) < 0)
+        goto fail;
+    close(memfd);
+    close(pipefd[1]);
+    free(text);
+    fr->call = call;
+    uv_pipe_init(&c->d->loop, &fr->pipe, 0);
+    fr->pipe.data = fr;
+    uv_pipe_open(&fr->pipe, pipefd[0]);
+    conch_list_add(&sb->files, &fr->link);
+    uv_read_start((uv_stream_t *)&fr->pipe, on_file_alloc, on_file_read);
+    return;
+fail:
+    free(text);
+    free(fr);
+    if (memfd >= 0)
+        close(memfd);
+    for (int i = 0; i < 2; i++)
+        if (pipefd[i] >= 0)
+            close(pipefd[i]);
+    conch_rpc_call_fail_err(call, 0, NULL, &err);
+}
+
 void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *ctx,
                             const char *method)
 {
@@ -202,54 +250,15 @@ void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *c
     json_t *req = json_pack("{s:s,s:o}", "method", method, "params", p);
     char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
-    int memfd = -1, pipefd[2] = {-1, -1};
-    struct conch_err err = {0};
-    struct file_req *fr = NULL;
     if (!text) {
-        conch_err_set(&err, ENOMEM, "out of memory");
-        goto fail;
+        conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
+                             "out of memory");
+        return;
     }
     /* A persistent worker when one is free (fileworkers.c); else one forked for it. */
     if (conch_daemon_file_pool_submit(sb, call, text, writes || frees, frees))
         return;
-    memfd = memfd_create("conch-file-req", MFD_CLOEXEC);
-    if (memfd < 0 || conch_write_all(memfd, text, strlen(text)) < 0 ||
-        pipe2(pipefd, O_CLOEXEC) < 0) {
-        conch_err_set(&err, errno, "file request: %s", strerror(errno));
-        goto fail;
-    }
-    fr = calloc(1, sizeof(*fr));
-    if (!fr) {
-        conch_err_set(&err, ENOMEM, "out of memory");
-        goto fail;
-    }
-    fr->sb = sb;
-    fr->measure = writes || frees;
-    fr->frees = frees;
-    fr->proc.ops = &file_ops;
-    fr->proc.data = fr;
-    /* The warden kills a worker that runs past this: a request never hangs forever. */
-    if (conch_super_file(&sb->super, &fr->proc, memfd, pipefd[1], CONCH_FILE_TIMEOUT_MS, &err) < 0)
-        goto fail;
-    close(memfd);
-    close(pipefd[1]);
-    free(text);
-    fr->call = call;
-    uv_pipe_init(&c->d->loop, &fr->pipe, 0);
-    fr->pipe.data = fr;
-    uv_pipe_open(&fr->pipe, pipefd[0]);
-    conch_list_add(&sb->files, &fr->link);
-    uv_read_start((uv_stream_t *)&fr->pipe, on_file_alloc, on_file_read);
-    return;
-fail:
-    free(text);
-    free(fr);
-    if (memfd >= 0)
-        close(memfd);
-    for (int i = 0; i < 2; i++)
-        if (pipefd[i] >= 0)
-            close(pipefd[i]);
-    conch_rpc_call_fail_err(call, 0, NULL, &err);
+    conch_daemon_file_fork(c, sb, call, text, writes || frees, frees, -1);
 }
 
 /* ---- workspace.* on the host side, in worker threads ---- */

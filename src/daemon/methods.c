@@ -199,6 +199,16 @@ FS_HANDLER(handle_fs_delete, "delete")
 FS_HANDLER(handle_fs_upload, "upload")
 FS_HANDLER(handle_fs_download, "download")
 
+static void handle_fs_copy_in(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    conch_daemon_handle_fs_copy(call, params, ctx, true);
+}
+
+static void handle_fs_copy_out(struct conch_rpc_call *call, json_t *params, void *ctx)
+{
+    conch_daemon_handle_fs_copy(call, params, ctx, false);
+}
+
 /* The param tables. Every number a client sends is range-checked here, by the dispatcher,
  * before a handler turns it into a size, a time or a count (docs/PROTOCOL.md lists the
  * ranges): NaN, infinities, negatives and 1e308 never reach the code below. */
@@ -316,6 +326,8 @@ static const struct conch_rpc_param p_fs_upload[] = {P("sandbox", S, true), P("f
                                                      END};
 static const struct conch_rpc_param p_fs_download[] = {P("sandbox", S, true), P("paths", A, true),
                                                        END};
+static const struct conch_rpc_param p_fs_copy[] = {
+    P("sandbox", S, true), P("path", S, true), P("host_path", S, true), P("host_id", S, true), END};
 static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", A, false), END};
 static const struct conch_rpc_param p_ws_diff[] = {P("sandbox", S, true), P("paths", A, false),
                                                    P("since", S, false), END};
@@ -415,6 +427,8 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"fs.delete", p_fs_delete, handle_fs_delete},
     {"fs.upload", p_fs_upload, handle_fs_upload},
     {"fs.download", p_fs_download, handle_fs_download},
+    {"fs.copy_in", p_fs_copy, handle_fs_copy_in},
+    {"fs.copy_out", p_fs_copy, handle_fs_copy_out},
     {"workspace.changes", p_ws_changes, conch_daemon_handle_workspace_changes},
     {"workspace.diff", p_ws_diff, conch_daemon_handle_workspace_diff},
     {"workspace.commit", p_ws, conch_daemon_handle_workspace_commit},

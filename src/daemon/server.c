@@ -457,6 +457,7 @@ static void on_connection(uv_stream_t *server, int status)
         conch_daemon_client_close(c);
         return;
     }
+    c->peer_uid = cred.uid;
     if (!peer_in_our_user_namespace(cred.pid)) {
         log_warn("refused a connection from pid %d, in another user namespace (a sandbox's?)",
                  (int)cred.pid);
@@ -592,6 +593,7 @@ static int serve_stdio(struct daemon *d, struct conch_err *err)
     if (!c)
         return conch_err_set(err, ENOMEM, "out of memory");
     c->stdio = true;
+    c->peer_uid = geteuid();
     uv_pipe_init(&d->loop, &c->in, 0);
     uv_pipe_init(&d->loop, &c->out, 0);
     c->in.data = c->out.data = c;

@@ -16,6 +16,7 @@
 
 struct conch_fs__ctx {
     int root_fd;           /* borrowed */
+    int data_fd;           /* borrowed: the host file of fs.copy_in / copy_out, or -1 */
     const char *root_name; /* borrowed; without trailing '/': "/workspace", or "" for "/" */
     const char *home;      /* "" or, for conch_fs_call_rooted, "/workspace": where relative
                             * paths and the default directory are */
@@ -105,6 +106,20 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
                          const char *data, size_t len, bool *ret_created,
                          struct conch_fs_error *ferr);
 
+/*
+ * conch_fs__write_file_fd - conch_fs__write_file with the content read from @src_fd (from its
+ * position to EOF; borrowed), its size to *@ret_size. Returns 0 or -1.
+ */
+int conch_fs__write_file_fd(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                            int src_fd, bool *ret_created, long long *ret_size,
+                            struct conch_fs_error *ferr);
+/*
+ * conch_fs__copy_fd - copy from @in's position to its EOF to @out's position, in the kernel
+ * (copy_file_range, else sendfile, else read and write). The count goes to *@ret_copied even
+ * on failure. Returns 0 or -errno (EFBIG: past RLIMIT_FSIZE, the sandbox's disk limit).
+ */
+int conch_fs__copy_fd(int in, int out, long long *ret_copied);
+
 /* conch_fs__base64_encode - a new NUL-terminated standard base64 (padded) string. */
 char *conch_fs__base64_encode(const unsigned char *data, size_t len, size_t *ret_len);
 /*
@@ -133,6 +148,10 @@ json_t *conch_fs__upload(const struct conch_fs__ctx *ctx, json_t *params,
                          struct conch_fs_error *ferr);
 json_t *conch_fs__glob(const struct conch_fs__ctx *ctx, json_t *params,
                        struct conch_fs_error *ferr);
+json_t *conch_fs__copy_in(const struct conch_fs__ctx *ctx, json_t *params,
+                          struct conch_fs_error *ferr);
+json_t *conch_fs__copy_out(const struct conch_fs__ctx *ctx, json_t *params,
+                           struct conch_fs_error *ferr);
 json_t *conch_fs__grep(const struct conch_fs__ctx *ctx, json_t *params,
                        struct conch_fs_error *ferr);
 

@@ -20,6 +20,11 @@
 
 char *conch_fs_worker_answer(const char *buf, size_t len)
 {
+    return conch_fs_worker_answer_data(buf, len, -1);
+}
+
+char *conch_fs_worker_answer_data(const char *buf, size_t len, int data_fd)
+{
     json_error_t jerr;
     json_t *req = json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
     const char *method = json_string_value(json_object_get(req, "method"));
@@ -33,7 +38,8 @@ char *conch_fs_worker_answer(const char *buf, size_t len)
     struct conch_fs_error ferr;
     memset(&ferr, 0, sizeof(ferr));
     json_t *res =
-        root >= 0 ? conch_fs_call_rooted(root, "/workspace", method, params, &ferr) : NULL;
+        root >= 0 ? conch_fs_call_rooted_data(root, "/workspace", method, params, data_fd, &ferr)
+                  : NULL;
     json_t *resp;
     if (res) {
         resp = json_pack("{s:o}", "result", res);
@@ -48,7 +54,8 @@ char *conch_fs_worker_answer(const char *buf, size_t len)
             json_object_set_new(e, "param", json_string(ferr.param));
         if (ferr.code == CONCH_FS_AMBIGUOUS_MATCH || ferr.code == CONCH_FS_STRING_NOT_FOUND)
             json_object_set_new(e, "occurrences", json_integer(ferr.occurrences));
-        if (ferr.code == CONCH_FS_TOO_LARGE)
+        /* A copy's only size cap is the disk limit, not the per-request one. */
+        if (ferr.code == CONCH_FS_TOO_LARGE && strncmp(method, "copy_", 5) != 0)
             json_object_set_new(e, "limit", json_integer(CONCH_FS_MAX_FILE));
         resp = json_pack("{s:o}", "error", e);
     }
@@ -60,7 +67,7 @@ char *conch_fs_worker_answer(const char *buf, size_t len)
     return text;
 }
 
-int conch_fs_worker_run(int req_fd, int resp_fd)
+int conch_fs_worker_run(int req_fd, int resp_fd, int data_fd)
 {
     struct stat st;
     if (fstat(req_fd, &st) < 0 || st.st_size <= 0 || st.st_size > CONCH_FS_MAX_REQUEST)
@@ -68,7 +75,7 @@ int conch_fs_worker_run(int req_fd, int resp_fd)
     char *buf = malloc((size_t)st.st_size);
     if (!buf || pread(req_fd, buf, (size_t)st.st_size, 0) != st.st_size)
         return 1;
-    char *text = conch_fs_worker_answer(buf, (size_t)st.st_size);
+    char *text = conch_fs_worker_answer_data(buf, (size_t)st.st_size, data_fd);
     free(buf);
     if (!text)
         return 1;

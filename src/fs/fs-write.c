@@ -78,12 +78,28 @@ static int open_parent(const struct conch_fs__ctx *ctx, const char *rel, const c
     return fd;
 }
 
+/* What a write puts in the file: @len bytes at @data, or (@fd >= 0) all that can be read from
+ * @fd, its count stored in *@copied. */
+struct src {
+    const char *data;
+    size_t len;
+    int fd;
+    long long *copied;
+};
+
+static int put(int fd, const struct src *src)
+{
+    if (src->fd >= 0)
+        return conch_fs__copy_fd(src->fd, fd, src->copied);
+    return conch_write_all(fd, src->data, src->len);
+}
+
 /* Open @rel with @flags (beneath the root; created 0644 without O_TRUNC when missing), check
  * that it is a regular file and write @data to it. @verb names the action in errors
  * ("write", "append to"). */
 static int write_regular(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                         int flags, const char *verb, const char *data, size_t len,
-                         bool *ret_created, struct conch_fs_error *ferr)
+                         int flags, const char *verb, const struct src *src, bool *ret_created,
+                         struct conch_fs_error *ferr)
 {
     bool created = false;
     int fd = conch_fs__open(ctx->root_fd, rel, flags, 0);
@@ -100,7 +116,7 @@ static int write_regular(const struct conch_fs__ctx *ctx, const char *rel, const
     else if (r == 0 && !S_ISREG(st.st_mode))
         r = -EINVAL;
     if (r == 0)
-        r = conch_write_all(fd, data, len);
+        r = put(fd, src);
     if (close(fd) < 0 && r == 0)
         r = -errno;
     if (r == -EINVAL)
@@ -114,16 +130,14 @@ static int write_regular(const struct conch_fs__ctx *ctx, const char *rel, const
 /* A final symlink: write through it in place (following it beneath the root). Not atomic,
  * but replacing the link by a file would silently detach it from its target. */
 static int write_through(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                         const char *data, size_t len, bool *ret_created,
-                         struct conch_fs_error *ferr)
+                         const struct src *src, bool *ret_created, struct conch_fs_error *ferr)
 {
-    return write_regular(ctx, rel, given, O_WRONLY | O_TRUNC | O_NOCTTY | O_NONBLOCK, "write", data,
-                         len, ret_created, ferr);
+    return write_regular(ctx, rel, given, O_WRONLY | O_TRUNC | O_NOCTTY | O_NONBLOCK, "write", src,
+                         ret_created, ferr);
 }
 
-int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                         const char *data, size_t len, bool *ret_created,
-                         struct conch_fs_error *ferr)
+static int write_file_src(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                          const struct src *src, bool *ret_created, struct conch_fs_error *ferr)
 {
     if (!*rel)
         return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given);
@@ -139,7 +153,7 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
         if (S_ISDIR(st.st_mode))
             return conch_fs__fail(ferr, CONCH_FS_IS_DIRECTORY, "'%s' is a directory", given);
         if (S_ISLNK(st.st_mode))
-            return write_through(ctx, rel, given, data, len, ret_created, ferr);
+            return write_through(ctx, rel, given, src, ret_created, ferr);
         if (!S_ISREG(st.st_mode))
             return conch_fs__fail(ferr, CONCH_FS_IO_ERROR, "'%s' is not a regular file", given);
         /* The rename only needs the directory writable; keep the file's own permission
@@ -177,7 +191,7 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
     }
     if (tfd < 0)
         return conch_fs__fail_errno(ferr, errno, "write", given);
-    int r = conch_write_all(tfd, data, len);
+    int r = put(tfd, src);
     if (r == 0 && !direct && fchmod(tfd, mode) < 0)
         r = -errno;
     if (close(tfd) < 0 && r == 0)
@@ -198,6 +212,26 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
     return 0;
 }
 
+int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                         const char *data, size_t len, bool *ret_created,
+                         struct conch_fs_error *ferr)
+{
+    struct src src = {.data = data, .len = len, .fd = -1};
+    return write_file_src(ctx, rel, given, &src, ret_created, ferr);
+}
+
+int conch_fs__write_file_fd(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
+                            int src_fd, bool *ret_created, long long *ret_size,
+                            struct conch_fs_error *ferr)
+{
+    long long copied = 0;
+    struct src src = {.fd = src_fd, .copied = &copied};
+    if (write_file_src(ctx, rel, given, &src, ret_created, ferr) < 0)
+        return -1;
+    *ret_size = copied;
+    return 0;
+}
+
 /* Append @len bytes to @rel (created 0644 if missing, through a final symlink). */
 static int append_file(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
                        const char *data, size_t len, bool *ret_created, struct conch_fs_error *ferr)
@@ -208,8 +242,9 @@ static int append_file(const struct conch_fs__ctx *ctx, const char *rel, const c
     _cleanup_close_ int pfd = open_parent(ctx, rel, given, true, &name, ferr);
     if (pfd < 0)
         return -1;
+    struct src src = {.data = data, .len = len, .fd = -1};
     return write_regular(ctx, rel, given, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK, "append to",
-                         data, len, ret_created, ferr);
+                         &src, ret_created, ferr);
 }
 
 /* One request carries at most CONCH_FS_MAX_FILE bytes of a file, as one may read back. */

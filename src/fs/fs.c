@@ -305,9 +305,12 @@ static const struct {
     const char *name;
     method_fn *fn;
 } methods[] = {
-    {"read", conch_fs__read},     {"write", conch_fs__write},   {"edit", conch_fs__edit},
-    {"ls", conch_fs__ls},         {"glob", conch_fs__glob},     {"grep", conch_fs__grep},
-    {"delete", conch_fs__delete}, {"upload", conch_fs__upload}, {"download", conch_fs__download},
+    {"read", conch_fs__read},         {"write", conch_fs__write},
+    {"edit", conch_fs__edit},         {"ls", conch_fs__ls},
+    {"glob", conch_fs__glob},         {"grep", conch_fs__grep},
+    {"delete", conch_fs__delete},     {"upload", conch_fs__upload},
+    {"download", conch_fs__download}, {"copy_in", conch_fs__copy_in},
+    {"copy_out", conch_fs__copy_out},
 };
 
 _Thread_local bool conch_fs__in_root;
@@ -351,9 +354,16 @@ static json_t *call_ctx(const struct conch_fs__ctx *ctx, const char *method, jso
 json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *method, json_t *params,
                              struct conch_fs_error *ferr)
 {
+    return conch_fs_call_rooted_data(sys_root_fd, home, method, params, -1, ferr);
+}
+
+json_t *conch_fs_call_rooted_data(int sys_root_fd, const char *home, const char *method,
+                                  json_t *params, int data_fd, struct conch_fs_error *ferr)
+{
     conch_fs_release_deferred();
     memset(ferr, 0, sizeof(*ferr));
-    struct conch_fs__ctx ctx = {.root_fd = sys_root_fd, .root_name = "", .home = home};
+    struct conch_fs__ctx ctx = {
+        .root_fd = sys_root_fd, .data_fd = data_fd, .root_name = "", .home = home};
     conch_fs__in_root = true;
     json_t *res = call_ctx(&ctx, method, params, ferr);
     conch_fs__in_root = false;
@@ -375,7 +385,7 @@ json_t *conch_fs_call(int root_fd, const char *root_name, const char *method, js
                        root_name);
         return NULL;
     }
-    struct conch_fs__ctx ctx = {.root_fd = root_fd, .root_name = root, .home = ""};
+    struct conch_fs__ctx ctx = {.root_fd = root_fd, .data_fd = -1, .root_name = root, .home = ""};
     return call_ctx(&ctx, method, params, ferr);
 }
 

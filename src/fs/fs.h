@@ -96,6 +96,17 @@ json_t *conch_fs_call_rooted(int sys_root_fd, const char *home, const char *meth
                              struct conch_fs_error *ferr);
 
 /*
+ * conch_fs_call_rooted_data - conch_fs_call_rooted with @data_fd (borrowed; -1: none), the
+ * host file of "copy_in" (read from its start: the content of "path", replaced atomically as
+ * by "write", with no size cap but the process's RLIMIT_FSIZE; result {bytes_written,
+ * created}) and "copy_out" ("path", a regular file, copied over it from its start, which is
+ * truncated; result {size}). The copy is done by the kernel (copy_file_range, sendfile).
+ * Those two methods fail without @data_fd; the others ignore it.
+ */
+json_t *conch_fs_call_rooted_data(int sys_root_fd, const char *home, const char *method,
+                                  json_t *params, int data_fd, struct conch_fs_error *ferr);
+
+/*
  * conch_fs_defer_replaced - with @on, a write or edit that replaces a regular file holds the
  * old one open (O_PATH) while it renames the new one over it, and conch_fs_release_deferred
  * closes it once the answer is sent: freeing the old inode's blocks is then no part of the
@@ -133,14 +144,18 @@ bool conch_fs_json_object_check(const char *text, size_t n);
  * occurrences?, limit?}}; a new string), or NULL for a malformed request.
  */
 char *conch_fs_worker_answer(const char *buf, size_t len);
+/* conch_fs_worker_answer_data - conch_fs_worker_answer with the host file @data_fd
+ * (borrowed; -1: none) of conch_fs_call_rooted_data. */
+char *conch_fs_worker_answer_data(const char *buf, size_t len, int data_fd);
 
 /*
  * conch_fs_worker_run - inside the sandbox: a per-request file worker's body. Reads the
  * request from the memfd @req_fd (borrowed; at most CONCH_FS_MAX_REQUEST bytes), writes the
- * answer of conch_fs_worker_answer to @resp_fd (borrowed). Returns the exit status: 0, or 1
- * when the request could not be read, was malformed or the answer could not be written.
+ * answer of conch_fs_worker_answer_data (with @data_fd, borrowed, -1: none) to @resp_fd
+ * (borrowed). Returns the exit status: 0, or 1 when the request could not be read, was
+ * malformed or the answer could not be written.
  */
-int conch_fs_worker_run(int req_fd, int resp_fd);
+int conch_fs_worker_run(int req_fd, int resp_fd, int data_fd);
 
 /*
  * conch_fs_worker_serve - inside the sandbox: a persistent file worker's loop on the stream

@@ -190,9 +190,15 @@ int conch_jail_send_recycle(struct conch_jail *j, struct conch_err *err)
 int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
                          uint64_t timeout_ms, struct conch_err *err)
 {
-    int fds[2] = {req_fd, resp_fd};
+    return conch_jail_send_file_data(j, id, req_fd, resp_fd, -1, timeout_ms, err);
+}
+
+int conch_jail_send_file_data(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                              int data_fd, uint64_t timeout_ms, struct conch_err *err)
+{
+    int fds[3] = {req_fd, resp_fd, data_fd};
     struct jail_msg m = {.type = JMSG_FILE, .id = id, .timeout_ms = timeout_ms};
-    int r = conch_jail_ctl_send(j, &m, fds, 2);
+    int r = conch_jail_ctl_send(j, &m, fds, data_fd >= 0 ? 3 : 2);
     return r < 0 ? send_failed(err, r, "send file request to the warden") : 0;
 }
 

@@ -28,10 +28,11 @@
 /*
  * A file request handler, run inside the sandbox by a worker forked from the warden after
  * every fence of a command is applied (identity, capabilities, no_new_privs, Landlock,
- * seccomp). It reads the request from @req_fd and writes its answer to @resp_fd; the
+ * seccomp). It reads the request from @req_fd and writes its answer to @resp_fd; @data_fd is
+ * the host file the caller lent with the request (conch_jail_send_file_data), or -1. The
  * worker exits with its return value. See conch_jail_file().
  */
-typedef int (*conch_jail_file_fn)(int req_fd, int resp_fd);
+typedef int (*conch_jail_file_fn)(int req_fd, int resp_fd, int data_fd);
 
 /*
  * A persistent file worker's loop, run inside the sandbox under the same fences as
@@ -320,6 +321,14 @@ int conch_jail_read_event(struct conch_jail *j, struct conch_jail_event *ret,
  */
 int conch_jail_send_file(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
                          uint64_t timeout_ms, struct conch_err *err);
+
+/*
+ * conch_jail_send_file_data - conch_jail_send_file with a third descriptor, @data_fd
+ * (borrowed; -1: none), handed to the worker's handler as its data_fd: the host file a
+ * transfer copies from or to. It lives only as long as that one worker.
+ */
+int conch_jail_send_file_data(struct conch_jail *j, int64_t id, int req_fd, int resp_fd,
+                              int data_fd, uint64_t timeout_ms, struct conch_err *err);
 
 /*
  * conch_jail_send_file_server - start persistent file worker @id: the warden forks a worker

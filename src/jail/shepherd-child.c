@@ -685,9 +685,14 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     conch_jail_warden.reports = NULL;
     if (conch_jail_warden.host_view >= 0)
         close(conch_jail_warden.host_view);
-    if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds == 2 && dup3(fds[1], 4, O_CLOEXEC) < 0))
+    /* Out of the way first: a received fd may sit at 3, 4 or 5, where another goes. */
+    for (int i = 0; i < nfds; i++)
+        if ((fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 16)) < 0)
+            _exit(120);
+    if (dup3(fds[0], 3, O_CLOEXEC) < 0 || (nfds >= 2 && dup3(fds[1], 4, O_CLOEXEC) < 0) ||
+        (nfds == 3 && dup3(fds[2], 5, O_CLOEXEC) < 0))
         _exit(120);
-    if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
+    if (syscall(SYS_close_range, nfds == 3 ? 6 : 5, ~0U, 0) < 0)
         _exit(120);
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
@@ -702,7 +707,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
      * too_large with its temporary file removed, not kill the worker mid-request. */
     signal(SIGXFSZ, SIG_IGN);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    conch_proctitle_set_child(nfds == 2                  ? "conch-file-worker"
+    conch_proctitle_set_child(nfds >= 2                  ? "conch-file-worker"
                               : serve == plan->js_server ? "conch-js-worker"
                                                          : "conch-file-server");
     const char *step;
@@ -717,7 +722,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
         _exit(121);
     if (nfds == 1)
         _exit(serve(3) & 0x7f);
-    _exit(plan->file_handler(3, 4) & 0x7f);
+    _exit(plan->file_handler(3, 4, nfds == 3 ? 5 : -1) & 0x7f);
 }
 
 static int slot_alloc(void)
@@ -894,7 +899,7 @@ int conch_jail_start_file_worker(const struct jail_plan *plan, const struct jail
     conch_jail_file_serve_fn server = !serve      ? NULL
                                       : m->a == 1 ? plan->js_server
                                                   : plan->file_server;
-    if (nfds != (serve ? 1 : 2) || (serve ? !server : !plan->file_handler))
+    if ((serve ? nfds != 1 : nfds != 2 && nfds != 3) || (serve ? !server : !plan->file_handler))
         return conch_err_set(&reply->err, EINVAL, "warden: %s are not enabled",
                              serve && m->a == 1 ? "JS workers" : "file requests"),
                -1;

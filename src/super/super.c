@@ -94,10 +94,16 @@ int conch_super_run(struct conch_super *s, struct conch_proc *p, const struct co
 int conch_super_file(struct conch_super *s, struct conch_proc *p, int req_fd, int resp_fd,
                      uint64_t timeout_ms, struct conch_err *err)
 {
+    return conch_super_file_data(s, p, req_fd, resp_fd, -1, timeout_ms, err);
+}
+
+int conch_super_file_data(struct conch_super *s, struct conch_proc *p, int req_fd, int resp_fd,
+                          int data_fd, uint64_t timeout_ms, struct conch_err *err)
+{
     if (s->gone)
         return conch_err_set(err, EPIPE, "the sandbox's warden is gone");
     int64_t id = next_id(s);
-    int r = conch_jail_send_file(s->jail, id, req_fd, resp_fd, timeout_ms, err);
+    int r = conch_jail_send_file_data(s->jail, id, req_fd, resp_fd, data_fd, timeout_ms, err);
     if (r < 0)
         return r;
     proc_begin(s, p, CONCH_PROC_FILE, id);

@@ -127,6 +127,10 @@ int conch_super_run(struct conch_super *s, struct conch_proc *p, const struct co
  */
 int conch_super_file(struct conch_super *s, struct conch_proc *p, int req_fd, int resp_fd,
                      uint64_t timeout_ms, struct conch_err *err);
+/* conch_super_file_data - conch_super_file lending the worker @data_fd too (borrowed; -1:
+ * none): conch_jail_send_file_data. */
+int conch_super_file_data(struct conch_super *s, struct conch_proc *p, int req_fd, int resp_fd,
+                          int data_fd, uint64_t timeout_ms, struct conch_err *err);
 int conch_super_file_server(struct conch_super *s, struct conch_proc *p, int sock,
                             struct conch_err *err);
 

@@ -90,3 +90,34 @@ def test_progress_on_a_terminal(d, tmp_path):
     # not on a pipe
     p = cli(d, "cp", str(f), "dev:/tmp/f2.bin")
     assert p.returncode == 0 and p.stderr == b"", p
+
+
+def test_big_files_go_by_fs_copy_small_ones_in_chunks(d, tmp_path):
+    """Files of 1 MiB and more move by fs.copy_in / fs.copy_out (the daemon opens the local
+    file, a worker copies it in the kernel: issue 20's 200 MB/s); --json counts them."""
+    src = tmp_path / "mixed"
+    src.mkdir()
+    big = os.urandom(5 << 20) + b"\0" * (3 << 20) + os.urandom(1000)
+    (src / "big.bin").write_bytes(big)
+    (src / "small.txt").write_text("small\n")
+    os.chmod(src / "big.bin", 0o600)
+    js = json.loads(ok(cli(d, "cp", "--json", str(src), "dev:/tmp/mixed")))
+    assert js["copied"] == 1 and js["bytes"] == len(big) + 6, js
+    inside = ok(cli(d, "exec", "dev", "--", "sh", "-c",
+                    "sha256sum /tmp/mixed/big.bin; stat -c %a /tmp/mixed/big.bin"))
+    assert inside == f"{hashlib.sha256(big).hexdigest()}  /tmp/mixed/big.bin\n600\n", inside
+    back = tmp_path / "back"
+    js = json.loads(ok(cli(d, "cp", "--json", "dev:/tmp/mixed", str(back))))
+    assert js["copied"] == 1, js
+    assert shape(back) == shape(src)
+    # one file out (its size unknown until copied), into a relative local path
+    js = json.loads(ok(subprocess.run(
+        [CONCH_BIN, "cp", "--socket", d.sock, "--json", "dev:/tmp/mixed/big.bin", "one.bin"],
+        capture_output=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)))
+    assert js["copied"] == 1 and js["bytes"] == len(big), js
+    assert (tmp_path / "one.bin").read_bytes() == big
+    # a big file past the sandbox's disk limit: the error of the chunked path, nothing left
+    ok(cli(d, "create", "--name", "tiny", "--disk", "2M"))
+    p = cli(d, "cp", str(src / "big.bin"), "tiny:/workspace/big.bin")
+    assert p.returncode != 0 and (b"too_large" in p.stderr or b"limit" in p.stderr), p
+    assert ok(cli(d, "exec", "tiny", "--", "ls", "-A", "/workspace")) == ""

@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from .aio import AsyncClient
 from .client import Client
+from ._methods import host_id as _host_id
 from .errors import ConchError, TooLarge, from_file_error
 
 log = logging.getLogger("conch_client")
@@ -20,6 +22,10 @@ DEFAULT_SERVE_ARGS = ("--pool", "0")
 #: The most file content one request carries (the daemon's cap, 10 MiB): larger files move
 #: in chunks of this size (fs.read offset/length, fs.write append).
 CHUNK = 10 << 20
+#: Files from this size on move by fs.copy_in / fs.copy_out where the daemon can open this
+#: process's files (a local daemon of our uid): a memfd of ours, copied by the daemon's file
+#: worker in the kernel. Elsewhere (a daemon on another host, an older one) in chunks.
+COPY_MIN = 1 << 20
 
 
 @dataclass
@@ -151,6 +157,69 @@ def _read_chunks(sid: str, path: str):
             return b"".join(parts)
 
 
+def _copy_refused(client: Any, e: ConchError) -> bool:
+    """Whether @e says the daemon cannot open our files (the caller moves the file in
+    chunks); an older daemon or one that sees another filesystem is not asked again."""
+    param = e.data.get("param")
+    if e.code == -32601 or param == "host_id":
+        client._conch_no_copy = True
+        return True
+    return e.data_code == "invalid_params" and param == "host_path"
+
+
+def _can_copy(client: Any) -> bool:
+    return hasattr(os, "memfd_create") and not getattr(client, "_conch_no_copy", False)
+
+
+def _memfd_path(fd: int) -> str:
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _copy_in(client: Any, sid: str, path: str, data: bytes):
+    """Write @data to @path by fs.copy_in from a memfd -> True, or False when the daemon
+    cannot open it (the caller writes in chunks)."""
+    fd = os.memfd_create("conch-upload", os.MFD_CLOEXEC)
+    try:
+        view, off = memoryview(data), 0
+        while off < len(view):
+            off += os.write(fd, view[off:])
+        try:
+            yield _call("fs_copy_in", sid, path, _memfd_path(fd), host_id=_host_id(fd))
+        except ConchError as e:
+            # busy: the sandbox's transfers are all taken; chunks queue instead
+            if _copy_refused(client, e) or e.data_code == "busy":
+                return False
+            raise
+        return True
+    finally:
+        os.close(fd)
+
+
+def _copy_out(client: Any, sid: str, path: str):
+    """The bytes of @path by fs.copy_out into a memfd, or None when the daemon cannot open
+    it (the caller reads in chunks)."""
+    fd = os.memfd_create("conch-download", os.MFD_CLOEXEC)
+    try:
+        try:
+            r = yield _call("fs_copy_out", sid, path, _memfd_path(fd), host_id=_host_id(fd))
+        except ConchError as e:
+            # too_large: a workspace file above the sandbox's disk limit, which bounds what
+            # the copy writes; chunks have no such bound
+            if _copy_refused(client, e) or e.data_code in ("too_large", "busy"):
+                return None
+            raise
+        size, parts, off = r.get("size", 0), [], 0
+        while off < size:
+            b = os.pread(fd, size - off, off)  # one read, into the bytes returned, as a rule
+            if not b:
+                break
+            parts.append(b)
+            off += len(b)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _as_bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
 
@@ -228,6 +297,9 @@ class _Ops:
         """Write ``data`` (bytes) to ``path``, of any size (over 10 MiB in chunks, not
         atomically); raises the file's ConchError."""
         data = _as_bytes(data)
+        if len(data) >= COPY_MIN and _can_copy(self.client):
+            if (yield from _copy_in(self.client, self.id, path, data)):
+                return
         if len(data) > CHUNK:
             yield from _write_chunks(self.id, path, data)
             return
@@ -250,7 +322,7 @@ class _Ops:
         for p, d in items:
             if len(d) > CHUNK:
                 try:
-                    yield from _write_chunks(self.id, p, d)
+                    yield from _Ops.upload(self, p, d)
                     out[p] = None
                 except ConchError as e:
                     out[p] = e
@@ -262,10 +334,43 @@ class _Ops:
         res = yield _call("fs_download", self.id, [path])
         f = res[0] if res else {"error": {"code": "internal_error", "message": "no answer"}}
         if f.get("error", {}).get("code") == "too_large":
+            if _can_copy(self.client):
+                data = yield from _copy_out(self.client, self.id, path)
+                if data is not None:
+                    return data
             return (yield from _read_chunks(self.id, path))
         if f.get("error"):
             raise from_file_error(f["error"], path, "fs.download")
         return base64.b64decode(f.get("content", ""))
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        """Copy the local file ``local_path`` to ``path`` (replaced atomically): by
+        fs.copy_in where the daemon can open it (no byte through this process), else read
+        and uploaded."""
+        if not getattr(self.client, "_conch_no_copy", False):
+            try:
+                yield _call("fs_copy_in", self.id, path, local_path)
+                return
+            except ConchError as e:
+                if not _copy_refused(self.client, e) and e.data_code != "busy":
+                    raise
+        with open(local_path, "rb") as f:
+            data = f.read()
+        yield from _Ops.upload(self, path, data)
+
+    def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` to the local file ``local_path`` (created or truncated): by
+        fs.copy_out where the daemon can open it, else downloaded and written."""
+        if not getattr(self.client, "_conch_no_copy", False):
+            try:
+                yield _call("fs_copy_out", self.id, path, local_path)
+                return
+            except ConchError as e:
+                if not _copy_refused(self.client, e) and e.data_code not in ("busy", "too_large"):
+                    raise
+        data = yield from _Ops.download(self, path)
+        with open(local_path, "wb") as f:
+            f.write(data)
 
     def download_many(self, paths: Iterable[str]) -> Dict[str, Union[bytes, ConchError]]:
         """Download several files -> path -> bytes, or the ConchError of that file. Files
@@ -276,7 +381,11 @@ class _Ops:
             err = f.get("error")
             if err and err.get("code") == "too_large":
                 try:
-                    out[f["path"]] = yield from _read_chunks(self.id, f["path"])
+                    data = None
+                    if _can_copy(self.client):
+                        data = yield from _copy_out(self.client, self.id, f["path"])
+                    out[f["path"]] = (data if data is not None
+                                      else (yield from _read_chunks(self.id, f["path"])))
                 except ConchError as e:
                     out[f["path"]] = e
             elif err:

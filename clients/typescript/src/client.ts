@@ -3,7 +3,9 @@
 import { ConchError, RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
 import { EventEmitter } from "node:events";
 import { ConchSession } from "./session.js";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
+import { promises as fsp } from "node:fs";
+import { tmpdir } from "node:os";
 
 export type SandboxMode = "overlay" | "ro" | "rw";
 
@@ -361,6 +363,18 @@ export interface FsChunk {
 export const FS_CHUNK_MAX = 10 << 20;
 /** Chunk size of fsReadFile / fsWriteFile by default (see bench/README.md). */
 export const FS_CHUNK_DEFAULT = FS_CHUNK_MAX;
+/**
+ * Files from this size on move by fs.copy_in / fs.copy_out (a private temporary file the
+ * daemon opens, copied by its file worker in the kernel) where the daemon can open this
+ * process's files (a local daemon of our uid); elsewhere in chunks.
+ */
+export const FS_COPY_MIN = 1 << 20;
+
+/** fs.copy_in / fs.copy_out's host_id of a host file: "st_dev:st_ino" as we see it. */
+export async function hostId(path: string): Promise<string> {
+  const st = await fsp.stat(path, { bigint: true });
+  return `${st.dev}:${st.ino}`;
+}
 
 export interface FsEntry {
   name: string;
@@ -528,6 +542,9 @@ export class ConchClient extends EventEmitter {
   readonly rpc: RpcConnection;
   private streams = new Map<number | string, (e: ExecOutputEvent) => void>();
   private streamIds = 0;
+  /** Set once the daemon could not open our files (an older daemon, one on another host):
+   * big files then move in chunks without asking again. */
+  noCopy = false;
 
   constructor(rpc: RpcConnection) {
     super();
@@ -710,15 +727,91 @@ export class ConchClient extends EventEmitter {
     return { ...r, content: new Uint8Array(Buffer.from(r.content, "base64")) };
   }
   /**
-   * A whole file of any size, in chunks of `chunk` bytes (default 10 MiB, the daemon's cap).
-   * A file over `maxBytes` (default 1 GiB) is refused with too_large before it is read.
+   * fs.copy_in: the host file `hostPath` (any size) becomes `path`, replaced atomically and
+   * copied by the daemon's file worker in the kernel. Only where the daemon can open the file
+   * itself (same machine, same uid): else invalid_params on host_path / host_id.
+   */
+  async fsCopyIn(sandbox: string, path: string, hostPath: string, host_id?: string): Promise<{ bytes_written: number; created: boolean }> {
+    const host_path = resolve(hostPath);
+    return this.call("fs.copy_in", { sandbox, path, host_path, host_id: host_id ?? (await hostId(host_path)) });
+  }
+  /** fs.copy_out: `path` copied over the host file `hostPath` (created or truncated here first). */
+  async fsCopyOut(sandbox: string, path: string, hostPath: string): Promise<{ size: number }> {
+    const host_path = resolve(hostPath);
+    await fsp.writeFile(host_path, new Uint8Array(0));
+    return this.call("fs.copy_out", { sandbox, path, host_path, host_id: await hostId(host_path) });
+  }
+  /** Whether @e says the daemon cannot open our files (the caller moves the file in chunks). */
+  private copyRefused(e: unknown): boolean {
+    if (!(e instanceof ConchError)) return false;
+    const param = (e.data as any)?.param;
+    if (e.code === -32601 || param === "host_id") {
+      this.noCopy = true;
+      return true;
+    }
+    return e.dataCode === "invalid_params" && param === "host_path";
+  }
+  /** Run @fn on a new private temporary file's path; the file and its directory go after.
+   * In /dev/shm where there is one (memory, as the Python client's memfd: no disk writeback
+   * for bytes that live a moment), else the system's temporary directory. */
+  private async withTemp<T>(fn: (path: string) => Promise<T>): Promise<T> {
+    let dir: string;
+    try {
+      dir = await fsp.mkdtemp("/dev/shm/conch-xfer-");
+    } catch {
+      dir = await fsp.mkdtemp(join(tmpdir(), "conch-xfer-"));
+    }
+    try {
+      return await fn(join(dir, "data"));
+    } finally {
+      await fsp.rm(dir, { recursive: true, force: true });
+    }
+  }
+  /** @content by fs.copy_in through a temporary file, or null when the daemon cannot open it. */
+  private async copyIn(sandbox: string, path: string, content: Uint8Array): Promise<{ bytes_written: number; created: boolean } | null> {
+    return this.withTemp(async (tmp) => {
+      await fsp.writeFile(tmp, content, { mode: 0o600 });
+      try {
+        return await this.fsCopyIn(sandbox, path, tmp);
+      } catch (e) {
+        // busy: the sandbox's transfers are all taken; chunks queue instead
+        if (this.copyRefused(e) || (e instanceof ConchError && e.dataCode === "busy")) return null;
+        throw e;
+      }
+    });
+  }
+  /** @path by fs.copy_out through a temporary file, or null when the daemon cannot open it. */
+  private async copyOut(sandbox: string, path: string): Promise<Uint8Array | null> {
+    return this.withTemp(async (tmp) => {
+      try {
+        await this.fsCopyOut(sandbox, path, tmp);
+      } catch (e) {
+        // too_large: a workspace file above the sandbox's disk limit, which bounds what the
+        // copy writes; chunks have no such bound
+        if (this.copyRefused(e) || (e instanceof ConchError && (e.dataCode === "too_large" || e.dataCode === "busy"))) return null;
+        throw e;
+      }
+      const b = await fsp.readFile(tmp);
+      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+    });
+  }
+  /**
+   * A whole file of any size: by fs.copy_out past FS_COPY_MIN where the daemon can open our
+   * files, else in chunks of `chunk` bytes (default 10 MiB, the daemon's cap). A file over
+   * `maxBytes` (default 1 GiB) is refused with too_large before it is read.
    */
   async fsReadFile(sandbox: string, path: string, opts: { chunk?: number; maxBytes?: number } = {}): Promise<Uint8Array> {
     const chunk = Math.max(1, Math.min(FS_CHUNK_MAX, opts.chunk ?? FS_CHUNK_DEFAULT));
     const max = opts.maxBytes ?? 1 << 30;
-    const first = await this.fsReadChunk(sandbox, path, 0, chunk);
+    const copy = !this.noCopy && opts.chunk === undefined;
+    const first = await this.fsReadChunk(sandbox, path, 0, copy ? Math.min(chunk, FS_COPY_MIN) : chunk);
     if (first.eof) return first.content;
     if (first.size > max) throw new ConchError(-32017, `${path} has ${first.size} bytes, over the client's limit of ${max} bytes (maxBytes)`, { code: "too_large", kind: "usage", limit: max });
+    if (copy) {
+      const all = await this.copyOut(sandbox, path);
+      if (all && all.length > max) throw new ConchError(-32017, `${path} grew past the client's limit of ${max} bytes (maxBytes) while read`, { code: "too_large", kind: "usage", limit: max });
+      if (all) return all;
+    }
     const parts = [first.content];
     let off = first.content.length;
     while (true) {
@@ -737,10 +830,16 @@ export class ConchClient extends EventEmitter {
     return out;
   }
   /**
-   * Create or replace a file of any size: one fs.write when it fits in `chunk` bytes
-   * (atomic), else the first chunk then appends (not atomic: a failure leaves a partial file).
+   * Create or replace a file of any size: by fs.copy_in past FS_COPY_MIN where the daemon can
+   * open our files (atomic), else one fs.write when it fits in `chunk` bytes (atomic), else
+   * the first chunk then appends (not atomic: a failure leaves a partial file). An explicit
+   * `chunk` always moves the file in chunks.
    */
   async fsWriteFile(sandbox: string, path: string, content: Uint8Array, opts: { chunk?: number } = {}): Promise<{ bytes_written: number; created: boolean }> {
+    if (!this.noCopy && opts.chunk === undefined && content.length >= FS_COPY_MIN) {
+      const r = await this.copyIn(sandbox, path, content);
+      if (r) return r;
+    }
     const chunk = Math.max(1, Math.min(FS_CHUNK_MAX, opts.chunk ?? FS_CHUNK_DEFAULT));
     const b = Buffer.from(content.buffer, content.byteOffset, content.byteLength);
     let created = false;

@@ -21,7 +21,7 @@ import type {
   FileDownloadResponse,
   FileOperationError,
 } from "deepagents";
-import { ConchClient, FS_CHUNK_MAX, type JsEvalResult, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
+import { ConchClient, FS_CHUNK_MAX, FS_COPY_MIN, type JsEvalResult, type ExecResult, type CallRecord, type DetachedAgentRequest, type FsReadText, type ConnectOptions, type SandboxCreateParams, type ToolCallParams, type AgentSpawnParams } from "./client.js";
 import { ConchError } from "./rpc.js";
 
 const EMPTY_CONTENT_WARNING = "System reminder: File exists but has empty contents";
@@ -483,7 +483,8 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
   async uploadFiles(files: Array<[string, Uint8Array]>): Promise<FileUploadResponse[]> {
     const out: FileUploadResponse[] = new Array(files.length);
     // Small files in batches of at most 1000 files and about 8 MiB of payload per request;
-    // a file over one request's 10 MiB goes alone, in chunks.
+    // a big one goes alone (fsWriteFile: by fs.copy_in from FS_COPY_MIN where the daemon can
+    // open our files, else over one request's 10 MiB in chunks).
     let batch: number[] = [];
     let size = 0;
     const flush = async () => {
@@ -504,7 +505,7 @@ export class ConchSandbox implements SandboxBackendProtocolV2 {
         out[i] = { path, error: this.tooLarge(content.length) as FileOperationError };
         continue;
       }
-      if (content.length > FS_CHUNK_MAX) {
+      if (content.length > (this.client.noCopy ? FS_CHUNK_MAX : FS_COPY_MIN)) {
         try {
           await this.client.fsWriteFile(this._id, path, content);
           out[i] = { path, error: null };

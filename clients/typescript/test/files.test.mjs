@@ -1,6 +1,7 @@
 // files.test.mjs - files over the daemon's 10 MiB per request through ConchSandbox
 // (uploadFiles, downloadFiles, readRaw, read, write) and ConchClient (fsReadFile,
-// fsWriteFile): chunks both ways, byte for byte; a real failure keeps its cause.
+// fsWriteFile): by fs.copy_in / fs.copy_out where the daemon can open our files, else in
+// chunks, both ways, byte for byte; a real failure keeps its cause.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes, createHash } from "node:crypto";
@@ -61,5 +62,56 @@ test("a real failure names its cause, and the backend's own limit is a stated to
     assert.match(w.error, /too_large/);
   } finally {
     await small.close();
+  }
+});
+
+/** The methods @client sends from now on. */
+function spy(client) {
+  const sent = [];
+  const orig = client.call.bind(client);
+  client.call = (m, p, ...rest) => {
+    sent.push(m);
+    return orig(m, p, ...rest);
+  };
+  return { sent, undo: () => delete client.call };
+}
+
+test("100 MiB up and down by fs.copy_in / fs.copy_out, sparse and binary", { skip }, async () => {
+  const big = Buffer.concat([randomBytes(40 * MiB), Buffer.alloc(40 * MiB), randomBytes(20 * MiB)]);
+  const s = spy(sb.client);
+  try {
+    const up = await sb.uploadFiles([["/workspace/huge.bin", big]]);
+    assert.deepEqual(up, [{ path: "/workspace/huge.bin", error: null }]);
+    const r = await sb.execute("sha256sum huge.bin | cut -c1-64");
+    assert.equal(r.output, `${sha(big)}\n`);
+    const down = await sb.downloadFiles(["/workspace/huge.bin"]);
+    assert.equal(down[0].error, null);
+    assert.equal(sha(down[0].content), sha(big));
+    assert.ok(s.sent.includes("fs.copy_in") && s.sent.includes("fs.copy_out") && !s.sent.includes("fs.write"), s.sent.join(","));
+    // an explicit chunk size keeps the chunked form
+    s.sent.length = 0;
+    await sb.client.fsWriteFile(sb.id, "/workspace/c.bin", big.subarray(0, 3 * MiB), { chunk: MiB });
+    assert.deepEqual(s.sent, ["fs.write", "fs.write", "fs.write"]);
+  } finally {
+    s.undo();
+  }
+});
+
+test("a daemon that cannot open our files gets chunks, and is not asked again", { skip }, async () => {
+  const other = await ConchSandbox.create({ bin: conchBin, args: stdioArgs() });
+  try {
+    const c = other.client;
+    const orig = c.fsCopyIn.bind(c);
+    c.fsCopyIn = (s, p, h) => orig(s, p, h, "1:2"); // as a daemon on another host sees it
+    const s = spy(c);
+    const data = randomBytes(12 * MiB);
+    assert.deepEqual(await other.uploadFiles([["/workspace/a.bin", data]]), [{ path: "/workspace/a.bin", error: null }]);
+    assert.equal(c.noCopy, true);
+    const down = await other.downloadFiles(["/workspace/a.bin"]);
+    assert.equal(sha(down[0].content), sha(data));
+    assert.equal(s.sent.filter((m) => m === "fs.copy_in").length, 1, s.sent.join(","));
+    assert.ok(!s.sent.includes("fs.copy_out") && s.sent.includes("fs.write"), s.sent.join(","));
+  } finally {
+    await other.close();
   }
 });
