@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/proctitle.h"
 #include "core/strbuf.h"
 #include "core/utf8.h"
 #include "js/js-internal.h"
@@ -101,10 +102,9 @@ static void wd_arm(int fd, int64_t timeout_ms)
             "(a regular expression that backtracks, or another long built-in call): the JS "
             "worker was ended, and the session's state is lost: the next eval starts a fresh "
             "session";
-        json_t *res =
-            json_pack("{s:b,s:{s:b,s:{s:s,s:s},s:[],s:[],s:[],s:s+}}", "ending", 1, "result",
-                      "ok", 0, "error", "name", "TimeoutError", "message", msg, "console",
-                      "tool_calls", "writes", "text", "TimeoutError: ", msg);
+        json_t *res = json_pack("{s:b,s:{s:b,s:{s:s,s:s},s:[],s:[],s:[],s:s+}}", "ending", 1,
+                                "result", "ok", 0, "error", "name", "TimeoutError", "message", msg,
+                                "console", "tool_calls", "writes", "text", "TimeoutError: ", msg);
         char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
         json_decref(res);
         if (!text)
@@ -502,6 +502,23 @@ static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
     return r < 0 ? NULL : res;
 }
 
+/* Before the first request: one eval of a cell that declares nothing, so that what a first
+ * eval pays once (the grammar's tables and QuickJS's compiler and renderer faulted in, their
+ * first allocations) is paid here, while the worker waits as a spare. Its result is
+ * dropped; the session's globals are as new. */
+static void warm_up(struct worker *w)
+{
+    static const char cell[] = "(async () => ({ a: [1 as number, 'b'], c: null }))()";
+    struct conch_js_eval_opts opts = {.timeout_ms = 1000};
+    json_t *res = NULL;
+    struct conch_err err = {0};
+    if (conch_js_eval(w->s, cell, sizeof(cell) - 1, &opts, &res, &err) == 0) {
+        char *text = json_dumps(res, JSON_COMPACT);
+        free(text);
+    }
+    json_decref(res);
+}
+
 /* The worker's data segment (RLIMIT_DATA: heap and private mappings) beyond the engine's
  * heap limit: frames, files read and writes buffered (64 MiB each), jansson's copies. A
  * worker that grows past it fails its allocations (the engine's as "out of memory") instead
@@ -538,13 +555,20 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
         answer_error(&w, err.msg);
         return 1;
     }
+    warm_up(&w);
     int ret = 1;
+    bool serving = false;
     for (;;) {
         bool eof;
         json_t *req = read_frame(&w, &eof);
         if (!req) {
             ret = eof ? 0 : 1;
             break;
+        }
+        if (!serving) {
+            /* Started ahead ("conch-js-spare", its engine built), it now serves a session. */
+            conch_proctitle_set_child("conch-js-worker");
+            serving = true;
         }
         const char *method = json_string_value(json_object_get(req, "method"));
         json_t *params = json_object_get(req, "params");
