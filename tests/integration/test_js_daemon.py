@@ -372,9 +372,29 @@ def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
     assert wait_workers(daemon, lambda w: not w) == []
 
 
-# Run once, in the plain root pass: against the ASan build one run in eleven missed a step
-# (a key typed as the editor switched the terminal's mode: a defect of the REPL to find),
-# and before ptydrive killed a program that outlived its last key, that hung CI.
+def test_conch_js_repl_keeps_keys_typed_while_a_cell_runs(daemon, js):
+    from ptydrive import drive
+
+    # The terminal stays raw between lines: a key typed while a cell runs waits as typed
+    # for the next line. It went cooked during the eval before: a Ctrl-D typed then became
+    # a NUL in the line discipline, dropped by the editor, and the REPL waited (so did a key
+    # typed between two lines of a cell, in the window before raw mode came back).
+    steps = [
+        (b"js> \x1b[K", b"let t0 = Date.now(); while (Date.now() - t0 < 800) {}; 'ran'\r"),
+        # the line is taken (the newline echoed): the cell runs now; Ctrl-D leaves after it
+        (b"'ran'\x1b[K\r\r\n", b"\x04"),
+    ]
+    out, rc = drive([CONCH_BIN, "js", "--socket", daemon.sock, js.sb, "--timeout", "60"], steps,
+                    timeout=20)
+    assert rc == 0, out
+    assert b'"ran"' in out, out
+
+
+# Run once, in the plain root pass: against the ASan build one run in eleven missed a step,
+# before the terminal stayed raw between lines: a step's wait matched an earlier prompt (the
+# output is searched whole), so its keys came while the REPL was between two lines in cooked
+# mode, where the line discipline ate a Ctrl-C (see the test above). Before ptydrive killed a
+# program that outlived its last key, that hung CI.
 @pytest.mark.slow
 def test_conch_js_repl_on_a_terminal(daemon, js):
     from ptydrive import drive
