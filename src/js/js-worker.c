@@ -555,7 +555,11 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
         answer_error(&w, err.msg);
         return 1;
     }
-    warm_up(&w);
+    /* Warmed only while it waits: a request already there (a spare taken as it started)
+     * is served at once. */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) == 0)
+        warm_up(&w);
     int ret = 1;
     bool serving = false;
     for (;;) {
