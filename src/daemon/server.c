@@ -136,6 +136,10 @@ void conch_daemon_client_close(struct client *c)
 {
     if (c->closing)
         return;
+    /* Lines gathered for the end of this loop iteration go now (libuv writes what the
+     * socket takes at once): an answer sent just before the close, or before the daemon
+     * stops (--stdio at EOF), is not lost. */
+    conch_daemon_client_flush(c);
     c->closing = true;
     conch_list_del(&c->link);
     /* Its queue goes with its handle: no longer counted. */
@@ -423,6 +427,7 @@ static void stdio_eof(struct client *c)
                  d->n_sandboxes, running);
     conch_list_for_each_safe(pos, tmp, &d->sandboxes)
         conch_daemon_sandbox_destroy(conch_list_entry(pos, struct sandbox, link));
+    conch_daemon_client_flush(c); /* the answers just gathered, before the shutdown */
     d->stdio_shutdown.data = c;
     if (uv_shutdown(&d->stdio_shutdown, (uv_stream_t *)&c->out, on_stdout_flushed) < 0)
         conch_daemon_client_close(c);
