@@ -10,7 +10,11 @@ bench/js_quickjs.mjs) when it is installed:
 Medians in ms, and conch / quickjs ratios. Goals (issue 17): <= 5 ms, <= 0.2 ms, <= 0.3 ms,
 <= 5 ms.
 
-Usage: bench/js.py [--conch build/conch] [--rounds 200] [--quickjs DIR]
+With --cpu, also what each op costs the daemon and the session's worker (CPU time from
+/proc/PID/stat, in clock ticks: take it over many ops) and how often each slept (voluntary
+context switches) or was preempted: steadier than latency on a shared machine.
+
+Usage: bench/js.py [--conch build/conch] [--rounds 200] [--quickjs DIR] [--cpu]
   DIR: a directory whose node_modules has @langchain/quickjs and @langchain/core
   (`npm install @langchain/quickjs@0.6.4 @langchain/core` there); default $CONCH_BENCH_QUICKJS.
 """
@@ -74,6 +78,64 @@ def quickjs_rows(d, rounds):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def proc_cost(pid):
+    """(CPU seconds, voluntary, nonvoluntary context switches) of @pid's threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+    vol = nonvol = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    nonvol += int(line.split()[1])
+    return cpu, vol, nonvol
+
+
+def worker_pid(daemon_pid):
+    """The host pid of the one live JS worker of a session under @daemon_pid."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    kids = {}
+    for line in out.splitlines()[1:]:
+        pid, ppid, args = line.split(None, 2)
+        kids.setdefault(int(ppid), []).append((int(pid), args))
+    todo, found = [daemon_pid], []
+    while todo:
+        for pid, args in kids.get(todo.pop(), []):
+            todo.append(pid)
+            if args.startswith("conch-js-worker"):
+                found.append(pid)
+    return found[0] if len(found) == 1 else None
+
+
+def cpu_rows(c, sb, daemon_pid):
+    def ev(code):
+        r = c.call("js.eval", {"sandbox": sb, "session": "cpu", "code": code, "timeout": 60})
+        if not r["ok"]:
+            raise SystemExit(f"js.py: eval failed: {r['text']}")
+    ev("var n = 0")
+    w = worker_pid(daemon_pid)
+    if not w:
+        print("js.py: --cpu: the session's worker was not found", file=sys.stderr)
+        return
+    print(f"{'per op (--cpu)':36} {'daemon ms':>10} {'worker ms':>10} {'d sleeps':>9} "
+          f"{'d preempt':>9} {'w sleeps':>9}")
+    for label, code, n in [
+            ("one eval", "n = n + 1", 3000),
+            ("100 sequential tool calls", "for (let i = 0; i < 100; i++) await tools.echo({ i }); 1",
+             50),
+            ("100 parallel tool calls", "(await Promise.all(Array.from({ length: 100 }, "
+             "(_, i) => tools.echo({ i })))).length", 100)]:
+        d0, w0 = proc_cost(daemon_pid), proc_cost(w)
+        for _ in range(n):
+            ev(code)
+        d1, w1 = proc_cost(daemon_pid), proc_cost(w)
+        print(f"{label:36} {(d1[0] - d0[0]) * 1000 / n:10.3f} {(w1[0] - w0[0]) * 1000 / n:10.3f} "
+              f"{(d1[1] - d0[1]) / n:9.2f} {(d1[2] - d0[2]) / n:9.2f} {(w1[1] - w0[1]) / n:9.2f}")
+
+
 ROWS = [("first eval of the first session", "first_ms", None),
         ("a new session's first eval", "new_session_ms", 5),
         ("one eval", "eval_ms", 0.2),
@@ -86,6 +148,7 @@ def main():
     ap.add_argument("--conch", default=os.path.join(HERE, "..", "build", "conch"))
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--quickjs", default=os.environ.get("CONCH_BENCH_QUICKJS", ""))
+    ap.add_argument("--cpu", action="store_true")
     a = ap.parse_args()
     base = tempfile.mkdtemp(prefix="conch-bench-js-")
     sock = os.path.join(base, "conch.sock")
@@ -109,6 +172,11 @@ def main():
             q = ref[key] if ref else None
             print(f"{label:36} {mine[key]:9.3f} " + (f"{q:9.3f} {mine[key] / q:7.2f}" if q else f"{'-':>9} {'-':>7}") +
                   (f"  <= {goal}" if goal else ""))
+        if a.cpu:  # in a sandbox of their own: one session, one worker
+            c.call("sandbox.destroy", {"id": sb})
+            sb = c.call("sandbox.create", {"workspace": ws, "max_tool_calls": 1000})["id"]
+            c.call("tools.register", {"sandbox": sb, "tools": [{"name": "echo", "input_schema": {"type": "object"}}]})
+            cpu_rows(c, sb, d.pid)
         print(json.dumps({"conch": mine, "quickjs": ref}))
     finally:
         d.terminate()

@@ -175,6 +175,9 @@ static void on_request_line(void *ctx, const char *line, size_t len)
     conch_budget_uncharge(&b->budget, charged);
 }
 
+static void handle_request(struct conn *c, json_t *req, size_t len, uint64_t cost,
+                           uint64_t *charged);
+
 static void handle_line(struct conn *c, const char *line, size_t len, uint64_t cost,
                         uint64_t *charged)
 {
@@ -187,6 +190,14 @@ static void handle_line(struct conn *c, const char *line, size_t len, uint64_t c
         json_decref(req);
         return;
     }
+    handle_request(c, req, len, cost, charged);
+    json_decref(req);
+}
+
+/* A request @req (an object; borrowed) of a line of @len bytes. */
+static void handle_request(struct conn *c, json_t *req, size_t len, uint64_t cost,
+                           uint64_t *charged)
+{
     json_t *id = json_object_get(req, "id");
     const char *op = json_string_value(json_object_get(req, "op"));
     if (!id || !(json_is_string(id) || json_is_integer(id))) {
@@ -208,7 +219,6 @@ static void handle_line(struct conn *c, const char *line, size_t len, uint64_t c
         snprintf(msg, sizeof(msg), "unknown op '%.60s' (ops: call, spawn, list)", op);
         conch_bridge__conn_send(c, conch_bridge__error_msg(id, "invalid_request", msg));
     }
-    json_decref(req);
 }
 
 static void on_request_oversize(void *ctx)
@@ -389,6 +399,35 @@ void conch_bridge_local_line(struct conch_bridge_local *l, const char *line, siz
     if (!c->b || c->closing)
         return;
     on_request_line(c, line, len);
+}
+
+void conch_bridge_local_request(struct conch_bridge_local *l, json_t *req, const char *text,
+                                size_t len)
+{
+    struct conn *c = &l->conn;
+    if (!c->b || c->closing || c->b->freeing)
+        return;
+    /* Charged as on_request_line charges a line. */
+    struct conch_bridge *b = c->b;
+    uint64_t cost = conch_rpc_json_cost(text, len);
+    if (conch_budget_charge(&b->budget, cost, NULL) < 0) {
+        char state[256], msg[512];
+        conch_bridge__budget_state(b, state, sizeof(state));
+        snprintf(msg, sizeof(msg), "a request of %zu bytes (about %llu parsed) does not fit: %s",
+                 len, (unsigned long long)cost, state);
+        json_t *id = json_object_get(req, "id");
+        conch_bridge__conn_send(
+            c, conch_bridge__error_msg(json_is_string(id) || json_is_integer(id) ? id : NULL,
+                                       "limit", msg));
+        return;
+    }
+    uint64_t charged = cost;
+    if (json_is_object(req))
+        handle_request(c, req, len, cost, &charged);
+    else
+        conch_bridge__conn_send(c, conch_bridge__error_msg(NULL, "invalid_request",
+                                                           "not a JSON object: another value"));
+    conch_budget_uncharge(&b->budget, charged);
 }
 
 void conch_bridge_local_close(struct conch_bridge_local *l, struct conch_bridge_report *ret)

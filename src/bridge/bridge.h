@@ -182,6 +182,12 @@ int conch_bridge_local_open(struct conch_bridge *b, const char *kind, const char
  * as docs/TOOLS.md's), charged to the budget as a socket's line. */
 void conch_bridge_local_line(struct conch_bridge_local *l, const char *line, size_t len);
 
+/* conch_bridge_local_request - conch_bridge_local_line of a request already parsed: @req
+ * (borrowed; a JSON object, parsed with JSON_REJECT_DUPLICATES as a line would be), charged as
+ * a line of @len bytes whose text is @text (what the host read it from). */
+void conch_bridge_local_request(struct conch_bridge_local *l, json_t *req, const char *text,
+                                size_t len);
+
 /* conch_bridge_local_close - @l is done: its calls still in flight fail (cancelled for their
  * owners), no answer reaches @answer after this, its origin ends and *@ret (NULL: dropped)
  * gets what it did. @l is freed; NULL is a no-op. Safe after conch_bridge_free. */

@@ -196,10 +196,12 @@ static json_t *session_params(const char *sid, const struct js_opts *o)
     return params;
 }
 
-/* One cell of the REPL: js.eval of @code, waiting for its answer; Ctrl-C meanwhile sends
- * js.reset, which cancels it. Returns 0 (answered, printed) or -1 (the daemon is gone). */
-static int repl_eval(struct conch_cli_conn *c, const char *sid, const struct js_opts *o,
-                     const char *code)
+/* One cell of the REPL: js.eval of @code, waiting for its answer; Ctrl-C meanwhile (a key
+ * read from the terminal @le, raw, or a SIGINT) sends js.reset, which cancels it; other keys
+ * typed meanwhile wait in @le for the next line. Returns 0 (answered, printed) or -1 (the
+ * daemon is gone). */
+static int repl_eval(struct conch_cli_conn *c, struct conch_cli_lineedit *le, const char *sid,
+                     const struct js_opts *o, const char *code)
 {
     json_t *params = session_params(sid, o);
     if (params)
@@ -212,6 +214,7 @@ static int repl_eval(struct conch_cli_conn *c, const char *sid, const struct js_
         return -1;
     }
     bool eval_done = false, reset_done = false;
+    bool watch_keys = le->tty && le->raw;
     while (!eval_done || (reset_id >= 0 && !reset_done)) {
         json_t *msg = conch_cli_conn_next(c, false);
         if (!msg) {
@@ -223,12 +226,23 @@ static int repl_eval(struct conch_cli_conn *c, const char *sid, const struct js_
                 }
                 continue;
             }
-            struct pollfd p = {.fd = c->fd, .events = POLLIN};
-            if (poll(&p, 1, -1) < 0) {
+            struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN},
+                                  {.fd = le->in, .events = POLLIN}};
+            bool keys = watch_keys && reset_id < 0 && !eval_done;
+            if (poll(p, keys ? 2 : 1, -1) < 0) {
                 if (errno == EINTR)
                     continue;
                 fprintf(stderr, "conch js: poll: %s\n", strerror(errno));
                 return -1;
+            }
+            if (keys && p[1].revents) {
+                int k = conch_cli_lineedit_take_keys(le);
+                if (k == 1)
+                    js_interrupted = 1;
+                else if (k < 0 || (p[1].revents & (POLLHUP | POLLERR | POLLNVAL)))
+                    watch_keys = false; /* the terminal is gone: the daemon's answer still comes */
+                if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+                    continue;
             }
             if (!conch_cli_conn_fill(c)) {
                 fputs("conch js: the daemon closed the connection\n", stderr);
@@ -283,8 +297,8 @@ static int repl(struct conch_cli_conn *c, const char *sid, const struct js_opts 
     for (;;) {
         fflush(stdout);
         fflush(stderr);
-        /* Cleared before the line is read (no SIGINT comes in raw mode): a Ctrl-C from the
-         * moment the terminal is cooked again cancels the cell's eval. */
+        /* Cleared before the line is read: a Ctrl-C typed after the line (a key read by
+         * repl_eval, the terminal staying raw) or a SIGINT cancels the cell's eval. */
         js_interrupted = 0;
         char *line = NULL;
         int r = conch_cli_lineedit_read(&le, cell.len ? "... " : "js> ", &line);
@@ -298,7 +312,7 @@ static int repl(struct conch_cli_conn *c, const char *sid, const struct js_opts 
             /* A cell left open at the end still runs: the engine says what is missing. */
             if (r == 0 && cell.len && !le.tty) {
                 conch_sb_putn(&cell, "", 1);
-                if (repl_eval(c, sid, o, cell.buf) < 0)
+                if (repl_eval(c, &le, sid, o, cell.buf) < 0)
                     status = CONCH_EXIT_INFRA;
             }
             break;
@@ -337,7 +351,7 @@ static int repl(struct conch_cli_conn *c, const char *sid, const struct js_opts 
         if (!cell_complete(cell.buf))
             continue;
         if (cell.buf[strspn(cell.buf, " \t\r\n")]) {
-            if (repl_eval(c, sid, o, cell.buf) < 0) {
+            if (repl_eval(c, &le, sid, o, cell.buf) < 0) {
                 status = CONCH_EXIT_INFRA;
                 break;
             }

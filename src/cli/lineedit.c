@@ -2,6 +2,7 @@
  * line on a terminal (the cursor moves by UTF-8 character; each is taken as one column
  * wide), history in memory, and plain line input when the input is not a terminal. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,48 @@ void conch_cli_lineedit_add(struct conch_cli_lineedit *le, const char *line)
     le->hist[le->n_hist++] = copy;
 }
 
+void conch_cli_lineedit_cooked(struct conch_cli_lineedit *le)
+{
+    if (!le->raw)
+        return;
+    tcsetattr(le->in, TCSADRAIN, &le->saved);
+    le->raw = false;
+}
+
+int conch_cli_lineedit_take_keys(struct conch_cli_lineedit *le)
+{
+    if (!le->tty || !le->raw)
+        return 0;
+    int intr = 0;
+    for (;;) {
+        struct pollfd p = {.fd = le->in, .events = POLLIN};
+        int n = poll(&p, 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0 || !(p.revents & POLLIN))
+            return intr;
+        unsigned char buf[256];
+        ssize_t got = read(le->in, buf, sizeof(buf));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) /* the end (or an error) is seen again by the next line's read */
+            return got < 0 && errno != EAGAIN ? -errno : intr;
+        for (ssize_t i = 0; i < got; i++) {
+            if (buf[i] == 3) { /* Ctrl-C: it and what was typed before it go */
+                intr = 1;
+                le->n_ahead = 0;
+            } else if (le->n_ahead < sizeof(le->ahead)) {
+                le->ahead[le->n_ahead++] = buf[i];
+            }
+        }
+    }
+}
+
 void conch_cli_lineedit_done(struct conch_cli_lineedit *le)
 {
+    conch_cli_lineedit_cooked(le);
     for (size_t i = 0; i < le->n_hist; i++)
         free(le->hist[i]);
     free(le->hist);
@@ -181,8 +222,14 @@ static void history_go(struct edit *e, size_t to)
     set_line(e, to == le->n_hist ? (e->typed ? e->typed : "") : le->hist[to]);
 }
 
-static int read_byte(int fd, unsigned char *c)
+static int read_byte(struct conch_cli_lineedit *le, unsigned char *c)
 {
+    if (le->n_ahead) { /* keys typed while a cell ran, first */
+        *c = le->ahead[0];
+        memmove(le->ahead, le->ahead + 1, --le->n_ahead);
+        return 1;
+    }
+    int fd = le->in;
     for (;;) {
         ssize_t n = read(fd, c, 1);
         if (n == 1)
@@ -196,13 +243,13 @@ static int read_byte(int fd, unsigned char *c)
 
 /* An escape sequence's final key after ESC: 'A'..'D', 'H', 'F', or '3' for delete; 0 when
  * not one we know. */
-static int read_escape(int fd)
+static int read_escape(struct conch_cli_lineedit *le)
 {
     unsigned char a, b, c;
-    if (read_byte(fd, &a) <= 0 || (a != '[' && a != 'O') || read_byte(fd, &b) <= 0)
+    if (read_byte(le, &a) <= 0 || (a != '[' && a != 'O') || read_byte(le, &b) <= 0)
         return 0;
     if (b >= '0' && b <= '9') {
-        if (read_byte(fd, &c) <= 0 || c != '~')
+        if (read_byte(le, &c) <= 0 || c != '~')
             return 0;
         return b == '1' || b == '7' ? 'H' : b == '4' || b == '8' ? 'F' : b == '3' ? '3' : 0;
     }
@@ -215,7 +262,7 @@ static int edit_loop(struct edit *e)
     refresh(e);
     for (;;) {
         unsigned char c;
-        int r = read_byte(le->in, &c);
+        int r = read_byte(le, &c);
         if (r < 0)
             return r;
         if (r == 0)
@@ -276,7 +323,7 @@ static int edit_loop(struct edit *e)
             history_go(e, e->hist_at + 1);
             break;
         case 27:
-            switch (read_escape(le->in)) {
+            switch (read_escape(le)) {
             case 'A':
                 if (e->hist_at > 0)
                     history_go(e, e->hist_at - 1);
@@ -323,20 +370,22 @@ int conch_cli_lineedit_read(struct conch_cli_lineedit *le, const char *prompt, c
 {
     if (!le->tty)
         return read_plain(le, prompt, ret_line);
-    struct termios saved, raw;
-    if (tcgetattr(le->in, &saved) < 0)
-        return read_plain(le, prompt, ret_line);
-    raw = saved;
-    raw.c_iflag &= ~(tcflag_t)(BRKINT | ICRNL | INPCK | ISTRIP | IXON);
-    raw.c_lflag &= ~(tcflag_t)(ECHO | ICANON | IEXTEN | ISIG);
-    raw.c_cc[VMIN] = 1;
-    raw.c_cc[VTIME] = 0;
-    if (tcsetattr(le->in, TCSADRAIN, &raw) < 0)
-        return read_plain(le, prompt, ret_line);
+    if (!le->raw) {
+        struct termios raw;
+        if (tcgetattr(le->in, &le->saved) < 0)
+            return read_plain(le, prompt, ret_line);
+        raw = le->saved;
+        raw.c_iflag &= ~(tcflag_t)(BRKINT | ICRNL | INPCK | ISTRIP | IXON);
+        raw.c_lflag &= ~(tcflag_t)(ECHO | ICANON | IEXTEN | ISIG);
+        raw.c_cc[VMIN] = 1;
+        raw.c_cc[VTIME] = 0;
+        if (tcsetattr(le->in, TCSADRAIN, &raw) < 0)
+            return read_plain(le, prompt, ret_line);
+        le->raw = true;
+    }
     struct edit e = {.le = le, .prompt = prompt, .hist_at = le->n_hist};
     set_line(&e, "");
     int r = e.buf.oom ? -ENOMEM : edit_loop(&e);
-    tcsetattr(le->in, TCSADRAIN, &saved);
     out(&e, "\r\n", 2);
     free(e.typed);
     if (r == 1) {

@@ -25,6 +25,7 @@
 #include "rpc/rpc.h"
 #include "bridge/bridge.h"
 #include "core/list.h"
+#include "core/strbuf.h"
 #include "super/super.h"
 #include "workspace/workspace.h"
 
@@ -53,7 +54,20 @@ struct client {
      * response (struct out_call, tools.c), and the id of the last one sent. */
     struct conch_list out_calls;
     json_int_t next_out_id;
+    /* Lines sent during this loop iteration, gathered (each smaller than
+     * CLIENT_COALESCE_MAX) and written at its end by @flush, in one write: 100 tool.call
+     * requests of a Promise.all reach the client in one read. Counted as queued. */
+    struct conch_sb pend;
+    uv_check_t flush;
 };
+
+/* Lines of at least this many bytes are written at once, not copied into client.pend (what
+ * was gathered before goes first). */
+#define CLIENT_COALESCE_MAX (64u << 10)
+
+/* conch_daemon_client_flush - write @c's gathered lines now (before a send that bypasses
+ * libuv, which must come after them). */
+void conch_daemon_client_flush(struct client *c);
 
 /* Past the soft limit a client is congested: whoever produces output for it (a command's
  * pipes) should stop reading until it drains. Past the hard limit it is disconnected: its

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/strbuf.h"
 #include "bridge/bridge.h"
 #include "daemon/daemon-internal.h"
 #include "js/js.h"
@@ -39,6 +40,10 @@
 #define JS_GRACE_MS 5000
 /* Sessions per sandbox. */
 #define JS_SESSIONS_MAX 64
+/* Spares in a row that ended unused, past which a sandbox makes no more. */
+#define JS_SPARE_FAILURES 3
+/* The read buffer's usual size; a larger frame grows it for itself, and it shrinks back. */
+#define JS_INBUF (64u << 10)
 
 enum js_op { JS_OP_NONE = 0, JS_OP_EVAL, JS_OP_RESET };
 
@@ -66,35 +71,52 @@ struct js_sessions {
     struct sandbox *sb;
     struct conch_list list; /* struct js_session */
     unsigned n;
+    /* A worker started ahead, its engine built and warm, that the next session to need one
+     * takes (NULL: none). Made once the sandbox has run JS (after an eval's answer, off its
+     * path), again each time one is taken; not after JS_SPARE_FAILURES spares in a row
+     * ended unused. */
+    struct js_worker *spare;
+    unsigned spare_failures;
+    bool refill; /* make a spare after the eval in flight answers */
 };
 
 struct js_worker {
-    struct js_session *s; /* NULL once detached from its session */
+    struct js_session *s;    /* NULL once detached from its session (or while a spare) */
+    struct js_sessions *all; /* a spare's sandbox (NULL once taken or detached) */
     struct conch_proc proc;
     struct conch_proc_end end;
     bool ended;
     uv_pipe_t pipe;
     uv_timer_t timer;
-    int handles; /* open libuv handles, and the process until its final event: freed at 0 */
+    uv_check_t flush; /* sends what w_send gathered, once per loop iteration */
+    int handles;      /* open libuv handles, and the process until its final event: freed at 0 */
     bool closing;
-    unsigned char hdr[8];
-    size_t hdr_got;
-    char *buf;
-    size_t len, want;
+    /* Frames read and not yet handled: every frame already there comes in one read. */
+    char *in;
+    size_t in_off, in_len, in_cap;
+    /* Frames to send, gathered: 100 tool answers read from a client at once go in one
+     * write. */
+    struct conch_sb out;
+    /* The tools (and those left out) it last got: an eval offering the same sends none. */
+    json_t *sent_tools, *sent_hidden;
 };
 
 struct js_write {
     uv_write_t req;
-    uint64_t len;
-    char *text;
+    char *data;
 };
+
+static void spare_start(struct js_sessions *all);
 
 /* ---- the worker ---- */
 
 static void w_unref(struct js_worker *w)
 {
     if (--w->handles == 0) {
-        free(w->buf);
+        free(w->in);
+        conch_sb_done(&w->out);
+        json_decref(w->sent_tools);
+        json_decref(w->sent_hidden);
         free(w);
     }
 }
@@ -108,7 +130,7 @@ static void w_on_written(uv_write_t *req, int status)
 {
     struct js_write *wr = req->data;
     (void)status; /* a worker that is gone shows as EOF on the read side */
-    free(wr->text);
+    free(wr->data);
     free(wr);
 }
 
@@ -120,10 +142,17 @@ static void w_close(struct js_worker *w, bool kill_it)
     if (w->closing)
         return;
     w->closing = true;
+    if (w->all && w->all->spare == w) { /* a spare that could not start, or died waiting */
+        w->all->spare = NULL;
+        w->all->spare_failures++;
+    }
+    w->all = NULL;
     uv_read_stop((uv_stream_t *)&w->pipe);
     uv_timer_stop(&w->timer);
+    uv_check_stop(&w->flush);
     uv_close((uv_handle_t *)&w->pipe, w_on_closed);
     uv_close((uv_handle_t *)&w->timer, w_on_closed);
+    uv_close((uv_handle_t *)&w->flush, w_on_closed);
 }
 
 static const char watchdog_why[] =
@@ -217,26 +246,60 @@ static void w_on_timeout(uv_timer_t *t)
     w_kill(w, "it did not answer within its eval's timeout and 5 s more");
 }
 
-static int w_send(struct js_worker *w, json_t *msg)
+static int dump_to_sb(const char *buf, size_t size, void *data)
 {
-    char *text = json_dumps(msg, JSON_COMPACT);
-    json_decref(msg);
-    struct js_write *wr = text ? malloc(sizeof(*wr)) : NULL;
-    if (!wr) {
-        free(text);
-        return -ENOMEM;
+    conch_sb_putn(data, buf, size);
+    return 0;
+}
+
+/* Send what w_send gathered, in one write. */
+static void w_on_flush(uv_check_t *h)
+{
+    struct js_worker *w = h->data;
+    uv_check_stop(&w->flush);
+    if (w->closing || !w->out.len)
+        return;
+    struct js_write *wr = malloc(sizeof(*wr));
+    size_t len = w->out.len;
+    char *data = wr ? conch_sb_take(&w->out) : NULL;
+    if (!data) {
+        free(wr);
+        w_kill(w, "out of memory for a frame to it");
+        return;
     }
     wr->req.data = wr;
-    wr->len = strlen(text);
-    wr->text = text;
-    uv_buf_t bufs[2] = {uv_buf_init((char *)&wr->len, sizeof(wr->len)),
-                        uv_buf_init(text, (unsigned)wr->len)};
-    int r = uv_write(&wr->req, (uv_stream_t *)&w->pipe, bufs, 2, w_on_written);
-    if (r < 0) {
-        free(text);
+    wr->data = data;
+    uv_buf_t buf = uv_buf_init(data, (unsigned)len);
+    if (uv_write(&wr->req, (uv_stream_t *)&w->pipe, &buf, 1, w_on_written) < 0) {
+        free(data);
         free(wr);
+        w_kill(w, "a frame could not be sent to it");
     }
-    return r;
+}
+
+/* Frame @msg (taken) for @w: sent at the end of this loop iteration with every other frame
+ * gathered by then. */
+static int w_send(struct js_worker *w, json_t *msg)
+{
+    if (!msg || w->closing) {
+        json_decref(msg);
+        return -EPIPE;
+    }
+    struct conch_sb *b = &w->out;
+    size_t at = b->len;
+    uint64_t len = 0;
+    conch_sb_putn(b, (const char *)&len, sizeof(len));
+    int r = json_dump_callback(msg, dump_to_sb, b, JSON_COMPACT);
+    json_decref(msg);
+    if (r < 0 || b->oom) {
+        conch_sb_done(b);
+        return -ENOMEM;
+    }
+    len = b->len - at - sizeof(len);
+    memcpy(b->buf + at, &len, sizeof(len));
+    if (!uv_is_active((uv_handle_t *)&w->flush))
+        uv_check_start(&w->flush, w_on_flush);
+    return 0;
 }
 
 /* The bridge's answer @msg (taken: {id, ok, result} or {id, ok: false, error: {kind,
@@ -264,18 +327,28 @@ static void tools_answer(void *data, json_t *msg)
         w_kill(s->w, "a tool's answer could not be sent to it");
 }
 
-/* A script's call @tc ({id, name, input}) to the bridge, as a request line of its caller. */
-static void tools_call(struct js_session *s, json_t *tc)
+/* A script's call @tc ({id, name, input}; read from the frame @text, @len bytes) to the
+ * bridge, as a request of its caller. */
+static void tools_call(struct js_session *s, json_t *tc, const char *text, size_t len)
 {
     json_t *id = json_object_get(tc, "id");
     if (!json_is_integer(id)) {
         w_kill(s->w, "it sent a tool call without an id");
         return;
     }
+    struct sandbox *sb = s->all->sb;
+    struct conch_err err = {0};
+    /* The eval's caller on the bridge begins with its first call (an eval that calls no
+     * tool costs the bridge nothing) and ends with the eval. */
+    if (!s->tools && sb->bridge &&
+        conch_bridge_local_open(sb->bridge, "js", s->name, tools_answer, s, &s->tools, &err) < 0)
+        log_warn("sandbox %s: JS session '%s': %s", sb->id, s->name, err.msg);
     if (!s->tools) {
         tools_answer(s, json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id, "ok", 0, "error", "kind",
                                   "unavailable", "message",
-                                  "no tools: this sandbox has no tool bridge"));
+                                  sb->bridge ? "no tools: the sandbox's tool bridge refused the "
+                                               "session's calls"
+                                             : "no tools: this sandbox has no tool bridge"));
         return;
     }
     const char *name = json_string_value(json_object_get(tc, "name"));
@@ -294,15 +367,13 @@ static void tools_call(struct js_session *s, json_t *tc)
                                   "unknown_tool", "message", msg));
         return;
     }
-    json_object_set_new(tc, "op", json_string("call"));
-    char *line = json_dumps(tc, JSON_COMPACT);
-    if (!line) {
+    /* Handed over as parsed (no second pass over its JSON), charged as its frame's text. */
+    if (json_object_set_new(tc, "op", json_string("call")) < 0) {
         tools_answer(s, json_pack("{s:O,s:b,s:{s:s,s:s}}", "id", id, "ok", 0, "error", "kind",
                                   "unavailable", "message", "out of memory"));
         return;
     }
-    conch_bridge_local_line(s->tools, line, strlen(line));
-    free(line);
+    conch_bridge_local_request(s->tools, tc, text, len);
 }
 
 /* The eval's tool calls into its @result: tool_calls (the bridge's CallRecords, in order of
@@ -332,7 +403,8 @@ out:
 static void w_frame(struct js_worker *w, const char *buf, size_t len)
 {
     struct js_session *s = w->s;
-    json_t *j = json_loadb(buf, len, 0, NULL);
+    /* Duplicate keys refused, as the bridge refuses them in a caller's line. */
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL);
     json_t *tc = j ? json_object_get(j, "tool_call") : NULL;
     if (!j || !s || !s->call) {
         json_decref(j);
@@ -343,7 +415,7 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
         if (s->op != JS_OP_EVAL || !json_is_object(tc))
             w_kill(w, "it sent a tool call out of an eval");
         else
-            tools_call(s, tc);
+            tools_call(s, tc, buf, len);
         json_decref(j);
         return;
     }
@@ -379,16 +451,43 @@ static void w_frame(struct js_worker *w, const char *buf, size_t len)
         w_close(w, true);
     }
     json_decref(j);
+    if (s->all->refill) /* after the answer: the spare's start is not on its path */
+        spare_start(s->all);
 }
 
+/* Room for the next read: up to JS_INBUF, or the whole frame under way when larger. */
 static void w_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct js_worker *w = h->data;
     (void)suggested;
-    if (w->hdr_got < sizeof(w->hdr))
-        *buf = uv_buf_init((char *)w->hdr + w->hdr_got, (unsigned)(sizeof(w->hdr) - w->hdr_got));
-    else
-        *buf = uv_buf_init(w->buf + w->len, (unsigned)(w->want - w->len));
+    if (w->in_off == w->in_len)
+        w->in_off = w->in_len = 0;
+    uint64_t flen;
+    size_t need = sizeof(flen);
+    if (w->in_len - w->in_off >= sizeof(flen)) {
+        memcpy(&flen, w->in + w->in_off, sizeof(flen));
+        need += flen <= JS_FRAME_MAX ? (size_t)flen : 0; /* too large: refused once read */
+    }
+    if (w->in_off && w->in_off + need > w->in_cap) {
+        memmove(w->in, w->in + w->in_off, w->in_len - w->in_off);
+        w->in_len -= w->in_off;
+        w->in_off = 0;
+    }
+    size_t cap = w->in_cap < JS_INBUF ? JS_INBUF : w->in_cap;
+    if (cap < w->in_off + need)
+        cap = w->in_off + need;
+    if (cap == w->in_len)
+        cap += JS_INBUF;
+    if (cap != w->in_cap) {
+        char *n = realloc(w->in, cap);
+        if (!n) {
+            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+            return;
+        }
+        w->in = n;
+        w->in_cap = cap;
+    }
+    *buf = uv_buf_init(w->in + w->in_len, (unsigned)(w->in_cap - w->in_len));
 }
 
 static void w_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
@@ -401,47 +500,42 @@ static void w_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
         w_gone(w);
         return;
     }
-    if (w->hdr_got < sizeof(w->hdr)) {
-        w->hdr_got += (size_t)n;
-        if (w->hdr_got < sizeof(w->hdr))
-            return;
+    w->in_len += (size_t)n;
+    /* Every whole frame read; w_frame may close the worker (w_kill), which stops us. */
+    while (!w->closing && w->in_len - w->in_off >= sizeof(uint64_t)) {
         uint64_t want;
-        memcpy(&want, w->hdr, sizeof(want));
+        memcpy(&want, w->in + w->in_off, sizeof(want));
         if (want == 0 || want > JS_FRAME_MAX) {
             w_kill(w, "it sent a frame of a wrong size");
             return;
         }
-        w->want = (size_t)want;
-        w->len = 0;
-        if (!(w->buf = malloc(w->want))) {
-            w_kill(w, "out of memory for its answer");
-            return;
-        }
-        return;
+        if (w->in_len - w->in_off - sizeof(want) < want)
+            break;
+        const char *frame = w->in + w->in_off + sizeof(want);
+        w->in_off += sizeof(want) + (size_t)want;
+        w_frame(w, frame, (size_t)want);
     }
-    w->len += (size_t)n;
-    if (w->len < w->want)
-        return;
-    char *buf = w->buf;
-    size_t len = w->len;
-    w->buf = NULL;
-    w->hdr_got = w->len = w->want = 0;
-    w_frame(w, buf, len);
-    free(buf);
+    if (w->in_off == w->in_len && w->in_cap > JS_INBUF) { /* a large frame's room given back */
+        free(w->in);
+        w->in = NULL;
+        w->in_off = w->in_len = w->in_cap = 0;
+    }
 }
 
-/* Start @s's worker. Returns 0, or -errno with @err. */
-static int w_start(struct js_session *s, struct conch_err *err)
+/* A new worker in @sb, attached to nothing yet; NULL with @err. */
+static struct js_worker *w_new(struct sandbox *sb, struct conch_err *err)
 {
-    struct sandbox *sb = s->all->sb;
     int sp[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
-        return conch_err_set(err, errno, "JS worker: socketpair: %s", strerror(errno));
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
+        conch_err_set(err, errno, "JS worker: socketpair: %s", strerror(errno));
+        return NULL;
+    }
     struct js_worker *w = calloc(1, sizeof(*w));
     if (!w) {
         close(sp[0]);
         close(sp[1]);
-        return conch_err_set(err, ENOMEM, "out of memory");
+        conch_err_set(err, ENOMEM, "out of memory");
+        return NULL;
     }
     w->proc.ops = &w_ops;
     w->proc.data = w;
@@ -450,22 +544,59 @@ static int w_start(struct js_session *s, struct conch_err *err)
     if (r < 0) {
         close(sp[0]);
         free(w);
-        return r;
+        return NULL;
     }
     uv_pipe_init(&sb->d->loop, &w->pipe, 0);
     uv_timer_init(&sb->d->loop, &w->timer);
-    w->pipe.data = w->timer.data = w;
-    w->handles = 3; /* the pipe, the timer, the process */
-    w->s = s;
-    s->w = w;
+    uv_check_init(&sb->d->loop, &w->flush);
+    w->pipe.data = w->timer.data = w->flush.data = w;
+    w->handles = 4; /* the pipe, the timer, the check, the process */
     if ((r = uv_pipe_open(&w->pipe, sp[0])) < 0) {
         close(sp[0]);
-        w->s = NULL;
-        s->w = NULL;
         w_close(w, true);
-        return conch_err_set(err, -r, "JS worker: %s", uv_strerror(r));
+        conch_err_set(err, -r, "JS worker: %s", uv_strerror(r));
+        return NULL;
     }
     uv_read_start((uv_stream_t *)&w->pipe, w_alloc, w_on_read);
+    return w;
+}
+
+/* Make @all's spare worker, if it has none and spares have not kept failing. */
+static void spare_start(struct js_sessions *all)
+{
+    all->refill = false;
+    if (all->spare || all->spare_failures >= JS_SPARE_FAILURES || all->sb->d->stopping)
+        return;
+    struct conch_err err = {0};
+    struct js_worker *w = w_new(all->sb, &err);
+    if (!w) {
+        all->spare_failures++;
+        log_warn("sandbox %s: a spare JS worker: %s", all->sb->id, err.msg);
+        return;
+    }
+    w->all = all;
+    all->spare = w;
+}
+
+/* Give @s a worker: the sandbox's spare (its engine already built) when it has a live one,
+ * else a new one; a spare is made again once the eval in flight answered. Returns 0, or
+ * -errno with @err. */
+static int w_start(struct js_session *s, struct conch_err *err)
+{
+    struct js_sessions *all = s->all;
+    struct js_worker *w = all->spare;
+    if (w && (w->ended || w->closing))
+        w = NULL;
+    if (w) {
+        all->spare = NULL;
+        w->all = NULL;
+        all->spare_failures = 0;
+    } else if (!(w = w_new(all->sb, err))) {
+        return -(err->code ? err->code : EIO);
+    }
+    all->refill = true;
+    w->s = s;
+    s->w = w;
     return 0;
 }
 
@@ -682,18 +813,28 @@ void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, vo
     tool_names(sb, s, &shown, &hidden);
     json_decref(s->eval_tools);
     s->eval_tools = json_incref(shown);
-    json_t *req = json_pack("{s:s,s:{s:O,s:I,s:o,s:o}}", "method", "eval", "params", "code",
-                            json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms,
-                            "tools", shown, "hidden_tools", hidden);
+    struct js_worker *w = s->w;
+    json_t *req = json_pack("{s:s,s:{s:O,s:I}}", "method", "eval", "params", "code",
+                            json_object_get(params, "code"), "timeout_ms", (json_int_t)timeout_ms);
+    if (req && !(w->sent_tools && json_equal(w->sent_tools, shown) &&
+                 json_equal(w->sent_hidden, hidden))) {
+        /* The worker keeps the tools it got until told others: sent when they change. */
+        json_t *p = json_object_get(req, "params");
+        json_object_set(p, "tools", shown);
+        json_object_set(p, "hidden_tools", hidden);
+        json_decref(w->sent_tools);
+        json_decref(w->sent_hidden);
+        w->sent_tools = json_incref(shown);
+        w->sent_hidden = json_incref(hidden);
+    }
+    json_decref(shown);
+    json_decref(hidden);
     if (!req || w_send(s->w, req) < 0) {
         w_kill(s->w, "the eval could not be sent to it");
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,
                              "JS session '%s': the eval could not be sent to its worker", s->name);
         return;
     }
-    if (sb->bridge &&
-        conch_bridge_local_open(sb->bridge, "js", s->name, tools_answer, s, &s->tools, &err) < 0)
-        log_warn("sandbox %s: JS session '%s': %s", sb->id, s->name, err.msg);
     s->call = call;
     s->op = JS_OP_EVAL;
     s->restarted = restarted;
@@ -744,6 +885,10 @@ void conch_daemon_handle_js_reset(struct conch_rpc_call *call, json_t *params, v
         conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "session", s->name, "reset", 1));
         return;
     }
+    /* Its fresh engine has no tools: the next eval sends them. */
+    json_decref(s->w->sent_tools);
+    json_decref(s->w->sent_hidden);
+    s->w->sent_tools = s->w->sent_hidden = NULL;
     s->call = call;
     s->op = JS_OP_RESET;
     uv_timer_start(&s->w->timer, w_on_timeout, JS_GRACE_MS, 0);
@@ -785,6 +930,12 @@ void conch_daemon_js_stop(struct sandbox *sb)
 {
     if (!sb->js)
         return;
+    struct js_worker *spare = sb->js->spare;
+    if (spare) {
+        sb->js->spare = NULL;
+        spare->all = NULL;
+        w_close(spare, true);
+    }
     while (!conch_list_empty(&sb->js->list))
         session_free(conch_list_entry(sb->js->list.next, struct js_session, link),
                      "the sandbox stopped");

@@ -93,6 +93,7 @@ static struct client *lease_client(struct sandbox *sb)
 static int send_with_fd(struct client *c, const char *line, int fd)
 {
     uv_os_fd_t sock;
+    conch_daemon_client_flush(c); /* what was gathered goes first */
     if (uv_stream_get_write_queue_size((uv_stream_t *)&c->in) != 0)
         return -EAGAIN;
     if (uv_fileno((uv_handle_t *)&c->in, &sock) != 0)

@@ -136,6 +136,10 @@ void conch_daemon_client_close(struct client *c)
 {
     if (c->closing)
         return;
+    /* Lines gathered for the end of this loop iteration go now (libuv writes what the
+     * socket takes at once): an answer sent just before the close, or before the daemon
+     * stops (--stdio at EOF), is not lost. */
+    conch_daemon_client_flush(c);
     c->closing = true;
     conch_list_del(&c->link);
     /* Its queue goes with its handle: no longer counted. */
@@ -147,6 +151,8 @@ void conch_daemon_client_close(struct client *c)
     /* Calls still running keep the sink; their late replies are dropped. */
     conch_rpc_sink_close(c->sink);
     c->sink = NULL;
+    conch_sb_done(&c->pend);
+    uv_close((uv_handle_t *)&c->flush, on_client_handle_closed);
     uv_close((uv_handle_t *)&c->in, on_client_handle_closed);
     if (c->stdio)
         uv_close((uv_handle_t *)&c->out, on_client_handle_closed);
@@ -158,10 +164,12 @@ struct write_req {
     char *data;
 };
 
-/* Bytes of responses libuv holds for @c that the kernel has not taken yet. */
+/* Bytes of responses libuv holds for @c that the kernel has not taken yet, and those gathered
+ * for the end of this loop iteration. */
 static size_t client_queued(struct client *c)
 {
-    return uv_stream_get_write_queue_size((uv_stream_t *)(c->stdio ? &c->out : &c->in));
+    return uv_stream_get_write_queue_size((uv_stream_t *)(c->stdio ? &c->out : &c->in)) +
+           c->pend.len;
 }
 
 /* Count @c's queue as it is now in the daemon-wide total. */
@@ -252,29 +260,9 @@ void conch_daemon_client_sink_wait_cancel(struct sink_waiter *w)
     conch_list_del(&w->link);
 }
 
-/* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. */
-static void client_send_line(void *ctx, char *line, size_t len)
+/* After @c's queue grew from @before bytes: its output limits enforced. */
+static void client_account(struct client *c, size_t before)
 {
-    struct client *c = ctx;
-    if (c->closing) {
-        free(line);
-        return;
-    }
-    struct write_req *w = calloc(1, sizeof(*w));
-    if (!w) {
-        free(line);
-        return;
-    }
-    w->data = line;
-    w->c = c;
-    uv_buf_t buf = uv_buf_init(line, (unsigned)len);
-    uv_stream_t *s = (uv_stream_t *)(c->stdio ? &c->out : &c->in);
-    size_t before = client_queued(c);
-    if (uv_write(&w->req, s, &buf, 1, on_written) < 0) {
-        free(line);
-        free(w);
-        return;
-    }
     /* libuv writes what the socket takes at once; the rest waits in its queue. */
     size_t queued = client_queued(c);
     if (before > 0 && queued > CLIENT_OUTPUT_HARD) {
@@ -288,6 +276,69 @@ static void client_send_line(void *ctx, char *line, size_t len)
         c->congested = true;
     client_count_queued(c);
     clients_fit_budget(c->d);
+}
+
+/* Write @data (taken over, @len bytes of whole lines) to @c's stream. */
+static void client_write(struct client *c, char *data, size_t len)
+{
+    struct write_req *w = calloc(1, sizeof(*w));
+    if (!w) {
+        free(data);
+        return;
+    }
+    w->data = data;
+    w->c = c;
+    uv_buf_t buf = uv_buf_init(data, (unsigned)len);
+    uv_stream_t *s = (uv_stream_t *)(c->stdio ? &c->out : &c->in);
+    if (uv_write(&w->req, s, &buf, 1, on_written) < 0) {
+        free(data);
+        free(w);
+    }
+}
+
+void conch_daemon_client_flush(struct client *c)
+{
+    uv_check_stop(&c->flush);
+    if (c->closing || !c->pend.len)
+        return;
+    size_t len = c->pend.len;
+    char *data = conch_sb_take(&c->pend);
+    if (data)
+        client_write(c, data, len);
+    client_count_queued(c);
+}
+
+static void on_flush(uv_check_t *h)
+{
+    conch_daemon_client_flush(h->data);
+}
+
+/* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. A
+ * small line is gathered with the others of this loop iteration (written at its end); a
+ * large one goes at once, after them. */
+static void client_send_line(void *ctx, char *line, size_t len)
+{
+    struct client *c = ctx;
+    if (c->closing) {
+        free(line);
+        return;
+    }
+    size_t before = client_queued(c);
+    if (len < CLIENT_COALESCE_MAX && c->pend.len + len <= CLIENT_COALESCE_MAX) {
+        conch_sb_putn(&c->pend, line, len);
+        free(line);
+        if (c->pend.oom) {
+            log_warn("client disconnected: out of memory for its responses");
+            conch_daemon_client_close(c);
+            return;
+        }
+        if (!uv_is_active((uv_handle_t *)&c->flush))
+            uv_check_start(&c->flush, on_flush);
+    } else {
+        conch_daemon_client_flush(c);
+        client_write(c, line, len);
+    }
+    client_account(c, before);
 }
 
 static void client_send(void *ctx, json_t *msg)
@@ -376,6 +427,7 @@ static void stdio_eof(struct client *c)
                  d->n_sandboxes, running);
     conch_list_for_each_safe(pos, tmp, &d->sandboxes)
         conch_daemon_sandbox_destroy(conch_list_entry(pos, struct sandbox, link));
+    conch_daemon_client_flush(c); /* the answers just gathered, before the shutdown */
     d->stdio_shutdown.data = c;
     if (uv_shutdown(&d->stdio_shutdown, (uv_stream_t *)&c->out, on_stdout_flushed) < 0)
         conch_daemon_client_close(c);
@@ -409,6 +461,8 @@ static struct client *client_new(struct daemon *d)
     conch_rpc_sink_set_line_sender(c->sink, client_send_line);
     conch_rpc_sink_set_response_handler(c->sink, on_response);
     conch_list_add(&d->clients, &c->link);
+    uv_check_init(&d->loop, &c->flush);
+    c->flush.data = c;
     return c;
 }
 
@@ -441,7 +495,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     uv_pipe_init(&d->loop, &c->in, 0);
     c->in.data = c;
-    c->refs = 1;
+    c->refs = 2; /* the socket, the flush check */
     if (uv_accept(server, (uv_stream_t *)&c->in) < 0) {
         conch_daemon_client_close(c);
         return;
@@ -597,7 +651,7 @@ static int serve_stdio(struct daemon *d, struct conch_err *err)
     uv_pipe_init(&d->loop, &c->in, 0);
     uv_pipe_init(&d->loop, &c->out, 0);
     c->in.data = c->out.data = c;
-    c->refs = 2;
+    c->refs = 3; /* stdin, stdout, the flush check */
     int r = uv_pipe_open(&c->in, 0);
     if (r == 0)
         r = uv_pipe_open(&c->out, 1);

@@ -708,7 +708,7 @@ __attribute__((noreturn)) static void file_worker(const struct jail_plan *plan, 
     signal(SIGXFSZ, SIG_IGN);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     conch_proctitle_set_child(nfds >= 2                  ? "conch-file-worker"
-                              : serve == plan->js_server ? "conch-js-worker"
+                              : serve == plan->js_server ? "conch-js-spare" /* until a request */
                                                          : "conch-file-server");
     const char *step;
     bool js = nfds == 1 && serve == plan->js_server;

@@ -10,59 +10,6 @@
 #include "core/clock.h"
 #include "js/js-internal.h"
 
-static const char bootstrap_source[] =
-    "(function (emit, readC, writeC, toolC, timerC, clearC, render) {\n"
-    "  'use strict';\n"
-    "  const g = globalThis, map = Array.prototype.map, join = Array.prototype.join;\n"
-    "  const line = (level) => function (...a) {\n"
-    "    emit(level, join.call(map.call(a, (x) => render(x, true)), ' '));\n"
-    "  };\n"
-    "  g.console = { log: line('log'), info: line('info'), warn: line('warn'),\n"
-    "                error: line('error'), debug: line('debug'), trace: line('debug'),\n"
-    "                dir: line('log'), table: line('log') };\n"
-    "  g.readFile = (path) => readC(String(path));\n"
-    "  g.writeFile = (path, data) =>\n"
-    "    writeC(String(path), typeof data === 'string' ? data : JSON.stringify(data));\n"
-    "  g.setTimeout = (fn, ms, ...args) => {\n"
-    "    if (typeof fn !== 'function') throw new TypeError('setTimeout needs a function');\n"
-    "    return timerC(() => fn(...args), Number(ms) || 0);\n"
-    "  };\n"
-    "  g.clearTimeout = (id) => clearC(Number(id) || 0);\n"
-    "  const call = (n) => (input) => toolC(n, input === undefined ? null : input);\n"
-    "  const camel = (n) => n.replace(/[-_]+([A-Za-z0-9]?)/g,\n"
-    "    (m, c, at) => at === 0 ? m : c.toUpperCase());\n"
-    "  const refuse = (n, why) => () => Promise.reject(new Error(`tools.${n}: ${why}`));\n"
-    "  const hiddenWhy = 'not available in this JS session: its tools setting (js.eval\\'s ' +\n"
-    "    '\\'tools\\') leaves it out';\n"
-    "  let shown = {};\n"
-    "  g.spawnAgent = (task, type) => {\n"
-    "    const f = shown.task;\n"
-    "    if (typeof f !== 'function')\n"
-    "      return Promise.reject(new Error('spawnAgent: ' + (shown.hidden ? 'the \\'task\\' tool "
-    "is ' +\n"
-    "        hiddenWhy : 'no \\'task\\' tool is registered in this sandbox (the harness\\'s ' +\n"
-    "        'sub-agent tool, input {description, subagent_type})')));\n"
-    "    return f({ description: String(task),\n"
-    "               subagent_type: type === undefined || type === null ? 'general-purpose' :\n"
-    "                              String(type) });\n"
-    "  };\n"
-    "  return function setTools(names, hiddenNames) {\n"
-    "    const t = {}, hidden = {};\n"
-    "    for (const n of hiddenNames) { hidden[n] = true; hidden[camel(n)] = true; }\n"
-    "    for (const n of names) {\n"
-    "      const a = camel(n);\n"
-    "      if (a !== n && /^[A-Za-z_$][A-Za-z0-9_$]*$/.test(a)) t[a] = call(n);\n"
-    "    }\n"
-    "    for (const n of names) t[n] = call(n);\n"
-    "    Object.freeze(t);\n"
-    "    shown = { task: t.task, hidden: hidden.task === true && !t.task };\n"
-    "    g.tools = hiddenNames.length === 0 ? t : new Proxy(t, {\n"
-    "      get: (o, k) => k in o || typeof k !== 'string' || hidden[k] !== true ? o[k] :\n"
-    "        refuse(k, hiddenWhy),\n"
-    "    });\n"
-    "  };\n"
-    "})";
-
 static struct conch_js_session *session_of(JSContext *ctx)
 {
     return JS_GetContextOpaque(ctx);
@@ -392,15 +339,29 @@ void conch_js_host_clear(struct conch_js_session *s)
     s->n_calls = 0;
 }
 
+/* Run one of conch's own scripts: its bytecode compiled at build time (js-bytecode-gen.c),
+ * read in a few microseconds where compiling the source took most of a new session's time;
+ * the source when there is none (or QuickJS refuses it). */
+static JSValue run_builtin(JSContext *ctx, const uint8_t *bc, size_t bc_len, const char *source)
+{
+    if (bc_len) {
+        JSValue f = JS_ReadObject(ctx, bc, bc_len, JS_READ_OBJ_BYTECODE);
+        if (!JS_IsException(f))
+            return JS_EvalFunction(ctx, f);
+        JS_FreeValue(ctx, JS_GetException(ctx));
+    }
+    return JS_Eval(ctx, source, strlen(source), "<conch>", JS_EVAL_TYPE_GLOBAL);
+}
+
 int conch_js_host_install(struct conch_js_session *s, struct conch_err *err)
 {
     JSContext *ctx = s->ctx;
-    s->render = JS_Eval(ctx, conch_js_render_source, strlen(conch_js_render_source), "<conch>",
-                        JS_EVAL_TYPE_GLOBAL);
+    s->render =
+        run_builtin(ctx, conch_js_render_bc, conch_js_render_bc_len, conch_js_render_source);
     JSValue boot = JS_IsException(s->render)
                        ? JS_EXCEPTION
-                       : JS_Eval(ctx, bootstrap_source, sizeof(bootstrap_source) - 1, "<conch>",
-                                 JS_EVAL_TYPE_GLOBAL);
+                       : run_builtin(ctx, conch_js_bootstrap_bc, conch_js_bootstrap_bc_len,
+                                     conch_js_bootstrap_source);
     if (JS_IsException(boot)) {
         JS_FreeValue(ctx, JS_GetException(ctx));
         return conch_err_set(err, ENOMEM, "start the JavaScript session: out of memory");

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/proctitle.h"
 #include "core/strbuf.h"
 #include "core/utf8.h"
 #include "js/js-internal.h"
@@ -25,11 +26,20 @@
 /* The largest file readFile loads. */
 #define JS_MAX_READ (64u << 20)
 
+/* What the worker has read and not yet taken: frames are parsed where they lie, and one read
+ * takes every frame already there (100 answers of a Promise.all in one call). */
+struct inbuf {
+    char *buf;
+    size_t off, len, cap;
+};
+
 struct worker {
     int fd;
     struct conch_js_limits limits;
     struct conch_js_session *s;
     struct conch_sb calls; /* tool_call frames not sent yet */
+    struct conch_sb out;   /* the answer being framed (kept: no allocation per eval) */
+    struct inbuf in;
     bool broken;
 };
 
@@ -80,41 +90,45 @@ static void on_alarm(int sig)
     _exit(CONCH_JS_WATCHDOG_EXIT);
 }
 
-/* Arm the watchdog for an eval of @timeout_ms (<= 0: none) on @fd. */
+/* Arm the watchdog for an eval of @timeout_ms (<= 0: none) on @fd. Its answer is the same
+ * for every eval: framed once, the first time. */
 static void wd_arm(int fd, int64_t timeout_ms)
 {
     if (timeout_ms <= 0)
         return;
-    static const char msg[] =
-        "the script ran past its deadline inside an operation the engine cannot interrupt "
-        "(a regular expression that backtracks, or another long built-in call): the JS "
-        "worker was ended, and the session's state is lost: the next eval starts a fresh "
-        "session";
-    json_t *res = json_pack("{s:b,s:{s:b,s:{s:s,s:s},s:[],s:[],s:[],s:s+}}", "ending", 1, "result",
-                            "ok", 0, "error", "name", "TimeoutError", "message", msg, "console",
-                            "tool_calls", "writes", "text", "TimeoutError: ", msg);
-    char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
-    json_decref(res);
-    if (!text)
-        return;
-    uint64_t len = strlen(text);
-    char *frame = malloc(sizeof(len) + len);
-    if (frame) {
-        memcpy(frame, &len, sizeof(len));
-        memcpy(frame + sizeof(len), text, len);
-        free(wd.frame);
-        wd.frame = frame;
-        wd.len = sizeof(len) + len;
-        wd.fd = fd;
-        struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGALRM, &sa, NULL);
-        wd.in_host = 0;
-        wd.armed = 1;
-        wd_timer(timeout_ms > CONCH_JS_MAX_TIMEOUT_MS ? CONCH_JS_MAX_TIMEOUT_MS
-                                                      : timeout_ms + WATCHDOG_GRACE_MS);
+    if (!wd.frame) {
+        static const char msg[] =
+            "the script ran past its deadline inside an operation the engine cannot interrupt "
+            "(a regular expression that backtracks, or another long built-in call): the JS "
+            "worker was ended, and the session's state is lost: the next eval starts a fresh "
+            "session";
+        json_t *res = json_pack("{s:b,s:{s:b,s:{s:s,s:s},s:[],s:[],s:[],s:s+}}", "ending", 1,
+                                "result", "ok", 0, "error", "name", "TimeoutError", "message", msg,
+                                "console", "tool_calls", "writes", "text", "TimeoutError: ", msg);
+        char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
+        json_decref(res);
+        if (!text)
+            return;
+        uint64_t len = strlen(text);
+        char *frame = malloc(sizeof(len) + len);
+        if (frame) {
+            memcpy(frame, &len, sizeof(len));
+            memcpy(frame + sizeof(len), text, len);
+            wd.len = sizeof(len) + len;
+            struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGALRM, &sa, NULL);
+            wd.frame = frame;
+        }
+        free(text);
+        if (!wd.frame)
+            return;
     }
-    free(text);
+    wd.fd = fd;
+    wd.in_host = 0;
+    wd.armed = 1;
+    wd_timer(timeout_ms > CONCH_JS_MAX_TIMEOUT_MS ? CONCH_JS_MAX_TIMEOUT_MS
+                                                  : timeout_ms + WATCHDOG_GRACE_MS);
 }
 
 static void wd_disarm(void)
@@ -128,57 +142,118 @@ static void wd_disarm(void)
 /* Flush at this much: a Promise.all of many calls goes out in a few writes, not one each. */
 #define JS_CALLS_FLUSH (1u << 20)
 
-static int read_full(int fd, void *buf, size_t len)
+/* The read buffer's usual size; a larger frame grows it for itself, and it shrinks back. */
+#define JS_INBUF (64u << 10)
+
+/* Whether a whole frame is buffered; -1 if the one buffered has a wrong length. */
+static int frame_buffered(const struct inbuf *in)
 {
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n == 0 && got == 0 ? 0 : -1;
-        got += (size_t)n;
+    uint64_t len;
+    if (in->len - in->off < sizeof(len))
+        return 0;
+    memcpy(&len, in->buf + in->off, sizeof(len));
+    if (len == 0 || len > JS_MAX_FRAME)
+        return -1;
+    return in->len - in->off - sizeof(len) >= len;
+}
+
+/* Read what the socket has into @in (waiting in poll, not in read: a reader asleep in read()
+ * on a unix socket is woken each time the peer reads what we wrote, for nothing). Returns
+ * 1, 0 at EOF, -1 on an error. */
+static int fill(int fd, struct inbuf *in)
+{
+    if (in->off == in->len)
+        in->off = in->len = 0;
+    /* What the frame at in->off needs from there: its header, then all of it. */
+    uint64_t flen;
+    size_t need = sizeof(flen);
+    if (in->len - in->off >= sizeof(flen)) {
+        memcpy(&flen, in->buf + in->off, sizeof(flen));
+        need += (size_t)flen; /* <= JS_MAX_FRAME: checked by frame_buffered */
     }
-    return 1;
+    if (in->off && in->off + need > in->cap) { /* room at the front: move down */
+        memmove(in->buf, in->buf + in->off, in->len - in->off);
+        in->len -= in->off;
+        in->off = 0;
+    }
+    size_t cap = in->cap < JS_INBUF ? JS_INBUF : in->cap;
+    if (cap < in->off + need)
+        cap = in->off + need;
+    if (cap != in->cap) {
+        char *b = realloc(in->buf, cap);
+        if (!b)
+            return -1;
+        in->buf = b;
+        in->cap = cap;
+    }
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        ssize_t n = read(fd, in->buf + in->len, in->cap - in->len);
+        if (n > 0) {
+            in->len += (size_t)n;
+            return 1;
+        }
+        if (n == 0)
+            return 0;
+        if (errno != EINTR && errno != EAGAIN)
+            return -1;
+    }
 }
 
 /* One frame's JSON; NULL at EOF (*@ret_eof) or on a broken or oversize frame. */
-static json_t *read_frame(int fd, bool *ret_eof)
+static json_t *read_frame(struct worker *w, bool *ret_eof)
 {
-    uint64_t len;
+    struct inbuf *in = &w->in;
     *ret_eof = false;
-    int r = read_full(fd, &len, sizeof(len));
-    if (r == 0)
-        *ret_eof = true;
-    if (r <= 0 || len == 0 || len > JS_MAX_FRAME)
-        return NULL;
-    char *buf = malloc(len);
-    if (!buf || read_full(fd, buf, len) != 1) {
-        free(buf);
-        return NULL;
+    int r;
+    while ((r = frame_buffered(in)) == 0) {
+        int f = fill(w->fd, in);
+        if (f <= 0) {
+            *ret_eof = f == 0 && in->off == in->len;
+            return NULL;
+        }
     }
-    json_t *j = json_loadb(buf, len, 0, NULL);
-    free(buf);
+    if (r < 0)
+        return NULL;
+    uint64_t len;
+    memcpy(&len, in->buf + in->off, sizeof(len));
+    json_t *j = json_loadb(in->buf + in->off + sizeof(len), (size_t)len, 0, NULL);
+    in->off += sizeof(len) + (size_t)len;
+    if (in->off == in->len && in->cap > JS_INBUF) { /* a large frame's room given back */
+        free(in->buf);
+        *in = (struct inbuf){0};
+    }
     return j ? j : json_object(); /* not JSON: a request without a method */
 }
 
-/* One frame of @j's JSON, in one send (MSG_NOSIGNAL: a peer gone is an error, not a
- * signal that kills the worker). */
-static int write_frame(int fd, json_t *j)
+static int dump_to_sb(const char *buf, size_t size, void *data)
 {
-    char *text = json_dumps(j, JSON_COMPACT);
-    if (!text)
+    conch_sb_putn(data, buf, size);
+    return 0;
+}
+
+/* One frame of @j's JSON, in one send (MSG_NOSIGNAL: a peer gone is an error, not a
+ * signal that kills the worker), built in the worker's one output buffer. */
+static int write_frame(struct worker *w, json_t *j)
+{
+    struct conch_sb *b = &w->out;
+    uint64_t len = 0;
+    conch_sb_trunc(b, 0);
+    conch_sb_putn(b, (const char *)&len, sizeof(len));
+    if (json_dump_callback(j, dump_to_sb, b, JSON_COMPACT) < 0 || b->oom) {
+        conch_sb_done(b);
         return -1;
-    uint64_t len = strlen(text);
-    char *frame = malloc(sizeof(len) + len);
-    int r = -1;
-    if (frame) {
-        memcpy(frame, &len, sizeof(len));
-        memcpy(frame + sizeof(len), text, len);
-        r = conch_send_all(fd, frame, sizeof(len) + len);
     }
-    free(frame);
-    free(text);
+    len = b->len - sizeof(len);
+    memcpy(b->buf, &len, sizeof(len));
+    int r = conch_send_all(w->fd, b->buf, b->len);
+    if (b->cap > JS_INBUF)
+        conch_sb_done(b);
     return r < 0 ? -1 : 0;
 }
 
@@ -316,10 +391,10 @@ static void deliver(struct worker *w, json_t *params)
     free(text);
 }
 
-static int answer_error(int fd, const char *msg)
+static int answer_error(struct worker *w, const char *msg)
 {
     json_t *e = json_pack("{s:{s:s}}", "error", "message", msg);
-    int r = write_frame(fd, e);
+    int r = write_frame(w, e);
     json_decref(e);
     return r;
 }
@@ -342,7 +417,7 @@ static int wait_answers(struct worker *w, struct conch_js_session *s, int timeou
     if (flush_calls(w) < 0)
         return conch_err_set(err, EPIPE, "send tool calls: the worker's channel is gone");
     struct pollfd p = {.fd = w->fd, .events = POLLIN};
-    int n = poll(&p, 1, timeout_ms);
+    int n = frame_buffered(&w->in) ? 1 : poll(&p, 1, timeout_ms);
     if (n < 0 && errno != EINTR)
         return conch_err_set(err, errno, "wait for tool answers: %s", strerror(errno));
     if (n <= 0)
@@ -351,7 +426,7 @@ static int wait_answers(struct worker *w, struct conch_js_session *s, int timeou
      * Promise.all are one wake-up of the eval loop, not 100. */
     do {
         bool eof;
-        json_t *req = read_frame(w->fd, &eof);
+        json_t *req = read_frame(w, &eof);
         if (!req) {
             w->broken = true;
             return conch_err_set(err, EPIPE, "wait for tool answers: the worker's channel %s",
@@ -360,10 +435,10 @@ static int wait_answers(struct worker *w, struct conch_js_session *s, int timeou
         const char *method = json_string_value(json_object_get(req, "method"));
         if (method && strcmp(method, "tool_result") == 0)
             deliver(w, json_object_get(req, "params"));
-        else if (answer_error(w->fd, "an eval is under way: only tool_result frames are read") < 0)
+        else if (answer_error(w, "an eval is under way: only tool_result frames are read") < 0)
             w->broken = true;
         json_decref(req);
-    } while (!w->broken && s->calls && poll(&p, 1, 0) == 1);
+    } while (!w->broken && s->calls && (frame_buffered(&w->in) || poll(&p, 1, 0) == 1));
     return 0;
 }
 
@@ -427,6 +502,23 @@ static json_t *do_eval(struct worker *w, json_t *params, struct conch_err *err)
     return r < 0 ? NULL : res;
 }
 
+/* Before the first request: one eval of a cell that declares nothing, so that what a first
+ * eval pays once (the grammar's tables and QuickJS's compiler and renderer faulted in, their
+ * first allocations) is paid here, while the worker waits as a spare. Its result is
+ * dropped; the session's globals are as new. */
+static void warm_up(struct worker *w)
+{
+    static const char cell[] = "(async () => ({ a: [1 as number, 'b'], c: null }))()";
+    struct conch_js_eval_opts opts = {.timeout_ms = 1000};
+    json_t *res = NULL;
+    struct conch_err err = {0};
+    if (conch_js_eval(w->s, cell, sizeof(cell) - 1, &opts, &res, &err) == 0) {
+        char *text = json_dumps(res, JSON_COMPACT);
+        free(text);
+    }
+    json_decref(res);
+}
+
 /* The worker's data segment (RLIMIT_DATA: heap and private mappings) beyond the engine's
  * heap limit: frames, files read and writes buffered (64 MiB each), jansson's copies. A
  * worker that grows past it fails its allocations (the engine's as "out of memory") instead
@@ -460,16 +552,27 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
     limit_data(w.limits.memory_bytes);
     struct conch_err err = {0};
     if (new_session(&w, &err) < 0) {
-        answer_error(fd, err.msg);
+        answer_error(&w, err.msg);
         return 1;
     }
+    /* Warmed only while it waits: a request already there (a spare taken as it started)
+     * is served at once. */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) == 0)
+        warm_up(&w);
     int ret = 1;
+    bool serving = false;
     for (;;) {
         bool eof;
-        json_t *req = read_frame(fd, &eof);
+        json_t *req = read_frame(&w, &eof);
         if (!req) {
             ret = eof ? 0 : 1;
             break;
+        }
+        if (!serving) {
+            /* Started ahead ("conch-js-spare", its engine built), it now serves a session. */
+            conch_proctitle_set_child("conch-js-worker");
+            serving = true;
         }
         const char *method = json_string_value(json_object_get(req, "method"));
         json_t *params = json_object_get(req, "params");
@@ -493,15 +596,17 @@ int conch_js_worker_serve(int fd, const struct conch_js_limits *limits)
         int r;
         if (result) {
             json_t *a = json_pack("{s:o}", "result", result);
-            r = write_frame(fd, a);
+            r = write_frame(&w, a);
             json_decref(a);
         } else {
-            r = answer_error(fd, err.msg[0] ? err.msg : "out of memory");
+            r = answer_error(&w, err.msg[0] ? err.msg : "out of memory");
         }
         if (r < 0 || w.broken || !w.s)
             break;
     }
     conch_js_session_free(w.s);
     conch_sb_done(&w.calls);
+    conch_sb_done(&w.out);
+    free(w.in.buf);
     return ret;
 }

@@ -4,7 +4,8 @@
 # descendants. Globals persist, TypeScript runs, readFile/writeFile share the sandbox's files
 # with commands, a worker killed from the host fails its eval clearly and the next eval
 # starts a fresh session (restarted), a runaway script times out, and the worker cannot exec
-# a program nor open a socket.
+# a program nor open a socket. A sandbox that has run JS keeps a spare worker, titled
+# "conch-js-spare" until a session takes it (not counted among the workers here).
 import os
 import signal
 import time
@@ -163,6 +164,51 @@ def test_the_worker_cannot_exec_a_program_or_open_a_socket(daemon, js):
         return
     targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
     assert len([t for t in targets if t.startswith("socket:")]) == 1, targets
+
+
+def test_a_spare_worker_serves_the_next_session_fenced_and_ends_with_its_sandbox(daemon, js, rpc):
+    # A sandbox that has run JS keeps one worker ready ("conch-js-spare", its engine built):
+    # the next session takes it (retitled "conch-js-worker" at its first request), and
+    # another spare is made after that eval.
+    assert titled_descendants(daemon.pid, b"conch-js-spare") == []
+    assert js.eval("1")["ok"]
+    spare = None
+    deadline = time.monotonic() + 10
+    while not spare and time.monotonic() < deadline:
+        spare = titled_descendants(daemon.pid, b"conch-js-spare")
+        time.sleep(0.02)
+    [spare] = spare
+    [first] = js_workers(daemon)
+    r = js.eval("globalThis.mark = 'b'; [typeof kept, typeof require, typeof os].join(',')",
+                session="b")
+    assert r["ok"] and r["value"] == "undefined,undefined,undefined", r
+    assert r["restarted"] is False, r
+    assert sorted(js_workers(daemon)) == sorted([first, spare])
+    # It is fenced as any worker: the same filter, no exec, no socket.
+    assert proc_status(spare)["Seccomp"] == "2" and proc_status(spare)["NoNewPrivs"] == "1"
+    r = js.eval("await readFile('/proc/1/environ')", session="b")
+    assert not r["ok"], r
+    # The session's globals are its own: the warm-up cell declared nothing.
+    r = js.eval("Object.keys(globalThis).filter(k => !['console', 'readFile', 'writeFile',"
+                " 'tools', 'setTimeout', 'clearTimeout', 'spawnAgent', 'mark'].includes(k))",
+                session="b")
+    assert r["ok"] and r["value"] == [], r
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        again = titled_descendants(daemon.pid, b"conch-js-spare")
+        if again and again != [spare]:
+            break
+        time.sleep(0.02)
+    assert again and spare not in again, again
+    # js.list shows sessions only; the spare ends with its sandbox.
+    assert {s["session"] for s in js("js.list")["sessions"]} == {"default", "b"}
+    rpc.call("sandbox.destroy", {"id": js.sb}, timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            titled_descendants(daemon.pid, b"conch-js-spare") or js_workers(daemon)):
+        time.sleep(0.02)
+    assert titled_descendants(daemon.pid, b"conch-js-spare") == []
+    assert js_workers(daemon) == []
 
 
 def test_tool_calls_from_js_go_through_the_bridge(daemon, rpc, sandbox):
@@ -372,9 +418,29 @@ def test_an_eval_in_flight_fails_when_its_sandbox_is_destroyed(daemon, js, rpc):
     assert wait_workers(daemon, lambda w: not w) == []
 
 
-# Run once, in the plain root pass: against the ASan build one run in eleven missed a step
-# (a key typed as the editor switched the terminal's mode: a defect of the REPL to find),
-# and before ptydrive killed a program that outlived its last key, that hung CI.
+def test_conch_js_repl_keeps_keys_typed_while_a_cell_runs(daemon, js):
+    from ptydrive import drive
+
+    # The terminal stays raw between lines: a key typed while a cell runs waits as typed
+    # for the next line. It went cooked during the eval before: a Ctrl-D typed then became
+    # a NUL in the line discipline, dropped by the editor, and the REPL waited (so did a key
+    # typed between two lines of a cell, in the window before raw mode came back).
+    steps = [
+        (b"js> \x1b[K", b"let t0 = Date.now(); while (Date.now() - t0 < 800) {}; 'ran'\r"),
+        # the line is taken (the newline echoed): the cell runs now; Ctrl-D leaves after it
+        (b"'ran'\x1b[K\r\r\n", b"\x04"),
+    ]
+    out, rc = drive([CONCH_BIN, "js", "--socket", daemon.sock, js.sb, "--timeout", "60"], steps,
+                    timeout=20)
+    assert rc == 0, out
+    assert b'"ran"' in out, out
+
+
+# Run once, in the plain root pass: against the ASan build one run in eleven missed a step,
+# before the terminal stayed raw between lines: a step's wait matched an earlier prompt (the
+# output is searched whole), so its keys came while the REPL was between two lines in cooked
+# mode, where the line discipline ate a Ctrl-C (see the test above). Before ptydrive killed a
+# program that outlived its last key, that hung CI.
 @pytest.mark.slow
 def test_conch_js_repl_on_a_terminal(daemon, js):
     from ptydrive import drive
