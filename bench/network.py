@@ -9,7 +9,9 @@ registry.test at a loopback server of this script):
   * latency: a Python loop inside the sandbox makes R requests for a small body, each on a new
     connection (what pip and npm do per file at worst), through the proxy and directly; the
     median per request, and what the proxy adds.
-Goals (issue 19): >= 80% of direct throughput, <= 0.2 ms added to a request.
+Goals (issue 19): >= 80% of direct throughput, <= 0.2 ms added to a request. Beside the
+ratios, the daemon's CPU time per GB proxied (user + system, from /proc): the proxy's own
+cost, which moves far less than the ratios with the machine's load.
 
 Usage: bench/network.py [--conch build/conch] [--bytes 1000000000] [--requests 300]
 """
@@ -75,6 +77,13 @@ print(statistics.median(times) * 1000)
 '''
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of process @pid so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--conch", default=os.path.join(os.path.dirname(__file__), "..", "build", "conch"))
@@ -117,14 +126,19 @@ def main():
         curl = ["curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}"]
         rows = []
         direct = float(run(host, *curl, "--resolve", f"registry.test:{port}:127.0.0.1", url))
+        c0 = cpu_seconds(d.pid)
         proxied = float(run(allow, *curl, url))
+        c1 = cpu_seconds(d.pid)
         tunnel = float(run(allow, *curl, "--proxytunnel", url))
+        c2 = cpu_seconds(d.pid)
+        gb = a.bytes / 1e9
         for name, v in [("direct (host mode)", direct), ("proxy, HTTP", proxied),
                         ("proxy, CONNECT tunnel", tunnel)]:
             rows.append((name, v))
         print(f"throughput, {a.bytes} bytes from a loopback server:")
         for name, v in rows:
             print(f"  {name:24s} {v / 1e6:9.1f} MB/s  {v / direct * 100:6.1f}% of direct")
+        print(f"  daemon CPU per GB proxied: HTTP {(c1 - c0) / gb:.3f} s, CONNECT {(c2 - c1) / gb:.3f} s")
         lat_direct = float(run(host, "python3", "-", str(port), "0", str(a.requests), stdin=LATENCY))
         lat_proxy = float(run(allow, "python3", "-", str(port), "1", str(a.requests), stdin=LATENCY))
         print(f"latency, median of {a.requests} requests, each on a new connection:")
@@ -132,7 +146,9 @@ def main():
         print(f"  proxy                    {lat_proxy:7.3f} ms  (+{lat_proxy - lat_direct:.3f} ms)")
         print(json.dumps({"throughput_ratio_http": round(proxied / direct, 3),
                           "throughput_ratio_connect": round(tunnel / direct, 3),
-                          "added_latency_ms": round(lat_proxy - lat_direct, 3)}))
+                          "added_latency_ms": round(lat_proxy - lat_direct, 3),
+                          "daemon_cpu_s_per_gb_http": round((c1 - c0) / gb, 3),
+                          "daemon_cpu_s_per_gb_connect": round((c2 - c1) / gb, 3)}))
     finally:
         d.terminate()
         d.wait(timeout=30)

@@ -151,7 +151,8 @@ json_t *conch_net_record_json(const struct conch_net_record *r);
 #define CONCH_NET_LOG_MAX 256
 #define CONCH_NET_CONNS_MAX 256
 /* Bytes a connection buffers each way (whole read buffers) before it stops reading the
- * other side. */
+ * other side, on libuv's path (its first 64 KiB); past them its relay's pipe is the bound
+ * (relay.h). */
 #define CONCH_NET_PIPE_BUF (256u << 10)
 
 struct conch_net_proxy;

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "core/clock.h"
 #include "core/list.h"
 #include "net/net.h"
+#include "net/relay.h"
 
 #define HEAD_TIMEOUT_MS 30000
 #define CONNECT_TIMEOUT_MS 30000
@@ -23,6 +25,14 @@
 #define PIPE_CHUNK (64u << 10) /* a pipe's reads: each is its own buffer, written as it is */
 #define HOSTS_MAX 4096
 #define SPARE_MAX 8
+/* Bytes a connection pipes through libuv's reads and writes before it moves to the splice
+ * relay (relay.c): small requests stay on the path that costs no setup, a bulk transfer
+ * leaves the daemon's memory (two copies per byte fewer). */
+#define SPLICE_AFTER (64u << 10)
+/* The relay's pipe each way: larger moves a bulk transfer in fewer splices (fewer wakeups
+ * and ACKs: 0.29 s of daemon CPU per GB with 1 MiB, 0.33 with 256 KiB, 0.45 with 64 KiB);
+ * what it holds is charged to the sandbox while it holds it. */
+#define RELAY_PIPE (512u << 10)
 
 struct host_entry {
     char name[CONCH_NET_NAME_MAX + 1];
@@ -68,6 +78,9 @@ struct conn {
     uv_connect_t creq;
     uv_shutdown_t shut_client, shut_remote;
     bool resolving, timer_open, recorded;
+    bool spliced;    /* the relay carries the bytes; the tcp handles are closed */
+    bool splice_off; /* the relay could not start: libuv's reads and writes carry on */
+    struct conch_net_relay relay;
     unsigned open_handles;
     char *head; /* the request head (and what came after it) while reading it */
     size_t head_len, head_cap;
@@ -187,6 +200,8 @@ static void conn_close(struct conn *c, const char *error)
     record(c);
     if (c->resolving)
         uv_cancel((uv_req_t *)&c->gai);
+    if (c->spliced)
+        conch_net_relay_close(&c->relay, on_handle_closed);
     close_handle(c, (uv_handle_t *)&c->client.tcp);
     if (c->remote.open)
         close_handle(c, (uv_handle_t *)&c->remote.tcp);
@@ -331,12 +346,66 @@ static void on_pipe_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = w ? uv_buf_init(w->data, PIPE_CHUNK) : uv_buf_init(NULL, 0);
 }
 
+static void on_relay_bytes(void *ctx, int side, size_t n)
+{
+    struct conn *c = ctx;
+    if (side == 0)
+        c->rec.bytes_out += n;
+    else
+        c->rec.bytes_in += n;
+}
+
+static void on_relay_done(void *ctx, const char *error)
+{
+    conn_close(ctx, error);
+}
+
+static const struct conch_net_relay_ops relay_ops = {.bytes = on_relay_bytes,
+                                                     .done = on_relay_done};
+
+/* Hand both sockets to the splice relay, when nothing is queued or half-closed (what libuv
+ * holds is then nothing): the tcp handles close and the relay polls duplicates of their
+ * fds. Returns 0 when it did (or closed @c), -1 when libuv's path carries on. */
+static int start_splice(struct conn *c)
+{
+    uv_os_fd_t a = -1, b = -1;
+    int fa = -1, fb = -1;
+    if (uv_fileno((uv_handle_t *)&c->client.tcp, &a) < 0 ||
+        uv_fileno((uv_handle_t *)&c->remote.tcp, &b) < 0 ||
+        (fa = fcntl(a, F_DUPFD_CLOEXEC, 3)) < 0 || (fb = fcntl(b, F_DUPFD_CLOEXEC, 3)) < 0) {
+        if (fa >= 0)
+            close(fa);
+        c->splice_off = true;
+        return -1;
+    }
+    struct conch_err err = {0};
+    int r = conch_net_relay_start(&c->relay, c->px->loop, fa, fb, RELAY_PIPE, c->px->budget,
+                                  &relay_ops, c, &err);
+    c->open_handles += c->relay.polls;
+    if (r < 0 && c->relay.polls == 0) {
+        c->splice_off = true;
+        return -1;
+    }
+    c->spliced = true;
+    uv_read_stop((uv_stream_t *)&c->client.tcp);
+    uv_read_stop((uv_stream_t *)&c->remote.tcp);
+    close_handle(c, (uv_handle_t *)&c->client.tcp);
+    close_handle(c, (uv_handle_t *)&c->remote.tcp);
+    if (r < 0)
+        conn_close(c, err.msg);
+    return 0;
+}
+
 /* Read a side while the other's queue has room; stop when it is full. */
 static void pipe_resume(struct conn *c)
 {
     if (c->state == C_ANSWER && !c->client.queued)
         conn_close(c, NULL);
-    if (c->state != C_PIPE)
+    if (c->state != C_PIPE || c->spliced)
+        return;
+    if (!c->splice_off && !c->client.queued && !c->remote.queued && !c->client.eof &&
+        !c->remote.eof && !c->client.shut && !c->remote.shut &&
+        c->rec.bytes_in + c->rec.bytes_out >= SPLICE_AFTER && start_splice(c) == 0)
         return;
     struct side *sides[2] = {&c->client, &c->remote};
     for (int i = 0; i < 2; i++) {
@@ -523,6 +592,7 @@ static void connect_to(struct conn *c, const struct sockaddr *sa)
     }
     c->remote.tcp.data = c;
     c->remote.open = true;
+    uv_tcp_nodelay(&c->remote.tcp, 1); /* see on_connection */
     c->open_handles++;
     c->state = C_CONNECTING;
     c->creq.data = c;
@@ -690,6 +760,9 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c, NULL);
         return;
     }
+    /* A relay sends what it got when it got it: the sender applied its own Nagle, and ours
+     * on top would hold a small write behind an unacknowledged one (a delayed ACK: 40 ms). */
+    uv_tcp_nodelay(&c->client.tcp, 1);
     if (px->n_conns > CONCH_NET_CONNS_MAX) {
         /* A sandbox that opens more connections than the cap gets a refusal, not a queue. */
         c->state = C_CLOSING;

@@ -320,9 +320,10 @@ def test_none_is_the_default_and_host_is_flagged(netd, servers, tmp_path):
 
 
 def test_a_client_that_never_reads_holds_the_proxy_to_its_bounds(netd, servers):
-    """Backpressure: the proxy stops reading the remote side while the sandbox's side has 64
-    KiB queued, so a client that asks for 1 GB and reads nothing makes the daemon hold next
-    to nothing; the download then goes through when it reads."""
+    """Backpressure: the proxy stops reading the remote side while the sandbox's side has 256
+    KiB queued (libuv's path) or its relay pipe is full (512 KiB, past the first 64 KiB), so
+    a client that asks for 1 GB and reads nothing makes the daemon hold next to nothing; the
+    download then goes through when it reads."""
     h, _ = servers
     rpc = netd.client()
     sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{h}"]})["id"]
@@ -390,3 +391,106 @@ def test_a_fork_keeps_the_policy(netd, servers, tmp_path):
         assert got["deny"] == ["other.test"], got
         r = run(rpc, f, f"curl -sS http://registry.test:{h}/back; curl -sS http://other.test:{h}/")
         assert "for /back" in r["stdout"] and "denied by rule 'other.test'" in r["stdout"], r
+
+
+def _tcp_server(mode):
+    """A raw TCP server on the host's loopback, one thread per connection. "sink": read to
+    EOF, then answer b"got N\n" and DOWN bytes, then close. "echo": send back what comes."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def one(c):
+        with c:
+            if mode == "echo":
+                while (d := c.recv(1 << 16)):
+                    c.sendall(d)
+                return
+            n = 0
+            while (d := c.recv(1 << 16)):
+                n += len(d)
+            c.sendall(b"got %d\n" % n)
+            c.sendall(b"y" * TUNNEL_DOWN)
+
+    def accept():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(c,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv
+
+
+TUNNEL_UP, TUNNEL_DOWN = 8 << 20, 24 << 20
+# Inside the sandbox: a CONNECT tunnel through the proxy; argv: port, mode ("sink": send UP
+# bytes, half-close, read the answer to EOF; "hold": send and read back 1 MiB, say so, then
+# read until the tunnel closes).
+TUNNEL = r'''
+import socket, sys
+port, mode, up = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT registry.test:%d HTTP/1.1\r\nHost: registry.test:%d\r\n\r\n" % (port, port))
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+assert head.startswith(b"HTTP/1.1 200"), head
+if mode == "sink":
+    s.sendall(b"u" * up)
+    s.shutdown(socket.SHUT_WR)
+    got = bytearray()
+    while (d := s.recv(1 << 20)):
+        got += d
+    line, _, rest = bytes(got).partition(b"\n")
+    print(line.decode(), len(rest), rest.count(b"y"), flush=True)
+else:
+    s.sendall(b"e" * (1 << 20))
+    n = 0
+    while n < (1 << 20):
+        n += len(s.recv(1 << 20))
+    print("ready", flush=True)
+    try:
+        while s.recv(1 << 16):
+            pass
+        print("closed", flush=True)
+    except OSError as e:
+        print("reset", e.errno, flush=True)
+'''
+
+
+def test_bulk_tunnels_are_relayed_whole_counted_and_closed_by_policy(netd):
+    """A connection past its first 64 KiB is relayed by splice(2) (relay.c): the bytes each
+    way arrive whole and in order, a half-close goes through (the upload ends, the answer
+    still comes), network.log counts exactly what each side sent, and a policy change still
+    closes a relayed tunnel."""
+    sink, echo = _tcp_server("sink"), _tcp_server("echo")
+    ps, pe = sink.getsockname()[1], echo.getsockname()[1]
+    try:
+        rpc = netd.client()
+        sb = rpc.call("sandbox.create", {"allow": [f"registry.test:{ps}",
+                                                   f"registry.test:{pe}"]})["id"]
+        r = run(rpc, sb, f"python3 - {ps} sink {TUNNEL_UP}", stdin=TUNNEL, timeout=120)
+        assert r["exit_code"] == 0, r
+        assert r["stdout"].split() == [f"got", str(TUNNEL_UP), str(TUNNEL_DOWN),
+                                       str(TUNNEL_DOWN)], r
+        rec = [x for x in r["network"] if x["port"] == ps][-1]
+        assert rec["kind"] == "connect" and rec["allowed"] and not rec.get("error"), rec
+        assert rec["bytes_out"] == TUNNEL_UP, rec
+        assert rec["bytes_in"] == len(b"got %d\n" % TUNNEL_UP) + TUNNEL_DOWN, rec
+
+        job = rpc.call("job.start", {"sandbox": sb,
+                                     "command": f"python3 -c '{TUNNEL}' {pe} hold 0"})["job_id"]
+        deadline = time.monotonic() + 60  # a wait, not a bound
+        while "ready" not in rpc.call("job.output", {"job_id": job})["stdout"]:
+            assert time.monotonic() < deadline, rpc.call("job.output", {"job_id": job})
+            time.sleep(0.1)
+        rpc.call("network.set", {"sandbox": sb, "allow": [f"registry.test:{ps}"]})
+        st = rpc.call("job.wait", {"job_id": job, "timeout": 30}, timeout=40)
+        out = rpc.call("job.output", {"job_id": job})["stdout"]
+        assert not st["running"] and ("closed" in out or "reset" in out), (st, out)
+        recs = rpc.call("network.log", {"sandbox": sb})["records"]
+        rec = [x for x in recs if x["port"] == pe][-1]
+        assert "policy changed" in rec["error"] and rec["bytes_in"] == 1 << 20, rec
+    finally:
+        sink.close()
+        echo.close()
