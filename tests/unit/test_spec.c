@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <valgrind/valgrind.h>
 
 #include "jail/jail.h"
 #include "spec/spec.h"
@@ -339,6 +340,10 @@ static void make_socket(const char *path)
 
 Test(spec, sockets_parse_and_refuse)
 {
+    /* Run plain and under ASan; valgrind 3.19 answers openat2 (conch_socket_open's
+     * RESOLVE_NO_MAGICLINKS walk) with ENOSYS. */
+    if (RUNNING_ON_VALGRIND)
+        cr_skip("valgrind 3.19 does not implement openat2, which conch_socket_open needs");
     char dir[] = "/tmp/conch-sock-XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     chmod(dir, 0755);
