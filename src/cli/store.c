@@ -26,8 +26,9 @@ static const char usage[] =
     "stdin)\n"
     "       conch store [--socket PATH] [--json] rm STORE PATH\n"
     "\n"
-    "The daemon's named stores: files kept in SQLite that sandboxes mount with\n"
-    "--mount type=store,name=STORE,target=/DIR. Changes made inside are written back after\n"
+    "The daemon's named stores: files kept in SQLite that sandboxes mount as directories\n"
+    "(type=store,name=STORE,target=/DIR among their mounts). Changes made inside are written back "
+    "after\n"
     "each command; these verbs read and change a store from the host.\n";
 
 enum { OPT_SOCKET = 1, OPT_JSON };

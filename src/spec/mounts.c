@@ -249,10 +249,15 @@ static int set_str(char *dst, size_t size, const char *what, const char *v, stru
     return 0;
 }
 
+/* A size not given yet: finish() puts the type's default in its place (a size given as 0 is
+ * refused by conch_mount_check, as any out of range). */
+#define SIZE_UNSET UINT64_MAX
+
 static void mount_init(struct conch_mount *m)
 {
     memset(m, 0, sizeof(*m));
     m->type = -1;
+    m->bytes = SIZE_UNSET;
 }
 
 static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
@@ -260,8 +265,10 @@ static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
     if ((int)m->type < 0)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "mount: type=tmpfs|bind|store is needed");
-    if (!m->bytes)
-        m->bytes = m->type == CONCH_MOUNT_STORE ? 256ULL << 20 : 64ULL << 20;
+    if (m->bytes == SIZE_UNSET)
+        m->bytes = m->type == CONCH_MOUNT_STORE   ? 256ULL << 20
+                   : m->type == CONCH_MOUNT_TMPFS ? 64ULL << 20
+                                                  : 0;
     if (m->type == CONCH_MOUNT_STORE) {
         if (m->source[0])
             return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,

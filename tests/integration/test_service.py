@@ -401,7 +401,7 @@ def test_bash_completion_offers_commands_and_options(installed):
 
     opts = all_options()
     assert set(opts) <= complete("")
-    assert complete("s") == {"serve", "sessions", "shell", "snapshot", "snapshots", "start"}
+    assert complete("s") == {"serve", "sessions", "shell", "snapshot", "snapshots", "start", "store"}
     assert complete("c") == {"changes", "commit", "cp", "create"}
     for cmd, cmd_opts in opts.items():
         if cmd_opts:
