@@ -385,7 +385,11 @@ static void tools_finish(struct js_session *s, json_t *result)
     s->tools = NULL;
     if (!result)
         goto out;
-    json_object_set(result, "tool_calls", rep.calls ? rep.calls : json_array());
+    /* rep.calls stays the report's (conch_bridge_report_done drops it); a new array is ours */
+    if (rep.calls)
+        json_object_set(result, "tool_calls", rep.calls);
+    else
+        json_object_set_new(result, "tool_calls", json_array());
     if (rep.summary) {
         json_object_set_new(result, "tools_summary", json_string(rep.summary));
         const char *text = json_string_value(json_object_get(result, "text"));
