@@ -926,6 +926,11 @@ void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, vo
     conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", arr));
 }
 
+unsigned conch_daemon_js_count(const struct sandbox *sb)
+{
+    return sb->js ? sb->js->n : 0;
+}
+
 void conch_daemon_js_stop(struct sandbox *sb)
 {
     if (!sb->js)

@@ -162,7 +162,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f000cu /* "co" + version 12 */
+#define JAIL_PROTO_VERSION 0x636f000du /* "co" + version 13 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -199,7 +199,18 @@ enum jail_msg_type {
                       * when it is not the one the shepherd was built with] */
     JMSG_ID_MAP_FDS, /* clone child → parent, before the exec of a clean image: fds
                       * [setgroups, uid_map, gid_map] of its /proc/self, opened for writing */
+    JMSG_RESTACK,    /* parent → warden, a snapshot without a restart (a daemon's sandbox with
+                      * its upper dir on disk, nothing running): a = JRESTACK_RELEASE: kill the
+                      * file workers and the ready shepherd, unmount /workspace (refused, and
+                      * /workspace kept, while anything holds it); a = JRESTACK_MOUNT: fds [the
+                      * new overlay (made by a parent that is host root), its upper dir]
+                      * mounted at /workspace. Answered by SETUP_OK (a = fd number of the
+                      * upper dir or -1) or SETUP_ERR */
 };
+
+/* JMSG_RESTACK steps (in a) */
+#define JRESTACK_RELEASE 0
+#define JRESTACK_MOUNT 1
 
 /* JMSG_ATTACH flags (in b) */
 #define JATTACH_MOUNTED 1u
@@ -318,10 +329,13 @@ struct conch_jail_warden {
     int host_view;
     /* Attachable: our empty /workspace is a shared mount, and every shepherd's copy of it a
      * slave, so that a workspace attached over it appears in the ready shepherd's namespace
-     * too (see spawn_shepherd). False where the kernel refused (the ready one is then
+     * too (see spawn_shepherd). With an upper dir on disk (a daemon's sandbox) the overlay is
+     * shared the same way, so that unmounting it for a snapshot (JMSG_RESTACK) takes it out of
+     * every shepherd's namespace too. False where the kernel refused (the ready one is then
      * rebuilt). */
     bool ws_shared;
     bool ws_attached; /* a workspace was attached (until the recycle) */
+    bool ws_released; /* JRESTACK_RELEASE unmounted /workspace; JRESTACK_MOUNT comes next */
 };
 
 /* The warden's state (warden-child.c). */
