@@ -497,6 +497,36 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     return 0;
 }
 
+/* The shepherds of commands that ended may be tearing their namespaces down: one that had
+ * begun when we unmounted /workspace holds the old overlay, out of the unmount's reach, until
+ * its exit is through (a few milliseconds of RCU), and the next overlay on the same dirs would
+ * find them in use. Wait for them, a bounded while (they are harmless: nothing of theirs can
+ * reach the overlay any more). */
+static void reap_exiting_shepherds(void)
+{
+    for (int round = 0; round < 100; round++) {
+        bool left = false;
+        for (int i = 0; i < JAIL_MAX_PROCS; i++) {
+            struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+            if (s->pid <= 0 || s->is_file || s->ready || s->retired)
+                continue;
+            int st;
+            struct rusage ru;
+            pid_t p = wait4(s->pid, &st, WNOHANG, &ru);
+            if (p == s->pid) {
+                if (slot_finish(i, st, &ru) < 0)
+                    _exit(1);
+            } else {
+                left = true;
+            }
+        }
+        if (!left)
+            return;
+        struct timespec ts = {.tv_nsec = 200 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* JMSG_RESTACK, JRESTACK_RELEASE: a snapshot froze nothing yet; it needs /workspace out of
  * the way, with nothing left that could write through it (the parent found no command,
  * session or file request running, and renames the upper dir into a frozen layer once we
@@ -531,6 +561,10 @@ static int restack_release(const struct jail_plan *plan, int *upper_fd, struct c
         if (slot_finish(i, st, &ru) < 0)
             _exit(1);
     }
+    if (umount2("/workspace", 0) < 0)
+        return conch_err_set(err, errno, "unmount /workspace for the snapshot: %s",
+                             strerror(errno));
+    /* Only now: the unmount took the overlay out of its namespace while it lived. */
     if (conch_jail_warden.ready_slot >= 0) {
         struct jail_proc_slot *s = &conch_jail_warden.slots[conch_jail_warden.ready_slot];
         s->ready = false;
@@ -539,9 +573,7 @@ static int restack_release(const struct jail_plan *plan, int *upper_fd, struct c
         kill(s->pid, SIGKILL);
         conch_jail_warden.ready_slot = -1;
     }
-    if (umount2("/workspace", 0) < 0)
-        return conch_err_set(err, errno, "unmount /workspace for the snapshot: %s",
-                             strerror(errno));
+    reap_exiting_shepherds();
     if (*upper_fd >= 0)
         close(*upper_fd); /* the old upper dir: frozen next */
     *upper_fd = -1;
