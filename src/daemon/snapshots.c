@@ -309,7 +309,7 @@ static void restack_done(struct conch_super_req *q, int r, const struct conch_er
         w->err = *err;
 }
 
-/* Whether @sb can be snapshotted without a restart: running, as host root, with no path rule
+/* Whether @sb can be snapshotted without a restart: running, with no path rule
  * (mounted below /workspace), and nothing running that could write through its overlay
  * meanwhile: no command, job, session, JS session or file request. Its idle persistent file
  * workers are ended (they hold the old /workspace); the next request starts new ones. */
@@ -380,7 +380,8 @@ static int restack_mount(struct sandbox *sb, const char *frozen, struct conch_er
         r = conch_err_set(err, errno, "mkdir '%s/upper': %s", rel, strerror(errno));
     }
     _cleanup_free_ struct conch_jail_layer *layers = NULL;
-    struct conch_jail_restack rs = {.workspace = sb->workspace, .upper_dir_fd = dir};
+    struct conch_jail_restack rs = {
+        .workspace = sb->workspace, .upper_dir_fd = dir, .upper_dir = sb->upper_dir};
     if (r >= 0 && sb->layer[0])
         r = conch_daemon_layer_stack(d, sb->layer, &layers, &rs.n_layers, err);
     rs.layers = layers;

@@ -1,24 +1,26 @@
 /* restack.c - the parent side of a snapshot without a restart (issue 18): the warden lets go
  * of /workspace (JRESTACK_RELEASE), the caller freezes the upper dir into a layer, and the
- * new overlay (the host workspace under the frozen layers and a new empty upper) is built
- * detached here and handed to the warden, which mounts it at /workspace (JRESTACK_MOUNT). As
- * host root only: the workspace must be idmapped, which only host root can do, and the
- * overlay is then ours to build (as for an attach). */
+ * new overlay (the host workspace under the frozen layers and a new empty upper) is mounted
+ * at /workspace (JRESTACK_MOUNT). As host root it is built detached here (the workspace must
+ * be idmapped, which only host root can do) and handed over, as for an attach; unprivileged
+ * the warden builds it in its view of the host from the paths sent (restack-child.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mount.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/fsutil.h"
 #include "jail/jail-internal.h"
 
 bool conch_jail_can_restack(const struct conch_jail *j)
 {
-    return j->root_mode && j->host_ws_fd >= 0 && j->ctl_fd >= 0 && !j->adopted;
+    return j->restackable && j->host_ws_fd >= 0 && j->ctl_fd >= 0 && !j->adopted;
 }
 
 int conch_jail_send_release(struct conch_jail *j, struct conch_err *err)
@@ -85,6 +87,38 @@ static int layer_fd(struct conch_jail *j, const struct conch_jail_layer *l, stru
     return conch_jail_idmapped_tree_in(l->dir, userns, false, true, err);
 }
 
+/* Unprivileged: the paths the warden builds the overlay from (conch_jail_restack_build_child),
+ * in a sealed memfd. */
+static int send_paths(struct conch_jail *j, const struct conch_jail_restack *rs,
+                      struct conch_err *err)
+{
+    _cleanup_close_ int fd = memfd_create("conch-restack", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return conch_err_set(err, errno, "memfd_create: %s", strerror(errno));
+    char one[PATH_MAX + 16];
+    for (int i = 0; i <= rs->n_layers + 3; i++) {
+        const char *p = i < rs->n_layers ? rs->layers[i].dir : NULL;
+        if (i == rs->n_layers)
+            p = rs->workspace;
+        else if (i == rs->n_layers + 1)
+            p = "";
+        int n = i <= rs->n_layers + 1 ? snprintf(one, sizeof(one), "%s", p)
+                                      : snprintf(one, sizeof(one), "%s/%s", rs->upper_dir,
+                                                 i == rs->n_layers + 2 ? "upper" : "work");
+        if (n < 0 || (size_t)n >= sizeof(one))
+            return conch_err_set(err, ENAMETOOLONG, "restack: a path is too long");
+        if (conch_write_all(fd, one, (size_t)n + 1) < 0)
+            return conch_err_set(err, errno, "restack: write the paths: %s", strerror(errno));
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0)
+        return conch_err_set(err, errno, "restack: seal the paths: %s", strerror(errno));
+    struct jail_msg m = {.type = JMSG_RESTACK, .a = JRESTACK_MOUNT, .b = JRESTACK_PATHS};
+    int fds[2] = {fd, j->host_ws_fd};
+    int r = conch_jail_ctl_send(j, &m, fds, 2);
+    return r < 0 ? conch_err_set(err, -r, "send the new workspace to the warden: %s", strerror(-r))
+                 : 0;
+}
+
 int conch_jail_send_restack(struct conch_jail *j, const struct conch_jail_restack *rs,
                             struct conch_err *err)
 {
@@ -93,6 +127,8 @@ int conch_jail_send_restack(struct conch_jail *j, const struct conch_jail_restac
     if (rs->n_layers < 0 || rs->n_layers > CONCH_JAIL_MAX_LAYERS)
         return conch_err_set(err, EINVAL, "%d snapshot layers: at most %d", rs->n_layers,
                              CONCH_JAIL_MAX_LAYERS);
+    if (!j->root_mode)
+        return send_paths(j, rs, err);
     _cleanup_close_ int upper =
         openat(rs->upper_dir_fd, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     _cleanup_close_ int work =

@@ -584,18 +584,26 @@ static int restack_release(const struct jail_plan *plan, int *upper_fd, struct c
 /* JMSG_RESTACK, JRESTACK_MOUNT: the new overlay (the frozen layers under a new upper) at
  * /workspace, on the shared bind below (mounts-child.c): the shepherds to come see it.
  * Takes fds[0] and fds[1]. */
-static int restack_mount(int *fds, int nfds, int *upper_fd, struct conch_err *err)
+static int restack_mount(const struct jail_msg *m, int *fds, int nfds, int *upper_fd,
+                         struct conch_err *err)
 {
     if (!conch_jail_warden.ws_released || nfds != 2)
         return conch_err_set(err, EINVAL, "warden: bad restack request");
-    int r = conch_jail_stage_attach(fds[0], "/workspace", err);
-    if (r < 0)
+    int mnt = fds[0], upper = fds[1], r;
+    if (m->b & JRESTACK_PATHS) {
+        if ((r = conch_jail_restack_build_child(fds[0], fds[1], &mnt, &upper, err)) < 0)
+            return r;
+    } else {
+        fds[0] = fds[1] = -1;
+    }
+    r = conch_jail_stage_attach(mnt, "/workspace", err);
+    close(mnt);
+    if (r < 0) {
+        close(upper);
         return r;
-    close(fds[0]);
-    fds[0] = -1;
+    }
     conch_jail_warden.ws_released = false;
-    *upper_fd = fds[1];
-    fds[1] = -1;
+    *upper_fd = upper;
     return 0;
 }
 
@@ -722,7 +730,9 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
      * slave: later host mounts appear in it too), where an attached workspace is cloned
      * from; only a mount of a namespace of ours can be an overlay layer here. As host root the
      * parent makes the mount itself (idmapped) and hands it over: no such view. */
-    if (plan->attachable && !plan->root_mode) {
+    if ((plan->attachable ||
+         (plan->upper_on_disk && plan->has_workspace && plan->ws_mode == CONCH_WS_OVERLAY)) &&
+        !plan->root_mode) {
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
             (conch_jail_warden.host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0) {
             conch_err_set(&err, errno, "keep a view of the host for attached workspaces: %s",
@@ -854,7 +864,7 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
         case JMSG_RESTACK: {
             struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
             r = m.a == JRESTACK_RELEASE ? restack_release(plan, &upper_fd, &done.err)
-                                        : restack_mount(fds, nfds, &upper_fd, &done.err);
+                                        : restack_mount(&m, fds, nfds, &upper_fd, &done.err);
             if (r < 0)
                 done.type = JMSG_SETUP_ERR;
             done.a = upper_fd;

@@ -222,10 +222,8 @@ def test_deep_stack_is_squashed(daemon_factory, ws):
     assert sh(c, sb, probe) == want
 
 
-@pytest.mark.root_only
 def test_snapshot_without_a_restart_when_nothing_runs(daemon_factory, ws):
-    """As host root a snapshot (and a restore) of a sandbox where nothing runs swaps its
-    overlay in place: the sandbox is not restarted (its /tmp stays), its persistent file
+    """A snapshot (and a restore) of a sandbox where nothing runs swaps its overlay in place: the sandbox is not restarted (its /tmp stays), its persistent file
     workers are replaced, and what is written after it lands above the snapshot, never in it.
     With a command running, a forced snapshot still restarts the sandbox."""
     (ws / "f.txt").write_text("host\n")
