@@ -368,14 +368,15 @@ static int restack_mount(struct sandbox *sb, const char *frozen, struct conch_er
     int r = dir < 0 ? dir : 0;
     if (r >= 0 && mkdirat(dir, "upper", 0700) == 0) {
         struct stat st;
-        _cleanup_close_ int store = store_open(d, err);
-        if (store < 0 || !frozen || fstatat(store, frozen, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-            fchownat(dir, "upper", st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ||
-            fchmodat(dir, "upper", st.st_mode & 07777, 0) < 0)
-            r = store < 0 ? store
-                          : conch_err_set(err, errno ? errno : EIO,
-                                          "make the sandbox's new upper dir: %s",
-                                          strerror(errno ? errno : EIO));
+        _cleanup_close_ int store = frozen ? store_open(d, err) : -1;
+        if (!frozen)
+            r = conch_err_set(err, ENOENT, "the sandbox's upper dir is gone");
+        else if (store < 0)
+            r = store;
+        else if (fstatat(store, frozen, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+                 fchownat(dir, "upper", st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+                 fchmodat(dir, "upper", st.st_mode & 07777, 0) < 0)
+            r = conch_err_set(err, errno, "make the sandbox's new upper dir: %s", strerror(errno));
     } else if (r >= 0 && errno != EEXIST) {
         r = conch_err_set(err, errno, "mkdir '%s/upper': %s", rel, strerror(errno));
     }
