@@ -931,6 +931,17 @@ unsigned conch_daemon_js_count(const struct sandbox *sb)
     return sb->js ? sb->js->n : 0;
 }
 
+void conch_daemon_js_drop_spare(struct sandbox *sb)
+{
+    struct js_sessions *all = sb->js;
+    if (!all || !all->spare)
+        return;
+    struct js_worker *w = all->spare;
+    all->spare = NULL; /* dropped, not failed: spares go on being made */
+    w->all = NULL;
+    w_close(w, true); /* the next eval makes a new one */
+}
+
 void conch_daemon_js_stop(struct sandbox *sb)
 {
     if (!sb->js)

@@ -312,7 +312,8 @@ static void restack_done(struct conch_super_req *q, int r, const struct conch_er
 /* Whether @sb can be snapshotted without a restart: running, with no path rule
  * (mounted below /workspace), and nothing running that could write through its overlay
  * meanwhile: no command, job, session, JS session or file request. Its idle persistent file
- * workers are ended (they hold the old /workspace); the next request starts new ones. */
+ * workers and its spare JS worker are ended (they hold the old /workspace); new ones are
+ * made when needed. */
 static bool restack_ok(struct sandbox *sb)
 {
     if (sb->state != SB_READY || !sb->jail || sb->super.gone || sb->n_rules ||
@@ -330,7 +331,10 @@ static bool restack_ok(struct sandbox *sb)
     if (fd < 0)
         return false;
     close(fd);
-    return conch_daemon_file_pool_retire_idle(sb);
+    if (!conch_daemon_file_pool_retire_idle(sb))
+        return false;
+    conch_daemon_js_drop_spare(sb);
+    return true;
 }
 
 /* Send one step (@rs NULL: the release) and wait for its answer. -ETIMEDOUT: the warden did

@@ -272,3 +272,23 @@ def test_a_process_left_by_a_command_cannot_write_into_a_snapshot(daemon_factory
     assert sh(c, fork, "wc -l < log.txt") == first
     assert sh(c, sb, "wc -l < log.txt") == live == first
     assert int(first) > 0
+
+
+def test_snapshot_after_js_replaces_the_spare_worker(daemon_factory, ws):
+    """A sandbox that ran JS keeps a spare JS worker (its cwd and Landlock rule in the old
+    /workspace) after its sessions close: a snapshot without a restart ends it, and the next
+    eval (a new worker) reads and writes the new stack, never the snapshot."""
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    ev = lambda code: c.call("js.eval", {"sandbox": sb, "code": code}, timeout=60)
+    ev("await writeFile('/workspace/j.txt', 'one'); 1")
+    c.call("js.close", {"sandbox": sb, "session": "default"})
+    sh(c, sb, "echo kept > /tmp/t")
+    snap = c.call("workspace.snapshot", {"sandbox": sb})["id"]
+    assert sh(c, sb, "cat /tmp/t") == "kept\n"  # no restart
+    r = ev("const t = await readFile('j.txt'); await writeFile('j.txt', 'two'); t.trim()")
+    assert "one" in json.dumps(r), r
+    assert sh(c, sb, "cat j.txt") == "two"
+    fork = c.call("sandbox.fork", {"snapshot": snap})["id"]
+    assert sh(c, fork, "cat j.txt") == "one"
