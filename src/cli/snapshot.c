@@ -123,7 +123,8 @@ int conch_cli_snapshot(int argc, char **argv)
         .usage = "usage: conch snapshot [--socket PATH] [--json] [--name N] [--force] SANDBOX\n"
                  "\n"
                  "Freeze the sandbox's workspace changes into a snapshot and print its id. The\n"
-                 "sandbox is restarted on it (its /tmp and home start empty); with commands,\n"
+                 "sandbox goes on from it: with nothing running, its /workspace is replaced in\n"
+                 "place; else it is restarted (its /tmp and home start empty). With commands,\n"
                  "jobs or sessions running it refuses unless --force (which ends them).\n"};
     int optind = 1, r = parse(&o, argc, argv, &optind);
     if (r != 0)
@@ -152,8 +153,8 @@ int conch_cli_restore(int argc, char **argv)
         .usage = "usage: conch restore [--socket PATH] [--json] [--force] SANDBOX SNAPSHOT\n"
                  "\n"
                  "Return the sandbox's workspace to a snapshot (by id or name): its changes\n"
-                 "since are dropped and it is restarted (--force: even with commands, jobs or\n"
-                 "sessions running, which end).\n"};
+                 "since are dropped, in place or by a restart as for 'conch snapshot' (--force:\n"
+                 "even with commands, jobs or sessions running, which end).\n"};
     int optind = 1, r = parse(&o, argc, argv, &optind);
     if (r != 0)
         return r > 0 ? 0 : CONCH_EXIT_USAGE;
@@ -199,8 +200,8 @@ int conch_cli_fork(int argc, char **argv)
                  "SANDBOX|SNAPSHOT\n"
                  "\n"
                  "Make a new sandbox starting from a snapshot, or from a sandbox's workspace as\n"
-                 "it is now (the sandbox is snapshotted first, and restarted: see 'conch\n"
-                 "snapshot'), and print its id. The two are independent from then on.\n"};
+                 "it is now (the sandbox is snapshotted first: see 'conch snapshot'), and\n"
+                 "print its id. The two are independent from then on.\n"};
     int optind = 1, r = parse(&o, argc, argv, &optind);
     if (r != 0)
         return r > 0 ? 0 : CONCH_EXIT_USAGE;

@@ -610,6 +610,10 @@ void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, vo
  * caller forks a worker for it. */
 bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *call, char *text,
                                    bool measure, bool frees);
+/* conch_daemon_file_pool_retire_idle - when no persistent worker of @sb holds a request and none
+ * waits: end them all (they are killed; the next request starts a new one) and return true;
+ * else false, and nothing changes. */
+bool conch_daemon_file_pool_retire_idle(struct sandbox *sb);
 /* conch_daemon_file_pool_stop - fail the requests of @sb's persistent workers and end them. */
 void conch_daemon_file_pool_stop(struct sandbox *sb);
 
@@ -619,6 +623,11 @@ void conch_daemon_handle_js_eval(struct conch_rpc_call *call, json_t *params, vo
 void conch_daemon_handle_js_reset(struct conch_rpc_call *call, json_t *params, void *ctx);
 void conch_daemon_handle_js_close(struct conch_rpc_call *call, json_t *params, void *ctx);
 void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_js_count - how many JS sessions @sb has open. */
+unsigned conch_daemon_js_count(const struct sandbox *sb);
+/* conch_daemon_js_drop_spare - end @sb's spare JS worker (it holds /workspace: a snapshot
+ * restacks it), without counting it as a failed one. */
+void conch_daemon_js_drop_spare(struct sandbox *sb);
 /* conch_daemon_js_stop - close @sb's JS sessions (after conch_super_done: every worker has
  * had its final event), failing their requests. */
 void conch_daemon_js_stop(struct sandbox *sb);

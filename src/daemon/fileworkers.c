@@ -493,6 +493,27 @@ bool conch_daemon_file_pool_submit(struct sandbox *sb, struct conch_rpc_call *ca
     return true;
 }
 
+bool conch_daemon_file_pool_retire_idle(struct sandbox *sb)
+{
+    struct file_pool *pool = sb->file_pool;
+    if (!pool)
+        return true;
+    if (pool->queued)
+        return false;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &pool->workers)
+    {
+        if (conch_list_entry(pos, struct fworker, link)->busy)
+            return false;
+    }
+    while (!conch_list_empty(&pool->workers)) {
+        struct fworker *w = conch_list_entry(pool->workers.next, struct fworker, link);
+        w->served++; /* retired, not failed: no count towards the pool's failures */
+        fw_retire(w, true);
+    }
+    return true;
+}
+
 void conch_daemon_file_pool_stop(struct sandbox *sb)
 {
     struct file_pool *pool = sb->file_pool;

@@ -930,6 +930,22 @@ void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, vo
     conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", arr));
 }
 
+unsigned conch_daemon_js_count(const struct sandbox *sb)
+{
+    return sb->js ? sb->js->n : 0;
+}
+
+void conch_daemon_js_drop_spare(struct sandbox *sb)
+{
+    struct js_sessions *all = sb->js;
+    if (!all || !all->spare)
+        return;
+    struct js_worker *w = all->spare;
+    all->spare = NULL; /* dropped, not failed: spares go on being made */
+    w->all = NULL;
+    w_close(w, true); /* the next eval makes a new one */
+}
+
 void conch_daemon_js_stop(struct sandbox *sb)
 {
     if (!sb->js)

@@ -290,6 +290,115 @@ static int start_again(struct sandbox *sb, bool was_running, int r, struct conch
     return r;
 }
 
+/* ---- a snapshot without a restart (see conch_jail_send_release) ---- */
+
+/* The warden answers each step in a few hundred microseconds; past this it is stuck. */
+#define RESTACK_TIMEOUT_MS 5000
+
+struct restack_wait {
+    struct conch_super_req q;
+    int r;
+    struct conch_err err;
+};
+
+static void restack_done(struct conch_super_req *q, int r, const struct conch_err *err)
+{
+    struct restack_wait *w = q->data;
+    w->r = r;
+    if (r < 0 && err)
+        w->err = *err;
+}
+
+/* Whether @sb can be snapshotted without a restart: running, with no path rule
+ * (mounted below /workspace), and nothing running that could write through its overlay
+ * meanwhile: no command, job, session, JS session or file request. Its idle persistent file
+ * workers and its spare JS worker are ended (they hold the old /workspace); new ones are
+ * made when needed. */
+static bool restack_ok(struct sandbox *sb)
+{
+    if (sb->state != SB_READY || !sb->jail || sb->super.gone || sb->n_rules ||
+        !conch_jail_can_restack(sb->jail) || !conch_list_empty(&sb->runs) ||
+        !conch_list_empty(&sb->files) || conch_daemon_js_count(sb) > 0)
+        return false;
+    char sess[8];
+    if (conch_daemon_sessions_live(sb, sess, sizeof(sess)) > 0)
+        return false;
+    /* The new upper takes the old one's owner and mode: there must be one. */
+    char rel[128];
+    struct conch_err oerr = {0};
+    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
+    int fd = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
+    if (fd < 0)
+        return false;
+    close(fd);
+    if (!conch_daemon_file_pool_retire_idle(sb))
+        return false;
+    conch_daemon_js_drop_spare(sb);
+    return true;
+}
+
+/* Send one step (@rs NULL: the release) and wait for its answer. -ETIMEDOUT: the warden did
+ * not answer and @sb was stopped (RESTARTING). */
+static int restack_step(struct sandbox *sb, const struct conch_jail_restack *rs,
+                        struct conch_err *err)
+{
+    struct restack_wait w = {.q = {.done = restack_done}};
+    w.q.data = &w;
+    int r = rs ? conch_super_restack(&sb->super, &w.q, rs, err)
+               : conch_super_release(&sb->super, &w.q, err);
+    if (r < 0)
+        return r;
+    if (!conch_super_await(&sb->super, &w.q, RESTACK_TIMEOUT_MS)) {
+        /* The stop fails the request (conch_super_done) before @w goes out of scope. */
+        conch_jail_set_sync_destroy(sb->jail, true);
+        conch_daemon_sandbox_stop(sb, "the warden did not answer a snapshot");
+        return conch_err_set(err, ETIMEDOUT, "the sandbox's warden did not answer in %d ms",
+                             RESTACK_TIMEOUT_MS);
+    }
+    if (w.r < 0)
+        *err = w.err;
+    return w.r;
+}
+
+/* The second step: mount @sb's stack (its layers as recorded now, and its upper dir, made
+ * anew with the owner and mode of @frozen's root when the freeze took it away) at its
+ * /workspace. On failure @sb is left RESTARTING (to be started again) or stopped. */
+static int restack_mount(struct sandbox *sb, const char *frozen, struct conch_err *err)
+{
+    struct daemon *d = sb->d;
+    char rel[128];
+    snprintf(rel, sizeof(rel), "sandboxes/%s", sb->id);
+    _cleanup_close_ int dir = conch_statedir_open(d->state_dir, rel, O_RDONLY | O_DIRECTORY, err);
+    int r = dir < 0 ? dir : 0;
+    if (r >= 0 && mkdirat(dir, "upper", 0700) == 0) {
+        struct stat st;
+        _cleanup_close_ int store = frozen ? store_open(d, err) : -1;
+        if (!frozen)
+            r = conch_err_set(err, ENOENT, "the sandbox's upper dir is gone");
+        else if (store < 0)
+            r = store;
+        else if (fstatat(store, frozen, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+                 fchownat(dir, "upper", st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+                 fchmodat(dir, "upper", st.st_mode & 07777, 0) < 0)
+            r = conch_err_set(err, errno, "make the sandbox's new upper dir: %s", strerror(errno));
+    } else if (r >= 0 && errno != EEXIST) {
+        r = conch_err_set(err, errno, "mkdir '%s/upper': %s", rel, strerror(errno));
+    }
+    _cleanup_free_ struct conch_jail_layer *layers = NULL;
+    struct conch_jail_restack rs = {
+        .workspace = sb->workspace, .upper_dir_fd = dir, .upper_dir = sb->upper_dir};
+    if (r >= 0 && sb->layer[0])
+        r = conch_daemon_layer_stack(d, sb->layer, &layers, &rs.n_layers, err);
+    rs.layers = layers;
+    if (r >= 0)
+        r = restack_step(sb, &rs, err);
+    if (r < 0 && r != -ETIMEDOUT && sb->state == SB_READY) {
+        conch_jail_set_sync_destroy(sb->jail, true);
+        conch_daemon_sandbox_stop(sb, "a snapshot restarts the sandbox");
+    }
+    return r;
+}
+
 static json_t *layer_json(const struct conch_state_layer *l)
 {
     return json_pack("{s:s,s:s?,s:s?,s:s,s:s,s:I,s:I,s:i,s:f}", "id", l->id, "name",
@@ -376,7 +485,15 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
         r = -(err->code ? err->code : EIO);
         goto out;
     }
-    bool was_running = stop_for(sb, "a snapshot restarts the sandbox");
+    /* Without a restart when nothing runs: the warden lets go of /workspace, the upper is
+     * frozen, and the new stack is mounted in its place. Else (or when the warden refuses:
+     * something still holds /workspace) the sandbox is stopped meanwhile, as ever. */
+    struct conch_err ferr = {0};
+    bool fast = restack_ok(sb) && restack_step(sb, NULL, &ferr) >= 0;
+    if (ferr.msg[0])
+        log_debug("sandbox %s: a snapshot with a restart: %s", sb->id, ferr.msg);
+    bool was_running =
+        ferr.code == ETIMEDOUT || (!fast && stop_for(sb, "a snapshot restarts the sandbox"));
     char raw[80];
     snprintf(raw, sizeof(raw), "%s-raw", rec.id);
     r = conch_ws_layer_freeze(from, "upper", store, squash ? raw : rec.id, err);
@@ -409,6 +526,15 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
             struct conch_err rerr = {0};
             if (conch_daemon_sandbox_record(sb, &rerr) < 0)
                 log_warn("sandbox %s: record its snapshot: %s", sb->id, rerr.msg);
+        }
+    }
+    if (fast) {
+        /* Mounted again whatever happened: the new stack, or the old one put back. */
+        struct conch_err merr = {0};
+        if (restack_mount(sb, r >= 0 ? rec.id : NULL, &merr) < 0) {
+            log_warn("sandbox %s: mount its workspace after the snapshot (restarting it): %s",
+                     sb->id, merr.msg);
+            was_running = sb->state == SB_RESTARTING;
         }
     }
     r = start_again(sb, was_running, r, err);
@@ -481,13 +607,26 @@ json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct
         *err = oerr;
         goto out;
     }
-    bool was_running = stop_for(sb, "a restore restarts the sandbox");
+    struct conch_err ferr = {0};
+    bool fast = upper >= 0 && restack_ok(sb) && restack_step(sb, NULL, &ferr) >= 0;
+    if (ferr.msg[0])
+        log_debug("sandbox %s: a restore with a restart: %s", sb->id, ferr.msg);
+    bool was_running =
+        ferr.code == ETIMEDOUT || (!fast && stop_for(sb, "a restore restarts the sandbox"));
     int r = upper >= 0 ? conch_ws_upper_clear(upper, err) : 0;
     if (r >= 0) {
         snprintf(sb->layer, sizeof(sb->layer), "%s", l->id);
         struct conch_err rerr = {0};
         if (conch_daemon_sandbox_record(sb, &rerr) < 0)
             log_warn("sandbox %s: record its snapshot: %s", sb->id, rerr.msg);
+    }
+    if (fast) {
+        struct conch_err merr = {0};
+        if (restack_mount(sb, NULL, &merr) < 0) {
+            log_warn("sandbox %s: mount its workspace after the restore (restarting it): %s",
+                     sb->id, merr.msg);
+            was_running = sb->state == SB_RESTARTING;
+        }
     }
     r = start_again(sb, was_running, r, err);
     if (r >= 0) {

@@ -53,8 +53,9 @@ struct conch_jail {
     int idmap_fd;
     uid_t idmap_uid;
     gid_t idmap_gid;
-    bool adopted; /* lent by the process that made it (conch_jail_adopt): its own to stop
-                   * and reap; destroying it only closes our fds */
+    bool restackable; /* an overlay workspace with its upper on disk (conch_jail_can_restack) */
+    bool adopted;     /* lent by the process that made it (conch_jail_adopt): its own to stop
+                       * and reap; destroying it only closes our fds */
     /* Messages to the warden waiting for room on ctl_fd, oldest first (ctlq.c); owned. */
     struct jail_queued *outq_head, *outq_tail;
     unsigned outq_len;
@@ -162,7 +163,7 @@ struct jail_plan {
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
  * different sources cannot misread each other. */
-#define JAIL_PROTO_VERSION 0x636f000cu /* "co" + version 12 */
+#define JAIL_PROTO_VERSION 0x636f000du /* "co" + version 13 */
 
 enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
@@ -199,7 +200,22 @@ enum jail_msg_type {
                       * when it is not the one the shepherd was built with] */
     JMSG_ID_MAP_FDS, /* clone child → parent, before the exec of a clean image: fds
                       * [setgroups, uid_map, gid_map] of its /proc/self, opened for writing */
+    JMSG_RESTACK,    /* parent → warden, a snapshot without a restart (a daemon's sandbox with
+                      * its upper dir on disk, nothing running): a = JRESTACK_RELEASE: kill the
+                      * file workers and the ready shepherd, unmount /workspace (refused, and
+                      * /workspace kept, while anything holds it); a = JRESTACK_MOUNT: fds [the
+                      * new overlay (made by a parent that is host root), its upper dir]
+                      * mounted at /workspace, or with JRESTACK_PATHS its layers' paths (the
+                      * warden builds it). Answered by SETUP_OK (a = fd number of the
+                      * upper dir or -1) or SETUP_ERR */
 };
+
+/* JMSG_RESTACK steps (in a) */
+#define JRESTACK_RELEASE 0
+#define JRESTACK_MOUNT 1
+/* JRESTACK_MOUNT from an unprivileged parent (in b): fds [a memfd of the paths, the host
+ * workspace dir]: the warden builds the overlay in its view of the host (see restack_build) */
+#define JRESTACK_PATHS 1u
 
 /* JMSG_ATTACH flags (in b) */
 #define JATTACH_MOUNTED 1u
@@ -318,10 +334,13 @@ struct conch_jail_warden {
     int host_view;
     /* Attachable: our empty /workspace is a shared mount, and every shepherd's copy of it a
      * slave, so that a workspace attached over it appears in the ready shepherd's namespace
-     * too (see spawn_shepherd). False where the kernel refused (the ready one is then
+     * too (see spawn_shepherd). With an upper dir on disk (a daemon's sandbox) the overlay is
+     * shared the same way, so that unmounting it for a snapshot (JMSG_RESTACK) takes it out of
+     * every shepherd's namespace too. False where the kernel refused (the ready one is then
      * rebuilt). */
     bool ws_shared;
     bool ws_attached; /* a workspace was attached (until the recycle) */
+    bool ws_released; /* JRESTACK_RELEASE unmounted /workspace; JRESTACK_MOUNT comes next */
 };
 
 /* The warden's state (warden-child.c). */
@@ -473,6 +492,14 @@ int conch_jail_mounts_scrub_child(const struct jail_plan *plan, struct conch_err
  * warden and a root parent both use it. */
 int conch_jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64_t bytes,
                             int *ret_mnt, int *ret_upper, struct conch_err *err);
+
+/* conch_jail_restack_build_child - in the warden, unprivileged (JRESTACK_PATHS): build a
+ * snapshot's new overlay detached, in the warden's view of the host, from the paths in memfd
+ * @blob (the frozen layers top first, the workspace, "", the upper dir, the work dir; each
+ * NUL-terminated), the workspace checked to be the dir @ws is. Returns 0 with *@ret_mnt and
+ * *@ret_upper (its upper dir), or -errno with @err. No allocation. (restack-child.c) */
+int conch_jail_restack_build_child(int blob, int ws, int *ret_mnt, int *ret_upper,
+                                   struct conch_err *err);
 
 /* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
  * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the

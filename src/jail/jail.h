@@ -278,6 +278,7 @@ enum conch_jail_answer_kind {
     CONCH_JAIL_ANSWER_SETUP = 1, /* conch_jail_spawn */
     CONCH_JAIL_ANSWER_RECYCLE,   /* conch_jail_send_recycle */
     CONCH_JAIL_ANSWER_ATTACH,    /* conch_jail_send_attach */
+    CONCH_JAIL_ANSWER_RESTACK,   /* conch_jail_send_release, conch_jail_send_restack */
 };
 
 /*
@@ -385,6 +386,36 @@ int conch_jail_usage(struct conch_jail *j, struct conch_jail_usage *ret);
  */
 int conch_jail_send_attach(struct conch_jail *j, const char *workspace, dev_t ws_dev, ino_t ws_ino,
                            enum conch_ws_mode mode, uint64_t disk_bytes, struct conch_err *err);
+
+/*
+ * A snapshot without a restart (a daemon's sandbox: its upper dir on disk; see
+ * docs/ARCHITECTURE.md "Snapshots"). Two steps, each answered by a CONCH_JAIL_ANSWER event
+ * (conch_jail_take_answer(RESTACK)); the caller sends nothing else to @j between them.
+ *
+ * conch_jail_can_restack - whether @j can take them (an overlay workspace, its upper on disk).
+ *
+ * conch_jail_send_release - once no command, session or file request of @j runs: the warden
+ * kills its file workers and its ready shepherd and unmounts /workspace; it refuses (EBUSY,
+ * /workspace kept) while any process still has a file or its cwd there, or a mount sits below
+ * it (path rules, extra mounts): the caller then restarts the sandbox instead.
+ *
+ * conch_jail_send_restack - after the release: the overlay of @rs (the host workspace, idmapped
+ * as at the start, under @rs->layers and the upper/ and work/ dirs of @rs->upper_dir_fd) is
+ * built here, detached, and the warden mounts it at /workspace; unprivileged, the warden
+ * builds it itself, from the paths, in its view of the host. Returns 0, or -errno with
+ * @err (nothing was sent: /workspace stays unmounted until the caller restarts the sandbox).
+ */
+struct conch_jail_restack {
+    const char *workspace;                 /* the host workspace; must be the one @j has */
+    const struct conch_jail_layer *layers; /* frozen layers, top first; borrowed */
+    int n_layers;
+    int upper_dir_fd;      /* the dir holding upper/ (new, empty) and work/; borrowed */
+    const char *upper_dir; /* its path (unprivileged: the warden opens it in its host view) */
+};
+bool conch_jail_can_restack(const struct conch_jail *j);
+int conch_jail_send_release(struct conch_jail *j, struct conch_err *err);
+int conch_jail_send_restack(struct conch_jail *j, const struct conch_jail_restack *rs,
+                            struct conch_err *err);
 
 /* What a process that lends a running jail to another (conch_jail_hand_over) tells it,
  * besides the control socket. */

@@ -357,6 +357,13 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
         if (chmod(upper, lower.st_mode & 07777) < 0)
             return fail(err, "chmod workspace upper", upper, errno);
     }
+    /* A daemon's sandbox (its upper on disk) may have its overlay replaced without a restart
+     * (a snapshot: JMSG_RESTACK). The overlay goes on a shared bind of the mount point: its
+     * unmount then reaches every shepherd's copy (a slave), which an unmount of a mount whose
+     * parent is private would not, and the kernel refuses it while any copy is in use. */
+    if (plan->upper_on_disk)
+        conch_jail_warden.ws_shared = mount("/workspace", "/workspace", NULL, MS_BIND, NULL) == 0 &&
+                                      mount(NULL, "/workspace", NULL, MS_SHARED, NULL) == 0;
     /* Frozen layers (snapshots) stack above the workspace, top first. */
     char ovl[3 * PATH_MAX + sizeof(plan->ws_layers) + 128];
     int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s%s,upperdir=%s,workdir=%s,userxattr",

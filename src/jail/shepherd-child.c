@@ -509,7 +509,9 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     sigaddset(&mask, conch_jail_ctl_signal());
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (conch_jail_warden.ws_shared && mount(NULL, "/workspace", NULL, MS_SLAVE, NULL) < 0) {
+    /* Every shared mount of ours (/workspace, and the bind below an overlay mounted over it)
+     * becomes a slave here: nothing propagates back. */
+    if (conch_jail_warden.ws_shared && mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0) {
         conch_err_set(&err, errno, "start command: make its /workspace a slave mount: %s",
                       strerror(errno));
     } else if (conch_jail_proc_mount_child("/dev/null", 0, &err) < 0) {
@@ -795,7 +797,8 @@ static int spawn_shepherd(const struct jail_plan *plan, int i)
 void conch_jail_ensure_ready(const struct jail_plan *plan)
 {
     if (conch_jail_warden.ready_slot >= 0 || conch_jail_warden.ready_failures >= 3 ||
-        conch_jail_warden.refill_never || conch_clock_us() < conch_jail_warden.refill_after_us)
+        conch_jail_warden.ws_released || conch_jail_warden.refill_never ||
+        conch_clock_us() < conch_jail_warden.refill_after_us)
         return;
     int i = slot_alloc();
     if (i < 0)

@@ -609,6 +609,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
         -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
+    j->restackable = spec->upper_dir && spec->workspace && spec->ws_mode == CONCH_WS_OVERLAY;
     j->as_root = spec->as_root;
     if (spec->name)
         snprintf(j->name, sizeof(j->name), "%s", spec->name);

@@ -333,8 +333,12 @@ static struct jail_proc_slot *slot_find(int64_t id, uint32_t chan)
  * peer group is new and ours: the root was made private, nothing of the host is in it. */
 static void share_workspace(const struct jail_plan *plan)
 {
-    conch_jail_warden.ws_shared =
-        plan->attachable && mount(NULL, "/workspace", NULL, MS_SHARED, NULL) == 0;
+    if (plan->attachable)
+        conch_jail_warden.ws_shared = mount(NULL, "/workspace", NULL, MS_SHARED, NULL) == 0;
+    /* A workspace mounted at setup is there before any shepherd: its Landlock rule is made
+     * ahead, as ever (only an attach comes after the ready shepherd). */
+    if (plan->has_workspace)
+        conch_jail_warden.ws_attached = true;
 }
 
 /* JMSG_RECYCLE: make this sandbox (one without a workspace) as new for its next user. Every
@@ -493,6 +497,116 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     return 0;
 }
 
+/* The shepherds of commands that ended may be tearing their namespaces down: one that had
+ * begun when we unmounted /workspace holds the old overlay, out of the unmount's reach, until
+ * its exit is through (a few milliseconds of RCU), and the next overlay on the same dirs would
+ * find them in use. Wait for them, a bounded while (they are harmless: nothing of theirs can
+ * reach the overlay any more). */
+static void reap_exiting_shepherds(void)
+{
+    for (int round = 0; round < 100; round++) {
+        bool left = false;
+        for (int i = 0; i < JAIL_MAX_PROCS; i++) {
+            struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+            if (s->pid <= 0 || s->is_file || s->ready || s->retired)
+                continue;
+            int st;
+            struct rusage ru;
+            pid_t p = wait4(s->pid, &st, WNOHANG, &ru);
+            if (p == s->pid) {
+                if (slot_finish(i, st, &ru) < 0)
+                    _exit(1);
+            } else {
+                left = true;
+            }
+        }
+        if (!left)
+            return;
+        struct timespec ts = {.tv_nsec = 200 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* JMSG_RESTACK, JRESTACK_RELEASE: a snapshot froze nothing yet; it needs /workspace out of
+ * the way, with nothing left that could write through it (the parent found no command,
+ * session or file request running, and renames the upper dir into a frozen layer once we
+ * answer). File workers (idle: they hold /workspace as their cwd) are killed and reaped, the
+ * ready shepherd is retired (its command's Landlock rule names the old overlay's root), and
+ * /workspace is unmounted without MNT_DETACH: the kernel refuses (EBUSY) while any process,
+ * here or in a shepherd's namespace (a slave of ours), has a file or its cwd in it, or while a
+ * mount sits below it (path rules, an extra mount): /workspace is then kept, and the parent
+ * restarts the sandbox instead. */
+static int restack_release(const struct jail_plan *plan, int *upper_fd, struct conch_err *err)
+{
+    if (!plan->has_workspace || plan->ws_mode != CONCH_WS_OVERLAY || !plan->upper_on_disk ||
+        conch_jail_warden.ws_released)
+        return conch_err_set(err, EINVAL, "warden: this sandbox's workspace cannot be restacked");
+    for (int i = 0; i < JAIL_MAX_PROCS; i++) {
+        struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+        if (s->pid > 0 && !s->is_file && !s->ready && !s->retired &&
+            conch_jail_warden.reports[i].state != SHEP_EXIT_SENT &&
+            conch_jail_warden.reports[i].state != SHEP_EXITED)
+            return conch_err_set(err, EBUSY, "a command still runs in the sandbox");
+    }
+    for (int i = 0; i < JAIL_MAX_PROCS; i++) {
+        struct jail_proc_slot *s = &conch_jail_warden.slots[i];
+        if (s->pid <= 0 || !s->is_file)
+            continue;
+        s->killed = true;
+        kill(s->pid, SIGKILL);
+        int st;
+        struct rusage ru;
+        while (wait4(s->pid, &st, 0, &ru) < 0 && errno == EINTR)
+            ;
+        if (slot_finish(i, st, &ru) < 0)
+            _exit(1);
+    }
+    if (umount2("/workspace", 0) < 0)
+        return conch_err_set(err, errno, "unmount /workspace for the snapshot: %s",
+                             strerror(errno));
+    /* Only now: the unmount took the overlay out of its namespace while it lived. */
+    if (conch_jail_warden.ready_slot >= 0) {
+        struct jail_proc_slot *s = &conch_jail_warden.slots[conch_jail_warden.ready_slot];
+        s->ready = false;
+        s->retired = true;
+        s->id = -1;
+        kill(s->pid, SIGKILL);
+        conch_jail_warden.ready_slot = -1;
+    }
+    reap_exiting_shepherds();
+    if (*upper_fd >= 0)
+        close(*upper_fd); /* the old upper dir: frozen next */
+    *upper_fd = -1;
+    conch_jail_warden.ws_released = true;
+    return 0;
+}
+
+/* JMSG_RESTACK, JRESTACK_MOUNT: the new overlay (the frozen layers under a new upper) at
+ * /workspace, on the shared bind below (mounts-child.c): the shepherds to come see it.
+ * Takes fds[0] and fds[1]. */
+static int restack_mount(const struct jail_msg *m, int *fds, int nfds, int *upper_fd,
+                         struct conch_err *err)
+{
+    if (!conch_jail_warden.ws_released || nfds != 2)
+        return conch_err_set(err, EINVAL, "warden: bad restack request");
+    int mnt = fds[0], upper = fds[1], r;
+    if (m->b & JRESTACK_PATHS) {
+        if ((r = conch_jail_restack_build_child(fds[0], fds[1], &mnt, &upper, err)) < 0)
+            return r;
+    } else {
+        fds[0] = fds[1] = -1;
+    }
+    r = conch_jail_stage_attach(mnt, "/workspace", err);
+    close(mnt);
+    if (r < 0) {
+        close(upper);
+        return r;
+    }
+    conch_jail_warden.ws_released = false;
+    *upper_fd = upper;
+    return 0;
+}
+
 /* One message on the borrower's channel: a command to run, or a signal for one of the commands
  * it started. Everything else (recycle, attach, lease, file requests, shutdown) is the
  * parent's alone and dropped. EOF or an error ends the lease: the channel is closed and the
@@ -616,7 +730,9 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
      * slave: later host mounts appear in it too), where an attached workspace is cloned
      * from; only a mount of a namespace of ours can be an overlay layer here. As host root the
      * parent makes the mount itself (idmapped) and hands it over: no such view. */
-    if (plan->attachable && !plan->root_mode) {
+    if ((plan->attachable ||
+         (plan->upper_on_disk && plan->has_workspace && plan->ws_mode == CONCH_WS_OVERLAY)) &&
+        !plan->root_mode) {
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
             (conch_jail_warden.host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0) {
             conch_err_set(&err, errno, "keep a view of the host for attached workspaces: %s",
@@ -733,12 +849,29 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
         int started = 0;
         switch (m.type) {
         case JMSG_RUN:
-            started = conch_jail_start_command(plan, &m, fds, nfds, &reply, 0);
-            break;
         case JMSG_FILE:
         case JMSG_FILE_SERVE:
-            started = conch_jail_start_file_worker(plan, &m, fds, nfds, &reply);
+            if (conch_jail_warden.ws_released) {
+                /* Never sent between the two steps of a restack; refused if it were. */
+                conch_err_set(&reply.err, EBUSY, "the workspace is being restacked");
+                started = -EBUSY;
+            } else if (m.type == JMSG_RUN) {
+                started = conch_jail_start_command(plan, &m, fds, nfds, &reply, 0);
+            } else {
+                started = conch_jail_start_file_worker(plan, &m, fds, nfds, &reply);
+            }
             break;
+        case JMSG_RESTACK: {
+            struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
+            r = m.a == JRESTACK_RELEASE ? restack_release(plan, &upper_fd, &done.err)
+                                        : restack_mount(&m, fds, nfds, &upper_fd, &done.err);
+            if (r < 0)
+                done.type = JMSG_SETUP_ERR;
+            done.a = upper_fd;
+            if (conch_jail_send(ctl, &done, NULL, 0) < 0)
+                _exit(1);
+            break;
+        }
         case JMSG_RECYCLE: {
             struct jail_msg done = {.type = JMSG_SETUP_OK, .a = -1};
             if (recycle(plan, &done.err) < 0)

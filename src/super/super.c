@@ -4,9 +4,12 @@
 #include "super/super.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "core/clock.h"
 
 static void on_queued(void *data)
 {
@@ -197,6 +200,51 @@ int conch_super_attach(struct conch_super *s, struct conch_super_req *q, const c
         return r;
     req_begin(s, q, CONCH_JAIL_ANSWER_ATTACH);
     return 0;
+}
+
+int conch_super_release(struct conch_super *s, struct conch_super_req *q, struct conch_err *err)
+{
+    if (s->gone)
+        return conch_err_set(err, EPIPE, "the sandbox's warden is gone");
+    int r = conch_jail_send_release(s->jail, err);
+    if (r < 0)
+        return r;
+    req_begin(s, q, CONCH_JAIL_ANSWER_RESTACK);
+    return 0;
+}
+
+int conch_super_restack(struct conch_super *s, struct conch_super_req *q,
+                        const struct conch_jail_restack *rs, struct conch_err *err)
+{
+    if (s->gone)
+        return conch_err_set(err, EPIPE, "the sandbox's warden is gone");
+    int r = conch_jail_send_restack(s->jail, rs, err);
+    if (r < 0)
+        return r;
+    req_begin(s, q, CONCH_JAIL_ANSWER_RESTACK);
+    return 0;
+}
+
+bool conch_super_await(struct conch_super *s, struct conch_super_req *q, int timeout_ms)
+{
+    uint64_t until = conch_clock_ms() + (uint64_t)timeout_ms;
+    while (conch_super_req_pending(q) && !s->gone) {
+        uint64_t now = conch_clock_ms();
+        if (now >= until)
+            return false;
+        struct pollfd p = {.fd = conch_super_fd(s),
+                           .events = POLLIN | (conch_super_wants_write(s) ? POLLOUT : 0)};
+        int n = poll(&p, 1, (int)(until - now));
+        if (n < 0 && errno != EINTR)
+            return false;
+        if (n <= 0)
+            continue;
+        if ((p.revents & POLLOUT) && conch_super_flush(s) <= 0)
+            break;
+        if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && conch_super_dispatch(s) <= 0)
+            break;
+    }
+    return !conch_super_req_pending(q);
 }
 
 /* Fail every pending request with @why (popped one at a time: a callback may stop us). */

@@ -161,6 +161,21 @@ int conch_super_attach(struct conch_super *s, struct conch_super_req *q, const c
                        dev_t ws_dev, ino_t ws_ino, enum conch_ws_mode mode, uint64_t disk_bytes,
                        struct conch_err *err);
 
+/*
+ * conch_super_release, conch_super_restack - conch_jail_send_release and conch_jail_send_restack
+ * (a snapshot without a restart), their answers routed to @q; same return convention.
+ *
+ * conch_super_await - read and route the warden's events (blocking, at most @timeout_ms) until
+ * @q is answered: for a caller that sends nothing else meanwhile (the restack's two steps,
+ * each a few hundred microseconds of the warden's). Every other event is routed as
+ * conch_super_dispatch does. Returns whether @q was answered (else it is still pending, or
+ * the warden is gone and @q was failed).
+ */
+int conch_super_release(struct conch_super *s, struct conch_super_req *q, struct conch_err *err);
+int conch_super_restack(struct conch_super *s, struct conch_super_req *q,
+                        const struct conch_jail_restack *rs, struct conch_err *err);
+bool conch_super_await(struct conch_super *s, struct conch_super_req *q, int timeout_ms);
+
 /* conch_super_req_pending - @q was sent and has not been answered yet. */
 bool conch_super_req_pending(const struct conch_super_req *q);
 

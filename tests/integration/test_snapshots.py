@@ -220,3 +220,75 @@ def test_deep_stack_is_squashed(daemon_factory, ws):
     assert sh(c, sb, "cat counter; ls hostdir; cat del-me") == "2\nx\nd\n"
     c.call("workspace.restore", {"sandbox": sb, "snapshot": snaps[33]["id"]})
     assert sh(c, sb, probe) == want
+
+
+def test_snapshot_without_a_restart_when_nothing_runs(daemon_factory, ws):
+    """A snapshot (and a restore) of a sandbox where nothing runs swaps its overlay in place: the sandbox is not restarted (its /tmp stays), its persistent file
+    workers are replaced, and what is written after it lands above the snapshot, never in it.
+    With a command running, a forced snapshot still restarts the sandbox."""
+    (ws / "f.txt").write_text("host\n")
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    sh(c, sb, "echo one > f.txt; echo kept > /tmp/t; chmod 750 /workspace")
+    # A persistent file worker holds /workspace as its cwd: it must not survive the snapshot.
+    c.call("fs.write", {"sandbox": sb, "path": "/workspace/w.txt", "content": "fs-one\n"})
+    s1 = c.call("workspace.snapshot", {"sandbox": sb})["id"]
+    assert sh(c, sb, "cat /tmp/t f.txt w.txt; stat -c %a /workspace") == "kept\none\nfs-one\n750\n"
+    assert c.call("fs.read", {"sandbox": sb, "path": "/workspace/w.txt"})["content"] == "fs-one\n"
+    # After it: through a command and through a (new) file worker.
+    sh(c, sb, "echo two > f.txt")
+    c.call("fs.write", {"sandbox": sb, "path": "/workspace/w.txt", "content": "fs-two\n"})
+    fork = c.call("sandbox.fork", {"snapshot": s1})["id"]
+    assert sh(c, fork, "cat f.txt w.txt") == "one\nfs-one\n"
+    r = c.call("workspace.restore", {"sandbox": sb, "snapshot": s1})
+    assert r["snapshot"] == s1
+    assert sh(c, sb, "cat /tmp/t f.txt w.txt") == "kept\none\nfs-one\n"
+    assert c.call("fs.read", {"sandbox": sb, "path": "/workspace/w.txt"})["content"] == "fs-one\n"
+    # A job running: refused, then forced (a restart: /tmp is new).
+    job = c.call("job.start", {"sandbox": sb, "command": "sleep 60"})
+    e = err_of(lambda: c.call("workspace.snapshot", {"sandbox": sb}))
+    assert e.data["code"] == "busy", e.data
+    c.call("workspace.snapshot", {"sandbox": sb, "force": True}, timeout=30)
+    assert sh(c, sb, "test -e /tmp/t && echo kept || echo new; cat f.txt") == "new\none\n"
+    assert job
+
+
+def test_a_process_left_by_a_command_cannot_write_into_a_snapshot(daemon_factory, ws):
+    """A command that leaves a writer behind (a background loop holding a workspace file open
+    for writing) ends with it: once its exec.run is answered nothing of it is left to write
+    through the overlay that a snapshot then freezes (nor into the new one)."""
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    sh(c, sb, "(exec 3>>/workspace/log.txt; while :; do echo x >&3; sleep 0.005; done) "
+              "</dev/null >/dev/null 2>&1 & sleep 0.1")
+    snap = c.call("workspace.snapshot", {"sandbox": sb})["id"]
+    fork = c.call("sandbox.fork", {"snapshot": snap})["id"]
+    first = sh(c, fork, "wc -l < log.txt")
+    live = sh(c, sb, "wc -l < log.txt")
+    import time
+    time.sleep(0.3)
+    assert sh(c, fork, "wc -l < log.txt") == first
+    assert sh(c, sb, "wc -l < log.txt") == live == first
+    assert int(first) > 0
+
+
+def test_snapshot_after_js_replaces_the_spare_worker(daemon_factory, ws):
+    """A sandbox that ran JS keeps a spare JS worker (its cwd and Landlock rule in the old
+    /workspace) after its sessions close: a snapshot without a restart ends it, and the next
+    eval (a new worker) reads and writes the new stack, never the snapshot."""
+    d = daemon_factory()
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    ev = lambda code: c.call("js.eval", {"sandbox": sb, "code": code}, timeout=60)
+    ev("await writeFile('/workspace/j.txt', 'one'); 1")
+    c.call("js.close", {"sandbox": sb, "session": "default"})
+    sh(c, sb, "echo kept > /tmp/t")
+    snap = c.call("workspace.snapshot", {"sandbox": sb})["id"]
+    assert sh(c, sb, "cat /tmp/t") == "kept\n"  # no restart
+    r = ev("const t = await readFile('j.txt'); await writeFile('j.txt', 'two'); t.trim()")
+    assert "one" in json.dumps(r), r
+    assert sh(c, sb, "cat j.txt") == "two"
+    fork = c.call("sandbox.fork", {"snapshot": snap})["id"]
+    assert sh(c, fork, "cat j.txt") == "one"

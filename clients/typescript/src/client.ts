@@ -896,7 +896,7 @@ export class ConchClient extends EventEmitter {
   workspaceDiscard(sandbox: string, paths?: string[]): Promise<{ discarded: string[] }> {
     return this.call("workspace.discard", paths ? { sandbox, paths } : { sandbox });
   }
-  /** Freeze the workspace's changes into a snapshot (restarts the sandbox; `busy` while commands, jobs or sessions run unless `force`). */
+  /** Freeze the workspace's changes into a snapshot (in place when nothing runs, else by a restart of the sandbox; `busy` while commands, jobs or sessions run unless `force`). */
   workspaceSnapshot(sandbox: string, opts: { name?: string; force?: boolean } = {}): Promise<Snapshot> {
     return this.call("workspace.snapshot", { sandbox, ...opts });
   }
