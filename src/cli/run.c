@@ -279,6 +279,13 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
                                   "daemon's sandbox (conch create --mount type=store,...; then "
                                   "conch exec)",
                                   c->spec.mounts[i].target);
+    for (unsigned i = 0; i < c->spec.n_mounts; i++)
+        if (c->spec.mounts[i].type == CONCH_MOUNT_OVERLAY)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
+                                  "mount '%s': an overlay mount's changes are kept by the "
+                                  "daemon: mount it in a daemon's sandbox (conch create --mount "
+                                  "type=overlay,...; conch exec; conch changes/commit --mount %s)",
+                                  c->spec.mounts[i].target, c->spec.mounts[i].target);
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
     j->rules = c->spec.rules;

@@ -20,16 +20,20 @@
 #include "workspace/workspace.h"
 
 /* Options every verb here takes (and conch network's --log). */
-enum { OPT_SOCKET = 1, OPT_JSON, OPT_LOG, OPT_SINCE };
+enum { OPT_SOCKET = 1, OPT_JSON, OPT_LOG, OPT_SINCE, OPT_MOUNT };
 static const struct conch_cli_opt common_opts[] = {
     {"socket", 0, true, OPT_SOCKET},
     {"json", 0, false, OPT_JSON},
     {NULL, 0, false, 0},
 };
 static const struct conch_cli_opt since_opts[] = {
+    {"socket", 0, true, OPT_SOCKET}, {"json", 0, false, OPT_JSON}, {"since", 0, true, OPT_SINCE},
+    {"mount", 0, true, OPT_MOUNT},   {NULL, 0, false, 0},
+};
+static const struct conch_cli_opt commit_opts[] = {
     {"socket", 0, true, OPT_SOCKET},
     {"json", 0, false, OPT_JSON},
-    {"since", 0, true, OPT_SINCE},
+    {"mount", 0, true, OPT_MOUNT},
     {NULL, 0, false, 0},
 };
 static const struct conch_cli_opt network_opts[] = {
@@ -46,6 +50,7 @@ struct common {
     bool json;
     bool log;
     const char *since;                 /* changes, diff: --since SNAPSHOT */
+    const char *mount;                 /* changes, diff, commit: --mount TARGET (overlay) */
     const struct conch_cli_opt *table; /* NULL: common_opts */
 };
 
@@ -90,6 +95,8 @@ static int common_opt(void *ctx, int key, const char *value, struct conch_err *e
         o->log = true;
     else if (key == OPT_SINCE)
         o->since = value;
+    else if (key == OPT_MOUNT)
+        o->mount = value;
     else
         o->json = true;
     return 0;
@@ -211,14 +218,16 @@ static void print_path_line(const char *prefix, const char *path, const char *no
 }
 
 /* Every change, through workspace.changes' pages, into one result. */
-static json_t *all_changes(struct conch_cli_conn *c, const char *id, const char *since)
+static json_t *all_changes(struct conch_cli_conn *c, const char *id, const char *since,
+                           const char *mount)
 {
     json_t *all = json_array();
     json_int_t offset = 0, total = 0;
     for (;;) {
-        json_t *page = conch_cli_conn_call(c, "workspace.changes",
-                                           json_pack("{s:s,s:I,s:i,s:s*}", "sandbox", id, "offset",
-                                                     offset, "limit", 10000, "since", since));
+        json_t *page =
+            conch_cli_conn_call(c, "workspace.changes",
+                                json_pack("{s:s,s:I,s:i,s:s*,s:s*}", "sandbox", id, "offset",
+                                          offset, "limit", 10000, "since", since, "mount", mount));
         if (!page) {
             json_decref(all);
             return NULL;
@@ -243,25 +252,32 @@ static int ws_verb(enum ws_verb v, int argc, char **argv)
 {
     static const char *const names[] = {"changes", "diff", "commit", "discard"};
     static const char *const usages[] = {
-        "usage: conch changes [--socket PATH] [--json] [--since SNAPSHOT] ID\n"
+        "usage: conch changes [--socket PATH] [--json] [--since SNAPSHOT] [--mount TARGET] ID\n"
         "\n"
         "List the changes a sandbox made to its workspace (A added, M modified, D deleted,\n"
         "T type changed), not yet committed. --since: those made after SNAPSHOT (an id or\n"
-        "name of the snapshots the sandbox stands on), against the workspace as it was then.\n",
-        "usage: conch diff [--socket PATH] [--json] [--since SNAPSHOT] ID [PATH...]\n"
+        "name of the snapshots the sandbox stands on), against the workspace as it was then.\n"
+        "--mount: those of its overlay mount at TARGET instead.\n",
+        "usage: conch diff [--socket PATH] [--json] [--since SNAPSHOT] [--mount TARGET] ID "
+        "[PATH...]\n"
         "\n"
         "Print the uncommitted changes as a unified diff (git apply / patch -p1 take it).\n"
-        "--since: the changes made after SNAPSHOT, against the workspace as it was then.\n",
-        "usage: conch commit [--socket PATH] [--json] ID [PATH...]\n"
+        "--since: the changes made after SNAPSHOT, against the workspace as it was then.\n"
+        "--mount: those of its overlay mount at TARGET instead.\n",
+        "usage: conch commit [--socket PATH] [--json] [--mount TARGET] ID [PATH...]\n"
         "\n"
         "Apply the sandbox's changes (all, or the listed paths and what is beneath them) to\n"
-        "its workspace directory on the host.\n",
+        "its workspace directory on the host. --mount: those of its overlay mount at TARGET,\n"
+        "to that mount's source directory.\n",
         "usage: conch discard [--socket PATH] [--json] ID [PATH...]\n"
         "\n"
         "Drop the sandbox's uncommitted changes (all, or the listed paths). A running sandbox\n"
         "is restarted: its processes stop and /tmp and the home start empty.\n"};
-    struct common o = {
-        .verb = names[v], .usage = usages[v], .table = v <= WS_DIFF ? since_opts : NULL};
+    struct common o = {.verb = names[v],
+                       .usage = usages[v],
+                       .table = v <= WS_DIFF     ? since_opts
+                                : v == WS_COMMIT ? commit_opts
+                                                 : NULL};
     int optind = 1;
     int r = parse(&o, argc, argv, 0, NULL, &optind);
     if (r != 0)
@@ -282,13 +298,15 @@ static int ws_verb(enum ws_verb v, int argc, char **argv)
     }
     json_t *res;
     if (v == WS_CHANGES) {
-        res = all_changes(&c, id, o.since);
+        res = all_changes(&c, id, o.since, o.mount);
     } else {
         static const char *const methods[] = {NULL, "workspace.diff", "workspace.commit",
                                               "workspace.discard"};
         json_t *params = json_pack("{s:s}", "sandbox", id);
         if (o.since)
             json_object_set_new(params, "since", json_string(o.since));
+        if (o.mount)
+            json_object_set_new(params, "mount", json_string(o.mount));
         if (paths)
             json_object_set(params, "paths", paths);
         res = conch_cli_conn_call(&c, methods[v], params);

@@ -134,10 +134,14 @@ struct sandbox {
     uint64_t tmp_bytes;
     uint64_t disk_bytes;        /* what the workspace's upper dir may hold */
     json_t *env;                /* object of extra environment; owned */
-    char upper_dir[PATH_MAX];   /* holds upper/ and work/; "" when not overlay */
+    char upper_dir[PATH_MAX];   /* holds upper/, work/ and m<i>/; "": no overlay */
     char layer[64];             /* the snapshot its workspace is stacked on (snapshots.c); "" */
     struct conch_mount *mounts; /* its extra mounts (owned), n_mounts of them */
     unsigned n_mounts;
+    /* Its overlay mounts' source dirs' identities at creation (recorded; by mount index): a
+     * dir swapped in their place later is refused a commit, not followed. 0 for others. */
+    dev_t mount_dev[CONCH_SPEC_MOUNTS_MAX];
+    ino_t mount_ino[CONCH_SPEC_MOUNTS_MAX];
     /* The views of its store mounts (stores.c; owned), by mount index; NULL for others. */
     struct conch_store_view *store_views[CONCH_SPEC_MOUNTS_MAX];
     struct conch_path_rule *rules; /* its path rules (owned), n_rules of them */

@@ -316,6 +316,8 @@ struct ws_op {
     const char *since; /* changes, diff: the snapshot (id or name; borrowed from @params) */
     int since_at;      /* its place in layer_fds */
     bool since_bad;    /* @err says why @since is not one of the sandbox's: invalid_params */
+    int mount;         /* changes, diff, commit: the overlay mount's index ("mount"); -1: the
+                        * workspace */
     /* results, written by the worker */
     json_t *res; /* loop-side results (discard) */
     char *text;  /* worker results, serialised there */
@@ -379,6 +381,38 @@ static int ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err
                              "workspace '%s' of sandbox '%s' is no longer the directory it was "
                              "made on (it was replaced, or swapped for a link): refusing it",
                              sb->workspace, sb->id);
+    }
+    return 0;
+}
+
+/* Open an overlay mount's upper dir (<state>/sandboxes/<id>/m<i>/upper, never through a link)
+ * and its host dir, which must still be the one it was made on (a dir swapped for a link to
+ * /etc must not receive a commit). No upper yet: no changes (upper -1). Returns 0 or -errno. */
+static int mount_open(struct sandbox *sb, int i, struct ws_fds *fds, struct conch_err *err)
+{
+    const struct conch_mount *m = &sb->mounts[i];
+    fds->upper = fds->lower = -1;
+    char rel[128];
+    snprintf(rel, sizeof(rel), "sandboxes/%s/m%d/upper", sb->id, i);
+    struct conch_err oerr = {0};
+    fds->upper = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
+    if (fds->upper < 0 && oerr.code == ENOENT)
+        return 0;
+    if (fds->upper < 0) {
+        *err = oerr;
+        return conch_err_wrap(err, "open the upper of mount '%s' of sandbox '%s'", m->target,
+                              sb->id);
+    }
+    fds->lower = open(m->source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (fds->lower < 0 || fstat(fds->lower, &st) < 0 || !sb->mount_ino[i] ||
+        st.st_dev != sb->mount_dev[i] || st.st_ino != sb->mount_ino[i]) {
+        int e = fds->lower < 0 ? errno : ESTALE;
+        ws_close(fds);
+        return conch_err_set(err, e,
+                             "mount '%s' of sandbox '%s': its source '%s' is no longer the "
+                             "directory it was made on (%s): refusing it",
+                             m->target, sb->id, m->source, strerror(e));
     }
     return 0;
 }
@@ -797,6 +831,17 @@ static int open_stack(struct sandbox *sb, struct ws_op *w, struct conch_err *err
     return w->sbdir < 0 ? w->sbdir : 0;
 }
 
+/* Hand @w (its fds open) to a worker thread. */
+static void ws_queue(struct ws_op *w)
+{
+    w->req.data = w;
+    int r = uv_queue_work(&w->sb->d->loop, &w->req, ws_work, ws_after);
+    if (r < 0) {
+        w->r = conch_err_set(&w->err, -r, "queue the workspace request: %s", uv_strerror(r));
+        ws_finish(w);
+    }
+}
+
 static void ws_next(struct sandbox *sb)
 {
     if (sb->ws_running || conch_list_empty(&sb->ws_ops))
@@ -804,12 +849,20 @@ static void ws_next(struct sandbox *sb)
     struct ws_op *w = conch_list_entry(sb->ws_ops.next, struct ws_op, link);
     conch_list_del(&w->link);
     sb->ws_running = true;
+    w->stopped = sb->state != SB_READY;
+    if (w->mount >= 0) {
+        /* An overlay mount: no snapshots, no path rules; its own upper against its host dir. */
+        if ((w->r = mount_open(sb, w->mount, &w->fds, &w->err)) < 0)
+            ws_finish(w);
+        else
+            ws_queue(w);
+        return;
+    }
     w->r = ws_open(sb, &w->fds, &w->err);
     if (w->r < 0) {
         ws_finish(w);
         return;
     }
-    w->stopped = sb->state != SB_READY;
     if (w->since) {
         /* Resolved now, not when queued: a restore queued before it changes the chain. */
         w->since_at = conch_daemon_snapshot_chain_at(sb->d, sb->id, sb->layer, w->since, &w->err);
@@ -838,12 +891,7 @@ static void ws_next(struct sandbox *sb)
         run_snapshot(w);
         return;
     }
-    w->req.data = w;
-    int r = uv_queue_work(&sb->d->loop, &w->req, ws_work, ws_after);
-    if (r < 0) {
-        w->r = conch_err_set(&w->err, -r, "queue the workspace request: %s", uv_strerror(r));
-        ws_finish(w);
-    }
+    ws_queue(w);
 }
 
 void conch_daemon_ws_ops_cancel(struct sandbox *sb, const char *why)
@@ -913,6 +961,27 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                              sb->id, sb->layer);
         return;
     }
+    int mount = -1;
+    const char *mt = json_string_value(json_object_get(params, "mount"));
+    if (mt && kind != WS_DISCARD) {
+        for (unsigned i = 0; mount < 0 && i < sb->n_mounts; i++)
+            if (sb->mounts[i].type == CONCH_MOUNT_OVERLAY && !strcmp(sb->mounts[i].target, mt))
+                mount = (int)i;
+        if (mount < 0) {
+            free(paths);
+            conch_rpc_call_fail_param(call, "mount", "sandbox '%s' has no overlay mount at '%s'",
+                                      sb->id, mt);
+            return;
+        }
+        if (since) {
+            free(paths);
+            conch_rpc_call_fail_param(call, "since",
+                                      "sandbox '%s': an overlay mount ('%s') has no snapshots: "
+                                      "since does not apply",
+                                      sb->id, mt);
+            return;
+        }
+    }
     struct ws_op *w = calloc(1, sizeof(*w));
     if (!w) {
         free(paths);
@@ -920,6 +989,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
                             NULL);
         return;
     }
+    w->mount = mount;
     w->sb = sb;
     w->call = call;
     w->kind = kind;
@@ -931,7 +1001,8 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     w->since = since;
     w->fds.upper = w->fds.lower = -1;
     w->sbdir = w->live_upper = -1;
-    op_rules(w, sb);
+    if (mount < 0)
+        op_rules(w, sb); /* the workspace's rules; an overlay mount has none */
     conch_daemon_sandbox_hold(sb);
     conch_list_add(&sb->ws_ops, &w->link);
     ws_next(sb);
@@ -946,6 +1017,7 @@ int conch_daemon_sandbox_changes_async(struct sandbox *sb, sandbox_changes_fn do
     w->kind = WS_SCAN;
     w->done = done;
     w->done_arg = arg;
+    w->mount = -1;
     w->fds.upper = w->fds.lower = -1;
     w->sbdir = w->live_upper = -1;
     op_rules(w, sb);

@@ -329,11 +329,14 @@ static const struct conch_rpc_param p_fs_download[] = {P("sandbox", S, true), P(
 static const struct conch_rpc_param p_fs_copy[] = {
     P("sandbox", S, true), P("path", S, true), P("host_path", S, true), P("host_id", S, true), END};
 static const struct conch_rpc_param p_ws[] = {P("sandbox", S, true), P("paths", A, false), END};
+/* "mount": an overlay mount's target, whose changes are meant instead of the workspace's. */
+static const struct conch_rpc_param p_ws_commit[] = {P("sandbox", S, true), P("paths", A, false),
+                                                     P("mount", S, false), END};
 static const struct conch_rpc_param p_ws_diff[] = {P("sandbox", S, true), P("paths", A, false),
-                                                   P("since", S, false), END};
+                                                   P("since", S, false), P("mount", S, false), END};
 static const struct conch_rpc_param p_ws_changes[] = {
     P("sandbox", S, true), R("offset", I, 0, 1e15, 0), R("limit", I, 1, 10000, 0),
-    P("since", S, false), END};
+    P("since", S, false),  P("mount", S, false),       END};
 
 static const struct conch_rpc_param p_sandbox[] = {P("sandbox", S, true), END};
 static const struct conch_rpc_param p_snapshot[] = {P("sandbox", S, true), P("name", S, false),
@@ -431,7 +434,7 @@ const struct conch_rpc_method conch_daemon_methods[] = {
     {"fs.copy_out", p_fs_copy, handle_fs_copy_out},
     {"workspace.changes", p_ws_changes, conch_daemon_handle_workspace_changes},
     {"workspace.diff", p_ws_diff, conch_daemon_handle_workspace_diff},
-    {"workspace.commit", p_ws, conch_daemon_handle_workspace_commit},
+    {"workspace.commit", p_ws_commit, conch_daemon_handle_workspace_commit},
     {"workspace.discard", p_ws, conch_daemon_handle_workspace_discard},
     {"workspace.snapshot", p_snapshot, conch_daemon_handle_workspace_snapshot},
     {"workspace.restore", p_restore, conch_daemon_handle_workspace_restore},

@@ -426,9 +426,18 @@ static int sandbox_mounts(struct sandbox *sb, json_t *arr, struct conch_err *err
     struct conch_sandbox_spec s;
     conch_spec_defaults(&s);
     int r = conch_spec_mounts_from_json(&s, arr, err);
-    for (unsigned i = 0; r >= 0 && i < s.n_mounts; i++)
-        if (s.mounts[i].type == CONCH_MOUNT_BIND)
-            r = path_clear_of_daemon(sb->d, "the bind source", s.mounts[i].source, err);
+    for (unsigned i = 0; r >= 0 && i < s.n_mounts; i++) {
+        const struct conch_mount *m = &s.mounts[i];
+        struct stat st;
+        if (m->type == CONCH_MOUNT_BIND)
+            r = path_clear_of_daemon(sb->d, "the bind source", m->source, err);
+        else if (m->type == CONCH_MOUNT_OVERLAY &&
+                 (r = path_clear_of_daemon(sb->d, "the overlay source", m->source, err)) >= 0 &&
+                 stat(m->source, &st) == 0) {
+            sb->mount_dev[i] = st.st_dev; /* a record's: replaced by its recorded ids */
+            sb->mount_ino[i] = st.st_ino;
+        }
+    }
     if (r >= 0) {
         free(sb->mounts);
         sb->mounts = s.mounts;
@@ -470,6 +479,12 @@ json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
         for (unsigned i = 0; i < sb->n_mounts; i++)
             json_array_append_new(arr, conch_mount_to_json(&sb->mounts[i]));
         json_object_set_new(spec, "mounts", arr);
+        /* Its overlay mounts' source identities, by index: kept across a restart. */
+        json_t *ids = json_array();
+        for (unsigned i = 0; i < sb->n_mounts; i++)
+            json_array_append_new(ids, json_pack("[I,I]", (json_int_t)sb->mount_dev[i],
+                                                 (json_int_t)sb->mount_ino[i]));
+        json_object_set_new(spec, "mount_ids", ids);
     }
     for (int k = CONCH_RULE_READONLY; spec && sb->n_rules && k <= CONCH_RULE_HIDDEN; k++)
         json_object_set_new(
@@ -626,7 +641,12 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
         (r = sandbox_sockets(sb, spec->sockets, false, err)) < 0 ||
         (r = conch_net_policy_copy(&sb->net, &spec->net, err)) < 0)
         goto fail;
-    if (spec->workspace && spec->mode == CONCH_WS_OVERLAY) {
+    /* An overlay mount's upper sits beside the workspace's (<state>/sandboxes/<id>/m<i>): that
+     * dir is made for it whatever the workspace's mode. */
+    bool overlays = false;
+    for (unsigned i = 0; i < sb->n_mounts; i++)
+        overlays |= sb->mounts[i].type == CONCH_MOUNT_OVERLAY;
+    if ((spec->workspace && spec->mode == CONCH_WS_OVERLAY) || overlays) {
         int n =
             snprintf(sb->upper_dir, sizeof(sb->upper_dir), "%s/sandboxes/%s", d->state_dir, sb->id);
         if (n < 0 || (size_t)n >= sizeof(sb->upper_dir)) {
@@ -733,6 +753,12 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         sb->env = json_is_object(env) ? json_incref(env) : json_object();
         if (sandbox_mounts(sb, json_object_get(spec, "mounts"), &err) < 0)
             log_warn("sandbox %s: its recorded mounts: %s", list[i].id, err.msg);
+        json_t *ids = json_object_get(spec, "mount_ids");
+        for (unsigned k = 0; k < sb->n_mounts && k < CONCH_SPEC_MOUNTS_MAX; k++) {
+            json_t *id = json_array_get(ids, k);
+            sb->mount_dev[k] = (dev_t)json_integer_value(json_array_get(id, 0));
+            sb->mount_ino[k] = (ino_t)json_integer_value(json_array_get(id, 1));
+        }
         /* A record whose rules do not parse must not start without them. */
         if (sandbox_rules(sb, json_object_get(spec, "readonly"), json_object_get(spec, "hidden"),
                           &err) < 0) {

@@ -472,7 +472,41 @@ static int make_dirs(const char *path, struct conch_err *err)
     return 0;
 }
 
-/* The caller's extra mounts (tmpfs, bind), last before the root turns read-only. */
+/* An overlay mount: the host dir (staged read-only as root) under an upper kept beside the
+ * workspace's, <upper_dir>/m<i>/{upper,work}; its root looks like the host dir's. The same
+ * fences as the workspace's overlay (nosuid, nodev). */
+static int mount_overlay(const struct jail_plan *plan, int i, const struct jail_mount *m,
+                         struct conch_err *err)
+{
+    char base[PATH_MAX + 16], upper[PATH_MAX + 32], work[PATH_MAX + 32];
+    snprintf(base, sizeof(base), "%s/m%d", plan->upper_dir, i);
+    snprintf(upper, sizeof(upper), "%s/upper", base);
+    snprintf(work, sizeof(work), "%s/work", base);
+    struct stat lower;
+    if (stat(m->src, &lower) < 0)
+        return fail(err, "stat overlay source", m->src, errno);
+    int r;
+    if ((r = make_dir(base, 0700, err)) < 0 || (r = make_dir(work, 0700, err)) < 0)
+        return r;
+    if (mkdir(upper, 0755) == 0) {
+        uid_t uid = lower.st_uid == 65534 ? plan->cmd_uid : lower.st_uid;
+        gid_t gid = lower.st_gid == 65534 ? plan->cmd_gid : lower.st_gid;
+        if (chown(upper, uid, gid) < 0 || chmod(upper, lower.st_mode & 07777) < 0)
+            return fail(err, "chown overlay upper", upper, errno);
+    } else if (errno != EEXIST) {
+        return fail(err, "mkdir", upper, errno);
+    }
+    char ovl[3 * PATH_MAX + 128];
+    int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s,upperdir=%s,workdir=%s,userxattr", m->src,
+                     upper, work);
+    if (n < 0 || (size_t)n >= sizeof(ovl) || n >= 4096)
+        return conch_err_set(err, ENAMETOOLONG, "overlay source path too long: '%s'", m->src);
+    if (mount("overlay", m->dst, "overlay", MS_NOSUID | MS_NODEV, ovl) < 0)
+        return fail(err, "mount overlay of", m->src, errno);
+    return 0;
+}
+
+/* The caller's extra mounts (tmpfs, bind, overlay), last before the root turns read-only. */
 static int setup_extra_mounts(const struct jail_plan *plan, struct conch_err *err)
 {
     for (int i = 0; i < plan->n_mounts; i++) {
@@ -483,6 +517,8 @@ static int setup_extra_mounts(const struct jail_plan *plan, struct conch_err *er
             return r;
         if (m->type == CONCH_MOUNT_TMPFS)
             r = mount_agent_tmpfs(plan, m->dst, 0755, m->bytes, err);
+        else if (m->type == CONCH_MOUNT_OVERLAY)
+            r = mount_overlay(plan, i, m, err);
         else
             r = bind_mount(m->src, m->dst, true, m->rw, 0, err);
         if (r < 0)

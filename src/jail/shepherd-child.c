@@ -100,15 +100,16 @@ static const char *const writable_paths[] = {"/workspace", "/tmp", "/home/agent"
                                              "/proc",      "/run", NULL};
 #define N_WRITABLE (sizeof(writable_paths) / sizeof(writable_paths[0]))
 
-/* writable_paths and the caller's writable extra mounts (tmpfs, rw binds) into @out (room for
- * N_WRITABLE + CONCH_SPEC_MOUNTS_MAX), NULL-terminated; no allocation. */
+/* writable_paths and the caller's writable extra mounts (tmpfs, overlay, rw binds) into @out (room
+ * for N_WRITABLE + CONCH_SPEC_MOUNTS_MAX), NULL-terminated; no allocation. */
 static const char **writable_list(const struct jail_plan *plan, const char **out)
 {
     size_t n = 0;
     for (; writable_paths[n]; n++)
         out[n] = writable_paths[n];
     for (int i = 0; i < plan->n_mounts && i < CONCH_SPEC_MOUNTS_MAX; i++)
-        if (plan->mounts[i].type == CONCH_MOUNT_TMPFS || plan->mounts[i].rw)
+        if (plan->mounts[i].type == CONCH_MOUNT_TMPFS ||
+            plan->mounts[i].type == CONCH_MOUNT_OVERLAY || plan->mounts[i].rw)
             out[n++] = plan->mounts[i].dst;
     out[n] = NULL;
     return out;

@@ -233,11 +233,10 @@ static int set_type(struct conch_mount *m, const char *v, struct conch_err *err)
     else if (!strcmp(v, "store"))
         m->type = CONCH_MOUNT_STORE;
     else if (!strcmp(v, "overlay"))
-        return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                              "mount type '%s' is not supported yet (tmpfs, bind, store)", v);
+        m->type = CONCH_MOUNT_OVERLAY;
     else
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount type '%s': tmpfs, bind or store",
-                              v);
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "mount type '%s': tmpfs, bind, overlay or store", v);
     return 0;
 }
 
@@ -264,7 +263,7 @@ static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
 {
     if ((int)m->type < 0)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                              "mount: type=tmpfs|bind|store is needed");
+                              "mount: type=tmpfs|bind|overlay|store is needed");
     if (m->bytes == SIZE_UNSET)
         m->bytes = m->type == CONCH_MOUNT_STORE   ? 256ULL << 20
                    : m->type == CONCH_MOUNT_TMPFS ? 64ULL << 20
@@ -285,9 +284,12 @@ static int finish(struct conch_mount *m, bool have_rw, struct conch_err *err)
     }
     if (!m->target[0])
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount: a target is needed");
-    if (m->type == CONCH_MOUNT_BIND && !m->source[0])
-        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount '%s': a bind needs a source",
-                              m->target);
+    if ((m->type == CONCH_MOUNT_BIND || m->type == CONCH_MOUNT_OVERLAY) && !m->source[0])
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount '%s': a %s needs a source",
+                              m->target, m->type == CONCH_MOUNT_BIND ? "bind" : "overlay");
+    /* The host dir is only read (the overlay's lower); the sandbox's writes go to its upper. */
+    if (m->type == CONCH_MOUNT_OVERLAY)
+        m->rw = false;
     (void)have_rw;
     if (m->type == CONCH_MOUNT_TMPFS && m->source[0])
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "mount '%s': a tmpfs has no source",
@@ -399,6 +401,9 @@ json_t *conch_mount_to_json(const struct conch_mount *m)
     if (m->type == CONCH_MOUNT_STORE)
         return json_pack("{s:s,s:s,s:s,s:I}", "type", "store", "name", m->name, "target", m->target,
                          "size", (json_int_t)m->bytes);
+    if (m->type == CONCH_MOUNT_OVERLAY)
+        return json_pack("{s:s,s:s,s:s}", "type", "overlay", "source", m->source, "target",
+                         m->target);
     return json_pack("{s:s,s:s,s:s,s:b}", "type", "bind", "source", m->source, "target", m->target,
                      "readonly", !m->rw);
 }

@@ -64,11 +64,20 @@ const char *conch_ws_mode_name(enum conch_ws_mode mode);
 /* A store mount is a named store's files (workspace/'s stores) in a dir of the daemon's that
  * the sandbox gets as a writable bind: the daemon fills @source before the sandbox starts; the
  * jail binds it as it binds any rw source. */
-enum conch_mount_type { CONCH_MOUNT_TMPFS, CONCH_MOUNT_BIND, CONCH_MOUNT_STORE };
+/* An overlay mount is a host directory seen through an overlay whose upper dir the daemon keeps
+ * beside the workspace's (<state>/sandboxes/<id>/m<i>): the sandbox writes, the host dir is
+ * untouched until workspace.commit {"mount": target}. Its source is checked as a read-only
+ * bind's. A daemon's sandbox only (conch run refuses it: nothing would keep its changes). */
+enum conch_mount_type {
+    CONCH_MOUNT_TMPFS,
+    CONCH_MOUNT_BIND,
+    CONCH_MOUNT_STORE,
+    CONCH_MOUNT_OVERLAY
+};
 #define CONCH_MOUNT_STORE_NAME_MAX 64
 struct conch_mount {
     enum conch_mount_type type;
-    char source[1024]; /* bind: an absolute host directory; store: its view (the daemon's) */
+    char source[1024]; /* bind, overlay: an absolute host dir; store: its view (the daemon's) */
     char target[1024]; /* an absolute path inside the sandbox */
     uint64_t bytes;    /* tmpfs: its size (default 64 MiB); store: its cap if it is new */
     bool rw;           /* bind: writable (default read-only); tmpfs and store: always */
