@@ -680,4 +680,21 @@ void conch_daemon_handle_agents_unregister(struct conch_rpc_call *call, json_t *
 /* methods.c: every method a client may call (conch_rpc_dispatch's table). */
 extern const struct conch_rpc_method conch_daemon_methods[];
 
+/* A workspace request's dirs (ws-open.c): the overlay's upper dir and the host dir, both owned
+ * by the holder (conch_daemon_ws_close closes them); -1: none. */
+struct ws_fds {
+    int upper, lower;
+};
+/* conch_daemon_ws_close - close @fds' dirs and set them to -1. */
+void conch_daemon_ws_close(struct ws_fds *fds);
+/* conch_daemon_ws_open - open @sb's workspace upper and host dir into @fds. A sandbox without
+ * an overlay workspace, or whose upper was never created, has no changes: upper is then -1. A
+ * host dir that is no longer the one it was made on is refused (ESTALE). 0 or -errno. */
+int conch_daemon_ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err);
+/* conch_daemon_mount_open - the same for @sb's overlay mount number @i (its upper in
+ * <state>/sandboxes/<id>/m<i>, its source dir, checked against its recorded identity). */
+int conch_daemon_mount_open(struct sandbox *sb, int i, struct ws_fds *fds, struct conch_err *err);
+/* conch_daemon_overlay_mount_find - the index of @sb's overlay mount at @target, or -1. */
+int conch_daemon_overlay_mount_find(const struct sandbox *sb, const char *target);
+
 #endif

@@ -284,10 +284,6 @@ enum ws_kind {
     WS_FORK
 };
 
-struct ws_fds {
-    int upper, lower;
-};
-
 struct ws_op {
     uv_work_t req;
     struct conch_list link;      /* in sb->ws_ops until its turn */
@@ -332,89 +328,6 @@ static void op_rules(struct ws_op *w, const struct sandbox *sb)
     for (unsigned i = 0; i < sb->n_rules && i < CONCH_SPEC_RULES_MAX; i++)
         w->rules[w->n_rules++] =
             (struct conch_ws_rule){sb->rules[i].path, sb->rules[i].kind == CONCH_RULE_HIDDEN};
-}
-
-static void ws_close(struct ws_fds *fds)
-{
-    if (fds->upper >= 0)
-        close(fds->upper);
-    if (fds->lower >= 0)
-        close(fds->lower);
-    fds->upper = fds->lower = -1;
-}
-
-/* Open a sandbox's upper and host dirs. A sandbox without an overlay workspace, or whose
- * upper dir was never created, has no changes: upper is then -1. Returns 0 or -errno. */
-static int ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_err *err)
-{
-    fds->upper = fds->lower = -1;
-    if (!sb->upper_dir[0])
-        return 0;
-    /* Beneath the state dir, never through a link: a swapped `upper` must make discard fail,
-     * not empty whatever the link points to. */
-    char rel[128];
-    snprintf(rel, sizeof(rel), "sandboxes/%s/upper", sb->id);
-    struct conch_err oerr = {0};
-    fds->upper = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
-    if (fds->upper < 0 && oerr.code == ENOENT && !sb->layer[0])
-        return 0; /* nothing was ever written */
-    if (fds->upper < 0 && oerr.code != ENOENT) {
-        *err = oerr;
-        return conch_err_wrap(err, "open the workspace of sandbox '%s'", sb->id);
-    }
-    fds->lower = open(sb->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fds->lower < 0) {
-        int e = errno;
-        ws_close(fds);
-        if (e == ENOENT)
-            return 0;
-        return conch_err_set(err, e, "open the workspace of sandbox '%s': %s", sb->id, strerror(e));
-    }
-    /* The path is only a name: the directory must be the one the sandbox was made on. A
-     * workspace renamed away and replaced by a symlink to /etc must not receive a commit
-     * (the daemon may be root), nor be emptied by a discard. */
-    struct stat st;
-    if (sb->ws_ino &&
-        (fstat(fds->lower, &st) < 0 || st.st_dev != sb->ws_dev || st.st_ino != sb->ws_ino)) {
-        ws_close(fds);
-        return conch_err_set(err, ESTALE,
-                             "workspace '%s' of sandbox '%s' is no longer the directory it was "
-                             "made on (it was replaced, or swapped for a link): refusing it",
-                             sb->workspace, sb->id);
-    }
-    return 0;
-}
-
-/* Open an overlay mount's upper dir (<state>/sandboxes/<id>/m<i>/upper, never through a link)
- * and its host dir, which must still be the one it was made on (a dir swapped for a link to
- * /etc must not receive a commit). No upper yet: no changes (upper -1). Returns 0 or -errno. */
-static int mount_open(struct sandbox *sb, int i, struct ws_fds *fds, struct conch_err *err)
-{
-    const struct conch_mount *m = &sb->mounts[i];
-    fds->upper = fds->lower = -1;
-    char rel[128];
-    snprintf(rel, sizeof(rel), "sandboxes/%s/m%d/upper", sb->id, i);
-    struct conch_err oerr = {0};
-    fds->upper = conch_statedir_open(sb->d->state_dir, rel, O_RDONLY | O_DIRECTORY, &oerr);
-    if (fds->upper < 0 && oerr.code == ENOENT)
-        return 0;
-    if (fds->upper < 0) {
-        *err = oerr;
-        return conch_err_wrap(err, "open the upper of mount '%s' of sandbox '%s'", m->target,
-                              sb->id);
-    }
-    fds->lower = open(m->source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    struct stat st;
-    if (fds->lower < 0 || fstat(fds->lower, &st) < 0 || !sb->mount_ino[i] ||
-        st.st_dev != sb->mount_dev[i] || st.st_ino != sb->mount_ino[i]) {
-        int e = fds->lower < 0 ? errno : ESTALE;
-        ws_close(fds);
-        return conch_err_set(err, e,
-                             "mount '%s' of sandbox '%s': its source '%s' is no longer the "
-                             "directory it was made on (%s): refusing it",
-                             m->target, sb->id, m->source, strerror(e));
-    }
-    return 0;
 }
 
 /* The "paths" param as a NULL-terminated array (borrowed strings), or NULL for all. */
@@ -707,7 +620,7 @@ static void ws_next(struct sandbox *sb);
 
 static void ws_op_free(struct ws_op *w)
 {
-    ws_close(&w->fds);
+    conch_daemon_ws_close(&w->fds);
     for (int i = 0; i < w->n_layer_fds; i++)
         close(w->layer_fds[i]);
     if (w->sbdir >= 0)
@@ -797,7 +710,7 @@ static void run_discard(struct ws_op *w)
  * (they stop and start the sandbox; the snapshot itself is a rename). */
 static void run_snapshot(struct ws_op *w)
 {
-    ws_close(&w->fds);
+    conch_daemon_ws_close(&w->fds);
     if (w->kind == WS_SNAPSHOT)
         w->res = conch_daemon_snapshot_take(w->sb, w->params, &w->err);
     else if (w->kind == WS_RESTORE)
@@ -852,13 +765,13 @@ static void ws_next(struct sandbox *sb)
     w->stopped = sb->state != SB_READY;
     if (w->mount >= 0) {
         /* An overlay mount: no snapshots, no path rules; its own upper against its host dir. */
-        if ((w->r = mount_open(sb, w->mount, &w->fds, &w->err)) < 0)
+        if ((w->r = conch_daemon_mount_open(sb, w->mount, &w->fds, &w->err)) < 0)
             ws_finish(w);
         else
             ws_queue(w);
         return;
     }
-    w->r = ws_open(sb, &w->fds, &w->err);
+    w->r = conch_daemon_ws_open(sb, &w->fds, &w->err);
     if (w->r < 0) {
         ws_finish(w);
         return;
@@ -964,9 +877,7 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
     int mount = -1;
     const char *mt = json_string_value(json_object_get(params, "mount"));
     if (mt && kind != WS_DISCARD) {
-        for (unsigned i = 0; mount < 0 && i < sb->n_mounts; i++)
-            if (sb->mounts[i].type == CONCH_MOUNT_OVERLAY && !strcmp(sb->mounts[i].target, mt))
-                mount = (int)i;
+        mount = conch_daemon_overlay_mount_find(sb, mt);
         if (mount < 0) {
             free(paths);
             conch_rpc_call_fail_param(call, "mount", "sandbox '%s' has no overlay mount at '%s'",

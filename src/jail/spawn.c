@@ -293,14 +293,10 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
         pm->rw = m->rw;
         pm->bytes = m->bytes;
         snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
-        /* Its upper sits beside the workspace's, in the dir the daemon keeps: without one
-         * (conch run) nothing could list or commit its changes. */
+        /* Its upper sits beside the workspace's: none (conch run), nothing keeps its changes. */
         if (m->type == CONCH_MOUNT_OVERLAY && !plan->upper_on_disk)
             return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                                  "mount '%s': an overlay mount needs a daemon's sandbox with an "
-                                  "overlay workspace (conch create --mount type=overlay,...; "
-                                  "then conch exec): its changes are kept, listed and committed "
-                                  "there",
+                                  "mount '%s': an overlay mount needs a daemon's sandbox",
                                   m->target);
         if (m->type != CONCH_MOUNT_TMPFS && !m->source[0])
             return conch_err_set(err, EINVAL, "mount '%s': a store's view was not made", m->target);

@@ -72,7 +72,7 @@ def test_run_mounts_are_fenced(ws, tmp_path):
         ("type=tmpfs,target=/tmp", "hide"),
         ("type=tmpfs,target=/scratch,size=1", "size"),
         ("type=store,target=/memories", "name=NAME"),
-        ("type=overlay,source=/tmp,target=/data", "not supported yet"),
+        (f"type=overlay,source={host},target=/data", "daemon's sandbox"),
         ("type=tmpfs", "target"),
         ("type=bind,target=/opt/x", "source"),
         ("type=tmpfs,target=/a,bogus=1", "unknown"),

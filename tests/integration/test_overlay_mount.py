@@ -219,3 +219,22 @@ def test_cli_create_changes_commit(daemon, ws, tmp_path):
     assert not (src / "keep.txt").exists()
     r = conch(["changes", "--socket", daemon.sock, "--mount", "/nope", sid])
     assert r.rc != 0 and "no overlay mount" in r.stderr, r.describe()
+
+
+def test_snapshots_and_forks_leave_it_alone(daemon, ws, tmp_path):
+    # Not snapshotted: a snapshot and a restore keep the mount's upper as it is; a fork starts
+    # with an empty one (the host dir as it is); a destroy removes it.
+    c = daemon.client()
+    src = host_dir(tmp_path)
+    sb = mk(c, ws, src)
+    sh(c, sb, "echo 1 > /data/one")
+    snap = c.call("workspace.snapshot", {"sandbox": sb}, timeout=30)["id"]
+    sh(c, sb, "echo 2 > /data/two")
+    c.call("workspace.restore", {"sandbox": sb, "snapshot": snap, "force": True}, timeout=30)
+    assert changes(c, sb) == {"one": "added", "two": "added"}
+    fork = c.call("sandbox.fork", {"sandbox": sb}, timeout=30)["id"]
+    assert changes(c, fork) == {}
+    assert sh(c, fork, "ls /data") == "gone.txt\nkeep.txt\nold.txt\nsub\n"
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
+    assert not os.path.exists(os.path.join(str(daemon.state_dir), "sandboxes", sb))
+    assert sorted(os.listdir(src)) == ["gone.txt", "keep.txt", "old.txt", "sub"]
