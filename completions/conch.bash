@@ -83,7 +83,7 @@ _conch()
     for ((i = 2; i < cword; i++)); do
         case ${words[i]} in
             --socket) sock=${words[i+1]}; ((i++)) ;;
-            --since) ((i++)) ;;
+            --since|--mount) ((i++)) ;;
             -*) ;;
             *) ((args++)) ;;
         esac
@@ -186,7 +186,8 @@ _conch()
                 return
             fi
             opts="--socket --json --help -h"
-            [[ $cmd == changes || $cmd == diff ]] && opts+=" --since" ;;
+            [[ $cmd == changes || $cmd == diff ]] && opts+=" --since"
+            [[ $cmd != discard ]] && opts+=" --mount" ;;
         cp)
             # SRC and DST: a local file, or ID:PATH in a sandbox.
             if [[ $args -ge 2 ]]; then

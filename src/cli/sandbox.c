@@ -143,7 +143,7 @@ int conch_cli_create(int argc, char **argv)
             "                    [--memory B] [--pids N] [--cpu C] [--tmp-size B]\n"
             "                    [--disk B] [--idle-timeout S]\n"
             "                    [--mount "
-            "type=tmpfs|bind|store,target=P[,source=DIR][,name=N][,size=B][,rw]]...\n"
+            "type=tmpfs|bind|overlay|store,target=P[,source=DIR][,name=N][,size=B][,rw]]...\n"
             "                    [--net none|allow|host] [--allow RULE]... [--deny RULE]...\n"
             "                    [--readonly PATH]... [--hidden PATH]...\n"
             "                    [--pass-socket HOST[:INSIDE]]...\n"

@@ -93,7 +93,9 @@ class ProtocolMethods:
         ``mounts``: extra mounts, each ``{"type": "tmpfs", "target", "size"?}``,
         ``{"type": "bind", "source", "target", "readonly"?}`` (read-only unless
         ``readonly=False``), ``{"type": "store", "name", "target", "size"?}`` (a named
-        store, written back after each command: see store_*) or docker's
+        store, written back after each command: see store_*), ``{"type": "overlay",
+        "source", "target"}`` (the host dir through an overlay: writes stay in the daemon's
+        upper dir until ``workspace_commit(..., mount=target)``) or docker's
         ``"type=tmpfs,target=/scratch"``.
         ``net``: "none" (default; "allow" when ``allow`` is given), "allow" (HTTP/HTTPS
         through the daemon's proxy by the ``allow``/``deny`` rules: ``"pypi.org"``,
@@ -285,23 +287,28 @@ class ProtocolMethods:
 
     # -- workspace.* --------------------------------------------------------------------
     def workspace_changes(self, sandbox: str, *, offset: Optional[int] = None,
-                          limit: Optional[int] = None, since: Optional[str] = None):
+                          limit: Optional[int] = None, since: Optional[str] = None,
+                          mount: Optional[str] = None):
         """workspace.changes -> ``{"changes": [...], "changes_total", "changes_truncated",
         "next_offset"?}`` (one page). ``since``: a snapshot (id or name) of the sandbox's
-        chain: the changes made after it, against the workspace as it was then."""
+        chain: the changes made after it, against the workspace as it was then. ``mount``:
+        the target of an overlay mount, whose changes are meant instead of the workspace's."""
         return self._request("workspace.changes", _params(sandbox=sandbox, offset=offset,
-                                                          limit=limit, since=since))
+                                                          limit=limit, since=since, mount=mount))
 
     def workspace_diff(self, sandbox: str, paths: Optional[List[str]] = None, *,
-                       since: Optional[str] = None):
-        """workspace.diff -> ``{"diff": str, "files": [...], "omitted": int}``. ``since``:
-        as for workspace_changes."""
+                       since: Optional[str] = None, mount: Optional[str] = None):
+        """workspace.diff -> ``{"diff": str, "files": [...], "omitted": int}``. ``since``,
+        ``mount``: as for workspace_changes."""
         return self._request("workspace.diff", _params(sandbox=sandbox, paths=paths,
-                                                       since=since))
+                                                       since=since, mount=mount))
 
-    def workspace_commit(self, sandbox: str, paths: Optional[List[str]] = None):
-        """workspace.commit: apply changes to the host -> ``{"committed", "skipped"}``."""
-        return self._request("workspace.commit", _params(sandbox=sandbox, paths=paths))
+    def workspace_commit(self, sandbox: str, paths: Optional[List[str]] = None, *,
+                         mount: Optional[str] = None):
+        """workspace.commit: apply changes to the host -> ``{"committed", "skipped"}``.
+        ``mount``: an overlay mount's changes, to its source dir."""
+        return self._request("workspace.commit", _params(sandbox=sandbox, paths=paths,
+                                                         mount=mount))
 
     def workspace_discard(self, sandbox: str, paths: Optional[List[str]] = None):
         """workspace.discard -> ``{"discarded": [...]}`` (restarts a running sandbox)."""

@@ -394,29 +394,36 @@ class _Ops:
                 out[f["path"]] = base64.b64decode(f.get("content", ""))
         return out
 
-    def changes(self, since: Optional[str] = None) -> List[Dict[str, Any]]:
+    def changes(self, since: Optional[str] = None,
+                mount: Optional[str] = None) -> List[Dict[str, Any]]:
         """Every change of the workspace against the host dir (all pages), in path order;
-        with ``since`` (a snapshot's id or name), those made after that snapshot."""
+        with ``since`` (a snapshot's id or name), those made after that snapshot; with
+        ``mount`` (an overlay mount's target), those of that mount."""
         out: List[Dict[str, Any]] = []
         offset = 0
         while True:
-            r = yield _call("workspace_changes", self.id, offset=offset or None, since=since)
+            r = yield _call("workspace_changes", self.id, offset=offset or None, since=since,
+                            mount=mount)
             out.extend(r.get("changes", []))
             nxt = r.get("next_offset")
             if nxt is None or nxt <= offset:
                 return out
             offset = nxt
 
-    def diff(self, paths: Optional[List[str]] = None, since: Optional[str] = None) -> str:
+    def diff(self, paths: Optional[List[str]] = None, since: Optional[str] = None,
+             mount: Optional[str] = None) -> str:
         """The unified diff of the changes (``git apply``-able); with ``since`` (a
-        snapshot's id or name), of those made after that snapshot, against it."""
-        r = yield _call("workspace_diff", self.id, paths, since=since)
+        snapshot's id or name), of those made after that snapshot, against it; with
+        ``mount``, of that overlay mount's."""
+        r = yield _call("workspace_diff", self.id, paths, since=since, mount=mount)
         return r["diff"]
 
-    def commit(self, paths: Optional[List[str]] = None) -> Dict[str, Any]:
+    def commit(self, paths: Optional[List[str]] = None,
+               mount: Optional[str] = None) -> Dict[str, Any]:
         """Apply the changes (all, or ``paths``) to the host dir -> ``{"committed",
-        "skipped"}``."""
-        return (yield _call("workspace_commit", self.id, paths))
+        "skipped"}``; with ``mount`` (an overlay mount's target), that mount's, to its
+        source dir."""
+        return (yield _call("workspace_commit", self.id, paths, mount=mount))
 
     def discard(self, paths: Optional[List[str]] = None) -> List[str]:
         """Drop the changes (all, or ``paths``) -> the discarded paths. Restarts the

@@ -41,7 +41,7 @@ export interface SandboxCreateParams {
   tool_timeout?: number;
   /** Tool calls one command may make (default 10,000). */
   max_tool_calls?: number;
-  /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), `{type: "store", name, target, size?}` (a named store, written back after each command), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
+  /** Extra mounts: `{type: "tmpfs", target, size?}`, `{type: "bind", source, target, readonly?}` (read-only unless `readonly: false`), `{type: "store", name, target, size?}` (a named store, written back after each command), `{type: "overlay", source, target}` (the host dir through an overlay: writes stay in the daemon's upper dir until `workspaceCommit(id, paths, {mount: target})`), or docker's `"type=tmpfs,target=/scratch,size=64m"`. */
   mounts?: (MountSpec | string)[];
   /** The network: "none" (default; "allow" when `allow` is given), "allow" (HTTP/HTTPS through the daemon's proxy by the rules) or "host". */
   net?: NetMode;
@@ -109,7 +109,7 @@ export interface NetworkLog extends NetworkPolicy {
 }
 
 export interface MountSpec {
-  type: "tmpfs" | "bind" | "store";
+  type: "tmpfs" | "bind" | "store" | "overlay";
   target: string;
   source?: string;
   /** tmpfs: its size; store: its cap (bytes) when it is new (default 256 MiB) */
@@ -882,16 +882,18 @@ export class ConchClient extends EventEmitter {
 
   // workspace.*
   /** One page of the changes; `since`: a snapshot (id or name) of the sandbox's chain, for the
-   * changes made after it, against the workspace as it was then. */
-  workspaceChanges(sandbox: string, opts: { offset?: number; limit?: number; since?: string } = {}): Promise<{ changes: Change[]; changes_total: number; changes_truncated: boolean; next_offset?: number }> {
+   * changes made after it, against the workspace as it was then; `mount`: an overlay mount's
+   * target, for its changes instead of the workspace's. */
+  workspaceChanges(sandbox: string, opts: { offset?: number; limit?: number; since?: string; mount?: string } = {}): Promise<{ changes: Change[]; changes_total: number; changes_truncated: boolean; next_offset?: number }> {
     return this.call("workspace.changes", { sandbox, ...opts });
   }
-  /** `opts.since`: as for workspaceChanges. */
-  workspaceDiff(sandbox: string, paths?: string[], opts: { since?: string } = {}): Promise<{ diff: string; files: { path: string; kind: string; binary: boolean; diff: string; omitted?: boolean }[]; omitted: number }> {
-    return this.call("workspace.diff", { sandbox, ...(paths ? { paths } : {}), ...(opts.since !== undefined ? { since: opts.since } : {}) });
+  /** `opts.since`, `opts.mount`: as for workspaceChanges. */
+  workspaceDiff(sandbox: string, paths?: string[], opts: { since?: string; mount?: string } = {}): Promise<{ diff: string; files: { path: string; kind: string; binary: boolean; diff: string; omitted?: boolean }[]; omitted: number }> {
+    return this.call("workspace.diff", { sandbox, ...(paths ? { paths } : {}), ...(opts.since !== undefined ? { since: opts.since } : {}), ...(opts.mount !== undefined ? { mount: opts.mount } : {}) });
   }
-  workspaceCommit(sandbox: string, paths?: string[]): Promise<{ committed: string[]; skipped: { path: string; reason: string }[] }> {
-    return this.call("workspace.commit", paths ? { sandbox, paths } : { sandbox });
+  /** `opts.mount`: an overlay mount's changes, applied to its source dir. */
+  workspaceCommit(sandbox: string, paths?: string[], opts: { mount?: string } = {}): Promise<{ committed: string[]; skipped: { path: string; reason: string }[] }> {
+    return this.call("workspace.commit", { sandbox, ...(paths ? { paths } : {}), ...(opts.mount !== undefined ? { mount: opts.mount } : {}) });
   }
   workspaceDiscard(sandbox: string, paths?: string[]): Promise<{ discarded: string[] }> {
     return this.call("workspace.discard", paths ? { sandbox, paths } : { sandbox });
