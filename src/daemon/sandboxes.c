@@ -186,8 +186,15 @@ struct measure {
     char upper[PATH_MAX + 16];
     char spill[PATH_MAX];
     char stores[PATH_MAX + 96]; /* its store mounts' views (stores.c), or "" */
+    char dir[PATH_MAX];         /* its sandbox dir, holding its overlay mounts' m<i>/upper */
+    unsigned overlays;          /* the indices of its overlay mounts, a bit each */
     uint64_t charged;
 };
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
 
 static void measure_work(uv_work_t *req)
 {
@@ -195,8 +202,14 @@ static void measure_work(uv_work_t *req)
     uint64_t a = m->upper[0] ? disk_charge(m->upper) : 0;
     uint64_t b = m->spill[0] ? disk_charge(m->spill) : 0;
     uint64_t c = m->stores[0] ? disk_charge(m->stores) : 0;
-    m->charged = a > UINT64_MAX - b ? UINT64_MAX : a + b;
-    m->charged = m->charged > UINT64_MAX - c ? UINT64_MAX : m->charged + c;
+    m->charged = add_sat(add_sat(a, b), c);
+    /* An overlay mount's writes lie on the state dir's disk too: the same budget. */
+    for (unsigned i = 0; i < CONCH_SPEC_MOUNTS_MAX; i++) {
+        char up[PATH_MAX + 32];
+        if ((m->overlays & (1u << i)) &&
+            snprintf(up, sizeof(up), "%s/m%u/upper", m->dir, i) < (int)sizeof(up))
+            m->charged = add_sat(m->charged, disk_charge(up));
+    }
 }
 
 static void measure_done(uv_work_t *req, int status)
@@ -237,6 +250,10 @@ static void measure_start(struct sandbox *sb)
     sb->measure_wanted = false;
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
+    snprintf(m->dir, sizeof(m->dir), "%s", sb->upper_dir);
+    for (unsigned i = 0; sb->upper_dir[0] && i < sb->n_mounts && i < CONCH_SPEC_MOUNTS_MAX; i++)
+        if (sb->mounts[i].type == CONCH_MOUNT_OVERLAY)
+            m->overlays |= 1u << i;
     snprintf(m->spill, sizeof(m->spill), "%s", sb->spill_dir);
     /* A store's view lies on the state dir's disk between two write-backs: it counts
      * against the sandbox's disk limit as the workspace's changes do. */

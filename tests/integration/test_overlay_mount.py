@@ -238,3 +238,17 @@ def test_snapshots_and_forks_leave_it_alone(daemon, ws, tmp_path):
     c.call("sandbox.destroy", {"id": sb}, timeout=30)
     assert not os.path.exists(os.path.join(str(daemon.state_dir), "sandboxes", sb))
     assert sorted(os.listdir(src)) == ["gone.txt", "keep.txt", "old.txt", "sub"]
+
+
+def test_writes_count_against_the_disk_budget(daemon, ws, tmp_path):
+    # Its upper lies on the state dir's disk: the sandbox's disk limit covers it (before, a
+    # command wrote there without bound).
+    c = daemon.client()
+    src = host_dir(tmp_path)
+    sb = mk(c, ws, src, disk=8 << 20)
+    r = c.call("exec.run", {"sandbox": sb, "timeout": 60, "command":
+                            "for i in $(seq 40); do head -c 1M /dev/zero > /data/f$i; done; "
+                            "sleep 20; echo survived"}, timeout=90)
+    assert "survived" not in r["stdout"], r
+    assert r["error"] and r["error"]["kind"] == "limit" and "disk" in r["error"]["message"], r
+    assert not (src / "f1").exists()
