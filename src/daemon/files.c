@@ -875,9 +875,11 @@ static void ws_submit(struct conch_rpc_call *call, json_t *params, void *ctx, en
         return;
     }
     int mount = -1;
-    const char *mt = json_string_value(json_object_get(params, "mount"));
+    json_t *jm = json_object_get(params, "mount");
+    const char *mt = json_string_value(jm);
     if (mt && kind != WS_DISCARD) {
-        mount = conch_daemon_overlay_mount_find(sb, mt);
+        /* A NUL inside would name another mount's target by its prefix. */
+        mount = strlen(mt) == json_string_length(jm) ? conch_daemon_overlay_mount_find(sb, mt) : -1;
         if (mount < 0) {
             free(paths);
             conch_rpc_call_fail_param(call, "mount", "sandbox '%s' has no overlay mount at '%s'",

@@ -156,10 +156,15 @@ def test_bad_requests_and_sources(daemon, ws, tmp_path):
     src = host_dir(tmp_path)
     sb = mk(c, ws, src)
     for params, word in (({"mount": "/nope"}, "no overlay mount"),
+                         ({"mount": "/data\u0000x"}, "no overlay mount"),
+                         ({"mount": 5}, "string"),
                          ({"mount": "/data", "since": "x"}, "since")):
         with pytest.raises(RpcError) as e:
             c.call("workspace.changes", {"sandbox": sb, **params})
         assert word in str(e.value), e.value
+    with pytest.raises(RpcError) as e:  # not there yet: never the workspace's by mistake
+        c.call("workspace.discard", {"sandbox": sb, "mount": "/data"})
+    assert "mount" in str(e.value), e.value
     link = tmp_path / "shadow"
     link.symlink_to("/etc/shadow")
     for bad, word in ((str(link), "not a directory"), ("/proc/self", "kernel"),
