@@ -472,3 +472,29 @@ Test(spec, sockets_parse_and_refuse)
     unlink(link);
     rmdir(dir);
 }
+
+Test(spec, overlay_mounts_parse_and_refuse)
+{
+    struct conch_err err = {0};
+    struct conch_mount m;
+    cr_assert_eq(conch_mount_parse("type=overlay,source=/tmp,target=/data", &m, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(m.type, CONCH_MOUNT_OVERLAY);
+    cr_assert(!m.rw, "the host dir is only read: writes go to the upper");
+    json_t *j = conch_mount_to_json(&m);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "overlay");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "source")), "/tmp");
+    json_decref(j);
+    static const char *const bad[][2] = {
+        {"type=overlay,target=/data", "needs a source"},
+        {"type=overlay,source=/tmp,target=/data,name=x", "only a store"},
+        {"type=overlay,source=relative,target=/data", "absolute"},
+        {"type=overlay,source=/proc,target=/data", "proc"},
+        {"type=overlay,source=/tmp,target=/workspace/x", "/workspace"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err = (struct conch_err){0};
+        cr_assert_lt(conch_mount_parse(bad[i][0], &m, &err), 0, "%s", bad[i][0]);
+        cr_assert(strstr(err.msg, bad[i][1]), "%s: %s", bad[i][0], err.msg);
+    }
+}
