@@ -157,6 +157,7 @@ struct sandbox {
     void *gone_arg;
     bool measuring;           /* a disk measurement is running in a worker */
     bool disk_over;           /* the last measurement found more than disk_bytes */
+    uint64_t disk_charged;    /* what the last measurement charged (0 after a discard) */
     bool measure_wanted;      /* a command or write ended: measure when the throttle allows */
     uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
     struct conch_list ws_ops; /* struct ws_op waiting for their turn: one runs at a time */
@@ -243,6 +244,7 @@ struct file_req {
     bool measure;              /* a write or delete: measure the sandbox's disk use after it */
     bool frees;                /* a delete */
     bool copy;                 /* fs.copy_in / fs.copy_out: a host file lent to the worker */
+    uint64_t reserve;          /* fs.copy_in: the disk room held for it while it runs */
     struct conch_proc proc;    /* the worker: the supervisor's until its final event */
     struct conch_proc_end end; /* that event, once it came */
 };
@@ -601,9 +603,10 @@ void conch_daemon_file_answer_refuse(struct conch_rpc_call *call, const char *si
                                      const struct conch_err *err);
 /* conch_daemon_file_fork - fork a worker for the request @text (owned) of @call, lending it
  * @data_fd (borrowed; -1: none; @copy says it is a transfer's host file), and read its answer
- * (conch_daemon_file_answer_queue). @call fails when the worker cannot start. */
+ * (conch_daemon_file_answer_queue); @reserve: the disk room a copy_in holds while it runs
+ * (filecopy.c). @call fails when the worker cannot start. */
 void conch_daemon_file_fork(struct client *c, struct sandbox *sb, struct conch_rpc_call *call,
-                            char *text, bool measure, bool frees, int data_fd);
+                            char *text, bool measure, bool frees, int data_fd, uint64_t reserve);
 /* conch_daemon_handle_fs_copy - fs.copy_in / fs.copy_out (@in): the host file the client names
  * is opened here and lent to a forked file worker, which copies it (filecopy.c). */
 void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, void *ctx, bool in);

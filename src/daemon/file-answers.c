@@ -190,6 +190,7 @@ void conch_daemon_file_answer_queue(struct sandbox *sb, struct conch_rpc_call *c
     if (measure) {
         if (frees)
             sb->disk_over = false;
+        sb->disk_charged = 0;
         conch_daemon_sandbox_measure(sb);
     }
 }

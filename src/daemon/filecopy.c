@@ -30,6 +30,45 @@ static unsigned copies_running(struct sandbox *sb)
     return n;
 }
 
+/* The disk room the running copy_ins of @sb hold (their host files' sizes). */
+static uint64_t copies_reserved(struct sandbox *sb)
+{
+    uint64_t n = 0;
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &sb->files)
+    {
+        n += conch_list_entry(pos, struct file_req, link)->reserve;
+    }
+    return n;
+}
+
+/* A copy_in of @size bytes must fit the room the sandbox has left: what its last measurement
+ * charged and the copies running now hold, not only the disk limit (the worker's
+ * RLIMIT_FSIZE): else each of 4 copies at once, or one into a nearly full sandbox, could
+ * write up to the whole limit. Returns the room to hold (the file and its inode's charge), or
+ * 0 with @call failed (too_large). */
+static uint64_t copy_in_room(struct sandbox *sb, struct conch_rpc_call *call, const char *path,
+                             int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        conch_rpc_call_fail_param(call, "host_path", "host file '%s': %s", path, strerror(errno));
+        return 0;
+    }
+    uint64_t need = (uint64_t)st.st_size + 4096; /* the inode, as the measurement charges it */
+    uint64_t used = sb->disk_charged + copies_reserved(sb);
+    if (used <= sb->disk_bytes && need <= sb->disk_bytes - used)
+        return need;
+    conch_rpc_call_failf(call, CONCH_RPC_TOO_LARGE, "too_large", NULL,
+                         "host file '%s' (%lld bytes) does not fit the room sandbox '%s' has "
+                         "left of its disk limit (%llu bytes, of which %llu are used or held by "
+                         "copies running now): free room with fs.delete or workspace.discard, "
+                         "or create the sandbox with a larger disk",
+                         path, (long long)st.st_size, sb->id, (unsigned long long)sb->disk_bytes,
+                         (unsigned long long)used);
+    return 0;
+}
+
 /* Open the client's host file: a regular file, the very one it named (host_id "dev:ino" as
  * its own stat saw it: a daemon on another machine, reached through `conch serve --stdio`
  * over ssh, sees other files under the same names). Returns the fd, or -1 with @call failed. */
@@ -111,6 +150,9 @@ void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, vo
     _cleanup_close_ int fd = open_host(c, call, host, conch_rpc_str(params, "host_id", ""), in);
     if (fd < 0)
         return;
+    uint64_t reserve = in ? copy_in_room(sb, call, host, fd) : 0;
+    if (in && reserve == 0)
+        return;
     /* The path as sent (NULs and all): the worker's path rules judge it. */
     json_t *req = json_pack("{s:s,s:{s:O}}", "method", in ? "copy_in" : "copy_out", "params",
                             "path", json_object_get(params, "path"));
@@ -123,5 +165,5 @@ void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, vo
     }
     /* Forked, never a persistent worker: the fd is lent for this one request and goes with
      * the process that held it. */
-    conch_daemon_file_fork(c, sb, call, text, in, false, fd);
+    conch_daemon_file_fork(c, sb, call, text, in, false, fd, reserve);
 }

@@ -45,6 +45,10 @@ static void file_req_close(struct file_req *fr)
     conch_budget_uncharge(&fr->sb->held, fr->charged);
     fr->len = fr->cap = 0;
     fr->charged = 0;
+    /* A copy_in's room counts as used until the measurement that follows it says what it
+     * took: a copy asked for right after it finds the sandbox no emptier than it is. */
+    fr->sb->disk_charged += fr->reserve;
+    fr->reserve = 0;
     if (!fr->closed) {
         conch_list_del(&fr->link);
         fr->closed = true;
@@ -175,7 +179,7 @@ static void on_file_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 }
 
 void conch_daemon_file_fork(struct client *c, struct sandbox *sb, struct conch_rpc_call *call,
-                            char *text, bool measure, bool frees, int data_fd)
+                            char *text, bool measure, bool frees, int data_fd, uint64_t reserve)
 {
     int memfd = -1, pipefd[2] = {-1, -1};
     struct conch_err err = {0};
@@ -195,6 +199,7 @@ void conch_daemon_file_fork(struct client *c, struct sandbox *sb, struct conch_r
     fr->measure = measure;
     fr->frees = frees;
     fr->copy = data_fd >= 0;
+    fr->reserve = reserve;
     fr->proc.ops = &file_ops;
     fr->proc.data = fr;
     /* The warden kills a worker that runs past this: a request never hangs forever. */
@@ -258,7 +263,7 @@ void conch_daemon_handle_fs(struct conch_rpc_call *call, json_t *params, void *c
     /* A persistent worker when one is free (fileworkers.c); else one forked for it. */
     if (conch_daemon_file_pool_submit(sb, call, text, writes || frees, frees))
         return;
-    conch_daemon_file_fork(c, sb, call, text, writes || frees, frees, -1);
+    conch_daemon_file_fork(c, sb, call, text, writes || frees, frees, -1, 0);
 }
 
 /* ---- workspace.* on the host side, in worker threads ---- */
@@ -699,6 +704,7 @@ static void run_discard(struct ws_op *w)
     if (r >= 0) {
         w->res = json_pack("{s:o}", "discarded", paths_json(&sel));
         sb->disk_over = false; /* room was made: measured again */
+        sb->disk_charged = 0;
         conch_daemon_sandbox_measure(sb);
     }
     conch_ws_changes_done(&sel);

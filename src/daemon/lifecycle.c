@@ -461,6 +461,7 @@ static void renew(struct sandbox *sb)
     sb->fresh = sb->from_pool = false;
     sb->commands = 0;
     sb->disk_over = sb->measure_wanted = false;
+    sb->disk_charged = 0;
     sb->created_at = sb->last_used_at = conch_daemon_now();
 }
 

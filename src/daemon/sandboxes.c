@@ -221,8 +221,10 @@ static void measure_done(uv_work_t *req, int status)
      * time goes to it. */
     uint64_t now = conch_daemon_now_ms();
     sb->next_measure_ms = now + (now - m->started_ms);
-    if (status == 0)
+    if (status == 0) {
         sb->disk_over = m->charged > sb->disk_bytes;
+        sb->disk_charged = m->charged;
+    }
     if (status == 0 && !sandbox_destroyed(sb) && sb->jail && m->charged > sb->disk_bytes) {
         struct conch_list *pos, *tmp;
         conch_list_for_each_safe(pos, tmp, &sb->runs)

@@ -540,6 +540,7 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
     r = start_again(sb, was_running, r, err);
     if (r >= 0 && sb->state == SB_READY) {
         sb->disk_over = false;
+        sb->disk_charged = 0;
         conch_daemon_sandbox_measure(sb);
     }
 out:
@@ -631,6 +632,7 @@ json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct
     r = start_again(sb, was_running, r, err);
     if (r >= 0) {
         sb->disk_over = false;
+        sb->disk_charged = 0;
         conch_daemon_sandbox_measure(sb);
         res = json_pack("{s:s,s:s}", "sandbox", sb->id, "snapshot", l->id);
     }

@@ -1,0 +1,169 @@
+# test_attack_today3.py - an outside attack on fs.copy_in / fs.copy_out, store mounts and
+# overlay mounts, and the spare JS worker, from a hostile command in a sandbox and a hostile
+# caller. One held not: fs.copy_in checked only that the sandbox was not over its disk
+# limit, and each copy could then write up to the whole limit (the worker's RLIMIT_FSIZE):
+# four at once, or one into a nearly full sandbox, passed the limit several times over. The
+# rest guard attacks that held.
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from rpcclient import RpcError
+
+
+def host_id(p):
+    st = os.stat(p)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def sh(c, sb, cmd):
+    r = c.call("exec.run", {"sandbox": sb, "command": cmd}, timeout=120)
+    assert r["exit_code"] == 0, r
+    return r["stdout"]
+
+
+def copy(c, method, sb, path, host):
+    if method == "fs.copy_out" and not os.path.exists(host):
+        open(host, "wb").close()
+    return c.call(method, {"sandbox": sb, "path": path, "host_path": str(host),
+                           "host_id": host_id(host)}, timeout=120)
+
+
+def error(fn):
+    with pytest.raises(RpcError) as ei:
+        fn()
+    return ei.value
+
+
+# ---- what broke ------------------------------------------------------------------------------
+
+def test_concurrent_copies_in_share_the_disk_limit(rpc, sandbox, tmp_path):
+    sb = sandbox(disk=10 << 20)
+    src = tmp_path / "s"
+    src.write_bytes(os.urandom(8 << 20))
+    ids, lines = [], b""
+    for i in range(4):
+        ids.append(rpc.new_id())
+        lines += json.dumps({"jsonrpc": "2.0", "id": ids[-1], "method": "fs.copy_in", "params": {
+            "sandbox": sb, "path": f"c{i}", "host_path": str(src),
+            "host_id": host_id(src)}}).encode() + b"\n"
+    rpc.send_raw(lines)  # one write: all four are asked for before any ends
+    answers = [rpc.wait(i, timeout=120) for i in ids]
+    done = [a for a in answers if "result" in a]
+    big = [a for a in answers if a.get("error", {}).get("data", {}).get("code") == "too_large"]
+    assert len(done) == 1 and len(big) == 3, answers
+    assert "room" in big[0]["error"]["message"], big[0]
+    assert len(sh(rpc, sb, "ls").split()) == 1
+
+
+def test_a_copy_in_into_a_nearly_full_sandbox_is_too_large(rpc, sandbox, tmp_path):
+    sb = sandbox(disk=10 << 20)
+    src = tmp_path / "s"
+    src.write_bytes(os.urandom(6 << 20))
+    copy(rpc, "fs.copy_in", sb, "one", src)
+    # asked for at once after the first answered: its room still counts
+    e = error(lambda: copy(rpc, "fs.copy_in", sb, "two", src))
+    assert e.data_code == "too_large" and "fs.delete" in e.message, e
+    assert sh(rpc, sb, "ls") == "one\n"
+    # room made: it fits again
+    rpc.call("fs.delete", {"sandbox": sb, "path": "one"})
+    assert copy(rpc, "fs.copy_in", sb, "two", src)["bytes_written"] == 6 << 20
+
+
+# ---- what held -------------------------------------------------------------------------------
+
+def test_copy_in_honours_readonly_and_hidden_rules(rpc, ws, sandbox, tmp_path):
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "hooks" / "pre-commit").write_text("orig\n")
+    (ws / ".env").write_text("TOKEN=s3cr3t\n")
+    sb = sandbox(readonly=[".git/hooks"], hidden=[".env"])
+    src = tmp_path / "payload"
+    src.write_bytes(b"evil\n")
+    for dest in (".git/hooks/pre-commit", ".git/hooks/new", ".env", "/workspace/.env"):
+        e = error(lambda: copy(rpc, "fs.copy_in", sb, dest, src))
+        assert e.data_code in ("permission_denied", "invalid_path"), (dest, e)
+    out = tmp_path / "out"
+    e = error(lambda: copy(rpc, "fs.copy_out", sb, ".env", out))
+    assert e.data_code in ("permission_denied", "invalid_path", "file_not_found"), e
+    assert b"s3cr3t" not in out.read_bytes()
+    assert sh(rpc, sb, "cat .git/hooks/pre-commit") == "orig\n"
+    assert rpc.call("workspace.changes", {"sandbox": sb})["changes"] == [] or all(
+        ch.get("skip") for ch in rpc.call("workspace.changes", {"sandbox": sb})["changes"])
+    assert (ws / ".git" / "hooks" / "pre-commit").read_text() == "orig\n"
+
+
+def test_copy_out_of_proc_gives_nothing_of_the_daemon(rpc, sandbox, tmp_path):
+    sb = sandbox(env={"MARK": "x"})
+    os.environ["CONCH_ATTACK3_SECRET"] = "daemon-side"  # not the daemon's, but a canary
+    for p in ("/proc/self/environ", "/proc/1/environ", "/proc/self/mem", "/proc/self/maps",
+              "/proc/self/cmdline", "/proc/kcore"):
+        out = tmp_path / "o"
+        try:
+            copy(rpc, "fs.copy_out", sb, p, out)
+        except RpcError:
+            pass
+        data = out.read_bytes()
+        assert b"CONCH_STATE" not in data and str(tmp_path).encode() not in data, (p, data[:200])
+        out.unlink()
+
+
+def test_copy_into_overlay_and_store_mounts_stays_there(daemon, ws, tmp_path):
+    c = daemon.client()
+    src_dir = tmp_path / "data"
+    src_dir.mkdir()
+    (src_dir / "keep.txt").write_text("keep\n")
+    sb = c.call("sandbox.create", {"workspace": str(ws), "mounts": [
+        {"type": "overlay", "source": str(src_dir), "target": "/data"},
+        {"type": "store", "name": "mem3", "target": "/memories"}]}, timeout=30)["id"]
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"evil\n")
+    for dest in ("/data/keep.txt", "/data/new.txt", "/memories/x"):
+        try:
+            copy(c, "fs.copy_in", sb, dest, payload)
+        except RpcError:
+            pass
+    assert sorted(os.listdir(src_dir)) == ["keep.txt"]
+    assert (src_dir / "keep.txt").read_text() == "keep\n"
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+DEEP = "d=/memories; for i in $(seq 3000); do d=$d/a; done; mkdir -p $d && echo x > $d/f; echo ok"
+
+
+def test_a_very_deep_tree_in_a_store_view_is_no_crash(daemon, ws):
+    """3000 levels in a store's view: the write-back stores what its paths' cap allows and
+    skips the rest; the daemon lives on (a tree too deep to measure counts as full)."""
+    c = daemon.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws), "mounts": [
+        {"type": "store", "name": "deep", "target": "/memories"}]}, timeout=30)["id"]
+    r = c.call("exec.run", {"sandbox": sb, "command": DEEP}, timeout=120)
+    rep = r["stores"][0]
+    assert "error" not in rep and rep["skipped"] + rep["refused"] >= 1, rep
+    assert c.call("daemon.ping", {})
+    assert c.call("store.ls", {"store": "deep"})["entries"][0]["name"] == "a"
+    c.call("sandbox.destroy", {"id": sb}, timeout=60)
+    assert c.call("daemon.ping", {})
+
+
+def test_a_very_deep_tree_in_an_overlay_mount_never_writes_past_its_source(daemon, ws, tmp_path):
+    c = daemon.client()
+    src = tmp_path / "data"
+    src.mkdir()
+    try:
+        sb = c.call("sandbox.create", {"workspace": str(ws), "mounts": [
+            {"type": "overlay", "source": str(src), "target": "/data"}]}, timeout=30)["id"]
+        c.call("exec.run", {"sandbox": sb, "command": DEEP.replace("/memories", "/data")},
+               timeout=120)
+        try:
+            c.call("workspace.commit", {"sandbox": sb, "mount": "/data"}, timeout=120)
+        except RpcError:
+            pass
+        assert c.call("daemon.ping", {})
+        assert os.listdir(tmp_path) == ["data"] or sorted(os.listdir(tmp_path)) == sorted(
+            p for p in os.listdir(tmp_path) if p in ("data", "ws")), os.listdir(tmp_path)
+        assert os.listdir(src) in ([], ["a"])
+        c.call("sandbox.destroy", {"id": sb}, timeout=60)
+    finally:
+        subprocess.run(["rm", "-rf", str(src)], check=False)
