@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -46,9 +47,10 @@ static uint64_t copies_reserved(struct sandbox *sb)
  * charged and the copies running now hold, not only the disk limit (the worker's
  * RLIMIT_FSIZE): else each of 4 copies at once, or one into a nearly full sandbox, could
  * write up to the whole limit. Returns the room to hold (the file and its inode's charge), or
- * 0 with @call failed (too_large). */
+ * 0 with @call failed (too_large); *@ret_max: the most the copy may write (the room left: the
+ * file may grow meanwhile). */
 static uint64_t copy_in_room(struct sandbox *sb, struct conch_rpc_call *call, const char *path,
-                             int fd)
+                             int fd, uint64_t *ret_max)
 {
     struct stat st;
     if (fstat(fd, &st) < 0) {
@@ -57,8 +59,10 @@ static uint64_t copy_in_room(struct sandbox *sb, struct conch_rpc_call *call, co
     }
     uint64_t need = (uint64_t)st.st_size + 4096; /* the inode, as the measurement charges it */
     uint64_t used = sb->disk_charged + copies_reserved(sb);
-    if (used <= sb->disk_bytes && need <= sb->disk_bytes - used)
+    if (used <= sb->disk_bytes && need <= sb->disk_bytes - used) {
+        *ret_max = sb->disk_bytes - used - 4096;
         return need;
+    }
     conch_rpc_call_failf(call, CONCH_RPC_TOO_LARGE, "too_large", NULL,
                          "host file '%s' (%lld bytes) does not fit the room sandbox '%s' has "
                          "left of its disk limit (%llu bytes, of which %llu are used or held by "
@@ -150,12 +154,20 @@ void conch_daemon_handle_fs_copy(struct conch_rpc_call *call, json_t *params, vo
     _cleanup_close_ int fd = open_host(c, call, host, conch_rpc_str(params, "host_id", ""), in);
     if (fd < 0)
         return;
-    uint64_t reserve = in ? copy_in_room(sb, call, host, fd) : 0;
+    uint64_t max = 0, reserve = in ? copy_in_room(sb, call, host, fd, &max) : 0;
     if (in && reserve == 0)
         return;
     /* The path as sent (NULs and all): the worker's path rules judge it. */
     json_t *req = json_pack("{s:s,s:{s:O}}", "method", in ? "copy_in" : "copy_out", "params",
                             "path", json_object_get(params, "path"));
+    /* The host file may grow while it is copied: the worker writes no more than the room. */
+    if (req && in &&
+        json_object_set_new(json_object_get(req, "params"), "max",
+                            json_integer(max > (uint64_t)LLONG_MAX ? LLONG_MAX : (json_int_t)max)) <
+            0) {
+        json_decref(req);
+        req = NULL;
+    }
     char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!text) {

@@ -17,13 +17,22 @@
 #define COPY_STEP (1L << 30)
 #define COPY_BUF (1u << 20)
 
-static int copy_rw(int in, int out, long long *copied)
+/* What may be asked of one step: at most @step, and one byte past @max (<0: no cap) to see
+ * that the file is larger. */
+static size_t step_of(long long max, long long copied, size_t step)
+{
+    if (max < 0 || max + 1 - copied >= (long long)step)
+        return step;
+    return (size_t)(max + 1 - copied);
+}
+
+static int copy_rw(int in, int out, long long max, long long *copied)
 {
     _cleanup_free_ char *buf = malloc(COPY_BUF);
     if (!buf)
         return -ENOMEM;
     for (;;) {
-        ssize_t n = read(in, buf, COPY_BUF);
+        ssize_t n = read(in, buf, step_of(max, *copied, COPY_BUF));
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -34,21 +43,24 @@ static int copy_rw(int in, int out, long long *copied)
         if (r < 0)
             return r;
         *copied += n;
+        if (max >= 0 && *copied > max)
+            return -EFBIG;
     }
 }
 
-int conch_fs__copy_fd(int in, int out, long long *ret_copied)
+int conch_fs__copy_fd(int in, int out, long long max, long long *ret_copied)
 {
     *ret_copied = 0;
     /* copy_file_range shares extents on one filesystem and copies in the kernel across them
      * (EXDEV on kernels that refuse that: sendfile then, which takes any file to any file). */
     int mode = 0;
     for (;;) {
-        ssize_t n = mode == 0   ? copy_file_range(in, NULL, out, NULL, COPY_STEP, 0)
-                    : mode == 1 ? sendfile(out, in, NULL, COPY_STEP)
+        size_t step = step_of(max, *ret_copied, COPY_STEP);
+        ssize_t n = mode == 0   ? copy_file_range(in, NULL, out, NULL, step, 0)
+                    : mode == 1 ? sendfile(out, in, NULL, step)
                                 : -2;
         if (n == -2)
-            return copy_rw(in, out, ret_copied);
+            return copy_rw(in, out, max, ret_copied);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && *ret_copied == 0 &&
@@ -61,6 +73,8 @@ int conch_fs__copy_fd(int in, int out, long long *ret_copied)
         if (n == 0)
             return 0;
         *ret_copied += n;
+        if (max >= 0 && *ret_copied > max)
+            return -EFBIG;
     }
 }
 
@@ -70,11 +84,12 @@ static json_t *oom(struct conch_fs_error *ferr)
     return NULL;
 }
 
-/* The one param, "path", parsed beneath the root; and the lent fd's presence checked. */
+/* The params, "path" parsed beneath the root (and, for copy_in, "max": the most it may write,
+ * the room the daemon found for it); and the lent fd's presence checked. */
 static int copy_params(const struct conch_fs__ctx *ctx, json_t *params, const char **ret_path,
                        char **ret_rel, struct conch_fs_error *ferr)
 {
-    static const char *const keys[] = {"path", NULL};
+    static const char *const keys[] = {"path", "max", NULL};
     size_t plen;
     if (conch_fs__params_check(params, keys, ferr) < 0 ||
         conch_fs__param_str(params, "path", true, ret_path, &plen, ferr) < 0)
@@ -97,7 +112,9 @@ json_t *conch_fs__copy_in(const struct conch_fs__ctx *ctx, json_t *params,
         conch_fs__fail_errno(ferr, errno, "seek the host file for", path);
         return NULL;
     }
-    if (conch_fs__write_file_fd(ctx, rel, path, ctx->data_fd, &created, &size, ferr) < 0)
+    json_t *m = json_object_get(params, "max");
+    long long max = json_is_integer(m) && json_integer_value(m) >= 0 ? json_integer_value(m) : -1;
+    if (conch_fs__write_file_fd(ctx, rel, path, ctx->data_fd, max, &created, &size, ferr) < 0)
         return NULL;
     json_t *res = json_pack("{s:I, s:b}", "bytes_written", (json_int_t)size, "created", created);
     return res ? res : oom(ferr);
@@ -131,7 +148,7 @@ json_t *conch_fs__copy_out(const struct conch_fs__ctx *ctx, json_t *params,
     long long size;
     int r = ftruncate(ctx->data_fd, 0) < 0 || lseek(ctx->data_fd, 0, SEEK_SET) < 0 ? -errno : 0;
     if (r == 0)
-        r = conch_fs__copy_fd(fd, ctx->data_fd, &size);
+        r = conch_fs__copy_fd(fd, ctx->data_fd, -1, &size);
     /* The worker's RLIMIT_FSIZE (the sandbox's disk limit) bounds the host file too: a file
      * of the host's workspace may be larger than what the sandbox may write. */
     if (r == -EFBIG) {

@@ -108,17 +108,19 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
 
 /*
  * conch_fs__write_file_fd - conch_fs__write_file with the content read from @src_fd (from its
- * position to EOF; borrowed), its size to *@ret_size. Returns 0 or -1.
+ * position to EOF; borrowed; more than @max bytes, if @max >= 0, fails as too large), its size
+ * to *@ret_size. Returns 0 or -1.
  */
 int conch_fs__write_file_fd(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                            int src_fd, bool *ret_created, long long *ret_size,
+                            int src_fd, long long max, bool *ret_created, long long *ret_size,
                             struct conch_fs_error *ferr);
 /*
  * conch_fs__copy_fd - copy from @in's position to its EOF to @out's position, in the kernel
  * (copy_file_range, else sendfile, else read and write). The count goes to *@ret_copied even
- * on failure. Returns 0 or -errno (EFBIG: past RLIMIT_FSIZE, the sandbox's disk limit).
+ * on failure. Returns 0 or -errno (EFBIG: past RLIMIT_FSIZE, the sandbox's disk limit, or
+ * more than @max bytes when @max >= 0).
  */
-int conch_fs__copy_fd(int in, int out, long long *ret_copied);
+int conch_fs__copy_fd(int in, int out, long long max, long long *ret_copied);
 
 /* conch_fs__base64_encode - a new NUL-terminated standard base64 (padded) string. */
 char *conch_fs__base64_encode(const unsigned char *data, size_t len, size_t *ret_len);

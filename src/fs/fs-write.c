@@ -84,13 +84,14 @@ struct src {
     const char *data;
     size_t len;
     int fd;
+    long long max; /* the most to copy from @fd (<0: no cap); more is EFBIG */
     long long *copied;
 };
 
 static int put(int fd, const struct src *src)
 {
     if (src->fd >= 0)
-        return conch_fs__copy_fd(src->fd, fd, src->copied);
+        return conch_fs__copy_fd(src->fd, fd, src->max, src->copied);
     return conch_write_all(fd, src->data, src->len);
 }
 
@@ -221,11 +222,11 @@ int conch_fs__write_file(const struct conch_fs__ctx *ctx, const char *rel, const
 }
 
 int conch_fs__write_file_fd(const struct conch_fs__ctx *ctx, const char *rel, const char *given,
-                            int src_fd, bool *ret_created, long long *ret_size,
+                            int src_fd, long long max, bool *ret_created, long long *ret_size,
                             struct conch_fs_error *ferr)
 {
     long long copied = 0;
-    struct src src = {.fd = src_fd, .copied = &copied};
+    struct src src = {.fd = src_fd, .max = max, .copied = &copied};
     if (write_file_src(ctx, rel, given, &src, ret_created, ferr) < 0)
         return -1;
     *ret_size = copied;
