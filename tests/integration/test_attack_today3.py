@@ -167,3 +167,92 @@ def test_a_very_deep_tree_in_an_overlay_mount_never_writes_past_its_source(daemo
         c.call("sandbox.destroy", {"id": sb}, timeout=60)
     finally:
         subprocess.run(["rm", "-rf", str(src)], check=False)
+
+
+def test_proc_fd_links_never_reach_the_lent_host_file(rpc, sandbox, tmp_path):
+    """The copy worker holds the host fd: a path (or a planted link) through /proc/self/fd
+    must not reopen it, for writing in a copy in or reading in a copy out."""
+    sb = sandbox()
+    sh(rpc, sb, "for i in 0 1 2 3 4 5 6 7 8 9; do ln -s /proc/self/fd/$i l$i; done; "
+                "ln -s /proc/self/fd dl")
+    src = tmp_path / "src"
+    src.write_bytes(b"HOST-ORIGINAL\n")
+    out = tmp_path / "out"
+    for i in range(10):
+        for p in (f"l{i}", f"dl/{i}", f"/proc/self/fd/{i}", f"/proc/thread-self/fd/{i}"):
+            with pytest.raises(RpcError):
+                copy(rpc, "fs.copy_in", sb, p, src)
+            assert src.read_bytes() == b"HOST-ORIGINAL\n", p
+            out.write_bytes(b"OUT\n")
+            try:
+                copy(rpc, "fs.copy_out", sb, p, out)
+            except RpcError:
+                assert out.read_bytes() in (b"OUT\n", b""), p
+
+
+def test_a_host_link_in_an_overlay_source_replaced_inside_is_not_followed_on_commit(
+        daemon, ws, tmp_path):
+    c = daemon.client()
+    src, victim = tmp_path / "data", tmp_path / "victim"
+    src.mkdir()
+    victim.mkdir()
+    (victim / "keep").write_text("keep\n")
+    os.symlink(victim, src / "sub")
+    os.symlink(victim / "keep", src / "flink")
+    sb = c.call("sandbox.create", {"workspace": str(ws), "mounts": [
+        {"type": "overlay", "source": str(src), "target": "/data"}]}, timeout=30)["id"]
+    sh(c, sb, "rm /data/sub && mkdir /data/sub && echo pwned > /data/sub/keep && "
+              "echo pwned > /data/sub/new; rm /data/flink; echo pwned > /data/flink")
+    # and a dir the host swaps for a link to the victim after the command made it
+    sh(c, sb, "mkdir /data/late && echo pwned > /data/late/keep")
+    os.symlink(victim, src / "late")
+    try:
+        c.call("workspace.commit", {"sandbox": sb, "mount": "/data"}, timeout=60)
+    except RpcError:
+        pass
+    assert sorted(os.listdir(victim)) == ["keep"]
+    assert (victim / "keep").read_text() == "keep\n"
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+def test_store_names_never_meet_the_state_dirs_files(daemon):
+    c = daemon.client()
+    names = ("state", "stores", "cap", "cap.db", "a.db-wal", "x..y")
+    for i, n in enumerate(names):
+        c.call("store.write", {"store": n, "path": "f", "content": f"v{i}"})
+    for i, n in enumerate(names):
+        assert c.call("store.read", {"store": n, "path": "f"})["content"] == f"v{i}", n
+    assert sorted(s["name"] for s in c.call("store.list")["stores"]) == sorted(names)
+    # the daemon's own database is not one of them, and still its own
+    assert c.call("daemon.ping", {})
+    assert os.path.exists(os.path.join(daemon.state_dir, "state.db"))
+
+
+def test_a_restacked_sandbox_gets_a_spare_js_worker_of_the_new_workspace(daemon, ws):
+    from conftest import titled_descendants
+    c = daemon.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)}, timeout=30)["id"]
+    sh(c, sb, "echo v1 > f")
+    assert c.call("js.eval", {"sandbox": sb, "session": "a", "code": "readFile('f')"},
+                  timeout=60)["value"] == "v1\n"
+    deadline = time.monotonic() + 30
+    while not titled_descendants(daemon.pid, b"conch-js-spare") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.call("js.close", {"sandbox": sb, "session": "a"})
+    c.call("workspace.snapshot", {"sandbox": sb, "name": "s1"}, timeout=60)
+    sh(c, sb, "echo v2 > f")
+    r = c.call("js.eval", {"sandbox": sb, "session": "b",
+                           "code": "writeFile('g', 'js'); readFile('f')"}, timeout=60)
+    assert r["value"] == "v2\n", r
+    assert sh(c, sb, "cat g") == "js"
+    c.call("js.close", {"sandbox": sb, "session": "b"})
+    c.call("workspace.restore", {"sandbox": sb, "snapshot": "s1"}, timeout=60)
+    r = c.call("js.eval", {"sandbox": sb, "session": "c",
+                           "code": "writeFile('h', 'c'); readFile('f')"}, timeout=60)
+    assert r["value"] == "v1\n", r
+    assert sh(c, sb, "ls") == "f\nh\n"
+    # nothing a JS worker wrote reached the frozen snapshot
+    f = c.call("sandbox.fork", {"snapshot": "s1"}, timeout=60)["id"]
+    assert sh(c, f, "ls; cat f") == "f\nv1\n"
+    for i in (f, sb):
+        c.call("sandbox.destroy", {"id": i}, timeout=30)
