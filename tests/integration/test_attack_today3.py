@@ -256,3 +256,43 @@ def test_a_restacked_sandbox_gets_a_spare_js_worker_of_the_new_workspace(daemon,
     assert sh(c, f, "ls; cat f") == "f\nv1\n"
     for i in (f, sb):
         c.call("sandbox.destroy", {"id": i}, timeout=30)
+
+
+def test_copy_in_never_writes_through_a_read_only_workspace_or_bind(daemon, ws, tmp_path):
+    c = daemon.client()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "keep").write_text("keep\n")
+    (ws / "keep").write_text("keep\n")
+    src = tmp_path / "src"
+    src.write_bytes(b"evil\n")
+    sb = c.call("sandbox.create", {"workspace": str(ws), "mode": "ro", "mounts": [
+        {"type": "bind", "source": str(ro), "target": "/opt/ro"}]}, timeout=30)["id"]
+    for p in ("/opt/ro/keep", "/opt/ro/new", "keep", "/workspace/new"):
+        e = error(lambda: copy(c, "fs.copy_in", sb, p, src))
+        assert e.data_code == "permission_denied", (p, e)
+    assert copy(c, "fs.copy_in", sb, "/tmp/x", src)["bytes_written"] == 5  # its own /tmp
+    assert sorted(os.listdir(ro)) == ["keep"] and (ro / "keep").read_text() == "keep\n"
+    assert sorted(os.listdir(ws)) == ["keep"] and (ws / "keep").read_text() == "keep\n"
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+def test_a_spare_js_worker_keeps_the_sandboxs_path_rules(daemon, ws):
+    from conftest import titled_descendants
+    (ws / ".env").write_text("TOKEN=s3cr3t\n")
+    c = daemon.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws), "hidden": [".env"]}, timeout=30)["id"]
+    code = "readFile('.env')"
+    r = c.call("js.eval", {"sandbox": sb, "session": "a", "code": code}, timeout=60)
+    assert "s3cr3t" not in json.dumps(r), r
+    deadline = time.monotonic() + 30
+    while not titled_descendants(daemon.pid, b"conch-js-spare") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert titled_descendants(daemon.pid, b"conch-js-spare")
+    r = c.call("js.eval", {"sandbox": sb, "session": "b", "code": code}, timeout=60)
+    assert "s3cr3t" not in json.dumps(r) and "Permission denied" in json.dumps(r), r
+    r = c.call("js.eval", {"sandbox": sb, "session": "b",
+                           "code": "try { writeFile('.env', 'x'); 'wrote' } catch (e) { 'no' }"},
+               timeout=60)
+    assert (ws / ".env").read_text() == "TOKEN=s3cr3t\n"
+    c.call("sandbox.destroy", {"id": sb}, timeout=30)
