@@ -296,3 +296,19 @@ def test_a_spare_js_worker_keeps_the_sandboxs_path_rules(daemon, ws):
                timeout=60)
     assert (ws / ".env").read_text() == "TOKEN=s3cr3t\n"
     c.call("sandbox.destroy", {"id": sb}, timeout=30)
+
+
+def test_an_overlay_mount_may_not_show_a_rules_path_uncovered(daemon, ws):
+    (ws / ".env").write_text("TOKEN=s3cr3t\n")
+    (ws / "secrets").mkdir()
+    (ws / "secrets" / "key").write_text("s3cr3t\n")
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    c = daemon.client()
+    for src, mode in ((ws, "overlay"), (ws, "rw"), (ws / "secrets", "overlay"),
+                      (ws / ".git", "overlay"), (ws.parent, "overlay")):
+        with pytest.raises(RpcError) as ei:
+            c.call("sandbox.create", {"workspace": str(ws), "mode": mode,
+                                      "hidden": [".env", "secrets"], "readonly": [".git/hooks"],
+                                      "mounts": [{"type": "overlay", "source": str(src),
+                                                  "target": "/data"}]}, timeout=30)
+        assert ei.value.data_code == "invalid_params", (src, ei.value)
