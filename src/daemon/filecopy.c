@@ -93,20 +93,21 @@ static int open_host(struct client *c, struct conch_rpc_call *call, const char *
         conch_rpc_call_fail_param(call, "host_path", "param 'host_path' must be absolute");
         return -1;
     }
-    /* O_NONBLOCK: a FIFO must not stall the loop in open (it is refused below); no O_CREAT:
-     * the client made the file, and its host_id says so. */
-    int fd = open(path, (in ? O_RDONLY : O_WRONLY) | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        conch_rpc_call_fail_param(call, "host_path", "open host file '%s' for %s: %s", path,
-                                  in ? "reading" : "writing", strerror(e));
-        return -1;
-    }
+    /* Looked at before it is opened: O_PATH opens nothing (a device's open can act: arm a
+     * watchdog, wake a FIFO's writer), and the path may be a link a sandbox planted in a rw
+     * workspace. Only the regular file the client named is then opened, through that very
+     * inode (its /proc/self/fd link: no second lookup of the path). No O_CREAT: the client
+     * made the file, and its host_id says so. */
+    _cleanup_close_ int pfd = open(path, O_PATH | O_CLOEXEC);
     struct stat st;
     char seen[64];
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (pfd < 0 || fstat(pfd, &st) < 0) {
+        conch_rpc_call_fail_param(call, "host_path", "open host file '%s' for %s: %s", path,
+                                  in ? "reading" : "writing", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
         conch_rpc_call_fail_param(call, "host_path", "host file '%s' is not a regular file", path);
-        close(fd);
         return -1;
     }
     snprintf(seen, sizeof(seen), "%ju:%ju", (uintmax_t)st.st_dev, (uintmax_t)st.st_ino);
@@ -116,14 +117,14 @@ static int open_host(struct client *c, struct conch_rpc_call *call, const char *
                                   "here %s): the daemon sees another filesystem; use fs.write "
                                   "and fs.read",
                                   path, id, seen);
-        close(fd);
         return -1;
     }
-    /* The worker copies with the file's position and must block on it, not spin. */
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        conch_rpc_call_fail_param(call, "host_path", "host file '%s': %s", path, strerror(errno));
-        close(fd);
+    char self[64];
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
+    int fd = open(self, (in ? O_RDONLY : O_WRONLY) | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        conch_rpc_call_fail_param(call, "host_path", "open host file '%s' for %s: %s", path,
+                                  in ? "reading" : "writing", strerror(errno));
         return -1;
     }
     return fd;

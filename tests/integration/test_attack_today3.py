@@ -72,6 +72,38 @@ def test_a_copy_in_into_a_nearly_full_sandbox_is_too_large(rpc, sandbox, tmp_pat
     assert copy(rpc, "fs.copy_in", sb, "two", src)["bytes_written"] == 6 << 20
 
 
+def test_the_named_host_path_is_looked_at_before_it_is_opened(rpc, ws, sandbox, tmp_path):
+    """The daemon opened host_path for reading or writing before it checked that it was a
+    regular file: a sandbox with a rw workspace swaps the file its client will copy for a
+    link to a device or a FIFO, and the daemon's open itself acts (arms a watchdog, wakes a
+    FIFO's writer). Seen here through a FIFO whose writer waits in open()."""
+    import threading
+    sb = sandbox(mode="rw")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    woke = threading.Event()
+
+    def writer():
+        fd = os.open(fifo, os.O_WRONLY)  # returns once someone opens it for reading
+        woke.set()
+        os.close(fd)
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    sh(rpc, sb, "echo data > f")
+    (ws / "f").unlink()
+    os.symlink(fifo, ws / "f")  # the sandbox's swap, after the client's stat
+    e = error(lambda: rpc.call("fs.copy_in", {"sandbox": sb, "path": "g",
+                                              "host_path": str(ws / "f"), "host_id": "1:2"}))
+    assert e.data_code == "invalid_params" and "regular" in e.message, e
+    time.sleep(0.5)
+    woken = woke.is_set()
+    if not woken:  # let the writer go
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    t.join(5)
+    assert not woken, "the daemon opened the FIFO it was asked to copy"
+
+
 # ---- what held -------------------------------------------------------------------------------
 
 def test_copy_in_honours_readonly_and_hidden_rules(rpc, ws, sandbox, tmp_path):
