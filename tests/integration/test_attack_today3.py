@@ -1,8 +1,10 @@
 # test_attack_today3.py - an outside attack on fs.copy_in / fs.copy_out, store mounts and
 # overlay mounts, and the spare JS worker, from a hostile command in a sandbox and a hostile
-# caller. One held not: fs.copy_in checked only that the sandbox was not over its disk
+# caller. Two held not: fs.copy_in checked only that the sandbox was not over its disk
 # limit, and each copy could then write up to the whole limit (the worker's RLIMIT_FSIZE):
-# four at once, or one into a nearly full sandbox, passed the limit several times over. The
+# four at once, or one into a nearly full sandbox, passed the limit several times over; and
+# the daemon opened the host path before it checked it was a regular file, so a link a
+# sandbox swapped in (rw workspace) to a device or a FIFO was opened, which can act. The
 # rest guard attacks that held.
 import json
 import os
