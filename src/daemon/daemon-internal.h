@@ -158,6 +158,7 @@ struct sandbox {
     bool measuring;           /* a disk measurement is running in a worker */
     bool disk_over;           /* the last measurement found more than disk_bytes */
     uint64_t disk_charged;    /* what the last measurement charged (0 after a discard) */
+    uint64_t copied_total;    /* the room of every copy_in ended, a running total */
     bool measure_wanted;      /* a command or write ended: measure when the throttle allows */
     uint64_t next_measure_ms; /* the next measurement not before this (monotonic ms) */
     struct conch_list ws_ops; /* struct ws_op waiting for their turn: one runs at a time */

@@ -48,6 +48,7 @@ static void file_req_close(struct file_req *fr)
     /* A copy_in's room counts as used until the measurement that follows it says what it
      * took: a copy asked for right after it finds the sandbox no emptier than it is. */
     fr->sb->disk_charged += fr->reserve;
+    fr->sb->copied_total += fr->reserve;
     fr->reserve = 0;
     if (!fr->closed) {
         conch_list_del(&fr->link);

@@ -183,6 +183,7 @@ struct measure {
     uv_work_t req;
     struct sandbox *sb; /* held */
     uint64_t started_ms;
+    uint64_t copied_at_start; /* sb->copied_total when it started */
     char upper[PATH_MAX + 16];
     char spill[PATH_MAX];
     char stores[PATH_MAX + 96]; /* its store mounts' views (stores.c), or "" */
@@ -223,7 +224,10 @@ static void measure_done(uv_work_t *req, int status)
     sb->next_measure_ms = now + (now - m->started_ms);
     if (status == 0) {
         sb->disk_over = m->charged > sb->disk_bytes;
-        sb->disk_charged = m->charged;
+        /* A copy_in that ended while the tree was walked may be missing from the walk: its
+         * room still counts (twice at worst, until the next measurement), so that a copy
+         * asked for now finds the sandbox no emptier than it is. */
+        sb->disk_charged = add_sat(m->charged, sb->copied_total - m->copied_at_start);
     }
     if (status == 0 && !sandbox_destroyed(sb) && sb->jail && m->charged > sb->disk_bytes) {
         struct conch_list *pos, *tmp;
@@ -249,6 +253,7 @@ static void measure_start(struct sandbox *sb)
     m->req.data = m;
     m->sb = sb;
     m->started_ms = conch_daemon_now_ms();
+    m->copied_at_start = sb->copied_total;
     sb->measure_wanted = false;
     if (sb->upper_dir[0])
         snprintf(m->upper, sizeof(m->upper), "%s/upper", sb->upper_dir);
