@@ -663,29 +663,6 @@ static bool split_remote(char *arg, char **ret_ref, char **ret_path)
     return true;
 }
 
-enum { OPT_SOCKET = 1, OPT_JSON };
-static const struct conch_cli_opt cp_opts[] = {
-    {"socket", 0, true, OPT_SOCKET},
-    {"json", 0, false, OPT_JSON},
-    {NULL, 0, false, 0},
-};
-
-struct cp_cli {
-    const char *sock;
-    bool json;
-};
-
-static int cp_opt(void *ctx, int key, const char *value, struct conch_err *err)
-{
-    struct cp_cli *o = ctx;
-    (void)err;
-    if (key == OPT_SOCKET)
-        o->sock = value;
-    else
-        o->json = true;
-    return 0;
-}
-
 /* Whether the sandbox's @path is a directory (fs.ls lists it). */
 static bool remote_is_dir(struct cp *cp, const char *path)
 {
@@ -735,9 +712,11 @@ static int copy(struct cp *cp, bool in, const char *src, const char *dst0, char 
 
 int conch_cli_cp(int argc, char **argv)
 {
-    struct cp_cli o = {0};
-    const struct conch_cli_parser p = {
-        .verb = "cp", .table = cp_opts, .handler = cp_opt, .ctx = &o};
+    struct conch_cli_sock_json o = {0};
+    const struct conch_cli_parser p = {.verb = "cp",
+                                       .table = conch_cli_sock_json_opts,
+                                       .handler = conch_cli_sock_json_opt,
+                                       .ctx = &o};
     struct conch_err err = {0};
     int optind = 1;
     int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);

@@ -180,3 +180,21 @@ int conch_cli_parse_count(const char *s, const char *what, uint64_t *ret, struct
     *ret = v;
     return 0;
 }
+
+enum { SOCK_JSON_SOCKET = 1, SOCK_JSON_JSON };
+const struct conch_cli_opt conch_cli_sock_json_opts[] = {
+    {"socket", 0, true, SOCK_JSON_SOCKET},
+    {"json", 0, false, SOCK_JSON_JSON},
+    {NULL, 0, false, 0},
+};
+
+int conch_cli_sock_json_opt(void *ctx, int key, const char *value, struct conch_err *err)
+{
+    struct conch_cli_sock_json *o = ctx;
+    (void)err;
+    if (key == SOCK_JSON_SOCKET)
+        o->sock = value;
+    else
+        o->json = true;
+    return 0;
+}

@@ -32,6 +32,16 @@ struct conch_cli_parser {
     struct conch_sandbox_spec *spec;
 };
 
+/* The options of a verb that only talks to a daemon: --socket PATH and --json. Its parser's
+ * table is conch_cli_sock_json_opts, its handler conch_cli_sock_json_opt, its ctx a
+ * struct conch_cli_sock_json (zeroed). */
+struct conch_cli_sock_json {
+    const char *sock; /* --socket, or NULL: the default socket */
+    bool json;        /* --json */
+};
+extern const struct conch_cli_opt conch_cli_sock_json_opts[];
+int conch_cli_sock_json_opt(void *ctx, int key, const char *value, struct conch_err *err);
+
 /*
  * conch_cli_opts_parse - parse the options of argv[1..] (argv[0] is the verb) by @p. Long
  * options take their value as --name=V or --name V, short ones as -xV or -x V; flags may be

@@ -27,32 +27,8 @@ static const char usage[] =
     "       conch store [--socket PATH] [--json] rm STORE PATH\n"
     "\n"
     "The daemon's named stores: files kept in SQLite that sandboxes mount as directories\n"
-    "(type=store,name=STORE,target=/DIR among their mounts). Changes made inside are written back "
-    "after\n"
-    "each command; these verbs read and change a store from the host.\n";
-
-enum { OPT_SOCKET = 1, OPT_JSON };
-static const struct conch_cli_opt store_opts[] = {
-    {"socket", 0, true, OPT_SOCKET},
-    {"json", 0, false, OPT_JSON},
-    {NULL, 0, false, 0},
-};
-
-struct store_cli {
-    const char *sock;
-    bool json;
-};
-
-static int store_opt(void *ctx, int key, const char *value, struct conch_err *err)
-{
-    struct store_cli *o = ctx;
-    (void)err;
-    if (key == OPT_SOCKET)
-        o->sock = value;
-    else
-        o->json = true;
-    return 0;
-}
+    "(type=store,name=STORE,target=/DIR among their mounts). Changes made inside are\n"
+    "written back after each command; these verbs read and change a store from the host.\n";
 
 static void print_json(json_t *res)
 {
@@ -74,7 +50,7 @@ static void print_name(const char *s)
     }
 }
 
-static int do_list(struct conch_cli_conn *c, const struct store_cli *o)
+static int do_list(struct conch_cli_conn *c, const struct conch_cli_sock_json *o)
 {
     json_t *res = conch_cli_conn_call(c, "store.list", json_object());
     if (!res)
@@ -97,7 +73,7 @@ static int do_list(struct conch_cli_conn *c, const struct store_cli *o)
     return 0;
 }
 
-static int do_ls(struct conch_cli_conn *c, const struct store_cli *o, const char *store,
+static int do_ls(struct conch_cli_conn *c, const struct conch_cli_sock_json *o, const char *store,
                  const char *path)
 {
     json_t *res =
@@ -149,7 +125,7 @@ static int do_cat(struct conch_cli_conn *c, const char *store, const char *path)
     return 0;
 }
 
-static int do_put(struct conch_cli_conn *c, const struct store_cli *o, const char *store,
+static int do_put(struct conch_cli_conn *c, const struct conch_cli_sock_json *o, const char *store,
                   const char *path, const char *file)
 {
     _cleanup_close_ int fd = -1;
@@ -185,7 +161,7 @@ static int do_put(struct conch_cli_conn *c, const struct store_cli *o, const cha
     return 0;
 }
 
-static int do_rm(struct conch_cli_conn *c, const struct store_cli *o, const char *store,
+static int do_rm(struct conch_cli_conn *c, const struct conch_cli_sock_json *o, const char *store,
                  const char *path)
 {
     json_t *res = conch_cli_conn_call(c, "store.delete",
@@ -200,9 +176,11 @@ static int do_rm(struct conch_cli_conn *c, const struct store_cli *o, const char
 
 int conch_cli_store(int argc, char **argv)
 {
-    struct store_cli o = {0};
-    const struct conch_cli_parser p = {
-        .verb = "store", .table = store_opts, .handler = store_opt, .ctx = &o};
+    struct conch_cli_sock_json o = {0};
+    const struct conch_cli_parser p = {.verb = "store",
+                                       .table = conch_cli_sock_json_opts,
+                                       .handler = conch_cli_sock_json_opt,
+                                       .ctx = &o};
     struct conch_err err = {0};
     int optind = 1;
     int r = conch_cli_opts_parse(&p, argc, argv, &optind, &err);
