@@ -498,9 +498,12 @@ void conch_daemon_sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *ar
 void conch_sb_destroy_why(struct sandbox *sb, const char *why);
 void conch_daemon_sandbox_destroy_keep_record(struct sandbox *sb);
 /* conch_sb_sample_start - sample @sb's disk use, and its memory and process count where no
- * cgroup enforces its limits, every 50 ms while its warden is up (the timer is closed with
- * the warden's handles). */
+ * cgroup enforces its limits, every 50 ms while its warden is up and a command runs or a
+ * measurement waits (the timer is closed with the warden's handles). */
 void conch_sb_sample_start(struct sandbox *sb);
+/* conch_sb_sample_wake - restart @sb's sampling, asleep while nothing ran and no measurement
+ * waited: a command started, or a measurement was asked for and could not start at once. */
+void conch_sb_sample_wake(struct sandbox *sb);
 bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                                    struct sandbox_spec *spec);
 struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id);

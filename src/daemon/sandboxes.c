@@ -306,6 +306,8 @@ void conch_daemon_sandbox_measure(struct sandbox *sb)
     if (sb->upper_dir[0] && !sandbox_destroyed(sb)) {
         sb->measure_wanted = true;
         measure_start(sb);
+        if (sb->measure_wanted)
+            conch_sb_sample_wake(sb);
     }
 }
 
@@ -328,8 +330,14 @@ static void on_sample(uv_timer_t *t)
     struct sandbox *sb = t->data;
     if (sb->jail && sb->measure_wanted)
         measure_start(sb);
-    if (!sb->jail || conch_list_empty(&sb->runs))
+    if (!sb->jail || conch_list_empty(&sb->runs)) {
+        /* Nothing runs and no measurement waits: the timer sleeps until one does
+         * (conch_sb_sample_wake). 1,000 idle sandboxes ticking every SAMPLE_MS were 20,000
+         * callbacks a second on the loop. */
+        if (!sb->measure_wanted)
+            uv_timer_stop(t);
         return;
+    }
     unsigned hit = conch_command_sample(sb->jail, &sb->limits);
     if (++sb->samples % DISK_EVERY == 0)
         measure_start(sb);
@@ -349,6 +357,12 @@ void conch_sb_sample_start(struct sandbox *sb)
         sb->sample->data = sb;
         uv_timer_start(sb->sample, on_sample, SAMPLE_MS, SAMPLE_MS);
     }
+}
+
+void conch_sb_sample_wake(struct sandbox *sb)
+{
+    if (sb->sample && !uv_is_active((uv_handle_t *)sb->sample))
+        uv_timer_start(sb->sample, on_sample, SAMPLE_MS, SAMPLE_MS);
 }
 
 static json_t *spec_json_base(const struct sandbox *sb);

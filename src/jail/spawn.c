@@ -732,12 +732,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
      * than in a daemon's loop). With the image, CLONE_VFORK: we go on once the child has
      * exec'd (or died), so the id maps are written after the exec, which must find the
      * namespace without them (see conch_jail_clean_image_prepare). */
-    long pid =
-        syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWPID | (exec_image ? CLONE_VFORK : 0) | SIGCHLD,
-                NULL, NULL, NULL, 0);
+    long pid = conch_jail_warden_clone(exec_image ? &x : NULL);
     if (pid == 0) {
-        if (exec_image)
-            conch_jail_warden_exec_child(&x);
         close(sv[0]);
         conch_jail_warden_main(plan);
     }
