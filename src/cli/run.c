@@ -519,8 +519,8 @@ static void print_changes(const struct run_cli *c, const char *where, const char
         fprintf(stderr, "  ... and %zu more\n", total - i);
     if (b->committed && skipped)
         fprintf(stderr,
-                "conch: changes committed to %s, except %zu entr%s marked [not committed]\n",
-                host, skipped, skipped == 1 ? "y" : "ies");
+                "conch: changes committed to %s, except %zu entr%s marked [not committed]\n", host,
+                skipped, skipped == 1 ? "y" : "ies");
     else if (b->committed)
         fprintf(stderr, "conch: changes committed to %s\n", host);
     else if (b->commit_tried)

@@ -11,7 +11,7 @@
 struct conch_run_mounts {
     struct conch_mount mounts[CONCH_SPEC_MOUNTS_MAX];
     unsigned n;
-    int lower[CONCH_SPEC_MOUNTS_MAX];                  /* overlay: its source; else -1 */
+    int lower[CONCH_SPEC_MOUNTS_MAX];                      /* overlay: its source; else -1 */
     struct conch_store_view *views[CONCH_SPEC_MOUNTS_MAX]; /* store: owned; else NULL */
     char run_dir[4096]; /* the views' dir (made here, removed by _done); "" when none */
 };

@@ -106,10 +106,10 @@ static void mounts_json(json_t *o, const struct conch_run_result *res)
     for (unsigned i = 0; arr && i < res->n_stores; i++) {
         const struct conch_run_store_result *st = &res->stores[i];
         const struct conch_store_report *rep = &st->rep;
-        json_t *e = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "name", st->name, "target",
-                              st->target, "written", rep->written, "deleted", rep->deleted,
-                              "pulled", rep->pulled, "skipped", rep->skipped, "refused",
-                              rep->refused);
+        json_t *e =
+            json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "name", st->name, "target", st->target,
+                      "written", rep->written, "deleted", rep->deleted, "pulled", rep->pulled,
+                      "skipped", rep->skipped, "refused", rep->refused);
         if (rep->first_skipped[0])
             json_object_set_new(e, "first_skipped", json_string(rep->first_skipped));
         if (st->err.code)

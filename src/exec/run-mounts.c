@@ -89,8 +89,7 @@ static void mount_changes(struct conch_run_mounts *m, unsigned i, struct conch_j
                           bool commit, uint64_t max_bytes, struct conch_run_mount_result *mr)
 {
     _cleanup_close_ int upper = conch_jail_mount_upper_open(jail, i, &mr->commit_err);
-    if (upper < 0 ||
-        conch_ws_changes_scan(upper, m->lower[i], &mr->changes, &mr->commit_err) < 0) {
+    if (upper < 0 || conch_ws_changes_scan(upper, m->lower[i], &mr->changes, &mr->commit_err) < 0) {
         conch_err_wrap(&mr->commit_err, "read the changes of mount '%s'", mr->target);
         return;
     }
@@ -100,8 +99,7 @@ static void mount_changes(struct conch_run_mounts *m, unsigned i, struct conch_j
     struct conch_ws_commit_opts copts = {
         .new_uid = (uid_t)-1, .new_gid = (gid_t)-1, .max_bytes = max_bytes};
     mr->commit_tried = true;
-    if (conch_ws_commit(upper, m->lower[i], &mr->changes, &copts, &mr->commit, &mr->commit_err) <
-        0)
+    if (conch_ws_commit(upper, m->lower[i], &mr->changes, &copts, &mr->commit, &mr->commit_err) < 0)
         conch_err_wrap(&mr->commit_err, "commit the changes of mount '%s'", mr->target);
     else
         mr->committed = true;

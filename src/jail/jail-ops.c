@@ -238,9 +238,9 @@ int conch_jail_mount_upper_open(struct conch_jail *j, unsigned i, struct conch_e
     _cleanup_close_ int base = openat(upper, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     char rel[32];
     snprintf(rel, sizeof(rel), "m%u/upper", i);
-    int fd = base < 0 ? -errno
-                      : conch_open_beneath(base, rel, O_RDONLY | O_DIRECTORY, 0,
-                                           CONCH_BENEATH_NO_XDEV);
+    int fd = base < 0
+                 ? -errno
+                 : conch_open_beneath(base, rel, O_RDONLY | O_DIRECTORY, 0, CONCH_BENEATH_NO_XDEV);
     if (fd < 0)
         return conch_err_set(err, -fd, "open the upper dir of mount %u: %s", i, strerror(-fd));
     return fd;
