@@ -13,7 +13,8 @@ struct conch_run_mounts {
     unsigned n;
     int lower[CONCH_SPEC_MOUNTS_MAX];                      /* overlay: its source; else -1 */
     struct conch_store_view *views[CONCH_SPEC_MOUNTS_MAX]; /* store: owned; else NULL */
-    char run_dir[4096]; /* the views' dir (made here, removed by _done); "" when none */
+    char run_dir[4096];       /* the views' dir (made here, removed by _done); "" when none */
+    uint64_t next_measure_ms; /* conch_run_mounts_views_over's throttle */
 };
 
 /*
@@ -31,6 +32,13 @@ int conch_run_mounts_prepare(struct conch_run_mounts *m, const struct conch_run_
  */
 void conch_run_mounts_changes(struct conch_run_mounts *m, struct conch_jail *jail, bool commit,
                               uint64_t max_bytes, struct conch_run_result *res);
+/*
+ * conch_run_mounts_views_over - while the command runs: whether the store views (on the host's
+ * disk, not in a tmpfs) hold more than @limit bytes, each entry charged 4 KiB more (as the
+ * daemon charges them). Measured at most every 250 ms, and less often when a walk is slow
+ * (a walk's time at most a third of the time); false between measurements and without views.
+ */
+bool conch_run_mounts_views_over(struct conch_run_mounts *m, uint64_t limit);
 /*
  * conch_run_mounts_sync - after the sandbox is gone (nothing writes to the views any more):
  * write each store view back, one transaction each, into @res->stores.

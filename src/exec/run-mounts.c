@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/cleanup.h"
+#include "core/clock.h"
 #include "core/fsutil.h"
 #include "exec/exec-internal.h"
 
@@ -115,6 +116,25 @@ void conch_run_mounts_changes(struct conch_run_mounts *m, struct conch_jail *jai
         mr->target = m->mounts[i].target;
         mount_changes(m, i, jail, commit, max_bytes, mr);
     }
+}
+
+#define MEASURE_EVERY_MS 250
+#define INODE_COST 4096
+
+bool conch_run_mounts_views_over(struct conch_run_mounts *m, uint64_t limit)
+{
+    uint64_t now = conch_clock_ms();
+    if (!m->run_dir[0] || now < m->next_measure_ms)
+        return false;
+    int fd = open(m->run_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    uint64_t bytes = 0, inodes = 0;
+    bool whole = fd >= 0 && conch_ws_dir_usage(fd, &bytes, &inodes); /* takes @fd */
+    uint64_t took = conch_clock_ms() - now;
+    m->next_measure_ms =
+        conch_clock_ms() + (took * 2 > MEASURE_EVERY_MS ? took * 2 : MEASURE_EVERY_MS);
+    if (fd >= 0 && !whole)
+        return true; /* too deep to walk: counted as full, as the daemon does */
+    return bytes > limit || inodes > (limit - bytes) / INODE_COST;
 }
 
 void conch_run_mounts_sync(struct conch_run_mounts *m, struct conch_run_result *res)

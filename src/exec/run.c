@@ -229,6 +229,7 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
     struct conch_command *c = &x->cmd;
     const struct conch_cgroup_limits *lim = &x->o->jail.limits;
     bool sample = conch_command_sampling_wanted(x->jail, lim);
+    bool views = x->mounts.run_dir[0] != '\0'; /* store views: measured against --disk */
     uint64_t next_sample = 0;
     int interrupts = 0;
     while (!conch_command_finished(c)) {
@@ -240,12 +241,18 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
              .events = POLLIN | (conch_super_wants_write(&x->super) ? POLLOUT : 0)},
             {.fd = x->sigfd, .events = POLLIN},
         };
-        int n = poll(pfd, 4, sample && !ended ? SAMPLE_MS : -1);
+        int n = poll(pfd, 4, (sample || views) && !ended ? SAMPLE_MS : -1);
         if (n < 0 && errno != EINTR)
             return conch_err_set(err, errno, "poll: %s", strerror(errno));
         if (sample && !ended && conch_clock_ms() >= next_sample) {
             next_sample = conch_clock_ms() + SAMPLE_MS;
             conch_command_limit_hit(c, conch_command_sample(x->jail, lim));
+        }
+        if (views && !ended && conch_run_mounts_views_over(&x->mounts, x->o->jail.disk_bytes)) {
+            char what[96];
+            snprintf(what, sizeof(what), "the store mounts (%llu bytes, --disk)",
+                     (unsigned long long)x->o->jail.disk_bytes);
+            conch_command_disk_full(c, what);
         }
         if (n <= 0)
             continue;

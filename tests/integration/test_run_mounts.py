@@ -192,6 +192,18 @@ def test_store_written_back_after_a_timeout(ws, state):
     assert r.j["stdout"] == "t\n", r.describe()
 
 
+def test_store_views_count_against_the_disk_limit(ws, state):
+    # A view lies on the host's disk, not in a tmpfs: it is measured while the command runs
+    # and a command that writes past --disk there is stopped (limit), as in a daemon's sandbox.
+    r = srun(ws, state, "for i in $(seq 40); do head -c 500000 /dev/zero > /memories/f$i; "
+                        "sleep 0.1; done; echo finished", "--disk", "1m")
+    res = r.j
+    assert "finished" not in res["stdout"], res
+    assert res["error"]["kind"] == "limit" and "store mounts" in res["error"]["message"], res
+    # What it wrote is still written back (within the store's own cap).
+    assert "error" not in res["stores"][0] and res["stores"][0]["written"] >= 2, res
+
+
 def test_concurrent_runs_lose_no_file(ws, state):
     assert srun(ws, state, "echo 0 > /memories/shared").rc == 0
     n, files = 4, 15
