@@ -135,6 +135,35 @@ def test_overlay_upper_is_bounded_and_hidden(ws, tmp_path):
     assert (src / "keep.txt").read_text() == "keep\n"
 
 
+@pytest.mark.parametrize("as_root", [False, True])
+def test_overlay_upper_out_of_reach(ws, tmp_path, as_root):
+    # The tmpfs holding the uppers is detached and held by the warden alone: no path, no
+    # process's fd in the sandbox's /proc leads to it (its root holds m0/ beside upper/).
+    src = host_dir(tmp_path)
+    script = ("test -e /.conch-upper && echo visible; "
+              "for f in /proc/[0-9]*/fd/* /proc/[0-9]*/cwd /proc/[0-9]*/root; do "
+              "[ -e \"$f/../m0/upper\" ] || [ -e \"$f/m0/upper\" ] && echo reached $f; done "
+              "2>/dev/null; echo done")
+    r = run(ws, [data_mount(src)], script, *(["--as-root"] if as_root else []))
+    assert r.rc == 0 and r.j["stdout"] == "done\n", r.describe()
+
+
+def test_overlay_commit_does_not_follow_planted_links(ws, tmp_path):
+    # A link made in the mount is committed as a link, never written through; a write "into"
+    # it inside lands in the sandbox's own view of the target, not on the host.
+    src = host_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    r = run(ws, [data_mount(src)],
+            f"rm -r /data/sub; ln -s {outside} /data/sub; echo x > /data/sub/evil 2>/dev/null; "
+            "ln -s /etc /data/etc; echo done", "--commit")
+    assert r.rc == 0, r.describe()
+    m, got = mount_changes(r.j)
+    assert m["committed"] is True, m
+    assert os.listdir(outside) == []
+    assert os.readlink(src / "etc") == "/etc" and os.readlink(src / "sub") == str(outside)
+
+
 def test_overlay_source_must_be_a_dir(ws, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
