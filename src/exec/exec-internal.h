@@ -10,6 +10,7 @@
  * each store mount's view. */
 struct conch_run_mounts {
     struct conch_mount mounts[CONCH_SPEC_MOUNTS_MAX];
+    const struct conch_mount *orig; /* the opts' (borrowed): the results point into them */
     unsigned n;
     int lower[CONCH_SPEC_MOUNTS_MAX];                      /* overlay: its source; else -1 */
     struct conch_store_view *views[CONCH_SPEC_MOUNTS_MAX]; /* store: owned; else NULL */

@@ -66,6 +66,7 @@ int conch_run_mounts_prepare(struct conch_run_mounts *m, const struct conch_run_
     if (o->jail.n_mounts > CONCH_SPEC_MOUNTS_MAX)
         return conch_err_set(err, E2BIG, "at most %d mounts", CONCH_SPEC_MOUNTS_MAX);
     m->n = o->jail.n_mounts;
+    m->orig = o->jail.mounts;
     for (unsigned i = 0; i < m->n; i++) {
         struct conch_mount *mt = &m->mounts[i];
         *mt = o->jail.mounts[i];
@@ -113,7 +114,7 @@ void conch_run_mounts_changes(struct conch_run_mounts *m, struct conch_jail *jai
         if (m->mounts[i].type != CONCH_MOUNT_OVERLAY || res->n_mounts >= CONCH_SPEC_MOUNTS_MAX)
             continue;
         struct conch_run_mount_result *mr = &res->mounts[res->n_mounts++];
-        mr->target = m->mounts[i].target;
+        mr->target = m->orig[i].target;
         mount_changes(m, i, jail, commit, max_bytes, mr);
     }
 }
@@ -143,8 +144,8 @@ void conch_run_mounts_sync(struct conch_run_mounts *m, struct conch_run_result *
         if (!m->views[i] || res->n_stores >= CONCH_SPEC_MOUNTS_MAX)
             continue;
         struct conch_run_store_result *sr = &res->stores[res->n_stores++];
-        sr->name = m->mounts[i].name;
-        sr->target = m->mounts[i].target;
+        sr->name = m->orig[i].name;
+        sr->target = m->orig[i].target;
         if (conch_store_view_sync(m->views[i], &sr->rep, &sr->err) < 0)
             conch_err_wrap(&sr->err, "write back store '%s' (mount '%s')", sr->name, sr->target);
     }
