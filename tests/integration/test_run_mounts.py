@@ -8,6 +8,7 @@
 # on one store lose no file.
 import json
 import os
+import sqlite3
 import subprocess
 import time
 
@@ -238,9 +239,12 @@ def test_concurrent_runs_lose_no_file(ws, state):
     n, files = 4, 15
     procs = []
     for k in range(n):
+        # A barrier in the (rw) workspace: every view is made before any is written back.
         script = (f"for i in $(seq {files}); do echo {k}-$i > /memories/r{k}-$i; done; "
-                  f"echo {k} > /memories/shared; sleep 0.3")
-        argv = [CONCH_BIN, "run", "--no-daemon", "--json", "--workspace", str(ws),
+                  f"echo {k} > /memories/shared; touch /workspace/ready{k}; "
+                  f"while [ $(ls /workspace | grep -c ready) -lt {n} ]; do sleep 0.05; done")
+        argv = [CONCH_BIN, "run", "--no-daemon", "--json", "--mode", "rw", "--timeout", "60",
+                "--workspace", str(ws),
                 "--state-dir", str(state), "--mount", store_mount(), "--", "sh", "-c", script]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       cwd=ws, text=True))
@@ -253,8 +257,17 @@ def test_concurrent_runs_lose_no_file(ws, state):
     names = r.j["stdout"].split()
     want = sorted([f"r{k}-{i}" for k in range(n) for i in range(1, files + 1)] + ["shared"])
     assert names[:-1] == want, r.j["stdout"]
-    # Per-file last writer wins: one of the writers' value, whole.
+    # Per-file last writer wins: one of the writers' value, whole; the history names each
+    # write-back of it and, for all but the first, whose change it replaced.
     assert names[-1] in {str(k) for k in range(n)}
+    con = sqlite3.connect(f"file:{state}/stores/mem.db?mode=ro", uri=True)
+    try:
+        rows = list(con.execute("SELECT writer, replaced FROM history WHERE path = 'shared' "
+                                "ORDER BY seq"))
+    finally:
+        con.close()
+    assert len(rows) == n + 1 and all(w.startswith("conch-run-") for w, _ in rows), rows
+    assert sum(1 for _, rep in rows[1:] if rep) >= n - 1, rows
 
 
 def test_store_shared_with_a_daemon(daemon, ws):
