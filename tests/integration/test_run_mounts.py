@@ -149,6 +149,18 @@ def test_overlay_upper_out_of_reach(ws, tmp_path, as_root):
     assert r.rc == 0 and r.j["stdout"] == "done\n", r.describe()
 
 
+def test_no_mount_over_the_upper_tmpfs(ws, tmp_path):
+    # The uppers' tmpfs is in the tree while the extra mounts are made: none may go on or in it
+    # (one over it would be detached in its place, one in it would see the uppers).
+    src = host_dir(tmp_path)
+    for target in ("/.conch-upper", "/.conch-upper/m0", "/.conch-upper/x"):
+        for spec in (f"type=tmpfs,target={target}", f"type=bind,source={src},target={target}",
+                     f"type=overlay,source={src},target={target}"):
+            r = conch(["run", "--no-daemon", "--workspace", ws, "--mount", data_mount(src),
+                       "--mount", spec, "--", "true"])
+            assert r.rc == 2 and "sandbox's own" in r.stderr, r.describe()
+
+
 def test_overlay_commit_does_not_follow_planted_links(ws, tmp_path):
     # A link made in the mount is committed as a link, never written through; a write "into"
     # it inside lands in the sandbox's own view of the target, not on the host.
