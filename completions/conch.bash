@@ -95,7 +95,7 @@ _conch()
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
                   --mount --net --allow --deny --readonly --hidden --pass-socket --tools
-                  --no-daemon --socket --json --quiet -q
+                  --no-daemon --socket --state-dir --json --quiet -q
                   --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
