@@ -740,6 +740,11 @@ bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb);
 bool conch_daemon_tenant_sees_tenant(const struct daemon *d, const char *tenant);
 /* conch_daemon_tenant_viewer - the viewer's tenant name, "" for the owner. */
 const char *conch_daemon_tenant_viewer(const struct daemon *d);
+/* conch_daemon_tenant_workspace - the directory a tenant's sandboxes have as their workspace's
+ * lower layer (overlay: what they write goes to their own upper dir): an empty directory of
+ * its own, <state>/tenant-workspaces/<tenant>, made if needed, into @buf. 0 or -errno. */
+int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *buf, size_t size,
+                                  struct conch_err *err);
 /* conch_daemon_tenant_admit - before @tenant's new sandbox is made: check its quotas
  * (sandboxes, memory, disk) against the sandboxes it holds, filling *@memory and *@disk when
  * 0 (not given) with the tenant's share. Returns 0, or -EDQUOT with @err (kind limit) naming

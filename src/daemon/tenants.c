@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -119,6 +120,24 @@ bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb)
 const char *conch_daemon_tenant_viewer(const struct daemon *d)
 {
     return d->viewer && d->viewer->authed ? d->viewer->tenant : "";
+}
+
+/* ---- a tenant's workspace ---- */
+
+int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *buf, size_t size,
+                                  struct conch_err *err)
+{
+    int n = snprintf(buf, size, "%s/tenant-workspaces", d->state_dir);
+    if (n < 0 || (size_t)n >= size)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (mkdir(buf, 0711) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", buf, strerror(errno));
+    int m = snprintf(buf + n, size - (size_t)n, "/%s", tenant);
+    if (m < 0 || (size_t)m >= size - (size_t)n)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", buf, strerror(errno));
+    return 0;
 }
 
 /* ---- quotas ---- */
@@ -363,6 +382,12 @@ static bool create_ok(struct conch_rpc_call *call, json_t *params, struct client
     const char *net = conch_rpc_str(params, "net", NULL);
     if (net && !strcmp(net, "host")) {
         forbid(call, "net \"host\"", "it shares the daemon host's network");
+        return false;
+    }
+    const char *mode = conch_rpc_str(params, "mode", NULL);
+    if (mode && strcmp(mode, "overlay")) {
+        forbid(call, "a 'mode' other than overlay",
+               "a tenant's workspace is an overlay on an empty directory of the daemon's");
         return false;
     }
     json_t *mounts = json_object_get(params, "mounts");
