@@ -478,10 +478,11 @@ int conch_daemon_layer_stack(struct daemon *d, const char *top,
                              struct conch_jail_layer **ret_layers, int *ret_n,
                              struct conch_err *err);
 /* conch_daemon_snapshot_chain_at - where the snapshot @key (id or name) is in the chain of
- * layers from @top down (0: @top itself), the chain of sandbox @sb_id. -EINVAL (kind usage,
- * a message naming the snapshot) when there is no such snapshot or it is not in the chain. */
-int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
-                                   const char *key, struct conch_err *err);
+ * layers from @top down (0: @top itself), the chain of sandbox @sb_id, of tenant @tenant.
+ * -EINVAL (kind usage, a message naming the snapshot) when there is no such snapshot or it is
+ * not in the chain; another tenant's snapshot is answered as one that does not exist. */
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *tenant,
+                                   const char *top, const char *key, struct conch_err *err);
 /* The workspace requests that restart the sandbox, run on the loop by files.c in @sb's queue of
  * workspace requests (one at a time). Each returns its result (a new object) or NULL with
  * @err (EBUSY: commands, jobs or sessions run and @params has no force). */

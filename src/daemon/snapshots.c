@@ -192,15 +192,18 @@ out:
     return r;
 }
 
-int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
-                                   const char *key, struct conch_err *err)
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *tenant,
+                                   const char *top, const char *key, struct conch_err *err)
 {
     struct layers ls;
     int r = layers_load(d, &ls, err);
     if (r < 0)
         return r;
     struct conch_state_layer *want = layer_find(&ls, key);
-    if (!want) {
+    char owner[80] = "";
+    if (want)
+        layer_tenant(want, owner, sizeof(owner));
+    if (!want || strcmp(owner, tenant)) {
         r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                            "since: no snapshot '%s' (workspace.snapshots lists them)", key);
         goto out;

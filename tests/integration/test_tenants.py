@@ -231,11 +231,13 @@ def two_tenants(tenants):
     job = a.call("job.start", {"sandbox": sa, "command": "sleep 60"})["job_id"]
     ses = a.call("session.open", {"sandbox": sa})["session"]
     a.call("store.write", {"store": "mem", "path": "/note", "content": "alice's note"})
-    return d, a, b, {"SB": sa, "JOB": job, "SES": ses, "SNAP": snap, "BSB": sb}
+    return d, a, b, {"SB": sa, "JOB": job, "SES": ses, "SNAP": snap, "SNAPNAME": "alice-snap",
+                     "BSB": sb}
 
 
 def templates(ids):
     SB, JOB, SES, SNAP, BSB = ids["SB"], ids["JOB"], ids["SES"], ids["SNAP"], ids["BSB"]
+    SNAPNAME = ids["SNAPNAME"]
     tool = [{"name": "t1", "description": "d", "input_schema": {"type": "object"}}]
     # (method, params); destructive ones last
     return [
@@ -264,6 +266,10 @@ def templates(ids):
         ("workspace.snapshot", {"sandbox": SB}),
         ("workspace.restore", {"sandbox": SB, "snapshot": SNAP}),
         ("workspace.restore", {"sandbox": BSB, "snapshot": SNAP}),
+        ("workspace.restore", {"sandbox": BSB, "snapshot": SNAPNAME}),
+        ("workspace.diff", {"sandbox": BSB, "since": SNAP}),
+        ("workspace.changes", {"sandbox": BSB, "since": SNAPNAME}),
+        ("sandbox.fork", {"snapshot": SNAPNAME}),
         ("sandbox.fork", {"sandbox": SB}),
         ("sandbox.fork", {"snapshot": SNAP}),
         ("sandbox.fork", {"sandbox": SB, "snapshot": SNAP}),
