@@ -535,30 +535,41 @@ static const struct tenant_rule rules[] = {
     {"store.delete", NULL, NULL, NULL},
 };
 
+/* The gated table's entries, by index as in conch_daemon_methods: each one's rule (NULL: not
+ * a tenant's). */
+static const struct tenant_rule **rule_of;
+
+/* Every request of a daemon with tenants comes here, also those of the owner's connections:
+ * a batch may hold connection.auth and then other requests, which must meet the tenant's
+ * rules although the batch was dispatched before the connection was a tenant's. */
 static void gate(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
+    struct client *c = ctx;
     const char *method = conch_rpc_call_method(call);
-    const struct tenant_rule *rule = NULL;
-    for (size_t i = 0; i < ARRAY_SIZE(rules) && !rule; i++)
-        if (!strcmp(rules[i].method, method))
-            rule = &rules[i];
+    size_t i = 0;
+    /* the name is the table's own pointer (the gated table copies it) */
+    while (conch_daemon_methods[i].name && conch_daemon_methods[i].name != method)
+        i++;
+    if (!conch_daemon_methods[i].name) {
+        forbid(call, method, "unknown to the tenants' table");
+        return;
+    }
+    if (!c->authed) {
+        conch_daemon_methods[i].handler(call, params, ctx);
+        return;
+    }
+    const struct tenant_rule *rule = rule_of[i];
     if (!rule || rule->why) {
         forbid(call, method,
                rule ? rule->why : "it acts on the daemon as a whole, which is its owner's");
         return;
     }
-    if (rule->check && !rule->check(call, params, ctx))
+    if (rule->check && !rule->check(call, params, c))
         return;
-    if (rule->own) {
+    if (rule->own)
         rule->own(call, params, ctx);
-        return;
-    }
-    for (const struct conch_rpc_method *m = conch_daemon_methods; m->name; m++)
-        if (!strcmp(m->name, method)) {
-            m->handler(call, params, ctx);
-            return;
-        }
-    forbid(call, method, "unknown to the tenants' table");
+    else
+        conch_daemon_methods[i].handler(call, params, ctx);
 }
 
 static const struct conch_rpc_method *tenant_methods(void)
@@ -569,19 +580,29 @@ static const struct conch_rpc_method *tenant_methods(void)
     while (conch_daemon_methods[n].name)
         n++;
     struct conch_rpc_method *t = calloc(n + 1, sizeof(*t));
-    if (!t)
+    const struct tenant_rule **r = calloc(n + 1, sizeof(*r));
+    if (!t || !r) {
+        free(t);
+        free(r);
         return NULL;
-    for (size_t i = 0; i < n; i++)
+    }
+    for (size_t i = 0; i < n; i++) {
         t[i] = (struct conch_rpc_method){conch_daemon_methods[i].name,
                                          conch_daemon_methods[i].params, gate};
+        for (size_t k = 0; k < ARRAY_SIZE(rules) && !r[i]; k++)
+            if (!strcmp(rules[k].method, t[i].name))
+                r[i] = &rules[k];
+    }
+    rule_of = r;
     tenant_table = t;
     return t;
 }
 
 void conch_daemon_tenant_dispatch(struct client *c, const char *line, size_t len)
 {
+    /* Without tenants no connection can become one: the table as it is. */
     const struct conch_rpc_method *table = conch_daemon_methods;
-    if (c->authed && !(table = tenant_methods())) {
+    if ((c->authed || c->d->tokens) && !(table = tenant_methods())) {
         conch_rpc_sink_send(
             c->sink, conch_rpc_error(NULL, CONCH_RPC_INTERNAL_ERROR, NULL, "out of memory", NULL));
         return;

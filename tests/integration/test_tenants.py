@@ -494,3 +494,23 @@ def test_names_per_tenant(tenants):
     b.call("sandbox.create", {"name": "same"}, timeout=60)
     e = err_of(a, "sandbox.create", {"name": "same"})
     assert e.code == -32602
+
+
+def test_batch_after_auth_is_the_tenants(tenants):
+    """A batch holding connection.auth then other requests: those after it are the
+    tenant's, refusals and all."""
+    d, _, auth = tenants
+    owner = d.client()
+    mine = owner.call("sandbox.create", {}, timeout=60)["id"]
+    c = d.client()
+    c.send([
+        {"jsonrpc": "2.0", "id": 1, "method": "connection.auth", "params": {"token": TOK_A}},
+        {"jsonrpc": "2.0", "id": 2, "method": "sandbox.create", "params": {"workspace": "/tmp"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "sandbox.get", "params": {"id": mine}},
+        {"jsonrpc": "2.0", "id": 4, "method": "sandbox.lease", "params": {"workspace": "/tmp"}},
+    ])
+    by_id = {r["id"]: r for r in c.wait_batch(timeout=30)}
+    assert by_id[1]["result"]["tenant"] == "alice"
+    assert by_id[2]["error"]["code"] == -32022
+    assert by_id[3]["error"]["code"] == -32002
+    assert by_id[4]["error"]["code"] == -32022
