@@ -188,6 +188,9 @@ def test_sighup_reload(tenants, tmp_path):
         time.sleep(0.1)
     assert auth(TOK_ADMIN).call("daemon.ping", {})["tenant"] == "admin"
     assert d.proc.poll() is None
+    log = d.log()
+    for t in (TOK_A, TOK_B, TOK_ADMIN, TOK_Q, new_a):
+        assert t[:16] not in log
 
 
 # ---- isolation ---------------------------------------------------------------------------
