@@ -752,6 +752,8 @@ int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *bu
  * the quota and its value. */
 int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
                               uint64_t *disk, struct conch_err *err);
+/* conch_daemon_tenant_disk_quota - @tenant's disk quota in bytes; 0: none. */
+uint64_t conch_daemon_tenant_disk_quota(struct daemon *d, const char *tenant);
 /* conch_daemon_tenant_command_admit - before a command of the viewer's starts in @sb: false
  * after failing @call with `limit` when the tenant's commands quota is reached. */
 bool conch_daemon_tenant_command_admit(struct daemon *d, struct conch_rpc_call *call);

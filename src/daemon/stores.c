@@ -42,6 +42,40 @@ static int stores_dir(const struct daemon *d, const char *tenant, char *buf, siz
     return mkdir_ok(buf, err);
 }
 
+/* A tenant's stores count against its disk quota (@quota; 0: none): a new store @name of cap
+ * @cap is refused (limit) when the caps of the stores in @dir, its tenant's, and it would
+ * pass @quota. An existing store keeps its cap: 0. Reads the stores' databases: call it in
+ * a worker or where the store is being made anyway. */
+static int stores_room(const char *dir, const char *name, uint64_t cap, uint64_t quota,
+                       struct conch_err *err)
+{
+    char path[PATH_MAX + 80];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s.db", dir, name);
+    if (!quota || stat(path, &st) == 0)
+        return 0;
+    json_t *arr = NULL;
+    int r = conch_store_list(dir, &arr, err);
+    if (r < 0)
+        return r;
+    uint64_t sum = 0;
+    size_t i;
+    json_t *s;
+    json_array_foreach(arr, i, s)
+    {
+        sum += (uint64_t)json_integer_value(json_object_get(s, "max_bytes"));
+    }
+    json_decref(arr);
+    if (sum <= quota && cap <= quota - sum)
+        return 0;
+    return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                          "quota disk=%llu bytes: the caps of this tenant's stores add up to %llu "
+                          "bytes, and a new store '%s' of %llu bytes does not fit (use one of "
+                          "them, or give the mount a smaller size)",
+                          (unsigned long long)quota, (unsigned long long)sum, name,
+                          (unsigned long long)cap);
+}
+
 bool conch_daemon_stores_any(const struct sandbox *sb)
 {
     for (unsigned i = 0; i < sb->n_mounts; i++)
@@ -79,6 +113,10 @@ int conch_daemon_stores_prepare(struct sandbox *sb, struct conch_err *err)
         if (m->type != CONCH_MOUNT_STORE)
             continue;
         snprintf(dir, sizeof(dir), "%s/stores/%u", base, i);
+        if (!sb->store_views[i] && sb->tenant[0] &&
+            (r = stores_room(db_dir, m->name, m->bytes ? m->bytes : CONCH_STORE_TOTAL_DEFAULT,
+                             conch_daemon_tenant_disk_quota(d, sb->tenant), err)) < 0)
+            return conch_err_wrap(err, "mount '%s'", m->target);
         if (!sb->store_views[i] && (r = conch_store_view_new(db_dir, m->name, m->bytes, dir, sb->id,
                                                              &sb->store_views[i], err)) < 0)
             return conch_err_wrap(err, "mount '%s'", m->target);
@@ -256,7 +294,8 @@ struct store_op {
     unsigned char *content; /* OP_WRITE: decoded, owned */
     size_t len;
     uint32_t mode;
-    bool base64; /* OP_READ: asked for base64 */
+    bool base64;    /* OP_READ: asked for base64 */
+    uint64_t quota; /* OP_WRITE: the tenant's disk quota its stores' caps count against */
     json_t *result;
     struct conch_err err;
     int rc;
@@ -299,6 +338,9 @@ static void op_work(uv_work_t *req)
         return;
     }
     struct conch_store *s = NULL;
+    if (o->kind == OP_WRITE &&
+        (o->rc = stores_room(o->dir, o->store, CONCH_STORE_TOTAL_DEFAULT, o->quota, &o->err)) < 0)
+        return;
     o->rc = conch_store_open(o->dir, o->store, o->kind == OP_WRITE ? CONCH_STORE_TOTAL_DEFAULT : 0,
                              &s, &o->err);
     if (o->rc < 0)
@@ -387,6 +429,7 @@ static void store_op_start(struct conch_rpc_call *call, json_t *params, void *ct
     o->kind = kind;
     struct conch_err err = {0};
     const char *tenant = conch_daemon_tenant_viewer(c->d);
+    o->quota = tenant[0] ? conch_daemon_tenant_disk_quota(c->d, tenant) : 0;
     if (stores_dir(c->d, tenant, o->dir, sizeof(o->dir), &err) < 0) {
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         goto gone;

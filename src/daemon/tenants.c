@@ -169,6 +169,12 @@ static uint64_t share(uint64_t quota, unsigned sandboxes)
     return sandboxes ? quota / sandboxes : quota;
 }
 
+uint64_t conch_daemon_tenant_disk_quota(struct daemon *d, const char *tenant)
+{
+    const struct conch_tenant_quota *q = quota_of(d, tenant);
+    return q ? q->disk_bytes : 0;
+}
+
 int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
                               uint64_t *disk, struct conch_err *err)
 {

@@ -466,6 +466,18 @@ def test_quotas(tenants):
     assert q.call("exec.run", {"sandbox": s2, "command": "echo ok"}, timeout=60)["stdout"] == "ok\n"
     q.call("sandbox.destroy", {"id": s2}, timeout=60)
     q.call("sandbox.create", {"memory": 64 << 20, "disk": 16 << 20}, timeout=60)
+    # its stores' caps count against its disk quota too (a store outlives its sandboxes)
+    e = err_of(q, "store.write", {"store": "big", "path": "/f", "content": "x"})
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    q.call("sandbox.destroy", {"id": s1}, timeout=60)
+    e = err_of(q, "sandbox.create", {"memory": 16 << 20, "disk": 1 << 20, "mounts": [
+        {"type": "store", "name": "s1", "target": "/s", "size": 100 << 20}]}, timeout=60)
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    q.call("sandbox.create", {"memory": 16 << 20, "disk": 1 << 20, "mounts": [
+        {"type": "store", "name": "s1", "target": "/s", "size": 40 << 20}]}, timeout=60)
+    e = err_of(q, "store.write", {"store": "s2", "path": "/f", "content": "x"})
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    assert q.call("store.write", {"store": "s1", "path": "/f", "content": "x"})
     # others are not held to quota's quotas
     a = auth(TOK_A)
     for _ in range(3):
