@@ -76,6 +76,9 @@ def test_wrong_token_then_good_token(tenants):
     assert e.code == -32022 and e.data_code == "forbidden"
     a = auth(TOK_ADMIN)
     assert a.call("daemon.ping", {})["tenant"] == "admin"
+    # the admin sees all, but is a remote client too: no host paths
+    e = err_of(a, "sandbox.create", {"workspace": "/tmp"})
+    assert e.code == -32022
 
 
 def test_no_tokens_file_auth_fails(daemon):
@@ -95,6 +98,11 @@ def test_token_never_logged(tenants):
     time.sleep(0.2)
     log = d.log()
     assert "10.0.0.9:5555" in log and "authentication failed" in log
+    # a peer is data: no line of its own in the log
+    with pytest.raises(RpcError):
+        c.call("connection.auth", {"token": "wrong-token-wrong-token", "peer": "p'\nFORGED line"})
+    time.sleep(0.2)
+    assert "\nFORGED" not in d.log() and "p??FORGED line" in d.log()
     for t in (TOK_A, TOK_B, TOK_ADMIN, TOK_Q, TOK_B + "wrong"):
         assert t not in log
         assert t[:16] not in log
