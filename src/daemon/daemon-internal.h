@@ -46,6 +46,7 @@ struct client {
      * its life, restricted to what a tenant may reach (an @admin sees every tenant's). */
     bool authed, admin;
     char tenant[65];
+    unsigned char token_digest[32]; /* the token it authenticated with (SHA-256) */
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */

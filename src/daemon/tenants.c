@@ -3,6 +3,7 @@
  * reloading the table; the method table a tenant's connection is held to (default-deny: a
  * method not listed here as tenant-safe is forbidden), what a tenant sees, and its quotas. */
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +32,9 @@ struct auth_fail {
     uint64_t window_start, blocked_until; /* monotonic ms */
 };
 
-/* The table a tenant's connection dispatches through: conch_daemon_methods with every
- * handler replaced by gate(). Built once, the first time a tenant's request comes. */
+/* The table every connection of a daemon with tenants dispatches through:
+ * conch_daemon_methods with every handler replaced by gate(). Built once, at the first
+ * request. */
 static struct conch_rpc_method *tenant_table;
 
 static void on_sighup(uv_signal_t *h, int signum);
@@ -70,7 +72,8 @@ void conch_daemon_tenants_stop(struct daemon *d)
 }
 
 /* SIGHUP: read the tokens file again. A file that no longer loads keeps the table in force; a
- * tenant no longer in the file loses its connections (its token is revoked). */
+ * connection whose tenant is no longer in the file, or whose token is no longer its tenant's
+ * (rotated after a leak, say), is closed. */
 static void on_sighup(uv_signal_t *h, int signum)
 {
     (void)signum;
@@ -94,9 +97,12 @@ static void on_sighup(uv_signal_t *h, int signum)
     conch_list_for_each_safe(pos, tmp, &d->clients)
     {
         struct client *c = conch_list_entry(pos, struct client, link);
-        if (c->authed && !c->closing && !conch_tokens_find(t, c->tenant)) {
-            log_info("tenant '%s' is no longer in the tokens file: its connection is closed",
-                     c->tenant);
+        if (!c->authed || c->closing)
+            continue;
+        const struct conch_token_entry *e = conch_tokens_find(t, c->tenant);
+        if (!e || CRYPTO_memcmp(e->digest, c->token_digest, sizeof(e->digest))) {
+            log_info("tenant '%s': %s: its connection is closed", c->tenant,
+                     e ? "its token changed" : "no longer in the tokens file");
             conch_daemon_client_close(c);
         }
     }
@@ -356,6 +362,7 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
     }
     c->authed = true;
     c->admin = !strcmp(e->tenant, CONCH_TOKENS_ADMIN);
+    memcpy(c->token_digest, e->digest, sizeof(c->token_digest));
     snprintf(c->tenant, sizeof(c->tenant), "%s", e->tenant);
     log_info("connection.auth: tenant '%s' from peer '%s'", c->tenant, peer);
     conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "tenant", c->tenant, "admin", c->admin));

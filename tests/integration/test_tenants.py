@@ -166,6 +166,8 @@ def test_rate_limited_per_peer(tenants):
 def test_sighup_reload(tenants, tmp_path):
     d, path, auth = tenants
     b = auth(TOK_B)
+    old_a = auth(TOK_A)
+    adm = auth(TOK_ADMIN)
     new_a = "alice-new-token-fedcba9876543210"
     write_tokens(path, f"alice {new_a}\nadmin {TOK_ADMIN}\n")
     os.kill(d.pid, signal.SIGHUP)
@@ -185,8 +187,11 @@ def test_sighup_reload(tenants, tmp_path):
         assert time.monotonic() < deadline, d.log()
         time.sleep(0.1)
     assert auth(new_a).call("daemon.ping", {})["tenant"] == "alice"
-    # bob is gone from the file: his connection was closed
+    # bob is gone from the file, alice's token changed: their connections were closed; the
+    # admin's token is the same: its connection stays
     b.wait_eof(timeout=10)
+    old_a.wait_eof(timeout=10)
+    assert adm.call("daemon.ping", {})["tenant"] == "admin"
     # a bad file on reload keeps the table in force, and says why
     write_tokens(path, f"alice {new_a}\n", 0o644)
     os.kill(d.pid, signal.SIGHUP)
