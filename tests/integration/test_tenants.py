@@ -542,3 +542,24 @@ def test_batch_after_auth_is_the_tenants(tenants):
     assert by_id[2]["error"]["code"] == -32022
     assert by_id[3]["error"]["code"] == -32002
     assert by_id[4]["error"]["code"] == -32022
+
+
+def test_tenant_snapshots_and_forks_are_its_own(two_tenants):
+    d, a, b, ids = two_tenants
+    a.call("job.kill", {"job_id": ids["JOB"], "signal": "KILL"})
+    a.call("session.close", {"session": ids["SES"]})
+    f1 = a.call("sandbox.fork", {"snapshot": ids["SNAP"], "name": "f1"}, timeout=60)
+    f2 = a.call("sandbox.fork", {"sandbox": ids["SB"], "force": True}, timeout=60)
+    for f in (f1, f2):
+        assert f["tenant"] == "alice" and f.get("workspace") is None
+        r = a.call("exec.run", {"sandbox": f["id"], "command": "cat /workspace/secret"}, timeout=60)
+        assert r["stdout"] == "alice's"
+        e = whole_error(b, "sandbox.get", {"id": f["id"]})
+        assert e["code"] == -32002
+    # restoring her own snapshot works; bob's sandbox cannot stand on it (tested above)
+    a.call("fs.write", {"sandbox": f1["id"], "path": "/workspace/secret", "content": "changed"})
+    a.call("workspace.restore", {"sandbox": f1["id"], "snapshot": ids["SNAP"]}, timeout=60)
+    assert a.call("fs.read", {"sandbox": f1["id"], "path": "/workspace/secret"})["content"] == "alice's"
+    # the tenant's workspace holds nothing: what she wrote is in her sandboxes' upper dirs
+    tws = os.path.join(d.state_dir, "tenant-workspaces", "alice")
+    assert os.listdir(tws) == []
