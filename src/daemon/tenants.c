@@ -16,8 +16,8 @@
 #include "daemon/daemon-internal.h"
 #include "daemon/tokens.h"
 
-/* Failed authentications: more than AUTH_FAILS_MAX within AUTH_WINDOW_MS from one peer, and
- * that peer is refused for AUTH_BLOCK_MS. At most AUTH_PEERS_MAX peers are remembered (the
+/* Failed authentications: AUTH_FAILS_MAX within AUTH_WINDOW_MS from one peer, and that peer
+ * is refused for AUTH_BLOCK_MS. At most AUTH_PEERS_MAX peers are remembered (the
  * oldest go first). */
 #define AUTH_FAILS_MAX 10
 #define AUTH_WINDOW_MS (60 * 1000)
@@ -28,8 +28,11 @@
 struct auth_fail {
     struct conch_list link; /* in daemon.auth_fails, the least recently failed first */
     char peer[PEER_MAX + 1];
-    unsigned count;
-    uint64_t window_start, blocked_until; /* monotonic ms */
+    /* The times of its last AUTH_FAILS_MAX failures (monotonic ms; a ring, @next the oldest):
+     * a sliding window, so that failures either side of a window's edge add up. */
+    uint64_t at[AUTH_FAILS_MAX];
+    unsigned next, count;
+    uint64_t blocked_until;
 };
 
 /* The table every connection of a daemon with tenants dispatches through:
@@ -282,7 +285,18 @@ static void fail_count(struct daemon *d, const char *peer)
     uint64_t now = conch_daemon_now_ms();
     struct auth_fail *f = fail_find(d, peer);
     if (!f && d->n_auth_fails >= AUTH_PEERS_MAX) {
+        /* The least recently failed peer that is not refused now goes (a flood of new
+         * peers must not free a refused one), else the least recently failed. */
         f = conch_list_entry(d->auth_fails.next, struct auth_fail, link);
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &d->auth_fails)
+        {
+            struct auth_fail *g = conch_list_entry(pos, struct auth_fail, link);
+            if (g->blocked_until <= now) {
+                f = g;
+                break;
+            }
+        }
         conch_list_del(&f->link);
         d->n_auth_fails--;
         memset(f, 0, sizeof(*f));
@@ -296,16 +310,15 @@ static void fail_count(struct daemon *d, const char *peer)
         return;
     if (!f->peer[0])
         snprintf(f->peer, sizeof(f->peer), "%s", peer);
-    if (now - f->window_start > AUTH_WINDOW_MS) {
-        f->window_start = now;
-        f->count = 0;
-    }
-    f->count++;
-    bool block = f->count >= AUTH_FAILS_MAX;
+    f->at[f->next] = now;
+    f->next = (f->next + 1) % AUTH_FAILS_MAX;
+    if (f->count < AUTH_FAILS_MAX)
+        f->count++;
+    /* the 10th failure within 60 s (the oldest of the last 10 is that recent) */
+    bool block = f->count == AUTH_FAILS_MAX && now - f->at[f->next] <= AUTH_WINDOW_MS;
     if (block) {
         f->blocked_until = now + AUTH_BLOCK_MS;
         f->count = 0;
-        f->window_start = now;
     }
     conch_list_add(&d->auth_fails, &f->link);
     d->n_auth_fails++;
