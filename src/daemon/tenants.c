@@ -4,6 +4,7 @@
  * method not listed here as tenant-safe is forbidden), what a tenant sees, and its quotas. */
 #include <errno.h>
 #include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,10 +350,23 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
     else
         snprintf(peer, sizeof(peer), "local uid %u", (unsigned)c->peer_uid);
     if (c->authed) {
-        conch_rpc_call_failf(call, CONCH_RPC_FORBIDDEN, "forbidden", NULL,
-                             "connection.auth: this connection is already tenant '%s''s: a "
-                             "connection authenticates once",
-                             c->tenant);
+        /* Its own token again (an HTTP front end checking each request of a session) is
+         * answered as the first time; any other token, good or bad, is refused alike: the
+         * connection stays its tenant's, and learns nothing of other tokens. */
+        size_t len = 0;
+        const char *tok = conch_rpc_strn(params, "token", &len);
+        unsigned char digest[32];
+        SHA256((const unsigned char *)tok, tok ? len : 0, digest);
+        bool same = !CRYPTO_memcmp(digest, c->token_digest, sizeof(digest));
+        OPENSSL_cleanse(digest, sizeof(digest));
+        if (same)
+            conch_rpc_call_reply(call,
+                                 json_pack("{s:s,s:b}", "tenant", c->tenant, "admin", c->admin));
+        else
+            conch_rpc_call_failf(call, CONCH_RPC_FORBIDDEN, "forbidden", NULL,
+                                 "connection.auth: this connection is already tenant '%s''s: a "
+                                 "connection belongs to one tenant",
+                                 c->tenant);
         return;
     }
     struct auth_fail *f = fail_find(d, peer);

@@ -71,9 +71,13 @@ def test_wrong_token_then_good_token(tenants):
     assert e2 == e
     r = c.call("connection.auth", {"token": TOK_A})
     assert r == {"tenant": "alice", "admin": False}
-    # once authenticated, for good
-    e = err_of(c, "connection.auth", {"token": TOK_B})
-    assert e.code == -32022 and e.data_code == "forbidden"
+    # once authenticated, for good: another token, good or bad, is refused alike (and not
+    # counted); its own again is answered as the first time
+    e = whole_error(c, "connection.auth", {"token": TOK_B})
+    e2 = whole_error(c, "connection.auth", {"token": "not-a-token-of-anyone-here"})
+    assert e["code"] == -32022 and e["data"]["code"] == "forbidden" and e == e2
+    assert c.call("connection.auth", {"token": TOK_A}) == {"tenant": "alice", "admin": False}
+    assert c.call("daemon.ping", {})["tenant"] == "alice"
     a = auth(TOK_ADMIN)
     assert a.call("daemon.ping", {})["tenant"] == "admin"
     # the admin sees all, but is a remote client too: no host paths
