@@ -135,6 +135,27 @@ def test_the_sandbox_cannot_reach_the_daemon_or_the_container_root(served):
         c.call("sandbox.destroy", {"id": sb["id"]})
 
 
+def test_the_unmasked_container_proc_stays_masked_in_the_sandbox(served):
+    # The container's /proc is unmasked so that a sandbox may mount its own; conch masks its
+    # own list of sensitive paths there, and the daemon holds no capability at all.
+    name, sock = served
+    caps = _run(["podman", "exec", name, "grep", "^CapEff", "/proc/1/status"]).stdout
+    assert caps.split() == ["CapEff:", "0000000000000000"], caps
+    with Client.unix(sock, timeout=10) as c:
+        sb = c.call("sandbox.create", {})
+        res = c.call("exec.run", {"sandbox": sb["id"], "command":
+                                  "for p in kcore sysrq-trigger timer_list keys latency_stats "
+                                  "sched_debug kallsyms kmsg; do [ -e /proc/$p ] || continue; "
+                                  "grep -q \" /proc/$p \" /proc/self/mountinfo && echo masked $p "
+                                  "|| echo OPEN $p; done; cat /proc/keys | wc -c"})
+        out = res["stdout"]
+        # Each of conch's masks that this kernel has a file for is mounted over, and the
+        # masked file reads as nothing.
+        assert "OPEN" not in out and out.count("masked") >= 2, out
+        assert out.split("\n")[-2] == "0", out
+        c.call("sandbox.destroy", {"id": sb["id"]})
+
+
 def test_doctor_passes_under_the_narrow_options(image):
     r = _run(_base_args() + NARROW + ["--rm", image, "doctor"])
     assert r.returncode == 0, r.stdout + r.stderr
