@@ -186,6 +186,33 @@ def test_doctor_names_what_podmans_defaults_lack(image):
     assert order == sorted(order), out
 
 
+def test_doctor_sees_an_own_user_namespace(image):
+    # podman's analogue of hostUsers: false: that setting is then reported as granted.
+    r = _run(_base_args() + ["--rm", "--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536",
+                             image, "doctor", "--json"])
+    got = {p["name"]: p for p in json.loads(r.stdout)}
+    assert got["hostUsers: false"]["state"] == "ok", got["hostUsers: false"]
+    assert got["procMount: Unmasked"]["state"] == "missing", got
+
+
+def test_doctor_maps_a_profile_refusing_unshare_to_seccomp(image, tmp_path):
+    # As Kubernetes' RuntimeDefault does without CAP_SYS_ADMIN: unshare refused by the
+    # filter. The user namespace probe fails, and the seccomp profile is what to grant.
+    prof = json.loads(open(SECCOMP).read())
+    for rule in prof["syscalls"]:
+        rule["names"] = [n for n in rule["names"] if n != "unshare"]
+    (tmp_path / "no-unshare.json").write_text(json.dumps(prof))
+    r = _run(_base_args() + ["--rm", "--security-opt", f"seccomp={tmp_path / 'no-unshare.json'}",
+                             "--security-opt", "unmask=/proc/*", image, "doctor", "--json"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = {p["name"]: p for p in json.loads(r.stdout)}
+    assert got["user namespaces"]["state"] == "missing", got["user namespaces"]
+    assert "unshare" in got["user namespaces"]["detail"], got["user namespaces"]
+    sec = got["seccompProfile"]
+    assert sec["state"] == "missing" and "user namespaces" in sec["detail"], sec
+    assert got["procMount: Unmasked"]["state"] == "ok", got["procMount: Unmasked"]
+
+
 def test_each_narrow_option_is_needed(image):
     # Without the seccomp profile or without the unmasked /proc, no sandbox is built: each
     # option in NARROW that widens anything is there because the kernel refuses without it.
