@@ -399,8 +399,8 @@ static void userns_fixes(char *fix, size_t len, int rc)
         conch_probe_add_fix(
             fix, len,
             "enable user namespaces (CONFIG_USER_NS); in a container, allow unshare and "
-            "mount (e.g. docker --security-opt seccomp=unconfined --security-opt "
-            "apparmor=unconfined)");
+            "mount: a seccomp profile such as deploy/seccomp/conch.json (or "
+            "seccomp=unconfined) and apparmor=unconfined (the settings to grant are listed below)");
 }
 
 /* Fixes for a probe that needs a user namespace plus @what: when the user namespace part
@@ -455,8 +455,8 @@ static void probe_ns(struct conch_probe_result *r, const char *name, conch_probe
 static void probe_mountns(struct conch_probe_result *r)
 {
     probe_ns(r, "mount namespace", child_mountns,
-             "mount(2) is blocked: in a container, allow it (e.g. docker --security-opt "
-             "seccomp=unconfined --security-opt apparmor=unconfined)");
+             "mount(2) is blocked: in a container, allow it (a seccomp profile such as "
+             "deploy/seccomp/conch.json, or seccomp=unconfined, and apparmor=unconfined)");
 }
 
 static void probe_pidns(struct conch_probe_result *r)
