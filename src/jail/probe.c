@@ -32,12 +32,13 @@
 
 #include "core/cleanup.h"
 #include "jail/cgroup.h"
+#include "jail/probe-internal.h"
 #include "net/net.h"
 
 /* A probe that hangs (a stuck mount, say) must not hang `conch doctor`. */
 #define PROBE_TIMEOUT_S 10
 
-__attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, const char *fmt, ...)
+void conch_probe_text(char *buf, size_t len, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -46,8 +47,7 @@ __attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, co
 }
 
 /* Append a line to a fix string; `conch doctor` prints each line as "fix: ...". */
-__attribute__((format(printf, 3, 4))) static void add_fix(char *buf, size_t len, const char *fmt,
-                                                          ...)
+void conch_probe_add_fix(char *buf, size_t len, const char *fmt, ...)
 {
     size_t used = strlen(buf);
     if (used && used + 1 < len)
@@ -77,18 +77,16 @@ struct child_report {
     char detail[256];
 };
 
-typedef int (*child_fn)(char *detail, size_t len);
-
 /*
  * Run @fn in a forked child and copy its result and detail back. The child sends a
  * fixed-size report over a CLOEXEC pipe (no allocation after fork). Returns 0 or -errno
  * from @fn, or -ECHILD with @detail saying how the child died.
  */
-static int in_child(child_fn fn, char *detail, size_t len)
+int conch_probe_in_child(conch_probe_child_fn fn, char *detail, size_t len)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) {
-        text(detail, len, "pipe: %s", strerror(errno));
+        conch_probe_text(detail, len, "pipe: %s", strerror(errno));
         return -errno;
     }
     pid_t pid = fork();
@@ -96,7 +94,7 @@ static int in_child(child_fn fn, char *detail, size_t len)
         int e = errno;
         close(p[0]);
         close(p[1]);
-        text(detail, len, "fork: %s", strerror(e));
+        conch_probe_text(detail, len, "fork: %s", strerror(e));
         return -e;
     }
     if (pid == 0) {
@@ -125,14 +123,14 @@ static int in_child(child_fn fn, char *detail, size_t len)
         ;
     if (got != sizeof(rep)) {
         if (WIFSIGNALED(st))
-            text(detail, len, "probe child killed by signal %d%s", WTERMSIG(st),
-                 WTERMSIG(st) == SIGALRM ? " (timed out)" : "");
+            conch_probe_text(detail, len, "probe child killed by signal %d%s", WTERMSIG(st),
+                             WTERMSIG(st) == SIGALRM ? " (timed out)" : "");
         else
-            text(detail, len, "probe child exited with status %d", WEXITSTATUS(st));
+            conch_probe_text(detail, len, "probe child exited with status %d", WEXITSTATUS(st));
         return -ECHILD;
     }
     rep.detail[sizeof(rep.detail) - 1] = '\0';
-    text(detail, len, "%s", rep.detail);
+    conch_probe_text(detail, len, "%s", rep.detail);
     return -rep.code;
 }
 
@@ -151,32 +149,32 @@ static int write_proc(const char *path, const char *data)
 
 /* unshare a user namespace (plus @flags) and map ourselves to root in it, the way an
  * unprivileged conch does: setgroups must be denied before an unprivileged gid_map. */
-static int enter_userns(int flags, const char *flag_name, char *detail, size_t len)
+int conch_probe_enter_userns(int flags, const char *flag_name, char *detail, size_t len)
 {
     uid_t uid = getuid();
     gid_t gid = getgid();
     if (unshare(CLONE_NEWUSER | flags) < 0) {
         int e = errno;
-        text(detail, len, "unshare(CLONE_NEWUSER%s%s): %s", flags ? "|" : "", flag_name,
-             strerror(e));
+        conch_probe_text(detail, len, "unshare(CLONE_NEWUSER%s%s): %s", flags ? "|" : "", flag_name,
+                         strerror(e));
         return -e;
     }
     char map[64];
     int r = write_proc("/proc/self/setgroups", "deny");
     if (r < 0 && r != -ENOENT) {
-        text(detail, len, "write /proc/self/setgroups: %s", strerror(-r));
+        conch_probe_text(detail, len, "write /proc/self/setgroups: %s", strerror(-r));
         return r;
     }
     snprintf(map, sizeof(map), "0 %u 1", (unsigned)uid);
     r = write_proc("/proc/self/uid_map", map);
     if (r < 0) {
-        text(detail, len, "write uid_map '%s': %s", map, strerror(-r));
+        conch_probe_text(detail, len, "write uid_map '%s': %s", map, strerror(-r));
         return r;
     }
     snprintf(map, sizeof(map), "0 %u 1", (unsigned)gid);
     r = write_proc("/proc/self/gid_map", map);
     if (r < 0) {
-        text(detail, len, "write gid_map '%s': %s", map, strerror(-r));
+        conch_probe_text(detail, len, "write gid_map '%s': %s", map, strerror(-r));
         return r;
     }
     return 0;
@@ -185,17 +183,17 @@ static int enter_userns(int flags, const char *flag_name, char *detail, size_t l
 /* A private mount namespace with a fresh tmpfs on /tmp, inside a user namespace. */
 static int enter_mountns_tmpfs(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWNS, "CLONE_NEWNS", detail, len);
+    int r = conch_probe_enter_userns(CLONE_NEWNS, "CLONE_NEWNS", detail, len);
     if (r < 0)
         return r;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
         int e = errno;
-        text(detail, len, "make / private: %s", strerror(e));
+        conch_probe_text(detail, len, "make / private: %s", strerror(e));
         return -e;
     }
     if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") < 0) {
         int e = errno;
-        text(detail, len, "mount tmpfs on /tmp: %s", strerror(e));
+        conch_probe_text(detail, len, "mount tmpfs on /tmp: %s", strerror(e));
         return -e;
     }
     return 0;
@@ -203,14 +201,14 @@ static int enter_mountns_tmpfs(char *detail, size_t len)
 
 static int child_userns(char *detail, size_t len)
 {
-    int r = enter_userns(0, "", detail, len);
+    int r = conch_probe_enter_userns(0, "", detail, len);
     if (r < 0)
         return r;
     if (getuid() != 0) {
-        text(detail, len, "uid map written but uid is %u, not 0", (unsigned)getuid());
+        conch_probe_text(detail, len, "uid map written but uid is %u, not 0", (unsigned)getuid());
         return -EPERM;
     }
-    text(detail, len, "unshare and a uid/gid map work");
+    conch_probe_text(detail, len, "unshare and a uid/gid map work");
     return 0;
 }
 
@@ -222,11 +220,11 @@ static int child_mountns(char *detail, size_t len)
     int fd = open("/tmp/probe", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
-        text(detail, len, "create a file on the new tmpfs: %s", strerror(e));
+        conch_probe_text(detail, len, "create a file on the new tmpfs: %s", strerror(e));
         return -e;
     }
     close(fd);
-    text(detail, len, "private mount namespace, tmpfs mounted");
+    conch_probe_text(detail, len, "private mount namespace, tmpfs mounted");
     return 0;
 }
 
@@ -239,7 +237,7 @@ static int child_overlay(char *detail, size_t len)
     for (size_t i = 0; i < ARRAY_SIZE(dirs); i++) {
         if (mkdir(dirs[i], 0755) < 0) {
             int e = errno;
-            text(detail, len, "mkdir %s: %s", dirs[i], strerror(e));
+            conch_probe_text(detail, len, "mkdir %s: %s", dirs[i], strerror(e));
             return -e;
         }
     }
@@ -248,34 +246,35 @@ static int child_overlay(char *detail, size_t len)
     if (mount("overlay", "/tmp/m", "overlay", 0,
               "lowerdir=/tmp/l,upperdir=/tmp/u,workdir=/tmp/w,userxattr") < 0) {
         int e = errno;
-        text(detail, len, "mount overlay (userxattr): %s", strerror(e));
+        conch_probe_text(detail, len, "mount overlay (userxattr): %s", strerror(e));
         return -e;
     }
     int fd = open("/tmp/m/probe", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
-        text(detail, len, "write through the overlay: %s", strerror(e));
+        conch_probe_text(detail, len, "write through the overlay: %s", strerror(e));
         return -e;
     }
     close(fd);
     struct stat st;
     if (stat("/tmp/u/probe", &st) < 0) {
-        text(detail, len, "file written through the overlay missing from its upper dir");
+        conch_probe_text(detail, len,
+                         "file written through the overlay missing from its upper dir");
         return -EIO;
     }
-    text(detail, len, "overlay with userxattr mounted and written");
+    conch_probe_text(detail, len, "overlay with userxattr mounted and written");
     return 0;
 }
 
 static int child_pidns(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWPID, "CLONE_NEWPID", detail, len);
+    int r = conch_probe_enter_userns(CLONE_NEWPID, "CLONE_NEWPID", detail, len);
     if (r < 0)
         return r;
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
-        text(detail, len, "fork into the new pid namespace: %s", strerror(e));
+        conch_probe_text(detail, len, "fork into the new pid namespace: %s", strerror(e));
         return -e;
     }
     if (pid == 0)
@@ -284,22 +283,22 @@ static int child_pidns(char *detail, size_t len)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        text(detail, len, "first process in the namespace is not pid 1");
+        conch_probe_text(detail, len, "first process in the namespace is not pid 1");
         return -EIO;
     }
-    text(detail, len, "first process is pid 1");
+    conch_probe_text(detail, len, "first process is pid 1");
     return 0;
 }
 
 static int child_netns(char *detail, size_t len)
 {
-    int r = enter_userns(CLONE_NEWNET, "CLONE_NEWNET", detail, len);
+    int r = conch_probe_enter_userns(CLONE_NEWNET, "CLONE_NEWNET", detail, len);
     if (r < 0)
         return r;
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         int e = errno;
-        text(detail, len, "socket in the new namespace: %s", strerror(e));
+        conch_probe_text(detail, len, "socket in the new namespace: %s", strerror(e));
         return -e;
     }
     /* Bringing up lo is what the sandbox does first; it needs CAP_NET_ADMIN there. */
@@ -311,10 +310,10 @@ static int child_netns(char *detail, size_t len)
     int e = errno;
     close(fd);
     if (!ok) {
-        text(detail, len, "bring up lo: %s", strerror(e));
+        conch_probe_text(detail, len, "bring up lo: %s", strerror(e));
         return -e;
     }
-    text(detail, len, "empty network namespace, lo up");
+    conch_probe_text(detail, len, "empty network namespace, lo up");
     return 0;
 }
 
@@ -323,7 +322,7 @@ static int child_seccomp(char *detail, size_t len)
     int mode = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
     if (mode < 0) {
         int e = errno;
-        text(detail, len, "prctl(PR_GET_SECCOMP): %s", strerror(e));
+        conch_probe_text(detail, len, "prctl(PR_GET_SECCOMP): %s", strerror(e));
         return -e;
     }
     static const struct {
@@ -351,11 +350,11 @@ static int child_seccomp(char *detail, size_t len)
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
         syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0) {
         int e = errno;
-        text(detail, len, "install a seccomp filter: %s", strerror(e));
+        conch_probe_text(detail, len, "install a seccomp filter: %s", strerror(e));
         return -e;
     }
-    text(detail, len, "filter mode; actions: %s%s", avail[0] ? avail : "unknown",
-         mode == 2 ? "; conch already runs under a filter (container?)" : "");
+    conch_probe_text(detail, len, "filter mode; actions: %s%s", avail[0] ? avail : "unknown",
+                     mode == 2 ? "; conch already runs under a filter (container?)" : "");
     if (!strstr(avail, "kill_process") || !strstr(avail, "errno"))
         return -EOPNOTSUPP;
     return 0;
@@ -373,37 +372,40 @@ static void userns_fixes(char *fix, size_t len, int rc)
     /* ENOSPC: the per-namespace count is exhausted; nested sandboxes often set it to 0
      * or 1 for their children. */
     if (max == 0) {
-        add_fix(fix, len, "sysctl -w user.max_user_namespaces=15000");
+        conch_probe_add_fix(fix, len, "sysctl -w user.max_user_namespaces=15000");
         added = true;
     } else if (rc == -ENOSPC) {
-        add_fix(fix, len,
-                "no user namespace can be created from here: an enclosing container or "
-                "sandbox forbids nesting them (e.g. bwrap --disable-userns), or "
-                "user.max_user_namespaces=%ld is used up; run conch outside it or raise the "
-                "limit",
-                max);
+        conch_probe_add_fix(
+            fix, len,
+            "no user namespace can be created from here: an enclosing container or "
+            "sandbox forbids nesting them (e.g. bwrap --disable-userns), or "
+            "user.max_user_namespaces=%ld is used up; run conch outside it or raise the "
+            "limit",
+            max);
         added = true;
     }
     if (clone == 0) {
-        add_fix(fix, len, "sysctl -w kernel.unprivileged_userns_clone=1");
+        conch_probe_add_fix(fix, len, "sysctl -w kernel.unprivileged_userns_clone=1");
         added = true;
     }
     if (restrict_aa == 1) {
-        add_fix(fix, len,
-                "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or install an "
-                "AppArmor profile for conch that allows 'userns,'");
+        conch_probe_add_fix(
+            fix, len,
+            "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or install an "
+            "AppArmor profile for conch that allows 'userns,'");
         added = true;
     }
     if (!added)
-        add_fix(fix, len,
-                "enable user namespaces (CONFIG_USER_NS); in a container, allow unshare and "
-                "mount (e.g. docker --security-opt seccomp=unconfined --security-opt "
-                "apparmor=unconfined)");
+        conch_probe_add_fix(
+            fix, len,
+            "enable user namespaces (CONFIG_USER_NS); in a container, allow unshare and "
+            "mount: a seccomp profile such as deploy/seccomp/conch.json (or "
+            "seccomp=unconfined) and apparmor=unconfined (the settings to grant are listed below)");
 }
 
 /* Fixes for a probe that needs a user namespace plus @what: when the user namespace part
  * failed, point there instead of at the feature itself. */
-static void ns_fixes(char *fix, size_t len, int rc, const char *detail, const char *specific)
+void conch_probe_ns_fixes(char *fix, size_t len, int rc, const char *detail, const char *specific)
 {
     /* EINVAL from a combined unshare means the other namespace type is missing. */
     bool userns = (!strncmp(detail, "unshare(CLONE_NEWUSER", 21) && rc != -EINVAL) ||
@@ -413,14 +415,14 @@ static void ns_fixes(char *fix, size_t len, int rc, const char *detail, const ch
     if (userns || apparmor)
         userns_fixes(fix, len, rc);
     if (!userns && specific)
-        add_fix(fix, len, "%s", specific);
+        conch_probe_add_fix(fix, len, "%s", specific);
 }
 
 static void probe_userns(struct conch_probe_result *r)
 {
     r->name = "user namespaces";
     r->required = true;
-    int rc = in_child(child_userns, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(child_userns, r->detail, sizeof(r->detail));
     if (rc < 0) {
         r->state = CONCH_PROBE_MISSING;
         userns_fixes(r->fix, sizeof(r->fix), rc);
@@ -430,31 +432,31 @@ static void probe_userns(struct conch_probe_result *r)
     long max = read_sysctl("/proc/sys/user/max_user_namespaces");
     if (max > 0) {
         size_t n = strlen(r->detail);
-        text(r->detail + n, sizeof(r->detail) - n, " (max_user_namespaces=%ld)", max);
+        conch_probe_text(r->detail + n, sizeof(r->detail) - n, " (max_user_namespaces=%ld)", max);
     }
 }
 
 /* The mount, pid and network namespace probes: all run inside a user namespace, as an
  * unprivileged conch does. */
-static void probe_ns(struct conch_probe_result *r, const char *name, child_fn fn,
+static void probe_ns(struct conch_probe_result *r, const char *name, conch_probe_child_fn fn,
                      const char *specific_fix)
 {
     r->name = name;
     r->required = true;
-    int rc = in_child(fn, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(fn, r->detail, sizeof(r->detail));
     if (rc == 0) {
         r->state = CONCH_PROBE_OK;
         return;
     }
     r->state = CONCH_PROBE_MISSING;
-    ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, specific_fix);
+    conch_probe_ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, specific_fix);
 }
 
 static void probe_mountns(struct conch_probe_result *r)
 {
     probe_ns(r, "mount namespace", child_mountns,
-             "mount(2) is blocked: in a container, allow it (e.g. docker --security-opt "
-             "seccomp=unconfined --security-opt apparmor=unconfined)");
+             "mount(2) is blocked: in a container, allow it (a seccomp profile such as "
+             "deploy/seccomp/conch.json, or seccomp=unconfined, and apparmor=unconfined)");
 }
 
 static void probe_pidns(struct conch_probe_result *r)
@@ -485,30 +487,30 @@ static int child_net_allow(char *detail, size_t len)
             close(c);
         close(l);
         if (!ok) {
-            text(detail, len, "%s: %s", step, strerror(e));
+            conch_probe_text(detail, len, "%s: %s", step, strerror(e));
             return -e;
         }
-        text(detail, len, "own namespace; the proxy's listener at 127.0.0.1:%d reached",
-             CONCH_NET_PROXY_PORT);
+        conch_probe_text(detail, len, "own namespace; the proxy's listener at 127.0.0.1:%d reached",
+                         CONCH_NET_PROXY_PORT);
         return 0;
     }
     int e = errno;
     if (l >= 0)
         close(l);
-    text(detail, len, "%s in the sandbox's namespace: %s", step, strerror(e));
+    conch_probe_text(detail, len, "%s in the sandbox's namespace: %s", step, strerror(e));
     return -e;
 }
 
 /* The host mode: a user namespace that keeps the host's network namespace. */
 static int child_net_host(char *detail, size_t len)
 {
-    int r = enter_userns(0, "", detail, len);
+    int r = conch_probe_enter_userns(0, "", detail, len);
     if (r < 0)
         return r;
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) < 0) {
         int e = errno;
-        text(detail, len, "list the host's interfaces: %s", strerror(e));
+        conch_probe_text(detail, len, "list the host's interfaces: %s", strerror(e));
         return -e;
     }
     int up = 0;
@@ -519,10 +521,11 @@ static int child_net_host(char *detail, size_t len)
             up++;
     freeifaddrs(ifs);
     if (!up) {
-        text(detail, len, "the host's namespace is kept, but no interface but lo is up");
+        conch_probe_text(detail, len,
+                         "the host's namespace is kept, but no interface but lo is up");
         return -ENETDOWN;
     }
-    text(detail, len, "the host's namespace is kept (%d addresses up besides lo)", up);
+    conch_probe_text(detail, len, "the host's namespace is kept (%d addresses up besides lo)", up);
     return 0;
 }
 
@@ -546,30 +549,33 @@ static void probe_net_none(struct conch_probe_result *r)
              "enable CONFIG_NET_NS in the kernel (without it no sandbox can be built: 'none' "
              "is the default)");
     if (r->state == CONCH_PROBE_OK)
-        text(r->detail, sizeof(r->detail),
-             "the default: an own network namespace, loopback up and nothing else");
+        conch_probe_text(r->detail, sizeof(r->detail),
+                         "the default: an own network namespace, loopback up and nothing else");
 }
 
 static void probe_net_allow(struct conch_probe_result *r)
 {
     r->name = "network mode allow";
     r->required = false;
-    int rc = in_child(child_net_allow, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(child_net_allow, r->detail, sizeof(r->detail));
     if (rc < 0) {
         r->state = CONCH_PROBE_MISSING;
-        ns_fixes(r->fix, sizeof(r->fix), rc, r->detail,
-                 "the allow mode needs a network namespace with loopback where conch listens at "
-                 "127.0.0.1:3128: enable CONFIG_NET_NS, or use --net host");
+        conch_probe_ns_fixes(
+            r->fix, sizeof(r->fix), rc, r->detail,
+            "the allow mode needs a network namespace with loopback where conch listens at "
+            "127.0.0.1:3128: enable CONFIG_NET_NS, or use --net host");
         return;
     }
     r->state = CONCH_PROBE_OK;
     if (!host_has_nameserver()) {
         r->state = CONCH_PROBE_PARTIAL;
         size_t n = strlen(r->detail);
-        text(r->detail + n, sizeof(r->detail) - n, "; no nameserver in /etc/resolv.conf");
-        add_fix(r->fix, sizeof(r->fix),
-                "the proxy resolves names on the host: add a nameserver to /etc/resolv.conf "
-                "(until then only IP-literal rules, or the daemon's --net-hosts, are reached)");
+        conch_probe_text(r->detail + n, sizeof(r->detail) - n,
+                         "; no nameserver in /etc/resolv.conf");
+        conch_probe_add_fix(
+            r->fix, sizeof(r->fix),
+            "the proxy resolves names on the host: add a nameserver to /etc/resolv.conf "
+            "(until then only IP-literal rules, or the daemon's --net-hosts, are reached)");
     }
 }
 
@@ -577,20 +583,21 @@ static void probe_net_host(struct conch_probe_result *r)
 {
     r->name = "network mode host";
     r->required = false;
-    int rc = in_child(child_net_host, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(child_net_host, r->detail, sizeof(r->detail));
     if (rc == 0) {
         r->state = CONCH_PROBE_OK;
         return;
     }
     if (rc == -ENETDOWN) {
         r->state = CONCH_PROBE_PARTIAL;
-        add_fix(r->fix, sizeof(r->fix),
-                "the host itself has no network: bring up an interface (--net host gives the "
-                "sandbox only what the host has)");
+        conch_probe_add_fix(
+            r->fix, sizeof(r->fix),
+            "the host itself has no network: bring up an interface (--net host gives the "
+            "sandbox only what the host has)");
         return;
     }
     r->state = CONCH_PROBE_MISSING;
-    ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, NULL);
+    conch_probe_ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, NULL);
 }
 
 static void probe_overlay(struct conch_probe_result *r)
@@ -598,41 +605,45 @@ static void probe_overlay(struct conch_probe_result *r)
     r->name = "overlay in a user namespace";
     /* Only the default 'overlay' workspace mode needs it; 'ro' and 'rw' work without. */
     r->required = false;
-    int rc = in_child(child_overlay, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(child_overlay, r->detail, sizeof(r->detail));
     if (rc == 0) {
         r->state = CONCH_PROBE_OK;
     } else {
         r->state = CONCH_PROBE_MISSING;
         struct utsname u;
         char specific[200];
-        text(specific, sizeof(specific),
-             "overlayfs in a user namespace needs Linux 5.11+ with CONFIG_OVERLAY_FS (this "
-             "kernel: %s)",
-             uname(&u) == 0 ? u.release : "unknown");
+        conch_probe_text(
+            specific, sizeof(specific),
+            "overlayfs in a user namespace needs Linux 5.11+ with CONFIG_OVERLAY_FS (this "
+            "kernel: %s)",
+            uname(&u) == 0 ? u.release : "unknown");
         /* Failing before the overlay mount means the namespace part is the problem. */
         bool before = !strstr(r->detail, "overlay");
-        ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, before ? NULL : specific);
+        conch_probe_ns_fixes(r->fix, sizeof(r->fix), rc, r->detail, before ? NULL : specific);
         if (before && !r->fix[0])
-            add_fix(r->fix, sizeof(r->fix), "see 'mount namespace' above");
-        add_fix(r->fix, sizeof(r->fix), "or use workspace mode 'ro' or 'rw' instead of 'overlay'");
+            conch_probe_add_fix(r->fix, sizeof(r->fix), "see 'mount namespace' above");
+        conch_probe_add_fix(r->fix, sizeof(r->fix),
+                            "or use workspace mode 'ro' or 'rw' instead of 'overlay'");
     }
     size_t n = strlen(r->detail);
-    text(r->detail + n, sizeof(r->detail) - n, "; needed for the 'overlay' workspace mode");
+    conch_probe_text(r->detail + n, sizeof(r->detail) - n,
+                     "; needed for the 'overlay' workspace mode");
 }
 
 static void probe_seccomp(struct conch_probe_result *r)
 {
     r->name = "seccomp";
     r->required = true;
-    int rc = in_child(child_seccomp, r->detail, sizeof(r->detail));
+    int rc = conch_probe_in_child(child_seccomp, r->detail, sizeof(r->detail));
     if (rc == 0) {
         r->state = CONCH_PROBE_OK;
         return;
     }
     r->state = rc == -EOPNOTSUPP ? CONCH_PROBE_PARTIAL : CONCH_PROBE_MISSING;
-    add_fix(r->fix, sizeof(r->fix),
-            "use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y (Linux "
-            "4.14+ for the kill_process action)");
+    conch_probe_add_fix(
+        r->fix, sizeof(r->fix),
+        "use a kernel built with CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y (Linux "
+        "4.14+ for the kill_process action)");
 }
 
 static void probe_landlock(struct conch_probe_result *r)
@@ -642,25 +653,27 @@ static void probe_landlock(struct conch_probe_result *r)
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     if (abi > 0) {
         r->state = CONCH_PROBE_OK;
-        text(r->detail, sizeof(r->detail), "ABI %ld", abi);
+        conch_probe_text(r->detail, sizeof(r->detail), "ABI %ld", abi);
         return;
     }
     int e = errno;
     r->state = CONCH_PROBE_MISSING;
-    text(r->detail, sizeof(r->detail), "landlock_create_ruleset: %s", strerror(e));
+    conch_probe_text(r->detail, sizeof(r->detail), "landlock_create_ruleset: %s", strerror(e));
     if (e == EOPNOTSUPP) {
         _cleanup_fclose_ FILE *f = fopen("/sys/kernel/security/lsm", "re");
         char lsm[200] = "";
         if (f && fgets(lsm, sizeof(lsm), f))
             lsm[strcspn(lsm, "\n")] = '\0';
-        add_fix(r->fix, sizeof(r->fix),
-                "Landlock is built in but not enabled: boot with lsm=landlock%s%s (add it "
-                "to GRUB_CMDLINE_LINUX, then update-grub and reboot)",
-                lsm[0] ? "," : ",...", lsm);
+        conch_probe_add_fix(
+            r->fix, sizeof(r->fix),
+            "Landlock is built in but not enabled: boot with lsm=landlock%s%s (add it "
+            "to GRUB_CMDLINE_LINUX, then update-grub and reboot)",
+            lsm[0] ? "," : ",...", lsm);
     } else {
-        add_fix(r->fix, sizeof(r->fix),
-                "use Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK=y and boot with "
-                "lsm=...,landlock; without it conch relies on the mount namespace alone");
+        conch_probe_add_fix(
+            r->fix, sizeof(r->fix),
+            "use Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK=y and boot with "
+            "lsm=...,landlock; without it conch relies on the mount namespace alone");
     }
 }
 
@@ -684,28 +697,29 @@ static void probe_cgroups(struct conch_probe_result *r)
         r->state = CONCH_PROBE_MISSING;
         /* Drop the "create cgroup 'probe-N': " context; the name means nothing here. */
         const char *why = strstr(err.msg, "': ");
-        text(r->detail, sizeof(r->detail), "%s", why ? why + 3 : err.msg);
-        add_fix(r->fix, sizeof(r->fix),
-                "run conch as root, or start it in a leaf cgroup of a delegated cgroup v2 "
-                "subtree (e.g. a systemd unit with Delegate=yes); meanwhile conch falls back "
-                "to per-process rlimits");
+        conch_probe_text(r->detail, sizeof(r->detail), "%s", why ? why + 3 : err.msg);
+        conch_probe_add_fix(
+            r->fix, sizeof(r->fix),
+            "run conch as root, or start it in a leaf cgroup of a delegated cgroup v2 "
+            "subtree (e.g. a systemd unit with Delegate=yes); meanwhile conch falls back "
+            "to per-process rlimits");
         return;
     }
     if (cg.v2)
-        text(r->detail, sizeof(r->detail), "v2 at %s: memory, pids%s", cg.path_v2,
-             no_cpu ? "" : ", cpu");
+        conch_probe_text(r->detail, sizeof(r->detail), "v2 at %s: memory, pids%s", cg.path_v2,
+                         no_cpu ? "" : ", cpu");
     else
-        text(r->detail, sizeof(r->detail), "v1%s:%s%s%s", geteuid() == 0 ? " as root" : "",
-             cg.path_mem[0] ? " memory" : "", cg.path_pids[0] ? " pids" : "",
-             cg.path_cpu[0] ? " cpu" : "");
+        conch_probe_text(r->detail, sizeof(r->detail), "v1%s:%s%s%s",
+                         geteuid() == 0 ? " as root" : "", cg.path_mem[0] ? " memory" : "",
+                         cg.path_pids[0] ? " pids" : "", cg.path_cpu[0] ? " cpu" : "");
     (void)conch_cgroup_destroy(&cg, NULL);
     if (no_cpu) {
         r->state = CONCH_PROBE_PARTIAL;
         size_t n = strlen(r->detail);
-        text(r->detail + n, sizeof(r->detail) - n, " (no cpu controller: %s)", err.msg);
-        add_fix(r->fix, sizeof(r->fix),
-                "enable the cpu controller (v1: mount it; v2: add +cpu to the parent's "
-                "cgroup.subtree_control) to cap cpu");
+        conch_probe_text(r->detail + n, sizeof(r->detail) - n, " (no cpu controller: %s)", err.msg);
+        conch_probe_add_fix(r->fix, sizeof(r->fix),
+                            "enable the cpu controller (v1: mount it; v2: add +cpu to the parent's "
+                            "cgroup.subtree_control) to cap cpu");
         return;
     }
     r->state = CONCH_PROBE_OK;
@@ -735,12 +749,12 @@ static int child_idmap(char *detail, size_t len)
 {
     int sync[2], hold[2];
     if (pipe2(sync, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0) {
-        text(detail, len, "pipe: %s", strerror(errno));
+        conch_probe_text(detail, len, "pipe: %s", strerror(errno));
         return -errno;
     }
     pid_t pid = fork();
     if (pid < 0) {
-        text(detail, len, "fork: %s", strerror(errno));
+        conch_probe_text(detail, len, "fork: %s", strerror(errno));
         return -errno;
     }
     if (pid == 0) {
@@ -756,7 +770,7 @@ static int child_idmap(char *detail, size_t len)
     char c = 'n';
     int rc = 0;
     if (read(sync[0], &c, 1) != 1 || c != 'y') {
-        text(detail, len, "helper could not unshare(CLONE_NEWUSER)");
+        conch_probe_text(detail, len, "helper could not unshare(CLONE_NEWUSER)");
         rc = -EPERM;
     }
     char path[64];
@@ -769,14 +783,14 @@ static int child_idmap(char *detail, size_t len)
             rc = write_proc(path, "0 100000 65536");
         }
         if (rc < 0)
-            text(detail, len, "write %s: %s", path, strerror(-rc));
+            conch_probe_text(detail, len, "write %s: %s", path, strerror(-rc));
     }
     if (rc == 0) {
         snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
         nsfd = open(path, O_RDONLY | O_CLOEXEC);
         if (nsfd < 0) {
             rc = -errno;
-            text(detail, len, "open %s: %s", path, strerror(errno));
+            conch_probe_text(detail, len, "open %s: %s", path, strerror(errno));
         }
     }
     if (rc == 0) {
@@ -786,19 +800,20 @@ static int child_idmap(char *detail, size_t len)
             int tree = open_tree(AT_FDCWD, targets[i], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
             if (tree < 0) {
                 rc = -errno;
-                text(detail, len, "open_tree %s: %s", targets[i], strerror(errno));
+                conch_probe_text(detail, len, "open_tree %s: %s", targets[i], strerror(errno));
                 continue;
             }
             struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (uint64_t)nsfd};
             if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) == 0) {
                 struct statfs sfs;
                 rc = 0;
-                text(detail, len, "idmapped clone of %s (%s)", targets[i],
-                     fstatfs(tree, &sfs) == 0 ? fs_name((unsigned long)sfs.f_type) : "?");
+                conch_probe_text(detail, len, "idmapped clone of %s (%s)", targets[i],
+                                 fstatfs(tree, &sfs) == 0 ? fs_name((unsigned long)sfs.f_type)
+                                                          : "?");
             } else {
                 rc = -errno;
-                text(detail, len, "mount_setattr(MOUNT_ATTR_IDMAP) on %s: %s", targets[i],
-                     strerror(errno));
+                conch_probe_text(detail, len, "mount_setattr(MOUNT_ATTR_IDMAP) on %s: %s",
+                                 targets[i], strerror(errno));
             }
             close(tree);
         }
@@ -818,17 +833,19 @@ static void probe_idmap(struct conch_probe_result *r)
     r->required = false;
     if (geteuid() != 0) {
         r->state = CONCH_PROBE_OK;
-        text(r->detail, sizeof(r->detail), "not needed (unprivileged mode maps your uid directly)");
+        conch_probe_text(r->detail, sizeof(r->detail),
+                         "not needed (unprivileged mode maps your uid directly)");
         return;
     }
-    if (in_child(child_idmap, r->detail, sizeof(r->detail)) == 0) {
+    if (conch_probe_in_child(child_idmap, r->detail, sizeof(r->detail)) == 0) {
         r->state = CONCH_PROBE_OK;
         return;
     }
     r->state = CONCH_PROBE_MISSING;
-    add_fix(r->fix, sizeof(r->fix),
-            "use Linux 5.12+ and a filesystem that supports idmapped mounts (ext4, xfs, btrfs; "
-            "tmpfs since 6.3)");
+    conch_probe_add_fix(
+        r->fix, sizeof(r->fix),
+        "use Linux 5.12+ and a filesystem that supports idmapped mounts (ext4, xfs, btrfs; "
+        "tmpfs since 6.3)");
 }
 
 static void probe_pidfd(struct conch_probe_result *r)
@@ -839,22 +856,23 @@ static void probe_pidfd(struct conch_probe_result *r)
     if (fd >= 0) {
         close(fd);
         r->state = CONCH_PROBE_OK;
-        text(r->detail, sizeof(r->detail), "pidfd_open works");
+        conch_probe_text(r->detail, sizeof(r->detail), "pidfd_open works");
         return;
     }
     r->state = CONCH_PROBE_MISSING;
-    text(r->detail, sizeof(r->detail), "pidfd_open: %s", strerror(errno));
-    add_fix(r->fix, sizeof(r->fix),
-            "use Linux 5.3+ (pidfd_open), which lets a parent signal a child without pid-reuse "
-            "races");
+    conch_probe_text(r->detail, sizeof(r->detail), "pidfd_open: %s", strerror(errno));
+    conch_probe_add_fix(
+        r->fix, sizeof(r->fix),
+        "use Linux 5.3+ (pidfd_open), which lets a parent signal a child without pid-reuse "
+        "races");
 }
 
 int conch_probe_all(struct conch_probe_result *out, int max)
 {
     static void (*const probes[])(struct conch_probe_result *) = {
-        probe_userns,   probe_mountns,   probe_overlay,  probe_pidns,
-        probe_net_none, probe_net_allow, probe_net_host, probe_seccomp,
-        probe_landlock, probe_cgroups,   probe_idmap,    probe_pidfd,
+        probe_userns,      probe_mountns,      probe_overlay,  probe_pidns,     conch_probe_uts,
+        conch_probe_setns, conch_probe_procfs, probe_net_none, probe_net_allow, probe_net_host,
+        probe_seccomp,     probe_landlock,     probe_cgroups,  probe_idmap,     probe_pidfd,
     };
     int n = 0;
     for (size_t i = 0; i < ARRAY_SIZE(probes) && n < max; i++, n++) {

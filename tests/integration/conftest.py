@@ -77,7 +77,7 @@ DAEMON_CODE_FILES = {
 # Files that only the root pass runs: what they test is the same in every mode and below the
 # daemon's C code (in-sandbox clients, the terminal UI, service units), or it is a stress test.
 ROOT_PASS_FILES = {"test_daemon_stress", "test_ptc_clients", "test_service", "test_sessions_tmux",
-                   "test_install", "test_docs"}
+                   "test_install", "test_docs", "test_deploy", "test_image"}
 # Files whose every test loads or counts something host-wide (systemd units, process floods).
 SERIAL_FILES = {"test_service", "test_daemon_stress", "test_limits"}
 # Tests elsewhere that flood the host (fork bombs) or count a host-wide or per-uid resource

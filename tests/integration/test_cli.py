@@ -115,6 +115,18 @@ def test_doctor_json():
     json.loads(r.stdout)
 
 
+def test_doctor_tries_what_a_containers_defaults_refuse():
+    # A hostname in an own UTS namespace, setns, a new /proc for a new pid namespace: each
+    # tried for real (here, where the suite builds sandboxes, each works and is required).
+    # tests/integration/test_image.py sees them refused in a container.
+    r = conch(["doctor", "--json"])
+    got = {p["name"]: p for p in json.loads(r.stdout)}
+    for name in ("hostname (UTS namespace)", "setns (mount namespaces)", "/proc in a pid namespace"):
+        assert got[name]["state"] == "ok" and got[name]["required"] is True, got[name]
+    # Nothing failed, so no container settings are listed, in a container or not.
+    assert "seccompProfile" not in got and "In a " not in conch(["doctor"]).stdout
+
+
 def test_doctor_knows_the_network_modes(tmp_path):
     # Here (where the suite runs sandboxes) the default mode works; allow and host are reported
     # with what was tried, optional.
