@@ -134,18 +134,17 @@ def test_wrong_or_no_token_and_secrets_kept(gw, certs, client):
 def test_reconnect_after_drop(gw, client, ws):
     sb = Sandbox(client, client.sandbox_create(workspace=str(ws)))
     errors = []
+    started = threading.Event()
 
     def long_call():
         try:
-            sb.run("sleep 30")
+            sb.run("echo started; sleep 30", on_output=lambda stream, data: started.set())
         except ConnectionLost as e:
             errors.append(e)
 
     t = threading.Thread(target=long_call)
     t.start()
-    deadline = time.time() + 20
-    while not sb.jobs() and time.time() < deadline:
-        time.sleep(0.05)
+    assert started.wait(20)
     gw.drop()
     t.join(30)
     assert not t.is_alive()
