@@ -3,7 +3,10 @@
 # gateway (wss on loopback, bearer token, one JSON-RPC message per WebSocket text message).
 # TLS is verified (a wrong CA, a wrong hostname are refused), the token never shows in reprs
 # or errors, and a dropped connection fails what was in flight and is dialed again after.
+import asyncio
 import os
+import socket
+import ssl
 import sys
 import threading
 import time
@@ -15,7 +18,7 @@ from conftest import REPO, conch
 sys.path.insert(0, str(REPO / "clients" / "python"))
 pytest.importorskip("websockets")  # the fixture's gateway needs python3-websockets
 
-from conch_client import Client, ConnectionLost, Sandbox  # noqa: E402
+from conch_client import AsyncSandbox, Client, ConnectionLost, Sandbox  # noqa: E402
 from wsfixture import Gateway, free_port, make_certs  # noqa: E402
 
 TOKEN = "tok-" + "s3cr3t" * 6
@@ -96,6 +99,19 @@ def test_tool_call_answered_by_the_client(client, ws):
     sb.destroy()
 
 
+def test_async_client(gw, certs, ws):
+    async def main():
+        async with AsyncSandbox.create(url=gw.url, token=TOKEN, ca=certs["ca"],
+                                       workspace=str(ws)) as sb:
+            r = await sb.run("echo async $((6*7))")
+            assert r.stdout == "async 42\n"
+            blob = os.urandom(3 << 20)
+            await sb.upload("b.bin", blob)
+            assert await sb.download("b.bin") == blob
+            assert TOKEN not in repr(sb.client._reader)
+    asyncio.run(main())
+
+
 def test_wrong_ca_refused(gw, certs):
     with pytest.raises(ConnectionLost) as e:
         Client.connect(url=gw.url, token=TOKEN, ca=certs["other_ca"])
@@ -129,6 +145,44 @@ def test_wrong_or_no_token_and_secrets_kept(gw, certs, client):
         Client.connect(url=gw.url.replace("wss:", "ws:"), token=TOKEN)
     with pytest.raises(ValueError, match="token"):
         Client.connect(url=gw.url.replace("wss://", f"wss://u:{TOKEN}@"))
+
+
+def test_bad_handshake_answer_refused(certs, tmp_path):
+    """A server that says 101 without proving it read our key (Sec-WebSocket-Accept) is no
+    WebSocket server: the Python client and the CLI refuse it."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs["crt"], certs["key"])
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    url = f"wss://127.0.0.1:{srv.getsockname()[1]}"
+
+    def serve():
+        for _ in range(2):
+            c, _ = srv.accept()
+            try:
+                with ctx.wrap_socket(c, server_side=True) as s:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        data += s.recv(4096)
+                    s.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                              b"Connection: Upgrade\r\nSec-WebSocket-Accept: "
+                              b"dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+                    s.settimeout(5)
+                    s.recv(10)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(ConnectionLost, match="Sec-WebSocket-Accept"):
+            Client.connect(url=url, token=TOKEN, ca=certs["ca"])
+        r = conch(["--remote", url, "ps"], env=dict(os.environ, CONCH_TOKEN=TOKEN,
+                                                    CONCH_CA=certs["ca"]))
+        assert r.rc != 0 and "ACCEPT" in r.stderr.upper(), r.describe()
+    finally:
+        srv.close()
 
 
 def test_reconnect_after_drop(gw, client, ws):

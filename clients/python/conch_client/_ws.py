@@ -315,3 +315,41 @@ class WebSocketTransport:
         except OSError:
             pass
         sock.close()
+
+
+class AsyncAdapter:
+    """A WebSocketTransport as the (reader, writer) pair AsyncClient reads and writes: a
+    thread blocks in readline(), another sends, in order; nothing blocks the event loop."""
+
+    def __init__(self, t: WebSocketTransport):
+        import asyncio
+        import concurrent.futures
+        self._t = t
+        self._loop = asyncio.get_running_loop()
+        self._rpool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conch-ws-r")
+        self._wpool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conch-ws-w")
+        self._last = None
+
+    def __repr__(self) -> str:
+        return f"AsyncAdapter({self._t!r})"
+
+    # reader
+    async def readline(self) -> bytes:
+        return await self._loop.run_in_executor(self._rpool, self._t.readline)
+
+    # writer
+    def write(self, data: bytes) -> None:
+        self._last = self._loop.run_in_executor(self._wpool, self._t.write, data)
+
+    async def drain(self) -> None:
+        last = self._last
+        if last is not None:
+            await last
+
+    def close(self) -> None:
+        self._t.close()
+        self._rpool.shutdown(wait=False)
+        self._wpool.shutdown(wait=False)
+
+    async def wait_closed(self) -> None:
+        return None
