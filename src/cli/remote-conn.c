@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/conn.h"
@@ -151,8 +152,13 @@ static int on_writable(struct lws *wsi)
         more = R.head != NULL;
         pthread_cond_broadcast(&R.cond);
     }
+    bool closing = !more && R.verb_eof;
     pthread_mutex_unlock(&R.lock);
     free(last ? m : NULL);
+    if (closing) { /* the verb is done and all it said is sent */
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_NORMAL, NULL, 0);
+        return -1;
+    }
     if (more)
         lws_callback_on_writable(wsi);
     return 0;
@@ -334,6 +340,29 @@ out:
     pthread_mutex_unlock(&R.lock);
     lws_cancel_service(R.ctx);
     return NULL;
+}
+
+static pthread_t service_tid, reader_tid;
+
+/* At exit, before OpenSSL frees its state: end the connection (a close frame once what the
+ * verb wrote is sent), wait for both threads (3 s at most each) and free lws's context. A
+ * thread still running then keeps the context: freeing it under the thread would be worse. */
+static void remote_atexit(void)
+{
+    shutdown(R.fd, SHUT_RDWR);
+    lws_cancel_service(R.ctx);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 3;
+    bool joined = pthread_timedjoin_np(reader_tid, NULL, &ts) == 0;
+    lws_cancel_service(R.ctx);
+    joined = pthread_timedjoin_np(service_tid, NULL, &ts) == 0 && joined;
+    if (joined) {
+        lws_context_destroy(R.ctx);
+        R.ctx = NULL;
+        free(R.rx);
+        R.rx = NULL;
+    }
 }
 
 /* wss://HOST[:PORT][/PATH] → its parts; the path defaults to /rpc. */
@@ -521,13 +550,17 @@ int conch_cli_remote_connect(struct conch_err *err)
         return conch_err_set(err, ECONNREFUSED, "cannot reach the remote daemon at %s: %s", url,
                              R.error);
     }
-    pthread_t t1, t2;
-    if (pthread_create(&t1, NULL, service_thread, NULL) != 0 ||
-        pthread_create(&t2, NULL, reader_thread, NULL) != 0) {
+    if (pthread_create(&service_tid, NULL, service_thread, NULL) != 0) {
         close(sv[0]);
-        return conch_err_set(err, EAGAIN, "cannot start the remote connection's threads");
+        return conch_err_set(err, EAGAIN, "cannot start the remote connection's thread");
     }
-    pthread_detach(t1);
-    pthread_detach(t2);
+    if (pthread_create(&reader_tid, NULL, reader_thread, NULL) != 0) {
+        close(sv[0]); /* the service thread ends with the connection: nothing feeds it */
+        set_state(-1, NULL);
+        lws_cancel_service(R.ctx);
+        return conch_err_set(err, EAGAIN, "cannot start the remote connection's thread");
+    }
+    /* After OpenSSL's own (lws_create_context registered it), so it runs before it. */
+    atexit(remote_atexit);
     return sv[0];
 }
