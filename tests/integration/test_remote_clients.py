@@ -128,6 +128,10 @@ def test_wrong_hostname_refused(daemon, certs, tmp_path):
         with pytest.raises(ConnectionLost) as e:
             Client.connect(url=g.url, token=TOKEN, ca=certs["ca"])
         assert "certificate" in str(e.value) and "127.0.0.1" in str(e.value)
+        # By name too (the certificate is for wrong.example, not localhost).
+        with pytest.raises(ConnectionLost, match="(?i)hostname mismatch"):
+            Client.connect(url=g.url.replace("127.0.0.1", "localhost"), token=TOKEN,
+                           ca=certs["ca"])
     finally:
         g.stop()
 
@@ -294,6 +298,9 @@ def test_cli_remote_wrong_hostname(daemon, certs, tmp_path):
     try:
         r = conch(["--remote", g.url, "ps"], env=cli_env(g, certs))
         assert r.rc != 0 and "certificate" in r.stderr, r.describe()
+        r = conch(["--remote", g.url.replace("127.0.0.1", "localhost"), "ps"],
+                  env=cli_env(g, certs))
+        assert r.rc != 0 and "hostname mismatch" in r.stderr, r.describe()
     finally:
         g.stop()
 
