@@ -212,6 +212,23 @@ def test_reconnect_after_drop(gw, client, ws):
     client.sandbox_destroy(sb.id)
 
 
+def test_pings_answered(daemon, certs, tmp_path, ws):
+    """A gateway that pings every 0.2 s and drops a client silent for 0.2 s: a command of 2 s
+    runs to its end through the Python client and the CLI, who answer every ping."""
+    g = Gateway(daemon.sock, certs["crt"], certs["key"], TOKEN, str(tmp_path),
+                ping_interval=0.2)
+    try:
+        with Client.connect(url=g.url, token=TOKEN, ca=certs["ca"], timeout=60) as c:
+            sb = Sandbox(c, c.sandbox_create(workspace=str(ws), name="pinged"))
+            assert sb.run("sleep 2; echo done").stdout == "done\n"
+            r = conch(["--remote", g.url, "exec", "pinged", "sh", "-c", "sleep 2; echo cli"],
+                      env=cli_env(g, certs))
+            assert r.rc == 0 and r.stdout == "cli\n", r.describe()
+            sb.destroy()
+    finally:
+        g.stop()
+
+
 def test_reconnect_bounded(daemon, certs, tmp_path):
     port = free_port()
     g = Gateway(daemon.sock, certs["crt"], certs["key"], TOKEN, str(tmp_path), port=port)

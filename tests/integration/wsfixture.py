@@ -1,8 +1,9 @@
 # wsfixture.py - a stand-in for conch's remote gateway in the clients' tests: wss on loopback
 # (python3-websockets + ssl), `Authorization: Bearer TOKEN` checked before the upgrade (401),
 # each WebSocket text message forwarded as one line to a real daemon's unix socket and each
-# line back as one message (docs/PROTOCOL.md, "Remote transport"). SIGUSR1 drops every
-# connection (the clients' reconnect tests). Also: make_certs() (a CA and server certs made
+# line back as one message (docs/PROTOCOL.md, "Remote"). SIGUSR1 drops every connection
+# (the clients' reconnect tests); --ping-interval N pings every N s and drops a client that
+# does not answer with a pong within N s. Also: make_certs() (a CA and server certs made
 # with the openssl CLI). The same tests can later be pointed at the real gateway.
 #
 #   python3 wsfixture.py --socket SOCK --cert CRT --key KEY --token-file F [--port N]
@@ -89,7 +90,9 @@ async def serve(args, token):
             ws.transport.abort()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, drop)
     async with websockets.serve(handler, "127.0.0.1", args.port, ssl=ctx, max_size=64 << 20,
-                                process_request=check, compression=None) as srv:
+                                process_request=check, compression=None,
+                                ping_interval=args.ping_interval,
+                                ping_timeout=args.ping_interval) as srv:
         port = srv.sockets[0].getsockname()[1]
         print(port, flush=True)
         await asyncio.Future()
@@ -102,6 +105,8 @@ def main():
     ap.add_argument("--key", required=True)
     ap.add_argument("--token-file", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--ping-interval", type=float, default=20,
+                    help="ping every N s; a client that does not answer within N s is dropped")
     args = ap.parse_args()
     with open(args.token_file) as f:
         token = f.read().strip()
@@ -115,14 +120,14 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 class Gateway:
     """The fixture run as a child process in front of the daemon at @sock."""
 
-    def __init__(self, sock, cert, key, token, workdir, port=0):
+    def __init__(self, sock, cert, key, token, workdir, port=0, ping_interval=20):
         tf = os.path.join(workdir, "fixture.token")
         with open(tf, "w") as f:
             f.write(token)
         self.proc = subprocess.Popen(
             [PYTHON, __file__,
              "--socket", sock, "--cert", cert, "--key", key, "--token-file", tf,
-             "--port", str(port)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             "--port", str(port), "--ping-interval", str(ping_interval)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = self.proc.stdout.readline()
         if not line.strip():
             self.proc.wait(10)

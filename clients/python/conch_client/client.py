@@ -387,7 +387,8 @@ class Client(ProtocolMethods):
 
     # -- reading -------------------------------------------------------------------------
     def _read_loop(self, t: Any) -> None:
-        why = "the daemon closed the connection"
+        why = ("the server closed the connection" if self._reconnect is not None else
+               "the daemon closed the connection")
         try:
             while True:
                 line = t.readline()
