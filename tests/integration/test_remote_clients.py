@@ -67,7 +67,7 @@ def test_exec_run_and_env_options(gw, certs, client, ws, monkeypatch):
     sb.destroy()
 
 
-def test_fs_ops_and_big_messages(client, ws):
+def test_fs_ops_and_big_messages(gw, client, ws):
     sb = Sandbox(client, client.sandbox_create(workspace=str(ws)))
     sb.write("a/b.txt", "one\ntwo\n")
     assert sb.read("a/b.txt") == "one\ntwo\n"
@@ -79,6 +79,7 @@ def test_fs_ops_and_big_messages(client, ws):
     sb.upload("big.bin", blob)
     assert sb.download("big.bin") == blob
     sb.destroy()
+    assert "fs.copy_in" not in gw.methods() and "fs.copy_out" not in gw.methods()
 
 
 def test_tool_call_answered_by_the_client(client, ws):
@@ -110,6 +111,7 @@ def test_async_client(gw, certs, ws):
             assert await sb.download("b.bin") == blob
             assert TOKEN not in repr(sb.client._reader)
     asyncio.run(main())
+    assert "fs.copy_in" not in gw.methods() and "fs.copy_out" not in gw.methods()
 
 
 def test_wrong_ca_refused(gw, certs):
@@ -273,6 +275,16 @@ def test_cli_remote_ps_exec_cp(gw, certs, ws, tmp_path):
     assert r.rc == 0, r.describe()
     r = conch(["--remote", gw.url, "exec", "rem", "cat", "/workspace/in.txt"], env=env)
     assert r.rc == 0 and r.stdout == "copied\n", r.describe()
+    # A file of several MiB each way (in chunks: the daemon's host is not ours).
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(3 << 20))
+    r = conch(["--remote", gw.url, "cp", str(big), "rem:big.bin"], env=env)
+    assert r.rc == 0, r.describe()
+    r = conch(["--remote", gw.url, "cp", "rem:big.bin", str(tmp_path / "back.bin")], env=env)
+    assert r.rc == 0 and (tmp_path / "back.bin").read_bytes() == big.read_bytes(), r.describe()
+    seen = gw.methods()
+    assert "fs.write" in seen and "fs.read" in seen, seen
+    assert "fs.copy_in" not in seen and "fs.copy_out" not in seen, seen
     r = conch(["--remote", gw.url, "rm", "rem"], env=env)
     assert r.rc == 0, r.describe()
 

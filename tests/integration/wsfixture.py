@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import http
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ async def serve(args, token):
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(args.cert, args.key)
     conns = set()
+    log = open(args.log, "a") if args.log else None
 
     async def check(path, headers):
         if path.split("?")[0] == "/healthz":
@@ -76,6 +78,11 @@ async def serve(args, token):
         t = asyncio.ensure_future(down())
         try:
             async for msg in ws:
+                if log:
+                    m = re.search(r'"method"\s*:\s*"([^"]*)"', msg[:4096])
+                    if m:
+                        log.write(m.group(1) + "\n")
+                        log.flush()
                 w.write((msg if isinstance(msg, bytes) else msg.encode()) + b"\n")
                 await w.drain()
         except websockets.ConnectionClosed:
@@ -105,6 +112,7 @@ def main():
     ap.add_argument("--key", required=True)
     ap.add_argument("--token-file", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--log", help="append the method of each client message to this file")
     ap.add_argument("--ping-interval", type=float, default=20,
                     help="ping every N s; a client that does not answer within N s is dropped")
     args = ap.parse_args()
@@ -122,18 +130,28 @@ class Gateway:
 
     def __init__(self, sock, cert, key, token, workdir, port=0, ping_interval=20):
         tf = os.path.join(workdir, "fixture.token")
+        self.log = os.path.join(workdir, f"fixture-{os.getpid()}-{id(self)}.methods")
         with open(tf, "w") as f:
             f.write(token)
         self.proc = subprocess.Popen(
             [PYTHON, __file__,
              "--socket", sock, "--cert", cert, "--key", key, "--token-file", tf,
-             "--port", str(port), "--ping-interval", str(ping_interval)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             "--port", str(port), "--ping-interval", str(ping_interval), "--log", self.log],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = self.proc.stdout.readline()
         if not line.strip():
             self.proc.wait(10)
             raise RuntimeError("wsfixture did not start")
         self.port = int(line)
         self.url = f"wss://127.0.0.1:{self.port}"
+
+    def methods(self):
+        """The methods the clients called through this gateway so far."""
+        try:
+            with open(self.log) as f:
+                return f.read().split()
+        except FileNotFoundError:
+            return []
 
     def drop(self):
         """Drop every connection open now."""

@@ -114,7 +114,9 @@ class AsyncClient(ProtocolMethods):
                 None, functools.partial(_ws.WebSocketTransport, *remote,
                                         connect_timeout=connect_timeout))
             a = _ws.AsyncAdapter(t)
-            return cls(a, a, **kw)
+            c = cls(a, a, **kw)
+            c._conch_no_copy = True  # the daemon's host is not ours: contents go in messages
+            return c
         path = str(socket) if socket else _paths.default_socket_path()
         _paths.check_socket(path)
         try:

@@ -212,7 +212,9 @@ class Client(ProtocolMethods):
             def dial() -> Any:
                 return _ws.WebSocketTransport(remote[0], remote[1], remote[2],
                                               connect_timeout=connect_timeout)
-            return cls(dial(), name=kw.pop("name", "conch"), reconnect=dial, **kw)
+            c = cls(dial(), name=kw.pop("name", "conch"), reconnect=dial, **kw)
+            c._conch_no_copy = True  # the daemon's host is not ours: contents go in messages
+            return c
         path = str(socket) if socket else _paths.default_socket_path()
         _paths.check_socket(path)
         s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)

@@ -7,7 +7,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { randomBytes } from "node:crypto";
@@ -41,13 +41,14 @@ print(json.dumps({"ca": ca, "crt": crt, "key": key, "wc": wc, "wk": wk, "other":
 function startGateway(sock, crt, key) {
   const tf = join(dir, `token-${Math.random().toString(36).slice(2)}`);
   writeFileSync(tf, TOKEN, { mode: 0o600 });
-  const p = spawn(PY, [fixture, "--socket", sock, "--cert", crt, "--key", key, "--token-file", tf], { stdio: ["ignore", "pipe", "inherit"] });
+  const log = `${tf}.methods`;
+  const p = spawn(PY, [fixture, "--socket", sock, "--cert", crt, "--key", key, "--token-file", tf, "--log", log], { stdio: ["ignore", "pipe", "inherit"] });
   return new Promise((res, rej) => {
     let out = "";
     p.stdout.setEncoding("utf8");
     p.stdout.on("data", (d) => {
       out += d;
-      if (out.includes("\n")) res({ proc: p, url: `wss://127.0.0.1:${parseInt(out, 10)}` });
+      if (out.includes("\n")) res({ proc: p, url: `wss://127.0.0.1:${parseInt(out, 10)}`, methods: () => (existsSync(log) ? readFileSync(log, "utf8").split("\n") : []) });
     });
     p.once("exit", (c) => rej(new Error(`wsfixture exited with ${c}`)));
   });
@@ -83,6 +84,9 @@ test("exec.run and file operations over wss, options and environment", { skip },
     await c.fsWriteFile(sb.id, "big.bin", blob);
     const back = await c.fsReadFile(sb.id, "big.bin");
     assert.equal(Buffer.compare(Buffer.from(back), Buffer.from(blob)), 0);
+    // In messages: the daemon's host is not ours (no fs.copy_in / fs.copy_out naming our files).
+    assert.ok(gw.methods().includes("exec.run"), gw.methods().join(" "));
+    assert.ok(!gw.methods().some((m) => m === "fs.copy_in" || m === "fs.copy_out"), gw.methods().join(" "));
     // The environment names the same daemon.
     const saved = { ...process.env };
     Object.assign(process.env, { CONCH_URL: gw.url, CONCH_TOKEN: TOKEN, CONCH_CA: certs.ca });
