@@ -9,6 +9,9 @@ registry.test at a loopback server of this script):
   * latency: a Python loop inside the sandbox makes R requests for a small body, each on a new
     connection (what pip and npm do per file at worst), through the proxy and directly; the
     median per request, and what the proxy adds.
+A second reference, when tinyproxy is installed (Debian's tinyproxy-bin, which scripts/bootstrap
+installs): the same host-mode sandbox's curl through tinyproxy on the host, a well-known
+HTTP proxy with no policy: what any proxy costs on this path.
 Goals (issue 19): >= 80% of direct throughput, <= 0.2 ms added to a request. Beside the
 ratios, the daemon's CPU time per GB proxied (user + system, from /proc): the proxy's own
 cost, which moves far less than the ratios with the machine's load.
@@ -84,6 +87,31 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def start_tinyproxy(tmp, server_port):
+    """tinyproxy on a free loopback port, allowed to CONNECT to @server_port; (process, port),
+    or (None, 0) when it is not installed."""
+    exe = shutil.which("tinyproxy")
+    if not exe:
+        return None, 0
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    conf = os.path.join(tmp, "tinyproxy.conf")
+    with open(conf, "w") as f:
+        f.write(f"Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 64\nAllow 127.0.0.1\n"
+                f"ConnectPort {server_port}\nLogLevel Critical\n")
+    p = subprocess.Popen([exe, "-d", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return p, port
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    return None, 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--conch", default=os.path.join(os.path.dirname(__file__), "..", "build", "conch"))
@@ -101,6 +129,7 @@ def main():
     with open(hosts, "w") as f:
         f.write("127.0.0.1 registry.test\n")
     sock = os.path.join(tmp, "conch.sock")
+    tp, tp_port = start_tinyproxy(tmp, port)
     d = subprocess.Popen([conch, "serve", "--socket", sock, "--state-dir", os.path.join(tmp, "state"),
                           "--pool", "0", "--net-hosts", hosts], stderr=subprocess.DEVNULL)
     try:
@@ -135,6 +164,13 @@ def main():
         for name, v in [("direct (host mode)", direct), ("proxy, HTTP", proxied),
                         ("proxy, CONNECT tunnel", tunnel)]:
             rows.append((name, v))
+        ref = {}
+        if tp:
+            via = ["--resolve", f"registry.test:{port}:127.0.0.1", "-x", f"http://127.0.0.1:{tp_port}"]
+            ref["http"] = float(run(host, *curl, *via, f"http://127.0.0.1:{port}/{a.bytes}"))
+            ref["connect"] = float(run(host, *curl, *via, "--proxytunnel", f"http://127.0.0.1:{port}/{a.bytes}"))
+            rows.append(("tinyproxy, HTTP (ref.)", ref["http"]))
+            rows.append(("tinyproxy, CONNECT (ref.)", ref["connect"]))
         print(f"throughput, {a.bytes} bytes from a loopback server:")
         for name, v in rows:
             print(f"  {name:24s} {v / 1e6:9.1f} MB/s  {v / direct * 100:6.1f}% of direct")
@@ -148,8 +184,12 @@ def main():
                           "throughput_ratio_connect": round(tunnel / direct, 3),
                           "added_latency_ms": round(lat_proxy - lat_direct, 3),
                           "daemon_cpu_s_per_gb_http": round((c1 - c0) / gb, 3),
-                          "daemon_cpu_s_per_gb_connect": round((c2 - c1) / gb, 3)}))
+                          "daemon_cpu_s_per_gb_connect": round((c2 - c1) / gb, 3),
+                          **{f"tinyproxy_ratio_{k}": round(v / direct, 3) for k, v in ref.items()}}))
     finally:
+        if tp:
+            tp.kill()
+            tp.wait()
         d.terminate()
         d.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -45,6 +45,29 @@ def pss_kib(pid):
     return 0
 
 
+def private_kib(pid):
+    """What @pid alone costs, whatever else runs: its private pages (smaps_rollup's
+    Private_Clean + Private_Dirty) and its page tables (VmPTE). PSS also charges a share of
+    every page mapped by others too, so it moves with what else runs."""
+    kib = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    kib += int(line.split()[1])
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmPTE:"):
+                    kib += int(line.split()[1])
+    except OSError:
+        pass
+    return kib
+
+
+def tree_private(pid):
+    return sum(private_kib(p) for p in tree(pid))
+
+
 def tree(pid):
     """pid and every descendant, from /proc/*/stat (ppid)."""
     children = {}
@@ -64,6 +87,14 @@ def tree(pid):
         out.append(p)
         todo.extend(children.get(p, []))
     return out
+
+
+def children_of(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
 
 
 def total_pss(pid):
@@ -107,6 +138,8 @@ def idle_side_by_side(ws):
             time.sleep(0.2)
         time.sleep(1)
         rows["bwrap + sleep infinity"] = sum(total_pss(p.pid)[0] for p in ps) / N_IDLE
+        rows["bwrap + sleep infinity, private + page tables"] = \
+            sum(tree_private(p.pid) for p in ps) / N_IDLE
         for p in ps:
             p.kill()
             p.wait()
@@ -164,6 +197,11 @@ def main():
         if len(rows) >= 2:
             (s0, p0, *_), (s1, p1, *_) = rows[-2], rows[-1]
             idle["conch (warden + ready shepherd)"] = (p1 - p0) / (s1 - s0)
+        # and what one sandbox alone costs: a warden's tree (warden, ready shepherd, its
+        # command's process), private pages and page tables, averaged over N_IDLE of them
+        wardens = [p for p in tree(d.pid)[1:] if p in set(children_of(d.pid))][:N_IDLE]
+        if wardens:
+            idle["conch, private + page tables"] = sum(tree_private(w) for w in wardens) / len(wardens)
         idle.update(idle_side_by_side(ws))
     finally:
         os.killpg(d.pid, signal.SIGTERM)
@@ -183,7 +221,7 @@ def main():
               f"{cr / rows[0][3]:5.2f} {ru:12.2f} {ru / rows[0][4]:5.2f}")
     print("\nidle sandbox, PSS each (side by side):")
     for k, v in idle.items():
-        print(f"  {k:34s} {v:8.0f} KiB" if v is not None else f"  {k:34s}      n/a")
+        print(f"  {k:46s} {v:8.0f} KiB" if v is not None else f"  {k:46s}      n/a")
     last = rows[-1]
     print("\ngoals (issue 16):")
     if last[0] >= 1000:
@@ -193,10 +231,13 @@ def main():
           f"-> {'met' if last[3] <= 1.2 * rows[0][3] else 'not met'}")
     print(f"  exec.run at {last[0]} within 1.2x of at {rows[0][0]}: {last[4] / rows[0][4]:.2f}x "
           f"-> {'met' if last[4] <= 1.2 * rows[0][4] else 'not met'}")
-    c_idle, b_idle = idle.get("conch (warden + ready shepherd)"), idle.get("bwrap + sleep infinity")
-    if c_idle and b_idle:
-        print(f"  an idle sandbox no heavier than bwrap's: {c_idle:.0f} vs {b_idle:.0f} KiB "
-              f"-> {'met' if c_idle <= b_idle else 'not met'}")
+    for what, ck, bk in [("PSS", "conch (warden + ready shepherd)", "bwrap + sleep infinity"),
+                         ("private + page tables", "conch, private + page tables",
+                          "bwrap + sleep infinity, private + page tables")]:
+        c_idle, b_idle = idle.get(ck), idle.get(bk)
+        if c_idle and b_idle:
+            print(f"  an idle sandbox no heavier than bwrap's ({what}): {c_idle:.0f} vs "
+                  f"{b_idle:.0f} KiB -> {'met' if c_idle <= b_idle else 'not met'}")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ _conch()
             return ;;
         --allow|--deny|--remote)
             return ;;
-        --net-hosts|--pass-socket)
+        --net-hosts|--pass-socket|--tokens)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
@@ -112,7 +112,7 @@ _conch()
             opts="--workspace --mode --commit --rootfs --as-root --env --cwd --timeout --grace
                   --max-output --max-spill --memory --pids --cpu --tmp-size --home-size --disk
                   --mount --net --allow --deny --readonly --hidden --pass-socket --tools
-                  --no-daemon --socket --json --quiet -q
+                  --no-daemon --socket --state-dir --json --quiet -q
                   --help -h --" ;;
         doctor)
             opts="--json --help -h" ;;
@@ -120,7 +120,7 @@ _conch()
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
                   --idle-timeout --max-output-memory --max-bridge-memory
                   --max-sandbox-bridge-memory --max-held --max-sandbox-held
-                  --max-client-output-memory --net-hosts --help -h" ;;
+                  --max-client-output-memory --net-hosts --tokens --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly

@@ -18,6 +18,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon.h"
+#include "daemon/state.h"
 #include "exec/result.h"
 #include "exec/run.h"
 
@@ -45,8 +46,14 @@ static const char usage_text[] =
     "  --mount SPEC        an extra mount, docker's --mount form (repeatable, at most 8):\n"
     "                      type=tmpfs,target=/scratch[,size=64m] or\n"
     "                      type=bind,source=/host/dir,target=/opt/x[,rw] (read-only unless rw)\n"
-    "                      (type=store,name=N,target=/memories and\n"
-    "                      type=overlay,source=DIR,target=P: daemon sandboxes only)\n"
+    "                      type=overlay,source=/host/dir,target=/data: the command writes\n"
+    "                      over the host dir; its changes are reported and committed with\n"
+    "                      the workspace's (--commit; needs --mode overlay) or\n"
+    "                      type=store,name=N,target=/memories: a named store's files (the\n"
+    "                      daemon's, see conch store), written back when the command ends\n"
+    "  --state-dir DIR     where the stores are (default: conch serve's, /var/lib/conch as\n"
+    "                      root, else $XDG_STATE_HOME/conch); give the daemon's if it has\n"
+    "                      another\n"
     "  --readonly PATH     a workspace path the command cannot change (e.g. .git/hooks;\n"
     "                      repeatable, at most 32 rules): enforced by the kernel, never committed\n"
     "  --hidden PATH       a workspace path the command cannot see (e.g. .env): an empty\n"
@@ -86,6 +93,7 @@ enum {
     OPT_NO_DAEMON,
     OPT_SOCKET,
     OPT_QUIET,
+    OPT_STATE_DIR,
 };
 
 static const struct conch_cli_opt run_opts[] = {
@@ -100,6 +108,7 @@ static const struct conch_cli_opt run_opts[] = {
     {"no-daemon", 0, false, OPT_NO_DAEMON},
     {"socket", 0, true, OPT_SOCKET},
     {"quiet", 'q', false, OPT_QUIET},
+    {"state-dir", 0, true, OPT_STATE_DIR},
     {NULL, 0, false, 0},
 };
 
@@ -119,6 +128,10 @@ struct run_cli {
     char rootfs[PATH_MAX];
     char cwd_inside[PATH_MAX + 16];
     char spill_dir[PATH_MAX];
+    const char *state_dir_arg; /* --state-dir */
+    char state_dir[PATH_MAX];
+    char store_dir[PATH_MAX + 16];
+    char view_dir[PATH_MAX + 16];
     char **env;
     size_t n_env;
     bool json;
@@ -217,6 +230,9 @@ static int run_opt(void *ctx, int key, const char *value, struct conch_err *err)
     case OPT_QUIET:
         c->quiet = true;
         break;
+    case OPT_STATE_DIR:
+        c->state_dir_arg = value;
+        break;
     }
     return r;
 }
@@ -237,6 +253,43 @@ static int env_list(struct run_cli *c, struct conch_err *err)
         }
         c->n_env++;
     }
+    return 0;
+}
+
+/* Overlay mounts follow the workspace (their changes are reported and committed with its), so
+ * they need its overlay mode; store mounts need the stores' dir, the daemon's (<state>/stores,
+ * shared with it: a daemon running or not) and a dir for their views (<state>/runs). */
+static int mounts_check(struct run_cli *c, struct conch_err *err)
+{
+    bool stores = false;
+    for (unsigned i = 0; i < c->spec.n_mounts; i++) {
+        const struct conch_mount *m = &c->spec.mounts[i];
+        stores |= m->type == CONCH_MOUNT_STORE;
+        if (m->type == CONCH_MOUNT_OVERLAY && c->spec.mode != CONCH_WS_OVERLAY)
+            return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                  "mount '%s': an overlay mount's changes follow the workspace's: "
+                                  "it needs --mode overlay (the default)",
+                                  m->target);
+    }
+    if (!stores)
+        return 0;
+    int r;
+    if (c->state_dir_arg)
+        snprintf(c->state_dir, sizeof(c->state_dir), "%s", c->state_dir_arg);
+    else if ((r = conch_state_default_dir(c->state_dir, sizeof(c->state_dir), err)) < 0)
+        return r;
+    snprintf(c->store_dir, sizeof(c->store_dir), "%s/stores", c->state_dir);
+    snprintf(c->view_dir, sizeof(c->view_dir), "%s/runs", c->state_dir);
+    char probe[sizeof(c->view_dir) + 8];
+    snprintf(probe, sizeof(probe), "%s/x", c->view_dir);
+    /* Both private and ours (a shared /tmp's parent swapped by another user would get them). */
+    if ((r = conch_mkdir_p(c->store_dir, 0700, err)) < 0 ||
+        (r = conch_mkdir_p(c->view_dir, 0700, err)) < 0 ||
+        (r = conch_daemon_socket_check(probe, false, err)) < 0 ||
+        (r = conch_daemon_socket_check(c->view_dir, false, err)) < 0)
+        return conch_err_wrap(err, "state directory '%s' (stores)", c->state_dir);
+    c->run.store_dir = c->store_dir;
+    c->run.view_dir = c->view_dir;
     return 0;
 }
 
@@ -273,20 +326,8 @@ static int parse(struct run_cli *c, int argc, char **argv, struct conch_err *err
     j->tmp_bytes = c->spec.tmp_bytes;
     j->home_bytes = c->spec.home_bytes;
     j->disk_bytes = c->spec.disk_bytes;
-    for (unsigned i = 0; i < c->spec.n_mounts; i++)
-        if (c->spec.mounts[i].type == CONCH_MOUNT_STORE)
-            return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                                  "mount '%s': a store is kept by the daemon: mount it in a "
-                                  "daemon's sandbox (conch create --mount type=store,...; then "
-                                  "conch exec)",
-                                  c->spec.mounts[i].target);
-    for (unsigned i = 0; i < c->spec.n_mounts; i++)
-        if (c->spec.mounts[i].type == CONCH_MOUNT_OVERLAY)
-            return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                                  "mount '%s': an overlay mount's changes are kept by the "
-                                  "daemon: mount it in a daemon's sandbox (conch create --mount "
-                                  "type=overlay,...; conch exec; conch changes/commit --mount %s)",
-                                  c->spec.mounts[i].target, c->spec.mounts[i].target);
+    if ((r = mounts_check(c, err)) < 0)
+        return r;
     j->mounts = c->spec.mounts;
     j->n_mounts = c->spec.n_mounts;
     j->rules = c->spec.rules;
@@ -435,29 +476,24 @@ static void print_denials(struct conch_nethost *h)
     json_decref(recs);
 }
 
-static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
+/* The changes of the workspace or of an overlay mount, and what their commit did. */
+struct change_block {
+    const struct conch_ws_changes *chs;
+    bool committed, commit_tried;
+    size_t applied;
+    const struct conch_err *commit_err;
+};
+
+static void print_changes(const struct run_cli *c, const char *where, const char *host,
+                          const struct change_block *b)
 {
-    /* The command's own failure is on its stderr; one that never ran has only ours. */
-    if (res->not_started)
-        fprintf(stderr, "conch run: cannot run the command: %s\n", res->error_msg);
-    else if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
-        fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
-                res->error_msg);
-    if (c->run.jail.net == CONCH_NET_HOST && !c->quiet)
-        fprintf(stderr, "conch: network: host (the command shared the host's network)\n");
-    if (c->nethost && !c->quiet)
-        print_denials(c->nethost);
-    if (res->tools.summary && !c->quiet)
-        fprintf(stderr, "conch: %s\n", res->tools.summary);
-    if (c->quiet || !res->has_changes)
-        return;
-    const struct conch_ws_changes *chs = &res->changes;
+    const struct conch_ws_changes *chs = b->chs;
     size_t total = chs->total > chs->n ? chs->total : chs->n;
     if (total == 0) {
-        fprintf(stderr, "conch: no changes in /workspace\n");
+        fprintf(stderr, "conch: no changes in %s\n", where);
         return;
     }
-    fprintf(stderr, "conch: %zu change%s in /workspace:\n", total, total == 1 ? "" : "s");
+    fprintf(stderr, "conch: %zu change%s in %s:\n", total, total == 1 ? "" : "s", where);
     size_t lines = 0, skipped = 0;
     for (size_t i = 0; i < chs->n; i++)
         skipped += conch_ws_change_skip_reason(&chs->items[i]) != NULL;
@@ -481,19 +517,65 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
     }
     if (i < total)
         fprintf(stderr, "  ... and %zu more\n", total - i);
-    if (res->committed && skipped)
+    if (b->committed && skipped)
         fprintf(stderr,
-                "conch: changes committed to %s, except %zu entr%s marked [not committed]\n",
-                c->workspace, skipped, skipped == 1 ? "y" : "ies");
-    else if (res->committed)
-        fprintf(stderr, "conch: changes committed to %s\n", c->workspace);
-    else if (res->commit_tried)
+                "conch: changes committed to %s, except %zu entr%s marked [not committed]\n", host,
+                skipped, skipped == 1 ? "y" : "ies");
+    else if (b->committed)
+        fprintf(stderr, "conch: changes committed to %s\n", host);
+    else if (b->commit_tried)
         fprintf(stderr, "conch: changes NOT committed (%zu of them applied before it failed): %s\n",
-                res->commit.applied, res->commit_err.msg);
+                b->applied, b->commit_err->msg);
     else if (c->run.commit)
         fprintf(stderr, "conch: changes NOT committed: the command did not exit normally\n");
     else
         fprintf(stderr, "conch: changes discarded (run with --commit to apply them)\n");
+}
+
+static void print_summary(const struct run_cli *c, const struct conch_run_result *res)
+{
+    /* The command's own failure is on its stderr; one that never ran has only ours. */
+    if (res->not_started)
+        fprintf(stderr, "conch run: cannot run the command: %s\n", res->error_msg);
+    else if (res->error_kind != CONCH_ERR_NONE && res->error_kind != CONCH_ERR_COMMAND)
+        fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(res->error_kind),
+                res->error_msg);
+    if (c->run.jail.net == CONCH_NET_HOST && !c->quiet)
+        fprintf(stderr, "conch: network: host (the command shared the host's network)\n");
+    if (c->nethost && !c->quiet)
+        print_denials(c->nethost);
+    if (res->tools.summary && !c->quiet)
+        fprintf(stderr, "conch: %s\n", res->tools.summary);
+    for (unsigned i = 0; i < res->n_stores; i++) {
+        const struct conch_run_store_result *st = &res->stores[i];
+        if (st->err.code)
+            fprintf(stderr, "conch: store '%s' (%s) NOT written back: %s\n", st->name, st->target,
+                    st->err.msg);
+        else if (!c->quiet)
+            fprintf(stderr, "conch: store '%s' (%s): %u written, %u deleted%s\n", st->name,
+                    st->target, st->rep.written, st->rep.deleted,
+                    st->rep.skipped || st->rep.refused ? " (some entries skipped: --json)" : "");
+    }
+    if (c->quiet)
+        return;
+    if (res->has_changes)
+        print_changes(c, "/workspace", c->workspace,
+                      &(struct change_block){&res->changes, res->committed, res->commit_tried,
+                                             res->commit.applied, &res->commit_err});
+    for (unsigned i = 0; i < res->n_mounts; i++) {
+        const struct conch_run_mount_result *m = &res->mounts[i];
+        if (!m->has_changes) {
+            fprintf(stderr, "conch: mount %s: %s\n", m->target, m->commit_err.msg);
+            continue;
+        }
+        const char *host = "";
+        for (unsigned k = 0; k < c->spec.n_mounts; k++)
+            if (!strcmp(c->spec.mounts[k].target, m->target))
+                host = c->spec.mounts[k].source;
+        print_changes(c, m->target, host,
+                      &(struct change_block){&m->changes, m->committed, m->commit_tried,
+                                             m->commit.applied, &m->commit_err});
+    }
 }
 
 int conch_cli_run(int argc, char **argv)

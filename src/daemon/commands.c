@@ -263,6 +263,7 @@ static struct run *run_start(struct sandbox *sb, const char *command, json_t *pa
     }
     r->started_at = conch_daemon_now();
     conch_list_add(&sb->runs, &r->link);
+    conch_sb_sample_wake(sb);
     sb->commands++;
     conch_daemon_sandbox_touch(sb);
     return r;

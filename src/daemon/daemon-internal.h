@@ -42,6 +42,11 @@ struct client {
     bool stdio;
     bool closing;
     uid_t peer_uid; /* SO_PEERCRED's uid; --stdio: ours (whoever started us runs as us) */
+    /* connection.auth (tenants.c): once @authed, the connection is @tenant's for the rest of
+     * its life, restricted to what a tenant may reach (an @admin sees every tenant's). */
+    bool authed, admin;
+    char tenant[65];
+    unsigned char token_digest[32]; /* the token it authenticated with (SHA-256) */
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
@@ -91,6 +96,9 @@ struct sandbox {
     struct daemon *d;
     char id[64];
     char name[128];
+    /* The tenant that created it (connection.auth; recorded in its spec); "": the socket's
+     * owner. A tenant's connection sees only its own (tenants.c). */
+    char tenant[65];
     /* Where it is in its life: changed only by conch_sb_set_state, which checks the edge
      * and does what entering and leaving a state means (lifecycle.c). */
     enum sandbox_state state;
@@ -286,6 +294,14 @@ struct daemon {
      * that do not fit wait in answers_waiting, first come first built. */
     uint64_t answers_building;
     struct conch_list answers_waiting;
+    /* Tenants (tenants.c): the --tokens table (owned; NULL: no tenants), SIGHUP reloading it,
+     * the failed authentications by peer, and the client whose request is being dispatched
+     * (NULL outside a dispatch): the lookups see what it may see. */
+    struct conch_tokens *tokens;
+    uv_signal_t sighup;
+    struct conch_list auth_fails;
+    unsigned n_auth_fails;
+    struct client *viewer;
 };
 
 /* server.c */
@@ -387,6 +403,7 @@ struct sandbox_spec {
     json_t *readonly, *hidden;   /* sandbox.create's path rules (borrowed), or NULL */
     json_t *sockets;             /* sandbox.create's "sockets" (borrowed), or NULL */
     struct conch_net_policy net; /* owned by the caller (conch_net_policy_done) */
+    const char *tenant;          /* its tenant (a fork's: its source's); NULL: the viewer's */
 };
 /* ---- network.c: the network policy, proxy and log of a sandbox ---- */
 /* conch_daemon_net_listen - a sandbox of the allow mode whose warden just set up: its proxy
@@ -462,10 +479,11 @@ int conch_daemon_layer_stack(struct daemon *d, const char *top,
                              struct conch_jail_layer **ret_layers, int *ret_n,
                              struct conch_err *err);
 /* conch_daemon_snapshot_chain_at - where the snapshot @key (id or name) is in the chain of
- * layers from @top down (0: @top itself), the chain of sandbox @sb_id. -EINVAL (kind usage,
- * a message naming the snapshot) when there is no such snapshot or it is not in the chain. */
-int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
-                                   const char *key, struct conch_err *err);
+ * layers from @top down (0: @top itself), the chain of sandbox @sb_id, of tenant @tenant.
+ * -EINVAL (kind usage, a message naming the snapshot) when there is no such snapshot or it is
+ * not in the chain; another tenant's snapshot is answered as one that does not exist. */
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *tenant,
+                                   const char *top, const char *key, struct conch_err *err);
 /* The workspace requests that restart the sandbox, run on the loop by files.c in @sb's queue of
  * workspace requests (one at a time). Each returns its result (a new object) or NULL with
  * @err (EBUSY: commands, jobs or sessions run and @params has no force). */
@@ -498,9 +516,12 @@ void conch_daemon_sandbox_destroy_then(struct sandbox *sb, void (*gone)(void *ar
 void conch_sb_destroy_why(struct sandbox *sb, const char *why);
 void conch_daemon_sandbox_destroy_keep_record(struct sandbox *sb);
 /* conch_sb_sample_start - sample @sb's disk use, and its memory and process count where no
- * cgroup enforces its limits, every 50 ms while its warden is up (the timer is closed with
- * the warden's handles). */
+ * cgroup enforces its limits, every 50 ms while its warden is up and a command runs or a
+ * measurement waits (the timer is closed with the warden's handles). */
 void conch_sb_sample_start(struct sandbox *sb);
+/* conch_sb_sample_wake - restart @sb's sampling, asleep while nothing ran and no measurement
+ * waited: a command started, or a measurement was asked for and could not start at once. */
+void conch_sb_sample_wake(struct sandbox *sb);
 bool conch_daemon_spec_from_params(struct conch_rpc_call *call, json_t *params,
                                    struct sandbox_spec *spec);
 struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id);
@@ -700,5 +721,45 @@ int conch_daemon_ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_er
 int conch_daemon_mount_open(struct sandbox *sb, int i, struct ws_fds *fds, struct conch_err *err);
 /* conch_daemon_overlay_mount_find - the index of @sb's overlay mount at @target, or -1. */
 int conch_daemon_overlay_mount_find(const struct sandbox *sb, const char *target);
+
+/* tenants.c: connection.auth, tenants' visibility, refusals and quotas (docs/ARCHITECTURE.md,
+ * "Tenants"). */
+/* conch_daemon_tenants_start - load @path (the --tokens file; NULL: none). Returns 0, or
+ * -errno with @err naming what is wrong with the file. */
+int conch_daemon_tenants_start(struct daemon *d, const char *path, struct conch_err *err);
+/* conch_daemon_tenants_listen - reload the tokens file on SIGHUP (once the loop runs). */
+void conch_daemon_tenants_listen(struct daemon *d);
+/* conch_daemon_tenants_stop - free the table and the failure records. */
+void conch_daemon_tenants_stop(struct daemon *d);
+/* conch_daemon_handle_connection_auth - connection.auth {token, peer?} -> {tenant, admin}. */
+void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_tenant_dispatch - dispatch the request line of @c: through the method table a
+ * tenant is held to when @c has authenticated, else the whole table; with @c as the viewer. */
+void conch_daemon_tenant_dispatch(struct client *c, const char *line, size_t len);
+/* conch_daemon_tenant_sees - whether the viewer (the client whose request is being handled;
+ * none: the daemon itself) may see and reach @sb: the owner's connections and an admin's see
+ * every sandbox, a tenant's only its own. */
+bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb);
+/* conch_daemon_tenant_sees_tenant - the same for something recorded as @tenant's ("": the
+ * owner's), a snapshot say. */
+bool conch_daemon_tenant_sees_tenant(const struct daemon *d, const char *tenant);
+/* conch_daemon_tenant_viewer - the viewer's tenant name, "" for the owner. */
+const char *conch_daemon_tenant_viewer(const struct daemon *d);
+/* conch_daemon_tenant_workspace - the directory a tenant's sandboxes have as their workspace's
+ * lower layer (overlay: what they write goes to their own upper dir): an empty directory of
+ * its own, <state>/tenant-workspaces/<tenant>, made if needed, into @buf. 0 or -errno. */
+int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *buf, size_t size,
+                                  struct conch_err *err);
+/* conch_daemon_tenant_admit - before @tenant's new sandbox is made: check its quotas
+ * (sandboxes, memory, disk) against the sandboxes it holds, filling *@memory and *@disk when
+ * 0 (not given) with the tenant's share. Returns 0, or -EDQUOT with @err (kind limit) naming
+ * the quota and its value. */
+int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
+                              uint64_t *disk, struct conch_err *err);
+/* conch_daemon_tenant_disk_quota - @tenant's disk quota in bytes; 0: none. */
+uint64_t conch_daemon_tenant_disk_quota(struct daemon *d, const char *tenant);
+/* conch_daemon_tenant_command_admit - before a command of the viewer's starts in @sb: false
+ * after failing @call with `limit` when the tenant's commands quota is reached. */
+bool conch_daemon_tenant_command_admit(struct daemon *d, struct conch_rpc_call *call);
 
 #endif

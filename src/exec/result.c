@@ -75,6 +75,51 @@ static json_t *output_json(const struct conch_output *o)
     return j ? j : json_null();
 }
 
+static json_t *err_json(const struct conch_err *e)
+{
+    json_t *o = json_pack("{s:s}", "kind", conch_err_kind_name(e->kind));
+    json_object_set_new(o, "message", conch_json_text(e->msg, strlen(e->msg)));
+    return o;
+}
+
+/* "mounts": each overlay mount's changes and commit, as the workspace's ("changes",
+ * "committed", "commit"); "stores": each store mount's write-back. Only when there are some. */
+static void mounts_json(json_t *o, const struct conch_run_result *res)
+{
+    json_t *arr = res->n_mounts ? json_array() : NULL;
+    for (unsigned i = 0; arr && i < res->n_mounts; i++) {
+        const struct conch_run_mount_result *m = &res->mounts[i];
+        json_t *e = json_pack("{s:s,s:b}", "target", m->target, "committed", m->committed);
+        conch_ws_changes_json_set(e, &m->changes, CONCH_WS_CHANGES_MAX);
+        if (m->commit_tried)
+            json_object_set_new(e, "commit",
+                                json_pack("{s:I,s:I,s:I}", "applied", (json_int_t)m->commit.applied,
+                                          "skipped", (json_int_t)m->commit.skipped, "failed",
+                                          (json_int_t)m->commit.failed));
+        if (m->commit_err.code)
+            json_object_set_new(e, "error", err_json(&m->commit_err));
+        json_array_append_new(arr, e);
+    }
+    if (arr)
+        json_object_set_new(o, "mounts", arr);
+    arr = res->n_stores ? json_array() : NULL;
+    for (unsigned i = 0; arr && i < res->n_stores; i++) {
+        const struct conch_run_store_result *st = &res->stores[i];
+        const struct conch_store_report *rep = &st->rep;
+        json_t *e =
+            json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i}", "name", st->name, "target", st->target,
+                      "written", rep->written, "deleted", rep->deleted, "pulled", rep->pulled,
+                      "skipped", rep->skipped, "refused", rep->refused);
+        if (rep->first_skipped[0])
+            json_object_set_new(e, "first_skipped", json_string(rep->first_skipped));
+        if (st->err.code)
+            json_object_set_new(e, "error", err_json(&st->err));
+        json_array_append_new(arr, e);
+    }
+    if (arr)
+        json_object_set_new(o, "stores", arr);
+}
+
 json_t *conch_run_result_json(const struct conch_run_result *res, const struct conch_err *infra)
 {
     json_t *o = json_object();
@@ -115,6 +160,7 @@ json_t *conch_run_result_json(const struct conch_run_result *res, const struct c
         }
         json_object_set_new(o, "commit", c);
     }
+    mounts_json(o, res);
     json_t *usage = json_object();
     json_object_set_new(usage, "cpu_ms", json_integer((json_int_t)res->cpu_ms));
     json_object_set_new(usage, "max_rss_kb", json_integer((json_int_t)res->max_rss_kb));

@@ -19,6 +19,7 @@
 #include "core/clock.h"
 #include "core/fsutil.h"
 #include "exec/command.h"
+#include "exec/exec-internal.h"
 #include "exec/result.h"
 #include "super/super.h"
 
@@ -41,6 +42,11 @@ void conch_run_result_done(struct conch_run_result *res)
     conch_ws_changes_done(&res->changes);
     conch_ws_commit_report_done(&res->commit);
     conch_run_tool_calls_done(&res->tools);
+    for (unsigned i = 0; i < res->n_mounts && i < CONCH_SPEC_MOUNTS_MAX; i++) {
+        conch_ws_changes_done(&res->mounts[i].changes);
+        conch_ws_commit_report_done(&res->mounts[i].commit);
+    }
+    res->n_mounts = 0;
 }
 
 void conch_run_tool_calls_done(struct conch_run_tool_calls *t)
@@ -180,6 +186,7 @@ struct run_ctx {
     struct conch_jail *jail;
     struct conch_super super;
     struct conch_command cmd;
+    struct conch_run_mounts mounts; /* its overlay and store mounts (run-mounts.c) */
     int sigfd;
 };
 
@@ -222,6 +229,7 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
     struct conch_command *c = &x->cmd;
     const struct conch_cgroup_limits *lim = &x->o->jail.limits;
     bool sample = conch_command_sampling_wanted(x->jail, lim);
+    bool views = x->mounts.run_dir[0] != '\0'; /* store views: measured against --disk */
     uint64_t next_sample = 0;
     int interrupts = 0;
     while (!conch_command_finished(c)) {
@@ -233,12 +241,18 @@ static int run_wait(struct run_ctx *x, struct conch_err *err)
              .events = POLLIN | (conch_super_wants_write(&x->super) ? POLLOUT : 0)},
             {.fd = x->sigfd, .events = POLLIN},
         };
-        int n = poll(pfd, 4, sample && !ended ? SAMPLE_MS : -1);
+        int n = poll(pfd, 4, (sample || views) && !ended ? SAMPLE_MS : -1);
         if (n < 0 && errno != EINTR)
             return conch_err_set(err, errno, "poll: %s", strerror(errno));
         if (sample && !ended && conch_clock_ms() >= next_sample) {
             next_sample = conch_clock_ms() + SAMPLE_MS;
             conch_command_limit_hit(c, conch_command_sample(x->jail, lim));
+        }
+        if (views && !ended && conch_run_mounts_views_over(&x->mounts, x->o->jail.disk_bytes)) {
+            char what[96];
+            snprintf(what, sizeof(what), "the store mounts (%llu bytes, --disk)",
+                     (unsigned long long)x->o->jail.disk_bytes);
+            conch_command_disk_full(c, what);
         }
         if (n <= 0)
             continue;
@@ -302,6 +316,9 @@ static int run_changes(struct run_ctx *x, int upper, struct conch_err *err)
     /* What the rules protect is listed as never committed. */
     conch_ws_changes_mark_rules(&res->changes, rules, n_rules);
     bool ended_normally = !res->timed_out && !res->signal && res->error_kind != CONCH_ERR_LIMIT;
+    /* Overlay mounts follow the workspace: read, and committed when it would be. */
+    conch_run_mounts_changes(&x->mounts, x->jail, o->commit && ended_normally, o->jail.disk_bytes,
+                             res);
     if (!o->commit || !ended_normally || res->changes.n == 0)
         return 0;
     struct conch_ws_commit_opts copts = {.new_uid = (uid_t)-1,
@@ -360,6 +377,7 @@ int conch_exec_run(const struct conch_run_opts *o, struct conch_run_result *res,
  * failure too: what the command printed before it, for --json). */
 static void run_ctx_free(struct run_ctx *x, struct conch_run_result *res, char **env)
 {
+    conch_run_mounts_done(&x->mounts);
     conch_command_take_outputs(&x->cmd, &res->out, &res->err);
     conch_command_done(&x->cmd);
     conch_exec_env_free(env);
@@ -389,6 +407,7 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     };
     char **env = NULL;
     if ((r = conch_command_init(&x->cmd, &copts, &run_command_ops, x, err)) < 0 ||
+        (r = conch_run_mounts_prepare(&x->mounts, o, err)) < 0 ||
         !(env = conch_exec_env_build(o->env_extra, o->jail.as_root, o->jail.net == CONCH_NET_ALLOW,
                                      err))) {
         run_ctx_free(x, res, env);
@@ -407,6 +426,11 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
         return conch_err_setk(err, CONCH_ERR_INFRASTRUCTURE, ENOENT, "--tools: %s", ptc_err.msg);
     }
     spec.ptc_dir = ptc_dir;
+    spec.mounts = x->mounts.mounts; /* the stores' with their views */
+    if (*leased && spec.n_mounts) {
+        conch_jail_destroy(*leased); /* a pool sandbox has no extra mount: build one here */
+        *leased = NULL;
+    }
     if (*leased) {
         x->jail = *leased;
         *leased = NULL;
@@ -461,6 +485,9 @@ static int exec_run(const struct conch_run_opts *o, struct conch_jail **leased,
     if (x->sigfd >= 0)
         close(x->sigfd);
     conch_jail_destroy(x->jail);
+    /* Nothing writes to the store views any more, whatever way the command ended (a timeout,
+     * a signal): each is written back whole, in one transaction. */
+    conch_run_mounts_sync(&x->mounts, res);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
     run_ctx_free(x, res, env);
     if (r >= 0 && o->stream) {

@@ -50,6 +50,25 @@ struct conch_run_net {
     void (*finish)(struct conch_run_net *n);
 };
 
+/* An overlay mount's outcome (conch run --mount type=overlay): its changes, read and
+ * committed as the workspace's are (with --commit, when the command exited by itself). */
+struct conch_run_mount_result {
+    const char *target;                   /* borrowed from the opts' mounts */
+    struct conch_ws_changes changes;      /* owned */
+    bool has_changes;                     /* they were read */
+    bool committed;                       /* its commit ran to its end */
+    bool commit_tried;                    /* --commit, and the command exited normally */
+    struct conch_ws_commit_report commit; /* owned */
+    struct conch_err commit_err;          /* code != 0: its commit, or its scan, failed */
+};
+
+/* A store mount's write-back (conch run --mount type=store), when the command has ended. */
+struct conch_run_store_result {
+    const char *name, *target; /* borrowed from the opts' mounts */
+    struct conch_store_report rep;
+    struct conch_err err; /* code != 0: it failed (the store is as before it) */
+};
+
 struct conch_run_opts {
     struct conch_jail_spec jail;   /* the sandbox */
     char *const *argv;             /* the command; borrowed */
@@ -68,6 +87,11 @@ struct conch_run_opts {
     /* A running sandbox to use instead of building one (a daemon's, conch_cli_lease), made
      * from @jail but for its workspace: conch_exec_run takes it over and destroys it. */
     struct conch_jail *leased;
+    /* Store mounts (in jail.mounts): the stores' databases (a daemon's <state>/stores, shared
+     * with it) and a private dir where conch_exec_run makes their views (a dir of its own in
+     * it, removed at the end); NULL: store mounts are refused. */
+    const char *store_dir;
+    const char *view_dir;
 };
 
 /* conch_run_opts_init - defaults: 1 MiB kept per stream, 64 MiB spill, 2 s grace. */
@@ -92,6 +116,10 @@ struct conch_run_result {
     bool not_started;          /* the program could not be executed (error_msg says why) */
     const char *tools_summary; /* borrowed: "[tools: ...]", a line of the text; NULL: none */
     struct conch_run_tool_calls tools; /* owned: the command's tool calls (--tools) */
+    struct conch_run_mount_result mounts[CONCH_SPEC_MOUNTS_MAX]; /* overlay mounts, in order */
+    unsigned n_mounts;
+    struct conch_run_store_result stores[CONCH_SPEC_MOUNTS_MAX]; /* store mounts, in order */
+    unsigned n_stores;
 };
 
 /*

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/close_range.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -40,12 +42,46 @@ static int keep_caps_across_exec(void)
     return 0;
 }
 
+long conch_jail_warden_clone(struct jail_exec *x)
+{
+    unsigned long flags = CLONE_NEWUSER | CLONE_NEWPID | SIGCHLD;
+    if (!x)
+        return syscall(SYS_clone, flags, NULL, NULL, NULL, 0);
+    int slots[3], devnull;
+    x->fd_top = -1;
+    if (conch_jail_spawn_slots(slots, &devnull) && dup3(x->ctl_fd, slots[0], O_CLOEXEC) >= 0 &&
+        dup3(x->plan_fd, slots[1], O_CLOEXEC) >= 0 && dup3(x->exe_fd, slots[2], O_CLOEXEC) >= 0) {
+        x->ctl_fd = slots[0];
+        x->plan_fd = slots[1];
+        x->exe_fd = slots[2];
+        x->fd_top = slots[0] > slots[1] ? slots[0] : slots[1];
+        x->fd_top = x->fd_top > slots[2] ? x->fd_top : slots[2];
+        flags |= CLONE_FILES;
+    }
+    long pid = syscall(SYS_clone, flags | CLONE_VFORK, NULL, NULL, NULL, 0);
+    if (pid == 0)
+        conch_jail_warden_exec_child(x);
+    int saved = errno;
+    if (x->fd_top >= 0)
+        for (int i = 0; i < 3; i++)
+            dup3(devnull, slots[i], O_CLOEXEC); /* the slots hold /dev/null again */
+    errno = saved;
+    return pid;
+}
+
 __attribute__((noreturn)) void conch_jail_warden_exec_child(const struct jail_exec *x)
 {
     struct conch_err err = {0};
     const char *step = "set up its fds";
     int ctl = x->ctl_fd;
     int r;
+    /* Sharing the caller's fd table (CLONE_FILES), nothing may change in it: first a table of
+     * our own, holding only the fds up to the slots (the copy takes none of the thousands
+     * above them, and so closes none of them either). A kernel before 5.9 has no
+     * CLOSE_RANGE_UNSHARE: a whole copy then, as a clone without CLONE_FILES makes. */
+    if (x->fd_top >= 0 && syscall(SYS_close_range, x->fd_top + 1, ~0U, CLOSE_RANGE_UNSHARE) < 0 &&
+        unshare(CLONE_FILES) < 0)
+        goto fail_errno;
     /* Out of the way first (3..5 may hold any of them), then in place; the control socket
      * and the plan stay open across the exec, the binary does not. */
     int from[3] = {x->ctl_fd, x->plan_fd, x->exe_fd}, tmp[3];

@@ -406,7 +406,26 @@ struct jail_exec {
      * (JMSG_ID_MAP_FDS) before the exec: an unprivileged parent may not open them once the
      * exec of the unreadable image has made us non-dumpable. */
     bool send_id_map_fds;
+    /* Set by conch_jail_warden_clone: the highest fd the child keeps when it leaves the fd
+     * table it shares with us (-1: it was copied at the clone). */
+    int fd_top;
 };
+
+/* conch_jail_warden_clone - clone the warden in new user and pid namespaces, every signal
+ * already blocked by the caller. With @x (a daemon, whose wardens are exec'd from its clean
+ * image): CLONE_VFORK, and the child runs conch_jail_warden_exec_child and never returns; we
+ * go on once it has exec'd or died. Its fds travel in the slots held since
+ * conch_jail_clean_image_prepare, the clone shares our fd table (CLONE_FILES) and the child
+ * keeps a copy of the slots and what is below them only (close_range's
+ * CLOSE_RANGE_UNSHARE): a daemon with 1,000 sandboxes holds 4,000 fds, each of which a copied
+ * table references at the clone and closes at the exec. Without @x (conch run): a plain
+ * clone, which returns 0 in the child. Returns the child's pid, or -1 with errno. (exec-child.c) */
+long conch_jail_warden_clone(struct jail_exec *x);
+
+/* conch_jail_spawn_slots - the three fd numbers held on /dev/null since
+ * conch_jail_clean_image_prepare (low: taken first thing), in @slots, and a /dev/null fd to put
+ * back in them; false when there are none. (warden-exec.c) */
+bool conch_jail_spawn_slots(int slots[3], int *devnull);
 
 /* conch_jail_warden_exec_child - the child after clone(CLONE_VFORK), in its new user and pid
  * namespaces: put the control socket at fd 3 and the plan at fd 4, close every other fd, keep

@@ -229,6 +229,23 @@ int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err)
     return fd;
 }
 
+int conch_jail_mount_upper_open(struct conch_jail *j, unsigned i, struct conch_err *err)
+{
+    _cleanup_close_ int upper = conch_jail_upper_open(j, err);
+    if (upper < 0)
+        return upper;
+    /* The upper's parent holds m<i>/: in the same filesystem, so ".." stays in it. */
+    _cleanup_close_ int base = openat(upper, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char rel[32];
+    snprintf(rel, sizeof(rel), "m%u/upper", i);
+    int fd = base < 0
+                 ? -errno
+                 : conch_open_beneath(base, rel, O_RDONLY | O_DIRECTORY, 0, CONCH_BENEATH_NO_XDEV);
+    if (fd < 0)
+        return conch_err_set(err, -fd, "open the upper dir of mount %u: %s", i, strerror(-fd));
+    return fd;
+}
+
 /* As host root: the workspace's mount for the warden, made here (the warden, unprivileged in
  * its user namespace, could not idmap it nor use an idmapped mount of ours as an overlay
  * layer; the overlay we make from it, it can attach). */

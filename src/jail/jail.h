@@ -355,6 +355,12 @@ int conch_jail_send_js_server(struct conch_jail *j, int64_t id, int sock, struct
  * warden's fd). Returns a new O_RDONLY|O_DIRECTORY fd (caller closes) or -errno.
  */
 int conch_jail_upper_open(struct conch_jail *j, struct conch_err *err);
+/*
+ * conch_jail_mount_upper_open - open the upper dir of @j's extra mount @i (an overlay mount),
+ * m<i>/upper beside the workspace's upper (for conch run, in the same detached tmpfs), never
+ * through a link. Returns a new O_RDONLY|O_DIRECTORY fd (caller closes) or -errno with @err.
+ */
+int conch_jail_mount_upper_open(struct conch_jail *j, unsigned i, struct conch_err *err);
 
 /* What the sandbox's processes use right now (the warden excluded). */
 struct conch_jail_usage {

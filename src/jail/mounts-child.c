@@ -382,13 +382,21 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
     int fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return fail(err, "open", upper, errno);
-    /* Detach the tmpfs upper from the tree: commands cannot reach it; the overlay and our fd
-     * keep it alive, and the host reads it through /proc/<warden>/fd. */
-    if (!plan->upper_on_disk && (umount2(UPPER_MNT, MNT_DETACH) < 0 || rmdir(UPPER_MNT) < 0)) {
-        close(fd);
-        return fail(err, "hide workspace upper", UPPER_MNT, errno);
-    }
+    /* The tmpfs stays in the tree until the extra mounts have their uppers in it too (an
+     * overlay mount of conch run: m<i>/ beside upper/); hide_upper detaches it then. */
     *ret_upper_fd = fd;
+    return 0;
+}
+
+/* Detach the tmpfs upper from the tree: commands cannot reach it; the overlays and the upper's
+ * fd keep it alive, and the host reads it through /proc/<warden>/fd (the uppers of overlay
+ * mounts through the upper's parent: conch_jail_mount_upper_open). */
+static int hide_upper(const struct jail_plan *plan, int upper_fd, struct conch_err *err)
+{
+    if (upper_fd < 0 || plan->upper_on_disk)
+        return 0;
+    if (umount2(UPPER_MNT, MNT_DETACH) < 0 || rmdir(UPPER_MNT) < 0)
+        return fail(err, "hide workspace upper", UPPER_MNT, errno);
     return 0;
 }
 
@@ -473,13 +481,14 @@ static int make_dirs(const char *path, struct conch_err *err)
 }
 
 /* An overlay mount: the host dir (staged read-only as root) under an upper kept beside the
- * workspace's, <upper_dir>/m<i>/{upper,work}; its root looks like the host dir's. The same
- * fences as the workspace's overlay (nosuid, nodev). */
+ * workspace's, <upper_dir>/m<i>/{upper,work} (conch run: in the workspace upper's tmpfs, so
+ * that --disk bounds both); its root looks like the host dir's. The same fences as the
+ * workspace's overlay (nosuid, nodev). */
 static int mount_overlay(const struct jail_plan *plan, int i, const struct jail_mount *m,
                          struct conch_err *err)
 {
     char base[PATH_MAX + 16], upper[PATH_MAX + 32], work[PATH_MAX + 32];
-    snprintf(base, sizeof(base), "%s/m%d", plan->upper_dir, i);
+    snprintf(base, sizeof(base), "%s/m%d", plan->upper_on_disk ? plan->upper_dir : UPPER_MNT, i);
     snprintf(upper, sizeof(upper), "%s/upper", base);
     snprintf(work, sizeof(work), "%s/work", base);
     struct stat lower;
@@ -648,6 +657,7 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
     if ((r = setup_workspace(plan, ret_upper_fd, err)) < 0 ||
         (r = conch_jail_rules_apply_child(plan, err)) < 0 ||
         (r = setup_ptc(plan, ret_ptc_fd, err)) < 0 || (r = setup_extra_mounts(plan, err)) < 0 ||
+        (r = hide_upper(plan, *ret_upper_fd, err)) < 0 ||
         (r = conch_jail_sockets_setup_child(plan, err)) < 0)
         return r;
 

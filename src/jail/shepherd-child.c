@@ -184,22 +184,27 @@ static pid_t raw_fork(void)
 
 /* An OOM kill in the sandbox's memory cgroup (or on the host) must pick a command, not the
  * warden or a shepherd, whose death would stop the sandbox: commands and file workers raise
- * their own oom_score_adj to the top (raising needs no privilege; lowering the warden's would
- * need CAP_SYS_RESOURCE, which a container's root may lack). The shepherd made its memory
+ * their oom_score_adj to the top (raising needs no privilege; lowering the warden's would
+ * need CAP_SYS_RESOURCE, which a container's root may lack). @path: /proc/self/oom_score_adj
+ * (a file worker, a shepherd), or a command's, written by its shepherd. Our memory is
  * non-dumpable, which makes /proc/self ours no longer: dumpable for the write, then not
- * again, since a command's process shares its shepherd's memory until it execs (execve sets
- * it anew from the command's credentials). */
-static void oom_score_raise(void)
+ * again. Best effort. */
+static void oom_score_write(const char *path, const char *value)
 {
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {
-        if (write(fd, "1000", 4) < 0) {
+        if (write(fd, value, strlen(value)) < 0) {
             /* best effort */
         }
         close(fd);
     }
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+static void oom_score_raise(void)
+{
+    oom_score_write("/proc/self/oom_score_adj", "1000");
 }
 
 /* What the command's process leaves for its shepherd. It is a CLONE_VM child: it shares the
@@ -376,7 +381,6 @@ ON_ZYGOTE_STACK static int command_zygote(void *arg)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    oom_score_raise();
     const char *step;
     int ruleset = -1;
     int r = fence_self(a->plan, a->plan->seccomp, &step, a->late_landlock ? &ruleset : NULL);
@@ -500,7 +504,13 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     if (conch_jail_warden.host_view >= 0)
         close(conch_jail_warden.host_view);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* Not the warden's score (-1000 where the daemon may lower it): a process the command
+     * forks before we raise the command's (below) takes ours, and must stay killable. Set
+     * before the command's process shares our memory: a write to oom_score_adj in a memory
+     * a CLONE_VM child ever shared walks every process of the machine (the kernel updates
+     * all that share it), which it did for every command (3,000 processes with 1,000
+     * sandboxes) and made us, the shepherd, an OOM killer's first choice too. */
+    oom_score_write("/proc/self/oom_score_adj", "0");
     conch_proctitle_set_child("conch-shepherd");
     if (refill_moved) /* our command may run on any CPU the warden may */
         sched_setaffinity(0, sizeof(conch_jail_warden.cpus), &conch_jail_warden.cpus);
@@ -606,6 +616,12 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
             kill(-1, SIGKILL); /* its borrower does not read: the command goes (loop below) */
     }
     rep->state = SHEP_STARTED;
+    /* The command runs its own memory now: its score goes to the top without the walk a
+     * write from our shared memory made (see above). What it forked before this write keeps
+     * ours, 0. */
+    char oom_path[48];
+    snprintf(oom_path, sizeof(oom_path), "/proc/%d/oom_score_adj", (int)cmd);
+    oom_score_write(oom_path, "1000");
 
     int status = 0;
     /* A request may have come while the command's process was still ours (before the gate

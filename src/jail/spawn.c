@@ -293,11 +293,11 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
         pm->rw = m->rw;
         pm->bytes = m->bytes;
         snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
-        /* Its upper sits beside the workspace's: none (conch run), nothing keeps its changes. */
-        if (m->type == CONCH_MOUNT_OVERLAY && !plan->upper_on_disk)
+        /* Its upper sits beside the workspace's (on disk, or in the overlay workspace's tmpfs) */
+        if (m->type == CONCH_MOUNT_OVERLAY && !plan->upper_on_disk &&
+            (!spec->workspace || spec->ws_mode != CONCH_WS_OVERLAY))
             return conch_err_setk(err, CONCH_ERR_USAGE, EOPNOTSUPP,
-                                  "mount '%s': an overlay mount needs a daemon's sandbox",
-                                  m->target);
+                                  "mount '%s': an overlay mount needs --mode overlay", m->target);
         if (m->type != CONCH_MOUNT_TMPFS && !m->source[0])
             return conch_err_set(err, EINVAL, "mount '%s': a store's view was not made", m->target);
         if (m->type != CONCH_MOUNT_TMPFS && j->root_mode)
@@ -732,12 +732,8 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
      * than in a daemon's loop). With the image, CLONE_VFORK: we go on once the child has
      * exec'd (or died), so the id maps are written after the exec, which must find the
      * namespace without them (see conch_jail_clean_image_prepare). */
-    long pid =
-        syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWPID | (exec_image ? CLONE_VFORK : 0) | SIGCHLD,
-                NULL, NULL, NULL, 0);
+    long pid = conch_jail_warden_clone(exec_image ? &x : NULL);
     if (pid == 0) {
-        if (exec_image)
-            conch_jail_warden_exec_child(&x);
         close(sv[0]);
         conch_jail_warden_main(plan);
     }

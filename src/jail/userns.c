@@ -81,7 +81,9 @@ static int userns_with_maps(const char *uid_map, const char *gid_map, struct con
 {
     /* The namespace exists when clone() returns, so nothing waits for the child to run
      * (start-up time: no handshake, no unshare() in the child), and with CLONE_VM it shares
-     * our memory instead of copying the page tables of a large process (a daemon's). Every
+     * our memory instead of copying the page tables of a large process (a daemon's), and with
+     * CLONE_FILES its fd table instead of copying it (a daemon with 1,000 sandboxes holds
+     * 4,000 fds: each one referenced at the clone and closed at the exit otherwise). Every
      * signal is blocked across the clone (the daemon's threads may hold locks, its handlers
      * write to its own fds): the child runs none of our code but pause(). Its stack is ours
      * until it is reaped below, before this frame returns. */
@@ -89,7 +91,8 @@ static int userns_with_maps(const char *uid_map, const char *gid_map, struct con
     sigset_t all, old_mask;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old_mask);
-    pid_t pid = clone(hold_userns, stack + sizeof(stack), CLONE_VM | CLONE_NEWUSER | SIGCHLD, NULL);
+    pid_t pid = clone(hold_userns, stack + sizeof(stack),
+                      CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, NULL);
     int clone_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (pid < 0)

@@ -64,6 +64,10 @@ static int seal_unchangeable(int fd)
     return -1;
 }
 
+/* Three fd numbers a warden's fds travel in at its clone, and the /dev/null they hold between
+ * two clones (conch_jail_spawn_slots). */
+static int spawn_slots[4] = {-1, -1, -1, -1};
+
 int conch_jail_clean_image_prepare(struct conch_err *err)
 {
     if (clean_image >= 0)
@@ -101,7 +105,26 @@ int conch_jail_clean_image_prepare(struct conch_err *err)
     if (fchmod(fd, 0111) < 0 || seal_unchangeable(fd) < 0)
         return conch_err_set(err, errno, "seal the wardens' image: %s", strerror(errno));
     clean_image = TAKE_FD(fd);
+    /* The slots (conch_jail_warden_clone): taken now, while the lowest numbers are free. None
+     * (an fd limit reached) only costs the copy of the table at each clone. */
+    for (int i = 0; i < 4; i++)
+        if ((spawn_slots[i] = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0) {
+            for (int k = 0; k < i; k++) {
+                close(spawn_slots[k]);
+                spawn_slots[k] = -1;
+            }
+            break;
+        }
     return 0;
+}
+
+bool conch_jail_spawn_slots(int slots[3], int *devnull)
+{
+    if (spawn_slots[3] < 0)
+        return false;
+    memcpy(slots, spawn_slots, 3 * sizeof(int));
+    *devnull = spawn_slots[3];
+    return true;
 }
 
 int conch_jail_clean_image(void)

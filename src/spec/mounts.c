@@ -18,10 +18,11 @@
 #include "spec/spec.h"
 
 /* Targets a mount may not cover or sit beneath: the workspace, the kernel's and conch's own
- * trees, and the system the sandbox runs on. */
-static const char *const deny_under[] = {"/workspace", "/proc",    "/dev",   "/sys",   "/run",
-                                         "/etc",       "/oldroot", "/usr",   "/bin",   "/sbin",
-                                         "/lib",       "/lib32",   "/lib64", "/libx32"};
+ * trees (/.conch-upper: conch run's upper tmpfs, in the tree while the extra mounts are made),
+ * and the system the sandbox runs on. */
+static const char *const deny_under[] = {
+    "/workspace", "/proc", "/dev", "/sys",   "/run",   "/etc",    "/oldroot",     "/usr",
+    "/bin",       "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/.conch-upper"};
 /* ... and that may not be covered themselves (beneath them is fine). */
 static const char *const deny_exact[] = {"/",
                                          "/tmp",

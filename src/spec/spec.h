@@ -61,13 +61,13 @@ const char *conch_ws_mode_name(enum conch_ws_mode mode);
 
 /* Extra mounts (mounts.c). */
 #define CONCH_SPEC_MOUNTS_MAX 8
-/* A store mount is a named store's files (workspace/'s stores) in a dir of the daemon's that
- * the sandbox gets as a writable bind: the daemon fills @source before the sandbox starts; the
- * jail binds it as it binds any rw source. */
-/* An overlay mount is a host directory seen through an overlay whose upper dir the daemon keeps
- * beside the workspace's (<state>/sandboxes/<id>/m<i>): the sandbox writes, the host dir is
- * untouched until workspace.commit {"mount": target}. Its source is checked as a read-only
- * bind's. A daemon's sandbox only (conch run refuses it: nothing would keep its changes). */
+/* A store mount is a named store's files (workspace/'s stores) in a view dir (the daemon's, or
+ * conch run's) that the sandbox gets as a writable bind: its maker fills @source before the
+ * sandbox starts; the jail binds it as it binds any rw source. */
+/* An overlay mount is a host directory seen through an overlay whose upper dir sits beside the
+ * workspace's (a daemon's <state>/sandboxes/<id>/m<i>; conch run's in its upper's tmpfs): the
+ * sandbox writes, the host dir is untouched until workspace.commit {"mount": target} (conch
+ * run: --commit). Its source is checked as a read-only bind's. */
 enum conch_mount_type {
     CONCH_MOUNT_TMPFS,
     CONCH_MOUNT_BIND,

@@ -65,3 +65,21 @@ def test_output_flood_is_a_limit(rpc, sandbox):
     assert len(r["stdout"].encode()) <= (1 << 20) + 4096, "stdout not capped"
     r = rpc.call("exec.run", {"sandbox": sb, "command": "echo fine"})
     assert r["error"] is None and r["stdout"] == "fine\n", r
+
+
+def test_an_oom_kill_picks_the_command_not_its_shepherd(rpc, sandbox):
+    """The command's oom_score_adj is at the top, its shepherd's (PID 1 of the command's pid
+    namespace, whose death ends the command) is not, and neither is that of a process the
+    command forks. Before, the command's process raised its own score while it shared its
+    shepherd's memory, and the kernel raised every sharer's: the shepherd's too (and walked
+    every process of the machine to do it, per command)."""
+    sb = sandbox()
+    r = rpc.call("exec.run", {"sandbox": sb, "timeout": 30, "command":
+                              "sleep 0.3; echo self=$(cat /proc/$$/oom_score_adj);"
+                              " echo shepherd=$(cat /proc/1/oom_score_adj);"
+                              " sleep 5 & echo child=$(cat /proc/$!/oom_score_adj); kill $!"},
+                 timeout=60)
+    assert r["exit_code"] == 0, r
+    got = dict(line.split("=", 1) for line in r["stdout"].split())
+    assert got["self"] == "1000" and got["child"] == "1000", r
+    assert int(got["shepherd"]) <= 0, r

@@ -72,7 +72,7 @@ def test_run_mounts_are_fenced(ws, tmp_path):
         ("type=tmpfs,target=/tmp", "hide"),
         ("type=tmpfs,target=/scratch,size=1", "size"),
         ("type=store,target=/memories", "name=NAME"),
-        (f"type=overlay,source={host},target=/data", "daemon's sandbox"),
+        (f"type=overlay,source={tmp_path}/missing,target=/data", "No such file"),
         ("type=tmpfs", "target"),
         ("type=bind,target=/opt/x", "source"),
         ("type=tmpfs,target=/a,bogus=1", "unknown"),

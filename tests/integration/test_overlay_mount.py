@@ -6,7 +6,8 @@
 # changes and diff listed; commit applies them; kept across a restart) and each fence attacked:
 # a link planted in the upper does not lead the commit out of the host dir, a source swapped
 # for another dir is refused a commit, the sources a bind may not have are refused, conch run
-# refuses the type, the workspace's ro and rw modes stay what they were.
+# refuses the type beside a ro or rw workspace (test_run_mounts.py has the rest of conch run's),
+# the workspace's ro and rw modes stay what they were.
 import os
 
 import pytest
@@ -195,12 +196,14 @@ def test_workspace_modes_unaffected(daemon, ws, tmp_path):
     assert (src / "z").read_text() == "z\n"
 
 
-def test_conch_run_refuses_overlay(ws, tmp_path):
+def test_conch_run_overlay_needs_overlay_mode(ws, tmp_path):
+    # conch run takes the type (test_run_mounts.py): its changes follow the workspace's, so
+    # a workspace that keeps none (ro, rw) is refused it.
     src = host_dir(tmp_path)
-    r = conch(["run", "--no-daemon", "--workspace", ws, "--mount",
+    r = conch(["run", "--no-daemon", "--workspace", ws, "--mode", "ro", "--mount",
                f"type=overlay,source={src},target=/data", "--", "true"])
     assert r.rc == 2, r.describe()
-    assert "daemon" in r.stderr, r.describe()
+    assert "--mode overlay" in r.stderr, r.describe()
 
 
 def test_cli_create_changes_commit(daemon, ws, tmp_path):
