@@ -251,6 +251,40 @@ def test_reconnect_bounded(daemon, certs, tmp_path):
         g.stop()
 
 
+def test_tenants_through_the_remote_transport(daemon_factory, certs, tmp_path):
+    """The fixture as the real gateway: each connection's token goes to the daemon's
+    connection.auth. A tenant reaches its own sandboxes only; another tenant's id is not
+    found; an unknown token is a 401 before the upgrade (Python client and CLI)."""
+    from conch_client import SandboxNotFound
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice tok-alice-" + "a" * 24 + "\nbob tok-bob-" + "b" * 24 + "\n")
+    tokens.chmod(0o600)
+    d = daemon_factory(extra_args=["--tokens", str(tokens), "--pool", "0"])
+    g = Gateway(d.sock, certs["crt"], certs["key"], None, str(tmp_path), daemon_auth=True)
+    alice_tok, bob_tok = "tok-alice-" + "a" * 24, "tok-bob-" + "b" * 24
+    try:
+        with Client.connect(url=g.url, token=alice_tok, ca=certs["ca"], timeout=60) as a, \
+                Client.connect(url=g.url, token=bob_tok, ca=certs["ca"], timeout=60) as b:
+            sb = Sandbox(a, a.sandbox_create(name="alices"))
+            assert sb.run("echo mine").stdout == "mine\n"
+            assert [s["id"] for s in b.sandbox_list()] == []
+            with pytest.raises(SandboxNotFound):
+                b.sandbox_get(sb.id)
+            env = dict(os.environ, CONCH_CA=certs["ca"], CONCH_TOKEN=bob_tok)
+            r = conch(["--remote", g.url, "exec", sb.id, "true"], env=env)
+            assert r.rc != 0 and "no sandbox with id or name" in r.stderr, r.describe()
+            r = conch(["--remote", g.url, "ps", "--json"], env=dict(env, CONCH_TOKEN=alice_tok))
+            assert r.rc == 0 and sb.id in r.stdout, r.describe()
+            sb.destroy()
+        with pytest.raises(ConnectionLost, match="401"):
+            Client.connect(url=g.url, token="tok-nobody-" + "c" * 24, ca=certs["ca"])
+        r = conch(["--remote", g.url, "ps"], env=dict(os.environ, CONCH_CA=certs["ca"],
+                                                      CONCH_TOKEN="tok-nobody"))
+        assert r.rc != 0 and "401" in r.stderr, r.describe()
+    finally:
+        g.stop()
+
+
 # ---- the CLI ------------------------------------------------------------------------------
 
 def cli_env(gw, certs, **extra):

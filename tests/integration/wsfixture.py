@@ -1,5 +1,6 @@
 # wsfixture.py - a stand-in for conch's remote gateway in the clients' tests: wss on loopback
-# (python3-websockets + ssl), `Authorization: Bearer TOKEN` checked before the upgrade (401),
+# (python3-websockets + ssl), `Authorization: Bearer TOKEN` checked before the upgrade (401:
+# against one token, or with --daemon-auth by the daemon's connection.auth, as the gateway),
 # each WebSocket text message forwarded as one line to a real daemon's unix socket and each
 # line back as one message (docs/PROTOCOL.md, "Remote"). SIGUSR1 drops every connection
 # (the clients' reconnect tests); --ping-interval N pings every N s and drops a client that
@@ -11,6 +12,7 @@
 import argparse
 import asyncio
 import http
+import json
 import os
 import re
 import signal
@@ -55,18 +57,43 @@ async def serve(args, token):
     conns = set()
     log = open(args.log, "a") if args.log else None
 
-    async def check(path, headers):
-        if path.split("?")[0] == "/healthz":
-            return http.HTTPStatus.OK, [], b"ok\n"
-        if path.split("?")[0] != "/rpc":
-            return http.HTTPStatus.NOT_FOUND, [], b"not found\n"
-        if headers.get("Authorization", "") != f"Bearer {token}":
-            return http.HTTPStatus.UNAUTHORIZED, [("WWW-Authenticate", "Bearer")], b"unauthorized\n"
-        return None
+    async def upstream(given, peer):
+        """A daemon connection authenticated as @given's tenant (connection.auth), or the
+        HTTP status that refuses it."""
+        r, w = await asyncio.open_unix_connection(args.socket, limit=1 << 27)
+        req = {"jsonrpc": "2.0", "id": 0, "method": "connection.auth",
+               "params": {"token": given, "peer": peer}}
+        w.write(json.dumps(req).encode() + b"\n")
+        ans = json.loads(await r.readline() or b"{}")
+        if "result" in ans:
+            return (r, w), None
+        w.close()
+        code = (ans.get("error") or {}).get("code")
+        return None, (http.HTTPStatus.TOO_MANY_REQUESTS if code == -32021 else
+                      http.HTTPStatus.UNAUTHORIZED)
+
+    class Proto(websockets.WebSocketServerProtocol):
+        async def process_request(self, path, headers):
+            if path.split("?")[0] == "/healthz":
+                return http.HTTPStatus.OK, [], b"ok\n"
+            if path.split("?")[0] != "/rpc":
+                return http.HTTPStatus.NOT_FOUND, [], b"not found\n"
+            auth = headers.get("Authorization", "")
+            given = auth[7:] if auth.startswith("Bearer ") else ""
+            if args.daemon_auth and given:
+                peer = "%s:%d" % self.transport.get_extra_info("peername")[:2]
+                self.upstream, status = await upstream(given, peer)
+                if status is None:
+                    return None
+            elif not args.daemon_auth and given == token:
+                return None
+            return http.HTTPStatus.UNAUTHORIZED, [("WWW-Authenticate", "Bearer")], \
+                b"unauthorized\n"
 
     async def handler(ws, path):
         conns.add(ws)
-        r, w = await asyncio.open_unix_connection(args.socket, limit=1 << 27)
+        up = getattr(ws, "upstream", None)
+        r, w = up or await asyncio.open_unix_connection(args.socket, limit=1 << 27)
 
         async def down():
             while line := await r.readline():
@@ -97,7 +124,7 @@ async def serve(args, token):
             ws.transport.abort()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, drop)
     async with websockets.serve(handler, "127.0.0.1", args.port, ssl=ctx, max_size=64 << 20,
-                                process_request=check, compression=None,
+                                create_protocol=Proto, compression=None,
                                 ping_interval=args.ping_interval,
                                 ping_timeout=args.ping_interval) as srv:
         port = srv.sockets[0].getsockname()[1]
@@ -110,14 +137,19 @@ def main():
     ap.add_argument("--socket", required=True)
     ap.add_argument("--cert", required=True)
     ap.add_argument("--key", required=True)
-    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--token-file", help="the one token accepted (unless --daemon-auth)")
+    ap.add_argument("--daemon-auth", action="store_true",
+                    help="as the real gateway: each connection's token goes to the daemon's "
+                         "connection.auth (conch serve --tokens), its tenant's from then on")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--log", help="append the method of each client message to this file")
     ap.add_argument("--ping-interval", type=float, default=20,
                     help="ping every N s; a client that does not answer within N s is dropped")
     args = ap.parse_args()
-    with open(args.token_file) as f:
-        token = f.read().strip()
+    token = None
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
     asyncio.run(serve(args, token))
 
 
@@ -128,15 +160,18 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 class Gateway:
     """The fixture run as a child process in front of the daemon at @sock."""
 
-    def __init__(self, sock, cert, key, token, workdir, port=0, ping_interval=20):
+    def __init__(self, sock, cert, key, token, workdir, port=0, ping_interval=20,
+                 daemon_auth=False):
+        """@token: the one token accepted; None with @daemon_auth: the daemon's tokens."""
         tf = os.path.join(workdir, "fixture.token")
         self.log = os.path.join(workdir, f"fixture-{os.getpid()}-{id(self)}.methods")
         with open(tf, "w") as f:
-            f.write(token)
+            f.write(token or "")
         self.proc = subprocess.Popen(
             [PYTHON, __file__,
              "--socket", sock, "--cert", cert, "--key", key, "--token-file", tf,
-             "--port", str(port), "--ping-interval", str(ping_interval), "--log", self.log],
+             "--port", str(port), "--ping-interval", str(ping_interval), "--log", self.log]
+            + (["--daemon-auth"] if daemon_auth else []),
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = self.proc.stdout.readline()
         if not line.strip():
