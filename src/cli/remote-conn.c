@@ -465,6 +465,8 @@ bool conch_cli_remote_given(void)
 int conch_cli_remote_connect(struct conch_err *err)
 {
     const char *url = conch_cli_remote_url();
+    if (R.fd >= 0)
+        return conch_err_set(err, EBUSY, "one remote connection per process (a bug of conch)");
     char path[1024];
     int port;
     int r = parse_url(url, R.host, sizeof(R.host), &port, path, sizeof(path), err);
@@ -510,6 +512,7 @@ int conch_cli_remote_connect(struct conch_err *err)
     if (!R.ctx) {
         close(sv[0]);
         close(sv[1]);
+        R.fd = -1;
         return conch_err_set(err, EIO, "remote %s: cannot set up TLS (libwebsockets)", url);
     }
     char hosthdr[300];
@@ -547,6 +550,7 @@ int conch_cli_remote_connect(struct conch_err *err)
         R.ctx = NULL;
         close(sv[0]);
         close(sv[1]);
+        R.fd = -1;
         return conch_err_set(err, ECONNREFUSED, "cannot reach the remote daemon at %s: %s", url,
                              R.error);
     }
