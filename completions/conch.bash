@@ -6,7 +6,7 @@
 _conch_sandbox_ids()
 {
     local sock=$1 names=$2
-    conch ps ${sock:+--socket "$sock"} 2>/dev/null |
+    conch ${_conch_remote:+--remote "$_conch_remote"} ps ${sock:+--socket "$sock"} 2>/dev/null |
         awk -v names="$names" 'NR > 1 { print $1; if (names && $2 != "-") print $2 }'
 }
 
@@ -14,19 +14,19 @@ _conch_sandbox_ids()
 _conch_store_names()
 {
     local sock=$1
-    conch store ${sock:+--socket "$sock"} list 2>/dev/null | awk 'NR > 1 { print $1 }'
+    conch ${_conch_remote:+--remote "$_conch_remote"} store ${sock:+--socket "$sock"} list 2>/dev/null | awk 'NR > 1 { print $1 }'
 }
 
 # The daemon's session ids.
 _conch_session_ids()
 {
     local sock=$1
-    conch sessions ${sock:+--socket "$sock"} 2>/dev/null | awk 'NR > 1 { print $1 }'
+    conch ${_conch_remote:+--remote "$_conch_remote"} sessions ${sock:+--socket "$sock"} 2>/dev/null | awk 'NR > 1 { print $1 }'
 }
 
 _conch()
 {
-    local cur prev words cword
+    local cur prev words cword i
     # -n : keeps "ID:PATH" (conch cp) one word.
     _init_completion -n : 2>/dev/null || {
         cur=${COMP_WORDS[COMP_CWORD]}
@@ -38,15 +38,31 @@ _conch()
     local commands="run doctor serve ps create exec changes diff commit discard snapshot restore
                     fork snapshots store cp network start rm
                     logs shell attach sessions js gc mcp help --help --version"
-    if [[ $cword -eq 1 ]]; then
-        COMPREPLY=($(compgen -W "$commands" -- "$cur"))
+    # `conch --remote URL --token-file FILE VERB ...`: the options before the verb.
+    local first=1 _conch_remote=""
+    for ((i = 1; i < cword; i++)); do
+        [[ ${words[i]} == --remote ]] && _conch_remote=${words[i+1]}
+    done
+    while [[ ${words[first]} == --remote || ${words[first]} == --token-file ]] &&
+        ((first + 1 < cword)); do
+        ((first += 2))
+    done
+    if [[ $prev == --token-file && $cword -le $first ]]; then
+        COMPREPLY=($(compgen -f -- "$cur"))
         return
     fi
-    local cmd=${words[1]}
+    if [[ $prev == --remote && $cword -le $first ]]; then
+        return
+    fi
+    if [[ $cword -eq $first ]]; then
+        COMPREPLY=($(compgen -W "$commands --remote --token-file" -- "$cur"))
+        return
+    fi
+    local cmd=${words[first]}
 
     # Everything after "--" is the sandboxed command's own.
     local i
-    for ((i = 2; i < cword; i++)); do
+    for ((i = first + 1; i < cword; i++)); do
         if [[ ${words[i]} == -- ]]; then
             COMPREPLY=($(compgen -c -- "$cur"))
             return
@@ -57,7 +73,7 @@ _conch()
         --workspace|--rootfs|--state-dir|--cwd)
             COMPREPLY=($(compgen -d -- "$cur"))
             return ;;
-        --socket|--tools)
+        --socket|--tools|--token-file)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --mode)
@@ -66,7 +82,7 @@ _conch()
         --net)
             COMPREPLY=($(compgen -W "none allow host" -- "$cur"))
             return ;;
-        --allow|--deny)
+        --allow|--deny|--remote)
             return ;;
         --net-hosts|--pass-socket|--tokens)
             COMPREPLY=($(compgen -f -- "$cur"))
@@ -80,9 +96,10 @@ _conch()
     # The daemon's clients: the --socket given so far, and how many arguments (not options)
     # precede the word being completed.
     local sock="" args=0
-    for ((i = 2; i < cword; i++)); do
+    for ((i = first + 1; i < cword; i++)); do
         case ${words[i]} in
             --socket) sock=${words[i+1]}; ((i++)) ;;
+            --remote|--token-file) ((i++)) ;;
             --since|--mount) ((i++)) ;;
             -*) ;;
             *) ((args++)) ;;
@@ -110,13 +127,13 @@ _conch()
                   --hidden --pass-socket --state-dir
                   --help -h" ;;
         ps)
-            opts="--socket --json --help -h" ;;
+            opts="--socket --remote --token-file --json --help -h" ;;
         create)
-            opts="--socket --json --workspace --name --mode --as-root --env --memory --pids
+            opts="--socket --remote --token-file --json --workspace --name --mode --as-root --env --memory --pids
                   --cpu --tmp-size --disk --idle-timeout --mount --net --allow --deny --readonly
                   --hidden --pass-socket --help -h" ;;
         network)
-            opts="--socket --json --allow --deny --net --log --help -h" ;;
+            opts="--socket --remote --token-file --json --allow --deny --net --log --help -h" ;;
         exec|rm|start)
             # exec takes one sandbox, then "--" and the command.
             if [[ $cmd == exec && $args -ge 1 ]]; then
@@ -127,7 +144,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            opts="--socket --json --help -h"
+            opts="--socket --remote --token-file --json --help -h"
             if [[ $cmd == exec ]]; then
                 opts="$opts --interactive -i --no-stdin -n --tty -t --env --cwd -w --timeout --detach -d"
             fi ;;
@@ -140,7 +157,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            opts="--socket --json -e --session --timeout --help -h" ;;
+            opts="--socket --remote --token-file --json -e --session --timeout --help -h" ;;
         logs)
             if [[ $args -ge 1 ]]; then
                 return
@@ -149,11 +166,11 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_session_ids "$sock")" -- "$cur"))
                 return
             fi
-            opts="--socket --follow -f --help -h" ;;
+            opts="--socket --remote --token-file --follow -f --help -h" ;;
         store)
             # store [options] list|ls|cat|put|rm STORE PATH [FILE]
             if [[ $cur == -* ]]; then
-                opts="--socket --json --help -h"
+                opts="--socket --remote --token-file --json --help -h"
             elif [[ $args -eq 0 ]]; then
                 COMPREPLY=($(compgen -W "list ls cat put rm" -- "$cur"))
                 return
@@ -172,9 +189,9 @@ _conch()
                 return
             fi
             case $cmd in
-                snapshot|fork) opts="--socket --json --name --force --help -h" ;;
-                restore) opts="--socket --json --force --help -h" ;;
-                *) opts="--socket --json --delete --help -h" ;;
+                snapshot|fork) opts="--socket --remote --token-file --json --name --force --help -h" ;;
+                restore) opts="--socket --remote --token-file --json --force --help -h" ;;
+                *) opts="--socket --remote --token-file --json --delete --help -h" ;;
             esac ;;
         changes|diff|commit|discard)
             # Options, then the sandbox, then (but for changes) paths inside it.
@@ -185,7 +202,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" names)" -- "$cur"))
                 return
             fi
-            opts="--socket --json --help -h"
+            opts="--socket --remote --token-file --json --help -h"
             [[ $cmd == changes || $cmd == diff ]] && opts+=" --since"
             [[ $cmd != discard ]] && opts+=" --mount" ;;
         cp)
@@ -207,7 +224,7 @@ _conch()
                 fi
                 return
             fi
-            opts="--socket --json --help -h" ;;
+            opts="--socket --remote --token-file --json --help -h" ;;
         shell)
             # One sandbox, by id or name.
             if [[ $args -ge 1 ]]; then
@@ -217,7 +234,7 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_sandbox_ids "$sock" 1)" -- "$cur"))
                 return
             fi
-            opts="--socket --keep --help -h" ;;
+            opts="--socket --remote --token-file --keep --help -h" ;;
         attach)
             if [[ $args -ge 1 ]]; then
                 return
@@ -226,9 +243,9 @@ _conch()
                 COMPREPLY=($(compgen -W "$(_conch_session_ids "$sock")" -- "$cur"))
                 return
             fi
-            opts="--socket --read-only --help -h" ;;
+            opts="--socket --remote --token-file --read-only --help -h" ;;
         sessions)
-            opts="--socket --help -h" ;;
+            opts="--socket --remote --token-file --help -h" ;;
         gc)
             opts="--state-dir --help -h" ;;
         *)

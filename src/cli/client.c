@@ -66,7 +66,8 @@ int conch_cli_conn_open(struct conch_cli_conn *c, const char *path)
 {
     memset(c, 0, sizeof(*c));
     struct conch_err err = {0};
-    c->fd = conch_cli_connect(path, &err);
+    c->remote = conch_cli_remote_url() != NULL;
+    c->fd = c->remote ? conch_cli_remote_connect(&err) : conch_cli_connect(path, &err);
     if (c->fd < 0) {
         fprintf(stderr, "conch: %s\n", err.msg);
         return -1;

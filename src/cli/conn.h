@@ -15,13 +15,15 @@ struct conch_cli_conn {
     int fd;
     struct conch_rpc_reader in; /* what was read and not yet taken as messages */
     int next_id;                /* of the last request */
+    bool remote;                /* over the remote transport (remote-conn.c) */
 };
 
 /* conch_cli_connect - a connected socket to the daemon at @path (NULL: the default socket),
  * after checking who owns it. Returns the fd, or -errno with @err (nothing printed). */
 int conch_cli_connect(const char *path, struct conch_err *err);
 
-/* conch_cli_conn_open - connect to the daemon at @path (NULL: the default socket), after
+/* conch_cli_conn_open - connect to the remote daemon when one is named (--remote, $CONCH_URL:
+ * see conch_cli_remote_url), else to the daemon at @path (NULL: the default socket), after
  * checking who owns it. Returns 0, or -1 after printing why. */
 int conch_cli_conn_open(struct conch_cli_conn *c, const char *path);
 
@@ -69,5 +71,31 @@ int conch_cli_resolve(struct conch_cli_conn *c, const char *ref, char *ret, size
  * forget the session once it ended (shell.c). Returns the exit status. */
 int conch_cli_tty_exec(struct conch_cli_conn *c, const char *sbid, const char *cmd, json_t *env,
                        const char *cwd);
+
+/* The remote daemon (remote-conn.c): a WebSocket on TLS to `conch serve --listen`. */
+
+/* conch_cli_remote_set_url - `--remote URL` (wss://HOST[:PORT][/PATH]); @url is borrowed for
+ * the process's life. Returns 0, or -EINVAL with @err (kind usage). */
+int conch_cli_remote_set_url(const char *url, struct conch_err *err);
+
+/* conch_cli_remote_set_token_file - `--token-file FILE`: the token is its first line. The
+ * file must be a regular file of ours that no one else can read. Returns 0 or -errno. */
+int conch_cli_remote_set_token_file(const char *file, struct conch_err *err);
+
+/* conch_cli_remote_url - the remote daemon's URL: --remote, else $CONCH_URL, else NULL (the
+ * unix socket). */
+const char *conch_cli_remote_url(void);
+
+/* conch_cli_remote_given - whether --remote or --token-file was given on the command line. */
+bool conch_cli_remote_given(void);
+
+/*
+ * conch_cli_remote_connect - connect to conch_cli_remote_url() with the token of --token-file
+ * or $CONCH_TOKEN (sent once, in the upgrade request's Authorization header) and the CA of
+ * $CONCH_CA added to the system's; the server's certificate and hostname are verified. Returns
+ * an fd carrying the daemon's line-framed JSON-RPC (a thread pumps it to and from the
+ * WebSocket; closing it closes the connection), or -errno with @err. Once per process.
+ */
+int conch_cli_remote_connect(struct conch_err *err);
 
 #endif

@@ -743,7 +743,7 @@ int conch_cli_cp(int argc, char **argv)
     struct conch_cli_conn c;
     if (conch_cli_conn_open(&c, o.sock) < 0)
         return CONCH_EXIT_INFRA;
-    struct cp cp = {.c = &c, .progress = !o.json && isatty(STDERR_FILENO)};
+    struct cp cp = {.c = &c, .progress = !o.json && isatty(STDERR_FILENO), .no_copy = c.remote};
     int status = 1;
     char *written = NULL;
     if (conch_cli_resolve(&c, sremote ? sref : dref, cp.id, sizeof(cp.id)) == 0 &&

@@ -1,14 +1,16 @@
 /* main.c - the `conch` binary: dispatch to one subcommand. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "core/proctitle.h"
 #include "jail/jail.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: conch <command> [options]\n"
+    fputs("usage: conch [--remote URL [--token-file FILE]] <command> [options]\n"
           "\n"
           "commands:\n"
           "  run [options] -- CMD [ARGS...]   run one command in a fresh sandbox\n"
@@ -39,8 +41,57 @@ static void usage(FILE *f)
           "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
           "\n"
           "ID is a sandbox id or name; the daemon's client commands take --socket PATH and\n"
-          "--json. 'conch run --help' lists the options of run; 'conch VERB --help' the others.\n",
+          "--json. 'conch run --help' lists the options of run; 'conch VERB --help' the others.\n"
+          "\n"
+          "A remote daemon ('conch serve --listen'): --remote wss://HOST:PORT (or $CONCH_URL)\n"
+          "before or after the client command, the token in $CONCH_TOKEN or --token-file FILE,\n"
+          "a private CA in $CONCH_CA. 'conch run' always runs on this machine.\n",
           f);
+}
+
+/* The verbs that never talk to a remote daemon. */
+static bool is_local(const char *verb)
+{
+    static const char *const local[] = {"run", "serve", "doctor", "gc", "mcp", "__js-worker"};
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+        if (!strcmp(verb, local[i]))
+            return true;
+    return false;
+}
+
+/* `conch [--remote URL] [--token-file FILE] VERB ...`: the options before the verb. Returns
+ * how many words they took, or -1 after printing why. There is no --token: a token on the
+ * command line shows in /proc/PID/cmdline. */
+static int global_options(int argc, char **argv)
+{
+    int i = 1;
+    while (i < argc && !strncmp(argv[i], "--", 2) && argv[i][2]) {
+        const char *a = argv[i] + 2, *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        bool url = len == 6 && !strncmp(a, "remote", 6);
+        bool file = len == 10 && !strncmp(a, "token-file", 10);
+        if (len == 5 && !strncmp(a, "token", 5)) {
+            fprintf(stderr, "conch: no --token option: it would show in /proc/PID/cmdline; use "
+                            "$CONCH_TOKEN or --token-file FILE\n");
+            return -1;
+        }
+        if (!url && !file)
+            break;
+        const char *value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!value) {
+            fprintf(stderr, "conch: option '--%.*s' needs a value\n", (int)len, a);
+            return -1;
+        }
+        struct conch_err err = {0};
+        int r = url ? conch_cli_remote_set_url(value, &err)
+                    : conch_cli_remote_set_token_file(value, &err);
+        if (r < 0) {
+            fprintf(stderr, "conch: %s\n", err.msg);
+            return -1;
+        }
+        i++;
+    }
+    return i - 1;
 }
 
 int main(int argc, char **argv)
@@ -52,7 +103,23 @@ int main(int argc, char **argv)
         usage(stderr);
         return CONCH_EXIT_USAGE;
     }
+    int shift = global_options(argc, argv);
+    if (shift < 0)
+        return CONCH_EXIT_USAGE;
+    argc -= shift;
+    argv += shift;
+    if (argc < 2) {
+        usage(stderr);
+        return CONCH_EXIT_USAGE;
+    }
     const char *verb = argv[1];
+    if (conch_cli_remote_given() && is_local(verb)) {
+        fprintf(stderr,
+                "conch %s: runs on this machine: --remote and --token-file name a remote "
+                "daemon for the client verbs (ps, create, exec, cp, logs, ...)\n",
+                verb);
+        return CONCH_EXIT_USAGE;
+    }
     if (!strcmp(verb, "run"))
         return conch_cli_run(argc - 1, argv + 1);
     if (!strcmp(verb, "doctor"))

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "core/cleanup.h"
 
 /* What an option word names: one of the verb's own, a spec option, or help. */
@@ -17,7 +18,22 @@ struct found {
     const char *spec_name; /* the spec option's name (NUL-terminated), or NULL */
     bool help;
     bool takes_value;
+    int remote; /* REMOTE_URL, REMOTE_TOKEN_FILE: the remote daemon's options */
 };
+
+enum { REMOTE_URL = 1, REMOTE_TOKEN_FILE };
+
+/* The verbs that talk to a daemon (their table has --socket) also take --remote URL and
+ * --token-file FILE; `conch run` and `conch serve` stay on this machine. */
+static bool takes_remote(const struct conch_cli_parser *p)
+{
+    if (!strcmp(p->verb, "run") || !strcmp(p->verb, "serve"))
+        return false;
+    for (const struct conch_cli_opt *o = p->table; o && o->name; o++)
+        if (!strcmp(o->name, "socket"))
+            return true;
+    return false;
+}
 
 static bool lookup_long(const struct conch_cli_parser *p, const char *name, size_t len, char *buf,
                         size_t size, struct found *f)
@@ -42,6 +58,12 @@ static bool lookup_long(const struct conch_cli_parser *p, const char *name, size
         f->help = true;
         return true;
     }
+    if (takes_remote(p) && ((len == 6 && !memcmp(name, "remote", 6)) ||
+                            (len == 10 && !memcmp(name, "token-file", 10)))) {
+        f->remote = len == 6 ? REMOTE_URL : REMOTE_TOKEN_FILE;
+        f->takes_value = true;
+        return true;
+    }
     return false;
 }
 
@@ -63,6 +85,10 @@ static bool lookup_short(const struct conch_cli_parser *p, char c, struct found 
 static int apply(const struct conch_cli_parser *p, const struct found *f, char *value,
                  struct conch_err *err)
 {
+    if (f->remote == REMOTE_URL)
+        return conch_cli_remote_set_url(value, err);
+    if (f->remote == REMOTE_TOKEN_FILE)
+        return conch_cli_remote_set_token_file(value, err);
     if (f->own)
         return p->handler ? p->handler(p->ctx, f->own->key, value, err)
                           : conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "option without handler");
@@ -95,6 +121,10 @@ int conch_cli_opts_parse(const struct conch_cli_parser *p, int argc, char **argv
             size_t len = eq ? (size_t)(eq - name) : strlen(name);
             char buf[64];
             /* Only the name is quoted back: the value may be a secret. */
+            if (len == 5 && !memcmp(name, "token", 5) && takes_remote(p))
+                return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                                      "no --token option: it would show in /proc/PID/cmdline; "
+                                      "use $CONCH_TOKEN or --token-file FILE");
             if (!lookup_long(p, name, len, buf, sizeof(buf), &f))
                 return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "unknown option '--%.*s'",
                                       (int)len, name);

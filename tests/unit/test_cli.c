@@ -1,9 +1,11 @@
 /* test_cli.c - unit tests of the one option parser every verb uses (src/cli/opts.c): values
  * as --opt=V or --opt V, bundled short flags, where options end, and error messages that name
- * the offending word. */
+ * the offending word; the remote daemon's options and URLs (src/cli/remote-conn.c). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/conn.h"
 #include "cli/opts.h"
@@ -221,4 +223,78 @@ Test(error_text, methods_become_verbs)
     t = conch_cli_error_text("");
     cr_assert_str_eq(t, "");
     free(t);
+}
+
+/* The remote daemon's options (remote-conn.c): taken by the verbs with --socket, not by run. */
+Test(remote, verbs_with_a_socket_take_remote_and_token_file)
+{
+    struct seen s;
+    struct conch_err err = {0};
+    int ind;
+    cr_assert_null(conch_cli_remote_url());
+    cr_assert_eq(
+        parse(&s, NULL, 0, WORDS("test", "--remote", "wss://h.example:8443", "id"), &ind, &err), 0,
+        "%s", err.msg);
+    cr_assert_str_eq(conch_cli_remote_url(), "wss://h.example:8443");
+    cr_assert(conch_cli_remote_given());
+    cr_assert_eq(ind, 3);
+
+    /* `conch run` stays local: --remote is no option of it. */
+    const struct conch_cli_parser run = {
+        .verb = "run", .table = table, .handler = handler, .ctx = &s};
+    char **w = WORDS("run", "--remote", "wss://h:1", "--", "true");
+    cr_assert_lt(conch_cli_opts_parse(&run, 5, w, &ind, &err), 0);
+    cr_assert(strstr(err.msg, "unknown option '--remote'"), "%s", err.msg);
+}
+
+Test(remote, no_token_option_and_the_value_is_not_echoed)
+{
+    struct seen s;
+    struct conch_err err = {0};
+    int ind;
+    cr_assert_lt(parse(&s, NULL, 0, WORDS("test", "--token", "sekrit-value", "id"), &ind, &err), 0);
+    cr_assert(strstr(err.msg, "/proc/PID/cmdline"), "%s", err.msg);
+    cr_assert_null(strstr(err.msg, "sekrit"), "%s", err.msg);
+    cr_assert_lt(parse(&s, NULL, 0, WORDS("test", "--token=sekrit-value", "id"), &ind, &err), 0);
+    cr_assert_null(strstr(err.msg, "sekrit"), "%s", err.msg);
+}
+
+Test(remote, urls)
+{
+    struct conch_err err = {0};
+    static const char *const good[] = {"wss://h", "wss://h:1", "wss://h.example:65535/rpc",
+                                       "wss://[::1]:8443", "wss://127.0.0.1:9/x/y"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        cr_assert_eq(conch_cli_remote_set_url(good[i], &err), 0, "%s: %s", good[i], err.msg);
+    static const char *const bad[] = {"ws://h:1",      "https://h",     "wss://",
+                                      "wss://:80",     "wss://h:0",     "wss://h:65536",
+                                      "wss://h:x",     "wss://u:p@h:1", "wss://[::1:80",
+                                      "wss://h:1?t=1", "h:1",           ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        memset(&err, 0, sizeof(err));
+        cr_assert_lt(conch_cli_remote_set_url(bad[i], &err), 0, "'%s' was accepted", bad[i]);
+        cr_assert(err.msg[0]);
+    }
+    memset(&err, 0, sizeof(err));
+    conch_cli_remote_set_url("wss://u:secret@h:1", &err);
+    cr_assert_null(strstr(err.msg, "secret"), "%s", err.msg);
+}
+
+Test(remote, token_file_must_be_private)
+{
+    char path[] = "/tmp/conch-test-token-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "tok\n", 4), 4);
+    close(fd);
+    struct conch_err err = {0};
+    chmod(path, 0644);
+    cr_assert_lt(conch_cli_remote_set_token_file(path, &err), 0);
+    cr_assert(strstr(err.msg, "chmod 600"), "%s", err.msg);
+    chmod(path, 0600);
+    memset(&err, 0, sizeof(err));
+    cr_assert_eq(conch_cli_remote_set_token_file(path, &err), 0, "%s", err.msg);
+    unlink(path);
+    cr_assert_lt(conch_cli_remote_set_token_file("/nonexistent/token", &err), 0);
+    cr_assert_lt(conch_cli_remote_set_token_file("/tmp", &err), 0);
 }

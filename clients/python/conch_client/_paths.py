@@ -65,3 +65,22 @@ def stdio_argv(conch_bin: Optional[str], state_dir: Optional[str], serve_args) -
         argv += ["--state-dir", str(state_dir)]
     argv += [str(a) for a in (serve_args or ())]
     return argv
+
+
+def remote_options(socket, url, token, ca):
+    """(url, token, ca) of the remote daemon to use, or None for the unix socket: ``url``
+    when given, else $CONCH_URL unless a ``socket`` was asked for. The token and CA default
+    to $CONCH_TOKEN and $CONCH_CA. The URL is checked here (wss:// only)."""
+    if url is None and socket is None:
+        url = os.environ.get("CONCH_URL") or None
+    if url is None:
+        return None
+    if socket is not None:
+        raise ValueError("give socket= or url=, not both")
+    from ._ws import parse_url
+    parse_url(str(url))
+    if token is None:
+        token = os.environ.get("CONCH_TOKEN") or None
+    if ca is None:
+        ca = os.environ.get("CONCH_CA") or None
+    return str(url), token, (str(ca) if ca else None)

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from . import _paths
+from . import _paths, _ws
 from ._dispatch import Registry, RpcFail, error_of, is_async_fn, response_line
 from ._methods import ProtocolMethods
 from .client import MAX_LINE, Notification
@@ -101,8 +101,22 @@ class AsyncClient(ProtocolMethods):
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    async def connect(cls, socket: Optional[str] = None, **kw: Any) -> "AsyncClient":
-        """Connect to a daemon's unix socket (default: see default_socket_path())."""
+    async def connect(cls, socket: Optional[str] = None, *, url: Optional[str] = None,
+                      token: Optional[str] = None, ca: Optional[str] = None,
+                      connect_timeout: float = 10.0, **kw: Any) -> "AsyncClient":
+        """Connect to a daemon's unix socket (default: see default_socket_path()), or to a
+        remote daemon (``url``, ``token``, ``ca``, else $CONCH_URL, $CONCH_TOKEN, $CONCH_CA:
+        see Client.connect). The asyncio client does not reconnect: after a dropped remote
+        connection, connect again."""
+        remote = _paths.remote_options(socket, url, token, ca)
+        if remote is not None:
+            t = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(_ws.WebSocketTransport, *remote,
+                                        connect_timeout=connect_timeout))
+            a = _ws.AsyncAdapter(t)
+            c = cls(a, a, **kw)
+            c._conch_no_copy = True  # the daemon's host is not ours: contents go in messages
+            return c
         path = str(socket) if socket else _paths.default_socket_path()
         _paths.check_socket(path)
         try:

@@ -14,14 +14,20 @@ import queue
 import socket as _socket
 import subprocess
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence
 
-from . import _paths
+from . import _paths, _ws
 from ._dispatch import Registry, RpcFail, error_of, response_line
 from ._methods import ProtocolMethods
 from .errors import ConnectionLost, RequestTimeout, from_error_object
 
 log = logging.getLogger("conch_client")
+
+#: Reconnecting a remote client after a dropped connection: tries, and the first pause (s),
+#: doubled after each failed try.
+RECONNECT_TRIES = 5
+RECONNECT_DELAY = 0.2
 
 #: Incoming lines up to this size are read (the daemon caps a download at 64 MiB raw).
 MAX_LINE = 1 << 30
@@ -162,8 +168,11 @@ class Client(ProtocolMethods):
     """
 
     def __init__(self, transport: Any, *, timeout: Optional[float] = None,
-                 handler_threads: int = 32, name: str = "conch"):
+                 handler_threads: int = 32, name: str = "conch",
+                 reconnect: Optional[Callable[[], Any]] = None):
         self._t = transport
+        self._reconnect = reconnect
+        self._connect_lock = threading.Lock()
         self.timeout = timeout
         self.name = name
         self._registry = Registry()
@@ -180,15 +189,32 @@ class Client(ProtocolMethods):
         self._event_thread = threading.Thread(target=self._event_loop,
                                               name=f"{name}-events", daemon=True)
         self._event_thread.start()
-        self._reader = threading.Thread(target=self._read_loop, name=f"{name}-reader",
-                                        daemon=True)
+        self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._reader = threading.Thread(target=self._read_loop, args=(self._t,),
+                                        name=f"{self.name}-reader", daemon=True)
         self._reader.start()
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    def connect(cls, socket: Optional[str] = None, *, connect_timeout: float = 10.0,
-                **kw: Any) -> "Client":
-        """Connect to a daemon's unix socket (default: see default_socket_path())."""
+    def connect(cls, socket: Optional[str] = None, *, url: Optional[str] = None,
+                token: Optional[str] = None, ca: Optional[str] = None,
+                connect_timeout: float = 10.0, **kw: Any) -> "Client":
+        """Connect to a daemon's unix socket (default: see default_socket_path()), or to a
+        remote daemon at ``url`` (``wss://HOST:PORT``, path /rpc implied) with the bearer
+        ``token`` and a private CA bundle ``ca``; without ``socket`` and ``url``, the
+        environment's CONCH_URL, CONCH_TOKEN and CONCH_CA choose the remote daemon. A remote
+        client reconnects for new requests after a dropped connection (requests in flight
+        fail with ConnectionLost)."""
+        remote = _paths.remote_options(socket, url, token, ca)
+        if remote is not None:
+            def dial() -> Any:
+                return _ws.WebSocketTransport(remote[0], remote[1], remote[2],
+                                              connect_timeout=connect_timeout)
+            c = cls(dial(), name=kw.pop("name", "conch"), reconnect=dial, **kw)
+            c._conch_no_copy = True  # the daemon's host is not ours: contents go in messages
+            return c
         path = str(socket) if socket else _paths.default_socket_path()
         _paths.check_socket(path)
         s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
@@ -228,8 +254,12 @@ class Client(ProtocolMethods):
         waiting fail with ConnectionLost."""
         if not self._closed.is_set():
             self._close_reason = "the client was closed"
+        with self._lock:
+            t, self._t = self._t, None
+            self._reconnect = None
         try:
-            self._t.close()
+            if t is not None:
+                t.close()
         except Exception:  # noqa: BLE001 - closing must not fail
             pass
         if threading.current_thread() is not self._reader:
@@ -263,12 +293,43 @@ class Client(ProtocolMethods):
     # -- requests ------------------------------------------------------------------------
     def _send(self, data: bytes) -> None:
         with self._wlock:
-            self._t.write(data)
+            t = self._t
+            if t is None:
+                raise OSError("connection lost")
+            t.write(data)
+
+    def _ensure_connected(self, method: str) -> None:
+        """A remote client whose connection dropped dials again (bounded tries, backoff)."""
+        if self._t is not None or self._reconnect is None:
+            return
+        with self._connect_lock:
+            if self._t is not None or self._closed.is_set():
+                return
+            delay, why = RECONNECT_DELAY, ""
+            for i in range(RECONNECT_TRIES):
+                if i:
+                    time.sleep(delay)
+                    delay *= 2
+                dial = self._reconnect
+                if dial is None:
+                    break
+                try:
+                    t = dial()
+                except ConnectionLost as e:
+                    why = str(e)
+                    continue
+                with self._lock:
+                    self._t = t
+                self._start_reader()
+                return
+            raise ConnectionLost(f"connection lost, and {RECONNECT_TRIES} tries to reconnect "
+                                 f"failed: {why}", method=method)
 
     def _request(self, method: str, params: Dict[str, Any], *, post=None, on_output=None,
                  timeout=None):
         if self._closed.is_set():
             raise ConnectionLost(self._close_reason, method=method)
+        self._ensure_connected(method)
         rid = next(self._ids)
         p = _Pending(method, post, on_output)
         line = (json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params},
@@ -327,20 +388,40 @@ class Client(ProtocolMethods):
                 log.exception("conch_client: notification callback failed")
 
     # -- reading -------------------------------------------------------------------------
-    def _read_loop(self) -> None:
+    def _read_loop(self, t: Any) -> None:
+        why = ("the server closed the connection" if self._reconnect is not None else
+               "the daemon closed the connection")
         try:
             while True:
-                line = self._t.readline()
+                line = t.readline()
                 if not line:
                     break
                 self._handle_line(line)
         except Exception as e:  # noqa: BLE001
-            if not self._closed.is_set():
-                self._close_reason = f"connection lost: {e}"
-        else:
+            why = f"connection lost: {e}"
+        if self._reconnect is not None and not self._closed.is_set():
+            self._lost(t, why)
+            return
+        if not self._closed.is_set():
             if self._close_reason == "the connection is closed":
-                self._close_reason = "the daemon closed the connection"
+                self._close_reason = why
         self._shutdown()
+
+    def _lost(self, t: Any, why: str) -> None:
+        """A remote connection dropped: the requests sent on it fail; the next request
+        dials again."""
+        with self._lock:
+            if self._t is t:
+                self._t = None
+            pending, self._pending = self._pending, {}
+        try:
+            t.close()
+        except Exception:  # noqa: BLE001
+            pass
+        msg = why if why.startswith("connection lost") else f"connection lost: {why}"
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(ConnectionLost(msg, method=p.method))
 
     def _handle_line(self, line: bytes) -> None:
         try:

@@ -576,13 +576,18 @@ class Sandbox(_Lifecycle):
     def create(cls, client: Optional[Client] = None, *, keep: bool = False,
                on_exit: Optional[str] = None, conch_bin: Optional[str] = None,
                socket: Optional[str] = None, state_dir: Optional[str] = None,
-               serve_args=DEFAULT_SERVE_ARGS, **params: Any) -> "Sandbox":
+               serve_args=DEFAULT_SERVE_ARGS, url: Optional[str] = None,
+               token: Optional[str] = None, ca: Optional[str] = None,
+               **params: Any) -> "Sandbox":
         """Create a sandbox (params as sandbox.create: workspace, mode, env, memory, ...).
-        Without ``client``: connect to ``socket`` when given, else spawn a private
-        ``conch serve --stdio`` (closed with the sandbox)."""
+        Without ``client``: connect to ``socket`` when given, or to the remote daemon at
+        ``url`` (``token``, ``ca``; else $CONCH_URL, $CONCH_TOKEN, $CONCH_CA when set), else
+        spawn a private ``conch serve --stdio`` (closed with the sandbox)."""
         owns = client is None
         if client is None:
             client = (Client.connect(socket) if socket else
+                      Client.connect(url=url, token=token, ca=ca)
+                      if url or os.environ.get("CONCH_URL") else
                       Client.spawn(conch_bin, state_dir=state_dir, serve_args=serve_args))
         try:
             info = client.sandbox_create(**params)
@@ -656,10 +661,14 @@ class AsyncSandbox(_Lifecycle):
     async def _create(cls, client: Optional[AsyncClient], *, keep: bool = False,
                       on_exit: Optional[str] = None, conch_bin: Optional[str] = None,
                       socket: Optional[str] = None, state_dir: Optional[str] = None,
-                      serve_args=DEFAULT_SERVE_ARGS, **params: Any) -> "AsyncSandbox":
+                      serve_args=DEFAULT_SERVE_ARGS, url: Optional[str] = None,
+                      token: Optional[str] = None, ca: Optional[str] = None,
+                      **params: Any) -> "AsyncSandbox":
         owns = client is None
         if client is None:
             client = (await AsyncClient.connect(socket) if socket else
+                      await AsyncClient.connect(url=url, token=token, ca=ca)
+                      if url or os.environ.get("CONCH_URL") else
                       await AsyncClient.spawn(conch_bin, state_dir=state_dir,
                                               serve_args=serve_args))
         try:

@@ -3,6 +3,7 @@
 import { ConchError, RpcConnection, socketTransport, stdioTransport, type StdioOptions, type Transport, type RequestHandler } from "./rpc.js";
 import { EventEmitter } from "node:events";
 import { ConchSession } from "./session.js";
+import { remoteOptions, remoteTransport, type RemoteOptions } from "./remote.js";
 import { join, resolve } from "node:path";
 import { promises as fsp } from "node:fs";
 import { tmpdir } from "node:os";
@@ -517,7 +518,7 @@ export interface SessionEndedEvent {
   exit_code: number | null;
 }
 
-export interface ConnectOptions extends StdioOptions {
+export interface ConnectOptions extends StdioOptions, RemoteOptions {
   /** Connect to this daemon socket instead of spawning `conch serve --stdio`. */
   socket?: string;
   /** Use this transport as it is (tests). */
@@ -560,9 +561,22 @@ export class ConchClient extends EventEmitter {
     rpc.on("close", (e: Error) => this.emit("close", e));
   }
 
-  /** Spawn `conch serve --stdio` (the default), or connect to `socket`, or use `transport`. */
+  /**
+   * Spawn `conch serve --stdio` (the default), or connect to `socket`, or to the remote daemon
+   * at `url` (`token`, `ca`; without `socket` and `url`, $CONCH_URL, $CONCH_TOKEN and $CONCH_CA
+   * name it), or use `transport`. A remote client dials again for the next request after a
+   * dropped connection (requests in flight fail with "connection lost").
+   */
   static async connect(opts: ConnectOptions = {}): Promise<ConchClient> {
-    const t = opts.transport ?? (opts.socket ? await socketTransport(opts.socket) : await stdioTransport(opts));
+    if (opts.transport) return new ConchClient(new RpcConnection(opts.transport));
+    const remote = remoteOptions(opts);
+    if (remote) {
+      const dial = () => remoteTransport(remote);
+      const c = new ConchClient(new RpcConnection(await dial(), { reconnect: dial }));
+      c.noCopy = true; // its files are on another machine: file contents go in messages
+      return c;
+    }
+    const t = opts.socket ? await socketTransport(opts.socket) : await stdioTransport(opts);
     return new ConchClient(new RpcConnection(t));
   }
 

@@ -3,3 +3,4 @@
 export * from "./rpc.js";
 export * from "./client.js";
 export * from "./session.js";
+export * from "./remote.js";

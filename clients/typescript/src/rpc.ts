@@ -156,16 +156,46 @@ export class RpcConnection extends EventEmitter {
   /** The pieces of a line not yet ended by "\n" (joined once, when its end comes). */
   private partial: string[] = [];
   private closed: Error | null = null;
+  /** The live transport; null while a reconnecting connection is down. */
+  private current: Transport | null = null;
+  private dialing: Promise<void> | null = null;
 
-  constructor(readonly transport: Transport) {
+  /**
+   * @param transport the connection's stream.
+   * @param opts.reconnect when given, a dropped transport does not close the connection: the
+   *   requests in flight fail ("connection lost"), and the next request dials again with it
+   *   (opts.tries times, waiting opts.delayMs, doubled after each failure).
+   */
+  constructor(
+    transport: Transport,
+    private readonly opts: { reconnect?: () => Promise<Transport>; tries?: number; delayMs?: number } = {},
+  ) {
     super();
+    this.attach(transport);
+  }
+
+  /** The transport in use (the last one, after a reconnect). */
+  get transport(): Transport {
+    return this.current ?? this.last!;
+  }
+  private last: Transport | null = null;
+
+  private attach(transport: Transport): void {
+    this.current = transport;
+    this.last = transport;
+    this.partial = [];
     transport.readable.setEncoding?.("utf8");
-    transport.readable.on("data", (chunk: string | Buffer) => this.onData(typeof chunk === "string" ? chunk : chunk.toString("utf8")));
+    transport.readable.on("data", (chunk: string | Buffer) => {
+      if (this.current === transport) this.onData(typeof chunk === "string" ? chunk : chunk.toString("utf8"));
+    });
     let ending = false;
     const end = (why: string) => {
-      if (this.closed || ending) return;
+      if (this.closed || ending || this.current !== transport) return;
       ending = true;
-      const fail = (info?: string) => this.fail(new ConchError(TRANSPORT_ERROR, info ? `${why} (${info})` : why, { code: "transport", kind: "infrastructure" }));
+      const fail = (info?: string) => {
+        if (this.opts.reconnect) return this.lost(transport, info ? `connection lost: ${info}` : "connection lost: the server closed the connection");
+        this.fail(new ConchError(TRANSPORT_ERROR, info ? `${why} (${info})` : why, { code: "transport", kind: "infrastructure" }));
+      };
       if (transport.exitInfo) transport.exitInfo().then(fail, () => fail());
       else fail();
     };
@@ -173,6 +203,53 @@ export class RpcConnection extends EventEmitter {
     transport.readable.on("close", () => end("the conch daemon closed the connection"));
     transport.readable.on("error", (e: Error) => end(`connection to the conch daemon failed: ${e.message}`));
     transport.writable.on("error", (e: Error) => end(`connection to the conch daemon failed: ${e.message}`));
+  }
+
+  /** A reconnecting connection's transport dropped: what was in flight fails; the next request dials. */
+  private lost(transport: Transport, why: string): void {
+    if (this.current !== transport) return;
+    this.current = null;
+    void transport.close().catch(() => undefined);
+    const err = new ConchError(TRANSPORT_ERROR, why, { code: "transport", kind: "infrastructure" });
+    for (const p of this.pending.values()) p.reject(err);
+    this.pending.clear();
+    for (const c of this.incoming.values()) c.abort(err);
+    this.incoming.clear();
+    this.incomingByCallId.clear();
+    this.emit("lost", err);
+  }
+
+  private dial(): Promise<void> {
+    if (this.dialing) return this.dialing;
+    const reconnect = this.opts.reconnect!;
+    const tries = this.opts.tries ?? 5;
+    this.dialing = (async () => {
+      let delay = this.opts.delayMs ?? 200;
+      let why = "";
+      for (let i = 0; i < tries; i++) {
+        if (i) {
+          await new Promise((r) => setTimeout(r, delay));
+          delay *= 2;
+        }
+        if (this.closed) throw this.closed;
+        try {
+          const t = await reconnect();
+          if (this.closed) {
+            await t.close();
+            throw this.closed;
+          }
+          this.attach(t);
+          return;
+        } catch (e) {
+          if (e === this.closed) throw e;
+          why = (e as Error).message;
+        }
+      }
+      throw new ConchError(TRANSPORT_ERROR, `connection lost, and ${tries} tries to reconnect failed: ${why}`, { code: "transport", kind: "infrastructure" });
+    })().finally(() => {
+      this.dialing = null;
+    });
+    return this.dialing;
   }
 
   get isClosed(): boolean {
@@ -188,6 +265,7 @@ export class RpcConnection extends EventEmitter {
   /** Send a request; `onId` learns its id before it is sent (to match notifications tagged with it). */
   request<T = any>(method: string, params: object = {}, onId?: (id: number) => void): Promise<T> {
     if (this.closed) return Promise.reject(this.closed);
+    if (!this.current && this.opts.reconnect) return this.dial().then(() => this.request<T>(method, params, onId));
     const id = this.nextId++;
     onId?.(id);
     return new Promise<T>((resolve, reject) => {
@@ -202,13 +280,25 @@ export class RpcConnection extends EventEmitter {
   }
 
   async close(): Promise<void> {
-    await this.transport.close();
+    const t = this.current;
+    this.current = null;
+    if (t) await t.close();
     this.fail(new ConchError(TRANSPORT_ERROR, "the connection was closed", { code: "transport", kind: "infrastructure" }));
   }
 
   private send(msg: object): void {
+    const t = this.current;
+    if (!t) {
+      const id = (msg as { id?: number | string }).id;
+      const p = id !== undefined && "method" in msg ? this.pending.get(id) : undefined;
+      if (p) {
+        this.pending.delete(id!);
+        p.reject(new ConchError(TRANSPORT_ERROR, "connection lost", { code: "transport", kind: "infrastructure" }));
+      }
+      return;
+    }
     try {
-      this.transport.writable.write(JSON.stringify(msg) + "\n");
+      t.writable.write(JSON.stringify(msg) + "\n");
     } catch (e) {
       this.fail(new ConchError(TRANSPORT_ERROR, `cannot write to the conch daemon: ${(e as Error).message}`, { code: "transport", kind: "infrastructure" }));
     }
