@@ -34,6 +34,10 @@ static const char serve_usage[] =
     "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 4)\n"
     "  --max-sandboxes N   (default 256)\n"
     "  --idle-timeout S    destroy a sandbox unused this long (default 3600; 0 = never)\n"
+    "  --tokens FILE       tenants: lines `TENANT TOKEN [sandboxes=N memory=SIZE disk=SIZE\n"
+    "                      commands=N]` (`admin` sees all tenants); the file must be yours,\n"
+    "                      mode 0600 or stricter; a connection that calls connection.auth\n"
+    "                      with a token is that tenant's; reloaded on SIGHUP\n"
     "\n"
     "Budgets of what sandboxes and clients make the daemon hold (see docs/ARCHITECTURE.md):\n"
     "  --max-output-memory BYTES\n"
@@ -66,7 +70,8 @@ enum {
     OPT_MAX_CLIENT_OUTPUT_MEMORY,
     OPT_MAX_HELD,
     OPT_MAX_SANDBOX_HELD,
-    OPT_NET_HOSTS
+    OPT_NET_HOSTS,
+    OPT_TOKENS
 };
 
 static const struct conch_cli_opt serve_opts[] = {
@@ -84,6 +89,7 @@ static const struct conch_cli_opt serve_opts[] = {
     {"max-bridge-memory", 0, true, OPT_MAX_HELD},
     {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_HELD},
     {"net-hosts", 0, true, OPT_NET_HOSTS},
+    {"tokens", 0, true, OPT_TOKENS},
     {NULL, 0, false, 0},
 };
 
@@ -155,6 +161,9 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
         break;
     case OPT_NET_HOSTS:
         c->o.net_hosts = value;
+        break;
+    case OPT_TOKENS:
+        c->o.tokens_path = value;
         break;
     }
     return r;

@@ -31,6 +31,10 @@ struct conch_daemon_opts {
     /* A hosts-format file the network proxy resolves names by before DNS (tests point
      * registry names at loopback servers with it); NULL: DNS only. */
     const char *net_hosts;
+    /* The tokens file (`TENANT TOKEN [quota=value ...]` lines, mode 0600, ours): tenants that
+     * connection.auth restricts a connection to (docs/ARCHITECTURE.md, "Tenants"); reloaded
+     * on SIGHUP. NULL: none (connection.auth always fails). */
+    const char *tokens_path;
 };
 
 /* conch_daemon_opts_init - the defaults above. */

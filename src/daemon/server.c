@@ -374,7 +374,7 @@ static void on_line(void *ctx, const char *line, size_t len)
     struct client *c = ctx;
     if (c->closing)
         return;
-    conch_rpc_dispatch(conch_daemon_methods, line, len, c, c->sink);
+    conch_daemon_tenant_dispatch(c, line, len);
 }
 
 static void on_oversize(void *ctx)
@@ -756,6 +756,9 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     CONCH_LIST_INIT(&d->sandboxes);
     CONCH_LIST_INIT(&d->jobs);
     CONCH_LIST_INIT(&d->answers_waiting);
+    /* The tokens file first: a daemon that cannot hold its tenants to it does not start. */
+    if ((r = conch_daemon_tenants_start(d, o->tokens_path, err)) < 0)
+        goto out_free;
     conch_budget_init(&d->held_budget, "all sandboxes", o->max_held, NULL);
     conch_budget_set_raise_with(&d->held_budget, "conch serve --max-held");
     conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
@@ -799,6 +802,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     conch_daemon_sandboxes_recover(d);
     conch_daemon_sessions_recover(d);
 
+    conch_daemon_tenants_listen(d);
     signal(SIGPIPE, SIG_IGN);
     uv_signal_init(&d->loop, &d->sigchld);
     uv_signal_start(&d->sigchld, on_sigchld, SIGCHLD);
@@ -851,6 +855,7 @@ out_loop:
 out_state:
     conch_state_close(d->state);
 out_free:
+    conch_daemon_tenants_stop(d);
     if (d->private_state)
         private_state_remove(d);
     free(d);
