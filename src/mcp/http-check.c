@@ -173,7 +173,7 @@ int conch_mcp_http_headers(struct srv *v, struct req *r, const char *uri)
     if (!sid)
         r->sid[0] = '\0';
     if (too_long || (sid && !sid[0])) {
-        conch_mcp_http_fail(r, 404, -32001, "session not found: initialize a new one");
+        conch_mcp_http_fail(r, 404, -32001, CONCH_MCP_NO_SESSION);
         return 0;
     }
     if (r->method == REQ_DELETE) {

@@ -16,6 +16,8 @@
 #include "mcp/mcp.h"
 
 #define CONCH_MCP_SID_BYTES 16 /* random bytes of a session id (hex in the header) */
+/* The one answer (404) to an unknown, ended or another tenant's session id. */
+#define CONCH_MCP_NO_SESSION "session not found: initialize a new one"
 
 struct hsess;
 

@@ -132,7 +132,7 @@ static void sess_end(struct hsess *s, const char *why)
     while (s->waiting) {
         struct req *r = s->waiting;
         req_detach(r);
-        conch_mcp_http_fail(r, 404, -32001, "session not found (it ended)");
+        conch_mcp_http_fail(r, 404, -32001, CONCH_MCP_NO_SESSION);
     }
     conch_mcp_session_end_async(s->m);
     if (conch_mcp_session_done(s->m))
@@ -258,7 +258,7 @@ static void auth_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
     if (s->probe || !r || stop_signal) {
         /* A good token of another tenant than the session's: that session is not its. */
         if (r)
-            conch_mcp_http_fail(r, 404, -32001, "session not found");
+            conch_mcp_http_fail(r, 404, -32001, CONCH_MCP_NO_SESSION);
         json_decref(msg);
         sess_end(s, "probe done");
         return;
@@ -370,7 +370,7 @@ void conch_mcp_http_handle(struct srv *v, struct req *r, json_t *msg)
     struct hsess *s = find_session(v, r->sid);
     if (!s) {
         json_decref(msg);
-        conch_mcp_http_fail(r, 404, -32001, "session not found: initialize a new one");
+        conch_mcp_http_fail(r, 404, -32001, CONCH_MCP_NO_SESSION);
         return;
     }
     if (CRYPTO_memcmp(s->tok_hash, r->tok_hash, sizeof(s->tok_hash))) {
