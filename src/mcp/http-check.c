@@ -194,7 +194,12 @@ int conch_mcp_http_headers(struct srv *v, struct req *r, const char *uri)
         return 0;
     }
     const char *cl = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, buf, sizeof(buf));
-    if (cl) {
+    if (!cl) { /* a chunked body: not read here (libwebsockets 4.1 reads none) */
+        r->close_after = true;
+        conch_mcp_http_fail(r, 411, -32600, "Content-Length required");
+        return 0;
+    }
+    {
         char *end;
         errno = 0;
         unsigned long long n = strtoull(cl, &end, 10);

@@ -193,6 +193,14 @@ def test_body_over_cap_413(mcp_http):
     r = c.getresponse()
     assert r.status == 413
     c.close()
+    # A chunked body (no length) is refused, not waited for.
+    c = s.conn()
+    c.request("POST", "/mcp", body=iter([b'{"jsonrpc":"2.0",', b'"id":5,"method":"ping"}']),
+              headers={"Authorization": f"Bearer {TOK_A}", "Mcp-Session-Id": sid,
+                       "Content-Type": "application/json", "Accept": "application/json"},
+              encode_chunked=True)
+    assert c.getresponse().status == 411
+    c.close()
     # A body under the cap works.
     res = s.call(sid, "write_file", {"path": "/workspace/f.txt", "content": "x" * (MAX_BODY // 2)})
     assert not res["isError"], res
