@@ -107,20 +107,19 @@ static bool bearer(struct lws *wsi, struct req *r)
     return ok && r->token;
 }
 
-/* Whether the comma-separated media types of @accept include @want (or a wildcard of it). */
-static bool accepts(const char *accept, const char *want)
+/* Whether the comma-separated media types of @accept include application/json (or a
+ * wildcard of it); parameters (";q=...") are ignored. */
+static bool accepts_json(const char *accept)
 {
-    const char *slash = strchr(want, '/');
-    size_t type_len = (size_t)(slash - want);
+    static const char *const ok[] = {"application/json", "application/*", "*/*"};
     for (const char *p = accept; *p;) {
         p += strspn(p, " \t,");
         size_t n = strcspn(p, ",;");
         while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
             n--;
-        if ((n == strlen(want) && !strncasecmp(p, want, n)) || (n == 3 && !strncmp(p, "*/*", 3)) ||
-            (n == type_len + 2 && !strncasecmp(p, want, type_len) &&
-             !strncmp(p + type_len, "/*", 2)))
-            return true;
+        for (size_t i = 0; i < sizeof(ok) / sizeof(*ok); i++)
+            if (n == strlen(ok[i]) && !strncasecmp(p, ok[i], n))
+                return true;
         p += strcspn(p, ",");
     }
     return false;
@@ -188,7 +187,7 @@ int conch_mcp_http_headers(struct srv *v, struct req *r, const char *uri)
         return 0;
     }
     const char *acc = hdr(wsi, WSI_TOKEN_HTTP_ACCEPT, buf, sizeof(buf));
-    if (acc && !accepts(acc, "application/json")) {
+    if (acc && !accepts_json(acc)) {
         conch_mcp_http_fail(r, 406, -32600,
                             "Accept must include application/json (answers are JSON)");
         return 0;

@@ -506,6 +506,8 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
 {
     struct req *r = user;
     struct srv *v = lws_context_user(lws_get_context(wsi));
+    if (!r) /* a connection closed before it had its per-request data (a failed handshake) */
+        return lws_callback_http_dummy(wsi, reason, user, in, len);
     switch (reason) {
     case LWS_CALLBACK_HTTP:
         req_reset(r);

@@ -269,6 +269,9 @@ def test_plaintext_refused(mcp_http, tmp_path):
         with socket.create_connection(("127.0.0.1", s.port), timeout=15) as sk:
             with ctx.wrap_socket(sk, server_hostname="127.0.0.1"):
                 pass
+    # The server is still up after both.
+    assert s.proc.poll() is None
+    s.init()
     # Serving without TLS is refused at start.
     r = subprocess.run([CONCH_BIN, "mcp", "--listen", "127.0.0.1:0", "--socket", s.daemon.sock],
                        capture_output=True, text=True, timeout=30)
