@@ -634,10 +634,11 @@ int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_
     info.timeout_secs = 10; /* the TLS and HTTP handshake */
     info.keepalive_timeout = 60;
     info.max_http_header_data = 8192;
-    struct sigaction sa = {.sa_handler = on_stop_signal}, old_term, old_int, old_pipe;
+    struct sigaction sa = {.sa_handler = on_stop_signal}, old_term, old_int, old_hup, old_pipe;
     struct sigaction ign = {.sa_handler = SIG_IGN};
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGHUP, &sa, &old_hup);
     sigaction(SIGPIPE, &ign, &old_pipe);
     v.ctx = lws_create_context(&info);
     if (!v.ctx) {
@@ -669,6 +670,7 @@ int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_
 out:
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGHUP, &old_hup, NULL);
     sigaction(SIGPIPE, &old_pipe, NULL);
     json_decref(v.tools_list);
     return r;

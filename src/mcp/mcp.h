@@ -60,9 +60,9 @@ struct conch_mcp_http_opts {
 void conch_mcp_http_opts_init(struct conch_mcp_http_opts *h);
 
 /*
- * conch_mcp_serve_http - serve MCP's Streamable HTTP transport at https://@h->listen/mcp until
- * SIGTERM or SIGINT; each session gets the sandbox of @o (without host paths: a tenant may
- * not name them) on its own daemon connection, authenticated as its bearer token's tenant.
+ * conch_mcp_serve_http - serve MCP's Streamable HTTP transport at https://@h->listen/mcp
+ * until SIGTERM, SIGINT or SIGHUP; each session gets the sandbox of @o (without host paths: a
+ * tenant may not name them) on its own daemon connection, as its bearer token's tenant.
  * Returns 0, or -errno with @err when it could not start.
  */
 int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_http_opts *h,
