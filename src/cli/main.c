@@ -36,7 +36,8 @@ static void usage(FILE *f)
           "  sessions                         list the daemon's sessions\n"
           "  js SANDBOX [-e CODE]             run JavaScript/TypeScript in its JS session\n"
           "  gc [--state-dir DIR]             remove what no sandbox references\n"
-          "  mcp [options]                    serve MCP on stdio: one sandbox per session\n"
+          "  mcp [options]                    serve MCP on stdio (or --listen: HTTPS): one\n"
+          "                                   sandbox per session\n"
           "\n"
           "ID is a sandbox id or name; the daemon's client commands take --socket PATH and\n"
           "--json. 'conch run --help' lists the options of run; 'conch VERB --help' the others.\n",

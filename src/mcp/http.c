@@ -24,6 +24,7 @@
 #define SWEEP_US (1 * LWS_US_PER_SEC) /* how often idle sessions are looked for */
 #define END_GRACE_S 30                /* the wait for sessions to end at shutdown */
 #define CHUNK 16384                   /* bytes of a response written at a time */
+#define SANDBOX_GRACE_S 600 /* a session's sandbox idles this much longer than the session */
 
 static volatile sig_atomic_t stop_signal;
 
@@ -308,6 +309,10 @@ static void start_auth(struct srv *v, struct req *r, json_t *msg, bool probe)
     const struct mcp_io io = {.to_client = to_client, .ctx = s};
     if (s)
         s->m = conch_mcp_session_new(v->o, v->tools_list, &io, fd, fd, NULL);
+    if (s && s->m) /* no name: a tenant's sessions are many; a sandbox left behind by a
+                    * session that could not destroy it (its daemon restarted) expires */
+        conch_mcp_session_sandbox_opts(
+            s->m, NULL, v->h->idle_timeout_s ? (double)v->h->idle_timeout_s + SANDBOX_GRACE_S : 0);
     if (!s || !s->m) {
         free(s);
         close(fd);

@@ -60,6 +60,9 @@ struct mcp_io {
 struct mcp *conch_mcp_session_new(const struct conch_mcp_opts *o, const json_t *tools_list,
                                   const struct mcp_io *io, int daemon_in, int daemon_out,
                                   const char *state_dir);
+/* conch_mcp_session_sandbox_opts - the sandbox's name (borrowed; NULL: none; default "mcp")
+ * and idle_timeout (seconds; default 0: never) for the sandbox.create of initialize. */
+void conch_mcp_session_sandbox_opts(struct mcp *m, const char *name, double idle_timeout);
 /* conch_mcp_session_free - free @m and its calls in flight (nothing is sent; fds not closed). */
 void conch_mcp_session_free(struct mcp *m);
 void *conch_mcp_session_ctx(const struct mcp *m); /* the io's ctx */

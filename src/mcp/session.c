@@ -39,7 +39,9 @@ struct mcp {
     char sandbox_err[512];
     const char *version; /* negotiated protocol version; NULL before initialize */
     bool creating;
-    bool ending; /* conch_mcp_session_end_async was called */
+    bool ending;         /* conch_mcp_session_end_async was called */
+    const char *sb_name; /* the sandbox's name ("mcp"; NULL: none) */
+    double sb_idle;      /* its idle_timeout (0: never) */
 };
 
 /* ---- output to the MCP client ---- */
@@ -320,8 +322,8 @@ static void init_reply(struct mcp *m, struct mcp_call *c, json_t *res, json_t *e
 static json_t *sandbox_spec(struct mcp *m)
 {
     struct conch_sandbox_spec s = m->o->sandbox;
-    s.name = "mcp";
-    s.idle_timeout = 0;
+    s.name = m->sb_name;
+    s.idle_timeout = m->sb_idle;
     return conch_spec_to_json(&s);
 }
 
@@ -760,8 +762,15 @@ struct mcp *conch_mcp_session_new(const struct conch_mcp_opts *o, const json_t *
     m->daemon_in = daemon_in;
     m->daemon_out = daemon_out;
     m->from_daemon.max = MAX_DAEMON_LINE;
+    m->sb_name = "mcp";
     snprintf(m->state_dir, sizeof(m->state_dir), "%s", state_dir ? state_dir : "");
     return m;
+}
+
+void conch_mcp_session_sandbox_opts(struct mcp *m, const char *name, double idle_timeout)
+{
+    m->sb_name = name;
+    m->sb_idle = idle_timeout;
 }
 
 void conch_mcp_session_free(struct mcp *m)

@@ -62,7 +62,7 @@ class Server:
     def init(self, token=TOK_A):
         st, h, body = self.req(body=INIT, token=token)
         assert st == 200, (st, body, self.log())
-        assert body["result"]["protocolVersion"] == "2025-06-18"
+        assert body.get("result", {}).get("protocolVersion") == "2025-06-18", body
         sid = h["Mcp-Session-Id"]
         assert re.fullmatch(r"[0-9a-f]{32}", sid)
         return sid
@@ -137,6 +137,14 @@ def test_tools_work_and_sandbox_is_the_tenants(mcp_http):
     assert res["content"][0]["text"].startswith("hi\nagent\n"), res
     assert len(tenant_sandboxes(s.daemon, TOK_A)) == 1
     assert tenant_sandboxes(s.daemon, TOK_B) == []
+    # A second session of the same tenant at once: its own sandbox (none is named, so they
+    # do not collide), which expires by itself if the session cannot destroy it.
+    sid2 = s.init()
+    s.call(sid2, "write_file", {"path": "only2.txt", "content": "2"})
+    res = s.call(sid, "read_file", {"path": "only2.txt"})
+    assert res["isError"], res
+    boxes = tenant_sandboxes(s.daemon, TOK_A)
+    assert len(boxes) == 2 and all(b["idle_timeout"] > 1800 for b in boxes), boxes
 
 
 def test_no_token_and_wrong_token_401(mcp_http):
@@ -309,3 +317,22 @@ def test_failed_tokens_rate_limited(mcp_http):
     assert codes[:10] == [401] * 10 and codes[-1] == 429, codes
     # the peer is limited even with a good token, as the daemon says
     assert s.req(body=INIT)[0] == 429
+
+
+def test_daemon_restart(mcp_http):
+    """The daemon going away ends the sessions (404 from then on), new ones get 503 while it
+    is down, and a restarted daemon serves new sessions; conch mcp stays up throughout."""
+    s = mcp_http()
+    sid = s.init()
+    s.daemon.stop()
+    ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+    deadline = time.monotonic() + 30
+    while s.req(body=ping, sid=sid)[0] != 404 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert s.req(body=ping, sid=sid)[0] == 404
+    assert s.req(body=INIT)[0] == 503
+    assert s.proc.poll() is None
+    s.daemon.start()
+    sid2 = s.init()
+    res = s.call(sid2, "bash", {"command": "echo back"})
+    assert res["content"][0]["text"].startswith("back\n"), res
