@@ -618,6 +618,14 @@ int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_
         conch_mcp_http_bind_addr(h->listen, v.iface, sizeof(v.iface), &v.port, &v.loopback, err);
     if (r < 0)
         return r;
+    const char *files[2][2] = {{"--tls-cert", h->tls_cert}, {"--tls-key", h->tls_key}};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(files[i][1], "re");
+        if (!f)
+            return conch_err_setk(err, CONCH_ERR_USAGE, errno, "%s: cannot read '%s': %s",
+                                  files[i][0], files[i][1], strerror(errno));
+        fclose(f);
+    }
     v.tools_list = conch_mcp_tools_list(err);
     if (!v.tools_list)
         return -err->code;

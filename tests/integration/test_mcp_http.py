@@ -244,11 +244,12 @@ def test_bad_origin_403(mcp_http):
     sid = s.init()
     ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
     for bad in ("http://evil.example", "http://localhost.evil.example", "null",
-                "https://app.example.evil"):
+                "https://app.example.evil", "http://127.0.0.1.evil.example", "localhost"):
         st, _, _ = s.req(body=ping, sid=sid, headers={"Origin": bad})
         assert st == 403, bad
         assert s.req(body=INIT, headers={"Origin": bad})[0] == 403
-    for good in ("http://localhost:3000", "http://127.0.0.1", "https://app.example"):
+    for good in ("http://localhost:3000", "http://127.0.0.1", "http://[::1]:8080",
+                 "https://app.example"):
         assert s.req(body=ping, sid=sid, headers={"Origin": good})[0] == 200, good
 
 
@@ -284,6 +285,10 @@ def test_plaintext_refused(mcp_http, tmp_path):
     r = subprocess.run([CONCH_BIN, "mcp", "--listen", "127.0.0.1:0", "--socket", s.daemon.sock],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "--tls-cert" in r.stderr
+    r = subprocess.run([CONCH_BIN, "mcp", "--listen", "127.0.0.1:0", "--tls-cert",
+                        str(tmp_path / "missing.pem"), "--tls-key", s.cert],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "--tls-cert: cannot read" in r.stderr, r.stderr
 
 
 def test_sessions_cap_and_idle_expiry(mcp_http):
