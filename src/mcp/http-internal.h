@@ -84,6 +84,7 @@ struct srv {
     unsigned n_sessions; /* live */
     unsigned n_authing;  /* opening */
     unsigned n_alive;    /* session objects not yet freed (any state) */
+    size_t body_bytes;   /* allocated for request bodies, all requests */
     lws_sorted_usec_list_t sweep;
 };
 

@@ -24,6 +24,9 @@
 #define SWEEP_US (1 * LWS_US_PER_SEC) /* how often idle sessions are looked for */
 #define END_GRACE_S 30                /* the wait for sessions to end at shutdown */
 #define CHUNK 16384                   /* bytes of a response written at a time */
+/* Request bodies buffered at once, all connections together: 4 of the largest, 64 MiB at
+ * least. */
+#define MAX_BODIES(v) ((v)->h->max_body * 4 > (64u << 20) ? (v)->h->max_body * 4 : (64u << 20))
 #define SANDBOX_GRACE_S 600 /* a session's sandbox idles this much longer than the session */
 
 static volatile sig_atomic_t stop_signal;
@@ -441,10 +444,20 @@ static int daemon_cb(struct lws *wsi, enum lws_callback_reasons reason, void *us
 
 /* ---- HTTP ---- */
 
+/* Free @r's body and take it off the server's count of buffered bodies. */
+static void drop_body(struct srv *v, struct req *r)
+{
+    free(r->body);
+    r->body = NULL;
+    if (v)
+        v->body_bytes -= r->body_cap;
+    r->body_len = r->body_cap = 0;
+}
+
 static void req_reset(struct req *r)
 {
     req_detach(r);
-    free(r->body);
+    drop_body(r->srv, r);
     free(r->resp);
     free(r->token);
     struct lws *wsi = r->wsi;
@@ -537,6 +550,13 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
             size_t cap = r->body_cap ? r->body_cap : 4096;
             while (cap < r->body_len + len + 1)
                 cap *= 2;
+            if (v->body_bytes - r->body_cap + cap > MAX_BODIES(v)) {
+                r->close_after = true;
+                drop_body(v, r);
+                conch_mcp_http_fail(r, 503, -32603,
+                                    "busy: too many request bodies arriving at once; retry");
+                return 0;
+            }
             char *b = realloc(r->body, cap);
             if (!b) {
                 r->close_after = true;
@@ -544,6 +564,7 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
                 return 0;
             }
             r->body = b;
+            v->body_bytes += cap - r->body_cap;
             r->body_cap = cap;
         }
         memcpy(r->body + r->body_len, in, len);
@@ -555,9 +576,7 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
         json_error_t je;
         json_t *msg = json_loadb(r->body ? r->body : "", r->body_len,
                                  JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-        free(r->body);
-        r->body = NULL;
-        r->body_len = r->body_cap = 0;
+        drop_body(v, r);
         if (!msg) {
             char m[300];
             snprintf(m, sizeof(m), "parse error: %s (at position %d)", je.text, je.position);
