@@ -32,6 +32,7 @@ struct req {
     unsigned char tok_hash[32];            /* its SHA-256 */
     char peer[64];                         /* the client's address */
     bool is_init;                          /* carries initialize */
+    bool body_pending;                     /* a body is announced and not all in */
     char *body;                            /* owned */
     size_t body_len, body_cap;
     /* Waiting for the session's answer: */

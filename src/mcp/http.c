@@ -51,7 +51,11 @@ static void respond(struct req *r, unsigned status, const char *ctype, char *bod
     r->resp = body;
     r->resp_len = body ? strlen(body) : 0;
     r->resp_off = 0;
-    lws_callback_on_writable(r->wsi);
+    /* An answer given before the body (a refusal of its headers) waits for the body, read and
+     * dropped, unless the connection closes after it: a client still sending would else
+     * see the connection reset instead of the answer. */
+    if (!r->body_pending || r->close_after)
+        lws_callback_on_writable(r->wsi);
 }
 
 void conch_mcp_http_fail(struct req *r, unsigned status, int code, const char *msg)
@@ -519,6 +523,22 @@ static int write_response(struct lws *wsi, struct req *r)
     return lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
+/* @r's whole body is in: parse it and handle the message. */
+static void body_done(struct srv *v, struct req *r)
+{
+    json_error_t je;
+    json_t *msg = json_loadb(r->body ? r->body : "", r->body_len,
+                             JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    drop_body(v, r);
+    if (!msg) {
+        char m[300];
+        snprintf(m, sizeof(m), "parse error: %s (at position %d)", je.text, je.position);
+        conch_mcp_http_fail(r, 400, -32700, m);
+        return;
+    }
+    conch_mcp_http_handle(v, r, msg);
+}
+
 static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
                    size_t len)
 {
@@ -527,17 +547,23 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
     if (!r) /* a connection closed before it had its per-request data (a failed handshake) */
         return lws_callback_http_dummy(wsi, reason, user, in, len);
     switch (reason) {
-    case LWS_CALLBACK_HTTP:
+    case LWS_CALLBACK_HTTP: {
         req_reset(r);
         r->wsi = wsi;
         r->srv = v;
+        char cl[32];
+        r->body_pending = lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI) > 0 &&
+                          lws_hdr_copy(wsi, cl, sizeof(cl), WSI_TOKEN_HTTP_CONTENT_LENGTH) > 0 &&
+                          strcmp(cl, "0");
+        lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, 60);
         if (conch_mcp_http_headers(v, r, (const char *)in) || r->answered)
             return 0;
         if (r->method == REQ_DELETE) /* no body */
             conch_mcp_http_handle(v, r, NULL);
-        else
-            lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, 60);
+        else if (!r->body_pending) /* an empty body */
+            body_done(v, r);
         return 0;
+    }
     case LWS_CALLBACK_HTTP_BODY:
         if (r->answered || r->method != REQ_POST)
             return 0;
@@ -570,22 +596,15 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
         memcpy(r->body + r->body_len, in, len);
         r->body_len += len;
         return 0;
-    case LWS_CALLBACK_HTTP_BODY_COMPLETION: {
-        if (r->answered || r->method != REQ_POST)
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        if (!r->body_pending)
             return 0;
-        json_error_t je;
-        json_t *msg = json_loadb(r->body ? r->body : "", r->body_len,
-                                 JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-        drop_body(v, r);
-        if (!msg) {
-            char m[300];
-            snprintf(m, sizeof(m), "parse error: %s (at position %d)", je.text, je.position);
-            conch_mcp_http_fail(r, 400, -32700, m);
-            return 0;
-        }
-        conch_mcp_http_handle(v, r, msg);
+        r->body_pending = false;
+        if (r->answered) /* refused before its body: the answer goes now */
+            lws_callback_on_writable(wsi);
+        else if (r->method == REQ_POST)
+            body_done(v, r);
         return 0;
-    }
     case LWS_CALLBACK_HTTP_WRITEABLE:
         if (!r->answered)
             return 0;
