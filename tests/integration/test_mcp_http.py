@@ -160,6 +160,20 @@ def test_no_token_and_wrong_token_401(mcp_http):
     assert s.req(body=ping, sid=sid, token=None)[0] == 401
     assert s.req(body=ping, sid=sid, token="not-a-token-of-this-daemon-000")[0] == 401
     assert s.req(body=ping, sid=sid)[0] == 200
+    # A refusal of a request with a large body (under the cap) comes after the body: the
+    # client sees it, not a reset connection, and the connection serves the next request.
+    c = s.conn()
+    hdrs = {"Content-Type": "application/json", "Accept": "application/json"}
+    big = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "ping", "x": "y" * (MAX_BODY - 100)})
+    c.request("POST", "/mcp", body=big, headers=hdrs)
+    r = c.getresponse()
+    assert r.status == 401
+    r.read()
+    c.request("POST", "/mcp", body=json.dumps(ping),
+              headers={**hdrs, "Authorization": f"Bearer {TOK_A}", "Mcp-Session-Id": sid})
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["id"] == 3
+    c.close()
 
 
 def test_session_of_another_token_refused_like_unknown(mcp_http):
