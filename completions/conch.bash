@@ -68,7 +68,7 @@ _conch()
             return ;;
         --allow|--deny)
             return ;;
-        --net-hosts|--pass-socket)
+        --net-hosts|--pass-socket|--tokens)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
@@ -104,7 +104,7 @@ _conch()
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
                   --idle-timeout --max-output-memory --max-bridge-memory
                   --max-sandbox-bridge-memory --max-held --max-sandbox-held
-                  --max-client-output-memory --net-hosts --help -h" ;;
+                  --max-client-output-memory --net-hosts --tokens --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly

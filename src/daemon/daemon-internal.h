@@ -46,6 +46,7 @@ struct client {
      * its life, restricted to what a tenant may reach (an @admin sees every tenant's). */
     bool authed, admin;
     char tenant[65];
+    unsigned char token_digest[32]; /* the token it authenticated with (SHA-256) */
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
@@ -478,10 +479,11 @@ int conch_daemon_layer_stack(struct daemon *d, const char *top,
                              struct conch_jail_layer **ret_layers, int *ret_n,
                              struct conch_err *err);
 /* conch_daemon_snapshot_chain_at - where the snapshot @key (id or name) is in the chain of
- * layers from @top down (0: @top itself), the chain of sandbox @sb_id. -EINVAL (kind usage,
- * a message naming the snapshot) when there is no such snapshot or it is not in the chain. */
-int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
-                                   const char *key, struct conch_err *err);
+ * layers from @top down (0: @top itself), the chain of sandbox @sb_id, of tenant @tenant.
+ * -EINVAL (kind usage, a message naming the snapshot) when there is no such snapshot or it is
+ * not in the chain; another tenant's snapshot is answered as one that does not exist. */
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *tenant,
+                                   const char *top, const char *key, struct conch_err *err);
 /* The workspace requests that restart the sandbox, run on the loop by files.c in @sb's queue of
  * workspace requests (one at a time). Each returns its result (a new object) or NULL with
  * @err (EBUSY: commands, jobs or sessions run and @params has no force). */
@@ -740,12 +742,19 @@ bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb);
 bool conch_daemon_tenant_sees_tenant(const struct daemon *d, const char *tenant);
 /* conch_daemon_tenant_viewer - the viewer's tenant name, "" for the owner. */
 const char *conch_daemon_tenant_viewer(const struct daemon *d);
+/* conch_daemon_tenant_workspace - the directory a tenant's sandboxes have as their workspace's
+ * lower layer (overlay: what they write goes to their own upper dir): an empty directory of
+ * its own, <state>/tenant-workspaces/<tenant>, made if needed, into @buf. 0 or -errno. */
+int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *buf, size_t size,
+                                  struct conch_err *err);
 /* conch_daemon_tenant_admit - before @tenant's new sandbox is made: check its quotas
  * (sandboxes, memory, disk) against the sandboxes it holds, filling *@memory and *@disk when
  * 0 (not given) with the tenant's share. Returns 0, or -EDQUOT with @err (kind limit) naming
  * the quota and its value. */
 int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
                               uint64_t *disk, struct conch_err *err);
+/* conch_daemon_tenant_disk_quota - @tenant's disk quota in bytes; 0: none. */
+uint64_t conch_daemon_tenant_disk_quota(struct daemon *d, const char *tenant);
 /* conch_daemon_tenant_command_admit - before a command of the viewer's starts in @sb: false
  * after failing @call with `limit` when the tenant's commands quota is reached. */
 bool conch_daemon_tenant_command_admit(struct daemon *d, struct conch_rpc_call *call);

@@ -785,7 +785,8 @@ static void ws_next(struct sandbox *sb)
     }
     if (w->since) {
         /* Resolved now, not when queued: a restore queued before it changes the chain. */
-        w->since_at = conch_daemon_snapshot_chain_at(sb->d, sb->id, sb->layer, w->since, &w->err);
+        w->since_at =
+            conch_daemon_snapshot_chain_at(sb->d, sb->id, sb->tenant, sb->layer, w->since, &w->err);
         w->since_bad = w->since_at < 0;
         if (w->since_at < 0) {
             w->r = w->since_at;

@@ -118,7 +118,25 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
         return;
     struct sandbox *sb;
     struct conch_err err = {0};
-    int r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
+    int r = 0;
+    /* A tenant's sandbox has a workspace of the daemon's making (tenants.c): snapshots and
+     * forks need one; a host path is not the tenant's to give. */
+    char tws[PATH_MAX];
+    const char *tenant = conch_daemon_tenant_viewer(c->d);
+    if (tenant[0]) {
+        /* not given: the tenant's share of its quotas (conch_daemon_tenant_admit) */
+        if (!json_is_integer(json_object_get(params, "disk")))
+            spec.disk_bytes = 0;
+        if (!json_is_integer(json_object_get(params, "memory")))
+            spec.limits.memory_bytes = 0;
+    }
+    if (tenant[0] && !spec.workspace) {
+        r = conch_daemon_tenant_workspace(c->d, tenant, tws, sizeof(tws), &err);
+        spec.workspace = tws;
+        spec.mode = CONCH_WS_OVERLAY;
+    }
+    if (r >= 0)
+        r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
     conch_net_policy_done(&spec.net);
     if (r == -EMFILE || r == -EDQUOT) {
         conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);

@@ -127,11 +127,14 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
         sb, json_pack("{s:s,s:s?,s:s,s:s?,s:s,s:b,s:f,s:f,s:i,s:f,s:I,s:s?}", "id", sb->id, "name",
                       sb->name[0] ? sb->name : NULL, "state",
                       sb->state == SB_READY ? "running" : "stopped", "workspace",
-                      sb->workspace[0] ? sb->workspace : NULL, "mode", conch_ws_mode_name(sb->mode),
-                      "as_root", sb->as_root, "created_at", sb->created_at, "last_used_at",
-                      sb->last_used_at, "commands", (int)sb->commands, "idle_timeout",
-                      sb->idle_timeout, "held", (json_int_t)conch_budget_held(&sb->held),
-                      "snapshot", sb->layer[0] ? sb->layer : NULL));
+                      /* a tenant's is a path of the daemon's, not shown to it */
+                      sb->workspace[0] && conch_daemon_tenant_sees_tenant(sb->d, "") ? sb->workspace
+                                                                                     : NULL,
+                      "mode", conch_ws_mode_name(sb->mode), "as_root", sb->as_root, "created_at",
+                      sb->created_at, "last_used_at", sb->last_used_at, "commands",
+                      (int)sb->commands, "idle_timeout", sb->idle_timeout, "held",
+                      (json_int_t)conch_budget_held(&sb->held), "snapshot",
+                      sb->layer[0] ? sb->layer : NULL));
     if (o)
         conch_daemon_net_json(sb, o);
     if (o && sb->tenant[0])
@@ -670,7 +673,14 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
     sb->max_tool_calls = spec->max_tool_calls;
     if (spec->layer)
         snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
-    if ((r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0 ||
+    /* A tenant's workspace is the daemon's own empty directory for it (tenants.c): the one
+     * path under the state directory a sandbox may stand on. */
+    char tws[PATH_MAX] = "";
+    if (tenant[0] && spec->workspace &&
+        conch_daemon_tenant_workspace(d, tenant, tws, sizeof(tws), err) < 0)
+        tws[0] = '\0';
+    bool tenant_ws = tws[0] && spec->workspace && !strcmp(spec->workspace, tws);
+    if ((!tenant_ws && (r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0) ||
         (r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
         (r = sandbox_rules(sb, spec->readonly, spec->hidden, err)) < 0 ||
         (r = sandbox_sockets(sb, spec->sockets, false, err)) < 0 ||

@@ -236,10 +236,28 @@ json_t *conch_daemon_session_json(struct session *s)
     return o;
 }
 
+/* Whether the viewer may see @s: a tenant sees the sessions of its own sandboxes only (an
+ * ended session whose sandbox is gone is no tenant's). */
+static bool session_visible(struct daemon *d, const struct session *s)
+{
+    if (conch_daemon_tenant_sees_tenant(d, ""))
+        return true; /* the owner's connection, an admin's, or the daemon itself */
+    struct conch_list *pos, *tmp;
+    conch_list_for_each_safe(pos, tmp, &d->sandboxes)
+    {
+        struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
+        if (!strcmp(sb->id, s->sandbox_id))
+            return !sandbox_destroyed(sb) && conch_daemon_tenant_sees(d, sb);
+    }
+    return false;
+}
+
 static struct session *find_or_fail(struct conch_rpc_call *call, json_t *params)
 {
     const char *id = conch_rpc_str(params, "session", "");
     struct session *s = conch_daemon_session_find(id);
+    if (s && !session_visible(s->d, s))
+        s = NULL;
     if (!s)
         conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "session_not_found", NULL,
                              "no session '%s' (session.list shows them)", id);
@@ -552,14 +570,14 @@ void conch_daemon_handle_session_signal(struct conch_rpc_call *call, json_t *par
 
 void conch_daemon_handle_session_list(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
-    (void)ctx;
+    struct client *c = ctx;
     const char *sb = conch_rpc_str(params, "sandbox", NULL);
     json_t *a = json_array();
     struct conch_list *pos, *tmp;
     conch_list_for_each_safe(pos, tmp, &sessions)
     {
         struct session *s = conch_list_entry(pos, struct session, link);
-        if (!sb || !strcmp(sb, s->sandbox_id))
+        if ((!sb || !strcmp(sb, s->sandbox_id)) && session_visible(c->d, s))
             json_array_append_new(a, conch_daemon_session_json(s));
     }
     conch_rpc_call_reply(call, json_pack("{s:o}", "sessions", a));

@@ -69,6 +69,24 @@ static struct conch_state_layer *layer_find(struct layers *ls, const char *key)
     return NULL;
 }
 
+/* The tenant @l was taken for (its recorded spec's; "": the owner's, also when the spec is
+ * unreadable, so that a tenant never sees a snapshot it cannot be shown to own). */
+static void layer_tenant(const struct conch_state_layer *l, char *buf, size_t size)
+{
+    json_t *spec = l->spec_json ? json_loads(l->spec_json, 0, NULL) : NULL;
+    const char *t = json_string_value(json_object_get(spec, "tenant"));
+    snprintf(buf, size, "%s", t ? t : "");
+    json_decref(spec);
+}
+
+/* Whether the viewer may see and use @l (tenants.c). */
+static bool layer_visible(struct daemon *d, const struct conch_state_layer *l)
+{
+    char t[80];
+    layer_tenant(l, t, sizeof(t));
+    return conch_daemon_tenant_sees_tenant(d, t);
+}
+
 static int not_found(struct conch_err *err, const char *key)
 {
     return conch_err_setk(err, CONCH_ERR_USAGE, E_NOT_FOUND,
@@ -174,15 +192,18 @@ out:
     return r;
 }
 
-int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *top,
-                                   const char *key, struct conch_err *err)
+int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const char *tenant,
+                                   const char *top, const char *key, struct conch_err *err)
 {
     struct layers ls;
     int r = layers_load(d, &ls, err);
     if (r < 0)
         return r;
     struct conch_state_layer *want = layer_find(&ls, key);
-    if (!want) {
+    char owner[80] = "";
+    if (want)
+        layer_tenant(want, owner, sizeof(owner));
+    if (!want || strcmp(owner, tenant)) {
         r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                            "since: no snapshot '%s' (workspace.snapshots lists them)", key);
         goto out;
@@ -587,7 +608,12 @@ json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct
     json_t *res = NULL;
     _cleanup_close_ int upper = -1;
     struct conch_state_layer *l = layer_find(&ls, key);
-    if (!l) {
+    char owner[80] = "";
+    if (l)
+        layer_tenant(l, owner, sizeof(owner));
+    /* Another tenant's snapshot is no snapshot to a tenant's sandbox (nor the reverse):
+     * tenants' sandboxes all have no workspace, which the check below would let pass. */
+    if (!l || strcmp(owner, sb->tenant)) {
         not_found(err, key);
         goto out;
     }
@@ -743,7 +769,7 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
     }
     struct conch_state_layer *l = layer_find(&ls, snap);
     json_t *res = NULL;
-    if (!l) {
+    if (!l || !layer_visible(c->d, l)) {
         not_found(&err, snap);
     } else if (of && !layer_seen_by(&ls, of, l)) {
         conch_rpc_call_fail_param(
@@ -784,7 +810,7 @@ void conch_daemon_handle_workspace_snapshots(struct conch_rpc_call *call, json_t
     json_t *arr = json_array();
     for (size_t i = 0; i < ls.n; i++) {
         struct conch_state_layer *l = &ls.list[i];
-        if (!sb || layer_seen_by(&ls, sb, l))
+        if ((!sb || layer_seen_by(&ls, sb, l)) && layer_visible(c->d, l))
             json_array_append_new(arr, layer_json(l));
     }
     layers_done(&ls);
@@ -807,7 +833,7 @@ void conch_daemon_handle_workspace_snapshot_delete(struct conch_rpc_call *call, 
     struct conch_state_layer *l = layer_find(&ls, key);
     char users[400] = "";
     size_t off = 0;
-    if (!l) {
+    if (!l || !layer_visible(d, l)) {
         not_found(&err, key);
         goto fail;
     }

@@ -14,18 +14,66 @@
 #include "core/utf8.h"
 #include "daemon/daemon-internal.h"
 
-static void stores_dir(const struct daemon *d, char *buf, size_t size)
-{
-    int n = snprintf(buf, size, "%s/stores", d->state_dir);
-    if (n < 0 || (size_t)n >= size)
-        buf[0] = '\0'; /* the state dir's path is checked at start, far shorter */
-}
-
 static int mkdir_ok(const char *path, struct conch_err *err)
 {
     if (mkdir(path, 0700) < 0 && errno != EEXIST)
         return conch_err_set(err, errno, "mkdir '%s': %s", path, strerror(errno));
     return 0;
+}
+
+/* Where @tenant's stores are ("": the owner's): <state>/stores, and for a tenant a directory
+ * of its own, <state>/tenant-stores/<tenant> (made here), so that a tenant's store "mem" is
+ * neither another tenant's nor the owner's "mem" (tenant names are [A-Za-z0-9_.-]). */
+static int stores_dir(const struct daemon *d, const char *tenant, char *buf, size_t size,
+                      struct conch_err *err)
+{
+    int n = tenant[0] ? snprintf(buf, size, "%s/tenant-stores", d->state_dir)
+                      : snprintf(buf, size, "%s/stores", d->state_dir);
+    if (n < 0 || (size_t)n >= size)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (!tenant[0])
+        return 0;
+    int r = mkdir_ok(buf, err);
+    if (r < 0)
+        return r;
+    n = snprintf(buf + n, size - (size_t)n, "/%s", tenant);
+    if (n < 0 || (size_t)n >= size)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    return mkdir_ok(buf, err);
+}
+
+/* A tenant's stores count against its disk quota (@quota; 0: none): a new store @name of cap
+ * @cap is refused (limit) when the caps of the stores in @dir, its tenant's, and it would
+ * pass @quota. An existing store keeps its cap: 0. Reads the stores' databases: call it in
+ * a worker or where the store is being made anyway. */
+static int stores_room(const char *dir, const char *name, uint64_t cap, uint64_t quota,
+                       struct conch_err *err)
+{
+    char path[PATH_MAX + 80];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s.db", dir, name);
+    if (!quota || stat(path, &st) == 0)
+        return 0;
+    json_t *arr = NULL;
+    int r = conch_store_list(dir, &arr, err);
+    if (r < 0)
+        return r;
+    uint64_t sum = 0;
+    size_t i;
+    json_t *s;
+    json_array_foreach(arr, i, s)
+    {
+        sum += (uint64_t)json_integer_value(json_object_get(s, "max_bytes"));
+    }
+    json_decref(arr);
+    if (sum <= quota && cap <= quota - sum)
+        return 0;
+    return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                          "quota disk=%llu bytes: the caps of this tenant's stores add up to %llu "
+                          "bytes, and a new store '%s' of %llu bytes does not fit (use one of "
+                          "them, or give the mount a smaller size)",
+                          (unsigned long long)quota, (unsigned long long)sum, name,
+                          (unsigned long long)cap);
 }
 
 bool conch_daemon_stores_any(const struct sandbox *sb)
@@ -42,11 +90,12 @@ int conch_daemon_stores_prepare(struct sandbox *sb, struct conch_err *err)
         return 0;
     struct daemon *d = sb->d;
     char db_dir[PATH_MAX], base[900], dir[1000];
-    stores_dir(d, db_dir, sizeof(db_dir));
+    int r = stores_dir(d, sb->tenant, db_dir, sizeof(db_dir), err);
+    if (r < 0)
+        return r;
     int n = snprintf(base, sizeof(base), "%s/sandboxes/%s", d->state_dir, sb->id);
     if (n < 0 || (size_t)n >= sizeof(base))
         return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
-    int r;
     if ((r = mkdir_ok(db_dir, err)) < 0 || (r = mkdir_ok(base, err)) < 0)
         return r;
     /* The sandbox's directory goes with it (lifecycle.c removes it when one of these is set). */
@@ -64,6 +113,10 @@ int conch_daemon_stores_prepare(struct sandbox *sb, struct conch_err *err)
         if (m->type != CONCH_MOUNT_STORE)
             continue;
         snprintf(dir, sizeof(dir), "%s/stores/%u", base, i);
+        if (!sb->store_views[i] && sb->tenant[0] &&
+            (r = stores_room(db_dir, m->name, m->bytes ? m->bytes : CONCH_STORE_TOTAL_DEFAULT,
+                             conch_daemon_tenant_disk_quota(d, sb->tenant), err)) < 0)
+            return conch_err_wrap(err, "mount '%s'", m->target);
         if (!sb->store_views[i] && (r = conch_store_view_new(db_dir, m->name, m->bytes, dir, sb->id,
                                                              &sb->store_views[i], err)) < 0)
             return conch_err_wrap(err, "mount '%s'", m->target);
@@ -95,14 +148,15 @@ struct peers {
     struct conch_store_view *v[PEERS_MAX];
 };
 
-/* Collect (and hold) the views of the store @name but @except's. */
-static void peers_collect(struct daemon *d, const char *name, const struct sandbox *except,
-                          struct peers *p)
+/* Collect (and hold) the views of @tenant's store @name but @except's. */
+static void peers_collect(struct daemon *d, const char *tenant, const char *name,
+                          const struct sandbox *except, struct peers *p)
 {
     struct conch_list *pos;
     for (pos = d->sandboxes.next; pos != &d->sandboxes; pos = pos->next) {
         struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
-        if (sb == except || sb->state == SB_GONE || sb->state == SB_STOPPING)
+        if (sb == except || sb->state == SB_GONE || sb->state == SB_STOPPING ||
+            strcmp(sb->tenant, tenant))
             continue;
         for (unsigned i = 0; i < CONCH_SPEC_MOUNTS_MAX && p->n < PEERS_MAX; i++) {
             if (!sb->store_views[i] || strcmp(conch_store_view_name(sb->store_views[i]), name))
@@ -214,7 +268,7 @@ int conch_daemon_stores_sync(struct sandbox *sb, void (*done)(void *arg, json_t 
             again |=
                 !strcmp(conch_store_view_name(s->one[k].v), conch_store_view_name(s->one[i].v));
         if (!again)
-            peers_collect(sb->d, conch_store_view_name(s->one[i].v), sb, &s->peers);
+            peers_collect(sb->d, sb->tenant, conch_store_view_name(s->one[i].v), sb, &s->peers);
     }
     if (uv_queue_work(&sb->d->loop, &s->req, sync_work, sync_done) < 0) {
         peers_release(&s->peers);
@@ -240,7 +294,8 @@ struct store_op {
     unsigned char *content; /* OP_WRITE: decoded, owned */
     size_t len;
     uint32_t mode;
-    bool base64; /* OP_READ: asked for base64 */
+    bool base64;    /* OP_READ: asked for base64 */
+    uint64_t quota; /* OP_WRITE: the tenant's disk quota its stores' caps count against */
     json_t *result;
     struct conch_err err;
     int rc;
@@ -283,6 +338,9 @@ static void op_work(uv_work_t *req)
         return;
     }
     struct conch_store *s = NULL;
+    if (o->kind == OP_WRITE &&
+        (o->rc = stores_room(o->dir, o->store, CONCH_STORE_TOTAL_DEFAULT, o->quota, &o->err)) < 0)
+        return;
     o->rc = conch_store_open(o->dir, o->store, o->kind == OP_WRITE ? CONCH_STORE_TOTAL_DEFAULT : 0,
                              &s, &o->err);
     if (o->rc < 0)
@@ -369,8 +427,13 @@ static void store_op_start(struct conch_rpc_call *call, json_t *params, void *ct
     }
     o->call = call;
     o->kind = kind;
-    stores_dir(c->d, o->dir, sizeof(o->dir));
     struct conch_err err = {0};
+    const char *tenant = conch_daemon_tenant_viewer(c->d);
+    o->quota = tenant[0] ? conch_daemon_tenant_disk_quota(c->d, tenant) : 0;
+    if (stores_dir(c->d, tenant, o->dir, sizeof(o->dir), &err) < 0) {
+        conch_rpc_call_fail_err(call, 0, NULL, &err);
+        goto gone;
+    }
     if (kind != OP_LIST) {
         const char *store = str_param(call, params, "store", NULL);
         const char *path = str_param(call, params, "path", kind == OP_LS ? "" : NULL);
@@ -425,7 +488,7 @@ static void store_op_start(struct conch_rpc_call *call, json_t *params, void *ct
     }
     o->req.data = o;
     if (kind == OP_WRITE || kind == OP_DELETE)
-        peers_collect(c->d, o->store, NULL, &o->peers);
+        peers_collect(c->d, tenant, o->store, NULL, &o->peers);
     if (uv_queue_work(&c->d->loop, &o->req, op_work, op_done) < 0) {
         peers_release(&o->peers);
         conch_rpc_call_failf(call, CONCH_RPC_INTERNAL_ERROR, "internal_error", NULL,

@@ -3,10 +3,13 @@
  * reloading the table; the method table a tenant's connection is held to (default-deny: a
  * method not listed here as tenant-safe is forbidden), what a tenant sees, and its quotas. */
 #include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/cleanup.h"
@@ -14,8 +17,8 @@
 #include "daemon/daemon-internal.h"
 #include "daemon/tokens.h"
 
-/* Failed authentications: more than AUTH_FAILS_MAX within AUTH_WINDOW_MS from one peer, and
- * that peer is refused for AUTH_BLOCK_MS. At most AUTH_PEERS_MAX peers are remembered (the
+/* Failed authentications: AUTH_FAILS_MAX within AUTH_WINDOW_MS from one peer, and that peer
+ * is refused for AUTH_BLOCK_MS. At most AUTH_PEERS_MAX peers are remembered (the
  * oldest go first). */
 #define AUTH_FAILS_MAX 10
 #define AUTH_WINDOW_MS (60 * 1000)
@@ -26,12 +29,16 @@
 struct auth_fail {
     struct conch_list link; /* in daemon.auth_fails, the least recently failed first */
     char peer[PEER_MAX + 1];
-    unsigned count;
-    uint64_t window_start, blocked_until; /* monotonic ms */
+    /* The times of its last AUTH_FAILS_MAX failures (monotonic ms; a ring, @next the oldest):
+     * a sliding window, so that failures either side of a window's edge add up. */
+    uint64_t at[AUTH_FAILS_MAX];
+    unsigned next, count;
+    uint64_t blocked_until;
 };
 
-/* The table a tenant's connection dispatches through: conch_daemon_methods with every
- * handler replaced by gate(). Built once, the first time a tenant's request comes. */
+/* The table every connection of a daemon with tenants dispatches through:
+ * conch_daemon_methods with every handler replaced by gate(). Built once, at the first
+ * request. */
 static struct conch_rpc_method *tenant_table;
 
 static void on_sighup(uv_signal_t *h, int signum);
@@ -69,7 +76,8 @@ void conch_daemon_tenants_stop(struct daemon *d)
 }
 
 /* SIGHUP: read the tokens file again. A file that no longer loads keeps the table in force; a
- * tenant no longer in the file loses its connections (its token is revoked). */
+ * connection whose tenant is no longer in the file, or whose token is no longer its tenant's
+ * (rotated after a leak, say), is closed. */
 static void on_sighup(uv_signal_t *h, int signum)
 {
     (void)signum;
@@ -93,9 +101,12 @@ static void on_sighup(uv_signal_t *h, int signum)
     conch_list_for_each_safe(pos, tmp, &d->clients)
     {
         struct client *c = conch_list_entry(pos, struct client, link);
-        if (c->authed && !c->closing && !conch_tokens_find(t, c->tenant)) {
-            log_info("tenant '%s' is no longer in the tokens file: its connection is closed",
-                     c->tenant);
+        if (!c->authed || c->closing)
+            continue;
+        const struct conch_token_entry *e = conch_tokens_find(t, c->tenant);
+        if (!e || CRYPTO_memcmp(e->digest, c->token_digest, sizeof(e->digest))) {
+            log_info("tenant '%s': %s: its connection is closed", c->tenant,
+                     e ? "its token changed" : "no longer in the tokens file");
             conch_daemon_client_close(c);
         }
     }
@@ -119,6 +130,24 @@ bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb)
 const char *conch_daemon_tenant_viewer(const struct daemon *d)
 {
     return d->viewer && d->viewer->authed ? d->viewer->tenant : "";
+}
+
+/* ---- a tenant's workspace ---- */
+
+int conch_daemon_tenant_workspace(struct daemon *d, const char *tenant, char *buf, size_t size,
+                                  struct conch_err *err)
+{
+    int n = snprintf(buf, size, "%s/tenant-workspaces", d->state_dir);
+    if (n < 0 || (size_t)n >= size)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (mkdir(buf, 0711) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", buf, strerror(errno));
+    int m = snprintf(buf + n, size - (size_t)n, "/%s", tenant);
+    if (m < 0 || (size_t)m >= size - (size_t)n)
+        return conch_err_set(err, ENAMETOOLONG, "state directory path too long");
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return conch_err_set(err, errno, "mkdir '%s': %s", buf, strerror(errno));
+    return 0;
 }
 
 /* ---- quotas ---- */
@@ -148,6 +177,12 @@ static void fmt_size(char *buf, size_t size, uint64_t v)
 static uint64_t share(uint64_t quota, unsigned sandboxes)
 {
     return sandboxes ? quota / sandboxes : quota;
+}
+
+uint64_t conch_daemon_tenant_disk_quota(struct daemon *d, const char *tenant)
+{
+    const struct conch_tenant_quota *q = quota_of(d, tenant);
+    return q ? q->disk_bytes : 0;
 }
 
 int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
@@ -251,7 +286,18 @@ static void fail_count(struct daemon *d, const char *peer)
     uint64_t now = conch_daemon_now_ms();
     struct auth_fail *f = fail_find(d, peer);
     if (!f && d->n_auth_fails >= AUTH_PEERS_MAX) {
+        /* The least recently failed peer that is not refused now goes (a flood of new
+         * peers must not free a refused one), else the least recently failed. */
         f = conch_list_entry(d->auth_fails.next, struct auth_fail, link);
+        struct conch_list *pos, *tmp;
+        conch_list_for_each_safe(pos, tmp, &d->auth_fails)
+        {
+            struct auth_fail *g = conch_list_entry(pos, struct auth_fail, link);
+            if (g->blocked_until <= now) {
+                f = g;
+                break;
+            }
+        }
         conch_list_del(&f->link);
         d->n_auth_fails--;
         memset(f, 0, sizeof(*f));
@@ -265,16 +311,15 @@ static void fail_count(struct daemon *d, const char *peer)
         return;
     if (!f->peer[0])
         snprintf(f->peer, sizeof(f->peer), "%s", peer);
-    if (now - f->window_start > AUTH_WINDOW_MS) {
-        f->window_start = now;
-        f->count = 0;
-    }
-    f->count++;
-    bool block = f->count >= AUTH_FAILS_MAX;
+    f->at[f->next] = now;
+    f->next = (f->next + 1) % AUTH_FAILS_MAX;
+    if (f->count < AUTH_FAILS_MAX)
+        f->count++;
+    /* the 10th failure within 60 s (the oldest of the last 10 is that recent) */
+    bool block = f->count == AUTH_FAILS_MAX && now - f->at[f->next] <= AUTH_WINDOW_MS;
     if (block) {
         f->blocked_until = now + AUTH_BLOCK_MS;
         f->count = 0;
-        f->window_start = now;
     }
     conch_list_add(&d->auth_fails, &f->link);
     d->n_auth_fails++;
@@ -305,10 +350,23 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
     else
         snprintf(peer, sizeof(peer), "local uid %u", (unsigned)c->peer_uid);
     if (c->authed) {
-        conch_rpc_call_failf(call, CONCH_RPC_FORBIDDEN, "forbidden", NULL,
-                             "connection.auth: this connection is already tenant '%s''s: a "
-                             "connection authenticates once",
-                             c->tenant);
+        /* Its own token again (an HTTP front end checking each request of a session) is
+         * answered as the first time; any other token, good or bad, is refused alike: the
+         * connection stays its tenant's, and learns nothing of other tokens. */
+        size_t len = 0;
+        const char *tok = conch_rpc_strn(params, "token", &len);
+        unsigned char digest[32];
+        SHA256((const unsigned char *)tok, tok ? len : 0, digest);
+        bool same = !CRYPTO_memcmp(digest, c->token_digest, sizeof(digest));
+        OPENSSL_cleanse(digest, sizeof(digest));
+        if (same)
+            conch_rpc_call_reply(call,
+                                 json_pack("{s:s,s:b}", "tenant", c->tenant, "admin", c->admin));
+        else
+            conch_rpc_call_failf(call, CONCH_RPC_FORBIDDEN, "forbidden", NULL,
+                                 "connection.auth: this connection is already tenant '%s''s: a "
+                                 "connection belongs to one tenant",
+                                 c->tenant);
         return;
     }
     struct auth_fail *f = fail_find(d, peer);
@@ -331,6 +389,7 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
     }
     c->authed = true;
     c->admin = !strcmp(e->tenant, CONCH_TOKENS_ADMIN);
+    memcpy(c->token_digest, e->digest, sizeof(c->token_digest));
     snprintf(c->tenant, sizeof(c->tenant), "%s", e->tenant);
     log_info("connection.auth: tenant '%s' from peer '%s'", c->tenant, peer);
     conch_rpc_call_reply(call, json_pack("{s:s,s:b}", "tenant", c->tenant, "admin", c->admin));
@@ -363,6 +422,12 @@ static bool create_ok(struct conch_rpc_call *call, json_t *params, struct client
     const char *net = conch_rpc_str(params, "net", NULL);
     if (net && !strcmp(net, "host")) {
         forbid(call, "net \"host\"", "it shares the daemon host's network");
+        return false;
+    }
+    const char *mode = conch_rpc_str(params, "mode", NULL);
+    if (mode && strcmp(mode, "overlay")) {
+        forbid(call, "a 'mode' other than overlay",
+               "a tenant's workspace is an overlay on an empty directory of the daemon's");
         return false;
     }
     json_t *mounts = json_object_get(params, "mounts");
@@ -510,30 +575,41 @@ static const struct tenant_rule rules[] = {
     {"store.delete", NULL, NULL, NULL},
 };
 
+/* The gated table's entries, by index as in conch_daemon_methods: each one's rule (NULL: not
+ * a tenant's). */
+static const struct tenant_rule **rule_of;
+
+/* Every request of a daemon with tenants comes here, also those of the owner's connections:
+ * a batch may hold connection.auth and then other requests, which must meet the tenant's
+ * rules although the batch was dispatched before the connection was a tenant's. */
 static void gate(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
+    struct client *c = ctx;
     const char *method = conch_rpc_call_method(call);
-    const struct tenant_rule *rule = NULL;
-    for (size_t i = 0; i < ARRAY_SIZE(rules) && !rule; i++)
-        if (!strcmp(rules[i].method, method))
-            rule = &rules[i];
+    size_t i = 0;
+    /* the name is the table's own pointer (the gated table copies it) */
+    while (conch_daemon_methods[i].name && conch_daemon_methods[i].name != method)
+        i++;
+    if (!conch_daemon_methods[i].name) {
+        forbid(call, method, "unknown to the tenants' table");
+        return;
+    }
+    if (!c->authed) {
+        conch_daemon_methods[i].handler(call, params, ctx);
+        return;
+    }
+    const struct tenant_rule *rule = rule_of[i];
     if (!rule || rule->why) {
         forbid(call, method,
                rule ? rule->why : "it acts on the daemon as a whole, which is its owner's");
         return;
     }
-    if (rule->check && !rule->check(call, params, ctx))
+    if (rule->check && !rule->check(call, params, c))
         return;
-    if (rule->own) {
+    if (rule->own)
         rule->own(call, params, ctx);
-        return;
-    }
-    for (const struct conch_rpc_method *m = conch_daemon_methods; m->name; m++)
-        if (!strcmp(m->name, method)) {
-            m->handler(call, params, ctx);
-            return;
-        }
-    forbid(call, method, "unknown to the tenants' table");
+    else
+        conch_daemon_methods[i].handler(call, params, ctx);
 }
 
 static const struct conch_rpc_method *tenant_methods(void)
@@ -544,19 +620,29 @@ static const struct conch_rpc_method *tenant_methods(void)
     while (conch_daemon_methods[n].name)
         n++;
     struct conch_rpc_method *t = calloc(n + 1, sizeof(*t));
-    if (!t)
+    const struct tenant_rule **r = calloc(n + 1, sizeof(*r));
+    if (!t || !r) {
+        free(t);
+        free(r);
         return NULL;
-    for (size_t i = 0; i < n; i++)
+    }
+    for (size_t i = 0; i < n; i++) {
         t[i] = (struct conch_rpc_method){conch_daemon_methods[i].name,
                                          conch_daemon_methods[i].params, gate};
+        for (size_t k = 0; k < ARRAY_SIZE(rules) && !r[i]; k++)
+            if (!strcmp(rules[k].method, t[i].name))
+                r[i] = &rules[k];
+    }
+    rule_of = r;
     tenant_table = t;
     return t;
 }
 
 void conch_daemon_tenant_dispatch(struct client *c, const char *line, size_t len)
 {
+    /* Without tenants no connection can become one: the table as it is. */
     const struct conch_rpc_method *table = conch_daemon_methods;
-    if (c->authed && !(table = tenant_methods())) {
+    if ((c->authed || c->d->tokens) && !(table = tenant_methods())) {
         conch_rpc_sink_send(
             c->sink, conch_rpc_error(NULL, CONCH_RPC_INTERNAL_ERROR, NULL, "out of memory", NULL));
         return;

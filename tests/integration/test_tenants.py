@@ -71,11 +71,18 @@ def test_wrong_token_then_good_token(tenants):
     assert e2 == e
     r = c.call("connection.auth", {"token": TOK_A})
     assert r == {"tenant": "alice", "admin": False}
-    # once authenticated, for good
-    e = err_of(c, "connection.auth", {"token": TOK_B})
-    assert e.code == -32022 and e.data_code == "forbidden"
+    # once authenticated, for good: another token, good or bad, is refused alike (and not
+    # counted); its own again is answered as the first time
+    e = whole_error(c, "connection.auth", {"token": TOK_B})
+    e2 = whole_error(c, "connection.auth", {"token": "not-a-token-of-anyone-here"})
+    assert e["code"] == -32022 and e["data"]["code"] == "forbidden" and e == e2
+    assert c.call("connection.auth", {"token": TOK_A}) == {"tenant": "alice", "admin": False}
+    assert c.call("daemon.ping", {})["tenant"] == "alice"
     a = auth(TOK_ADMIN)
     assert a.call("daemon.ping", {})["tenant"] == "admin"
+    # the admin sees all, but is a remote client too: no host paths
+    e = err_of(a, "sandbox.create", {"workspace": "/tmp"})
+    assert e.code == -32022
 
 
 def test_no_tokens_file_auth_fails(daemon):
@@ -95,6 +102,11 @@ def test_token_never_logged(tenants):
     time.sleep(0.2)
     log = d.log()
     assert "10.0.0.9:5555" in log and "authentication failed" in log
+    # a peer is data: no line of its own in the log
+    with pytest.raises(RpcError):
+        c.call("connection.auth", {"token": "wrong-token-wrong-token", "peer": "p'\nFORGED line"})
+    time.sleep(0.2)
+    assert "\nFORGED" not in d.log() and "p??FORGED line" in d.log()
     for t in (TOK_A, TOK_B, TOK_ADMIN, TOK_Q, TOK_B + "wrong"):
         assert t not in log
         assert t[:16] not in log
@@ -158,6 +170,8 @@ def test_rate_limited_per_peer(tenants):
 def test_sighup_reload(tenants, tmp_path):
     d, path, auth = tenants
     b = auth(TOK_B)
+    old_a = auth(TOK_A)
+    adm = auth(TOK_ADMIN)
     new_a = "alice-new-token-fedcba9876543210"
     write_tokens(path, f"alice {new_a}\nadmin {TOK_ADMIN}\n")
     os.kill(d.pid, signal.SIGHUP)
@@ -177,8 +191,11 @@ def test_sighup_reload(tenants, tmp_path):
         assert time.monotonic() < deadline, d.log()
         time.sleep(0.1)
     assert auth(new_a).call("daemon.ping", {})["tenant"] == "alice"
-    # bob is gone from the file: his connection was closed
+    # bob is gone from the file, alice's token changed: their connections were closed; the
+    # admin's token is the same: its connection stays
     b.wait_eof(timeout=10)
+    old_a.wait_eof(timeout=10)
+    assert adm.call("daemon.ping", {})["tenant"] == "admin"
     # a bad file on reload keeps the table in force, and says why
     write_tokens(path, f"alice {new_a}\n", 0o644)
     os.kill(d.pid, signal.SIGHUP)
@@ -188,3 +205,365 @@ def test_sighup_reload(tenants, tmp_path):
         time.sleep(0.1)
     assert auth(TOK_ADMIN).call("daemon.ping", {})["tenant"] == "admin"
     assert d.proc.poll() is None
+    log = d.log()
+    for t in (TOK_A, TOK_B, TOK_ADMIN, TOK_Q, new_a):
+        assert t[:16] not in log
+
+
+# ---- isolation ---------------------------------------------------------------------------
+
+REPO_SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src", "daemon")
+
+
+def table_methods():
+    """Every method of the daemon's table (methods.c), so that a new one fails
+    test_every_method_against_another_tenants_ids until it is covered here."""
+    import re
+    with open(os.path.join(REPO_SRC, "methods.c")) as f:
+        return re.findall(r'^\s*\{"([a-z_.]+)", p_', f.read(), re.M)
+
+
+def normalize(resp, pairs):
+    """The response as JSON text with each (real, fake) id replaced by one placeholder."""
+    import json
+    text = json.dumps(resp.get("error", resp.get("result")), sort_keys=True)
+    for i, (real, fake) in enumerate(pairs):
+        text = text.replace(real, f"<ID{i}>").replace(fake, f"<ID{i}>")
+    return text
+
+
+def fake_of(real):
+    return real[:-4] + ("zzzz" if not real.endswith("zzzz") else "yyyy")
+
+
+@pytest.fixture
+def two_tenants(tenants):
+    """alice with a sandbox, a job, a session, a snapshot, a store; bob with a sandbox."""
+    d, path, auth = tenants
+    a, b = auth(TOK_A), auth(TOK_B)
+    sa = a.call("sandbox.create", {"name": "mine",
+                                   "mounts": [{"type": "store", "name": "mem", "target": "/mem"}]},
+                timeout=60)["id"]
+    sb = b.call("sandbox.create", {}, timeout=60)["id"]
+    a.call("fs.write", {"sandbox": sa, "path": "/workspace/secret", "content": "alice's"})
+    snap = a.call("workspace.snapshot", {"sandbox": sa, "name": "alice-snap"}, timeout=60)["id"]
+    a.call("fs.write", {"sandbox": sa, "path": "/tmp/secret", "content": "alice's"})
+    job = a.call("job.start", {"sandbox": sa, "command": "sleep 60"})["job_id"]
+    ses = a.call("session.open", {"sandbox": sa})["session"]
+    a.call("store.write", {"store": "mem", "path": "/note", "content": "alice's note"})
+    return d, a, b, {"SB": sa, "JOB": job, "SES": ses, "SNAP": snap, "SNAPNAME": "alice-snap",
+                     "BSB": sb}
+
+
+def templates(ids):
+    SB, JOB, SES, SNAP, BSB = ids["SB"], ids["JOB"], ids["SES"], ids["SNAP"], ids["BSB"]
+    SNAPNAME = ids["SNAPNAME"]
+    tool = [{"name": "t1", "description": "d", "input_schema": {"type": "object"}}]
+    # (method, params); destructive ones last
+    return [
+        ("sandbox.get", {"id": SB}),
+        ("sandbox.start", {"id": SB}),
+        ("exec.run", {"sandbox": SB, "command": "cat /tmp/secret"}),
+        ("exec.signal", {"sandbox": SB, "request_id": 1}),
+        ("job.start", {"sandbox": SB, "command": "true"}),
+        ("job.output", {"job_id": JOB}),
+        ("job.wait", {"job_id": JOB, "timeout": 0.01}),
+        ("job.list", {"sandbox": SB}),
+        ("fs.read", {"sandbox": SB, "path": "/tmp/secret"}),
+        ("fs.write", {"sandbox": SB, "path": "/tmp/x", "content": "bob"}),
+        ("fs.edit", {"sandbox": SB, "path": "/tmp/secret", "old_string": "a", "new_string": "b"}),
+        ("fs.ls", {"sandbox": SB, "path": "/tmp"}),
+        ("fs.glob", {"sandbox": SB, "pattern": "*"}),
+        ("fs.grep", {"sandbox": SB, "pattern": "alice"}),
+        ("fs.upload", {"sandbox": SB, "files": [{"path": "/tmp/u", "content": "x"}]}),
+        ("fs.download", {"sandbox": SB, "paths": ["/tmp/secret"]}),
+        ("fs.copy_in", {"sandbox": SB, "path": "/tmp/c", "host_path": "/etc/hostname", "host_id": "x"}),
+        ("fs.copy_out", {"sandbox": SB, "path": "/tmp/secret", "host_path": "/tmp/o", "host_id": "x"}),
+        ("workspace.changes", {"sandbox": SB}),
+        ("workspace.diff", {"sandbox": SB}),
+        ("workspace.commit", {"sandbox": SB}),
+        ("workspace.snapshots", {"sandbox": SB}),
+        ("workspace.snapshot", {"sandbox": SB}),
+        ("workspace.restore", {"sandbox": SB, "snapshot": SNAP}),
+        ("workspace.restore", {"sandbox": BSB, "snapshot": SNAP}),
+        ("workspace.restore", {"sandbox": BSB, "snapshot": SNAPNAME}),
+        ("workspace.diff", {"sandbox": BSB, "since": SNAP}),
+        ("workspace.changes", {"sandbox": BSB, "since": SNAPNAME}),
+        ("sandbox.fork", {"snapshot": SNAPNAME}),
+        ("sandbox.fork", {"sandbox": SB}),
+        ("sandbox.fork", {"snapshot": SNAP}),
+        ("sandbox.fork", {"sandbox": SB, "snapshot": SNAP}),
+        ("tools.register", {"sandbox": SB, "tools": tool}),
+        ("tools.unregister", {"sandbox": SB, "names": ["t1"]}),
+        ("tools.list", {"sandbox": SB}),
+        ("tools.trace", {"sandbox": SB}),
+        ("tools.prompt", {"sandbox": SB}),
+        ("agents.register", {"sandbox": SB, "agents": [{"name": "a1", "description": "d"}]}),
+        ("agents.unregister", {"sandbox": SB, "names": ["a1"]}),
+        ("session.open", {"sandbox": SB}),
+        ("session.run", {"session": SES, "command": "cat /tmp/secret"}),
+        ("session.write", {"session": SES, "data": "echo hi\n"}),
+        ("session.attach", {"session": SES}),
+        ("session.detach", {"session": SES}),
+        ("session.resize", {"session": SES, "rows": 10, "cols": 20}),
+        ("session.signal", {"session": SES}),
+        ("session.list", {"sandbox": SB}),
+        ("js.eval", {"sandbox": SB, "code": "1+1"}),
+        ("js.reset", {"sandbox": SB}),
+        ("js.list", {"sandbox": SB}),
+        ("js.close", {"sandbox": SB}),
+        ("network.log", {"sandbox": SB}),
+        ("network.set", {"sandbox": SB, "net": "none"}),
+        ("sandbox.lease", {"workspace": "/tmp"}),
+        ("sandbox.release", {}),
+        ("fs.delete", {"sandbox": SB, "path": "/tmp/secret"}),
+        ("workspace.discard", {"sandbox": SB}),
+        ("job.kill", {"job_id": JOB}),
+        ("session.close", {"session": SES}),
+        ("workspace.snapshot_delete", {"snapshot": SNAP}),
+        ("sandbox.destroy", {"id": SB}),
+    ]
+
+
+def swap(params, ids):
+    """@params with each id replaced by its fake."""
+    import json
+    text = json.dumps(params)
+    for real in ids.values():
+        text = text.replace(real, fake_of(real))
+    return json.loads(text)
+
+
+def test_every_method_against_another_tenants_ids(two_tenants):
+    d, a, b, ids = two_tenants
+    covered = {m for m, _ in templates(ids)}
+    # no id to aim at: checked by the tests below
+    covered |= {"daemon.ping", "connection.auth", "sandbox.create", "sandbox.list",
+                "store.list", "store.ls", "store.read", "store.write", "store.delete"}
+    missing = set(table_methods()) - covered
+    assert not missing, f"methods not tried against another tenant's ids: {missing}"
+    pairs = [(real, fake_of(real)) for k, real in ids.items() if k != "BSB"]
+    for method, params in templates(ids):
+        real = b.wait(b.request(method, params), 60)
+        fake = b.wait(b.request(method, swap({k: v for k, v in params.items()},
+                                             {k: v for k, v in ids.items() if k != "BSB"})), 60)
+        assert normalize(real, pairs) == normalize(fake, pairs), \
+            f"{method} {params}: another tenant's id answers {real}, an unknown one {fake}"
+        if "result" in real:
+            # only lists may answer, and they must be empty of alice's
+            import json
+            assert not any(v in json.dumps(real["result"]) for k, v in ids.items() if k != "BSB"), \
+                f"{method}: {real}"
+    # alice's things are untouched
+    assert a.call("sandbox.get", {"id": ids["SB"]})["state"] == "running"
+    assert a.call("fs.read", {"sandbox": ids["SB"], "path": "/tmp/secret"})["content"] == "alice's"
+    assert a.call("job.output", {"job_id": ids["JOB"]})["running"]
+    assert any(s["session"] == ids["SES"] for s in a.call("session.list", {})["sessions"])
+    assert any(s["id"] == ids["SNAP"] for s in a.call("workspace.snapshots", {})["snapshots"])
+    assert not b.call("fs.ls", {"sandbox": ids["BSB"], "path": "/tmp"}).get("entries") or \
+        all(e.get("name") != "secret" for e in b.call("fs.ls", {"sandbox": ids["BSB"], "path": "/tmp"})["entries"])
+
+
+def test_lists_filtered(two_tenants):
+    d, a, b, ids = two_tenants
+    la = [s["id"] for s in a.call("sandbox.list", {})["sandboxes"]]
+    lb = [s["id"] for s in b.call("sandbox.list", {})["sandboxes"]]
+    assert ids["SB"] in la and ids["BSB"] not in la
+    assert lb == [ids["BSB"]]
+    assert b.call("job.list", {})["jobs"] == []
+    assert [j["job_id"] for j in a.call("job.list", {})["jobs"]] == [ids["JOB"]]
+    assert b.call("session.list", {})["sessions"] == []
+    assert b.call("workspace.snapshots", {})["snapshots"] == []
+    assert b.call("daemon.ping", {})["sandboxes"] == 1
+    assert "state_dir" not in b.call("daemon.ping", {})
+    # the owner's connection and the admin see both, each with its tenant
+    owner = d.client()
+    by_id = {s["id"]: s for s in owner.call("sandbox.list", {})["sandboxes"]}
+    assert by_id[ids["SB"]]["tenant"] == "alice" and by_id[ids["BSB"]]["tenant"] == "bob"
+    adm = d.client()
+    adm.call("connection.auth", {"token": TOK_ADMIN})
+    assert {ids["SB"], ids["BSB"]} <= {s["id"] for s in adm.call("sandbox.list", {})["sandboxes"]}
+    assert adm.call("sandbox.get", {"id": ids["SB"]})["tenant"] == "alice"
+
+
+def test_stores_per_tenant(two_tenants):
+    d, a, b, ids = two_tenants
+    assert a.call("store.read", {"store": "mem", "path": "/note"})["content"] == "alice's note"
+    assert [s["name"] for s in a.call("store.list", {})["stores"]] == ["mem"]
+    assert b.call("store.list", {})["stores"] == []
+    e = err_of(b, "store.read", {"store": "mem", "path": "/note"})
+    e2 = err_of(b, "store.read", {"store": "mez", "path": "/note"})
+    assert e.code == e2.code and e.message.replace("mem", "X") == e2.message.replace("mez", "X")
+    # bob's own "mem" is another store, and so is the owner's
+    b.call("store.write", {"store": "mem", "path": "/note", "content": "bob's note"})
+    owner = d.client()
+    owner.call("store.write", {"store": "mem", "path": "/note", "content": "owner's note"})
+    assert a.call("store.read", {"store": "mem", "path": "/note"})["content"] == "alice's note"
+    assert b.call("store.read", {"store": "mem", "path": "/note"})["content"] == "bob's note"
+    assert owner.call("store.read", {"store": "mem", "path": "/note"})["content"] == "owner's note"
+    # alice's sandbox mounts alice's store
+    r = a.call("exec.run", {"sandbox": ids["SB"], "command": "cat /mem/note"}, timeout=60)
+    assert r["stdout"] == "alice's note"
+    # a store mount of bob's sandbox is bob's
+    sb2 = b.call("sandbox.create", {"mounts": [{"type": "store", "name": "mem", "target": "/mem"}]},
+                 timeout=60)["id"]
+    r = b.call("exec.run", {"sandbox": sb2, "command": "cat /mem/note"}, timeout=60)
+    assert r["stdout"] == "bob's note"
+
+
+HOST_REFUSALS = [
+    ("sandbox.create", {"workspace": "/tmp"}, "'workspace'"),
+    ("sandbox.create", {"rootfs": "/"}, "'rootfs'"),
+    ("sandbox.create", {"mounts": [{"type": "bind", "source": "/etc", "target": "/h"}]}, "bind"),
+    ("sandbox.create", {"mounts": ["type=bind,source=/etc,target=/h"]}, "bind"),
+    ("sandbox.create", {"mounts": ["target=/h,type=bind,source=/etc"]}, "bind"),
+    ("sandbox.create", {"mounts": ["type=tmpfs,target=/h,type=bind,source=/etc"]}, "bind"),
+    ("sandbox.create", {"mounts": [{"type": "overlay", "source": "/etc", "target": "/h"}]}, "overlay"),
+    ("sandbox.create", {"sockets": [{"host": "/run/x.sock", "target": "/run/x.sock"}]}, "'sockets'"),
+    ("sandbox.create", {"net": "host"}, "net \"host\""),
+    ("exec.run", {"fresh": True, "command": "true"}, "fresh"),
+    ("exec.run", {"workspace": "/tmp", "command": "true"}, "'workspace'"),
+    ("sandbox.lease", {"workspace": "/tmp"}, "sandbox.lease"),
+    ("sandbox.release", {}, "sandbox.release"),
+]
+
+
+@pytest.mark.parametrize("method,params,what", HOST_REFUSALS)
+def test_host_paths_refused(tenants, method, params, what):
+    d, _, auth = tenants
+    a = auth(TOK_A)
+    e = err_of(a, method, params)
+    assert e.code == -32022 and e.data_code == "forbidden", e
+    assert what in e.message and "tenant" in e.message
+    assert a.call("sandbox.list", {})["sandboxes"] == []
+
+
+def test_host_paths_refused_on_own_sandbox(tenants):
+    d, _, auth = tenants
+    a = auth(TOK_A)
+    sa = a.call("sandbox.create", {}, timeout=60)["id"]
+    for method, params, what in [
+        ("workspace.commit", {"sandbox": sa}, "workspace.commit"),
+        ("fs.copy_in", {"sandbox": sa, "path": "/tmp/c", "host_path": "/etc/hostname",
+                        "host_id": "x"}, "fs.copy_in"),
+        ("fs.copy_out", {"sandbox": sa, "path": "/etc/hostname", "host_path": "/tmp/o",
+                         "host_id": "x"}, "fs.copy_out"),
+        ("network.set", {"sandbox": sa, "net": "host"}, "net \"host\""),
+    ]:
+        e = err_of(a, method, params)
+        assert e.code == -32022 and what in e.message, e
+    # what is a tenant's works
+    assert a.call("exec.run", {"sandbox": sa, "command": "echo ok"}, timeout=60)["stdout"] == "ok\n"
+    a.call("sandbox.create", {"mounts": [{"type": "tmpfs", "target": "/scratch"}], "net": "none"},
+           timeout=60)
+
+
+def test_quotas(tenants):
+    d, _, auth = tenants
+    q = auth(TOK_Q)
+    # no memory/disk given: each gets its share of the quota (256M / 2 sandboxes)
+    s1 = q.call("sandbox.create", {}, timeout=60)["id"]
+    e = err_of(q, "sandbox.create", {"memory": 200 << 20})
+    assert e.code == -32004 and e.data_code == "limit" and "quota memory=256M" in e.message
+    e = err_of(q, "sandbox.create", {"memory": 64 << 20, "disk": 100 << 20})
+    assert e.code == -32004 and "quota disk=64M" in e.message
+    s2 = q.call("sandbox.create", {"memory": 64 << 20, "disk": 16 << 20}, timeout=60)["id"]
+    e = err_of(q, "sandbox.create", {"memory": 16 << 20, "disk": 1 << 20})
+    assert e.code == -32004 and "quota sandboxes=2" in e.message
+    # a fork is a sandbox too
+    e = err_of(q, "sandbox.fork", {"sandbox": s2}, timeout=60)
+    assert e.code == -32004 and "quota sandboxes=2" in e.message, e
+    job = q.call("job.start", {"sandbox": s1, "command": "sleep 60"})["job_id"]
+    e = err_of(q, "exec.run", {"sandbox": s2, "command": "true"})
+    assert e.code == -32004 and "quota commands=1" in e.message
+    e = err_of(q, "job.start", {"sandbox": s2, "command": "true"})
+    assert e.code == -32004 and "quota commands=1" in e.message
+    q.call("job.kill", {"job_id": job, "signal": "KILL"})
+    q.call("job.wait", {"job_id": job, "timeout": 30}, timeout=40)
+    assert q.call("exec.run", {"sandbox": s2, "command": "echo ok"}, timeout=60)["stdout"] == "ok\n"
+    q.call("sandbox.destroy", {"id": s2}, timeout=60)
+    q.call("sandbox.create", {"memory": 64 << 20, "disk": 16 << 20}, timeout=60)
+    # its stores' caps count against its disk quota too (a store outlives its sandboxes)
+    e = err_of(q, "store.write", {"store": "big", "path": "/f", "content": "x"})
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    q.call("sandbox.destroy", {"id": s1}, timeout=60)
+    e = err_of(q, "sandbox.create", {"memory": 16 << 20, "disk": 1 << 20, "mounts": [
+        {"type": "store", "name": "s1", "target": "/s", "size": 100 << 20}]}, timeout=60)
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    q.call("sandbox.create", {"memory": 16 << 20, "disk": 1 << 20, "mounts": [
+        {"type": "store", "name": "s1", "target": "/s", "size": 40 << 20}]}, timeout=60)
+    e = err_of(q, "store.write", {"store": "s2", "path": "/f", "content": "x"})
+    assert e.code == -32004 and "quota disk=" in e.message, e
+    assert q.call("store.write", {"store": "s1", "path": "/f", "content": "x"})
+    # others are not held to quota's quotas
+    a = auth(TOK_A)
+    for _ in range(3):
+        a.call("sandbox.create", {}, timeout=60)
+
+
+def test_restart_keeps_ownership(tenants):
+    d, _, auth = tenants
+    a, b = auth(TOK_A), auth(TOK_B)
+    sa = a.call("sandbox.create", {"name": "kept"}, timeout=60)["id"]
+    d.stop()
+    d.start()
+    a, b = auth(TOK_A), auth(TOK_B)
+    assert [s["id"] for s in a.call("sandbox.list", {})["sandboxes"]] == [sa]
+    assert b.call("sandbox.list", {})["sandboxes"] == []
+    e = whole_error(b, "sandbox.start", {"id": sa})
+    e2 = whole_error(b, "sandbox.start", {"id": fake_of(sa)})
+    assert e["code"] == -32002 and e == {**e2, "message": e2["message"].replace(fake_of(sa), sa)}
+    a.call("sandbox.start", {"id": sa}, timeout=60)
+    assert a.call("exec.run", {"sandbox": sa, "command": "echo back"}, timeout=60)["stdout"] == "back\n"
+    assert d.client().call("sandbox.get", {"id": sa})["tenant"] == "alice"
+
+
+def test_names_per_tenant(tenants):
+    d, _, auth = tenants
+    a, b = auth(TOK_A), auth(TOK_B)
+    a.call("sandbox.create", {"name": "same"}, timeout=60)
+    # bob's namespace of names is his own: alice's "same" is neither visible nor in the way
+    b.call("sandbox.create", {"name": "same"}, timeout=60)
+    e = err_of(a, "sandbox.create", {"name": "same"})
+    assert e.code == -32602
+
+
+def test_batch_after_auth_is_the_tenants(tenants):
+    """A batch holding connection.auth then other requests: those after it are the
+    tenant's, refusals and all."""
+    d, _, auth = tenants
+    owner = d.client()
+    mine = owner.call("sandbox.create", {}, timeout=60)["id"]
+    c = d.client()
+    c.send([
+        {"jsonrpc": "2.0", "id": 1, "method": "connection.auth", "params": {"token": TOK_A}},
+        {"jsonrpc": "2.0", "id": 2, "method": "sandbox.create", "params": {"workspace": "/tmp"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "sandbox.get", "params": {"id": mine}},
+        {"jsonrpc": "2.0", "id": 4, "method": "sandbox.lease", "params": {"workspace": "/tmp"}},
+    ])
+    by_id = {r["id"]: r for r in c.wait_batch(timeout=30)}
+    assert by_id[1]["result"]["tenant"] == "alice"
+    assert by_id[2]["error"]["code"] == -32022
+    assert by_id[3]["error"]["code"] == -32002
+    assert by_id[4]["error"]["code"] == -32022
+
+
+def test_tenant_snapshots_and_forks_are_its_own(two_tenants):
+    d, a, b, ids = two_tenants
+    a.call("job.kill", {"job_id": ids["JOB"], "signal": "KILL"})
+    a.call("session.close", {"session": ids["SES"]})
+    f1 = a.call("sandbox.fork", {"snapshot": ids["SNAP"], "name": "f1"}, timeout=60)
+    f2 = a.call("sandbox.fork", {"sandbox": ids["SB"], "force": True}, timeout=60)
+    for f in (f1, f2):
+        assert f["tenant"] == "alice" and f.get("workspace") is None
+        r = a.call("exec.run", {"sandbox": f["id"], "command": "cat /workspace/secret"}, timeout=60)
+        assert r["stdout"] == "alice's"
+        e = whole_error(b, "sandbox.get", {"id": f["id"]})
+        assert e["code"] == -32002
+    # restoring her own snapshot works; bob's sandbox cannot stand on it (tested above)
+    a.call("fs.write", {"sandbox": f1["id"], "path": "/workspace/secret", "content": "changed"})
+    a.call("workspace.restore", {"sandbox": f1["id"], "snapshot": ids["SNAP"]}, timeout=60)
+    assert a.call("fs.read", {"sandbox": f1["id"], "path": "/workspace/secret"})["content"] == "alice's"
+    # the tenant's workspace holds nothing: what she wrote is in her sandboxes' upper dirs
+    tws = os.path.join(d.state_dir, "tenant-workspaces", "alice")
+    assert os.listdir(tws) == []
