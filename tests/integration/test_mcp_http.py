@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -100,7 +101,9 @@ def mcp_http(daemon_factory, tmp_path):
             errf.seek(0)
             m = re.search(r"https://127\.0\.0\.1:(\d+)/mcp", errf.read())
             if m:
-                return Server(p, int(m.group(1)), cert, d)
+                srv = Server(p, int(m.group(1)), cert, d)
+                srv.tokens = tokens
+                return srv
             assert p.poll() is None, open(errf.name).read()
             time.sleep(0.05)
         raise AssertionError("conch mcp --listen did not start")
@@ -351,3 +354,21 @@ def test_daemon_restart(mcp_http):
     sid2 = s.init()
     res = s.call(sid2, "bash", {"command": "echo back"})
     assert res["content"][0]["text"].startswith("back\n"), res
+
+
+def test_rotated_token_ends_its_sessions(mcp_http):
+    """A token changed in the daemon's file (SIGHUP) ends the sessions it opened: the daemon
+    closes their connections; the old token opens none, the new one does."""
+    s = mcp_http()
+    sid_a, sid_b = s.init(TOK_A), s.init(TOK_B)
+    new_a = "alice-new-token-fedcba9876543210"
+    s.tokens.write_text(f"alice {new_a}\nbob {TOK_B}\n")
+    os.kill(s.daemon.pid, signal.SIGHUP)
+    ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+    deadline = time.monotonic() + 30
+    while s.req(body=ping, sid=sid_a)[0] != 404 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert s.req(body=ping, sid=sid_a)[0] == 404
+    assert s.req(body=INIT)[0] == 401
+    assert s.req(body=ping, sid=sid_b, token=TOK_B)[0] == 200
+    s.init(new_a)
