@@ -73,7 +73,7 @@ _conch()
         --workspace|--rootfs|--state-dir|--cwd)
             COMPREPLY=($(compgen -d -- "$cur"))
             return ;;
-        --socket|--tools|--token-file)
+        --socket|--tools|--token-file|--tls-cert|--tls-key)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
         --mode)
@@ -89,7 +89,8 @@ _conch()
             return ;;
         --env|--timeout|--grace|--max-output|--max-spill|--memory|--pids|--cpu|--tmp-size|\
         --home-size|--disk|--max-message|--pool|--max-sandboxes|--idle-timeout|--name|--mount|--delete|--since|--readonly|--hidden|\
-        --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory)
+        --max-output-memory|--max-bridge-memory|--max-sandbox-bridge-memory|--max-held|--max-sandbox-held|--max-client-output-memory|\
+        --listen|--max-body|--max-sessions|--session-idle|--allow-origin)
             return ;;
     esac
 
@@ -124,8 +125,8 @@ _conch()
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly
-                  --hidden --pass-socket --state-dir
-                  --help -h" ;;
+                  --hidden --pass-socket --state-dir --listen --tls-cert --tls-key --socket
+                  --max-body --max-sessions --session-idle --allow-origin --help -h" ;;
         ps)
             opts="--socket --remote --token-file --json --help -h" ;;
         create)

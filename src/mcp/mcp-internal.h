@@ -1,14 +1,20 @@
-/* mcp-internal.h - what the MCP session loop (server.c) and the tool table (tools.c) share:
- * a tool call in flight and the calls a tool makes to the daemon child. */
+/* mcp-internal.h - what the MCP session (session.c), its transports (server.c: stdio; http.c:
+ * Streamable HTTP) and the tool table (tools.c) share: the session object, a tool call in
+ * flight and the calls a tool makes to the daemon. */
 #ifndef CONCH_MCP_INTERNAL_H
 #define CONCH_MCP_INTERNAL_H
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "core/error.h"
 
 struct mcp;
 struct mcp_call;
+struct mcp_linebuf;
+struct conch_mcp_opts;
 
 struct mcp_tool {
     const char *name;
@@ -18,7 +24,8 @@ struct mcp_tool {
     bool read_only;     /* annotations.readOnlyHint */
     bool destructive;   /* annotations.destructiveHint */
     /* Check the arguments and call the daemon (conch_mcp_daemon_call) or finish
-     * (conch_mcp_call_done). */
+     * (conch_mcp_call_done). NULL for internal calls that answer no MCP request (the
+     * transport's own: http.c's connection.auth, the end of a session). */
     void (*start)(struct mcp *m, struct mcp_call *c);
     /* The daemon answered the call's request: @res, or @error (its error object). Both
      * borrowed. Calls the daemon again or finishes. */
@@ -35,6 +42,62 @@ struct mcp_call {
     int stage;          /* for tools that make more than one request */
     bool parked;        /* waits for another call of its tool (conch_mcp_call_park) */
 };
+
+/* ---- the session object ---- */
+
+/* How a session reaches its MCP client. */
+struct mcp_io {
+    /* One JSON-RPC message (taken) for the client: an answer, carrying its request's id (or
+     * null for a message that could not be read). */
+    void (*to_client)(void *ctx, json_t *msg);
+    void *ctx;
+};
+
+/* conch_mcp_session_new - a session over the daemon connection @daemon_in (requests are
+ * written to it) / @daemon_out (read from it; may be the same fd), both borrowed, with the
+ * tools/list result @tools_list (borrowed, outlives the session) and @state_dir (the daemon's:
+ * host paths under it mean nothing in the sandbox; NULL: unknown). NULL when out of memory. */
+struct mcp *conch_mcp_session_new(const struct conch_mcp_opts *o, const json_t *tools_list,
+                                  const struct mcp_io *io, int daemon_in, int daemon_out,
+                                  const char *state_dir);
+/* conch_mcp_session_sandbox_opts - the sandbox's name (borrowed; NULL: none; default "mcp")
+ * and idle_timeout (seconds; default 0: never) for the sandbox.create of initialize. */
+void conch_mcp_session_sandbox_opts(struct mcp *m, const char *name, double idle_timeout);
+/* conch_mcp_session_free - free @m and its calls in flight (nothing is sent; fds not closed). */
+void conch_mcp_session_free(struct mcp *m);
+void *conch_mcp_session_ctx(const struct mcp *m); /* the io's ctx */
+
+/* conch_mcp_session_message - one message of the MCP client (@msg borrowed; any JSON value:
+ * what is not a JSON-RPC 2.0 request or notification is answered with an error). */
+void conch_mcp_session_message(struct mcp *m, json_t *msg);
+/* conch_mcp_session_line - the same for one line of JSON text (a parse error answered). */
+void conch_mcp_session_line(void *m, const char *line, size_t len);
+/* conch_mcp_session_too_large - answer the oversize line @b dropped (its id sniffed). */
+void conch_mcp_session_too_large(void *m, struct mcp_linebuf *b);
+/* conch_mcp_session_send_error - a JSON-RPC error @code, @msg for request @id (NULL: null). */
+void conch_mcp_session_send_error(struct mcp *m, json_t *id, int code, const char *msg);
+/* conch_mcp_tools_list - the tools/list result (a new object), or NULL with @err. */
+json_t *conch_mcp_tools_list(struct conch_err *err);
+
+/* conch_mcp_session_daemon_input - read the daemon connection once (poll said readable) and
+ * handle its whole messages. Returns 1, or 0 when it is gone (calls in flight then failed). */
+int conch_mcp_session_daemon_input(struct mcp *m);
+/* conch_mcp_session_daemon_lost - the daemon is gone: fail every call in flight. */
+void conch_mcp_session_daemon_lost(struct mcp *m);
+
+/* conch_mcp_session_end - the end of a session, blocking: close the shell, commit if asked,
+ * destroy the sandbox, each waited for (2 minutes at most). Returns 0 or -errno with @err
+ * when a commit failed. */
+int conch_mcp_session_end(struct mcp *m, struct conch_err *err);
+/* conch_mcp_session_end_async - the same without waiting and without the commit: the
+ * requests are sent; the session is over when conch_mcp_session_done says so (answers to
+ * MCP requests still in flight keep going to the io, which drops them). */
+void conch_mcp_session_end_async(struct mcp *m);
+/* conch_mcp_session_done - true when no request of the session's end (nor a sandbox.create,
+ * whose sandbox is destroyed as soon as made) awaits the daemon, or the daemon is gone. */
+bool conch_mcp_session_done(const struct mcp *m);
+
+/* ---- tools ---- */
 
 extern const struct mcp_tool conch_mcp_tools[]; /* ends with a NULL name */
 /* The snapshot tools (tools-snapshot.c); ends with a NULL name. */
@@ -59,6 +122,9 @@ void conch_mcp_call_done(struct mcp *m, struct mcp_call *c, bool is_error, const
 /* conch_mcp_call_donef - conch_mcp_call_done with a printf-formatted text. */
 void conch_mcp_call_donef(struct mcp *m, struct mcp_call *c, bool is_error, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* conch_mcp_call_free - forget @c (an internal call, done) without answering anything. */
+void conch_mcp_call_free(struct mcp *m, struct mcp_call *c);
 
 /* conch_mcp_call_fail_daemon - answer @c with the daemon's error object @error as a tool error. */
 void conch_mcp_call_fail_daemon(struct mcp *m, struct mcp_call *c, json_t *error);

@@ -147,11 +147,16 @@ static bool run_text(struct mcp *m, json_t *res, struct conch_sb *out)
     const char *s = json_string_value(t) ? json_string_value(t) : "";
     size_t len = json_string_length(t);
     /* The notice of cut output names the spill file; one in the daemon's state dir is a host
-     * path that no tool can read: say what to do instead. */
+     * path that no tool can read: say what to do instead. Over HTTP the daemon's state dir
+     * is not known: every path but the sandbox's /run/conch/output/ is a host one. */
     char needle[4200];
     snprintf(needle, sizeof(needle), "; full output in %s/", conch_mcp_state_dir(m));
+    bool any_host = !conch_mcp_state_dir(m)[0];
     for (const char *p = s; p < s + len;) {
         const char *hit = memmem(p, (size_t)(s + len - p), needle, strlen(needle));
+        while (hit && any_host &&
+               !strncmp(hit + strlen(needle), "run/conch/output/", 17)) /* the sandbox's */
+            hit = memmem(hit + 1, (size_t)(s + len - hit - 1), needle, strlen(needle));
         const char *close = hit ? memmem(hit, (size_t)(s + len - hit), " ...]", 5) : NULL;
         if (!close) {
             conch_sb_putn(out, p, (size_t)(s + len - p));
