@@ -580,51 +580,61 @@ static void print_summary(const struct run_cli *c, const struct conch_run_result
 
 int conch_cli_run(int argc, char **argv)
 {
-    struct run_cli c;
-    memset(&c, 0, sizeof(c));
-    conch_run_opts_init(&c.run);
-    conch_spec_defaults(&c.spec);
+    /* On the heap: the two are ~45 KiB, and a caller's small stack limit must get our error
+     * (conch_jail_check_stack below), not a crash in the option parser. */
+    struct run_cli *c = calloc(1, sizeof(*c));
+    struct conch_run_result *res = calloc(1, sizeof(*res));
+    if (!c || !res) {
+        free(c);
+        free(res);
+        fprintf(stderr, "conch: error (infrastructure): out of memory\n");
+        return CONCH_EXIT_INFRA;
+    }
+    conch_run_opts_init(&c->run);
+    conch_spec_defaults(&c->spec);
     struct conch_err err = {0};
-    struct conch_run_result res;
-    memset(&res, 0, sizeof(res));
-    res.out.spill_fd = res.err.spill_fd = -1;
+    res->out.spill_fd = res->err.spill_fd = -1;
     int status;
 
-    int r = parse(&c, argc, argv, &err);
+    int r = parse(c, argc, argv, &err);
     if (r == 1) {
-        conch_spec_done(&c.spec);
+        conch_spec_done(&c->spec);
+        free(c);
+        free(res);
         return 0;
     }
     if (r >= 0)
         r = conch_jail_check_stack(&err); /* before anything deep, borrowed or not */
     /* A daemon of ours may have a sandbox ready: its pool's (see conch_cli_lease). */
-    if (r >= 0 && !c.no_daemon && !getenv("CONCH_NO_DAEMON"))
-        conch_cli_lease(&c.run, c.socket_path, &c.run.leased);
+    if (r >= 0 && !c->no_daemon && !getenv("CONCH_NO_DAEMON"))
+        conch_cli_lease(&c->run, c->socket_path, &c->run.leased);
     if (r >= 0)
-        r = conch_exec_run(&c.run, &res, &err);
+        r = conch_exec_run(&c->run, res, &err);
     conch_cli_lease_end(r >= 0);
     if (r < 0) {
         status = err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : CONCH_EXIT_INFRA;
-        if (c.json)
-            print_json(&c, &res, &err);
+        if (c->json)
+            print_json(c, res, &err);
         /* Also on stderr in JSON mode: a person running the command should see why. */
         if (err.kind == CONCH_ERR_USAGE)
             fprintf(stderr, "conch run: %s\n", err.msg);
         else
             fprintf(stderr, "conch: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
     } else {
-        status = res.timed_out ? CONCH_EXIT_TIMEOUT : res.exit_code;
-        if (c.json)
-            print_json(&c, &res, NULL);
+        status = res->timed_out ? CONCH_EXIT_TIMEOUT : res->exit_code;
+        if (c->json)
+            print_json(c, res, NULL);
         else
-            print_summary(&c, &res);
+            print_summary(c, res);
     }
-    conch_run_result_done(&res);
-    conch_toolhost_free(c.toolhost);
-    conch_nethost_free(c.nethost);
-    for (size_t i = 0; i < c.n_env; i++)
-        free(c.env[i]);
-    free(c.env);
-    conch_spec_done(&c.spec);
+    conch_run_result_done(res);
+    conch_toolhost_free(c->toolhost);
+    conch_nethost_free(c->nethost);
+    for (size_t i = 0; i < c->n_env; i++)
+        free(c->env[i]);
+    free(c->env);
+    conch_spec_done(&c->spec);
+    free(c);
+    free(res);
     return status;
 }
