@@ -260,7 +260,7 @@ struct daemon {
     uv_pipe_t listener;
     bool listening;
     bool activated; /* the listener came from systemd (LISTEN_FDS): not ours to unlink */
-    uv_signal_t sigchld, sigterm, sigint;
+    uv_signal_t sigchld, sigterm, sigint, sighup;
     uv_timer_t pool_timer;
     struct conch_list clients;
     struct conch_list sandboxes;

@@ -31,6 +31,11 @@ struct conch_daemon_opts {
     /* A hosts-format file the network proxy resolves names by before DNS (tests point
      * registry names at loopback servers with it); NULL: DNS only. */
     const char *net_hosts;
+    /* Called on the daemon's loop: once it listens (with its socket's path), and on each
+     * SIGHUP (`conch serve --listen` starts its gateway and forwards SIGHUP with them). */
+    void (*on_listening)(void *ctx, const char *socket_path);
+    void (*on_sighup)(void *ctx);
+    void *hook_ctx;
 };
 
 /* conch_daemon_opts_init - the defaults above. */

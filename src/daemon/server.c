@@ -540,6 +540,14 @@ static void on_stop_signal(uv_signal_t *h, int sig)
     uv_stop(&d->loop);
 }
 
+static void on_sighup(uv_signal_t *h, int sig)
+{
+    struct daemon *d = h->data;
+    log_info("SIGHUP");
+    if (d->opts.on_sighup)
+        d->opts.on_sighup(d->opts.hook_ctx);
+}
+
 static void on_pool_timer(uv_timer_t *t)
 {
     conch_daemon_pool_fill(t->data);
@@ -807,6 +815,10 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     d->sigterm.data = d->sigint.data = d;
     uv_signal_start(&d->sigterm, on_stop_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_stop_signal, SIGINT);
+    uv_signal_init(&d->loop, &d->sighup);
+    d->sighup.data = d;
+    if (o->on_sighup)
+        uv_signal_start(&d->sighup, on_sighup, SIGHUP);
     uv_timer_init(&d->loop, &d->pool_timer);
     d->pool_timer.data = d;
 
@@ -815,6 +827,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
         goto out_loop;
     if (!o->stdio)
         log_info("serving on %s", d->socket_path);
+    if (!o->stdio && o->on_listening)
+        o->on_listening(o->hook_ctx, d->socket_path);
     if (d->opts.pool_size)
         uv_timer_start(&d->pool_timer, on_pool_timer, 0, 0);
     uv_run(&d->loop, UV_RUN_DEFAULT);
