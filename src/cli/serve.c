@@ -38,6 +38,10 @@ static const char serve_usage[] =
     "  --pool N            pre-built sandboxes for exec.run {fresh: true} (default 4)\n"
     "  --max-sandboxes N   (default 256)\n"
     "  --idle-timeout S    destroy a sandbox unused this long (default 3600; 0 = never)\n"
+    "  --tokens FILE       tenants: lines `TENANT TOKEN [sandboxes=N memory=SIZE disk=SIZE\n"
+    "                      commands=N]` (`admin` sees all tenants); the file must be yours,\n"
+    "                      mode 0600 or stricter; a connection that calls connection.auth\n"
+    "                      with a token is that tenant's; reloaded on SIGHUP\n"
     "\n"
     "Budgets of what sandboxes and clients make the daemon hold (see docs/ARCHITECTURE.md):\n"
     "  --max-output-memory BYTES\n"
@@ -191,6 +195,7 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
         break;
     case OPT_TOKENS:
         c->tokens = value;
+        c->o.tokens_path = value;
         break;
     case OPT_MAX_CONNECTIONS:
         r = conch_cli_parse_count(value, "--max-connections", &v, err);

@@ -42,6 +42,10 @@ struct client {
     bool stdio;
     bool closing;
     uid_t peer_uid; /* SO_PEERCRED's uid; --stdio: ours (whoever started us runs as us) */
+    /* connection.auth (tenants.c): once @authed, the connection is @tenant's for the rest of
+     * its life, restricted to what a tenant may reach (an @admin sees every tenant's). */
+    bool authed, admin;
+    char tenant[65];
     struct conch_rpc_framer framer;
     struct conch_rpc_sink *sink;
     int refs; /* handles still open */
@@ -91,6 +95,9 @@ struct sandbox {
     struct daemon *d;
     char id[64];
     char name[128];
+    /* The tenant that created it (connection.auth; recorded in its spec); "": the socket's
+     * owner. A tenant's connection sees only its own (tenants.c). */
+    char tenant[65];
     /* Where it is in its life: changed only by conch_sb_set_state, which checks the edge
      * and does what entering and leaving a state means (lifecycle.c). */
     enum sandbox_state state;
@@ -260,7 +267,7 @@ struct daemon {
     uv_pipe_t listener;
     bool listening;
     bool activated; /* the listener came from systemd (LISTEN_FDS): not ours to unlink */
-    uv_signal_t sigchld, sigterm, sigint, sighup;
+    uv_signal_t sigchld, sigterm, sigint;
     uv_timer_t pool_timer;
     struct conch_list clients;
     struct conch_list sandboxes;
@@ -286,6 +293,14 @@ struct daemon {
      * that do not fit wait in answers_waiting, first come first built. */
     uint64_t answers_building;
     struct conch_list answers_waiting;
+    /* Tenants (tenants.c): the --tokens table (owned; NULL: no tenants), SIGHUP reloading it,
+     * the failed authentications by peer, and the client whose request is being dispatched
+     * (NULL outside a dispatch): the lookups see what it may see. */
+    struct conch_tokens *tokens;
+    uv_signal_t sighup;
+    struct conch_list auth_fails;
+    unsigned n_auth_fails;
+    struct client *viewer;
 };
 
 /* server.c */
@@ -387,6 +402,7 @@ struct sandbox_spec {
     json_t *readonly, *hidden;   /* sandbox.create's path rules (borrowed), or NULL */
     json_t *sockets;             /* sandbox.create's "sockets" (borrowed), or NULL */
     struct conch_net_policy net; /* owned by the caller (conch_net_policy_done) */
+    const char *tenant;          /* its tenant (a fork's: its source's); NULL: the viewer's */
 };
 /* ---- network.c: the network policy, proxy and log of a sandbox ---- */
 /* conch_daemon_net_listen - a sandbox of the allow mode whose warden just set up: its proxy
@@ -700,5 +716,38 @@ int conch_daemon_ws_open(struct sandbox *sb, struct ws_fds *fds, struct conch_er
 int conch_daemon_mount_open(struct sandbox *sb, int i, struct ws_fds *fds, struct conch_err *err);
 /* conch_daemon_overlay_mount_find - the index of @sb's overlay mount at @target, or -1. */
 int conch_daemon_overlay_mount_find(const struct sandbox *sb, const char *target);
+
+/* tenants.c: connection.auth, tenants' visibility, refusals and quotas (docs/ARCHITECTURE.md,
+ * "Tenants"). */
+/* conch_daemon_tenants_start - load @path (the --tokens file; NULL: none). Returns 0, or
+ * -errno with @err naming what is wrong with the file. */
+int conch_daemon_tenants_start(struct daemon *d, const char *path, struct conch_err *err);
+/* conch_daemon_tenants_listen - reload the tokens file on SIGHUP (once the loop runs). */
+void conch_daemon_tenants_listen(struct daemon *d);
+/* conch_daemon_tenants_stop - free the table and the failure records. */
+void conch_daemon_tenants_stop(struct daemon *d);
+/* conch_daemon_handle_connection_auth - connection.auth {token, peer?} -> {tenant, admin}. */
+void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *params, void *ctx);
+/* conch_daemon_tenant_dispatch - dispatch the request line of @c: through the method table a
+ * tenant is held to when @c has authenticated, else the whole table; with @c as the viewer. */
+void conch_daemon_tenant_dispatch(struct client *c, const char *line, size_t len);
+/* conch_daemon_tenant_sees - whether the viewer (the client whose request is being handled;
+ * none: the daemon itself) may see and reach @sb: the owner's connections and an admin's see
+ * every sandbox, a tenant's only its own. */
+bool conch_daemon_tenant_sees(const struct daemon *d, const struct sandbox *sb);
+/* conch_daemon_tenant_sees_tenant - the same for something recorded as @tenant's ("": the
+ * owner's), a snapshot say. */
+bool conch_daemon_tenant_sees_tenant(const struct daemon *d, const char *tenant);
+/* conch_daemon_tenant_viewer - the viewer's tenant name, "" for the owner. */
+const char *conch_daemon_tenant_viewer(const struct daemon *d);
+/* conch_daemon_tenant_admit - before @tenant's new sandbox is made: check its quotas
+ * (sandboxes, memory, disk) against the sandboxes it holds, filling *@memory and *@disk when
+ * 0 (not given) with the tenant's share. Returns 0, or -EDQUOT with @err (kind limit) naming
+ * the quota and its value. */
+int conch_daemon_tenant_admit(struct daemon *d, const char *tenant, uint64_t *memory,
+                              uint64_t *disk, struct conch_err *err);
+/* conch_daemon_tenant_command_admit - before a command of the viewer's starts in @sb: false
+ * after failing @call with `limit` when the tenant's commands quota is reached. */
+bool conch_daemon_tenant_command_admit(struct daemon *d, struct conch_rpc_call *call);
 
 #endif

@@ -31,6 +31,10 @@ struct conch_daemon_opts {
     /* A hosts-format file the network proxy resolves names by before DNS (tests point
      * registry names at loopback servers with it); NULL: DNS only. */
     const char *net_hosts;
+    /* The tokens file (`TENANT TOKEN [quota=value ...]` lines, mode 0600, ours): tenants that
+     * connection.auth restricts a connection to (docs/ARCHITECTURE.md, "Tenants"); reloaded
+     * on SIGHUP. NULL: none (connection.auth always fails). */
+    const char *tokens_path;
     /* Called on the daemon's loop: once it listens (with its socket's path), and on each
      * SIGHUP (`conch serve --listen` starts its gateway and forwards SIGHUP with them). */
     void (*on_listening)(void *ctx, const char *socket_path);

@@ -17,7 +17,7 @@ struct run *conch_daemon_job_find(struct daemon *d, struct conch_rpc_call *call,
     conch_list_for_each_safe(pos, tmp, &d->jobs)
     {
         struct run *r = conch_list_entry(pos, struct run, dlink);
-        if (!strcmp(r->job_id, id))
+        if (!strcmp(r->job_id, id) && conch_daemon_tenant_sees(d, r->sb))
             return r;
     }
     conch_rpc_call_failf(call, CONCH_RPC_JOB_NOT_FOUND, "job_not_found", NULL, "no job '%s'", id);
@@ -112,7 +112,7 @@ void conch_daemon_handle_job_list(struct conch_rpc_call *call, json_t *params, v
     conch_list_for_each_safe(pos, tmp, &c->d->jobs)
     {
         struct run *r = conch_list_entry(pos, struct run, dlink);
-        if (sb && strcmp(sb, r->sb->id))
+        if ((sb && strcmp(sb, r->sb->id)) || !conch_daemon_tenant_sees(c->d, r->sb))
             continue;
         json_t *o = conch_daemon_job_status_json(r);
         json_object_set_new(o, "job_id", json_string(r->job_id));

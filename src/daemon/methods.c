@@ -120,7 +120,7 @@ static void handle_sandbox_create(struct conch_rpc_call *call, json_t *params, v
     struct conch_err err = {0};
     int r = conch_daemon_sandbox_create(c->d, &spec, &sb, &err);
     conch_net_policy_done(&spec.net);
-    if (r == -EMFILE) {
+    if (r == -EMFILE || r == -EDQUOT) {
         conch_rpc_call_fail(call, CONCH_RPC_LIMIT, "limit", err.msg, NULL);
         return;
     }
@@ -153,7 +153,7 @@ static void handle_sandbox_list(struct conch_rpc_call *call, json_t *params, voi
     conch_list_for_each_safe(pos, tmp, &c->d->sandboxes)
     {
         struct sandbox *sb = conch_list_entry(pos, struct sandbox, link);
-        if (!sandbox_in_pool(sb) && !sb->fresh)
+        if (!sandbox_in_pool(sb) && !sb->fresh && conch_daemon_tenant_sees(c->d, sb))
             json_array_append_new(arr, conch_daemon_sandbox_json(sb));
     }
     conch_rpc_call_reply(call, json_pack("{s:o}", "sandboxes", arr));
@@ -252,6 +252,7 @@ static void handle_fs_copy_out(struct conch_rpc_call *call, json_t *params, void
         P("hidden", A, false), P("sockets", A, false)
 
 static const struct conch_rpc_param p_none[] = {END};
+static const struct conch_rpc_param p_auth[] = {P("token", S, true), P("peer", S, false), END};
 static const struct conch_rpc_param p_create[] = {SANDBOX_SPEC_PARAMS, END};
 static const struct conch_rpc_param p_id[] = {P("id", S, true), END};
 static const struct conch_rpc_param p_lease[] = {
@@ -407,6 +408,7 @@ static const struct conch_rpc_param p_store_write[] = {
 
 const struct conch_rpc_method conch_daemon_methods[] = {
     {"daemon.ping", p_none, handle_ping},
+    {"connection.auth", p_auth, conch_daemon_handle_connection_auth},
     {"sandbox.create", p_create, handle_sandbox_create},
     {"sandbox.list", p_none, handle_sandbox_list},
     {"sandbox.get", p_id, handle_sandbox_get},

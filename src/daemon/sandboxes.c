@@ -36,7 +36,7 @@ struct sandbox *conch_daemon_sandbox_find(struct daemon *d, const char *id)
          * one being destroyed. */
         bool findable =
             sb->state == SB_READY || sb->state == SB_STOPPED || sb->state == SB_RESTARTING;
-        if (findable && !strcmp(sb->id, id))
+        if (findable && !strcmp(sb->id, id) && conch_daemon_tenant_sees(d, sb))
             return sb;
     }
     return NULL;
@@ -134,6 +134,8 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
                       "snapshot", sb->layer[0] ? sb->layer : NULL));
     if (o)
         conch_daemon_net_json(sb, o);
+    if (o && sb->tenant[0])
+        json_object_set_new(o, "tenant", json_string(sb->tenant));
     if (o && sb->n_sockets) {
         json_t *arr = json_array();
         for (unsigned i = 0; i < sb->n_sockets; i++)
@@ -498,6 +500,8 @@ json_t *conch_daemon_sandbox_spec_json(const struct sandbox *sb)
     json_t *spec = spec_json_base(sb);
     if (spec)
         conch_daemon_net_json(sb, spec); /* its network: "net", "allow", "deny" */
+    if (spec && sb->tenant[0])           /* its owner: a restarted daemon holds it to its tenant */
+        json_object_set_new(spec, "tenant", json_string(sb->tenant));
     if (spec && sb->n_mounts) {
         json_t *arr = json_array();
         for (unsigned i = 0; i < sb->n_mounts; i++)
@@ -632,9 +636,16 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
         return conch_err_setk(err, CONCH_ERR_LIMIT, EMFILE,
                               "too many sandboxes (%u, --max-sandboxes): destroy some first",
                               d->opts.max_sandboxes);
+    /* A tenant's quotas are checked before anything is made (tenants.c). */
+    const char *tenant = spec->tenant ? spec->tenant : conch_daemon_tenant_viewer(d);
+    uint64_t memory = spec->limits.memory_bytes, disk = spec->disk_bytes;
+    int r;
+    if (tenant[0] && (r = conch_daemon_tenant_admit(d, tenant, &memory, &disk, err)) < 0)
+        return r;
     struct sandbox *sb = conch_sb_new(d);
     if (!sb)
         return conch_err_set(err, ENOMEM, "out of memory");
+    snprintf(sb->tenant, sizeof(sb->tenant), "%s", tenant);
     if (spec->name)
         snprintf(sb->name, sizeof(sb->name), "%s", spec->name);
     if (spec->workspace) {
@@ -650,15 +661,15 @@ int conch_daemon_sandbox_create(struct daemon *d, const struct sandbox_spec *spe
         snprintf(sb->rootfs, sizeof(sb->rootfs), "%s", spec->rootfs);
     sb->as_root = spec->as_root;
     sb->limits = spec->limits;
+    sb->limits.memory_bytes = memory;
     sb->tmp_bytes = spec->tmp_bytes;
-    sb->disk_bytes = spec->disk_bytes ? spec->disk_bytes : CONCH_SPEC_DISK_DEFAULT;
+    sb->disk_bytes = disk ? disk : CONCH_SPEC_DISK_DEFAULT;
     sb->env = spec->env ? json_deep_copy(spec->env) : json_object();
     sb->idle_timeout = spec->idle_timeout >= 0 ? spec->idle_timeout : d->opts.idle_timeout;
     sb->tool_timeout = spec->tool_timeout;
     sb->max_tool_calls = spec->max_tool_calls;
     if (spec->layer)
         snprintf(sb->layer, sizeof(sb->layer), "%s", spec->layer);
-    int r;
     if ((r = path_clear_of_daemon(d, "the workspace", spec->workspace, err)) < 0 ||
         (r = sandbox_mounts(sb, spec->mounts, err)) < 0 ||
         (r = sandbox_rules(sb, spec->readonly, spec->hidden, err)) < 0 ||
@@ -767,6 +778,8 @@ void conch_daemon_sandboxes_recover(struct daemon *d)
         sb->created_at = list[i].created_at;
         sb->last_used_at = list[i].last_used_at;
         json_t *spec = list[i].spec_json ? json_loads(list[i].spec_json, 0, NULL) : NULL;
+        const char *tenant = json_string_value(json_object_get(spec, "tenant"));
+        snprintf(sb->tenant, sizeof(sb->tenant), "%s", tenant ? tenant : "");
         sb->as_root = json_is_true(json_object_get(spec, "as_root"));
         sb->ws_dev = (dev_t)json_integer_value(json_object_get(spec, "ws_dev"));
         sb->ws_ino = (ino_t)json_integer_value(json_object_get(spec, "ws_ino"));

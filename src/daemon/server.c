@@ -374,7 +374,7 @@ static void on_line(void *ctx, const char *line, size_t len)
     struct client *c = ctx;
     if (c->closing)
         return;
-    conch_rpc_dispatch(conch_daemon_methods, line, len, c, c->sink);
+    conch_daemon_tenant_dispatch(c, line, len);
 }
 
 static void on_oversize(void *ctx)
@@ -538,14 +538,6 @@ static void on_stop_signal(uv_signal_t *h, int sig)
     log_info("signal %d: shutting down", sig);
     d->stopping = true;
     uv_stop(&d->loop);
-}
-
-static void on_sighup(uv_signal_t *h, int sig)
-{
-    struct daemon *d = h->data;
-    log_info("SIGHUP");
-    if (d->opts.on_sighup)
-        d->opts.on_sighup(d->opts.hook_ctx);
 }
 
 static void on_pool_timer(uv_timer_t *t)
@@ -764,6 +756,9 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     CONCH_LIST_INIT(&d->sandboxes);
     CONCH_LIST_INIT(&d->jobs);
     CONCH_LIST_INIT(&d->answers_waiting);
+    /* The tokens file first: a daemon that cannot hold its tenants to it does not start. */
+    if ((r = conch_daemon_tenants_start(d, o->tokens_path, err)) < 0)
+        goto out_free;
     conch_budget_init(&d->held_budget, "all sandboxes", o->max_held, NULL);
     conch_budget_set_raise_with(&d->held_budget, "conch serve --max-held");
     conch_budget_init(&d->output_budget, "the daemon's command output", o->max_output_memory, NULL);
@@ -807,6 +802,7 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     conch_daemon_sandboxes_recover(d);
     conch_daemon_sessions_recover(d);
 
+    conch_daemon_tenants_listen(d);
     signal(SIGPIPE, SIG_IGN);
     uv_signal_init(&d->loop, &d->sigchld);
     uv_signal_start(&d->sigchld, on_sigchld, SIGCHLD);
@@ -815,10 +811,6 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     d->sigterm.data = d->sigint.data = d;
     uv_signal_start(&d->sigterm, on_stop_signal, SIGTERM);
     uv_signal_start(&d->sigint, on_stop_signal, SIGINT);
-    uv_signal_init(&d->loop, &d->sighup);
-    d->sighup.data = d;
-    if (o->on_sighup)
-        uv_signal_start(&d->sighup, on_sighup, SIGHUP);
     uv_timer_init(&d->loop, &d->pool_timer);
     d->pool_timer.data = d;
 
@@ -865,6 +857,7 @@ out_loop:
 out_state:
     conch_state_close(d->state);
 out_free:
+    conch_daemon_tenants_stop(d);
     if (d->private_state)
         private_state_remove(d);
     free(d);

@@ -671,6 +671,9 @@ static json_t *fork_from(struct daemon *d, const char *spec_json, const char *wo
     s.readonly = json_object_get(spec, "readonly");
     s.hidden = json_object_get(spec, "hidden");
     s.sockets = json_object_get(spec, "sockets");
+    /* A fork is its source's tenant's (tenants.c). */
+    const char *tenant = json_string_value(json_object_get(spec, "tenant"));
+    s.tenant = tenant ? tenant : spec ? "" : NULL;
     /* The network too: a fork is the sandbox it comes from, allowlist and all. */
     conch_daemon_net_from_record(name && name[0] ? name : "(fork)", spec, &s.net);
     struct sandbox *sb = NULL;

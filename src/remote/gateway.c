@@ -354,6 +354,10 @@ static int confirm_upgrade(struct gateway *g, struct lws *wsi)
         return reject(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, "too many connections");
     }
     lws_get_peer_simple(wsi, peer, sizeof(peer));
+    /* An IPv4 client of a dual-stack socket: its address as itself (the daemon's
+     * rate limit counts per peer, whichever way it is written). */
+    if (!strncmp(peer, "::ffff:", 7) && strchr(peer + 7, '.'))
+        memmove(peer, peer + 7, strlen(peer + 7) + 1);
     int alen = lws_hdr_copy(wsi, auth, sizeof(auth), WSI_TOKEN_HTTP_AUTHORIZATION);
     const char *token = NULL;
     if (alen > 7 && !strncasecmp(auth, "Bearer ", 7)) {
@@ -361,32 +365,29 @@ static int confirm_upgrade(struct gateway *g, struct lws *wsi)
         while (*token == ' ')
             token++;
     }
-    bool skip_auth = getenv("CONCH_GATEWAY_TEST_NO_AUTH") != NULL;
-    if ((!token || !*token) && !skip_auth)
+    if (!token || !*token)
         return reject(wsi, HTTP_STATUS_UNAUTHORIZED, "unauthorized");
     int fd = conch_remote_daemon_connect(g->o->socket_path);
     if (fd < 0) {
         log_warn("gateway: connect to the daemon at '%s': %s", g->o->socket_path, strerror(-fd));
         return reject(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, "the daemon is not answering");
     }
-    if (!skip_auth) {
-        json_t *res = NULL;
-        int code = 0;
-        int r = conch_remote_daemon_call(fd, "connection.auth",
-                                         json_pack("{s:s, s:s}", "token", token, "peer", peer),
-                                         CONCH_REMOTE_DAEMON_TIMEOUT_MS, &res, &code);
-        explicit_bzero(auth, sizeof(auth));
-        json_decref(res);
-        if (r != 0) {
-            close(fd);
-            if (r == 1 && code == -32020)
-                return reject(wsi, HTTP_STATUS_UNAUTHORIZED, "unauthorized");
-            if (r == 1 && code == -32021)
-                return reject(wsi, 429, "too many failed attempts: try again later");
-            log_warn("gateway: connection.auth for %s: %s", peer,
-                     r == 1 ? "the daemon refused it" : strerror(-r));
-            return reject(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, "the daemon is not answering");
-        }
+    json_t *res = NULL;
+    int code = 0;
+    int r = conch_remote_daemon_call(fd, "connection.auth",
+                                     json_pack("{s:s, s:s}", "token", token, "peer", peer),
+                                     CONCH_REMOTE_DAEMON_TIMEOUT_MS, &res, &code);
+    explicit_bzero(auth, sizeof(auth));
+    json_decref(res);
+    if (r != 0) {
+        close(fd);
+        if (r == 1 && code == -32020)
+            return reject(wsi, HTTP_STATUS_UNAUTHORIZED, "unauthorized");
+        if (r == 1 && code == -32021)
+            return reject(wsi, 429, "too many failed attempts: try again later");
+        log_warn("gateway: connection.auth for %s: %s", peer,
+                 r == 1 ? "the daemon refused it" : strerror(-r));
+        return reject(wsi, HTTP_STATUS_SERVICE_UNAVAILABLE, "the daemon is not answering");
     }
     struct conn *c = calloc(1, sizeof(*c));
     if (!c) {

@@ -36,6 +36,7 @@ struct conch_rpc_call {
     struct conch_rpc_sink *sink; /* a reference */
     struct batch *batch;         /* NULL unless a request (not notification) of a batch */
     json_t *id;                  /* owned copy; NULL for a notification */
+    const char *method;          /* the method table's name (borrowed from the table) */
 };
 
 struct conch_rpc_sink *conch_rpc_sink_new(void (*send)(void *send_ctx, json_t *msg), void *send_ctx)
@@ -377,6 +378,7 @@ static void handle(const struct conch_rpc_method *table, json_t *req, void *ctx,
         return;
     }
     call->sink = sink_ref(sink);
+    call->method = m->name;
     if (b && !notification) {
         call->batch = b;
         b->pending++;
@@ -605,4 +607,9 @@ json_t *conch_rpc_call_id(const struct conch_rpc_call *call)
 bool conch_rpc_call_cancelled(const struct conch_rpc_call *call)
 {
     return call->sink->closed;
+}
+
+const char *conch_rpc_call_method(const struct conch_rpc_call *call)
+{
+    return call->method;
 }

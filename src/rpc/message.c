@@ -35,6 +35,9 @@ static const struct {
     {CONCH_RPC_STRING_NOT_FOUND, "string_not_found"},
     {CONCH_RPC_AMBIGUOUS_MATCH, "ambiguous_match"},
     {CONCH_RPC_TOO_LARGE, "too_large"},
+    {CONCH_RPC_UNAUTHORIZED, "unauthorized"},
+    {CONCH_RPC_RATE_LIMITED, "rate_limited"},
+    {CONCH_RPC_FORBIDDEN, "forbidden"},
 };
 
 int conch_rpc_code_for(const char *data_code)

@@ -41,6 +41,9 @@
 #define CONCH_RPC_STRING_NOT_FOUND -32015   /* string_not_found */
 #define CONCH_RPC_AMBIGUOUS_MATCH -32016    /* ambiguous_match */
 #define CONCH_RPC_TOO_LARGE -32017          /* too_large */
+#define CONCH_RPC_UNAUTHORIZED -32020       /* unauthorized: connection.auth's token is wrong */
+#define CONCH_RPC_RATE_LIMITED -32021       /* rate_limited: too many failed authentications */
+#define CONCH_RPC_FORBIDDEN -32022          /* forbidden: not for a tenant's connection */
 
 /* ---- Framing ---------------------------------------------------------------------------- */
 
@@ -381,6 +384,10 @@ void conch_rpc_call_fail_err(struct conch_rpc_call *call, int code, const char *
 /* conch_rpc_call_id - the request's id (borrowed, valid until the call completes; a JSON
  * string, integer or null), or NULL for a notification. */
 json_t *conch_rpc_call_id(const struct conch_rpc_call *call);
+
+/* conch_rpc_call_method - the name of the method @call calls (borrowed from the method
+ * table: valid as long as the table). */
+const char *conch_rpc_call_method(const struct conch_rpc_call *call);
 
 /* conch_rpc_call_cancelled - true once the call's sink was closed: nobody will read the
  * response, so a long operation may stop early (it must still complete the call). */
