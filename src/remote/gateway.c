@@ -8,6 +8,7 @@
 #include <libwebsockets.h>
 #include <openssl/ssl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -336,9 +337,23 @@ static int adopt_daemon(struct conn *c, struct lws *wsi)
 
 /* ---- the upgrade: path, capacity, token ---- */
 
+/* Refuse an upgrade with @status, written whole here: lws has not parsed the request's HTTP
+ * version at this point and would answer HTTP/1.0, which WebSocket clients refuse to read. */
 static int reject(struct lws *wsi, unsigned status, const char *why)
 {
-    if (lws_return_http_status(wsi, status, why))
+    const char *phrase = status == 401   ? "Unauthorized"
+                         : status == 404 ? "Not Found"
+                         : status == 429 ? "Too Many Requests"
+                                         : "Service Unavailable";
+    unsigned char buf[LWS_PRE + 512];
+    int n = snprintf((char *)buf + LWS_PRE, sizeof(buf) - LWS_PRE,
+                     "HTTP/1.1 %u %s\r\n%scontent-type: text/plain\r\ncontent-length: %zu\r\n"
+                     "\r\n%s\n",
+                     status, phrase, status == 401 ? "www-authenticate: Bearer\r\n" : "",
+                     strlen(why) + 1, why);
+    if (n < 0 || (size_t)n >= sizeof(buf) - LWS_PRE)
+        return -1;
+    if (lws_write(wsi, buf + LWS_PRE, (size_t)n, LWS_WRITE_HTTP_HEADERS) < n)
         return -1;
     return 1;
 }
@@ -491,19 +506,21 @@ static int rpc_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user,
 
 int conch_remote_check_tls(const char *cert, const char *key, struct conch_err *err)
 {
-    SSL_CTX *t = SSL_CTX_new(TLS_server_method());
+    SSL_CTX *k = SSL_CTX_new(TLS_server_method()), *t = SSL_CTX_new(TLS_server_method());
     int r = 0;
-    if (!t)
+    if (!k || !t)
         r = conch_err_set(err, ENOMEM, "OpenSSL: out of memory");
+    else if (SSL_CTX_use_PrivateKey_file(k, key, SSL_FILETYPE_PEM) != 1)
+        r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                           "--tls-key '%s': not a readable PEM private key", key);
     else if (SSL_CTX_use_certificate_chain_file(t, cert) != 1)
         r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                            "--tls-cert '%s': not a readable PEM certificate chain", cert);
-    else if (SSL_CTX_use_PrivateKey_file(t, key, SSL_FILETYPE_PEM) != 1)
-        r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
-                           "--tls-key '%s': not a readable PEM private key", key);
-    else if (SSL_CTX_check_private_key(t) != 1)
+    else if (SSL_CTX_use_PrivateKey_file(t, key, SSL_FILETYPE_PEM) != 1 ||
+             SSL_CTX_check_private_key(t) != 1)
         r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                            "--tls-key '%s' is not the key of the certificate in '%s'", key, cert);
+    SSL_CTX_free(k);
     SSL_CTX_free(t);
     return r;
 }
