@@ -6,7 +6,7 @@
    alternated, one request at a time: medians and the ratio wss / unix (goal: <= 1.3x for the
    command).
 2. 100 remote clients at once, each running 100 `exec.run` one after the other in a sandbox
-   of its own: failures, p50 and p99 latency, wall time.
+   of its own: failures, p50 and p99 latency, wall time; then the same over the unix socket.
 
 Both clients are asyncio (python3-websockets 10.4 for wss, asyncio streams for the unix
 socket), so the difference is the transport: TLS, WebSocket framing and the gateway's hop.
@@ -131,14 +131,14 @@ async def compare(sock, url, ctx, rounds):
     return rows
 
 
-async def many(sock, url, ctx, clients, per_client):
+async def many(sock, url, ctx, clients, per_client, transport="wss"):
     u = await Unix.connect(sock)
     sbs = [(await u.call("sandbox.create", {}))["id"] for _ in range(clients)]
     lat, failures = [], []
 
     async def one(i):
         try:
-            w = await Wss.connect(url, ctx)
+            w = await (Wss.connect(url, ctx) if transport == "wss" else Unix.connect(sock))
         except Exception as e:  # noqa: BLE001 - a failure to count, whatever it is
             failures.append(f"connect: {e!r}")
             return
@@ -199,13 +199,14 @@ def main():
         print(f"{'request':<16}{'unix':>10}{'wss':>10}{'ratio':>8}")
         for name, (tu, tw) in rows.items():
             print(f"{name:<16}{tu * 1e3:>8.3f}ms{tw * 1e3:>8.3f}ms{tw / tu:>7.2f}x")
-        lat, failures, wall = asyncio.run(many(sock, url, ctx, a.clients, a.per_client))
-        print(f"\n2. {a.clients} wss clients x {a.per_client} exec.run (echo ok), each in its own sandbox")
-        print(f"requests {len(lat)}, failures {len(failures)}, wall {wall:.1f} s, "
-              f"{len(lat) / wall:.0f}/s, p50 {pct(lat, 50) * 1e3:.1f} ms, p99 {pct(lat, 99) * 1e3:.1f} ms, "
-              f"max {max(lat) * 1e3:.1f} ms")
-        for f in failures[:5]:
-            print("  failure:", f)
+        print(f"\n2. {a.clients} clients x {a.per_client} exec.run (echo ok), each in its own sandbox")
+        for transport in ("wss", "unix"):
+            lat, failures, wall = asyncio.run(many(sock, url, ctx, a.clients, a.per_client, transport))
+            print(f"{transport:<5} requests {len(lat)}, failures {len(failures)}, wall {wall:.1f} s, "
+                  f"{len(lat) / wall:.0f}/s, p50 {pct(lat, 50) * 1e3:.1f} ms, p99 {pct(lat, 99) * 1e3:.1f} ms, "
+                  f"max {max(lat) * 1e3:.1f} ms")
+            for f in failures[:5]:
+                print("  failure:", f)
     finally:
         proc.terminate()
         proc.wait(30)
