@@ -214,6 +214,7 @@ def test_ping_over_wss_on_tls12_or_later(remote):
     assert remote.healthz() == (200, b"ok\n")
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated")
 def test_tls_1_1_refused_1_2_accepted(remote):
     def handshake(lo, hi):
         ctx = client_ctx(remote.ca)
