@@ -91,8 +91,8 @@ Test(remote, daemon_call_error_and_close)
     waitpid(pid, NULL, 0);
     close(sv[1]);
     /* The daemon side is gone: the call fails, it does not wait. */
-    cr_assert_eq(conch_remote_daemon_call(sv[0], "connection.auth", NULL, 5000, &res, &code),
-                 -ECONNRESET);
+    int r = conch_remote_daemon_call(sv[0], "connection.auth", NULL, 5000, &res, &code);
+    cr_assert(r == -EPIPE || r == -ECONNRESET, "%d", r);
     close(sv[0]);
 }
 
