@@ -62,13 +62,13 @@ static const char serve_usage[] =
     "                      past it, the clients with the most unread are disconnected\n"
     "  (--max-sandbox-bridge-memory and --max-bridge-memory are older names of the two)\n"
     "\n"
-    "The remote transport (docs/PROTOCOL.md, \"Transport\"; all four are needed together):\n"
-    "  --listen HOST:PORT  also serve wss://HOST:PORT/rpc (and /healthz) from a gateway\n"
-    "                      process of its own, restarted if it dies; SIGHUP reloads the\n"
-    "                      certificate and key\n"
-    "  --tls-cert FILE     PEM certificate chain\n"
+    "The remote transport (conch-serve(1); docs/PROTOCOL.md, \"The wss transport\"):\n"
+    "  --listen ADDR:PORT  also serve wss://ADDR:PORT/rpc (and /healthz) from a gateway\n"
+    "                      process of its own, restarted if it dies; ADDR is an IP address\n"
+    "                      ([::] for IPv6); needs --tls-cert, --tls-key and --tokens (above);\n"
+    "                      SIGHUP also reloads the certificate and key\n"
+    "  --tls-cert FILE     PEM certificate chain (TLS 1.2 and 1.3 only)\n"
     "  --tls-key FILE      its PEM private key\n"
-    "  --tokens FILE       the tenants' bearer tokens (lines TENANT TOKEN [quotas])\n"
     "  --max-connections N remote clients at once (default 4096); more are answered 503\n";
 
 enum {
@@ -215,11 +215,8 @@ static int remote_check(const struct serve_cli *c, struct conch_err *err)
     if (c->o.stdio)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "--listen serves a socket daemon's clients, not --stdio's");
-    char host[256];
-    int port;
-    if (conch_remote_parse_listen(c->listen, host, sizeof(host), &port, err) < 0)
-        return -EINVAL;
-    return conch_remote_check_tls(c->tls_cert, c->tls_key, err);
+    int r = conch_remote_check_tls(c->tls_cert, c->tls_key, err);
+    return r < 0 ? r : conch_remote_probe_listen(c->listen, err);
 }
 
 /* An absolute path, not resolved: a certificate behind a symlink (a Kubernetes secret's) is

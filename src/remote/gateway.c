@@ -14,6 +14,8 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -599,6 +601,44 @@ int conch_remote_parse_listen(const char *listen, char *host, size_t hostsize, i
     memcpy(host, h, hl);
     host[hl] = '\0';
     *port = (int)p;
+    unsigned char addr[16];
+    if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "--listen: '%s' is not an IP address (e.g. 0.0.0.0, 127.0.0.1, "
+                              "[::])",
+                              host);
+    return 0;
+}
+
+int conch_remote_probe_listen(const char *listen, struct conch_err *err)
+{
+    char host[256];
+    int port, r;
+    if ((r = conch_remote_parse_listen(listen, host, sizeof(host), &port, err)) < 0)
+        return r;
+    struct sockaddr_storage ss = {0};
+    socklen_t len;
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
+        in4->sin_family = AF_INET;
+        in4->sin_port = htons((uint16_t)port);
+        len = sizeof(*in4);
+    } else {
+        inet_pton(AF_INET6, host, &in6->sin6_addr);
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        len = sizeof(*in6);
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return conch_err_set(err, errno, "socket: %s", strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    r = bind(fd, (struct sockaddr *)&ss, len) < 0 ? -errno : 0;
+    close(fd);
+    if (r < 0)
+        return conch_err_set(err, -r, "--listen %s: %s%s", listen, strerror(-r),
+                             r == -EADDRINUSE ? " (another server listens there)" : "");
     return 0;
 }
 
@@ -616,7 +656,8 @@ int conch_remote_gateway_run(const struct conch_remote_opts *o, struct conch_err
     struct gateway g = {.o = o};
     char host[256];
     int port, r;
-    if ((r = conch_remote_parse_listen(o->listen, host, sizeof(host), &port, err)) < 0)
+    if ((r = conch_remote_parse_listen(o->listen, host, sizeof(host), &port, err)) < 0 ||
+        (r = conch_remote_probe_listen(o->listen, err)) < 0)
         return r;
     raise_nofile();
     sigset_t mask;
@@ -651,8 +692,8 @@ int conch_remote_gateway_run(const struct conch_remote_opts *o, struct conch_err
     if (!g.ctx) {
         close(sfd);
         return conch_err_set(err, EINVAL,
-                             "could not serve on %s with certificate '%s' and key '%s' (is the "
-                             "address free, and are they a readable PEM chain and its key?)",
+                             "could not serve on %s with certificate '%s' and key '%s' (are they "
+                             "a readable PEM chain and its key?)",
                              o->listen, o->tls_cert, o->tls_key);
     }
     if (!g.ssl_ctx) {

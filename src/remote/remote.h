@@ -26,10 +26,14 @@ struct conch_remote_opts {
     unsigned max_connections;
 };
 
-/* conch_remote_parse_listen - split "HOST:PORT" (or "[V6ADDR]:PORT") into @host and *@port.
- * Returns 0, or -EINVAL with @err saying what is wrong. */
+/* conch_remote_parse_listen - split "HOST:PORT" (or "[V6ADDR]:PORT") into @host and *@port;
+ * HOST must be an IP address. Returns 0, or -EINVAL with @err saying what is wrong. */
 int conch_remote_parse_listen(const char *listen, char *host, size_t hostsize, int *port,
                               struct conch_err *err);
+
+/* conch_remote_probe_listen - @listen parses and its address can be bound now (a probe
+ * socket, closed). Returns 0, or -errno with @err naming the address and the problem. */
+int conch_remote_probe_listen(const char *listen, struct conch_err *err);
 
 /* conch_remote_check_tls - @cert and @key load (a PEM chain and its private key, matching).
  * Returns 0, or -EINVAL with @err naming the file and the problem. */

@@ -321,6 +321,21 @@ def test_listen_needs_tls_and_tokens(certs, tmp_path):
                         "--tokens", str(tokens)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "is not the key of the certificate" in p.stderr
 
+    def serve(listen):
+        return subprocess.run([CONCH_BIN, "serve", "--socket", str(tmp_path / "s.sock"), "--state-dir",
+                               str(tmp_path / "st"), "--listen", listen, "--tls-cert",
+                               os.path.join(certs, "server.pem"), "--tls-key", os.path.join(certs, "server.key"),
+                               "--tokens", str(tokens)], capture_output=True, text=True, timeout=30)
+
+    # An address, not a name; a port someone else holds is refused at start, not retried.
+    p = serve("localhost:8443")
+    assert p.returncode == 2 and "'localhost' is not an IP address" in p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        p = serve(f"127.0.0.1:{busy.getsockname()[1]}")
+    assert p.returncode == 1 and "Address already in use" in p.stderr
+
 
 # ---- JSON-RPC across the transport ----------------------------------------------------------
 
