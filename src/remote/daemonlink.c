@@ -2,6 +2,7 @@
  * connection.auth that opens every forwarded connection and the daemon.ping of /healthz. */
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -110,14 +111,14 @@ int conch_remote_daemon_call(int fd, const char *method, json_t *params, int tim
                             "params", params ? params : json_object());
     if (!req)
         return -ENOMEM;
-    char *line = json_dumps(req, JSON_COMPACT);
+    char *body = json_dumps(req, JSON_COMPACT), *line = NULL;
     json_decref(req);
-    if (!line)
+    if (!body || asprintf(&line, "%s\n", body) < 0) {
+        free(body);
         return -ENOMEM;
-    size_t len = strlen(line);
-    int r = send_all(fd, line, len, deadline);
-    if (r == 0)
-        r = send_all(fd, "\n", 1, deadline);
+    }
+    free(body);
+    int r = send_all(fd, line, strlen(line), deadline);
     free(line);
     if (r < 0)
         return r;

@@ -31,16 +31,31 @@ Test(remote, parse_listen)
     }
 }
 
-/* The daemon's side: read the request line, then write @answer (several lines may follow). */
+/* The daemon's side, in a child process (no assertion there: a failure is its exit status):
+ * read the request's line, then write @answer (several lines may follow). */
 static void daemon_answers(int fd, const char *answer)
 {
     char buf[4096];
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    cr_assert_gt(n, 0);
-    buf[n] = '\0';
-    cr_assert(strstr(buf, "\"method\":\"connection.auth\""), "%s", buf);
-    cr_assert_eq(buf[n - 1], '\n');
-    cr_assert_eq(write(fd, answer, strlen(answer)), (ssize_t)strlen(answer));
+    size_t got = 0;
+    while (got == 0 || buf[got - 1] != '\n') {
+        ssize_t n = read(fd, buf + got, sizeof(buf) - 1 - got);
+        if (n <= 0)
+            _exit(2);
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    if (!strstr(buf, "\"method\":\"connection.auth\""))
+        _exit(3);
+    if (write(fd, answer, strlen(answer)) != (ssize_t)strlen(answer))
+        _exit(4);
+    _exit(0);
+}
+
+static void reap_ok(pid_t pid)
+{
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the daemon side failed: %d", st);
 }
 
 Test(remote, daemon_call_reads_exactly_its_answer)
@@ -56,10 +71,8 @@ Test(remote, daemon_call_reads_exactly_its_answer)
     int code = 0;
     /* The request goes first; the daemon side answers from a child. */
     pid_t pid = fork();
-    if (pid == 0) {
+    if (pid == 0)
         daemon_answers(sv[1], ans);
-        _exit(0);
-    }
     int r = conch_remote_daemon_call(sv[0], "connection.auth", json_pack("{s:s}", "token", "t"),
                                      5000, &res, &code);
     cr_assert_eq(r, 0);
@@ -68,7 +81,7 @@ Test(remote, daemon_call_reads_exactly_its_answer)
     char rest[64] = "";
     cr_assert_eq(read(sv[0], rest, sizeof(rest) - 1), 11);
     cr_assert_str_eq(rest, "{\"next\":1}\n");
-    waitpid(pid, NULL, 0);
+    reap_ok(pid);
     close(sv[0]);
     close(sv[1]);
 }
@@ -78,17 +91,15 @@ Test(remote, daemon_call_error_and_close)
     int sv[2];
     cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     pid_t pid = fork();
-    if (pid == 0) {
+    if (pid == 0)
         daemon_answers(sv[1], "{\"jsonrpc\":\"2.0\",\"id\":\"conch-gateway\",\"error\":"
                               "{\"code\":-32020,\"message\":\"unauthorized\"}}\n");
-        _exit(0);
-    }
     json_t *res = NULL;
     int code = 0;
     cr_assert_eq(conch_remote_daemon_call(sv[0], "connection.auth", NULL, 5000, &res, &code), 1);
     cr_assert_eq(code, -32020);
     cr_assert_null(res);
-    waitpid(pid, NULL, 0);
+    reap_ok(pid);
     close(sv[1]);
     /* The daemon side is gone: the call fails, it does not wait. */
     int r = conch_remote_daemon_call(sv[0], "connection.auth", NULL, 5000, &res, &code);
