@@ -486,6 +486,28 @@ def test_1000_connections_at_once(remote):
     assert rss < RSS_CAP_THOUSAND, f"gateway RSS {rss >> 20} MiB with 1,000 clients"
 
 
+@pytest.mark.slow
+def test_idle_connection_is_pinged_every_30_s(remote):
+    """A raw WebSocket (handshake by hand, so that no library answers pings for it): after
+    30 s idle the server sends a ping frame (opcode 9)."""
+    with socket.create_connection(("127.0.0.1", remote.port), timeout=60) as s:
+        with client_ctx(remote.ca).wrap_socket(s, server_hostname="127.0.0.1") as t:
+            t.sendall(b"GET /rpc HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                      + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += t.recv(4096)
+            head, _, data = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101"), head
+            t0 = time.monotonic()
+            while len(data) < 2:
+                data += t.recv(4096)
+            waited = time.monotonic() - t0
+    assert data[0] & 0x0F == 0x9, data[:8]
+    assert waited > 20, waited  # pinged for being idle, not at once
+
+
 # ---- restarts and reloads -------------------------------------------------------------------
 
 
