@@ -121,7 +121,8 @@ _conch()
             opts="--socket --stdio --state-dir --max-message --pool --max-sandboxes
                   --idle-timeout --max-output-memory --max-bridge-memory
                   --max-sandbox-bridge-memory --max-held --max-sandbox-held
-                  --max-client-output-memory --net-hosts --tokens --help -h" ;;
+                  --max-client-output-memory --net-hosts --tokens --listen --tls-cert
+                  --tls-key --max-connections --help -h" ;;
         mcp)
             opts="--workspace --mode --commit --timeout --max-output --memory --pids --cpu
                   --tmp-size --disk --rootfs --as-root --env --net --allow --deny --readonly

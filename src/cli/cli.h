@@ -31,6 +31,8 @@ int conch_cli_rm(int argc, char **argv);
 int conch_cli_start(int argc, char **argv);
 int conch_cli_logs(int argc, char **argv);
 int conch_cli_mcp(int argc, char **argv);
+/* `conch __gateway ...`: the remote transport's gateway process (hidden; src/remote). */
+int conch_cli_gateway(int argc, char **argv);
 /* `conch __js-worker [--fd N]`: the JS worker (hidden; src/js's conch_js_worker_serve). */
 int conch_cli_js_worker(int argc, char **argv);
 int conch_cli_js(int argc, char **argv);

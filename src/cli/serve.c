@@ -1,17 +1,21 @@
 /* serve.c - `conch serve` (the daemon) and `conch gc`. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "core/cleanup.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "daemon/daemon.h"
 #include "daemon/recover.h"
 #include "daemon/state.h"
+#include "remote/remote.h"
 
 static const char serve_usage[] =
     "usage: conch serve [--socket PATH | --stdio] [options]\n"
@@ -56,7 +60,16 @@ static const char serve_usage[] =
     "                      responses queued for clients that do not read them, all\n"
     "                      clients together (default 128M; each client also at most 64M):\n"
     "                      past it, the clients with the most unread are disconnected\n"
-    "  (--max-sandbox-bridge-memory and --max-bridge-memory are older names of the two)\n";
+    "  (--max-sandbox-bridge-memory and --max-bridge-memory are older names of the two)\n"
+    "\n"
+    "The remote transport (conch-serve(1); docs/PROTOCOL.md, \"The wss transport\"):\n"
+    "  --listen ADDR:PORT  also serve wss://ADDR:PORT/rpc (and /healthz) from a gateway\n"
+    "                      process of its own, restarted if it dies; ADDR is an IP address\n"
+    "                      ([::] for IPv6); needs --tls-cert, --tls-key and --tokens (above);\n"
+    "                      SIGHUP also reloads the certificate and key\n"
+    "  --tls-cert FILE     PEM certificate chain (TLS 1.2 and 1.3 only)\n"
+    "  --tls-key FILE      its PEM private key\n"
+    "  --max-connections N remote clients at once (default 4096); more are answered 503\n";
 
 enum {
     OPT_SOCKET = 1,
@@ -71,7 +84,11 @@ enum {
     OPT_MAX_HELD,
     OPT_MAX_SANDBOX_HELD,
     OPT_NET_HOSTS,
-    OPT_TOKENS
+    OPT_LISTEN,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_TOKENS,
+    OPT_MAX_CONNECTIONS
 };
 
 static const struct conch_cli_opt serve_opts[] = {
@@ -89,13 +106,18 @@ static const struct conch_cli_opt serve_opts[] = {
     {"max-bridge-memory", 0, true, OPT_MAX_HELD},
     {"max-sandbox-bridge-memory", 0, true, OPT_MAX_SANDBOX_HELD},
     {"net-hosts", 0, true, OPT_NET_HOSTS},
+    {"listen", 0, true, OPT_LISTEN},
+    {"tls-cert", 0, true, OPT_TLS_CERT},
+    {"tls-key", 0, true, OPT_TLS_KEY},
     {"tokens", 0, true, OPT_TOKENS},
+    {"max-connections", 0, true, OPT_MAX_CONNECTIONS},
     {NULL, 0, false, 0},
 };
 
 struct serve_cli {
     struct conch_daemon_opts o;
     bool pool_set, idle_set;
+    const char *listen, *tls_cert, *tls_key, *tokens, *max_connections;
 };
 
 static int serve_opt(void *ctx, int key, const char *value, struct conch_err *err)
@@ -162,11 +184,94 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
     case OPT_NET_HOSTS:
         c->o.net_hosts = value;
         break;
+    case OPT_LISTEN:
+        c->listen = value;
+        break;
+    case OPT_TLS_CERT:
+        c->tls_cert = value;
+        break;
+    case OPT_TLS_KEY:
+        c->tls_key = value;
+        break;
     case OPT_TOKENS:
+        c->tokens = value;
         c->o.tokens_path = value;
+        break;
+    case OPT_MAX_CONNECTIONS:
+        r = conch_cli_parse_count(value, "--max-connections", &v, err);
+        c->max_connections = value;
         break;
     }
     return r;
+}
+
+/* --listen and what it needs: all four, and not with --stdio; the certificate and key load. */
+static int remote_check(const struct serve_cli *c, struct conch_err *err)
+{
+    if (!c->listen || !c->tls_cert || !c->tls_key || !c->tokens)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "--listen, --tls-cert, --tls-key and --tokens go together: a "
+                              "remote transport needs TLS and tokens");
+    if (c->o.stdio)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
+                              "--listen serves a socket daemon's clients, not --stdio's");
+    int r = conch_remote_check_tls(c->tls_cert, c->tls_key, err);
+    return r < 0 ? r : conch_remote_probe_listen(c->listen, err);
+}
+
+/* An absolute path, not resolved: a certificate behind a symlink (a Kubernetes secret's) is
+ * read anew through the link on SIGHUP. */
+static char *absolute(const char *path)
+{
+    char cwd[PATH_MAX], *out = NULL;
+    if (path[0] == '/')
+        return strdup(path);
+    if (!getcwd(cwd, sizeof(cwd)) || asprintf(&out, "%s/%s", cwd, path) < 0)
+        return NULL;
+    return out;
+}
+
+static void on_listening(void *ctx, const char *socket_path)
+{
+    conch_remote_super_listening(ctx, socket_path);
+}
+
+static void on_sighup(void *ctx)
+{
+    conch_remote_super_sighup(ctx);
+}
+
+/* The gateway's supervisor: this binary, opened now (the file may be replaced while the
+ * daemon runs), exec'd as `conch __gateway` once the daemon listens. */
+static int gateway_prepare(struct serve_cli *c, struct conch_remote_super **ret,
+                           struct conch_err *err)
+{
+    _cleanup_free_ char *cert = absolute(c->tls_cert), *key = absolute(c->tls_key);
+    if (!cert || !key)
+        return conch_err_set(err, ENOMEM, "out of memory");
+    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (exe < 0)
+        return conch_err_set(err, errno, "open /proc/self/exe: %s", strerror(errno));
+    char *argv[] = {"conch",
+                    "__gateway",
+                    "--listen",
+                    (char *)c->listen,
+                    "--tls-cert",
+                    cert,
+                    "--tls-key",
+                    key,
+                    c->max_connections ? "--max-connections" : NULL,
+                    (char *)c->max_connections,
+                    NULL};
+    *ret = conch_remote_super_new(exe, argv, err);
+    if (!*ret) {
+        close(exe);
+        return -err->code;
+    }
+    c->o.on_listening = on_listening;
+    c->o.on_sighup = on_sighup;
+    c->o.hook_ctx = *ret;
+    return 0;
 }
 
 int conch_cli_serve(int argc, char **argv)
@@ -195,7 +300,21 @@ int conch_cli_serve(int argc, char **argv)
         c.o.idle_timeout = 0;
     if (!c.o.stdio)
         conch_log_set_level(getenv("CONCH_DEBUG") ? CONCH_LOG_DEBUG : CONCH_LOG_INFO);
-    if (conch_daemon_run(&c.o, &err) < 0) {
+    struct conch_remote_super *gw = NULL;
+    if (c.listen || c.tls_cert || c.tls_key || c.max_connections) {
+        if ((r = remote_check(&c, &err)) == 0)
+            r = gateway_prepare(&c, &gw, &err);
+        if (r < 0) {
+            if (err.kind == CONCH_ERR_USAGE)
+                return conch_cli_usage_error("serve", serve_usage, "%s", err.msg);
+            fprintf(stderr, "conch serve: error: %s\n", err.msg);
+            return 1;
+        }
+    }
+    r = conch_daemon_run(&c.o, &err);
+    /* The gateway goes down with the daemon, whose loop has stopped: no client is left. */
+    conch_remote_super_free(gw);
+    if (r < 0) {
         fprintf(stderr, "conch serve: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
         return err.kind == CONCH_ERR_USAGE ? CONCH_EXIT_USAGE : 1;
     }

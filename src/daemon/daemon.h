@@ -35,6 +35,11 @@ struct conch_daemon_opts {
      * connection.auth restricts a connection to (docs/ARCHITECTURE.md, "Tenants"); reloaded
      * on SIGHUP. NULL: none (connection.auth always fails). */
     const char *tokens_path;
+    /* Called on the daemon's loop: once it listens (with its socket's path), and on each
+     * SIGHUP (`conch serve --listen` starts its gateway and forwards SIGHUP with them). */
+    void (*on_listening)(void *ctx, const char *socket_path);
+    void (*on_sighup)(void *ctx);
+    void *hook_ctx;
 };
 
 /* conch_daemon_opts_init - the defaults above. */

@@ -819,6 +819,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
         goto out_loop;
     if (!o->stdio)
         log_info("serving on %s", d->socket_path);
+    if (!o->stdio && o->on_listening)
+        o->on_listening(o->hook_ctx, d->socket_path);
     if (d->opts.pool_size)
         uv_timer_start(&d->pool_timer, on_pool_timer, 0, 0);
     uv_run(&d->loop, UV_RUN_DEFAULT);

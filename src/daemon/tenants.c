@@ -82,6 +82,9 @@ static void on_sighup(uv_signal_t *h, int signum)
 {
     (void)signum;
     struct daemon *d = h->data;
+    /* The gateway (conch serve --listen) reloads its certificate and key. */
+    if (d->opts.on_sighup)
+        d->opts.on_sighup(d->opts.hook_ctx);
     if (!d->opts.tokens_path) {
         log_info("SIGHUP: no --tokens file to reload");
         return;

@@ -18,7 +18,8 @@ def test_bootstrap_puts_conch_on_path(tmp_path):
     assert p.returncode == 0, p
     conch = prefix / "bin" / "conch"
     assert conch.is_symlink() and conch.resolve() == (REPO / "build" / "conch").resolve()
-    assert (prefix / "share" / "man" / "man1" / "conch.1").resolve() == REPO / "man" / "conch.1"
+    for page in ("conch.1", "conch-serve.1"):
+        assert (prefix / "share" / "man" / "man1" / page).resolve() == REPO / "man" / page
     # found by name on PATH, as the README's examples run it
     env["PATH"] = f"{prefix / 'bin'}:/usr/bin:/bin"
     p = subprocess.run(["conch", "--version"], capture_output=True, env=env, timeout=60)
