@@ -644,7 +644,8 @@ out:
 /* ---- fork ---- */
 
 /* A new sandbox like the one @spec_json recorded, on the workspace @workspace stacked on
- * @layer, named @name. */
+ * @layer, named @name: a pool sandbox made it when the spec is the pool's (forkpool.c),
+ * else built. */
 static json_t *fork_from(struct daemon *d, const char *spec_json, const char *workspace,
                          const char *layer, const char *name, struct conch_err *err)
 {
