@@ -2,8 +2,9 @@
 # spec is the pool's takes a pre-built sandbox and attaches the snapshot's stack with its own
 # upper on disk (sandbox.get says "from_pool"); anything else is built as before. The fork
 # must be what a built one is: independent of its source both ways, snapshotted and restored
-# in place, brought back by a daemon restart; and a pool sandbox's previous life (a fresh
-# command, then recycled) must leave nothing in it. Runs as root and as the unprivileged user
+# in place, brought back by a daemon restart; a pool sandbox's previous life (a fresh
+# command, then recycled) must leave nothing in it; a pool sandbox that cannot take the fork
+# (its warden died) is dropped and the fork built. Runs as root and as the unprivileged user
 # (tests/integration/as_user.sh).
 import os
 import sqlite3
@@ -205,4 +206,23 @@ def test_a_fork_from_a_recycled_pool_sandbox_inherits_nothing(daemon_factory, ws
     # Its id is its own; the fresh command's sandbox id is gone with it.
     assert f["id"] != r.get("sandbox")
     # The pool is filled again, beside the fork.
+    pool_ready(d, 1)
+
+
+def test_a_pool_sandbox_whose_warden_died_is_not_the_fork(daemon_factory, ws):
+    """The pool's one warden is killed just before a fork: the fork is built (or served by a
+    sandbox the pool made since), never left broken, and the pool is filled again."""
+    (ws / "w.txt").write_text("w\n")
+    d = daemon_factory(extra_args=["--pool", "1"])
+    c = d.client()
+    sb = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    sh(c, sb, "echo mine > mine.txt")
+    c.call("workspace.snapshot", {"sandbox": sb, "name": "base"})
+    pool_ready(d, 1)
+    (pooled,) = wardens(d) - {warden_of(d, sb)}
+    os.kill(pooled, 9)
+    f = c.call("sandbox.fork", {"snapshot": "base"})
+    assert warden_of(d, f["id"]) != pooled
+    assert sh(c, f["id"], "cat w.txt mine.txt; echo more > more.txt") == "w\nmine\n"
+    assert sh(c, sb, "test -e more.txt || echo no-more") == "no-more\n"
     pool_ready(d, 1)
