@@ -2,8 +2,9 @@
 """bench/snapshot.py - what workspace.snapshot and sandbox.fork cost against the workspace's
 size (issue 18): workspaces of 1,000, 100,000 (and with BENCH_BIG=1 1,000,000) small files,
 10 of them changed in the sandbox, then workspace.changes, workspace.snapshot and
-sandbox.fork timed over a Python client of `conch serve`, beside a full scan that walks and
-hashes every file (how snapshot-and-diff sandboxes find changes). Starts its own daemon on a
+sandbox.fork timed over a Python client of `conch serve` (how many forks its pool served is
+printed), beside a full scan that walks and hashes every file (how snapshot-and-diff
+sandboxes find changes). Starts its own daemon on a
 temporary socket and state directory; prints the median per row in ms. See bench/README.md
 ("snapshot.py").
 
@@ -107,6 +108,7 @@ def main():
             make_workspace(ws, n)
             sb = c.call("sandbox.create", {"workspace": ws})["id"]
             rows = {"changes": [], "snapshot": [], "fork": [], "scan": []}
+            pooled = 0
             for r in range(N):
                 # 10 files changed since the last snapshot, as an agent's step would.
                 cmd = "; ".join(f"echo r{r} > d0000/f{i}.txt" for i in range(10))
@@ -119,6 +121,7 @@ def main():
                 rows["snapshot"].append(ms(lambda: snap.update(c.call("workspace.snapshot", {"sandbox": sb}))))
                 fork = {}
                 rows["fork"].append(ms(lambda: fork.update(c.call("sandbox.fork", {"snapshot": snap["id"]}))))
+                pooled += bool(fork.get("from_pool"))
                 out = c.call("exec.run", {"sandbox": fork["id"], "command": "cat d0000/f9.txt"})
                 assert out["stdout"] == f"r{r}\n", out
                 c.call("sandbox.destroy", {"id": fork["id"]})
@@ -126,7 +129,7 @@ def main():
                     rows["scan"].append(ms(lambda: full_scan(ws)))
             med = {k: statistics.median(v) for k, v in rows.items()}
             print(f"{n:>9} {med['changes']:>9.2f} {med['snapshot']:>9.2f} {med['fork']:>9.2f} "
-                  f"{med['scan']:>10.1f}")
+                  f"{med['scan']:>10.1f}  (forks from the pool: {pooled}/{N})")
             c.call("sandbox.destroy", {"id": sb})
             shutil.rmtree(ws, ignore_errors=True)
     finally:

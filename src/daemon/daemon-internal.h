@@ -106,6 +106,8 @@ struct sandbox {
      * again): `fresh`, it goes when its one command (or lease) ends; `from_pool`, a fresh
      * one taken from the pool, which is recycled into it when the pool has room. */
     bool fresh, from_pool;
+    /* A fork made of a pool sandbox (forkpool.c): a fact shown by sandbox.get ("from_pool"). */
+    bool pool_fork;
     /* sandbox.lease: the asking client's call while LEASING; its sink (a reference) while
      * LEASING and LENT. The borrower drives the warden through a channel of its own
      * (conch_jail_hand_over), revoked when the sandbox is made as new. */
@@ -552,6 +554,17 @@ void conch_daemon_sandboxes_client_gone(struct daemon *d, struct conch_rpc_sink 
 void conch_daemon_pool_fill(struct daemon *d);
 /* conch_daemon_pool_take - a POOLED sandbox, now READY for a `fresh` command; NULL when none is. */
 struct sandbox *conch_daemon_pool_take(struct daemon *d);
+/* conch_daemon_pool_fill_soon - conch_daemon_pool_fill on the next turn of the loop (after
+ * the answers being written). */
+void conch_daemon_pool_fill_soon(struct daemon *d);
+/* conch_daemon_fork_pooled - forkpool.c: the fork @s (a snapshot's stack, see fork_from in
+ * snapshots.c) made of a pool sandbox when its spec is the pool's and one is ready: 1 with
+ * *@ret (listed, recorded, READY), else 0 (nothing changed but a pool sandbox possibly gone:
+ * the caller builds it, which reports any error). */
+int conch_daemon_fork_pooled(struct daemon *d, const struct sandbox_spec *s, struct sandbox **ret);
+/* conch_daemon_workspace_clear - 0, or -EPERM with @err when @path is, holds or lies beneath
+ * the daemon's state directory or holds its socket's (sandbox.create refuses it). */
+int conch_daemon_workspace_clear(const struct daemon *d, const char *path, struct conch_err *err);
 /* conch_daemon_sandbox_retire - a `fresh` sandbox's one command was answered (READY), or its
  * borrower released it (LENT): back into the pool, made as new by its warden (RECYCLING), when it
  * came from there and nothing else uses it; destroyed otherwise. */

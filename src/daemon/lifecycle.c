@@ -45,7 +45,7 @@ static const unsigned edges[SB_N_STATES] = {
                | E(SB_GONE),     /* conch_daemon_pool_fill: the spawn failed */
     [SB_BUILDING] = E(SB_POOLED) /* the warden's setup answered */
                     | E(SB_STOPPING), /* setup failed; shutdown */
-    [SB_POOLED] = E(SB_READY)         /* exec.run fresh took it (conch_daemon_pool_take) */
+    [SB_POOLED] = E(SB_READY)         /* exec.run fresh or sandbox.fork took it (pool_take) */
                   | E(SB_LEASING)     /* sandbox.lease sent the attach */
                   | E(SB_STOPPING),   /* its warden died; shutdown */
     [SB_READY] = E(SB_RECYCLING)      /* its fresh command answered: recycle sent */

@@ -32,6 +32,17 @@ void conch_daemon_pool_fill(struct daemon *d)
     }
 }
 
+static void on_fill_timer(uv_timer_t *t)
+{
+    conch_daemon_pool_fill(t->data);
+}
+
+void conch_daemon_pool_fill_soon(struct daemon *d)
+{
+    if (!d->stopping)
+        uv_timer_start(&d->pool_timer, on_fill_timer, 0, 0);
+}
+
 /* Recycling is worth it only as a whole: building a sandbox costs ~2.5 ms of CPU and
  * destroying one ~1 ms (namespaces, ~75 mounts, the network namespace); making one as new
  * ran 0.7-1.2 ms in the warden (traced; about half is the new network namespace, and the

@@ -139,6 +139,8 @@ json_t *conch_daemon_sandbox_json(const struct sandbox *sb)
         conch_daemon_net_json(sb, o);
     if (o && sb->tenant[0])
         json_object_set_new(o, "tenant", json_string(sb->tenant));
+    if (o && sb->pool_fork)
+        json_object_set_new(o, "from_pool", json_true());
     if (o && sb->n_sockets) {
         json_t *arr = json_array();
         for (unsigned i = 0; i < sb->n_sockets; i++)
@@ -409,6 +411,11 @@ static int path_clear_of_daemon(const struct daemon *d, const char *what, const 
                                   i == 0 ? "state directory" : "socket directory", own[i]);
     }
     return 0;
+}
+
+int conch_daemon_workspace_clear(const struct daemon *d, const char *path, struct conch_err *err)
+{
+    return path_clear_of_daemon(d, "the workspace", path, err);
 }
 
 /* Parse @arr (sandbox.create's "sockets") into @sb's own list, checked now (the socket exists,

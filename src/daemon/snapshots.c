@@ -670,7 +670,8 @@ out:
 /* ---- fork ---- */
 
 /* A new sandbox like the one @spec_json recorded, on the workspace @workspace stacked on
- * @layer, named @name. */
+ * @layer, named @name: a pool sandbox made it when the spec is the pool's (forkpool.c),
+ * else built. */
 static json_t *fork_from(struct daemon *d, const char *spec_json, const char *workspace,
                          const char *layer, const char *name, struct conch_err *err)
 {
@@ -703,7 +704,7 @@ static json_t *fork_from(struct daemon *d, const char *spec_json, const char *wo
     /* The network too: a fork is the sandbox it comes from, allowlist and all. */
     conch_daemon_net_from_record(name && name[0] ? name : "(fork)", spec, &s.net);
     struct sandbox *sb = NULL;
-    int r = conch_daemon_sandbox_create(d, &s, &sb, err);
+    int r = conch_daemon_fork_pooled(d, &s, &sb) ? 0 : conch_daemon_sandbox_create(d, &s, &sb, err);
     conch_net_policy_done(&s.net);
     json_decref(spec);
     if (r < 0)

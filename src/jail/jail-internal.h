@@ -191,8 +191,10 @@ enum jail_msg_type {
                       * run nothing yet): a = conch_ws_mode, bytes = the overlay upper's size;
                       * fds [workspace dir] (the warden clones it from its host view), or with
                       * JATTACH_MOUNTED [the mount to attach, the overlay's upper dir or none]
-                      * (made by a parent that is host root); answered by SETUP_OK (a = fd
-                      * number of the upper dir or -1) or SETUP_ERR */
+                      * (made by a parent that is host root), or with JATTACH_PATHS as
+                      * JRESTACK_PATHS; JATTACH_ON_DISK: a fork's stack, its upper on disk;
+                      * answered by SETUP_OK (a = fd number of the upper dir or -1) or
+                      * SETUP_ERR */
     JMSG_LEASE,      /* parent → warden: fds [a new channel for a borrower] (see lease_ctl in
                       * warden-child.c): RUN and SIGNAL may come on it, and the events of the
                       * commands started through it go back on it; the recycle closes it.
@@ -219,6 +221,11 @@ enum jail_msg_type {
 
 /* JMSG_ATTACH flags (in b) */
 #define JATTACH_MOUNTED 1u
+/* fds [a memfd of the paths, the host workspace dir], as JRESTACK_PATHS: the warden builds
+ * the stack in its view of the host (unprivileged, with JATTACH_ON_DISK) */
+#define JATTACH_PATHS 2u
+/* a fork's stack: the upper dir is on disk, kept as a built sandbox's is (restackable) */
+#define JATTACH_ON_DISK 4u
 
 /* JMSG_EXITED flags */
 #define JEXIT_TIMED_OUT 1u /* the warden's deadline fired (SIGTERM, then SIGKILL after grace) */
@@ -341,6 +348,7 @@ struct conch_jail_warden {
     bool ws_shared;
     bool ws_attached; /* a workspace was attached (until the recycle) */
     bool ws_released; /* JRESTACK_RELEASE unmounted /workspace; JRESTACK_MOUNT comes next */
+    bool ws_on_disk;  /* a fork's stack was attached (JATTACH_ON_DISK): restackable */
 };
 
 /* The warden's state (warden-child.c). */

@@ -423,6 +423,18 @@ int conch_jail_send_release(struct conch_jail *j, struct conch_err *err);
 int conch_jail_send_restack(struct conch_jail *j, const struct conch_jail_restack *rs,
                             struct conch_err *err);
 
+/*
+ * conch_jail_send_attach_stack - a fork served by a pool sandbox (built attachable, nothing
+ * run in it since it was built or made as new): the stack of @rs (as conch_jail_send_restack
+ * builds it; @rs->workspace checked to be @ws_dev/@ws_ino when @ws_ino is not 0) attached at
+ * its /workspace in one message (JMSG_ATTACH, JATTACH_ON_DISK). @j is then as one built with
+ * that workspace and upper dir: restackable, its host workspace open. The answer is a
+ * CONCH_JAIL_ANSWER event (conch_jail_take_answer(ATTACH)): conch_super_attach_stack.
+ * Returns 0, or -errno with @err and nothing attached.
+ */
+int conch_jail_send_attach_stack(struct conch_jail *j, const struct conch_jail_restack *rs,
+                                 dev_t ws_dev, ino_t ws_ino, struct conch_err *err);
+
 /* What a process that lends a running jail to another (conch_jail_hand_over) tells it,
  * besides the control socket. */
 struct conch_jail_lease {

@@ -349,6 +349,8 @@ static void share_workspace(const struct jail_plan *plan)
  * ours (the user, mount and pid namespaces, the cgroup). */
 static int recycle(const struct jail_plan *plan, struct conch_err *err)
 {
+    if (conch_jail_warden.ws_on_disk) /* a fork's: its changes are kept, it is not reused */
+        return conch_err_set(err, EINVAL, "a sandbox with a workspace is not reused");
     kill_all_and_reap();
     lease_revoke(false); /* the last copy of our end: its borrower reads EOF */
     for (int i = 0; i < JAIL_MAX_PROCS; i++)
@@ -446,7 +448,16 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
     }
     conch_jail_warden.refill_after_us = 0;
     int mnt = -1, upper = -1, r;
-    if (m->b & JATTACH_MOUNTED) {
+    bool on_disk = m->b & JATTACH_ON_DISK;
+    if (on_disk && m->a != CONCH_WS_OVERLAY)
+        return conch_err_set(err, EINVAL, "warden: bad attach request");
+    if (m->b & JATTACH_PATHS) {
+        /* A fork's stack, unprivileged: built here as a snapshot's restack is. */
+        if (nfds != 2 || !on_disk)
+            return conch_err_set(err, EINVAL, "warden: bad attach request");
+        if ((r = conch_jail_restack_build_child(fds[0], fds[1], &mnt, &upper, err)) < 0)
+            return r;
+    } else if (m->b & JATTACH_MOUNTED) {
         if (nfds < 1 || nfds > 2)
             return conch_err_set(err, EINVAL, "warden: bad attach request");
         mnt = fds[0];
@@ -492,8 +503,13 @@ static int attach(const struct jail_plan *plan, const struct jail_msg *m, int *f
             close(upper);
         return r;
     }
-    attached_upper = *ret_upper = upper;
+    /* A fork's upper is kept as a built sandbox's (the caller's upper_fd); a lent one's goes
+     * with the recycle. */
+    *ret_upper = upper;
+    if (!on_disk)
+        attached_upper = upper;
     conch_jail_warden.ws_attached = true;
+    conch_jail_warden.ws_on_disk = on_disk;
     return 0;
 }
 
@@ -538,8 +554,8 @@ static void reap_exiting_shepherds(void)
  * restarts the sandbox instead. */
 static int restack_release(const struct jail_plan *plan, int *upper_fd, struct conch_err *err)
 {
-    if (!plan->has_workspace || plan->ws_mode != CONCH_WS_OVERLAY || !plan->upper_on_disk ||
-        conch_jail_warden.ws_released)
+    bool built = plan->has_workspace && plan->ws_mode == CONCH_WS_OVERLAY && plan->upper_on_disk;
+    if (!(built || conch_jail_warden.ws_on_disk) || conch_jail_warden.ws_released)
         return conch_err_set(err, EINVAL, "warden: this sandbox's workspace cannot be restacked");
     for (int i = 0; i < JAIL_MAX_PROCS; i++) {
         struct jail_proc_slot *s = &conch_jail_warden.slots[i];
@@ -885,6 +901,8 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
             int up = -1;
             if (attach(plan, &m, fds, nfds, &up, &done.err) < 0)
                 done.type = JMSG_SETUP_ERR;
+            else if (conch_jail_warden.ws_on_disk)
+                upper_fd = up; /* a fork's: as a built sandbox's, released by a restack */
             done.a = up;
             if (conch_jail_send(ctl, &done, NULL, 0) < 0)
                 _exit(1);

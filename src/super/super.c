@@ -202,6 +202,19 @@ int conch_super_attach(struct conch_super *s, struct conch_super_req *q, const c
     return 0;
 }
 
+int conch_super_attach_stack(struct conch_super *s, struct conch_super_req *q,
+                             const struct conch_jail_restack *rs, dev_t ws_dev, ino_t ws_ino,
+                             struct conch_err *err)
+{
+    if (s->gone)
+        return conch_err_set(err, EPIPE, "the sandbox's warden is gone");
+    int r = conch_jail_send_attach_stack(s->jail, rs, ws_dev, ws_ino, err);
+    if (r < 0)
+        return r;
+    req_begin(s, q, CONCH_JAIL_ANSWER_ATTACH);
+    return 0;
+}
+
 int conch_super_release(struct conch_super *s, struct conch_super_req *q, struct conch_err *err)
 {
     if (s->gone)

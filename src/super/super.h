@@ -160,6 +160,11 @@ int conch_super_recycle(struct conch_super *s, struct conch_super_req *q, struct
 int conch_super_attach(struct conch_super *s, struct conch_super_req *q, const char *workspace,
                        dev_t ws_dev, ino_t ws_ino, enum conch_ws_mode mode, uint64_t disk_bytes,
                        struct conch_err *err);
+/* conch_super_attach_stack - conch_jail_send_attach_stack (a fork served by a pool sandbox),
+ * its answer routed to @q; same return convention. */
+int conch_super_attach_stack(struct conch_super *s, struct conch_super_req *q,
+                             const struct conch_jail_restack *rs, dev_t ws_dev, ino_t ws_ino,
+                             struct conch_err *err);
 
 /*
  * conch_super_release, conch_super_restack - conch_jail_send_release and conch_jail_send_restack

@@ -364,7 +364,8 @@ class ProtocolMethods:
     def sandbox_fork(self, *, sandbox: Optional[str] = None, snapshot: Optional[str] = None,
                      name: Optional[str] = None, force: Optional[bool] = None):
         """sandbox.fork -> the new sandbox, from a sandbox (snapshotted first) or a snapshot;
-        given both, the snapshot, which must be one of that sandbox's (else invalid_params)."""
+        given both, the snapshot, which must be one of that sandbox's (else invalid_params).
+        A fork served by a pre-built sandbox of the daemon's pool says ``"from_pool": True``."""
         return self._request("sandbox.fork", _params(sandbox=sandbox, snapshot=snapshot,
                                                      name=name, force=force))
 

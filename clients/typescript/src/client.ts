@@ -22,6 +22,10 @@ export interface SandboxInfo {
   commands: number;
   /** bytes the daemon holds for the sandbox now, charged to its budget */
   held: number;
+  /** the snapshot its workspace stands on, or null */
+  snapshot?: string | null;
+  /** a fork served by a pre-built sandbox of the daemon's pool (sandbox.fork) */
+  from_pool?: boolean;
   [key: string]: unknown;
 }
 
