@@ -567,3 +567,33 @@ def test_tenant_snapshots_and_forks_are_its_own(two_tenants):
     # the tenant's workspace holds nothing: what she wrote is in her sandboxes' upper dirs
     tws = os.path.join(d.state_dir, "tenant-workspaces", "alice")
     assert os.listdir(tws) == []
+
+
+def test_a_tenants_fork_is_never_served_from_the_pool(daemon_factory, tmp_path):
+    """With a pool, the owner's forks may be served from it (test_fork_pool.py); a tenant's
+    is built, so that it is recorded as the tenant's and its quotas hold. (A guard: the pool
+    path also refuses a tenant's workspace, which lies in the state dir; forkpool.c's fits()
+    says so outright.)"""
+    path = tmp_path / "tokens"
+    write_tokens(path, TOKENS)
+    d = daemon_factory(extra_args=["--tokens", str(path), "--pool", "2"])
+    a = d.client()
+    a.call("connection.auth", {"token": TOK_A})
+    q = d.client()
+    q.call("connection.auth", {"token": TOK_Q})
+    b = d.client()
+    b.call("connection.auth", {"token": TOK_B})
+    sb = a.call("sandbox.create", {}, timeout=60)["id"]
+    a.call("exec.run", {"sandbox": sb, "command": "echo alice > /workspace/f"}, timeout=60)
+    deadline = time.monotonic() + 60  # the pool ready to serve a fork
+    while d.client().call("daemon.ping", {})["pool_ready"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    f = a.call("sandbox.fork", {"sandbox": sb, "force": True}, timeout=60)
+    assert f["tenant"] == "alice" and not f.get("from_pool"), f
+    assert whole_error(b, "sandbox.get", {"id": f["id"]})["code"] == -32002
+    assert f["id"] in [s["id"] for s in a.call("sandbox.list", {})["sandboxes"]]
+    # the quota tenant: two sandboxes at most, forks included, pool or not
+    s1 = q.call("sandbox.create", {}, timeout=60)["id"]
+    q.call("sandbox.fork", {"sandbox": s1, "force": True}, timeout=60)
+    e = err_of(q, "sandbox.fork", {"sandbox": s1, "force": True}, timeout=60)
+    assert e.code == -32004 and "sandboxes" in str(e), e
