@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -51,9 +51,15 @@ static int gateway_opt(void *ctx, int key, const char *value, struct conch_err *
 
 int conch_cli_gateway(int argc, char **argv)
 {
-    /* Nothing of it to a core dump or to ptrace by its uid's other processes, and no fd of
-     * the daemon's (what it was exec'd with is closed before anything else). */
-    prctl(PR_SET_DUMPABLE, 0);
+    /* Nothing of it (the TLS key, tokens in flight) to a core dump, and no fd of the
+     * daemon's (what it was exec'd with is closed before anything else). It stays dumpable:
+     * the daemon admits a peer only once it has read the peer's /proc/PID/ns/user (a sandbox's
+     * process is refused), which a non-dumpable process of the same uid refuses to a daemon
+     * without CAP_SYS_PTRACE (an ordinary user's, or a container's with no capability: every
+     * connection was refused there). Being ptrace-able by its own uid gives nothing: a process
+     * of that uid may drive the daemon's socket as its owner anyway. */
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
     close_range(3, ~0U, 0);
     static const char usage[] = "usage: conch __gateway --socket PATH --listen HOST:PORT "
                                 "--tls-cert FILE --tls-key FILE [--max-connections N]\n"

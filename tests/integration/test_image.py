@@ -5,8 +5,9 @@
 # and driven from outside the container: a sandbox created and a command run in the
 # container's conch. `conch doctor` in the container names what podman's defaults lack.
 #
-# Until the gateway is merged the daemon is reached over its unix socket, bind-mounted out
-# of the container (LEAD: see "wss" below for the switch to the remote transport).
+# The daemon is reached both ways: over its unix socket, bind-mounted out of the container,
+# and over the remote transport (`conch serve --listen` on wss, a token and a certificate
+# made here), as a harness outside the pod reaches it.
 #
 # Time: the first build runs mmdebstrap (~2 min, most of it downloading ~40 MB of packages);
 # later ones reuse .deps/image/rootfs-KEY.tar and take ~10 s; the tests ~20 s more.
@@ -15,6 +16,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 
@@ -22,6 +24,9 @@ import pytest
 
 from conftest import IS_ROOT, REPO
 from rpcclient import Client
+from wsfixture import free_port, make_certs
+
+sys.path.insert(0, str(REPO / "clients" / "python"))
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +74,10 @@ def _run(args, timeout=120):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
 
 
+TOKEN = "image-test-token-" + uuid.uuid4().hex
+remote = {}  # the running container's wss URL and CA (served)
+
+
 @pytest.fixture
 def served(image, tmp_path):
     """conch serve in a container shaped like the pod: volumes for its state and socket
@@ -78,16 +87,26 @@ def served(image, tmp_path):
         d.mkdir()
         os.chmod(d, 0o1777 if d is tmp else 0o777)
     name = f"conch-test-{uuid.uuid4().hex[:8]}"
-    # LEAD (wss): when the gateway lands, add to these args
-    #   "-p", "127.0.0.1::8443" and, after the image name, "--listen", "0.0.0.0:8443",
-    #   "--tls-cert", ..., "--tls-key", ..., "--tokens", ... (files in a bind-mounted dir
-    #   owned by 10001, mode 0600), and drive the tests below over wss://127.0.0.1:PORT/rpc
-    #   with CONCH_TOKEN instead of the unix socket.
+    # The remote transport's files, as the pod's Secrets are given to it: owned by the
+    # image's user (10001), not readable by others. The host's network (the container's
+    # sandboxes still get their own): the test is the client outside.
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    ca, crt, key = make_certs(str(secrets))
+    (secrets / "tokens").write_text(f"admin {TOKEN}\n")
+    for f in ("tokens", "server.crt", "server.key"):
+        os.chown(secrets / f, 10001, 10001)
+        os.chmod(secrets / f, 0o600)
+    os.chmod(secrets, 0o755)
+    port = free_port()
     r = _run(_base_args() + NARROW + [
-        "-d", "--name", name, "--read-only",
+        "-d", "--name", name, "--read-only", "--network", "host",
         "-v", f"{state}:/var/lib/conch", "-v", f"{run}:/run/conch", "-v", f"{tmp}:/tmp",
+        "-v", f"{secrets}:/etc/conch:ro",
         image, "serve", "--socket", "/run/conch/sock/conch.sock",
-        "--state-dir", "/var/lib/conch/state", "--pool", "1"])
+        "--state-dir", "/var/lib/conch/state", "--pool", "1",
+        "--listen", f"127.0.0.1:{port}", "--tls-cert", "/etc/conch/server.crt",
+        "--tls-key", "/etc/conch/server.key", "--tokens", "/etc/conch/tokens"])
     assert r.returncode == 0, r.stdout + r.stderr
     sock = run / "sock" / "conch.sock"
     try:
@@ -96,6 +115,7 @@ def served(image, tmp_path):
             time.sleep(0.1)
         logs = _run(["podman", "logs", name]).stderr
         assert sock.exists(), f"no socket after 30 s; container logs:\n{logs}"
+        remote["url"], remote["ca"] = f"wss://127.0.0.1:{port}/rpc", ca
         yield name, str(sock)
     finally:
         _run(["podman", "rm", "-f", "-t", "5", name])
@@ -119,6 +139,30 @@ def test_a_command_runs_in_a_sandbox_of_the_containers_conch(served):
         assert int(nprocs) < 10, res["stdout"]
         assert py == "42" and img == "image" and hi == "hi", res["stdout"]
         c.call("sandbox.destroy", {"id": sb["id"]})
+
+
+def test_the_remote_transport_from_outside_the_container(served):
+    """conch's Python client on the host, over wss to the gateway in the container: the
+    container's daemon builds the sandbox and runs the command; a wrong token is refused."""
+    from conch_client import Client as ConchClient, ConchError, Sandbox
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            c = ConchClient.connect(url=remote["url"], token=TOKEN, ca=remote["ca"], timeout=30)
+            break
+        except (ConchError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    with c:
+        assert c.call("daemon.ping", {})["pid"] == 1
+        sb = Sandbox(c, c.sandbox_create())
+        r = sb.run("hostname; echo over wss $((6*7))")
+        assert r.exit_code == 0 and r.stdout == "conch\nover wss 42\n", r.text
+        sb.destroy()
+    with pytest.raises(Exception) as ei:
+        ConchClient.connect(url=remote["url"], token="wrong-" + TOKEN, ca=remote["ca"], timeout=30)
+    assert TOKEN not in str(ei.value)
 
 
 def test_the_sandbox_cannot_reach_the_daemon_or_the_container_root(served):
