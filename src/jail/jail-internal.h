@@ -28,9 +28,8 @@ struct conch_jail {
     struct conch_jail_ids ids; /* the block's claim, when the jail made it (owned) */
     bool as_root;
     bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
-    bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
+    int ws_tree_fd;          /* root mode: the idmapped workspace for the warden; owned */
     bool mounted_root_stage; /* a staging dir for --rootfs exists */
-    char stage_dir[256];
     char root_stage_dir[256];
     bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
     char upper_stage_dir[256];
@@ -339,6 +338,7 @@ struct conch_jail_warden {
      * every shepherd's namespace too. False where the kernel refused (the ready one is then
      * rebuilt). */
     bool ws_shared;
+    int ws_tree;      /* root mode: the idmapped workspace from the parent until attached, or -1 */
     bool ws_attached; /* a workspace was attached (until the recycle) */
     bool ws_released; /* JRESTACK_RELEASE unmounted /workspace; JRESTACK_MOUNT comes next */
 };

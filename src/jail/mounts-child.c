@@ -21,6 +21,7 @@
 
 #define OLDROOT "/oldroot"
 #define UPPER_MNT "/.conch-upper"
+#define LOWER_MNT "/.conch-lower"
 
 static int fail(struct conch_err *err, const char *what, const char *path, int e)
 {
@@ -315,19 +316,16 @@ static int mount_home(const struct jail_plan *plan, struct conch_err *err)
     return mount_agent_tmpfs(plan, "/home/agent", 0700, plan->home_bytes, err);
 }
 
-static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+static int build_workspace(const struct jail_plan *plan, const char *lower_dir, int *ret_upper_fd,
+                           struct conch_err *err)
 {
-    int r = make_dir("/workspace", 0755, err);
-    if (r < 0)
-        return r;
-    if (!plan->has_workspace)
-        return mount_workspace_tmpfs(plan, err);
+    int r;
     if (plan->ws_mode != CONCH_WS_OVERLAY)
-        return bind_mount(plan->ws_lower, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
+        return bind_mount(lower_dir, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
 
     struct stat lower;
-    if (stat(plan->ws_lower, &lower) < 0)
-        return fail(err, "stat workspace", plan->ws_lower, errno);
+    if (stat(lower_dir, &lower) < 0)
+        return fail(err, "stat workspace", lower_dir, errno);
     /* The upper: a directory kept on the host (the daemon: changes outlive the sandbox), or a
      * size-limited tmpfs that only this sandbox sees. */
     const char *base = plan->upper_on_disk ? plan->upper_dir : UPPER_MNT;
@@ -367,17 +365,17 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
     /* Frozen layers (snapshots) stack above the workspace, top first. */
     char ovl[3 * PATH_MAX + sizeof(plan->ws_layers) + 128];
     int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s%s,upperdir=%s,workdir=%s,userxattr",
-                     plan->ws_layers, plan->ws_lower, upper, work);
+                     plan->ws_layers, lower_dir, upper, work);
     /* mount(2) reads one page of options. */
     if (n < 0 || (size_t)n >= sizeof(ovl) || n >= 4096)
-        return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
+        return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", lower_dir);
     if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
         int e = errno;
         return conch_err_set(err, e,
                              "mount overlay on '/workspace' (lower '%s'): %s (overlayfs in a "
                              "user namespace needs Linux >= 5.11: see 'conch doctor', or use "
                              "--mode ro|rw)",
-                             plan->ws_lower, strerror(e));
+                             lower_dir, strerror(e));
     }
     int fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -386,6 +384,39 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
      * overlay mount of conch run: m<i>/ beside upper/); hide_upper detaches it then. */
     *ret_upper_fd = fd;
     return 0;
+}
+
+/* /workspace: the host workspace bound (ro, rw) or under an overlay, else a tmpfs. As host
+ * root the parent sent the idmapped tree of the workspace (conch_jail_warden.ws_tree): it is
+ * attached at LOWER_MNT only while /workspace is built from it, then detached (binds and the
+ * overlay hold their own references), so nothing later can reach or mount over it. */
+static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+{
+    int tree = conch_jail_warden.ws_tree;
+    conch_jail_warden.ws_tree = -1;
+    int r = make_dir("/workspace", 0755, err);
+    if (r < 0 || !plan->has_workspace) {
+        if (tree >= 0)
+            close(tree);
+        return r < 0 ? r : mount_workspace_tmpfs(plan, err);
+    }
+    /* Fail closed: as host root the path is the host's, not idmapped. */
+    if (tree < 0 && plan->root_mode)
+        return conch_err_set(err, EPROTO, "the workspace's idmapped mount did not arrive");
+    if (tree < 0)
+        return build_workspace(plan, plan->ws_lower, ret_upper_fd, err);
+    r = make_dir(LOWER_MNT, 0700, err);
+    if (r == 0)
+        r = conch_jail_stage_attach(tree, LOWER_MNT, err);
+    close(tree);
+    if (r < 0)
+        return r;
+    r = build_workspace(plan, LOWER_MNT, ret_upper_fd, err);
+    if (umount2(LOWER_MNT, MNT_DETACH) < 0 || rmdir(LOWER_MNT) < 0) {
+        if (r >= 0)
+            r = fail(err, "detach the workspace's lower", LOWER_MNT, errno);
+    }
+    return r;
 }
 
 /* Detach the tmpfs upper from the tree: commands cannot reach it; the overlays and the upper's

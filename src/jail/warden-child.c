@@ -706,11 +706,13 @@ __attribute__((noreturn)) void conch_jail_warden_main(const struct jail_plan *pl
     if (conch_jail_warden.reports == MAP_FAILED)
         _exit(1);
 
-    /* Wait until the parent wrote our id maps (and put us in the cgroup). */
+    /* Wait until the parent wrote our id maps (and put us in the cgroup). As host root, with
+     * a workspace, the go-ahead carries its idmapped tree (setup_workspace attaches it). */
     int fds[4];
     int nfds = 0;
-    if (conch_jail_recv(ctl, &m, fds, 0, &nfds, 0) < 0)
+    if (conch_jail_recv(ctl, &m, fds, 1, &nfds, 0) < 0)
         _exit(1);
+    conch_jail_warden.ws_tree = nfds == 1 ? fds[0] : -1;
     /* Become the namespace's own ids: until now we were unmapped kernel ids. */
     if (setresgid(plan->warden_gid, plan->warden_gid, plan->warden_gid) < 0 ||
         setresuid(plan->warden_uid, plan->warden_uid, plan->warden_uid) < 0) {
