@@ -520,12 +520,14 @@ int conch_jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64
 int conch_jail_restack_build_child(int blob, int ws, int *ret_mnt, int *ret_upper,
                                    struct conch_err *err);
 
-/* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
- * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
- * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
- * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
- * bounds its processes whatever their uids. No allocation. */
-int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
+/* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and,
+ * with @mask, mask it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends
+ * read-only). Used by the warden at setup and by each shepherd in its own mount namespace
+ * (always masked). @pid_max > 0: first set the namespace's pid_max (best effort: before Linux
+ * 6.14 it is global and the write fails), which bounds its processes whatever their uids. No
+ * allocation. */
+int conch_jail_proc_mount_child(const char *devnull, long pid_max, bool mask,
+                                struct conch_err *err);
 
 /* conch_jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
  * *@ret_st when not NULL), refusing a directory other than @dev/@ino when @ino is not 0: one
