@@ -141,10 +141,22 @@ def test_usr_and_etc_read_only(py, opts):
         res["etc_create"] = tr(lambda: write("/etc/{name}"))
         res["etc_passwd_append"] = tr(lambda: write("/etc/passwd", "evil::0:0::/:/bin/sh\\n", "a"))
         res["bin_create"] = tr(lambda: write("/bin/{name}"))
+        # The curated /etc's files: the host's contents, read-only even for the namespace's
+        # root (whatever they are made of: binds, or copies should they ever be).
+        res["etc_profile"] = open("/etc/profile").read()
+        res["etc_profile_append"] = tr(lambda: write("/etc/profile", "evil", "a"))
+        res["etc_profile_chmod"] = tr(lambda: os.chmod("/etc/profile", 0o4777))
+        res["etc_profile_chown"] = tr(lambda: os.chown("/etc/profile", 1000, 1000))
+        res["etc_profile_unlink"] = tr(lambda: os.unlink("/etc/profile"))
+        res["etc_profile_rename"] = tr(lambda: os.rename("/etc/profile", "/etc/p2"))
         print(json.dumps(res))
         """,
         *opts,
     )
+    with open("/etc/profile") as f:
+        assert val["etc_profile"] == f.read()
+    for k in ("append", "chmod", "chown", "unlink", "rename"):
+        assert val[f"etc_profile_{k}"] in (errno.EROFS, errno.EACCES, errno.EPERM), (k, val)
     assert val["usr_create"] == errno.EROFS, val
     assert val["usr_bin_create"] == errno.EROFS, val
     assert val["usr_chmod"] in (errno.EROFS, errno.EPERM), val
