@@ -168,6 +168,26 @@ def test_usr_and_etc_read_only(py, opts):
 
 
 @BOTH_MODES
+def test_workspace_source_not_left_in_the_tree(py, opts):
+    # As host root the workspace's idmapped tree comes to the warden by fd and is attached at
+    # /.conch-lower only while /workspace is built from it: no command may find it there, nor
+    # any other mount point than /workspace showing the workspace or the old root.
+    val = inside(
+        py,
+        """
+        res = {"lower": os.path.lexists("/.conch-lower"), "oldroot": os.path.lexists("/oldroot")}
+        res["points"] = [l.split()[4] for l in open("/proc/self/mountinfo")]
+        print(json.dumps(res))
+        """,
+        *opts,
+    )
+    assert not val["lower"] and not val["oldroot"], val
+    bad = [p for p in val["points"] if p.startswith(("/.conch", "/oldroot", "/run/conch/stage"))]
+    assert not bad, val["points"]
+    assert val["points"].count("/workspace") >= 1, val["points"]
+
+
+@BOTH_MODES
 def test_writable_places_are_writable(sh, ws, opts):
     # Sanity for the fences above: the sandbox is not simply read-only everywhere.
     r = sh("set -e; echo a > /workspace/w; echo b > /tmp/t; echo c > $HOME/h; cat /workspace/w /tmp/t $HOME/h", *opts)
