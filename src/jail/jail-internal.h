@@ -65,10 +65,16 @@ struct conch_jail {
 #define JAIL_MAX_BINDS 48
 #define JAIL_MAX_LINKS 8
 
-/* A read-only bind of a host path (as seen before pivot, under /oldroot) at @dst. */
+#define JAIL_BIND_SRC_MAX PATH_MAX /* with its NUL; a longer path is cut, as it always was */
+#define JAIL_BIND_DST_MAX 128
+
+/* A read-only bind of a host path (as seen before pivot, under /oldroot) at a path inside.
+ * Both paths are in the plan's bind_paths, packed (jail_bind_src/jail_bind_dst): a bind with
+ * its own PATH_MAX buffer started a new page of the plan each, a page fault in the parent per
+ * bind (40 of a conch run's ~360). */
 struct jail_bind {
-    char src[PATH_MAX];
-    char dst[128];
+    uint32_t src; /* offset of the host path in jail_plan.bind_paths */
+    uint32_t dst; /* offset of the path inside */
     bool is_dir;
     bool rw;
 };
@@ -91,6 +97,10 @@ struct jail_plan {
     uint64_t keep_caps; /* capabilities the command keeps (bitmask) */
     /* root filesystem */
     struct jail_bind binds[JAIL_MAX_BINDS];
+    uint32_t bind_paths_len;
+    /* Where jail_plan_pack (warden-exec.c) stops before the unused rest of bind_paths: keep
+     * bind_paths right before n_binds. */
+    char bind_paths[JAIL_MAX_BINDS * (JAIL_BIND_SRC_MAX + JAIL_BIND_DST_MAX)];
     int n_binds;
     struct jail_link links[JAIL_MAX_LINKS];
     int n_links;
@@ -157,6 +167,16 @@ struct jail_plan {
     enum conch_net_mode net;
     char resolv[2048];
 };
+
+static inline const char *jail_bind_src(const struct jail_plan *plan, const struct jail_bind *b)
+{
+    return plan->bind_paths + b->src;
+}
+
+static inline const char *jail_bind_dst(const struct jail_plan *plan, const struct jail_bind *b)
+{
+    return plan->bind_paths + b->dst;
+}
 
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries

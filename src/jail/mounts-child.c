@@ -645,13 +645,14 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
     }
     for (int i = 0; i < plan->n_binds; i++) {
         const struct jail_bind *b = &plan->binds[i];
-        if (plan->curated_etc && !strncmp(b->dst, "/etc/", 5)) {
-            r = b->is_dir ? make_dir(b->dst, 0755, err) : make_file(b->dst, err);
-            if (r < 0 || (r = do_mount(b->src, b->dst, NULL, MS_BIND | MS_REC, NULL, err)) < 0)
+        const char *src = jail_bind_src(plan, b), *dst = jail_bind_dst(plan, b);
+        if (plan->curated_etc && !strncmp(dst, "/etc/", 5)) {
+            r = b->is_dir ? make_dir(dst, 0755, err) : make_file(dst, err);
+            if (r < 0 || (r = do_mount(src, dst, NULL, MS_BIND | MS_REC, NULL, err)) < 0)
                 return r;
             continue;
         }
-        if ((r = bind_mount(b->src, b->dst, b->is_dir, b->rw, 0, err)) < 0)
+        if ((r = bind_mount(src, dst, b->is_dir, b->rw, 0, err)) < 0)
             return r;
     }
     if (plan->curated_etc) {
