@@ -188,6 +188,27 @@ def test_workspace_source_not_left_in_the_tree(py, opts):
 
 
 @BOTH_MODES
+def test_dev_is_nosuid_and_noexec(py, opts):
+    # The host's device nodes bound into /dev, and /dev itself: no set-id program and no
+    # program at all runs from there (one recursive mount_setattr, not a remount each).
+    val = inside(
+        py,
+        """
+        res = {}
+        for l in open("/proc/self/mountinfo"):
+            f = l.split()
+            if f[4] == "/dev" or f[4] in ("/dev/" + n for n in ("null", "zero", "full", "random", "urandom", "tty")):
+                res[f[4]] = f[5].split(",")
+        print(json.dumps(res))
+        """,
+        *opts,
+    )
+    assert len(val) == 7, val
+    for point, flags in val.items():
+        assert "nosuid" in flags and "noexec" in flags, (point, flags)
+
+
+@BOTH_MODES
 def test_writable_places_are_writable(sh, ws, opts):
     # Sanity for the fences above: the sandbox is not simply read-only everywhere.
     r = sh("set -e; echo a > /workspace/w; echo b > /tmp/t; echo c > $HOME/h; cat /workspace/w /tmp/t $HOME/h", *opts)
