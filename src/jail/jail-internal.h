@@ -188,7 +188,9 @@ enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
                         * fds [the tool bridge's listening socket] when asked for. The answer
                         * to the setup, a RECYCLE or an ATTACH: they are answered in the order
-                        * they were sent, in order with the events */
+                        * they were sent, in order with the events. parent → warden, once:
+                        * the go-ahead after the id maps; as host root with a workspace, fds
+                        * [its idmapped tree] (setup_workspace attaches it) */
     JMSG_SETUP_ERR,    /* warden → parent: err */
     JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
                         * fds [stdin, stdout, stderr, blob memfd] */
