@@ -28,9 +28,8 @@ struct conch_jail {
     struct conch_jail_ids ids; /* the block's claim, when the jail made it (owned) */
     bool as_root;
     bool has_cgroup;         /* limits are enforced by @cg (else rlimits) */
-    bool mounted_stage;      /* a staging dir for the idmapped workspace exists */
+    int ws_tree_fd;          /* root mode: the idmapped workspace for the warden; owned */
     bool mounted_root_stage; /* a staging dir for --rootfs exists */
-    char stage_dir[256];
     char root_stage_dir[256];
     bool mounted_upper_stage; /* a staging dir for the on-disk upper exists */
     char upper_stage_dir[256];
@@ -66,10 +65,16 @@ struct conch_jail {
 #define JAIL_MAX_BINDS 48
 #define JAIL_MAX_LINKS 8
 
-/* A read-only bind of a host path (as seen before pivot, under /oldroot) at @dst. */
+#define JAIL_BIND_SRC_MAX PATH_MAX /* with its NUL; a longer path is cut, as it always was */
+#define JAIL_BIND_DST_MAX 128
+
+/* A read-only bind of a host path (as seen before pivot, under /oldroot) at a path inside.
+ * Both paths are in the plan's bind_paths, packed (jail_bind_src/jail_bind_dst): a bind with
+ * its own PATH_MAX buffer started a new page of the plan each, a page fault in the parent per
+ * bind (40 of a conch run's ~360). */
 struct jail_bind {
-    char src[PATH_MAX];
-    char dst[128];
+    uint32_t src; /* offset of the host path in jail_plan.bind_paths */
+    uint32_t dst; /* offset of the path inside */
     bool is_dir;
     bool rw;
 };
@@ -92,6 +97,10 @@ struct jail_plan {
     uint64_t keep_caps; /* capabilities the command keeps (bitmask) */
     /* root filesystem */
     struct jail_bind binds[JAIL_MAX_BINDS];
+    uint32_t bind_paths_len;
+    /* Where jail_plan_pack (warden-exec.c) stops before the unused rest of bind_paths: keep
+     * bind_paths right before n_binds. */
+    char bind_paths[JAIL_MAX_BINDS * (JAIL_BIND_SRC_MAX + JAIL_BIND_DST_MAX)];
     int n_binds;
     struct jail_link links[JAIL_MAX_LINKS];
     int n_links;
@@ -159,6 +168,16 @@ struct jail_plan {
     char resolv[2048];
 };
 
+static inline const char *jail_bind_src(const struct jail_plan *plan, const struct jail_bind *b)
+{
+    return plan->bind_paths + b->src;
+}
+
+static inline const char *jail_bind_dst(const struct jail_plan *plan, const struct jail_bind *b)
+{
+    return plan->bind_paths + b->dst;
+}
+
 /* The warden protocol: typed, versioned, fixed-size messages over the SOCK_SEQPACKET control
  * socket (one message per packet, so a reader never sees half of one). Every message carries
  * JAIL_PROTO_VERSION; conch_jail_recv refuses any other, so a daemon and a warden built from
@@ -169,7 +188,9 @@ enum jail_msg_type {
     JMSG_SETUP_OK = 1, /* warden → parent: a = fd number of the upper dir or -1;
                         * fds [the tool bridge's listening socket] when asked for. The answer
                         * to the setup, a RECYCLE or an ATTACH: they are answered in the order
-                        * they were sent, in order with the events */
+                        * they were sent, in order with the events. parent → warden, once:
+                        * the go-ahead after the id maps; as host root with a workspace, fds
+                        * [its idmapped tree] (setup_workspace attaches it) */
     JMSG_SETUP_ERR,    /* warden → parent: err */
     JMSG_RUN,          /* parent → warden: id, timeout_ms, grace_ms;
                         * fds [stdin, stdout, stderr, blob memfd] */
@@ -346,6 +367,7 @@ struct conch_jail_warden {
      * every shepherd's namespace too. False where the kernel refused (the ready one is then
      * rebuilt). */
     bool ws_shared;
+    int ws_tree;      /* root mode: the idmapped workspace from the parent until attached, or -1 */
     bool ws_attached; /* a workspace was attached (until the recycle) */
     bool ws_released; /* JRESTACK_RELEASE unmounted /workspace; JRESTACK_MOUNT comes next */
     bool ws_on_disk;  /* a fork's stack was attached (JATTACH_ON_DISK): restackable */
@@ -528,12 +550,14 @@ int conch_jail_overlay_make(int lower, uid_t uid, gid_t gid, mode_t mode, uint64
 int conch_jail_restack_build_child(int blob, int ws, int *ret_mnt, int *ret_upper,
                                    struct conch_err *err);
 
-/* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and mask
- * it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends read-only). Used by the
- * warden at setup and by each shepherd in its own mount namespace. @pid_max > 0: first set the
- * namespace's pid_max (best effort: before Linux 6.14 it is global and the write fails), which
- * bounds its processes whatever their uids. No allocation. */
-int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err);
+/* conch_jail_proc_mount_child - mount a new procfs on /proc for the caller's pid namespace and,
+ * with @mask, mask it (kcore, sysrq-trigger, ... on @devnull; /proc/sys and friends
+ * read-only). Used by the warden at setup and by each shepherd in its own mount namespace
+ * (always masked). @pid_max > 0: first set the namespace's pid_max (best effort: before Linux
+ * 6.14 it is global and the write fails), which bounds its processes whatever their uids. No
+ * allocation. */
+int conch_jail_proc_mount_child(const char *devnull, long pid_max, bool mask,
+                                struct conch_err *err);
 
 /* conch_jail_open_workspace - open @path as @j's host workspace (host_ws_fd, its owner's ids;
  * *@ret_st when not NULL), refusing a directory other than @dev/@ino when @ino is not 0: one

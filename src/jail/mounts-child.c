@@ -21,6 +21,7 @@
 
 #define OLDROOT "/oldroot"
 #define UPPER_MNT "/.conch-upper"
+#define LOWER_MNT "/.conch-lower"
 
 static int fail(struct conch_err *err, const char *what, const char *path, int e)
 {
@@ -68,14 +69,18 @@ static int make_dir(const char *path, mode_t mode, struct conch_err *err)
     return 0;
 }
 
+/* An empty regular file to bind a file over: mknod makes it in one call, with no file opened
+ * and closed (27 of them on every sandbox's setup: /etc's files and /dev's nodes). A regular
+ * file already there will do; anything else there is an error, as open() made it. */
 static int make_file(const char *path, struct conch_err *err)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0444);
-    if (fd < 0 && errno != EEXIST)
-        return fail(err, "create", path, errno);
-    if (fd >= 0)
-        close(fd);
-    return 0;
+    if (mknod(path, S_IFREG | 0444, 0) == 0)
+        return 0;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+        return 0;
+    return fail(err, "create", path, e);
 }
 
 static int write_text(const char *path, const char *text, mode_t mode, struct conch_err *err)
@@ -170,7 +175,7 @@ static int bound_inotify(struct conch_err *err)
     return 0;
 }
 
-int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_err *err)
+int conch_jail_proc_mount_child(const char *devnull, long pid_max, bool mask, struct conch_err *err)
 {
     int r = make_dir("/proc", 0555, err);
     if (r < 0)
@@ -193,6 +198,8 @@ int conch_jail_proc_mount_child(const char *devnull, long pid_max, struct conch_
         if ((r = bound_inotify(err)) < 0)
             return r;
     }
+    if (!mask)
+        return 0;
     /* Masked as Docker and crun do: kernel memory, the sysrq trigger and timing/keys
      * files leak host state or act on the host. A path this kernel does not have is skipped
      * (ENOENT from the mount itself: a lookup first would cost a second walk of a fresh
@@ -257,9 +264,12 @@ static int setup_dev(struct conch_err *err)
         r = do_mount(src, dst, NULL, MS_BIND, NULL, err);
         if (r < 0)
             return r;
-        if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, NULL) < 0)
-            return fail(err, "remount nosuid", dst, errno);
     }
+    /* nosuid and noexec on all six at once, as on /etc (not one remount each); before
+     * devpts and /dev/shm, which have flags of their own. */
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC};
+    if (syscall(SYS_mount_setattr, AT_FDCWD, "/dev", AT_RECURSIVE, &attr, sizeof(attr)) < 0)
+        return fail(err, "make nosuid and noexec", "/dev", errno);
     r = make_dir("/dev/pts", 0755, err);
     if (r < 0 || (r = mount_devpts(err)) < 0)
         return r;
@@ -315,19 +325,16 @@ static int mount_home(const struct jail_plan *plan, struct conch_err *err)
     return mount_agent_tmpfs(plan, "/home/agent", 0700, plan->home_bytes, err);
 }
 
-static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+static int build_workspace(const struct jail_plan *plan, const char *lower_dir, int *ret_upper_fd,
+                           struct conch_err *err)
 {
-    int r = make_dir("/workspace", 0755, err);
-    if (r < 0)
-        return r;
-    if (!plan->has_workspace)
-        return mount_workspace_tmpfs(plan, err);
+    int r;
     if (plan->ws_mode != CONCH_WS_OVERLAY)
-        return bind_mount(plan->ws_lower, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
+        return bind_mount(lower_dir, "/workspace", true, plan->ws_mode == CONCH_WS_RW, 0, err);
 
     struct stat lower;
-    if (stat(plan->ws_lower, &lower) < 0)
-        return fail(err, "stat workspace", plan->ws_lower, errno);
+    if (stat(lower_dir, &lower) < 0)
+        return fail(err, "stat workspace", lower_dir, errno);
     /* The upper: a directory kept on the host (the daemon: changes outlive the sandbox), or a
      * size-limited tmpfs that only this sandbox sees. */
     const char *base = plan->upper_on_disk ? plan->upper_dir : UPPER_MNT;
@@ -367,17 +374,17 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
     /* Frozen layers (snapshots) stack above the workspace, top first. */
     char ovl[3 * PATH_MAX + sizeof(plan->ws_layers) + 128];
     int n = snprintf(ovl, sizeof(ovl), "lowerdir=%s%s,upperdir=%s,workdir=%s,userxattr",
-                     plan->ws_layers, plan->ws_lower, upper, work);
+                     plan->ws_layers, lower_dir, upper, work);
     /* mount(2) reads one page of options. */
     if (n < 0 || (size_t)n >= sizeof(ovl) || n >= 4096)
-        return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", plan->ws_lower);
+        return conch_err_set(err, ENAMETOOLONG, "workspace path too long: '%s'", lower_dir);
     if (mount("overlay", "/workspace", "overlay", MS_NOSUID | MS_NODEV, ovl) < 0) {
         int e = errno;
         return conch_err_set(err, e,
                              "mount overlay on '/workspace' (lower '%s'): %s (overlayfs in a "
                              "user namespace needs Linux >= 5.11: see 'conch doctor', or use "
                              "--mode ro|rw)",
-                             plan->ws_lower, strerror(e));
+                             lower_dir, strerror(e));
     }
     int fd = open(upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -386,6 +393,39 @@ static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, stru
      * overlay mount of conch run: m<i>/ beside upper/); hide_upper detaches it then. */
     *ret_upper_fd = fd;
     return 0;
+}
+
+/* /workspace: the host workspace bound (ro, rw) or under an overlay, else a tmpfs. As host
+ * root the parent sent the idmapped tree of the workspace (conch_jail_warden.ws_tree): it is
+ * attached at LOWER_MNT only while /workspace is built from it, then detached (binds and the
+ * overlay hold their own references), so nothing later can reach or mount over it. */
+static int setup_workspace(const struct jail_plan *plan, int *ret_upper_fd, struct conch_err *err)
+{
+    int tree = conch_jail_warden.ws_tree;
+    conch_jail_warden.ws_tree = -1;
+    int r = make_dir("/workspace", 0755, err);
+    if (r < 0 || !plan->has_workspace) {
+        if (tree >= 0)
+            close(tree);
+        return r < 0 ? r : mount_workspace_tmpfs(plan, err);
+    }
+    /* Fail closed: as host root the path is the host's, not idmapped. */
+    if (tree < 0 && plan->root_mode)
+        return conch_err_set(err, EPROTO, "the workspace's idmapped mount did not arrive");
+    if (tree < 0)
+        return build_workspace(plan, plan->ws_lower, ret_upper_fd, err);
+    r = make_dir(LOWER_MNT, 0700, err);
+    if (r == 0)
+        r = conch_jail_stage_attach(tree, LOWER_MNT, err);
+    close(tree);
+    if (r < 0)
+        return r;
+    r = build_workspace(plan, LOWER_MNT, ret_upper_fd, err);
+    if (umount2(LOWER_MNT, MNT_DETACH) < 0 || rmdir(LOWER_MNT) < 0) {
+        if (r >= 0)
+            r = fail(err, "detach the workspace's lower", LOWER_MNT, errno);
+    }
+    return r;
 }
 
 /* Detach the tmpfs upper from the tree: commands cannot reach it; the overlays and the upper's
@@ -612,13 +652,14 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
     }
     for (int i = 0; i < plan->n_binds; i++) {
         const struct jail_bind *b = &plan->binds[i];
-        if (plan->curated_etc && !strncmp(b->dst, "/etc/", 5)) {
-            r = b->is_dir ? make_dir(b->dst, 0755, err) : make_file(b->dst, err);
-            if (r < 0 || (r = do_mount(b->src, b->dst, NULL, MS_BIND | MS_REC, NULL, err)) < 0)
+        const char *src = jail_bind_src(plan, b), *dst = jail_bind_dst(plan, b);
+        if (plan->curated_etc && !strncmp(dst, "/etc/", 5)) {
+            r = b->is_dir ? make_dir(dst, 0755, err) : make_file(dst, err);
+            if (r < 0 || (r = do_mount(src, dst, NULL, MS_BIND | MS_REC, NULL, err)) < 0)
                 return r;
             continue;
         }
-        if ((r = bind_mount(b->src, b->dst, b->is_dir, b->rw, 0, err)) < 0)
+        if ((r = bind_mount(src, dst, b->is_dir, b->rw, 0, err)) < 0)
             return r;
     }
     if (plan->curated_etc) {
@@ -630,7 +671,13 @@ int conch_jail_mounts_setup_child(const struct jail_plan *plan, int *ret_upper_f
     for (int i = 0; i < plan->n_links; i++)
         if (symlink(plan->links[i].target, plan->links[i].path) < 0 && errno != EEXIST)
             return fail(err, "symlink", plan->links[i].path, errno);
-    if ((r = conch_jail_proc_mount_child(OLDROOT "/dev/null", plan->pid_max, err)) < 0 ||
+    /* Our /proc is seen only by us, by the file workers and JS workers we fork (which run
+     * in our mount and pid namespaces) and by a shepherd until it mounts its own, masked, for
+     * its command. Without file or JS workers (conch run) nothing runs under ours that is
+     * not us: it is not masked (18 mount calls less on conch run's path). It still has to be
+     * mounted: a shepherd may mount a new procfs only where one is fully visible. */
+    bool mask_proc = plan->file_handler || plan->js_server;
+    if ((r = conch_jail_proc_mount_child(OLDROOT "/dev/null", plan->pid_max, mask_proc, err)) < 0 ||
         (r = setup_dev(err)) < 0)
         return r;
 

@@ -525,7 +525,7 @@ __attribute__((noreturn)) static void shepherd(const struct jail_plan *plan, int
     if (conch_jail_warden.ws_shared && mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0) {
         conch_err_set(&err, errno, "start command: make its /workspace a slave mount: %s",
                       strerror(errno));
-    } else if (conch_jail_proc_mount_child("/dev/null", 0, &err) < 0) {
+    } else if (conch_jail_proc_mount_child("/dev/null", 0, true, &err) < 0) {
         conch_err_wrap(&err, "start command: mount its /proc");
     } else if (sfd < 0 || pipe2(gate, O_CLOEXEC) < 0 ||
                (stack = mmap(NULL, ZYGOTE_STACK + ZYGOTE_GUARD, PROT_READ | PROT_WRITE,

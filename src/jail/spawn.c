@@ -102,14 +102,14 @@ static int stage_tree(int tree, char *dir, size_t dir_size, const char *name, st
     return conch_jail_stage_attach(tree, dir, err);
 }
 
+/* The idmapped workspace is not staged in a mount namespace of ours: the tree is kept and
+ * sent to the warden with its go-ahead, which attaches it in its new root (setup_workspace).
+ * No private mount namespace, staging tmpfs or bind for it on conch run's path. */
 static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *spec,
                            struct conch_err *err)
 {
-    int r;
-    if ((r = conch_jail_stage_prepare(err)) < 0)
-        return r;
-    /* The tree is cloned by path (a mount of conch's former mount namespace, as host_ws_fd's
-     * is, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
+    /* The tree is cloned by path (a mount of another mount namespace, as host_ws_fd's may
+     * be, cannot be cloned here), then checked to be the very directory host_ws_fd is, which
      * was checked against the caller's record: a workspace swapped meanwhile is refused. */
     _cleanup_close_ int tree =
         conch_jail_idmapped_tree(spec->workspace, j->host_id_base, false, j->ws_owner_uid,
@@ -123,9 +123,7 @@ static int stage_workspace(struct conch_jail *j, const struct conch_jail_spec *s
                               "workspace '%s' changed while the sandbox was being built (it was "
                               "replaced, or swapped for a link): refusing it",
                               spec->workspace);
-    if ((r = stage_tree(tree, j->stage_dir, sizeof(j->stage_dir), j->name, err)) < 0)
-        return r;
-    j->mounted_stage = true;
+    j->ws_tree_fd = TAKE_FD(tree);
     return 0;
 }
 
@@ -152,11 +150,6 @@ static int stage_rootfs(struct conch_jail *j, const char *rootfs, struct conch_e
  * new warden's clone copied them all). */
 static void unstage(struct conch_jail *j)
 {
-    if (j->mounted_stage) {
-        umount2(j->stage_dir, MNT_DETACH);
-        rmdir(j->stage_dir);
-        j->mounted_stage = false;
-    }
     if (j->mounted_upper_stage) {
         umount2(j->upper_stage_dir, MNT_DETACH);
         rmdir(j->upper_stage_dir);
@@ -489,8 +482,8 @@ static int build_plan(struct conch_jail *j, const struct conch_jail_spec *spec,
     if (spec->workspace) {
         plan->has_workspace = true;
         plan->ws_mode = spec->ws_mode;
-        snprintf(plan->ws_lower, sizeof(plan->ws_lower), "/oldroot%s",
-                 j->root_mode ? j->stage_dir : spec->workspace);
+        /* Root mode: the warden attaches the tree we send it (ws_tree_fd) instead. */
+        snprintf(plan->ws_lower, sizeof(plan->ws_lower), "/oldroot%s", spec->workspace);
     }
     /* A process limit always holds: the cgroup's when one was asked for, else RLIMIT_NPROC
      * (counted per user namespace since Linux 5.14, so it bounds the sandbox's processes, not
@@ -612,7 +605,7 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     _cleanup_free_ struct jail_plan *plan = NULL;
     _cleanup_close_ int plan_fd = -1;
     j->ctl_fd = j->host_ws_fd = j->upper_fd_nr = j->ptc_fd = j->net_fd = j->pidfd = j->idmap_fd =
-        -1;
+        j->ws_tree_fd = -1;
     conch_jail_ids_init(&j->ids);
     j->root_mode = geteuid() == 0;
     j->restackable = spec->upper_dir && spec->workspace && spec->ws_mode == CONCH_WS_OVERLAY;
@@ -773,7 +766,10 @@ static int spawn_into(const struct conch_jail_spec *spec, struct conch_jail *j,
     if (j->root_mode)
         write_proc_file(j->warden_pid, "oom_score_adj", "-1000");
     struct jail_msg m = {.type = JMSG_SETUP_OK};
-    if ((r = conch_jail_send(j->ctl_fd, &m, NULL, 0)) < 0) {
+    r = conch_jail_send(j->ctl_fd, &m, &j->ws_tree_fd, j->ws_tree_fd >= 0 ? 1 : 0);
+    if (j->ws_tree_fd >= 0)
+        close(TAKE_FD(j->ws_tree_fd));
+    if (r < 0) {
         conch_err_set(err, -r, "start the warden: %s", strerror(-r));
         goto fail;
     }
@@ -968,6 +964,9 @@ void conch_jail_destroy(struct conch_jail *j)
     if (j->host_ws_fd >= 0)
         close(j->host_ws_fd);
     j->host_ws_fd = -1;
+    if (j->ws_tree_fd >= 0)
+        close(j->ws_tree_fd);
+    j->ws_tree_fd = -1;
     if (j->ptc_fd >= 0)
         close(j->ptc_fd);
     j->ptc_fd = -1;

@@ -28,8 +28,13 @@ static int add_bind(struct jail_plan *plan, const char *host, const char *dst, b
     if (plan->n_binds >= JAIL_MAX_BINDS)
         return conch_err_set(err, E2BIG, "too many mounts in the sandbox plan (at '%s')", dst);
     struct jail_bind *b = &plan->binds[plan->n_binds++];
-    snprintf(b->src, sizeof(b->src), "/oldroot%s", host);
-    snprintf(b->dst, sizeof(b->dst), "%s", dst);
+    /* Each bind takes at most JAIL_BIND_SRC_MAX + JAIL_BIND_DST_MAX of bind_paths: they fit. */
+    b->src = plan->bind_paths_len;
+    int n = snprintf(plan->bind_paths + b->src, JAIL_BIND_SRC_MAX, "/oldroot%s", host);
+    b->dst = b->src + (uint32_t)(n < JAIL_BIND_SRC_MAX ? n : JAIL_BIND_SRC_MAX - 1) + 1;
+    n = snprintf(plan->bind_paths + b->dst, JAIL_BIND_DST_MAX, "%s", dst);
+    plan->bind_paths_len =
+        b->dst + (uint32_t)(n < JAIL_BIND_DST_MAX ? n : JAIL_BIND_DST_MAX - 1) + 1;
     b->is_dir = is_dir;
     b->rw = false;
     return 0;

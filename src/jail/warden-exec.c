@@ -209,9 +209,12 @@ int conch_jail_plan_pack(const struct jail_plan *plan, struct conch_err *err)
         return conch_err_set(err, errno, "memfd_create: %s", strerror(errno));
     if (ftruncate(fd, (off_t)hdr.size) < 0)
         return conch_err_set(err, errno, "size the warden's plan: %s", strerror(errno));
-    /* The unused binds (most of the plan's 200 KiB) are zeros, as is the memfd: skipped. */
-    size_t binds_end =
-        offsetof(struct jail_plan, binds) + (size_t)plan->n_binds * sizeof(plan->binds[0]);
+    /* The unused bind paths (most of the plan's 200 KiB) are zeros, as is the memfd: skipped. */
+    size_t binds_end = offsetof(struct jail_plan, bind_paths) + plan->bind_paths_len;
+    _Static_assert(offsetof(struct jail_plan, n_binds) - offsetof(struct jail_plan, bind_paths) -
+                           sizeof(plan->bind_paths) <
+                       _Alignof(int),
+                   "nothing between bind_paths and n_binds: it would not be packed");
     size_t tail = offsetof(struct jail_plan, n_binds);
     if (pwrite_all(fd, &hdr, sizeof(hdr), 0) < 0 ||
         pwrite_all(fd, plan, binds_end, hdr.plan_off) < 0 ||

@@ -141,10 +141,22 @@ def test_usr_and_etc_read_only(py, opts):
         res["etc_create"] = tr(lambda: write("/etc/{name}"))
         res["etc_passwd_append"] = tr(lambda: write("/etc/passwd", "evil::0:0::/:/bin/sh\\n", "a"))
         res["bin_create"] = tr(lambda: write("/bin/{name}"))
+        # The curated /etc's files: the host's contents, read-only even for the namespace's
+        # root (whatever they are made of: binds, or copies should they ever be).
+        res["etc_profile"] = open("/etc/profile").read()
+        res["etc_profile_append"] = tr(lambda: write("/etc/profile", "evil", "a"))
+        res["etc_profile_chmod"] = tr(lambda: os.chmod("/etc/profile", 0o4777))
+        res["etc_profile_chown"] = tr(lambda: os.chown("/etc/profile", 1000, 1000))
+        res["etc_profile_unlink"] = tr(lambda: os.unlink("/etc/profile"))
+        res["etc_profile_rename"] = tr(lambda: os.rename("/etc/profile", "/etc/p2"))
         print(json.dumps(res))
         """,
         *opts,
     )
+    with open("/etc/profile") as f:
+        assert val["etc_profile"] == f.read()
+    for k in ("append", "chmod", "chown", "unlink", "rename"):
+        assert val[f"etc_profile_{k}"] in (errno.EROFS, errno.EACCES, errno.EPERM), (k, val)
     assert val["usr_create"] == errno.EROFS, val
     assert val["usr_bin_create"] == errno.EROFS, val
     assert val["usr_chmod"] in (errno.EROFS, errno.EPERM), val
@@ -153,6 +165,47 @@ def test_usr_and_etc_read_only(py, opts):
     assert val["bin_create"] in (errno.EROFS, errno.EACCES), val
     for d in ("/usr", "/usr/bin", "/etc", "/bin"):
         assert not os.path.exists(f"{d}/{name}")
+
+
+@BOTH_MODES
+def test_workspace_source_not_left_in_the_tree(py, opts):
+    # As host root the workspace's idmapped tree comes to the warden by fd and is attached at
+    # /.conch-lower only while /workspace is built from it: no command may find it there, nor
+    # any other mount point than /workspace showing the workspace or the old root.
+    val = inside(
+        py,
+        """
+        res = {"lower": os.path.lexists("/.conch-lower"), "oldroot": os.path.lexists("/oldroot")}
+        res["points"] = [l.split()[4] for l in open("/proc/self/mountinfo")]
+        print(json.dumps(res))
+        """,
+        *opts,
+    )
+    assert not val["lower"] and not val["oldroot"], val
+    bad = [p for p in val["points"] if p.startswith(("/.conch", "/oldroot", "/run/conch/stage"))]
+    assert not bad, val["points"]
+    assert val["points"].count("/workspace") >= 1, val["points"]
+
+
+@BOTH_MODES
+def test_dev_is_nosuid_and_noexec(py, opts):
+    # The host's device nodes bound into /dev, and /dev itself: no set-id program and no
+    # program at all runs from there (one recursive mount_setattr, not a remount each).
+    val = inside(
+        py,
+        """
+        res = {}
+        for l in open("/proc/self/mountinfo"):
+            f = l.split()
+            if f[4] == "/dev" or f[4] in ("/dev/" + n for n in ("null", "zero", "full", "random", "urandom", "tty")):
+                res[f[4]] = f[5].split(",")
+        print(json.dumps(res))
+        """,
+        *opts,
+    )
+    assert len(val) == 7, val
+    for point, flags in val.items():
+        assert "nosuid" in flags and "noexec" in flags, (point, flags)
 
 
 @BOTH_MODES
