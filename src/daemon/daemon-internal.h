@@ -272,6 +272,13 @@ struct daemon {
     bool activated; /* the listener came from systemd (LISTEN_FDS): not ours to unlink */
     uv_signal_t sigchld, sigterm, sigint;
     uv_timer_t pool_timer;
+    /* Active while a client's gathered lines wait for their flush (client.flush, a check
+     * handle, run after the loop's poll): an active idle handle makes that poll return at
+     * once. Without it, a line sent from a timer's callback (session_busy after its wait, a
+     * job.wait's timeout) waited for the next event, which a sandbox's sampling timer used to
+     * provide every 50 ms. */
+    uv_idle_t flush_kick;
+    bool flush_kick_ran; /* its callback ran once since started: a second time, it stops */
     struct conch_list clients;
     struct conch_list sandboxes;
     struct conch_list jobs;

@@ -310,7 +310,20 @@ void conch_daemon_client_flush(struct client *c)
 
 static void on_flush(uv_check_t *h)
 {
-    conch_daemon_client_flush(h->data);
+    struct client *c = h->data;
+    uv_idle_stop(&c->d->flush_kick); /* every client's check runs in this same phase */
+    conch_daemon_client_flush(c);
+}
+
+/* Only its being active matters (the poll does not wait); the flushes stop it. Should none
+ * run (the client closed meanwhile), it stops itself the second time round, rather than
+ * keeping the loop spinning. */
+static void on_flush_kick(uv_idle_t *h)
+{
+    struct daemon *d = h->data;
+    if (d->flush_kick_ran)
+        uv_idle_stop(h);
+    d->flush_kick_ran = true;
 }
 
 /* Send @line (taken over, @len bytes ending in '\n') to @c, enforcing its output limits. A
@@ -332,8 +345,11 @@ static void client_send_line(void *ctx, char *line, size_t len)
             conch_daemon_client_close(c);
             return;
         }
-        if (!uv_is_active((uv_handle_t *)&c->flush))
+        if (!uv_is_active((uv_handle_t *)&c->flush)) {
             uv_check_start(&c->flush, on_flush);
+            c->d->flush_kick_ran = false;
+            uv_idle_start(&c->d->flush_kick, on_flush_kick);
+        }
     } else {
         conch_daemon_client_flush(c);
         client_write(c, line, len);
@@ -813,6 +829,8 @@ int conch_daemon_run(const struct conch_daemon_opts *o, struct conch_err *err)
     uv_signal_start(&d->sigint, on_stop_signal, SIGINT);
     uv_timer_init(&d->loop, &d->pool_timer);
     d->pool_timer.data = d;
+    uv_idle_init(&d->loop, &d->flush_kick);
+    d->flush_kick.data = d;
 
     r = o->stdio ? serve_stdio(d, err) : listen_socket(d, err);
     if (r < 0)

@@ -342,7 +342,9 @@ def test_run_waits_for_a_program_typed_in_raw_mode(rpc, session, daemon):
     w.call("session.write", {"session": sid, "data": "sleep 100\n"})
     time.sleep(0.2)
     with pytest.raises(RpcError) as ei:
-        run(rpc, sid, "echo never")
+        # answered after the daemon's 2 s wait, from a timer; the program holds the terminal
+        # for 100 s, and an answer that waited for the loop's next event came only then
+        rpc.call("session.run", {"session": sid, "command": "echo never"}, timeout=60)
     assert ei.value.data_code == "session_busy", ei.value
     w.call("session.signal", {"session": sid, "signal": "INT"})
     assert out(run(rpc, sid, "echo back")) == "back\n"
