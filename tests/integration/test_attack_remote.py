@@ -1,0 +1,108 @@
+# test_attack_remote.py - holes found attacking the remote transport and tenants from outside
+# (issue 21): what a tenant's connection (a remote client, authenticated with
+# connection.auth) could reach of the daemon's host that docs/PROTOCOL.md, "Tenants", says is
+# not the tenant's.
+import http.server
+import json
+import threading
+
+import pytest
+
+from rpcclient import RpcError
+
+TOK_A = "alice-token-0123456789abcdef"
+TOKENS = f"alice {TOK_A}\n"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"a service of the daemon's host"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def host_service():
+    """An HTTP server on the host's loopback: a service of the daemon's host, not the tenant's."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+@pytest.fixture
+def tenant_daemon(daemon_factory, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    hosts = tmp_path / "hosts"
+    # a name of the tenant's choosing that resolves into the host's networks (as a public name
+    # it controls could, or "localhost", or a cloud's metadata name)
+    hosts.write_text("127.0.0.1 intranet.test\n")
+    return daemon_factory(extra_args=["--pool", "0", "--tokens", str(tokens),
+                                      "--net-hosts", str(hosts)])
+
+
+# Every way a command may ask the proxy for the host's loopback service, as one JSON object
+# of {name: http status} ("000": no answer).
+PROBE = r'''
+import json, subprocess, sys
+P = int(sys.argv[1])
+out = {}
+for name, url in (("ip", f"http://127.0.0.1:{P}/"), ("name", f"http://intranet.test:{P}/"),
+                  ("v6mapped", f"http://[::ffff:127.0.0.1]:{P}/")):
+    p = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--noproxy", "",
+                        "-x", "http://127.0.0.1:3128", url], capture_output=True, text=True,
+                       timeout=60)
+    out[name] = p.stdout
+print(json.dumps(out))
+'''
+
+RULES = ["127.0.0.1:{p}", "intranet.test:{p}", "[::ffff:127.0.0.1]:{p}"]
+
+
+def probe(rpc, sb, port):
+    r = rpc.call("exec.run", {"sandbox": sb, "command": f"python3 -c '{PROBE}' {port}",
+                              "timeout": 120}, timeout=150)
+    assert r["exit_code"] == 0, r
+    return json.loads(r["stdout"])
+
+
+def test_a_tenants_allow_rules_reach_no_address_of_the_hosts_networks(tenant_daemon,
+                                                                      host_service):
+    """A rule naming an internal address exactly (127.0.0.1:P, a name resolving to it) lets
+    the owner's sandbox reach the host's loopback (the owner's machine, the owner's choice),
+    but a tenant brings no resource of the daemon's host: its sandbox's proxy refuses every
+    internal address, by rule at create, by network.set later, and in its forks (the host's
+    loopback services; in a pod, the cloud's metadata address 169.254.169.254)."""
+    d, port = tenant_daemon, host_service
+    rules = [r.format(p=port) for r in RULES]
+    owner = d.client()
+    mine = owner.call("sandbox.create", {"allow": rules})["id"]
+    assert set(probe(owner, mine, port).values()) == {"200"}
+
+    a = d.client()
+    assert a.call("connection.auth", {"token": TOK_A})["tenant"] == "alice"
+    sb = a.call("sandbox.create", {"allow": rules})["id"]
+    got = probe(a, sb, port)
+    assert got == {"ip": "403", "name": "403", "v6mapped": "403"}, got
+    log = a.call("network.log", {"sandbox": sb})["records"]
+    assert log and not any(rec["allowed"] and not rec.get("error") and rec.get("bytes_in")
+                           for rec in log), log
+    # rules given later, and a fork's copy of them
+    sb2 = a.call("sandbox.create", {"allow": ["example.invalid"]})["id"]
+    a.call("network.set", {"sandbox": sb2, "allow": rules})
+    assert set(probe(a, sb2, port).values()) == {"403"}
+    fork = a.call("sandbox.fork", {"sandbox": sb})["id"]
+    assert set(probe(a, fork, port).values()) == {"403"}
+    # and a refusal says why, naming no rule to add (none would help)
+    r = a.call("exec.run", {"sandbox": sb, "command": "curl -sS --noproxy '' -x "
+                            f"http://127.0.0.1:3128 http://127.0.0.1:{port}/"}, timeout=60)
+    assert "tenant" in r["stdout"] and "internal address" in r["stdout"], r
+    with pytest.raises(RpcError):
+        a.call("sandbox.get", {"id": mine})
