@@ -11,7 +11,8 @@ import pytest
 from rpcclient import RpcError
 
 TOK_A = "alice-token-0123456789abcdef"
-TOKENS = f"alice {TOK_A}\n"
+TOK_Q = "quota-token-0123456789abcdef"
+TOKENS = f"alice {TOK_A}\nquota {TOK_Q} sandboxes=2 memory=256M\n"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -106,3 +107,28 @@ def test_a_tenants_allow_rules_reach_no_address_of_the_hosts_networks(tenant_dae
     assert "tenant" in r["stdout"] and "internal address" in r["stdout"], r
     with pytest.raises(RpcError):
         a.call("sandbox.get", {"id": mine})
+
+
+def test_a_tenants_tmpfs_mounts_stay_within_its_memory_quota(tenant_daemon):
+    """Tmpfs mounts are memory. /tmp was held to half the sandbox's memory limit, but a
+    tenant's `mounts` of type tmpfs (the kind it may have) kept their size: 8 of 8 GiB under
+    a 256M quota. Without a memory cgroup (the unprivileged daemon's rlimits) nothing else
+    bounded them, so a tenant filled the host's RAM past its quota; with one, a full mount
+    kept the sandbox's cgroup out of memory for good. Together they now hold at most half."""
+    d = tenant_daemon
+    q = d.client()
+    q.call("connection.auth", {"token": TOK_Q})
+    sb = q.call("sandbox.create", {"mounts": [{"type": "tmpfs", "target": f"/d{i}", "size": "8g"}
+                                              for i in range(8)]})["id"]
+    # its memory: the quota's share, 128M
+    r = q.call("exec.run", {"sandbox": sb, "command": "df -B1 --output=size /d0 /d1 /d2 /d3 "
+                            "/d4 /d5 /d6 /d7 | tail -n +2"}, timeout=60)
+    sizes = [int(x) for x in r["stdout"].split()]
+    assert len(sizes) == 8, r
+    assert sum(sizes) <= (64 << 20) + 8 * (64 << 10), sizes
+    # and what is written there stops at that
+    r = q.call("exec.run", {"sandbox": sb, "command": "for i in 0 1 2 3 4 5 6 7; do "
+                            "for j in 1 2 3 4 5 6; do head -c 8M /dev/zero > /d$i/f$j 2>/dev/null;"
+                            " done; done; du -scB1 /d0 /d1 /d2 /d3 /d4 /d5 /d6 /d7 | tail -1",
+                            "timeout": 120}, timeout=150)
+    assert int(r["stdout"].split()[0]) <= (64 << 20) + 8 * (64 << 10), r
