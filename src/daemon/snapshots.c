@@ -432,6 +432,31 @@ static json_t *layer_json(const struct conch_state_layer *l)
 
 /* Freeze @sb's upper into a new layer (its warden stopped meanwhile) and stack @sb on it.
  * The new record in *@ret. */
+/* A tenant's snapshots outlive its sandboxes and are no sandbox's changes: with a disk quota,
+ * their sizes and the changes a new one would freeze (as last measured) add up to at most
+ * the quota (else snapshot after snapshot filled the daemon's disk past it). */
+static int tenant_snapshots_admit(struct sandbox *sb, struct layers *ls, struct conch_err *err)
+{
+    uint64_t quota = sb->tenant[0] ? conch_daemon_tenant_disk_quota(sb->d, sb->tenant) : 0;
+    if (!quota)
+        return 0;
+    uint64_t held = 0;
+    char t[80];
+    for (size_t i = 0; i < ls->n; i++) {
+        layer_tenant(&ls->list[i], t, sizeof(t));
+        if (!strcmp(t, sb->tenant))
+            held += ls->list[i].size;
+    }
+    if (held + sb->disk_charged <= quota)
+        return 0;
+    return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                          "tenant '%s': quota disk=%llu bytes: its snapshots hold %llu and this "
+                          "one would freeze %llu more: delete some first "
+                          "(workspace.snapshot_delete)",
+                          sb->tenant, (unsigned long long)quota, (unsigned long long)held,
+                          (unsigned long long)sb->disk_charged);
+}
+
 static int take(struct sandbox *sb, const char *name, bool force, struct conch_state_layer *ret,
                 struct conch_err *err)
 {
@@ -457,6 +482,10 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
         layers_done(&ls);
         return conch_err_set(err, ENOENT, "sandbox '%s': its snapshot '%s' is not recorded", sb->id,
                              sb->layer);
+    }
+    if ((r = tenant_snapshots_admit(sb, &ls, err)) < 0) {
+        layers_done(&ls);
+        return r;
     }
     /* overlayfs stacks a bounded number of layers: past the bound the new layer is the whole
      * stack squashed into one (a copy of the layers, not of the workspace). Layers written

@@ -12,7 +12,8 @@ from rpcclient import RpcError
 
 TOK_A = "alice-token-0123456789abcdef"
 TOK_Q = "quota-token-0123456789abcdef"
-TOKENS = f"alice {TOK_A}\nquota {TOK_Q} sandboxes=2 memory=256M\n"
+TOK_D = "disk-token-0123456789abcdef00"
+TOKENS = f"alice {TOK_A}\nquota {TOK_Q} sandboxes=2 memory=256M\ndisk {TOK_D} disk=64M\n"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -132,3 +133,44 @@ def test_a_tenants_tmpfs_mounts_stay_within_its_memory_quota(tenant_daemon):
                             " done; done; du -scB1 /d0 /d1 /d2 /d3 /d4 /d5 /d6 /d7 | tail -1",
                             "timeout": 120}, timeout=150)
     assert int(r["stdout"].split()[0]) <= (64 << 20) + 8 * (64 << 10), r
+
+
+def test_a_tenants_snapshots_stay_within_its_disk_quota(tenant_daemon):
+    """A snapshot freezes a sandbox's changes into a layer of the daemon's and resets what the
+    sandbox's disk limit counts; the layer outlives the sandbox. So 20M written, snapshot,
+    again and again, filled the daemon's disk past a 64M disk quota (120M after six rounds,
+    and on after the sandbox was destroyed). The tenant's snapshots now add up to at most its
+    quota (give or take what one measurement has not seen yet), and deleting one makes room."""
+    d = tenant_daemon
+    t = d.client()
+    t.call("connection.auth", {"token": TOK_D})
+    sb = t.call("sandbox.create", {"disk": 48 << 20})["id"]
+    refused = None
+    for i in range(6):
+        r = t.call("exec.run", {"sandbox": sb, "command": f"head -c 20M /dev/urandom > f{i}",
+                                "timeout": 60}, timeout=90)
+        assert r["exit_code"] == 0, r
+        try:
+            t.call("workspace.snapshot", {"sandbox": sb}, timeout=60)
+        except RpcError as e:
+            refused = e
+            break
+    assert refused is not None, "six snapshots of 20M each under a 64M disk quota"
+    assert refused.code == -32004 and "quota disk" in refused.message, refused
+    snaps = t.call("workspace.snapshots", {})["snapshots"]
+    assert sum(s["size"] for s in snaps) <= (64 + 20) << 20, snaps
+    # a fork from the sandbox snapshots it first: refused alike
+    with pytest.raises(RpcError) as ei:
+        t.call("sandbox.fork", {"sandbox": sb}, timeout=60)
+    assert ei.value.code == -32004
+    # the snapshots outlive the sandbox, and still count
+    t.call("sandbox.destroy", {"id": sb}, timeout=60)
+    sb = t.call("sandbox.create", {"disk": 48 << 20})["id"]
+    t.call("exec.run", {"sandbox": sb, "command": "head -c 20M /dev/urandom > g"}, timeout=90)
+    with pytest.raises(RpcError) as ei:
+        t.call("workspace.snapshot", {"sandbox": sb}, timeout=60)
+    assert ei.value.code == -32004
+    # room made: the snapshot is taken
+    for s in t.call("workspace.snapshots", {})["snapshots"][::-1]:
+        t.call("workspace.snapshot_delete", {"snapshot": s["id"]}, timeout=60)
+    assert t.call("workspace.snapshot", {"sandbox": sb}, timeout=60)["size"] >= 20 << 20
