@@ -432,29 +432,43 @@ static json_t *layer_json(const struct conch_state_layer *l)
 
 /* Freeze @sb's upper into a new layer (its warden stopped meanwhile) and stack @sb on it.
  * The new record in *@ret. */
-/* A tenant's snapshots outlive its sandboxes and are no sandbox's changes: with a disk quota,
- * their sizes and the changes a new one would freeze (as last measured) add up to at most
- * the quota (else snapshot after snapshot filled the daemon's disk past it). */
+/* A tenant's snapshots outlive its sandboxes and are no sandbox's changes. At most
+ * TENANT_SNAPSHOTS_MAX of them (an empty one is a rename: thousands a second, and every
+ * snapshot, fork and restore reads every layer's record on the loop); with a disk quota,
+ * their sizes (each at least a block: its directory) and the changes a new one would freeze
+ * (as last measured) add up to at most the quota (else snapshot after snapshot filled the
+ * daemon's disk past it). */
+#define TENANT_SNAPSHOTS_MAX 1000
+#define SNAPSHOT_MIN_BYTES 4096ULL
+
 static int tenant_snapshots_admit(struct sandbox *sb, struct layers *ls, struct conch_err *err)
 {
-    uint64_t quota = sb->tenant[0] ? conch_daemon_tenant_disk_quota(sb->d, sb->tenant) : 0;
-    if (!quota)
+    if (!sb->tenant[0])
         return 0;
-    uint64_t held = 0;
+    uint64_t held = 0, quota = conch_daemon_tenant_disk_quota(sb->d, sb->tenant);
+    unsigned n = 0;
     char t[80];
     for (size_t i = 0; i < ls->n; i++) {
         layer_tenant(&ls->list[i], t, sizeof(t));
-        if (!strcmp(t, sb->tenant))
-            held += ls->list[i].size;
+        if (strcmp(t, sb->tenant))
+            continue;
+        n++;
+        held += ls->list[i].size > SNAPSHOT_MIN_BYTES ? ls->list[i].size : SNAPSHOT_MIN_BYTES;
     }
-    if (held + sb->disk_charged <= quota)
+    if (n >= TENANT_SNAPSHOTS_MAX)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                              "tenant '%s': %u snapshots, the most a tenant may keep: delete "
+                              "some first (workspace.snapshot_delete)",
+                              sb->tenant, n);
+    uint64_t more = sb->disk_charged > SNAPSHOT_MIN_BYTES ? sb->disk_charged : SNAPSHOT_MIN_BYTES;
+    if (!quota || held + more <= quota)
         return 0;
     return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
                           "tenant '%s': quota disk=%llu bytes: its snapshots hold %llu and this "
                           "one would freeze %llu more: delete some first "
                           "(workspace.snapshot_delete)",
                           sb->tenant, (unsigned long long)quota, (unsigned long long)held,
-                          (unsigned long long)sb->disk_charged);
+                          (unsigned long long)more);
 }
 
 static int take(struct sandbox *sb, const char *name, bool force, struct conch_state_layer *ret,
