@@ -420,12 +420,17 @@ static int restack_mount(struct sandbox *sb, const char *frozen, struct conch_er
     return r;
 }
 
+/* A tenant's workspace is a path of the daemon's (tenant-workspaces/...), shown to no one:
+ * not to a tenant, as in sandbox.get (an answer from the sandbox's queue has no viewer). */
 static json_t *layer_json(const struct conch_state_layer *l)
 {
-    return json_pack("{s:s,s:s?,s:s?,s:s,s:s,s:I,s:I,s:i,s:f}", "id", l->id, "name",
+    char t[80];
+    layer_tenant(l, t, sizeof(t));
+    const char *ws = t[0] ? NULL : l->workspace;
+    return json_pack("{s:s,s:s?,s:s?,s:s,s:s?,s:I,s:I,s:i,s:f}", "id", l->id, "name",
                      l->name[0] ? l->name : NULL, "parent", l->parent[0] ? l->parent : NULL,
-                     "sandbox", l->sandbox, "workspace", l->workspace, "size", (json_int_t)l->size,
-                     "files", (json_int_t)l->files, "depth", l->depth, "created_at", l->created_at);
+                     "sandbox", l->sandbox, "workspace", ws, "size", (json_int_t)l->size, "files",
+                     (json_int_t)l->files, "depth", l->depth, "created_at", l->created_at);
 }
 
 /* ---- snapshot ---- */

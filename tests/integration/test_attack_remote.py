@@ -208,3 +208,22 @@ def test_a_tenant_keeps_a_bounded_number_of_snapshots(tenant_daemon, tmp_path):
     a.call("workspace.snapshot_delete", {"snapshot": snaps[-1]["id"]}, timeout=60)
     sb = a.call("sandbox.create", {})["id"]
     a.call("workspace.snapshot", {"sandbox": sb}, timeout=60)
+
+
+def test_a_tenants_snapshots_name_no_path_of_the_daemon(tenant_daemon, tmp_path):
+    """sandbox.get hides a tenant's workspace (a directory of the daemon's state dir), but its
+    snapshots showed it: `"workspace": "<state>/tenant-workspaces/alice"`."""
+    d = tenant_daemon
+    a = d.client()
+    a.call("connection.auth", {"token": TOK_A})
+    sb = a.call("sandbox.create", {})["id"]
+    snap = a.call("workspace.snapshot", {"sandbox": sb}, timeout=60)
+    fork = a.call("sandbox.fork", {"sandbox": sb}, timeout=60)
+    listed = a.call("workspace.snapshots", {})["snapshots"]
+    for obj in (snap, fork, *listed, a.call("sandbox.get", {"id": fork["id"]})):
+        assert str(d.state_dir) not in json.dumps(obj) and "tenant-workspaces" not in json.dumps(obj), obj
+    # the owner's keep theirs
+    (tmp_path / "ws").mkdir()
+    owner = d.client()
+    mine = owner.call("sandbox.create", {"workspace": str(tmp_path / "ws")})["id"]
+    assert owner.call("workspace.snapshot", {"sandbox": mine}, timeout=60)["workspace"] == str(tmp_path / "ws")
