@@ -227,3 +227,95 @@ def test_a_tenants_snapshots_name_no_path_of_the_daemon(tenant_daemon, tmp_path)
     owner = d.client()
     mine = owner.call("sandbox.create", {"workspace": str(tmp_path / "ws")})["id"]
     assert owner.call("workspace.snapshot", {"sandbox": mine}, timeout=60)["workspace"] == str(tmp_path / "ws")
+
+
+@pytest.fixture
+def mcp_server(tenant_daemon, tmp_path):
+    """conch mcp --listen (default --max-body, 32M) in front of the tenants' daemon:
+    (port, ssl context)."""
+    import re
+    import ssl
+    import subprocess
+    import time
+
+    from conftest import CONCH_BIN
+    from wsfixture import make_certs
+
+    ca, cert, key = make_certs(str(tmp_path))
+    errf = open(tmp_path / "mcp.log", "w+")
+    p = subprocess.Popen([CONCH_BIN, "mcp", "--listen", "127.0.0.1:0", "--tls-cert", cert,
+                          "--tls-key", key, "--socket", tenant_daemon.sock],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf)
+    port = None
+    deadline = time.monotonic() + 30
+    while port is None and time.monotonic() < deadline:
+        errf.seek(0)
+        m = re.search(r"https://127\.0\.0\.1:(\d+)/mcp", errf.read())
+        port = int(m.group(1)) if m else None
+        assert p.poll() is None, open(errf.name).read()
+        time.sleep(0.05)
+    assert port, "conch mcp --listen did not start"
+    yield port, ssl.create_default_context(cafile=ca)
+    p.terminate()
+    p.wait(timeout=30)
+    errf.close()
+
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}}
+
+
+def test_mcp_bodies_of_no_session_cannot_hold_the_servers_budget(mcp_server):
+    """conch mcp --listen buffers request bodies up to 4 x --max-body (128M) at once and
+    answers 503 past that; the token of a request of no session (an initialize) is only
+    checked with the daemon once its body is in. So four clients with no token at all,
+    each sending 32M slowly, had every other request answered 503 (sessions' included). A
+    request of no session now has at most 64 KiB of body (413 past it), and those together a
+    quarter of the budget."""
+    import http.client
+    import socket
+
+    port, ctx = mcp_server
+
+    def post(body, sid=None, token=TOK_A):
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=60)
+        h = {"Content-Type": "application/json", "Accept": "application/json",
+             "Authorization": f"Bearer {token}"}
+        if sid:
+            h["Mcp-Session-Id"] = sid
+        c.request("POST", "/mcp", body=json.dumps(body).encode(), headers=h)
+        r = c.getresponse()
+        r.read()
+        c.close()
+        return r.status, r.getheader("Mcp-Session-Id")
+
+    st, sid = post(INIT)
+    assert st == 200 and sid
+    size = 32 << 20
+    holders, refused = [], set()
+    for i in range(4):
+        t = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                            server_hostname="127.0.0.1")
+        holders.append(t)
+        t.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer nobody\r\n"
+                  b"Content-Type: application/json\r\nAccept: application/json\r\n"
+                  b"Content-Length: " + str(size).encode() + b"\r\n\r\n")
+        try:
+            t.sendall(b" " * (size - 100))  # all but the end: the body stays pending
+        except OSError:
+            refused.add(i)  # answered and closed while it sent
+    try:
+        assert post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid=sid)[0] == 200
+        assert post(INIT)[0] == 200
+        for i, t in enumerate(holders):
+            t.settimeout(5)
+            try:
+                if b" 413 " in t.recv(4096):
+                    refused.add(i)
+            except OSError:
+                pass
+        assert len(refused) == 4, "32M bodies of no session were taken in"
+    finally:
+        for t in holders:
+            t.close()
