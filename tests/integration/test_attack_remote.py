@@ -319,3 +319,57 @@ def test_mcp_bodies_of_no_session_cannot_hold_the_servers_budget(mcp_server):
     finally:
         for t in holders:
             t.close()
+
+
+def listeners(port):
+    """The local addresses listening on TCP @port in this network namespace, as text."""
+    import socket
+    import struct
+
+    found = []
+    for fam, path in ((socket.AF_INET, "/proc/net/tcp"), (socket.AF_INET6, "/proc/net/tcp6")):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                local, st = line.split()[1], line.split()[3]
+                addr, p = local.split(":")
+                if st != "0A" or int(p, 16) != port:
+                    continue
+                raw = bytes.fromhex(addr)
+                # the kernel prints each 32-bit word in host order
+                raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0])
+                               for i in range(0, len(raw), 4))
+                found.append(socket.inet_ntop(fam, raw))
+    return found
+
+
+def test_listen_on_loopback_is_served_on_loopback_only(daemon_factory, tmp_path):
+    """`conch serve --listen 127.0.0.1:PORT` served the gateway on every interface (`*:PORT`,
+    an IPv6 wildcard socket): a daemon its operator meant to reach only from this machine (or
+    through a local proxy) was open to the network."""
+    import socket
+    import time
+    import urllib.request
+
+    from wsfixture import make_certs
+
+    ca, cert, key = make_certs(str(tmp_path))
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    daemon_factory(extra_args=["--pool", "0", "--tokens", str(tokens), "--listen",
+                               f"127.0.0.1:{port}", "--tls-cert", cert, "--tls-key", key])
+    ctx = __import__("ssl").create_default_context(cafile=ca)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx,
+                                        timeout=5) as r:
+                assert r.read().strip() == b"ok"
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the gateway never answered"
+            time.sleep(0.1)
+    assert listeners(port) == ["127.0.0.1"], listeners(port)
