@@ -1,7 +1,10 @@
-# test_attack_remote.py - holes found attacking the remote transport and tenants from outside
-# (issue 21): what a tenant's connection (a remote client, authenticated with
-# connection.auth) could reach of the daemon's host that docs/PROTOCOL.md, "Tenants", says is
-# not the tenant's.
+# test_attack_remote.py - holes found attacking the remote transport, tenants and conch mcp
+# --listen from outside (issue 21): what a tenant's connection (a remote client, authenticated
+# with connection.auth) could reach of the daemon's host (its loopback services, its state
+# dir's paths), hold past its quotas (tmpfs memory, snapshots on disk and without end), and
+# what a client without a token could do (hold conch mcp's bodies' budget; reach a gateway
+# meant for loopback from the network). Runs as root and as an unprivileged user (the tmpfs
+# bound matters most there: rlimits bound no tmpfs).
 import http.server
 import json
 import threading
