@@ -59,6 +59,8 @@ void conch_daemon_net_listen(struct sandbox *sb)
         log_error("sandbox %s: network proxy: %s", sb->id, err.msg);
         return;
     }
+    /* A tenant's rules may name no address of the host's networks (tenants.c). */
+    conch_net_proxy_set_public_only(sb->proxy, sb->tenant[0] != '\0');
     conch_daemon_sandbox_hold(sb); /* released by on_proxy_closed */
     if (conch_net_proxy_listen(sb->proxy, fd, &err) < 0) {
         /* Its commands reach nothing (the listener is gone): the allow mode fails closed. */

@@ -420,18 +420,62 @@ static int restack_mount(struct sandbox *sb, const char *frozen, struct conch_er
     return r;
 }
 
+/* A tenant's workspace is a path of the daemon's (tenant-workspaces/...), shown to no one:
+ * not to a tenant, as in sandbox.get (an answer from the sandbox's queue has no viewer). */
 static json_t *layer_json(const struct conch_state_layer *l)
 {
-    return json_pack("{s:s,s:s?,s:s?,s:s,s:s,s:I,s:I,s:i,s:f}", "id", l->id, "name",
+    char t[80];
+    layer_tenant(l, t, sizeof(t));
+    const char *ws = t[0] ? NULL : l->workspace;
+    return json_pack("{s:s,s:s?,s:s?,s:s,s:s?,s:I,s:I,s:i,s:f}", "id", l->id, "name",
                      l->name[0] ? l->name : NULL, "parent", l->parent[0] ? l->parent : NULL,
-                     "sandbox", l->sandbox, "workspace", l->workspace, "size", (json_int_t)l->size,
-                     "files", (json_int_t)l->files, "depth", l->depth, "created_at", l->created_at);
+                     "sandbox", l->sandbox, "workspace", ws, "size", (json_int_t)l->size, "files",
+                     (json_int_t)l->files, "depth", l->depth, "created_at", l->created_at);
 }
 
 /* ---- snapshot ---- */
 
 /* Freeze @sb's upper into a new layer (its warden stopped meanwhile) and stack @sb on it.
  * The new record in *@ret. */
+/* A tenant's snapshots outlive its sandboxes and are no sandbox's changes. At most
+ * TENANT_SNAPSHOTS_MAX of them (an empty one is a rename: thousands a second, and every
+ * snapshot, fork and restore reads every layer's record on the loop); with a disk quota,
+ * their sizes (each at least a block: its directory) and the changes a new one would freeze
+ * (as last measured) add up to at most the quota (else snapshot after snapshot filled the
+ * daemon's disk past it). */
+#define TENANT_SNAPSHOTS_MAX 1000
+#define SNAPSHOT_MIN_BYTES 4096ULL
+
+static int tenant_snapshots_admit(struct sandbox *sb, struct layers *ls, struct conch_err *err)
+{
+    if (!sb->tenant[0])
+        return 0;
+    uint64_t held = 0, quota = conch_daemon_tenant_disk_quota(sb->d, sb->tenant);
+    unsigned n = 0;
+    char t[80];
+    for (size_t i = 0; i < ls->n; i++) {
+        layer_tenant(&ls->list[i], t, sizeof(t));
+        if (strcmp(t, sb->tenant))
+            continue;
+        n++;
+        held += ls->list[i].size > SNAPSHOT_MIN_BYTES ? ls->list[i].size : SNAPSHOT_MIN_BYTES;
+    }
+    if (n >= TENANT_SNAPSHOTS_MAX)
+        return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                              "tenant '%s': %u snapshots, the most a tenant may keep: delete "
+                              "some first (workspace.snapshot_delete)",
+                              sb->tenant, n);
+    uint64_t more = sb->disk_charged > SNAPSHOT_MIN_BYTES ? sb->disk_charged : SNAPSHOT_MIN_BYTES;
+    if (!quota || held + more <= quota)
+        return 0;
+    return conch_err_setk(err, CONCH_ERR_LIMIT, EDQUOT,
+                          "tenant '%s': quota disk=%llu bytes: its snapshots hold %llu and this "
+                          "one would freeze %llu more: delete some first "
+                          "(workspace.snapshot_delete)",
+                          sb->tenant, (unsigned long long)quota, (unsigned long long)held,
+                          (unsigned long long)more);
+}
+
 static int take(struct sandbox *sb, const char *name, bool force, struct conch_state_layer *ret,
                 struct conch_err *err)
 {
@@ -457,6 +501,10 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
         layers_done(&ls);
         return conch_err_set(err, ENOENT, "sandbox '%s': its snapshot '%s' is not recorded", sb->id,
                              sb->layer);
+    }
+    if ((r = tenant_snapshots_admit(sb, &ls, err)) < 0) {
+        layers_done(&ls);
+        return r;
     }
     /* overlayfs stacks a bounded number of layers: past the bound the new layer is the whole
      * stack squashed into one (a copy of the layers, not of the workspace). Layers written

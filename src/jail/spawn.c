@@ -276,6 +276,7 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
 {
     if (spec->n_mounts > CONCH_SPEC_MOUNTS_MAX)
         return conch_err_set(err, E2BIG, "at most %d mounts", CONCH_SPEC_MOUNTS_MAX);
+    uint64_t tmpfs_left = spec->limits.memory_bytes / 2; /* tmpfs is memory: as /tmp */
     for (unsigned i = 0; i < spec->n_mounts; i++) {
         const struct conch_mount *m = &spec->mounts[i];
         int r = conch_mount_check(m, err);
@@ -285,6 +286,10 @@ static int plan_mounts(struct conch_jail *j, const struct conch_jail_spec *spec,
         pm->type = (int)m->type;
         pm->rw = m->rw;
         pm->bytes = m->bytes;
+        if (m->type == CONCH_MOUNT_TMPFS && spec->limits.memory_bytes && pm->bytes > tmpfs_left)
+            pm->bytes = tmpfs_left > CONCH_SPEC_SIZE_MIN ? tmpfs_left : CONCH_SPEC_SIZE_MIN;
+        if (m->type == CONCH_MOUNT_TMPFS) /* (not 0 above: 0 would be no limit) */
+            tmpfs_left -= pm->bytes < tmpfs_left ? pm->bytes : tmpfs_left;
         snprintf(pm->dst, sizeof(pm->dst), "%s", m->target);
         /* Its upper sits beside the workspace's (on disk, or in the overlay workspace's tmpfs) */
         if (m->type == CONCH_MOUNT_OVERLAY && !plan->upper_on_disk &&

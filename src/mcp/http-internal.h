@@ -33,7 +33,8 @@ struct req {
     char peer[64];                         /* the client's address */
     bool is_init;                          /* carries initialize */
     bool body_pending;                     /* a body is announced and not all in */
-    char *body;                            /* owned */
+    bool trusted; /* names a live session opened with its token (else: nobody known yet) */
+    char *body;   /* owned */
     size_t body_len, body_cap;
     /* Waiting for the session's answer: */
     struct hsess *sess;
@@ -82,10 +83,11 @@ struct srv {
     bool loopback;
     json_t *tools_list;
     struct hsess *sessions;
-    unsigned n_sessions; /* live */
-    unsigned n_authing;  /* opening */
-    unsigned n_alive;    /* session objects not yet freed (any state) */
-    size_t body_bytes;   /* allocated for request bodies, all requests */
+    unsigned n_sessions;    /* live */
+    unsigned n_authing;     /* opening */
+    unsigned n_alive;       /* session objects not yet freed (any state) */
+    size_t body_bytes;      /* allocated for request bodies, all requests */
+    size_t untrusted_bytes; /* of which for requests of no session yet (http.c, UNTRUSTED_*) */
     lws_sorted_usec_list_t sweep;
 };
 

@@ -28,6 +28,12 @@
  * least. */
 #define MAX_BODIES(v) ((v)->h->max_body * 4 > (64u << 20) ? (v)->h->max_body * 4 : (64u << 20))
 #define SANDBOX_GRACE_S 600 /* a session's sandbox idles this much longer than the session */
+/* A request of no live session of its token (an initialize, or anyone's guess) is not known
+ * to come from a tenant until the daemon says so, after its body: its body may be at most
+ * UNTRUSTED_BODY_MAX, and all of them together a quarter of MAX_BODIES, so that clients
+ * without a token cannot hold the bodies' budget (every request answered 503). */
+#define UNTRUSTED_BODY_MAX (64u << 10)
+#define UNTRUSTED_BODIES(v) (MAX_BODIES(v) / 4)
 
 static volatile sig_atomic_t stop_signal;
 
@@ -455,6 +461,8 @@ static void drop_body(struct srv *v, struct req *r)
     r->body = NULL;
     if (v)
         v->body_bytes -= r->body_cap;
+    if (v && !r->trusted)
+        v->untrusted_bytes -= r->body_cap;
     r->body_len = r->body_cap = 0;
 }
 
@@ -558,6 +566,8 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
         lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, 60);
         if (conch_mcp_http_headers(v, r, (const char *)in) || r->answered)
             return 0;
+        struct hsess *s = r->sid[0] ? find_session(v, r->sid) : NULL;
+        r->trusted = s && !CRYPTO_memcmp(s->tok_hash, r->tok_hash, sizeof(s->tok_hash));
         if (r->method == REQ_DELETE) /* no body */
             conch_mcp_http_handle(v, r, NULL);
         else if (!r->body_pending) /* an empty body */
@@ -567,16 +577,23 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
     case LWS_CALLBACK_HTTP_BODY:
         if (r->answered || r->method != REQ_POST)
             return 0;
-        if (r->body_len + len > v->h->max_body) {
+        size_t cap_max =
+            r->trusted || v->h->max_body < UNTRUSTED_BODY_MAX ? v->h->max_body : UNTRUSTED_BODY_MAX;
+        if (r->body_len + len > cap_max) {
             r->close_after = true;
-            conch_mcp_http_fail(r, 413, -32600, "request body too large");
+            drop_body(v, r);
+            conch_mcp_http_fail(r, 413, -32600,
+                                r->trusted ? "request body too large"
+                                           : "request body too large for a request of no "
+                                             "session (an initialize): at most 64 KiB");
             return 0;
         }
         if (r->body_len + len + 1 > r->body_cap) {
             size_t cap = r->body_cap ? r->body_cap : 4096;
             while (cap < r->body_len + len + 1)
                 cap *= 2;
-            if (v->body_bytes - r->body_cap + cap > MAX_BODIES(v)) {
+            if (v->body_bytes - r->body_cap + cap > MAX_BODIES(v) ||
+                (!r->trusted && v->untrusted_bytes - r->body_cap + cap > UNTRUSTED_BODIES(v))) {
                 r->close_after = true;
                 drop_body(v, r);
                 conch_mcp_http_fail(r, 503, -32603,
@@ -591,6 +608,8 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
             }
             r->body = b;
             v->body_bytes += cap - r->body_cap;
+            if (!r->trusted)
+                v->untrusted_bytes += cap - r->body_cap;
             r->body_cap = cap;
         }
         memcpy(r->body + r->body_len, in, len);

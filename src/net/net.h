@@ -177,6 +177,12 @@ int conch_net_proxy_new(uv_loop_t *loop, const struct conch_net_policy *policy,
                         const struct conch_net_proxy_ops *ops, void *ctx,
                         struct conch_net_proxy **ret, struct conch_err *err);
 
+/* conch_net_proxy_set_public_only - with @on, connect to no internal address
+ * (conch_net_addr_internal: loopback, private, link-local, ...), not even one a rule names
+ * exactly: a tenant's sandbox (docs/ARCHITECTURE.md, "Tenants") must not reach the daemon
+ * host's own networks (its loopback services, a cloud's metadata address). */
+void conch_net_proxy_set_public_only(struct conch_net_proxy *px, bool on);
+
 /* conch_net_proxy_listen - accept connections on @fd (a listening TCP socket, taken). */
 int conch_net_proxy_listen(struct conch_net_proxy *px, int fd, struct conch_err *err);
 

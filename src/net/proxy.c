@@ -52,6 +52,7 @@ struct conch_net_proxy {
     unsigned n_conns;
     unsigned handles; /* listener + connections not freed yet */
     bool freeing;
+    bool public_only; /* no internal address, whatever the rules (a tenant's sandbox) */
     /* Pipe buffers kept for the next read (still charged): a 64 KiB malloc and free per read
      * made glibc trim and grow its heap each time, page faults included. */
     struct wreq *spare[SPARE_MAX];
@@ -577,6 +578,16 @@ static void connect_to(struct conn *c, const struct sockaddr *sa)
         uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
         snprintf(c->rec.address, sizeof(c->rec.address), "%s:%u", ip, port);
     }
+    if (conch_net_addr_internal((struct sockaddr *)&ss) && c->px->public_only) {
+        char why[300];
+        snprintf(why, sizeof(why),
+                 "%.100s resolves to an internal address (%s): a tenant's sandbox reaches no "
+                 "address of the daemon host's own networks (loopback, private, link-local), "
+                 "whatever its rules",
+                 c->req.host, ip);
+        deny(c, why);
+        return;
+    }
     if (conch_net_addr_internal((struct sockaddr *)&ss) && !c->verdict.exact) {
         char why[300];
         snprintf(why, sizeof(why),
@@ -803,6 +814,11 @@ int conch_net_proxy_new(uv_loop_t *loop, const struct conch_net_policy *policy,
     }
     *ret = px;
     return 0;
+}
+
+void conch_net_proxy_set_public_only(struct conch_net_proxy *px, bool on)
+{
+    px->public_only = on;
 }
 
 static void on_listener_closed(uv_handle_t *h)

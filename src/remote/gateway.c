@@ -680,6 +680,10 @@ int conch_remote_gateway_run(const struct conch_remote_opts *o, struct conch_err
     info.user = &g;
     info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT |
                    LWS_SERVER_OPTION_FAIL_UPON_UNABLE_TO_BIND | LWS_SERVER_OPTION_VALIDATE_UTF8;
+    /* An IPv4 address: libwebsockets 4.1 with IPv6 on binds an IPv6 socket and, finding no
+     * IPv6 form of the address, the wildcard: 127.0.0.1 was served on every interface. */
+    if (!strchr(host, ':'))
+        info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
     info.ssl_cert_filepath = o->tls_cert;
     info.ssl_private_key_filepath = o->tls_key;
     info.ssl_options_set = SSL_OP_NO_SSLv3 | SSL_OP_NO_TLSv1 | SSL_OP_NO_TLSv1_1;

@@ -57,7 +57,7 @@ JAIL_FILES = {
     "test_attack_today", "test_attack_features", "test_js_daemon", "test_snapshots",
     "test_mounts", "test_network", "test_since", "test_path_rules", "test_sockets",
     "test_attack_today2", "test_store", "test_fs_copy", "test_overlay_mount", "test_attack_today3",
-    "test_run_mounts", "test_fork_pool", "test_remote_e2e",
+    "test_run_mounts", "test_fork_pool", "test_remote_e2e", "test_attack_remote",
 }
 DAEMON_CODE_FILES = {
     "test_bridge", "test_bridge_attack", "test_cli", "test_cli_daemon", "test_daemon_badinput",
@@ -72,7 +72,7 @@ DAEMON_CODE_FILES = {
     "test_cli_lifecycle", "test_cli_cp", "test_attack_today", "test_attack_features", "test_snapshots",
     "test_mounts", "test_network", "test_since", "test_path_rules", "test_sockets",
     "test_attack_today2", "test_store", "test_fs_copy", "test_overlay_mount", "test_attack_today3",
-    "test_run_mounts", "test_tenants", "test_remote_clients", "test_mcp_http", "test_remote", "test_remote_e2e", "test_fork_pool",
+    "test_run_mounts", "test_tenants", "test_attack_remote", "test_remote_clients", "test_mcp_http", "test_remote", "test_remote_e2e", "test_fork_pool",
 }
 # Files that only the root pass runs: what they test is the same in every mode and below the
 # daemon's C code (in-sandbox clients, the terminal UI, service units), or it is a stress test.
