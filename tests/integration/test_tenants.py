@@ -186,20 +186,20 @@ def test_sighup_reload(tenants, tmp_path):
         finally:
             c.close()
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a reload is at once; a loaded machine waits
     while not old_refused():
         assert time.monotonic() < deadline, d.log()
         time.sleep(0.1)
     assert auth(new_a).call("daemon.ping", {})["tenant"] == "alice"
     # bob is gone from the file, alice's token changed: their connections were closed; the
     # admin's token is the same: its connection stays
-    b.wait_eof(timeout=10)
-    old_a.wait_eof(timeout=10)
+    b.wait_eof(timeout=30)
+    old_a.wait_eof(timeout=30)
     assert adm.call("daemon.ping", {})["tenant"] == "admin"
     # a bad file on reload keeps the table in force, and says why
     write_tokens(path, f"alice {new_a}\n", 0o644)
     os.kill(d.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a reload is at once; a loaded machine waits
     while "not reloaded" not in d.log():
         assert time.monotonic() < deadline, d.log()
         time.sleep(0.1)
