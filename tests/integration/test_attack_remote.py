@@ -181,9 +181,13 @@ def test_a_tenants_snapshots_stay_within_its_disk_quota(tenant_daemon):
             refused = e
             break
     assert refused is not None and refused.code == -32004, refused
-    # room made: the snapshot is taken
+    # room made: the snapshot is taken (the sandbox goes first: it may stand on a snapshot
+    # taken above, which could then not be deleted)
+    t.call("sandbox.destroy", {"id": sb}, timeout=60)
     for s in t.call("workspace.snapshots", {})["snapshots"][::-1]:
         t.call("workspace.snapshot_delete", {"snapshot": s["id"]}, timeout=60)
+    sb = t.call("sandbox.create", {"disk": 48 << 20})["id"]
+    t.call("exec.run", {"sandbox": sb, "command": "head -c 20M /dev/urandom > h"}, timeout=90)
     assert t.call("workspace.snapshot", {"sandbox": sb}, timeout=60)["size"] >= 20 << 20
 
 
