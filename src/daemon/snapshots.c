@@ -337,13 +337,22 @@ static void restack_done(struct conch_super_req *q, int r, const struct conch_er
  * made when needed. */
 static bool restack_ok(struct sandbox *sb)
 {
-    if (sb->state != SB_READY || !sb->jail || sb->super.gone || sb->n_rules ||
-        !conch_jail_can_restack(sb->jail) || !conch_list_empty(&sb->runs) ||
-        !conch_list_empty(&sb->files) || conch_daemon_js_count(sb) > 0)
-        return false;
+    /* Why not, in the log: a restart loses /tmp and what runs, so one that nothing running
+     * asked for is worth knowing of. */
+    const char *why = sb->state != SB_READY || !sb->jail || sb->super.gone ? "not running"
+                      : sb->n_rules                                        ? "path rules"
+                      : !conch_jail_can_restack(sb->jail)                  ? "its warden cannot"
+                      : !conch_list_empty(&sb->runs)                       ? "a command runs"
+                      : !conch_list_empty(&sb->files)                      ? "a file request runs"
+                      : conch_daemon_js_count(sb) > 0                      ? "a JS session is open"
+                                                                           : NULL;
     char sess[8];
-    if (conch_daemon_sessions_live(sb, sess, sizeof(sess)) > 0)
+    if (!why && conch_daemon_sessions_live(sb, sess, sizeof(sess)) > 0)
+        why = "a session is open";
+    if (why) {
+        log_info("sandbox %s: restarted for a snapshot or restore: %s", sb->id, why);
         return false;
+    }
     /* The new upper takes the old one's owner and mode: there must be one. */
     char rel[128];
     struct conch_err oerr = {0};
@@ -352,8 +361,10 @@ static bool restack_ok(struct sandbox *sb)
     if (fd < 0)
         return false;
     close(fd);
-    if (!conch_daemon_file_pool_retire_idle(sb))
+    if (!conch_daemon_file_pool_retire_idle(sb)) {
+        log_info("sandbox %s: restarted for a snapshot or restore: a file worker is busy", sb->id);
         return false;
+    }
     conch_daemon_js_drop_spare(sb);
     return true;
 }
@@ -560,7 +571,7 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
     struct conch_err ferr = {0};
     bool fast = restack_ok(sb) && restack_step(sb, NULL, &ferr) >= 0;
     if (ferr.msg[0])
-        log_debug("sandbox %s: a snapshot with a restart: %s", sb->id, ferr.msg);
+        log_info("sandbox %s: a snapshot with a restart: %s", sb->id, ferr.msg);
     bool was_running =
         ferr.code == ETIMEDOUT || (!fast && stop_for(sb, "a snapshot restarts the sandbox"));
     char raw[80];
@@ -685,7 +696,7 @@ json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct
     struct conch_err ferr = {0};
     bool fast = upper >= 0 && restack_ok(sb) && restack_step(sb, NULL, &ferr) >= 0;
     if (ferr.msg[0])
-        log_debug("sandbox %s: a restore with a restart: %s", sb->id, ferr.msg);
+        log_info("sandbox %s: a restore with a restart: %s", sb->id, ferr.msg);
     bool was_running =
         ferr.code == ETIMEDOUT || (!fast && stop_for(sb, "a restore restarts the sandbox"));
     int r = upper >= 0 ? conch_ws_upper_clear(upper, err) : 0;
