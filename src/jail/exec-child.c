@@ -8,6 +8,7 @@
 #include <linux/capability.h>
 #include <linux/close_range.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -49,7 +50,8 @@ long conch_jail_warden_clone(struct jail_exec *x)
         return syscall(SYS_clone, flags, NULL, NULL, NULL, 0);
     int slots[3], devnull;
     x->fd_top = -1;
-    if (conch_jail_spawn_slots(slots, &devnull) && dup3(x->ctl_fd, slots[0], O_CLOEXEC) >= 0 &&
+    bool have_slots = conch_jail_spawn_slots(slots, &devnull);
+    if (have_slots && dup3(x->ctl_fd, slots[0], O_CLOEXEC) >= 0 &&
         dup3(x->plan_fd, slots[1], O_CLOEXEC) >= 0 && dup3(x->exe_fd, slots[2], O_CLOEXEC) >= 0) {
         x->ctl_fd = slots[0];
         x->plan_fd = slots[1];
@@ -62,9 +64,12 @@ long conch_jail_warden_clone(struct jail_exec *x)
     if (pid == 0)
         conch_jail_warden_exec_child(x);
     int saved = errno;
-    if (x->fd_top >= 0)
+    /* The slots hold /dev/null again, also after a dup3 that failed half way: a slot left
+     * holding the warden's end of its control socket would keep the daemon from ever seeing
+     * that socket's EOF. */
+    if (have_slots)
         for (int i = 0; i < 3; i++)
-            dup3(devnull, slots[i], O_CLOEXEC); /* the slots hold /dev/null again */
+            dup3(devnull, slots[i], O_CLOEXEC);
     errno = saved;
     return pid;
 }

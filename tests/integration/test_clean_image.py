@@ -193,3 +193,46 @@ def test_a_binary_replaced_on_disk_does_not_matter(daemon_factory, ws):
     assert rpc.call("exec.run", {"sandbox": sb, "command": "echo ok"})["stdout"] == "ok\n"
     got = rpc.call("fs.read", {"sandbox": sb, "path": "a.txt"}, timeout=30)
     assert "alpha" in str(got)
+
+
+def _fd_targets(pid):
+    """{fd: what it names} in /proc/<pid>/fd ("socket:[INO]", a path, "pipe:[INO]"...).
+    anon_inode files (eventfd, signalfd, epoll) all name one shared inode: left out."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if not t.startswith("anon_inode:"):
+            out[int(fd)] = t
+    return out
+
+
+def test_a_warden_holds_no_file_of_the_daemons(daemon_factory, ws):
+    """A warden's clone shares the daemon's fd table until its first act, a close_range that
+    keeps only the fds below three slots (jail/exec-child.c): it must end up with none of the
+    daemon's listening socket, clients, state database or other sandboxes' control sockets,
+    and the daemon must keep all of its own (a child closing in a shared table would take
+    them from it)."""
+    d = daemon_factory(extra_args=["--pool", "0"])
+    c = d.client()
+    first = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    before = _fd_targets(d.pid)
+    others = [d.client() for _ in range(3)]  # more of the daemon's fds: client sockets
+    for o in others:
+        o.call("daemon.ping", {})
+    held = set(_fd_targets(d.pid).values()) - {"/dev/null"}
+    old_wardens = _wardens(d)
+    new = c.call("sandbox.create", {"workspace": str(ws)})["id"]
+    assert c.call("exec.run", {"sandbox": new, "command": "echo ok"})["stdout"] == "ok\n"
+    (warden,) = _wardens(d) - old_wardens
+    assert any(t.startswith("socket:") for t in held), held  # the premise: sockets to leak
+    leaked = {fd: t for fd, t in _fd_targets(warden).items() if t in held}
+    assert not leaked, f"warden {warden} holds the daemon's files: {leaked}"
+    # the daemon kept every fd it had before the clone, and still serves on all of them
+    after = _fd_targets(d.pid)
+    assert all(after.get(fd) == t for fd, t in before.items()), (before, after)
+    for o in others:
+        assert o.call("daemon.ping", {})
+    assert c.call("exec.run", {"sandbox": first, "command": "echo still"})["stdout"] == "still\n"
