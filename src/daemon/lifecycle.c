@@ -500,6 +500,13 @@ void conch_sb_set_state(struct sandbox *sb, enum sandbox_state to, const char *w
         d->n_pooled--;
     else if (!was_pool && sandbox_in_pool(sb))
         d->n_pooled++;
+    /* A built pool sandbox that goes without being taken (its warden died or was killed,
+     * its recycle failed) is replaced: nothing else would (a taken one is refilled by whoever
+     * took it, a `fresh` one once its command is answered). Not one whose build failed:
+     * building again at once would fail again, at once, for ever. */
+    if ((from == SB_POOLED || from == SB_RECYCLING) && (to == SB_STOPPING || to == SB_GONE) &&
+        !d->stopping)
+        conch_daemon_pool_fill_soon(d);
 
     /* Leaving a lease that did not succeed fails its call; leaving it at all lets go of the
      * borrower's sink. */

@@ -226,3 +226,19 @@ def test_a_pool_sandbox_whose_warden_died_is_not_the_fork(daemon_factory, ws):
     assert sh(c, f["id"], "cat w.txt mine.txt; echo more > more.txt") == "w\nmine\n"
     assert sh(c, sb, "test -e more.txt || echo no-more") == "no-more\n"
     pool_ready(d, 1)
+
+
+def test_a_pool_sandbox_that_dies_idle_is_replaced(daemon_factory):
+    """A pool sandbox whose warden dies while nobody holds it is replaced. Before, only a
+    taken one was (by its taker), so a fork or lease that came after the daemon had seen the
+    death found the pool empty for good (CI's user pass: "the pool was not filled")."""
+    d = daemon_factory(extra_args=["--pool", "1"])
+    pool_ready(d, 1)
+    (pooled,) = wardens(d)
+    os.kill(pooled, 9)
+    deadline = time.monotonic() + 60
+    while pooled in wardens(d):  # reaped: the daemon saw it die
+        assert time.monotonic() < deadline, "the daemon never reaped its pool warden"
+        time.sleep(0.05)
+    pool_ready(d, 1)
+    assert wardens(d) and pooled not in wardens(d)
