@@ -31,7 +31,15 @@ int conch_cli_rm(int argc, char **argv);
 int conch_cli_start(int argc, char **argv);
 int conch_cli_logs(int argc, char **argv);
 int conch_cli_mcp(int argc, char **argv);
-/* `conch __gateway ...`: the remote transport's gateway process (hidden; src/remote). */
+struct conch_mcp_opts;
+struct conch_mcp_http_opts;
+struct conch_err;
+/* `conch mcp --listen`'s server (conch_mcp_serve_http): set by conch-remote's main, where the
+ * TLS code is linked; NULL in conch, whose `mcp --listen` execs conch-remote instead. */
+extern int (*conch_cli_mcp_http)(const struct conch_mcp_opts *o,
+                                 const struct conch_mcp_http_opts *h, struct conch_err *err);
+/* `conch-remote __gateway ...`: the remote transport's gateway process (hidden; src/remote),
+ * in conch-remote only. */
 int conch_cli_gateway(int argc, char **argv);
 /* `conch __js-worker [--fd N]`: the JS worker (hidden; src/js's conch_js_worker_serve). */
 int conch_cli_js_worker(int argc, char **argv);

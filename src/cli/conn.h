@@ -93,9 +93,31 @@ bool conch_cli_remote_given(void);
  * conch_cli_remote_connect - connect to conch_cli_remote_url() with the token of --token-file
  * or $CONCH_TOKEN (sent once, in the upgrade request's Authorization header) and the CA of
  * $CONCH_CA added to the system's; the server's certificate and hostname are verified. Returns
- * an fd carrying the daemon's line-framed JSON-RPC (a thread pumps it to and from the
- * WebSocket; closing it closes the connection), or -errno with @err. Once per process.
+ * an fd carrying the daemon's line-framed JSON-RPC (`conch-remote __connect`, a process of
+ * its own, pumps it to and from the WebSocket; closing it closes the connection), or -errno
+ * with @err. Once per process.
  */
 int conch_cli_remote_connect(struct conch_err *err);
+
+/* conch_cli_remote_parse_url - wss://HOST[:PORT][/PATH] into @host, @port (443 by default) and
+ * @path (/rpc by default). Returns 0, or -EINVAL with @err (kind usage). */
+int conch_cli_remote_parse_url(const char *url, char *host, size_t hsize, int *port, char *path,
+                               size_t psize, struct conch_err *err);
+
+/*
+ * conch_cli_remote_helper - open conch-remote, the executable the TLS code lives in (the
+ * gateway, this client's WebSocket, `conch mcp --listen`): beside this binary (a build
+ * tree, or both in one bin/), else at ../libexec/conch/ from it (meson install). Returns an
+ * O_CLOEXEC fd to exec, or -ENOENT with @err saying where it looked.
+ */
+int conch_cli_remote_helper(struct conch_err *err);
+
+/* conch_cli_remote_exec - exec the helper @helper (conch_cli_remote_helper) with @argv and
+ * @envp (NULL: this environment). Returns -errno only if the exec failed. */
+int conch_cli_remote_exec(int helper, char **argv, char **envp);
+
+/* conch_cli_remote_bridge - `conch-remote __connect URL` (remote-bridge.c, in conch-remote
+ * only): the WebSocket for conch_cli_remote_connect, on fds 3 and 4. */
+int conch_cli_remote_bridge(int argc, char **argv);
 
 #endif

@@ -160,8 +160,6 @@ int main(int argc, char **argv)
         return conch_cli_gc(argc - 1, argv + 1);
     if (!strcmp(verb, "mcp"))
         return conch_cli_mcp(argc - 1, argv + 1);
-    if (!strcmp(verb, "__gateway"))
-        return conch_cli_gateway(argc - 1, argv + 1);
     if (!strcmp(verb, "__js-worker"))
         return conch_cli_js_worker(argc - 1, argv + 1);
     if (!strcmp(verb, "-h") || !strcmp(verb, "--help") || !strcmp(verb, "help")) {

@@ -246,6 +246,33 @@ static int parse(struct mcp_cli *cli, char *ret_paths[2], int argc, char **argv,
     return 0;
 }
 
+int (*conch_cli_mcp_http)(const struct conch_mcp_opts *o, const struct conch_mcp_http_opts *h,
+                          struct conch_err *err);
+
+/* `conch mcp --listen ...` in conch: the same words to conch-remote, where the TLS code is. */
+static int exec_remote(int argc, char **argv)
+{
+    struct conch_err err = {0};
+    int helper = conch_cli_remote_helper(&err);
+    if (helper < 0) {
+        fprintf(stderr, "conch mcp: error (%s): %s\n", conch_err_kind_name(err.kind), err.msg);
+        return 1;
+    }
+    char **args = calloc((size_t)argc + 2, sizeof(*args));
+    if (!args) {
+        fprintf(stderr, "conch mcp: out of memory\n");
+        return 1;
+    }
+    args[0] = "conch-remote";
+    for (int i = 0; i < argc; i++)
+        args[i + 1] = argv[i];
+    int r = conch_cli_remote_exec(helper, args, NULL);
+    fprintf(stderr, "conch mcp: cannot start conch-remote: %s\n", strerror(-r));
+    free(args);
+    close(helper);
+    return 1;
+}
+
 int conch_cli_mcp(int argc, char **argv)
 {
     struct mcp_cli cli;
@@ -265,8 +292,14 @@ int conch_cli_mcp(int argc, char **argv)
         return r == 1 ? 0 : conch_cli_usage_error("mcp", mcp_usage, "%s", err.msg);
     }
     char parent[PATH_MAX];
+    if (cli.h.listen && !conch_cli_mcp_http) {
+        conch_spec_done(&o->sandbox);
+        free(paths[0]);
+        free(paths[1]);
+        return exec_remote(argc, argv);
+    }
     if (cli.h.listen) {
-        r = conch_mcp_serve_http(o, &cli.h, &err);
+        r = conch_cli_mcp_http(o, &cli.h, &err);
     } else {
         if (!o->state_dir) {
             if (conch_state_default_dir(parent, sizeof(parent), &err) < 0) {

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/conn.h"
 #include "cli/opts.h"
 #include "core/cleanup.h"
 #include "core/fsutil.h"
@@ -205,6 +207,49 @@ static int serve_opt(void *ctx, int key, const char *value, struct conch_err *er
     return r;
 }
 
+/* The certificate and key load, as conch-remote (where OpenSSL is) sees them: `conch-remote
+ * __check-tls CERT KEY` prints why not and exits 2. */
+static int check_tls(const char *cert, const char *key, struct conch_err *err)
+{
+    _cleanup_close_ int helper = conch_cli_remote_helper(err);
+    if (helper < 0)
+        return helper;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) < 0)
+        return conch_err_set(err, errno, "pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (dup2(out[1], STDOUT_FILENO) < 0)
+            _exit(127);
+        char *argv[] = {"conch-remote", "__check-tls", (char *)cert, (char *)key, NULL};
+        int r = conch_cli_remote_exec(helper, argv, NULL);
+        dprintf(STDOUT_FILENO, "cannot start conch-remote: %s", strerror(-r));
+        _exit(127);
+    }
+    int saved = errno;
+    close(out[1]);
+    char msg[512];
+    size_t got = 0;
+    ssize_t n;
+    while (pid > 0 && got < sizeof(msg) - 1 &&
+           ((n = read(out[0], msg + got, sizeof(msg) - 1 - got)) > 0 || (n < 0 && errno == EINTR)))
+        got += n > 0 ? (size_t)n : 0;
+    close(out[0]);
+    msg[got] = '\0';
+    msg[strcspn(msg, "\n")] = '\0';
+    if (pid < 0)
+        return conch_err_set(err, saved, "fork: %s", strerror(saved));
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == CONCH_EXIT_USAGE)
+        return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL, "%s", msg);
+    return conch_err_set(err, EIO, "checking the certificate with conch-remote: %s",
+                         msg[0] ? msg : "it failed");
+}
+
 /* --listen and what it needs: all four, and not with --stdio; the certificate and key load. */
 static int remote_check(const struct serve_cli *c, struct conch_err *err)
 {
@@ -215,7 +260,7 @@ static int remote_check(const struct serve_cli *c, struct conch_err *err)
     if (c->o.stdio)
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "--listen serves a socket daemon's clients, not --stdio's");
-    int r = conch_remote_check_tls(c->tls_cert, c->tls_key, err);
+    int r = check_tls(c->tls_cert, c->tls_key, err);
     return r < 0 ? r : conch_remote_probe_listen(c->listen, err);
 }
 
@@ -241,18 +286,19 @@ static void on_sighup(void *ctx)
     conch_remote_super_sighup(ctx);
 }
 
-/* The gateway's supervisor: this binary, opened now (the file may be replaced while the
- * daemon runs), exec'd as `conch __gateway` once the daemon listens. */
+/* The gateway's supervisor: conch-remote (the executable the TLS code is linked into),
+ * opened now (the file may be replaced while the daemon runs; a missing one fails here, not
+ * later), exec'd as `conch-remote __gateway` once the daemon listens. */
 static int gateway_prepare(struct serve_cli *c, struct conch_remote_super **ret,
                            struct conch_err *err)
 {
     _cleanup_free_ char *cert = absolute(c->tls_cert), *key = absolute(c->tls_key);
     if (!cert || !key)
         return conch_err_set(err, ENOMEM, "out of memory");
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    int exe = conch_cli_remote_helper(err);
     if (exe < 0)
-        return conch_err_set(err, errno, "open /proc/self/exe: %s", strerror(errno));
-    char *argv[] = {"conch",
+        return exe;
+    char *argv[] = {"conch-remote",
                     "__gateway",
                     "--listen",
                     (char *)c->listen,

@@ -3,8 +3,6 @@
  * reloading the table; the method table a tenant's connection is held to (default-deny: a
  * method not listed here as tenant-safe is forbidden), what a tenant sees, and its quotas. */
 #include <errno.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +12,7 @@
 
 #include "core/cleanup.h"
 #include "core/log.h"
+#include "core/sha256.h"
 #include "daemon/daemon-internal.h"
 #include "daemon/tokens.h"
 
@@ -107,7 +106,7 @@ static void on_sighup(uv_signal_t *h, int signum)
         if (!c->authed || c->closing)
             continue;
         const struct conch_token_entry *e = conch_tokens_find(t, c->tenant);
-        if (!e || CRYPTO_memcmp(e->digest, c->token_digest, sizeof(e->digest))) {
+        if (!e || !conch_secure_equal(e->digest, c->token_digest, sizeof(e->digest))) {
             log_info("tenant '%s': %s: its connection is closed", c->tenant,
                      e ? "its token changed" : "no longer in the tokens file");
             conch_daemon_client_close(c);
@@ -359,9 +358,9 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
         size_t len = 0;
         const char *tok = conch_rpc_strn(params, "token", &len);
         unsigned char digest[32];
-        SHA256((const unsigned char *)tok, tok ? len : 0, digest);
-        bool same = !CRYPTO_memcmp(digest, c->token_digest, sizeof(digest));
-        OPENSSL_cleanse(digest, sizeof(digest));
+        conch_sha256(tok, tok ? len : 0, digest);
+        bool same = conch_secure_equal(digest, c->token_digest, sizeof(digest));
+        conch_secure_zero(digest, sizeof(digest));
         if (same)
             conch_rpc_call_reply(call,
                                  json_pack("{s:s,s:b}", "tenant", c->tenant, "admin", c->admin));

@@ -3,8 +3,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +11,7 @@
 
 #include "core/cleanup.h"
 #include "core/fsutil.h"
+#include "core/sha256.h"
 #include "daemon/tokens.h"
 
 /* The largest tokens file read (a few thousand tenants). */
@@ -23,7 +22,7 @@ void conch_tokens_free(struct conch_tokens *t)
     if (!t)
         return;
     if (t->entries)
-        OPENSSL_cleanse(t->entries, t->n * sizeof(*t->entries));
+        conch_secure_zero(t->entries, t->n * sizeof(*t->entries));
     free(t->entries);
     free(t);
 }
@@ -102,7 +101,7 @@ static int parse_line(const char *path, unsigned lineno, char *line, struct conc
                               path, lineno);
     size_t tlen = strlen(token);
     if (tlen < CONCH_TOKENS_TOKEN_MIN || tlen > CONCH_TOKENS_TOKEN_MAX) {
-        OPENSSL_cleanse(token, tlen);
+        conch_secure_zero(token, tlen);
         return conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                               "%s line %u: tenant '%s': a token is %d to %d characters (e.g. "
                               "`openssl rand -hex 32`)",
@@ -110,8 +109,8 @@ static int parse_line(const char *path, unsigned lineno, char *line, struct conc
     }
     memset(e, 0, sizeof(*e));
     snprintf(e->tenant, sizeof(e->tenant), "%s", tenant);
-    SHA256((const unsigned char *)token, tlen, e->digest);
-    OPENSSL_cleanse(token, tlen);
+    conch_sha256(token, tlen, e->digest);
+    conch_secure_zero(token, tlen);
     char *kv;
     while ((kv = strtok_r(NULL, " \t", &save)))
         if (quota_set(path, lineno, kv, &e->quota, err) < 0)
@@ -177,7 +176,7 @@ int conch_tokens_load(const char *path, struct conch_tokens **ret, struct conch_
             break;
         len += (size_t)n;
         if (len > TOKENS_FILE_MAX) {
-            OPENSSL_cleanse(buf, len);
+            conch_secure_zero(buf, len);
             free(buf);
             return conch_err_setk(err, CONCH_ERR_USAGE, EFBIG,
                                   "tokens file '%s' is larger than %u bytes", path,
@@ -220,7 +219,7 @@ int conch_tokens_load(const char *path, struct conch_tokens **ret, struct conch_
                 r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                    "%s line %u: tenant '%s' is given twice", path, lineno,
                                    e->tenant);
-            else if (!CRYPTO_memcmp(t->entries[i].digest, e->digest, sizeof(e->digest)))
+            else if (conch_secure_equal(t->entries[i].digest, e->digest, sizeof(e->digest)))
                 r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
                                    "%s line %u: tenant '%s' has the token of tenant '%s': each "
                                    "tenant needs its own",
@@ -229,7 +228,7 @@ int conch_tokens_load(const char *path, struct conch_tokens **ret, struct conch_
         if (r == 0)
             t->n++;
     }
-    OPENSSL_cleanse(buf, len);
+    conch_secure_zero(buf, len);
     free(buf);
     if (r == 0 && t->n == 0)
         r = conch_err_setk(err, CONCH_ERR_USAGE, EINVAL,
@@ -250,15 +249,15 @@ const struct conch_token_entry *conch_tokens_match(const struct conch_tokens *t,
     if (!t)
         return NULL;
     unsigned char digest[32];
-    SHA256((const unsigned char *)token, len, digest);
+    conch_sha256(token, len, digest);
     const struct conch_token_entry *found = NULL;
     /* No early exit: every digest is compared whether or not one matched before. */
     for (size_t i = 0; i < t->n; i++) {
-        bool eq = CRYPTO_memcmp(t->entries[i].digest, digest, sizeof(digest)) == 0;
+        bool eq = conch_secure_equal(t->entries[i].digest, digest, sizeof(digest));
         if (eq && !found)
             found = &t->entries[i];
     }
-    OPENSSL_cleanse(digest, sizeof(digest));
+    conch_secure_zero(digest, sizeof(digest));
     return found;
 }
 

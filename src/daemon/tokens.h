@@ -53,7 +53,7 @@ void conch_tokens_free(struct conch_tokens *t);
 
 /*
  * conch_tokens_match - the entry whose token is @token (@len bytes), or NULL. Every entry is
- * compared, each in constant time (CRYPTO_memcmp of SHA-256 digests), so the time taken says
+ * compared, each in constant time (SHA-256 digests, core/sha256.h), so the time taken says
  * nothing about which entry, or how much of one, matched. Borrowed from @t.
  */
 const struct conch_token_entry *conch_tokens_match(const struct conch_tokens *t, const char *token,

@@ -653,14 +653,6 @@ static void sweep(lws_sorted_usec_list_t *sul)
     lws_sul_schedule(v->ctx, 0, &v->sweep, sweep, SWEEP_US);
 }
 
-void conch_mcp_http_opts_init(struct conch_mcp_http_opts *h)
-{
-    memset(h, 0, sizeof(*h));
-    h->max_body = 32u << 20;
-    h->max_sessions = 64;
-    h->idle_timeout_s = 1800;
-}
-
 static const struct lws_protocols protocols[] = {
     {"http", http_cb, sizeof(struct req), 0, 0, NULL, 0},
     {"conch-daemon", daemon_cb, 0, 0, 0, NULL, 0},

@@ -281,3 +281,13 @@ out:
     json_decref(tools_list);
     return r;
 }
+
+/* Here, not in http.c: the CLI sets the defaults in both executables, and http.c (TLS) is
+ * linked into conch-remote alone. */
+void conch_mcp_http_opts_init(struct conch_mcp_http_opts *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->max_body = 32u << 20;
+    h->max_sessions = 64;
+    h->idle_timeout_s = 1800;
+}

@@ -29,6 +29,8 @@ if ! can "test -x '$bin' && test -r '$here/conftest.py' && test -x '$here'"; the
     dir=$(mktemp -d /tmp/conch-it.XXXXXX)
     mkdir "$dir/bin"
     cp "$bin" "$dir/bin/conch"
+    # the remote transports (TLS), found next to the binary
+    [ ! -x "$(dirname "$bin")/conch-remote" ] || cp "$(dirname "$bin")/conch-remote" "$dir/bin/"
     # the in-sandbox tool-bridge clients, found next to the binary (build/ptc)
     [ ! -d "$(dirname "$bin")/ptc" ] || cp -r "$(dirname "$bin")/ptc" "$dir/bin/ptc"
     cp -r "$here" "$dir/integration"

@@ -396,7 +396,7 @@ def test_messages_with_newlines_binary_and_over_64_mib(remote):
 
 
 def command_running(daemon, marker):
-    return any(marker in " ".join(proc_argv(p)) for p in descendants(daemon.pid))
+    return any(marker in " ".join(proc_argv(p) or []) for p in descendants(daemon.pid))
 
 
 @pytest.mark.plain_build

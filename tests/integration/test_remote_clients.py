@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from conftest import REPO, conch
+import subprocess
+
+from conftest import CONCH_BIN, REPO, conch, descendants, proc_argv
 
 sys.path.insert(0, str(REPO / "clients" / "python"))
 pytest.importorskip("websockets")  # the fixture's gateway needs python3-websockets
@@ -321,6 +323,50 @@ def test_cli_remote_ps_exec_cp(gw, certs, ws, tmp_path):
     assert "fs.copy_in" not in seen and "fs.copy_out" not in seen, seen
     r = conch(["--remote", gw.url, "rm", "rem"], env=env)
     assert r.rc == 0, r.describe()
+
+
+def gone(pid):
+    """The process exited (a zombie, or reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_cli_remote_connection_is_a_process_of_its_own(gw, certs, ws):
+    """--remote's WebSocket is conch-remote __connect, a child of the verb: the token is not in
+    its arguments, it carries the verb's stream both ways, and it ends once the verb ended."""
+    env = cli_env(gw, certs)
+    r = conch(["--remote", gw.url, "create", "--name", "brg", "--workspace", str(ws)], env=env)
+    assert r.rc == 0, r.describe()
+    p = subprocess.Popen([CONCH_BIN, "--remote", gw.url, "exec", "brg", "--", "sh", "-c",
+                          "until [ -e /tmp/go ]; do sleep 0.05; done; echo got it"], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        bridge = None
+        deadline = time.monotonic() + 30
+        while bridge is None and time.monotonic() < deadline:
+            for pid in descendants(p.pid):
+                argv = proc_argv(pid) or []
+                if argv[1:2] == ["__connect"]:
+                    bridge = (pid, argv)
+            time.sleep(0.05)
+        assert bridge, "no conch-remote __connect under the verb"
+        assert not any(TOKEN in a for a in bridge[1]), bridge[1]
+        r = conch(["--remote", gw.url, "exec", "brg", "touch", "/tmp/go"], env=env)
+        assert r.rc == 0, r.describe()
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out == b"got it\n", (p.returncode, out, err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    deadline = time.monotonic() + 30
+    while not gone(bridge[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(bridge[0]), "conch-remote __connect outlived its verb"
+    assert conch(["--remote", gw.url, "rm", "brg"], env=env).rc == 0
 
 
 def test_cli_remote_refusals(gw, certs, tmp_path):

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/fdpass.h"
 #include "core/fsutil.h"
+#include "core/sha256.h"
 #include "core/utf8.h"
 
 Test(error, set_returns_negative_code_and_formats)
@@ -249,4 +250,70 @@ Test(budget, messages_name_the_option_and_the_capped_levels)
     cr_assert_eq(strlen(buf), 19);
     conch_budget_uncharge(&bridge, 1000);
     cr_assert_eq(conch_budget_held(&daemon), 0);
+}
+
+static void hex(const uint8_t d[CONCH_SHA256_SIZE], char out[2 * CONCH_SHA256_SIZE + 1])
+{
+    for (int i = 0; i < CONCH_SHA256_SIZE; i++)
+        sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+static void check_sha256(const void *data, size_t len, const char *want)
+{
+    uint8_t d[CONCH_SHA256_SIZE];
+    char got[2 * CONCH_SHA256_SIZE + 1];
+    conch_sha256(data, len, d);
+    hex(d, got);
+    cr_assert_str_eq(got, want, "sha256 of %zu bytes", len);
+}
+
+Test(sha256, fips_180_examples)
+{
+    check_sha256(NULL, 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    check_sha256("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    check_sha256(m448, strlen(m448),
+                 "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    const char *m896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnop"
+                       "jklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+    check_sha256(m896, strlen(m896),
+                 "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+    char *million = malloc(1000000);
+    cr_assert_not_null(million);
+    memset(million, 'a', 1000000);
+    check_sha256(million, 1000000,
+                 "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    free(million);
+}
+
+/* Around the padding's edges: one block or two for the tail (values from Python's hashlib). */
+Test(sha256, block_boundaries)
+{
+    static const struct {
+        size_t len;
+        const char *want;
+    } cases[] = {
+        {55, "16fa57a0a3423a715d594516339f36189d6b5f93754a9714fef202616a9fabfe"},
+        {56, "c37b44e5f1b18554b36966f4f8e08bfbf3164c4b6c10374d12d89850892073c5"},
+        {63, "bbba992d2c85af960fb2987a1fd05e0aa82a3db3c740dd8982a9e273b75e36a3"},
+        {64, "66bd4633ed6f71c4ecfa4763bf7ba1c8ec7612de9aa6c0578a7b675207c71e0b"},
+        {65, "9f7dc47107b750a1f3d35db5d9547f24ef40da5b731b9540d4f43710a154f6c9"},
+        {119, "a3ed307b730fa77c07531300c6e4a282330011d4d4caf6bb7b63ae05950f4b66"},
+        {120, "8e3b15d9fea7472655aa069620b7f8c2e55ee1499f763200a7515fe826e99d20"},
+        {127, "44480fb9672845177f5368a08b69ea263275f2a5ec42e06a933370fe0d2968a4"},
+        {128, "e462c130fef8c97e34f7dc3ff3ad2f8b3533ab849af21c10531552a2852387a4"},
+    };
+    uint8_t buf[128];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 7 + 1);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_sha256(buf, cases[i].len, cases[i].want);
+}
+
+Test(sha256, secure_equal)
+{
+    cr_assert(conch_secure_equal("abcd", "abcd", 4));
+    cr_assert(!conch_secure_equal("abcd", "abce", 4));
+    cr_assert(!conch_secure_equal("xbcd", "abcd", 4));
+    cr_assert(conch_secure_equal("a", "b", 0));
 }
