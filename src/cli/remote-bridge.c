@@ -343,6 +343,9 @@ int conch_cli_remote_bridge(int argc, char **argv)
         return CONCH_EXIT_USAGE;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* A terminal's Ctrl-C and Ctrl-\ are the verb's, not ours (it sends them on). */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
     const char *url = argv[1];
     struct conch_err err = {0};
     char path[1024];

@@ -216,6 +216,10 @@ int conch_cli_remote_connect(struct conch_err *err)
         close_range((unsigned)h + 1, ~0U, 0);
         helper = h;
         signal(SIGPIPE, SIG_DFL);
+        /* Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the verb's
+         * to handle (exec sends them on as exec.signal), over this connection. */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGQUIT, SIG_IGN);
         char *argv[] = {"conch-remote", "__connect", (char *)url, NULL};
         int e = -conch_cli_remote_exec(helper, argv, envp);
         char msg[128];

@@ -5,6 +5,7 @@
 # or errors, and a dropped connection fails what was in flight and is dialed again after.
 import asyncio
 import os
+import signal
 import socket
 import ssl
 import sys
@@ -367,6 +368,28 @@ def test_cli_remote_connection_is_a_process_of_its_own(gw, certs, ws):
         time.sleep(0.05)
     assert gone(bridge[0]), "conch-remote __connect outlived its verb"
     assert conch(["--remote", gw.url, "rm", "brg"], env=env).rc == 0
+
+
+def test_cli_remote_ctrl_c_reaches_the_command(gw, certs, ws):
+    """Ctrl-C at a terminal signals the verb's whole process group, its connection process
+    too: the connection must outlive it so that the verb can send it on (exec.signal)."""
+    env = cli_env(gw, certs)
+    r = conch(["--remote", gw.url, "create", "--name", "sigr", "--workspace", str(ws)], env=env)
+    assert r.rc == 0, r.describe()
+    p = subprocess.Popen([CONCH_BIN, "--remote", gw.url, "exec", "sigr", "--", "bash", "-c",
+                          "trap 'echo trapped; exit 7' INT; echo ready; sleep 60 & wait"],
+                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 7 and out == b"trapped\n", (p.returncode, out, err)
+    assert conch(["--remote", gw.url, "rm", "sigr"], env=env).rc == 0
 
 
 def test_cli_remote_refusals(gw, certs, tmp_path):
