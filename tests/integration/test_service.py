@@ -182,6 +182,7 @@ def installed(tmp_path_factory):
         "user_socket": userunitdir / "conch.socket",
         "user_service": userunitdir / "conch.service",
         "completion": compdir / "conch",
+        "remote": prefix / opt["libexecdir"] / "conch" / "conch-remote",
     }
     return dest, paths
 
@@ -212,6 +213,12 @@ def test_install_puts_everything_where_it_belongs(installed):
     assert "StateDirectory" not in user_service  # the user's default: ~/.local/state/conch
     user_sock = under(dest, paths["user_socket"]).read_text()
     assert "ListenStream=%t/conch/conch.sock\n" in user_sock and "SocketMode=0600\n" in user_sock
+    # conch finds the installed conch-remote (the TLS code) from where it is installed: a
+    # remote verb gets as far as connecting (refused: nothing listens on port 1).
+    r = subprocess.run([str(binary), "--remote", "wss://127.0.0.1:1", "ps"], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, CONCH_TOKEN="x" * 20))
+    assert r.returncode != 0 and "cannot reach the remote daemon" in r.stderr, r.stderr
+    assert "conch-remote" not in r.stderr, r.stderr
     # Nothing of the build's insides (the static library, unit test binaries).
     files = [p for p in dest.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".a" or p.name.startswith("test_")], files
