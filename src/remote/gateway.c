@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/utf8.h"
 #include "remote/remote-internal.h"
 #include "remote/remote.h"
 
@@ -391,9 +392,21 @@ static int confirm_upgrade(struct gateway *g, struct lws *wsi)
     }
     json_t *res = NULL;
     int code = 0;
-    int r = conch_remote_daemon_call(fd, "connection.auth",
-                                     json_pack("{s:s, s:s}", "token", token, "peer", peer),
-                                     CONCH_REMOTE_DAEMON_TIMEOUT_MS, &res, &code);
+    /* A token that is not UTF-8 cannot go into JSON as it is: repaired (U+FFFD for each bad
+     * byte), it matches no token and counts as a failure like any other wrong one. */
+    json_t *params = json_pack("{s:s, s:s}", "token", token, "peer", peer);
+    if (!params) {
+        size_t fixed_len = 0;
+        char *fixed = conch_utf8_repair(token, strlen(token), &fixed_len);
+        params = fixed ? json_pack("{s:s, s:s}", "token", fixed, "peer", peer) : NULL;
+        if (fixed) {
+            explicit_bzero(fixed, fixed_len);
+            free(fixed);
+        }
+    }
+    int r = params ? conch_remote_daemon_call(fd, "connection.auth", params,
+                                              CONCH_REMOTE_DAEMON_TIMEOUT_MS, &res, &code)
+                   : -ENOMEM;
     explicit_bzero(auth, sizeof(auth));
     json_decref(res);
     if (r != 0) {

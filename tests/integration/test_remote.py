@@ -260,6 +260,31 @@ def test_no_or_wrong_token_is_401_before_the_upgrade(remote, token):
     assert token is None or token not in remote.daemon.log()
 
 
+def raw_upgrade_status(r, auth: bytes):
+    """The status code of a WebSocket upgrade sent by hand (any bytes in Authorization)."""
+    host, port = r.url[len("wss://"):].split("/")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        with client_ctx(r.ca).wrap_socket(raw, server_hostname=host) as tls:
+            tls.sendall(b"GET /rpc HTTP/1.1\r\nHost: " + f"{host}:{port}".encode() +
+                        b"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                        b"Sec-WebSocket-Version: 13\r\nAuthorization: " + auth + b"\r\n\r\n")
+            head = b""
+            while b"\r\n" not in head:
+                chunk = tls.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+def test_a_token_that_is_not_utf8_is_401_not_503(remote):
+    """The attack's finding: such a token could not go into connection.auth's JSON, and the
+    gateway answered 503 (the daemon unavailable) instead of refusing the token."""
+    assert raw_upgrade_status(remote, b"Bearer \xff\xfe" + b"x" * 30) == 401
+    assert raw_upgrade_status(remote, b"Bearer " + TOKEN.encode()) == 101
+
+
 def test_failed_tokens_rate_limited_429_even_for_a_good_one(remote):
     for _ in range(10):
         with pytest.raises(InvalidStatusCode) as ei:
