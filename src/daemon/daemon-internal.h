@@ -674,6 +674,8 @@ void conch_daemon_handle_js_close(struct conch_rpc_call *call, json_t *params, v
 void conch_daemon_handle_js_list(struct conch_rpc_call *call, json_t *params, void *ctx);
 /* conch_daemon_js_count - how many JS sessions @sb has open. */
 unsigned conch_daemon_js_count(const struct sandbox *sb);
+/* conch_daemon_js_busy - how many of them have an eval (or reset) in flight. */
+unsigned conch_daemon_js_busy(const struct sandbox *sb);
 /* conch_daemon_js_drop_spare - end @sb's spare JS worker (it holds /workspace: a snapshot
  * restacks it), without counting it as a failed one. */
 void conch_daemon_js_drop_spare(struct sandbox *sb);

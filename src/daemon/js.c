@@ -935,6 +935,16 @@ unsigned conch_daemon_js_count(const struct sandbox *sb)
     return sb->js ? sb->js->n : 0;
 }
 
+unsigned conch_daemon_js_busy(const struct sandbox *sb)
+{
+    unsigned n = 0;
+    if (!sb->js)
+        return 0;
+    for (struct conch_list *pos = sb->js->list.next; pos != &sb->js->list; pos = pos->next)
+        n += conch_list_entry(pos, struct js_session, link)->call != NULL;
+    return n;
+}
+
 void conch_daemon_js_drop_spare(struct sandbox *sb)
 {
     struct js_sessions *all = sb->js;

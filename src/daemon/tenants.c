@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/sha256.h"
 #include "daemon/daemon-internal.h"
+#include "daemon/sessions.h"
 #include "daemon/tokens.h"
 
 /* Failed authentications: AUTH_FAILS_MAX within AUTH_WINDOW_MS from one peer, and that peer
@@ -258,6 +259,11 @@ bool conch_daemon_tenant_command_admit(struct daemon *d, struct conch_rpc_call *
             continue;
         for (rp = sb->runs.next; rp != &sb->runs; rp = rp->next)
             n += !conch_list_entry(rp, struct run, link)->finished;
+        /* A session's shell runs whatever it is given, and a JS eval runs code: each is a
+         * command as much as an exec.run. */
+        char ids[8];
+        n += (unsigned)conch_daemon_sessions_live(sb, ids, sizeof(ids));
+        n += conch_daemon_js_busy(sb);
     }
     if (n < q->commands)
         return true;
@@ -468,7 +474,7 @@ static bool exec_ok(struct conch_rpc_call *call, json_t *params, struct client *
     return conch_daemon_tenant_command_admit(c->d, call);
 }
 
-static bool job_ok(struct conch_rpc_call *call, json_t *params, struct client *c)
+static bool command_ok(struct conch_rpc_call *call, json_t *params, struct client *c)
 {
     (void)params;
     return conch_daemon_tenant_command_admit(c->d, call);
@@ -524,7 +530,7 @@ static const struct tenant_rule rules[] = {
     {"sandbox.release", NULL, NULL, "it ends a sandbox.lease, which a tenant cannot take"},
     {"exec.run", exec_ok, NULL, NULL},
     {"exec.signal", NULL, NULL, NULL},
-    {"job.start", job_ok, NULL, NULL},
+    {"job.start", command_ok, NULL, NULL},
     {"job.output", NULL, NULL, NULL},
     {"job.wait", NULL, NULL, NULL},
     {"job.kill", NULL, NULL, NULL},
@@ -555,7 +561,7 @@ static const struct tenant_rule rules[] = {
     {"tools.prompt", NULL, NULL, NULL},
     {"agents.register", NULL, NULL, NULL},
     {"agents.unregister", NULL, NULL, NULL},
-    {"session.open", NULL, NULL, NULL},
+    {"session.open", command_ok, NULL, NULL},
     {"session.run", NULL, NULL, NULL},
     {"session.write", NULL, NULL, NULL},
     {"session.attach", NULL, NULL, NULL},
@@ -564,7 +570,7 @@ static const struct tenant_rule rules[] = {
     {"session.signal", NULL, NULL, NULL},
     {"session.list", NULL, NULL, NULL},
     {"session.close", NULL, NULL, NULL},
-    {"js.eval", NULL, NULL, NULL},
+    {"js.eval", command_ok, NULL, NULL},
     {"js.reset", NULL, NULL, NULL},
     {"js.close", NULL, NULL, NULL},
     {"js.list", NULL, NULL, NULL},

@@ -6,6 +6,7 @@
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -499,6 +500,46 @@ def test_quotas(tenants):
     a = auth(TOK_A)
     for _ in range(3):
         a.call("sandbox.create", {}, timeout=60)
+
+
+def test_sessions_and_js_evals_count_as_commands(tenants):
+    """The attack's finding: quota commands=N held exec.run and job.start only, while a
+    tenant's sessions (a shell each) and JS evals ran beside them without limit."""
+    d, _, auth = tenants
+    q = auth(TOK_Q)
+    sb = q.call("sandbox.create", {}, timeout=60)["id"]
+    se = q.call("session.open", {"sandbox": sb}, timeout=60)["session"]
+    e = err_of(q, "exec.run", {"sandbox": sb, "command": "true"})
+    assert e.code == -32004 and "quota commands=1" in e.message, e
+    e = err_of(q, "session.open", {"sandbox": sb})
+    assert e.code == -32004 and "quota commands=1" in e.message, e
+    e = err_of(q, "js.eval", {"sandbox": sb, "code": "1"})
+    assert e.code == -32004 and "quota commands=1" in e.message, e
+    q.call("session.close", {"session": se}, timeout=60)
+    assert q.call("js.eval", {"sandbox": sb, "code": "40 + 2"}, timeout=60)["value"] == 42
+    # An eval in flight holds the one command: started on a second connection, it spins for
+    # 8 s while this one's exec.run is refused.
+    q2 = auth(TOK_Q)
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("r", q2.call(
+        "js.eval", {"sandbox": sb, "code": "const t = Date.now(); while (Date.now() - t < 8000) {} 7"},
+        timeout=120)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 6
+        refused = None
+        while time.monotonic() < deadline:
+            try:
+                q.call("exec.run", {"sandbox": sb, "command": "true"}, timeout=60)
+            except Exception as ex:  # noqa: BLE001 - the refusal is what we wait for
+                refused = ex
+                break
+            time.sleep(0.2)
+    finally:
+        t.join(120)
+    assert refused is not None and "quota commands=1" in str(refused), refused
+    assert done.get("r", {}).get("value") == 7, done
+    assert q.call("exec.run", {"sandbox": sb, "command": "echo ok"}, timeout=60)["stdout"] == "ok\n"
 
 
 def test_restart_keeps_ownership(tenants):
