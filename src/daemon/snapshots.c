@@ -58,13 +58,10 @@ static int layers_load(struct daemon *d, struct layers *ls, struct conch_err *er
 }
 
 /* The layer named @key (its id, else its name), or NULL. */
-static struct conch_state_layer *layer_find(struct layers *ls, const char *key)
+static struct conch_state_layer *layer_find(struct layers *ls, const char *id)
 {
     for (size_t i = 0; i < ls->n; i++)
-        if (!strcmp(ls->list[i].id, key))
-            return &ls->list[i];
-    for (size_t i = 0; key[0] && i < ls->n; i++)
-        if (!strcmp(ls->list[i].name, key))
+        if (!strcmp(ls->list[i].id, id))
             return &ls->list[i];
     return NULL;
 }
@@ -85,6 +82,24 @@ static bool layer_visible(struct daemon *d, const struct conch_state_layer *l)
     char t[80];
     layer_tenant(l, t, sizeof(t));
     return conch_daemon_tenant_sees_tenant(d, t);
+}
+
+/* @key as a client names a snapshot: its id, or a name among the snapshots of @tenant (NULL:
+ * those the viewer sees). Names are unique per tenant, as sandbox names are: another tenant's
+ * name is no name here, and taking it tells nothing of theirs. Whether the viewer may use an
+ * id's layer is the caller's check. */
+static struct conch_state_layer *layer_named(struct daemon *d, struct layers *ls, const char *key,
+                                             const char *tenant)
+{
+    struct conch_state_layer *l = layer_find(ls, key);
+    char t[80];
+    for (size_t i = 0; !l && key[0] && i < ls->n; i++) {
+        layer_tenant(&ls->list[i], t, sizeof(t));
+        if (!strcmp(ls->list[i].name, key) &&
+            (tenant ? !strcmp(t, tenant) : conch_daemon_tenant_sees_tenant(d, t)))
+            l = &ls->list[i];
+    }
+    return l;
 }
 
 static int not_found(struct conch_err *err, const char *key)
@@ -199,7 +214,7 @@ int conch_daemon_snapshot_chain_at(struct daemon *d, const char *sb_id, const ch
     int r = layers_load(d, &ls, err);
     if (r < 0)
         return r;
-    struct conch_state_layer *want = layer_find(&ls, key);
+    struct conch_state_layer *want = layer_named(d, &ls, key, tenant);
     char owner[80] = "";
     if (want)
         layer_tenant(want, owner, sizeof(owner));
@@ -503,7 +518,7 @@ static int take(struct sandbox *sb, const char *name, bool force, struct conch_s
     if ((r = layers_load(d, &ls, err)) < 0)
         return r;
     struct conch_state_layer *parent = sb->layer[0] ? layer_find(&ls, sb->layer) : NULL;
-    if (name && name[0] && layer_find(&ls, name)) {
+    if (name && name[0] && layer_named(d, &ls, name, sb->tenant)) {
         layers_done(&ls);
         return conch_err_setk(err, CONCH_ERR_USAGE, EEXIST,
                               "the snapshot name '%s' is taken: choose another", name);
@@ -666,7 +681,7 @@ json_t *conch_daemon_snapshot_restore(struct sandbox *sb, json_t *params, struct
         return NULL;
     json_t *res = NULL;
     _cleanup_close_ int upper = -1;
-    struct conch_state_layer *l = layer_find(&ls, key);
+    struct conch_state_layer *l = layer_named(d, &ls, key, sb->tenant);
     char owner[80] = "";
     if (l)
         layer_tenant(l, owner, sizeof(owner));
@@ -827,7 +842,7 @@ void conch_daemon_handle_sandbox_fork(struct conch_rpc_call *call, json_t *param
         conch_rpc_call_fail_err(call, 0, NULL, &err);
         return;
     }
-    struct conch_state_layer *l = layer_find(&ls, snap);
+    struct conch_state_layer *l = layer_named(c->d, &ls, snap, NULL);
     json_t *res = NULL;
     if (!l || !layer_visible(c->d, l)) {
         not_found(&err, snap);
@@ -890,7 +905,7 @@ void conch_daemon_handle_workspace_snapshot_delete(struct conch_rpc_call *call, 
         return;
     }
     _cleanup_close_ int store = -1;
-    struct conch_state_layer *l = layer_find(&ls, key);
+    struct conch_state_layer *l = layer_named(d, &ls, key, NULL);
     char users[400] = "";
     size_t off = 0;
     if (!l || !layer_visible(d, l)) {

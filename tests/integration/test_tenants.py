@@ -610,6 +610,36 @@ def test_tenant_snapshots_and_forks_are_its_own(two_tenants):
     assert os.listdir(tws) == []
 
 
+def test_snapshot_names_are_per_tenant(two_tenants):
+    """The attack's finding: snapshot names were unique daemon-wide, so a tenant learned from
+    "taken" that another tenant had used a name. Now each tenant has its own names; a name
+    reaches its own tenant's snapshot only."""
+    d, a, b, ids = two_tenants
+    b.call("fs.write", {"sandbox": ids["BSB"], "path": "/workspace/secret", "content": "bob's"})
+    bsnap = b.call("workspace.snapshot", {"sandbox": ids["BSB"], "name": ids["SNAPNAME"]},
+                   timeout=60)["id"]
+    assert bsnap != ids["SNAP"]
+    # each sees its own under the name, and the other's not at all
+    for c, mine, other in ((a, ids["SNAP"], bsnap), (b, bsnap, ids["SNAP"])):
+        listed = [s["id"] for s in c.call("workspace.snapshots", {})["snapshots"]]
+        assert mine in listed and other not in listed, listed
+    f = b.call("sandbox.fork", {"snapshot": ids["SNAPNAME"]}, timeout=60)
+    r = b.call("exec.run", {"sandbox": f["id"], "command": "cat /workspace/secret"}, timeout=60)
+    assert r["stdout"] == "bob's"
+    b.call("fs.write", {"sandbox": f["id"], "path": "/workspace/secret", "content": "x"})
+    b.call("workspace.restore", {"sandbox": f["id"], "snapshot": ids["SNAPNAME"]}, timeout=60)
+    assert b.call("fs.read", {"sandbox": f["id"], "path": "/workspace/secret"})["content"] == "bob's"
+    # a name is still unique within a tenant
+    e = whole_error(b, "workspace.snapshot", {"sandbox": ids["BSB"], "name": ids["SNAPNAME"]})
+    assert "taken" in e["message"], e
+    # deleting by name deletes one's own
+    b.call("sandbox.destroy", {"id": f["id"]}, timeout=60)
+    b.call("sandbox.destroy", {"id": ids["BSB"]}, timeout=60)
+    b.call("workspace.snapshot_delete", {"snapshot": ids["SNAPNAME"]}, timeout=60)
+    listed = [s["id"] for s in a.call("workspace.snapshots", {})["snapshots"]]
+    assert ids["SNAP"] in listed, listed
+
+
 def test_a_tenants_fork_is_never_served_from_the_pool(daemon_factory, tmp_path):
     """With a pool, the owner's forks may be served from it (test_fork_pool.py); a tenant's
     is built, so that it is recorded as the tenant's and its quotas hold. (A guard: the pool
