@@ -2,6 +2,7 @@
  * the --tokens table (tokens.c), its failures counted and rate-limited per peer, SIGHUP
  * reloading the table; the method table a tenant's connection is held to (default-deny: a
  * method not listed here as tenant-safe is forbidden), what a tenant sees, and its quotas. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -346,6 +347,19 @@ static void peer_clean(char *buf, size_t size, const char *s, size_t len)
     buf[o] = '\0';
 }
 
+/* An IPv6 peer counts as its /64: one host is usually given a whole /64, and would otherwise
+ * have 2^64 addresses to spread its failures over. */
+static void peer_group_v6(char *peer, size_t size)
+{
+    struct in6_addr a;
+    char text[INET6_ADDRSTRLEN];
+    if (inet_pton(AF_INET6, peer, &a) != 1)
+        return;
+    memset(a.s6_addr + 8, 0, 8);
+    if (inet_ntop(AF_INET6, &a, text, sizeof(text)))
+        snprintf(peer, size, "%s/64", text);
+}
+
 void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *params, void *ctx)
 {
     struct client *c = ctx;
@@ -355,6 +369,8 @@ void conch_daemon_handle_connection_auth(struct conch_rpc_call *call, json_t *pa
     const char *p = conch_rpc_strn(params, "peer", &plen);
     if (p)
         peer_clean(peer, sizeof(peer), p, plen);
+    if (p)
+        peer_group_v6(peer, sizeof(peer));
     else
         snprintf(peer, sizeof(peer), "local uid %u", (unsigned)c->peer_uid);
     if (c->authed) {

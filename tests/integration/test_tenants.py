@@ -168,6 +168,19 @@ def test_rate_limited_per_peer(tenants):
     assert auth(TOK_A, peer="192.0.2.2:1").call("daemon.ping", {})["tenant"] == "alice"
 
 
+def test_ipv6_peers_rate_limited_by_their_64(tenants):
+    """The attack's finding: an IPv6 client spread its failures over the addresses of its /64
+    (2^64 of them), each a peer of its own. A /64 counts as one peer now; the next /64 not."""
+    d, _, auth = tenants
+    c = d.client()
+    for i in range(10):
+        e = err_of(c, "connection.auth", {"token": "x" * 20, "peer": f"2001:db8:1:2::{i + 1:x}"})
+        assert e.code == -32020
+    e = err_of(c, "connection.auth", {"token": TOK_A, "peer": "2001:db8:1:2:ffff::9"})
+    assert e.code == -32021 and e.data_code == "rate_limited", e
+    assert auth(TOK_A, peer="2001:db8:1:3::1").call("daemon.ping", {})["tenant"] == "alice"
+
+
 def test_sighup_reload(tenants, tmp_path):
     d, path, auth = tenants
     b = auth(TOK_B)
