@@ -89,6 +89,7 @@ struct srv {
     size_t body_bytes;      /* allocated for request bodies, all requests */
     size_t untrusted_bytes; /* of which for requests of no session yet (http.c, UNTRUSTED_*) */
     lws_sorted_usec_list_t sweep;
+    SSL_CTX *ssl_ctx; /* the vhost's (SIGHUP reloads its certificate and key) */
 };
 
 /*

@@ -35,11 +35,43 @@
 #define UNTRUSTED_BODY_MAX (64u << 10)
 #define UNTRUSTED_BODIES(v) (MAX_BODIES(v) / 4)
 
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal, reload_signal;
 
 static void on_stop_signal(int sig)
 {
     stop_signal = sig;
+}
+
+static void on_reload_signal(int sig)
+{
+    (void)sig;
+    reload_signal = 1;
+}
+
+/* SIGHUP: the certificate and key read again (a renewed pair), into the vhost's SSL_CTX, only
+ * if both load and match (tried on a scratch SSL_CTX first); else the pair in use stays.
+ * Connections already made go on with the one they began with. */
+static void reload_cert(struct srv *v)
+{
+    const char *cert = v->h->tls_cert, *key = v->h->tls_key;
+    SSL_CTX *t = SSL_CTX_new(TLS_server_method());
+    bool ok = t && SSL_CTX_use_certificate_chain_file(t, cert) == 1 &&
+              SSL_CTX_use_PrivateKey_file(t, key, SSL_FILETYPE_PEM) == 1 &&
+              SSL_CTX_check_private_key(t) == 1;
+    SSL_CTX_free(t);
+    if (!ok || !v->ssl_ctx) {
+        fprintf(stderr,
+                "conch mcp: SIGHUP: '%s' and '%s' do not load as a certificate chain and its "
+                "key: keeping the pair in use\n",
+                cert, key);
+        return;
+    }
+    if (SSL_CTX_use_certificate_chain_file(v->ssl_ctx, cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(v->ssl_ctx, key, SSL_FILETYPE_PEM) != 1)
+        fprintf(stderr, "conch mcp: SIGHUP: the certificate changed while it was loaded: send "
+                        "SIGHUP again\n");
+    else
+        fprintf(stderr, "conch mcp: SIGHUP: reloaded '%s' and '%s'\n", cert, key);
 }
 
 /* ---- responses ---- */
@@ -552,6 +584,10 @@ static int http_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
 {
     struct req *r = user;
     struct srv *v = lws_context_user(lws_get_context(wsi));
+    if (reason == LWS_CALLBACK_OPENSSL_LOAD_EXTRA_SERVER_VERIFY_CERTS) {
+        v->ssl_ctx = user; /* the vhost's, which SIGHUP reloads */
+        return 0;
+    }
     if (!r) /* a connection closed before it had its per-request data (a failed handshake) */
         return lws_callback_http_dummy(wsi, reason, user, in, len);
     switch (reason) {
@@ -697,10 +733,10 @@ int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_
     info.keepalive_timeout = 60;
     info.max_http_header_data = 8192;
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_term, old_int, old_hup, old_pipe;
-    struct sigaction ign = {.sa_handler = SIG_IGN};
+    struct sigaction ign = {.sa_handler = SIG_IGN}, hup = {.sa_handler = on_reload_signal};
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGHUP, &sa, &old_hup);
+    sigaction(SIGHUP, &hup, &old_hup);
     sigaction(SIGPIPE, &ign, &old_pipe);
     v.ctx = lws_create_context(&info);
     if (!v.ctx) {
@@ -716,9 +752,14 @@ int conch_mcp_serve_http(const struct conch_mcp_opts *o, const struct conch_mcp_
     fprintf(stderr, "conch mcp: serving MCP on https://%s%s%s:%d/mcp\n",
             strchr(v.iface, ':') ? "[" : "", v.iface, strchr(v.iface, ':') ? "]" : "", port);
     lws_sul_schedule(v.ctx, 0, &v.sweep, sweep, SWEEP_US);
-    while (!stop_signal)
+    while (!stop_signal) {
+        if (reload_signal) {
+            reload_signal = 0;
+            reload_cert(&v);
+        }
         if (lws_service(v.ctx, 0) < 0)
             break;
+    }
     fprintf(stderr, "conch mcp: signal %d: ending %u session%s\n", (int)stop_signal, v.n_sessions,
             v.n_sessions == 1 ? "" : "s");
     while (v.sessions)

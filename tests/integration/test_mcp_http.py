@@ -372,3 +372,45 @@ def test_rotated_token_ends_its_sessions(mcp_http):
     assert s.req(body=INIT)[0] == 401
     assert s.req(body=ping, sid=sid_b, token=TOK_B)[0] == 200
     s.init(new_a)
+
+
+def test_sighup_reloads_the_certificate(mcp_http, tmp_path):
+    """SIGHUP ended conch mcp --listen; a renewed certificate (cert-manager's, a Kubernetes
+    secret's) needed a restart that dropped every session. Now SIGHUP reloads the pair, the
+    sessions go on, and a broken pair is refused with the one in use kept."""
+    srv = mcp_http()
+
+    def served():
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            with ctx.wrap_socket(s, server_hostname="localhost") as t:
+                return t.getpeercert(binary_form=True)
+
+    first = served()
+    sid = srv.init()
+    renewed = tmp_path / "renewed"
+    renewed.mkdir()
+    cert, key = make_cert(str(renewed))
+    key_path = srv.cert.replace("cert.pem", "key.pem")
+    for src, dst in ((cert, srv.cert), (key, key_path)):
+        with open(src, "rb") as f, open(dst, "wb") as g:
+            g.write(f.read())
+    os.kill(srv.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while served() == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served() != first and srv.proc.poll() is None
+    srv.ctx = ssl.create_default_context(cafile=srv.cert)
+    assert "still" in srv.call(sid, "bash", {"command": "echo still"})["content"][0]["text"]
+    now = served()
+    with open(key_path, "w") as f:
+        f.write("not a key\n")
+    os.kill(srv.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "keeping the pair in use" not in open(tmp_path / "mcp0.log").read() and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "keeping the pair in use" in open(tmp_path / "mcp0.log").read()
+    assert served() == now and srv.proc.poll() is None
