@@ -99,6 +99,11 @@ void conch_net_policy_check(const struct conch_net_policy *p, const char *host, 
  * names it exactly (DNS rebinding into the host). */
 bool conch_net_addr_internal(const struct sockaddr *sa);
 
+/* conch_net_addr_host - whether @sa is an address of one of this host's interfaces (in the
+ * caller's network namespace), public ones included: a host with a public address serves on
+ * it what it serves on its loopback, so the proxy treats it as internal too. */
+bool conch_net_addr_host(const struct sockaddr *sa);
+
 /* One request head as a proxy client sends it. Offsets point into the parsed buffer. */
 struct conch_net_request {
     bool connect;                      /* CONNECT host:port (a tunnel) */

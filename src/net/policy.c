@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,4 +291,26 @@ v4:
            (a >> 16) == (169u << 8 | 254) ||       /* 169.254/16 */
            (a >> 22) == ((100u << 8 | 64) >> 6) || /* 100.64/10 */
            (a >> 28) >= 14;                        /* multicast, reserved, broadcast */
+}
+
+bool conch_net_addr_host(const struct sockaddr *sa)
+{
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) < 0)
+        return true; /* cannot tell: as if it were (the caller refuses) */
+    bool found = false;
+    for (struct ifaddrs *i = all; i && !found; i = i->ifa_next) {
+        const struct sockaddr *a = i->ifa_addr;
+        if (!a || a->sa_family != sa->sa_family)
+            continue;
+        if (a->sa_family == AF_INET)
+            found = ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+                    ((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr;
+        else if (a->sa_family == AF_INET6)
+            found = !memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                            &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                            sizeof(struct in6_addr));
+    }
+    freeifaddrs(all);
+    return found;
 }

@@ -578,7 +578,10 @@ static void connect_to(struct conn *c, const struct sockaddr *sa)
         uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
         snprintf(c->rec.address, sizeof(c->rec.address), "%s:%u", ip, port);
     }
-    if (conch_net_addr_internal((struct sockaddr *)&ss) && c->px->public_only) {
+    /* The host's own addresses, public ones too, are as internal as its loopback. */
+    bool internal = conch_net_addr_internal((struct sockaddr *)&ss) ||
+                    conch_net_addr_host((struct sockaddr *)&ss);
+    if (internal && c->px->public_only) {
         char why[300];
         snprintf(why, sizeof(why),
                  "%.100s resolves to an internal address (%s): a tenant's sandbox reaches no "
@@ -588,7 +591,7 @@ static void connect_to(struct conn *c, const struct sockaddr *sa)
         deny(c, why);
         return;
     }
-    if (conch_net_addr_internal((struct sockaddr *)&ss) && !c->verdict.exact) {
+    if (internal && !c->verdict.exact) {
         char why[300];
         snprintf(why, sizeof(why),
                  "%.100s resolves to an internal address (%s), which only a rule naming it exactly "

@@ -7,6 +7,8 @@
 # bound matters most there: rlimits bound no tmpfs).
 import http.server
 import json
+import os
+import subprocess
 import threading
 
 import pytest
@@ -111,6 +113,50 @@ def test_a_tenants_allow_rules_reach_no_address_of_the_hosts_networks(tenant_dae
     assert "tenant" in r["stdout"] and "internal address" in r["stdout"], r
     with pytest.raises(RpcError):
         a.call("sandbox.get", {"id": mine})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="adds an address to the host's loopback")
+def test_the_hosts_own_public_address_is_internal_too(daemon_factory, tmp_path):
+    """The attack's leftover: the proxy refused the host's private networks but not its own
+    public addresses, where a host serves what it serves on its loopback. 198.51.100.77
+    (TEST-NET-2, public by class) is given to the host's lo for the test: a tenant's sandbox
+    must not reach a service there, even by a rule naming it; the owner's reaches it only by a
+    rule naming it exactly, not by a wildcard whose name resolves there."""
+    addr = "198.51.100.77"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{addr} public.test\n")
+    d = daemon_factory(extra_args=["--pool", "0", "--tokens", str(tokens),
+                                   "--net-hosts", str(hosts)])
+    subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", "lo"], check=True)
+    srv = None
+    try:
+        srv = http.server.ThreadingHTTPServer((addr, 0), _Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        port = srv.server_address[1]
+
+        def fetch(rpc, sb, host):
+            r = rpc.call("exec.run", {"sandbox": sb, "command": "curl -sS -o /dev/null -w "
+                                      f"%{{http_code}} --noproxy '' -x http://127.0.0.1:3128 "
+                                      f"http://{host}:{port}/"}, timeout=60)
+            return r["stdout"]
+
+        owner = d.client()
+        wide = owner.call("sandbox.create", {"allow": ["*.test"]})["id"]
+        assert fetch(owner, wide, "public.test") == "403"
+        exact = owner.call("sandbox.create", {"allow": [f"{addr}:{port}"]})["id"]
+        assert fetch(owner, exact, addr) == "200"
+        a = d.client()
+        a.call("connection.auth", {"token": TOK_A})
+        sb = a.call("sandbox.create", {"allow": [f"{addr}:{port}", "public.test"]})["id"]
+        assert fetch(a, sb, addr) == "403"
+        assert fetch(a, sb, "public.test") == "403"
+    finally:
+        if srv:
+            srv.shutdown()
+        subprocess.run(["ip", "addr", "del", f"{addr}/32", "dev", "lo"], check=False)
 
 
 def test_a_tenants_tmpfs_mounts_stay_within_its_memory_quota(tenant_daemon):

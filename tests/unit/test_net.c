@@ -2,6 +2,7 @@
  * internal addresses) and the proxy request parser. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <ifaddrs.h>
 #include <string.h>
 
 #include "net/net.h"
@@ -153,6 +154,39 @@ Test(net, internal_addresses)
         cr_assert(internal(in[i]), "%s should be internal", in[i]);
     for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++)
         cr_assert(!internal(out[i]), "%s should be public", out[i]);
+}
+
+static bool host_addr(const char *ip)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    if (strchr(ip, ':')) {
+        ss.ss_family = AF_INET6;
+        cr_assert_eq(inet_pton(AF_INET6, ip, &((struct sockaddr_in6 *)&ss)->sin6_addr), 1);
+    } else {
+        ss.ss_family = AF_INET;
+        cr_assert_eq(inet_pton(AF_INET, ip, &((struct sockaddr_in *)&ss)->sin_addr), 1);
+    }
+    return conch_net_addr_host((struct sockaddr *)&ss);
+}
+
+/* Every address of this host's interfaces is the host's; an address of no interface is not. */
+Test(net, host_addresses)
+{
+    cr_assert(host_addr("127.0.0.1"));
+    cr_assert(!host_addr("203.0.113.77"), "TEST-NET-3 is no interface's address");
+    struct ifaddrs *all = NULL;
+    cr_assert_eq(getifaddrs(&all), 0);
+    unsigned seen = 0;
+    for (struct ifaddrs *i = all; i; i = i->ifa_next) {
+        if (!i->ifa_addr ||
+            (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6))
+            continue;
+        cr_assert(conch_net_addr_host(i->ifa_addr), "%s's address", i->ifa_name);
+        seen++;
+    }
+    freeifaddrs(all);
+    cr_assert_gt(seen, 0);
 }
 
 static int parse(const char *s, struct conch_net_request *r, struct conch_err *err)
